@@ -1,0 +1,9 @@
+// Entry points of the subcommands; argv excludes the subcommand name.
+#pragma once
+
+namespace tessera::cli {
+
+int run_train(int argc, char** argv);
+int run_preprocess(int argc, char** argv);
+
+}  // namespace tessera::cli
