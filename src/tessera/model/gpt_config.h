@@ -1,0 +1,54 @@
+// GPTConfig: the shape of Megatron's GPT (`pretrain_gpt`, --transformer-impl local) and
+// the list of its parameters, named as Megatron's state dict names them (megatron.md §5.3).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/core/tensor.h"
+#include "tessera/ops/ops.h"
+
+namespace tessera {
+
+struct GPTConfig {
+  int num_layers = 0;
+  int hidden_size = 0;
+  int num_attention_heads = 0;
+  int kv_channels = 0;       // head dim; hidden_size / heads by default
+  int ffn_hidden_size = 0;   // 4 * hidden_size by default
+  int seq_length = 0;
+  int max_position_embeddings = 0;
+  int vocab_size = 0;         // the tokenizer's
+  int padded_vocab_size = 0;  // rows of the embedding and output matrices
+  float norm_epsilon = 1e-5f;
+  float init_method_std = 0.02f;
+  float hidden_dropout = 0.1f;
+  float attention_dropout = 0.1f;
+  ops::GeluKind gelu = ops::GeluKind::Tanh;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;
+  uint32_t seed = 1234;
+
+  int attention_width() const { return num_attention_heads * kv_channels; }
+};
+
+// How a parameter starts (megatron.md §10).
+enum class ParamInit { Normal, ScaledNormal, Zeros, Ones };
+
+struct ParamSpec {
+  std::string name;   // Megatron state-dict name, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
+  Shape shape;        // the full (unsharded) shape
+  ParamInit init;
+  bool weight_decay;  // false for biases and 1-D parameters (megatron.md §7)
+  uint32_t id;        // stable index, keys the counter-based init RNG
+};
+
+// Vocabulary padded to a multiple of divisible_by * tp (megatron.md §3.5).
+int padded_vocab_size(int vocab_size, int divisible_by, int tp_size);
+
+// All parameters of the model in Megatron's registration order. The word embedding doubles
+// as the output layer unless untie_embeddings_and_output_weights.
+std::vector<ParamSpec> gpt_param_specs(const GPTConfig& c);
+
+}  // namespace tessera
