@@ -1,0 +1,60 @@
+// Times tessera's training step (forward, backward, clipping, AdamW) on the CPU backend and
+// prints ms/step, tokens/s and model FLOP/s by llm.c's formula:
+//   6 * params * tokens + 6 * layers * hidden * seq * tokens.
+// usage: train_step_bench [gpt2-124m|small] [steps]
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tessera/device/device.h"
+#include "tessera/model/gpt.h"
+#include "tessera/train/arguments.h"
+#include "tessera/train/mock_data.h"
+#include "tessera/train/trainer.h"
+
+using namespace tessera;
+
+int main(int argc, char** argv) {
+  std::string shape = argc > 1 ? argv[1] : "gpt2-124m";
+  int steps = argc > 2 ? std::atoi(argv[2]) : 5;
+  // GPT-2 124M at micro-batch 4, sequence 64 (llm.c's CPU benchmark); "small" is a 6-layer,
+  // 384-wide model at sequence 256. Dropout off in both, as in llm.c and the PyTorch peer.
+  std::vector<std::string> flags =
+      shape == "small"
+          ? std::vector<std::string>{"--num-layers", "6", "--hidden-size", "384", "--num-attention-heads", "6",
+                                     "--seq-length", "256", "--max-position-embeddings", "256",
+                                     "--micro-batch-size", "4", "--tokenizer-type", "NullTokenizer",
+                                     "--vocab-size", "8191"}
+          : std::vector<std::string>{"--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12",
+                                     "--seq-length", "64", "--max-position-embeddings", "1024",
+                                     "--micro-batch-size", "4", "--tokenizer-type", "NullTokenizer",
+                                     "--vocab-size", "50256"};
+  flags.insert(flags.end(), {"--mock-data", "--lr", "1e-4", "--train-iters", "1000", "--hidden-dropout", "0",
+                             "--attention-dropout", "0"});
+  std::vector<char*> args_argv;
+  for (auto& f : flags) args_argv.push_back(f.data());
+  TrainArgs args = parse_train_args(static_cast<int>(args_argv.size()), args_argv.data());
+
+  GPTModel model(args.model, cpu_device(), static_cast<int>(args.micro_batch_size));
+  model.init_weights();
+  MockSamples data(args.model.seq_length, args.model.vocab_size, args.model.seed);
+  Trainer trainer(args, model, data, cpu_device());
+  trainer.train_step();  // warm-up: first touch of every buffer, oneDNN kernel selection
+  trainer.train_step();
+  auto start = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  for (int i = 0; i < steps; ++i) tokens += trainer.train_step().tokens;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const GPTConfig& c = args.model;
+  const double params = static_cast<double>(model.num_parameters());
+  const double flops = 6.0 * params * tokens + 6.0 * c.num_layers * c.hidden_size * c.seq_length * double(tokens);
+  std::printf("tessera %-10s params %.1fM threads %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s (model)\n",
+              shape.c_str(), params / 1e6, omp_get_max_threads(), seconds * 1000 / steps, tokens / seconds,
+              flops / seconds / 1e9);
+  return 0;
+}

@@ -1,0 +1,51 @@
+// The optimizer of Megatron's training step: global gradient norm, clipping with
+// Megatron's coefficient, and Adam (decoupled weight decay) or SGD with momentum, over
+// fp32 parameters. State (Adam moments or momentum) lives in slabs owned here.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/tensor.h"
+
+namespace tessera {
+
+class Device;
+
+enum class OptimizerKind { Adam, SGD };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::Adam;
+  float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_eps = 1e-8f;
+  float sgd_momentum = 0.9f;
+  float clip_grad = 1.0f;  // 0 disables clipping
+};
+
+struct OptimizerParam {
+  Tensor param;
+  Tensor grad;
+  bool weight_decay;  // weight-decay multiplier 1 or 0 (megatron.md §7)
+};
+
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params, Device& device);
+
+  // Global L2 norm of all gradients (each parameter once).
+  double grad_norm() const;
+  // Scales every gradient by clip/(norm + 1e-6) when that is < 1 (megatron.md §9).
+  void clip_grads(double norm);
+  // One update with the scheduler's learning rate and weight decay.
+  void step(double lr, double weight_decay);
+  int64_t steps_taken() const { return step_; }
+  const std::vector<OptimizerParam>& params() const { return params_; }
+
+ private:
+  OptimizerConfig config_;
+  std::vector<OptimizerParam> params_;
+  Buffer state_a_, state_b_;  // Adam: exp_avg, exp_avg_sq. SGD: momentum buffer, unused.
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,308 @@
+#include "tessera/train/arguments.h"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/core/log.h"
+
+namespace tessera {
+namespace {
+
+using K = OptKind;
+constexpr OptUse kSpeed = OptUse::SpeedOnly;
+
+// The table: Megatron's flags (names, defaults, choices as in core_r0.10.0's arguments.py)
+// that tessera implements or accepts, then tessera's own.
+std::vector<OptionDef> train_option_defs() {
+  return {
+      // Model shape.
+      {"--num-layers", K::Int, nullptr, "Number of transformer layers"},
+      {"--hidden-size", K::Int, nullptr, "Transformer hidden size"},
+      {"--num-attention-heads", K::Int, nullptr, "Number of attention heads"},
+      {"--kv-channels", K::Int, nullptr, "Head dimension; default hidden-size / num-attention-heads"},
+      {"--ffn-hidden-size", K::Int, nullptr, "MLP hidden size; default 4 * hidden-size"},
+      {"--seq-length", K::Int, nullptr, "Sequence length to train on"},
+      {"--max-position-embeddings", K::Int, nullptr, "Rows of the position embedding"},
+      {"--make-vocab-size-divisible-by", K::Int, "128", "Pad the vocabulary to a multiple of this (times TP)"},
+      {"--normalization", K::Choice, "LayerNorm", "Normalisation layer", "LayerNorm|RMSNorm"},
+      {"--norm-epsilon", K::Float, "1e-05", "LayerNorm epsilon"},
+      {"--position-embedding-type", K::Choice, "learned_absolute", "Position embedding",
+       "learned_absolute|rope|none"},
+      {"--init-method-std", K::Float, "0.02", "Standard deviation of the normal initialisation"},
+      {"--hidden-dropout", K::Float, "0.1", "Dropout after the embedding, attention and MLP"},
+      {"--attention-dropout", K::Float, "0.1", "Dropout on the attention probabilities"},
+      {"--openai-gelu", K::StoreTrue, nullptr, "Use OpenAI's tanh GELU (same as the fused bias-GELU)"},
+      {"--no-bias-gelu-fusion", K::StoreFalse, nullptr, "Unfused GELU: exact erf instead of the tanh approximation",
+       nullptr, OptUse::Implemented, "bias_gelu_fusion"},
+      {"--untie-embeddings-and-output-weights", K::StoreTrue, nullptr, "Separate output layer weights"},
+      {"--disable-bias-linear", K::StoreFalse, nullptr, "No biases in the linear layers", nullptr,
+       OptUse::Implemented, "add_bias_linear"},
+      {"--seed", K::Int, "1234", "Seed of initialisation, dropout and data"},
+      // Tokenizer and data.
+      {"--tokenizer-type", K::Choice, nullptr, "Tokenizer (pretrain_gpt's default: GPT2BPETokenizer)",
+       "BertWordPieceLowerCase|BertWordPieceCase|GPT2BPETokenizer|SentencePieceTokenizer|GPTSentencePieceTokenizer|"
+       "HuggingFaceTokenizer|Llama2Tokenizer|TikTokenizer|MultimodalTokenizer|NullTokenizer"},
+      {"--vocab-size", K::Int, nullptr, "Vocabulary size of the NullTokenizer (EOD = this value)"},
+      {"--vocab-file", K::String, nullptr, "GPT-2 vocab.json"},
+      {"--merge-file", K::String, nullptr, "GPT-2 merges.txt"},
+      {"--mock-data", K::StoreTrue, nullptr, "Train on synthetic documents instead of --data-path"},
+      // Batch and iterations.
+      {"--micro-batch-size", K::Int, nullptr, "Samples per micro-batch per data-parallel rank"},
+      {"--global-batch-size", K::Int, nullptr, "Samples per iteration; default micro-batch * data-parallel size"},
+      {"--train-iters", K::Int, nullptr, "Iterations to train"},
+      {"--train-samples", K::Int, nullptr, "Samples to train (sample-based training)"},
+      {"--log-interval", K::Int, "100", "Iterations between log lines"},
+      {"--log-throughput", K::StoreTrue, nullptr, "Add TFLOP/s per device to the log line"},
+      // Optimizer and schedule.
+      {"--optimizer", K::Choice, "adam", "Optimizer", "adam|sgd"},
+      {"--lr", K::Float, nullptr, "Peak learning rate"},
+      {"--min-lr", K::Float, "0.0", "Minimum learning rate"},
+      {"--lr-decay-style", K::Choice, "linear", "Learning-rate decay", "constant|linear|cosine|inverse-square-root|WSD"},
+      {"--lr-decay-iters", K::Int, nullptr, "Iterations to decay over; default --train-iters"},
+      {"--lr-decay-samples", K::Int, nullptr, "Samples to decay over; default --train-samples"},
+      {"--lr-wsd-decay-style", K::Choice, "exponential", "Anneal of WSD", "exponential|linear|cosine"},
+      {"--lr-wsd-decay-iters", K::Int, nullptr, "Iterations of WSD's anneal"},
+      {"--lr-wsd-decay-samples", K::Int, nullptr, "Samples of WSD's anneal"},
+      {"--lr-warmup-fraction", K::Float, nullptr, "Warm-up as a fraction of the decay span"},
+      {"--lr-warmup-iters", K::Int, "0", "Warm-up iterations"},
+      {"--lr-warmup-samples", K::Int, "0", "Warm-up samples"},
+      {"--lr-warmup-init", K::Float, "0.0", "Learning rate at the start of warm-up"},
+      {"--weight-decay", K::Float, "0.01", "Weight decay (not applied to biases and 1-D parameters)"},
+      {"--start-weight-decay", K::Float, nullptr, "Initial weight decay for linear/cosine increments"},
+      {"--end-weight-decay", K::Float, nullptr, "Final weight decay for linear/cosine increments"},
+      {"--weight-decay-incr-style", K::Choice, "constant", "Weight-decay schedule", "constant|linear|cosine"},
+      {"--clip-grad", K::Float, "1.0", "Clip gradients to this global L2 norm (0 disables)"},
+      {"--adam-beta1", K::Float, "0.9", "Adam beta1"},
+      {"--adam-beta2", K::Float, "0.999", "Adam beta2"},
+      {"--adam-eps", K::Float, "1e-08", "Adam epsilon"},
+      {"--sgd-momentum", K::Float, "0.9", "SGD momentum"},
+      // Parallelism and runtime.
+      {"--tensor-model-parallel-size", K::Int, "1", "Tensor-parallel size"},
+      {"--pipeline-model-parallel-size", K::Int, "1", "Pipeline-parallel size"},
+      {"--distributed-backend", K::Choice, "nccl", "Collectives: nccl = the device's native library (Gloo on CPU)",
+       "nccl|gloo"},
+      // Accepted: they only tune speed on other hardware.
+      {"--transformer-impl", K::Choice, "transformer_engine", "Layer implementation (tessera is always local)",
+       "local|transformer_engine", kSpeed},
+      {"--use-mcore-models", K::StoreTrue, nullptr, "Megatron-core models (tessera's model is one)", nullptr, kSpeed},
+      {"--no-masked-softmax-fusion", K::StoreFalse, nullptr, "Unfused masked softmax", nullptr, kSpeed,
+       "masked_softmax_fusion"},
+      {"--use-flash-attn", K::StoreTrue, nullptr, "FlashAttention", nullptr, kSpeed},
+      {"--no-persist-layer-norm", K::StoreTrue, nullptr, "Apex persistent LayerNorm off", nullptr, kSpeed},
+      {"--no-bias-dropout-fusion", K::StoreFalse, nullptr, "Unfused bias-dropout-add", nullptr, kSpeed,
+       "bias_dropout_fusion"},
+      {"--no-gradient-accumulation-fusion", K::StoreFalse, nullptr, "Unfused weight-gradient accumulation", nullptr,
+       kSpeed, "gradient_accumulation_fusion"},
+      {"--use-cpu-initialization", K::StoreTrue, nullptr,
+       "Initialise on the CPU (tessera's initialisation is layout-independent anyway)", nullptr, kSpeed},
+      {"--attention-softmax-in-fp32", K::StoreTrue, nullptr, "Softmax in fp32 (always, in tessera)", nullptr, kSpeed},
+      {"--accumulate-allreduce-grads-in-fp32", K::StoreTrue, nullptr, "fp32 gradient accumulation (always)", nullptr,
+       kSpeed},
+      {"--num-workers", K::Int, "2", "Data-loader worker processes", nullptr, kSpeed},
+      {"--timing-log-level", K::Choice, "0", "Timer detail", "0|1|2", kSpeed},
+      // tessera's own.
+      {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
+      {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
+  };
+}
+
+int64_t positive(const ParsedOptions& p, const char* flag) {
+  int64_t v = p.get_int(flag);
+  if (v <= 0) throw usage_error(std::string(flag) + " must be > 0 (got " + std::to_string(v) + ")");
+  return v;
+}
+
+float probability(const ParsedOptions& p, const char* flag) {
+  double v = p.get_float(flag);
+  if (!(v >= 0.0 && v < 1.0)) throw usage_error(std::string(flag) + " must be in [0, 1) (got " + std::to_string(v) + ")");
+  return static_cast<float>(v);
+}
+
+int vocab_size_from_vocab_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw usage_error("--vocab-file " + path + " cannot be read", "check the path");
+  nlohmann::json vocab;
+  try {
+    vocab = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw usage_error("--vocab-file " + path + " is not valid JSON: " + e.what());
+  }
+  if (!vocab.is_object() || vocab.empty())
+    throw usage_error("--vocab-file " + path + " is not a GPT-2 vocab.json (expected an object of token -> id)");
+  return static_cast<int>(vocab.size());
+}
+
+}  // namespace
+
+const OptionTable& train_option_table() {
+  static const OptionTable table("tessera train", train_option_defs());
+  return table;
+}
+
+TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
+  ParsedOptions p = train_option_table().parse(argc, argv);
+  TrainArgs a;
+  GPTConfig& m = a.model;
+
+  // Model shape.
+  m.num_layers = static_cast<int>(positive(p, "--num-layers"));
+  m.hidden_size = static_cast<int>(positive(p, "--hidden-size"));
+  m.num_attention_heads = static_cast<int>(positive(p, "--num-attention-heads"));
+  if (auto kv = p.get_opt_int("--kv-channels")) {
+    m.kv_channels = static_cast<int>(positive(p, "--kv-channels"));
+  } else {
+    if (m.hidden_size % m.num_attention_heads != 0)
+      throw usage_error("--hidden-size " + std::to_string(m.hidden_size) + " is not divisible by --num-attention-heads " +
+                            std::to_string(m.num_attention_heads),
+                        "choose sizes where heads divide the hidden size, or set --kv-channels");
+    m.kv_channels = m.hidden_size / m.num_attention_heads;
+  }
+  m.ffn_hidden_size = p.get_opt_int("--ffn-hidden-size") ? static_cast<int>(positive(p, "--ffn-hidden-size"))
+                                                         : 4 * m.hidden_size;
+  m.seq_length = static_cast<int>(positive(p, "--seq-length"));
+  m.max_position_embeddings = static_cast<int>(positive(p, "--max-position-embeddings"));
+  if (m.seq_length > m.max_position_embeddings)
+    throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is longer than --max-position-embeddings " +
+                      std::to_string(m.max_position_embeddings));
+  if (p.get_string("--normalization") != "LayerNorm")
+    throw usage_error("--normalization RMSNorm is not supported yet", "use the default LayerNorm");
+  if (p.get_string("--position-embedding-type") != "learned_absolute")
+    throw usage_error("--position-embedding-type " + p.get_string("--position-embedding-type") +
+                      " is not supported yet", "use the default learned_absolute");
+  m.norm_epsilon = static_cast<float>(p.get_float("--norm-epsilon"));
+  if (!(m.norm_epsilon > 0)) throw usage_error("--norm-epsilon must be > 0");
+  m.init_method_std = static_cast<float>(p.get_float("--init-method-std"));
+  if (!(m.init_method_std >= 0)) throw usage_error("--init-method-std must be >= 0");
+  m.hidden_dropout = probability(p, "--hidden-dropout");
+  m.attention_dropout = probability(p, "--attention-dropout");
+  // Megatron: the fused bias-GELU (default) and --openai-gelu use tanh; the unfused path erf.
+  const bool fused = p.raw("--no-bias-gelu-fusion").value_or("True") == "True";
+  m.gelu = (fused || p.get_bool("--openai-gelu")) ? ops::GeluKind::Tanh : ops::GeluKind::Erf;
+  m.untie_embeddings_and_output_weights = p.get_bool("--untie-embeddings-and-output-weights");
+  m.add_bias_linear = p.raw("--disable-bias-linear").value_or("True") == "True";
+  int64_t seed = p.get_int("--seed");
+  if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
+  m.seed = static_cast<uint32_t>(seed);
+
+  // Parallel layout: one process for now.
+  if (p.get_int("--tensor-model-parallel-size") != 1 || p.get_int("--pipeline-model-parallel-size") != 1)
+    throw usage_error("tensor and pipeline parallelism are not supported yet",
+                      "use --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
+  const int tp = 1, dp = 1;
+
+  // Tokenizer and vocabulary.
+  a.make_vocab_size_divisible_by = static_cast<int>(positive(p, "--make-vocab-size-divisible-by"));
+  a.tokenizer_type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
+  if (a.tokenizer_type == "NullTokenizer") {
+    if (!p.get_opt_int("--vocab-size"))
+      throw usage_error("--tokenizer-type NullTokenizer needs --vocab-size");
+    // Megatron's NullTokenizer: ids 0..N-1 plus EOD = N.
+    m.vocab_size = static_cast<int>(positive(p, "--vocab-size")) + 1;
+  } else if (a.tokenizer_type == "GPT2BPETokenizer") {
+    if (!p.raw("--vocab-file") || !p.raw("--merge-file"))
+      throw usage_error("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
+    m.vocab_size = vocab_size_from_vocab_file(p.get_string("--vocab-file"));
+  } else {
+    throw usage_error("--tokenizer-type " + a.tokenizer_type + " is not supported yet",
+                      "use GPT2BPETokenizer or NullTokenizer");
+  }
+  m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
+
+  a.mock_data = p.get_bool("--mock-data");
+  if (!a.mock_data) throw usage_error("no training data", "pass --mock-data (--data-path is not supported yet)");
+
+  // Batch.
+  a.micro_batch_size = positive(p, "--micro-batch-size");
+  a.global_batch_size = p.get_opt_int("--global-batch-size") ? positive(p, "--global-batch-size")
+                                                             : a.micro_batch_size * dp;
+  if (a.global_batch_size % (a.micro_batch_size * dp) != 0)
+    throw usage_error("--global-batch-size " + std::to_string(a.global_batch_size) +
+                          " is not a multiple of --micro-batch-size × data-parallel size (" +
+                          std::to_string(a.micro_batch_size) + " × " + std::to_string(dp) + ")");
+  a.log_interval = static_cast<int>(positive(p, "--log-interval"));
+  a.log_throughput = p.get_bool("--log-throughput");
+
+  // Iterations or samples, and the schedule in samples (megatron.md §7).
+  const int64_t gbs = a.global_batch_size;
+  LrScheduleConfig& s = a.lr_schedule;
+  auto warmup_fraction = p.get_opt_float("--lr-warmup-fraction");
+  const bool by_samples = p.get_opt_int("--train-samples").has_value();
+  if (by_samples == p.get_opt_int("--train-iters").has_value())
+    throw usage_error("give exactly one of --train-iters and --train-samples");
+  if (by_samples) {
+    if (p.raw("--lr-decay-iters") || p.get_int("--lr-warmup-iters") != 0 || p.raw("--lr-wsd-decay-iters"))
+      throw usage_error("with --train-samples, use the *-samples schedule flags (--lr-decay-samples, "
+                        "--lr-warmup-samples, --lr-wsd-decay-samples), not the *-iters ones");
+    a.train_samples = positive(p, "--train-samples");
+    a.train_iters = *a.train_samples / gbs;
+    s.decay_steps = p.get_opt_int("--lr-decay-samples").value_or(*a.train_samples);
+    s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
+                                     : p.get_int("--lr-warmup-samples");
+    if (warmup_fraction && p.get_int("--lr-warmup-samples") != 0)
+      throw usage_error("give only one of --lr-warmup-fraction and --lr-warmup-samples");
+    s.wsd_decay_steps = p.get_opt_int("--lr-wsd-decay-samples").value_or(0);
+    s.wd_incr_steps = *a.train_samples;
+  } else {
+    if (p.raw("--lr-decay-samples") || p.get_int("--lr-warmup-samples") != 0 || p.raw("--lr-wsd-decay-samples"))
+      throw usage_error("with --train-iters, use the *-iters schedule flags (--lr-decay-iters, --lr-warmup-iters, "
+                        "--lr-wsd-decay-iters), not the *-samples ones");
+    a.train_iters = positive(p, "--train-iters");
+    s.decay_steps = p.get_opt_int("--lr-decay-iters").value_or(a.train_iters) * gbs;
+    if (warmup_fraction && p.get_int("--lr-warmup-iters") != 0)
+      throw usage_error("give only one of --lr-warmup-fraction and --lr-warmup-iters");
+    s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
+                                     : p.get_int("--lr-warmup-iters") * gbs;
+    s.wsd_decay_steps = p.get_opt_int("--lr-wsd-decay-iters").value_or(0) * gbs;
+    s.wd_incr_steps = a.train_iters * gbs;
+  }
+  if (a.train_iters <= 0) throw usage_error("--train-samples is smaller than one global batch");
+  s.max_lr = p.get_float("--lr");
+  s.min_lr = p.get_float("--min-lr");
+  s.init_lr = p.get_float("--lr-warmup-init");
+  const std::string style = p.get_string("--lr-decay-style");
+  s.decay_style = style == "constant" ? LrDecayStyle::Constant
+                  : style == "linear" ? LrDecayStyle::Linear
+                  : style == "cosine" ? LrDecayStyle::Cosine
+                  : style == "inverse-square-root" ? LrDecayStyle::InverseSquareRoot
+                                                   : LrDecayStyle::WSD;
+  const std::string wsd = p.get_string("--lr-wsd-decay-style");
+  s.wsd_style = wsd == "linear" ? WsdDecayStyle::Linear : wsd == "cosine" ? WsdDecayStyle::Cosine
+                                                                          : WsdDecayStyle::Exponential;
+  const std::string wd_style = p.get_string("--weight-decay-incr-style");
+  if (wd_style == "constant") {
+    if (p.raw("--start-weight-decay") || p.raw("--end-weight-decay"))
+      throw usage_error("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+    s.wd_style = WdIncrStyle::Constant;
+    s.start_wd = s.end_wd = p.get_float("--weight-decay");
+  } else {
+    if (!p.raw("--start-weight-decay") || !p.raw("--end-weight-decay"))
+      throw usage_error("--weight-decay-incr-style " + wd_style + " needs --start-weight-decay and --end-weight-decay");
+    s.wd_style = wd_style == "linear" ? WdIncrStyle::Linear : WdIncrStyle::Cosine;
+    s.start_wd = p.get_float("--start-weight-decay");
+    s.end_wd = p.get_float("--end-weight-decay");
+  }
+  LrScheduler check(s);  // Megatron's asserts, as usage errors naming the flags.
+
+  OptimizerConfig& o = a.optimizer;
+  o.kind = p.get_string("--optimizer") == "sgd" ? OptimizerKind::SGD : OptimizerKind::Adam;
+  o.adam_beta1 = static_cast<float>(p.get_float("--adam-beta1"));
+  o.adam_beta2 = static_cast<float>(p.get_float("--adam-beta2"));
+  o.adam_eps = static_cast<float>(p.get_float("--adam-eps"));
+  o.sgd_momentum = static_cast<float>(p.get_float("--sgd-momentum"));
+  o.clip_grad = static_cast<float>(p.get_float("--clip-grad"));
+  if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
+
+  a.init_from_hf = p.get_string("--init-from-hf");
+  a.log_json = p.get_string("--log-json");
+  // Megatron's argument dump shows values after its validate_args.
+  p.set_derived("--kv-channels", std::to_string(m.kv_channels));
+  p.set_derived("--ffn-hidden-size", std::to_string(m.ffn_hidden_size));
+  p.set_derived("--global-batch-size", std::to_string(a.global_batch_size));
+  p.set_derived("--tokenizer-type", a.tokenizer_type);
+  if (parsed_out) *parsed_out = std::move(p);
+  return a;
+}
+
+}  // namespace tessera

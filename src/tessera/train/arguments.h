@@ -1,0 +1,45 @@
+// `tessera train`'s arguments: Megatron-LM's flag names and defaults (megatron.md §10),
+// parsed by the declarative table in arguments.cpp and checked before any allocation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/model/gpt_config.h"
+#include "tessera/optim/lr_schedule.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/train/options.h"
+
+namespace tessera {
+
+struct TrainArgs {
+  GPTConfig model;
+  int make_vocab_size_divisible_by = 128;
+  std::string tokenizer_type;
+  bool mock_data = false;
+
+  int64_t micro_batch_size = 0;
+  int64_t global_batch_size = 0;
+  int64_t train_iters = 0;  // derived from --train-samples when sample-based
+  std::optional<int64_t> train_samples;
+  int log_interval = 100;
+  bool log_throughput = false;
+
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+
+  std::string init_from_hf;
+  std::string log_json;
+
+  int64_t num_microbatches() const { return global_batch_size / micro_batch_size; }
+};
+
+// The option table of `tessera train`.
+const OptionTable& train_option_table();
+// Parses, fills defaults, derives (padded vocabulary, schedule in samples) and validates.
+// Throws usage errors naming the flag.
+TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out = nullptr);
+
+}  // namespace tessera

@@ -1,0 +1,90 @@
+// A declarative option table: one list of OptionDefs drives parsing, defaults, `--help` and
+// Megatron's argument dump, so they cannot drift. Flags of Megatron-LM that an
+// OptionTable does not implement are recognised (megatron_flags.inc) and rejected as "not
+// supported yet"; anything else is an unknown flag with a suggestion.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera {
+
+enum class OptKind {
+  Int,
+  Float,
+  String,
+  Choice,      // String restricted to `choices` ("a|b|c")
+  List,        // one or more values (nargs='+')
+  StoreTrue,   // switch; value "True" when given
+  StoreFalse,  // switch; value "False" when given (dest defaults to True)
+};
+
+enum class OptUse {
+  Implemented,  // does what Megatron's flag does
+  SpeedOnly,    // accepted; only tunes speed on other hardware: a one-line note is printed
+};
+
+struct OptionDef {
+  const char* flag;           // "--num-layers"
+  OptKind kind;
+  const char* default_value;  // nullptr: None
+  const char* help;
+  const char* choices = nullptr;
+  OptUse use = OptUse::Implemented;
+  const char* dest = nullptr;  // Megatron's attribute name when not derived from the flag
+};
+
+// Megatron's attribute name for a flag: dest, else the flag without dashes, '-' -> '_'.
+std::string option_dest(const OptionDef& def);
+
+class ParsedOptions {
+ public:
+  bool given(std::string_view flag) const { return given_.count(std::string(flag)) > 0; }
+  // nullopt when the value is None.
+  std::optional<std::string> raw(std::string_view flag) const;
+  int64_t get_int(std::string_view flag) const;          // throws if None
+  std::optional<int64_t> get_opt_int(std::string_view flag) const;
+  double get_float(std::string_view flag) const;
+  std::optional<double> get_opt_float(std::string_view flag) const;
+  std::string get_string(std::string_view flag) const;  // "" when None
+  bool get_bool(std::string_view flag) const;
+  std::vector<std::string> get_list(std::string_view flag) const;
+  // Records a value derived after parsing (Megatron prints derived values in its dump).
+  void set_derived(std::string_view flag, std::string value);
+
+ private:
+  friend class OptionTable;
+  const OptionDef& def(std::string_view flag) const;
+  std::vector<const OptionDef*> defs_;
+  std::map<std::string, std::optional<std::string>> values_;
+  std::map<std::string, std::vector<std::string>> lists_;
+  std::set<std::string> given_;
+};
+
+class OptionTable {
+ public:
+  OptionTable(std::string program, std::vector<OptionDef> defs);
+  // Parses `--flag value`, `--flag=value`, switches and lists; throws usage errors naming
+  // the flag. SpeedOnly flags given get one note each on stderr.
+  ParsedOptions parse(int argc, char** argv) const;
+  void print_help() const;
+  // Megatron's "arguments" block (megatron.md §10): dest names sorted case-insensitively.
+  void print_arguments(const ParsedOptions& parsed) const;
+  const std::vector<OptionDef>& defs() const { return defs_; }
+
+ private:
+  const OptionDef* find(std::string_view flag) const;
+  std::string program_;
+  std::vector<OptionDef> defs_;
+};
+
+// Whether Megatron-LM core_r0.10.0 has this flag (megatron_flags.inc).
+bool is_megatron_flag(std::string_view flag);
+// The known flag closest to `flag` by edit distance.
+std::string closest_flag(std::string_view flag, const std::vector<OptionDef>& defs);
+
+}  // namespace tessera

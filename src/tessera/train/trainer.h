@@ -1,0 +1,57 @@
+// The training loop of Megatron's pretrain(): per iteration, the global batch in
+// micro-batches (forward, backward, gradients accumulated), global-norm clipping, the
+// optimizer step, the LR schedule in samples, and Megatron's log line.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+
+#include "tessera/core/tensor.h"
+#include "tessera/model/gpt.h"
+#include "tessera/optim/lr_schedule.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/train/arguments.h"
+#include "tessera/train/sample_source.h"
+
+namespace tessera {
+
+struct IterationResult {
+  double lm_loss = 0.0;    // token-weighted mean over the global batch
+  double grad_norm = 0.0;  // before clipping
+  double lr = 0.0;         // the learning rate this iteration's update used
+  int64_t tokens = 0;      // tokens processed
+};
+
+class Trainer {
+ public:
+  // The model is initialised (Megatron's init or --init-from-hf) by the caller.
+  Trainer(const TrainArgs& args, GPTModel& model, SampleSource& data, Device& device);
+
+  // One iteration over the next global batch.
+  IterationResult train_step();
+  // train_step until --train-iters, logging every --log-interval.
+  void train();
+
+  int64_t iteration() const { return iteration_; }
+  int64_t consumed_samples() const { return consumed_samples_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+
+ private:
+  void load_micro_batch(int64_t first_sample);
+  void log_line(const IterationResult& last, double loss_sum, int iterations, double elapsed_s, int64_t tokens);
+
+  const TrainArgs& args_;
+  GPTModel& model_;
+  SampleSource& data_;
+  Device& device_;
+  std::unique_ptr<Optimizer> optimizer_;
+  LrScheduler scheduler_;
+  Buffer batch_slab_;
+  MicroBatch batch_;
+  std::vector<int32_t> sample_;
+  int64_t iteration_ = 0;
+  int64_t consumed_samples_ = 0;
+  std::unique_ptr<FILE, int (*)(FILE*)> log_json_{nullptr, &std::fclose};
+};
+
+}  // namespace tessera
