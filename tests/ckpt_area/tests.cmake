@@ -1,0 +1,29 @@
+# Checkpoint area: the safetensors reader under fuzzing.
+#
+# safetensors_fuzz compiles the reader's sources itself, with AddressSanitizer and
+# UndefinedBehaviorSanitizer. With Clang it is a libFuzzer target; with other compilers
+# fuzz/safetensors_fuzz.cpp supplies a standalone mutation driver. Either way the CTest entry
+# runs it for 30 s; any sanitizer report, crash or non-tessera::Error exception fails it.
+set(TESSERA_SAFETENSORS_FUZZ_SOURCES
+  ${PROJECT_SOURCE_DIR}/fuzz/safetensors_fuzz.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/safetensors.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/error.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp)
+set(TESSERA_FUZZ_SANITIZERS -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  list(APPEND TESSERA_FUZZ_SANITIZERS -fsanitize=fuzzer)
+endif()
+add_executable(safetensors_fuzz ${TESSERA_SAFETENSORS_FUZZ_SOURCES})
+target_compile_options(safetensors_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS} -O1 -g -fno-omit-frame-pointer)
+target_link_options(safetensors_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS})
+target_link_libraries(safetensors_fuzz PRIVATE nlohmann_json::nlohmann_json Threads::Threads)
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  target_compile_definitions(safetensors_fuzz PRIVATE TESSERA_LIBFUZZER)
+  add_test(NAME ckpt.safetensors_fuzz COMMAND safetensors_fuzz -max_total_time=30 -rss_limit_mb=2048)
+else()
+  add_test(NAME ckpt.safetensors_fuzz COMMAND safetensors_fuzz --seconds 30)
+endif()
+set_tests_properties(ckpt.safetensors_fuzz PROPERTIES
+  TIMEOUT 120 LABELS "fuzz;ckpt"
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
+  ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1:detect_leaks=1;UBSAN_OPTIONS=print_stacktrace=1")
