@@ -1,0 +1,598 @@
+#include "tessera/data/gpt2_bpe_tokenizer.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstring>
+#include <queue>
+#include <unordered_map>
+
+#include "tessera/core/error.h"
+#include "tessera/core/log.h"
+#include "tessera/data/file_util.h"
+#include "tessera/data/gpt2_pretokenizer.h"
+#include "tessera/data/json_util.h"
+#include "tessera/data/utf8.h"
+
+namespace tessera::data {
+namespace {
+
+inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 32;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 32;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 32;
+  return x;
+}
+
+inline uint64_t hash_bytes(const char* p, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = mix64(h ^ w);
+    p += 8;
+    n -= 8;
+  }
+  if (n > 0) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, n);
+    h = mix64(h ^ w ^ (uint64_t{n} << 56));
+  }
+  return h | 1;  // 0 marks an empty cache slot
+}
+
+// GPT-2's byte-to-unicode map (megatron.md §3.3).
+std::array<char32_t, 256> bytes_to_unicode() {
+  std::array<char32_t, 256> map{};
+  std::array<bool, 256> printable{};
+  for (int b = 0x21; b <= 0x7E; ++b) printable[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
+  char32_t next = 0x100;
+  for (int b = 0; b < 256; ++b) map[b] = printable[b] ? char32_t(b) : next++;
+  return map;
+}
+
+// Python's str.split() separators (str.isspace).
+bool is_python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+std::vector<std::string_view> python_split(std::string_view s) {
+  std::vector<std::string_view> parts;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t i = 0, start = 0;
+  bool in_word = false;
+  while (i < s.size()) {
+    size_t len;
+    char32_t c = utf8::decode_valid(p + i, len);
+    if (is_python_space(c)) {
+      if (in_word) parts.push_back(s.substr(start, i - start));
+      in_word = false;
+    } else if (!in_word) {
+      in_word = true;
+      start = i;
+    }
+    i += len;
+  }
+  if (in_word) parts.push_back(s.substr(start));
+  return parts;
+}
+
+// Merge ranks keyed by the pair of symbol ids; open addressing, linear probing.
+class PairTable {
+ public:
+  struct Value {
+    int32_t rank;
+    int32_t merged;
+  };
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    values_.assign(cap, Value{0, 0});
+    mask_ = cap - 1;
+  }
+  void set(int32_t a, int32_t b, Value v) {
+    uint64_t key = pack(a, b);
+    size_t i = slot(key);
+    while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
+    if (keys_[i] == kEmpty) ++size_;
+    keys_[i] = key;
+    values_[i] = v;
+  }
+  const Value* find(int32_t a, int32_t b) const {
+    uint64_t key = pack(a, b);
+    size_t i = slot(key);
+    while (true) {
+      if (keys_[i] == key) return &values_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+      i = (i + 1) & mask_;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static uint64_t pack(int32_t a, int32_t b) {
+    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+  }
+  size_t slot(uint64_t key) const { return mix64(key) & mask_; }
+  std::vector<uint64_t> keys_;
+  std::vector<Value> values_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+constexpr size_t kHeapThreshold = 64;  // pre-tokens longer than this use the heap algorithm
+
+}  // namespace
+
+struct Gpt2Tables {
+  // Symbols are interned strings (vocab keys, bytes, merge parts and results).
+  std::unordered_map<std::string, int32_t> symbol_of;
+  std::vector<int32_t> symbol_vocab_id;  // Megatron: encoder.get(token, 0)
+  std::array<int32_t, 256> byte_symbol{};
+  PairTable merges;
+  // Decoding, by vocab id.
+  std::vector<std::string> piece_of_id;  // vocab.json key
+  std::vector<std::string> bytes_of_id;  // its bytes through the byte decoder
+  std::vector<uint8_t> id_state;         // 0 unknown id, 1 decodable, 2 piece outside the byte map
+  int64_t vocab_size = 0;
+  int32_t eod = 0;
+
+  int32_t intern(std::string s) {
+    auto [it, inserted] = symbol_of.emplace(std::move(s), static_cast<int32_t>(symbol_vocab_id.size()));
+    if (inserted) symbol_vocab_id.push_back(0);
+    return it->second;
+  }
+
+  // Python's round-based merge loop (gpt2_tokenization.py bpe()).
+  void bpe_rounds(std::vector<int32_t>& word) const {
+    while (word.size() > 1) {
+      int32_t best_rank = INT32_MAX, first = 0, second = 0, merged = 0;
+      for (size_t i = 0; i + 1 < word.size(); ++i) {
+        const PairTable::Value* v = merges.find(word[i], word[i + 1]);
+        if (v && v->rank < best_rank) {
+          best_rank = v->rank;
+          first = word[i];
+          second = word[i + 1];
+          merged = v->merged;
+        }
+      }
+      if (best_rank == INT32_MAX) break;
+      size_t w = 0, n = word.size();
+      for (size_t r = 0; r < n;) {
+        if (r + 1 < n && word[r] == first && word[r + 1] == second) {
+          word[w++] = merged;
+          r += 2;
+        } else {
+          word[w++] = word[r++];
+        }
+      }
+      word.resize(w);
+    }
+  }
+
+  // The same rounds with a heap of candidate pairs: each round takes every occurrence of the
+  // lowest-ranked pair and merges them left to right, skipping overlaps, exactly as the
+  // round-based loop does, in O(n log n) instead of O(n * rounds).
+  void bpe_heap(std::vector<int32_t>& word) const {
+    const size_t n = word.size();
+    if (n < 2) return;
+    std::vector<int32_t> sym(word), prev(n), next(n);
+    std::vector<uint8_t> alive(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+      prev[i] = static_cast<int32_t>(i) - 1;
+      next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
+    }
+    struct Cand {
+      int32_t rank, pos, first, second;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+    auto push = [&](int32_t pos) {
+      if (pos < 0 || next[pos] < 0) return;
+      if (const PairTable::Value* v = merges.find(sym[pos], sym[next[pos]]))
+        heap.push(Cand{v->rank, pos, sym[pos], sym[next[pos]]});
+    };
+    auto valid = [&](const Cand& c) {
+      return alive[c.pos] && next[c.pos] >= 0 && sym[c.pos] == c.first && sym[next[c.pos]] == c.second;
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
+    std::vector<Cand> round;
+    std::vector<int32_t> merged_at;
+    while (!heap.empty()) {
+      Cand top = heap.top();
+      heap.pop();
+      if (!valid(top)) continue;
+      round.assign(1, top);
+      while (!heap.empty() && heap.top().rank == top.rank) {
+        round.push_back(heap.top());
+        heap.pop();
+      }
+      std::sort(round.begin(), round.end(), [](const Cand& a, const Cand& b) { return a.pos < b.pos; });
+      int32_t merged = merges.find(top.first, top.second)->merged;
+      merged_at.clear();
+      for (const Cand& c : round) {
+        if (!valid(c)) continue;  // overlapped by the previous merge of this round
+        int32_t right = next[c.pos];
+        sym[c.pos] = merged;
+        alive[right] = 0;
+        next[c.pos] = next[right];
+        if (next[right] >= 0) prev[next[right]] = c.pos;
+        merged_at.push_back(c.pos);
+      }
+      for (int32_t pos : merged_at) {
+        if (!alive[pos]) continue;
+        push(prev[pos]);
+        push(pos);
+      }
+    }
+    word.clear();
+    for (int32_t i = 0; i >= 0; i = next[i]) word.push_back(sym[i]);
+  }
+};
+
+// Results of BPE per pre-token, keyed by its bytes. Bounded: cleared when full.
+class PretokenCache {
+ public:
+  PretokenCache() { slots_.assign(kInitialSlots, Slot{}); }
+
+  const int32_t* find(std::string_view key, uint64_t h, uint32_t& count) const {
+    size_t mask = slots_.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.hash == 0) return nullptr;
+      if (s.hash == h && s.key_len == key.size() &&
+          std::memcmp(keys_.data() + s.key_off, key.data(), key.size()) == 0) {
+        count = s.ids_len;
+        return ids_.data() + s.ids_off;
+      }
+    }
+  }
+
+  void insert(std::string_view key, uint64_t h, const int32_t* ids, uint32_t count) {
+    if (size_ >= kMaxEntries || keys_.size() + key.size() > kMaxKeyBytes) clear();
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    Slot s{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size()),
+           static_cast<uint32_t>(ids_.size()), count};
+    keys_.append(key);
+    ids_.insert(ids_.end(), ids, ids + count);
+    place(s);
+    ++size_;
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
+  };
+  static constexpr size_t kInitialSlots = 1 << 14;
+  static constexpr size_t kMaxEntries = 1 << 20;
+  static constexpr size_t kMaxKeyBytes = size_t{64} << 20;
+
+  void place(const Slot& s) {
+    size_t mask = slots_.size() - 1;
+    size_t i = s.hash & mask;
+    while (slots_[i].hash != 0) i = (i + 1) & mask;
+    slots_[i] = s;
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    for (const Slot& s : old)
+      if (s.hash != 0) place(s);
+  }
+  void clear() {
+    slots_.assign(kInitialSlots, Slot{});
+    keys_.clear();
+    ids_.clear();
+    size_ = 0;
+  }
+
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<int32_t> ids_;
+  size_t size_ = 0;
+};
+
+namespace {
+
+[[noreturn]] void file_error(const std::string& file, TextPosition pos, bool with_column,
+                             const std::string& msg, const std::string& hint) {
+  std::string where = file + ":" + std::to_string(pos.line);
+  if (with_column) where += ":" + std::to_string(pos.column);
+  throw runtime_error(where + ": " + msg, hint);
+}
+
+void load_vocab(Gpt2Tables& t, const std::string& path) {
+  const std::string hint = "--vocab-file must be GPT-2's vocab.json (a JSON object of token -> id)";
+  std::string text = read_file(path, "vocab file");
+  if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
+    file_error(path, advance_position(text, bad), true, "invalid UTF-8", hint);
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (auto err = parser.parse(text).get(root)) {
+    JsonSyntaxError e;
+    if (describe_json_error(text, e))
+      file_error(path, advance_position(text, e.offset), true, "malformed JSON: " + e.message, hint);
+    throw runtime_error(path + ": malformed JSON: " + simdjson::error_message(err), hint);
+  }
+  simdjson::dom::object obj;
+  if (root.get_object().get(obj)) throw runtime_error(path + ": expected a JSON object of token -> id", hint);
+  std::unordered_map<std::string, int64_t> vocab;  // json.load: the last duplicate key wins
+  std::vector<std::string> order;
+  for (auto field : obj) {
+    int64_t id;
+    if (field.value.get_int64().get(id) || id < 0 || id >= (int64_t{1} << 24)) {
+      std::string msg = "the id of token \"" + std::string(field.key) + "\" is not an integer in [0, 2^24)";
+      std::string quoted(1, '"');
+      quoted.append(field.key);
+      quoted += '"';
+      size_t off = text.find(quoted);
+      if (off == std::string::npos) throw runtime_error(path + ": " + msg, hint);
+      file_error(path, advance_position(text, off), true, msg, hint);
+    }
+    std::string key(field.key);
+    if (vocab.emplace(key, id).second) order.push_back(key);
+    else vocab[key] = id;
+  }
+  t.vocab_size = static_cast<int64_t>(vocab.size());
+  int64_t max_id = -1;
+  for (auto& [k, id] : vocab) max_id = std::max(max_id, id);
+  t.piece_of_id.assign(static_cast<size_t>(max_id + 1), "");
+  t.bytes_of_id.assign(static_cast<size_t>(max_id + 1), "");
+  t.id_state.assign(static_cast<size_t>(max_id + 1), 0);
+  for (const std::string& key : order) {  // decoder = {v: k}: the last key of an id wins
+    int64_t id = vocab[key];
+    int32_t sym = t.intern(key);
+    t.symbol_vocab_id[sym] = static_cast<int32_t>(id);
+    t.piece_of_id[id] = key;
+  }
+  auto it = vocab.find("<|endoftext|>");
+  if (it == vocab.end())
+    throw runtime_error(path + ": has no \"<|endoftext|>\" token, which GPT-2 uses as EOD", hint);
+  t.eod = static_cast<int32_t>(it->second);
+}
+
+void load_merges(Gpt2Tables& t, const std::string& path) {
+  const std::string hint = "--merge-file must be GPT-2's merges.txt (a header line, then one \"a b\" pair per line)";
+  std::string text = read_file(path, "merge file");
+  if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
+    file_error(path, advance_position(text, bad), true, "invalid UTF-8", hint);
+  // Megatron: read().split('\n')[1:-1] -- drop the header and the last element.
+  std::vector<std::string_view> lines;
+  size_t start = 0;
+  while (true) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) {
+      lines.emplace_back(text.data() + start, text.size() - start);
+      break;
+    }
+    lines.emplace_back(text.data() + start, nl - start);
+    start = nl + 1;
+  }
+  if (!lines.back().empty())
+    log_warn("%s does not end with a newline; like Megatron, its last line (\"%.*s\") is not used",
+             path.c_str(), static_cast<int>(std::min<size_t>(lines.back().size(), 60)), lines.back().data());
+  if (lines.size() >= 2 && !lines.front().starts_with("#version"))
+    log_warn("%s: first line \"%.*s\" is discarded as the header, like Megatron does", path.c_str(),
+             static_cast<int>(std::min<size_t>(lines.front().size(), 60)), lines.front().data());
+  size_t count = lines.size() >= 2 ? lines.size() - 2 : 0;
+  t.merges.reserve(count);
+  for (size_t r = 0; r < count; ++r) {
+    std::string_view line = lines[r + 1];
+    auto parts = python_split(line);
+    if (parts.size() != 2)
+      file_error(path, TextPosition{r + 2, 1}, false,
+                 "expected two tokens separated by a space, found " + std::to_string(parts.size()) +
+                     " in \"" + std::string(line.substr(0, 80)) + "\"",
+                 hint);
+    int32_t a = t.intern(std::string(parts[0]));
+    int32_t b = t.intern(std::string(parts[1]));
+    int32_t m = t.intern(std::string(parts[0]) + std::string(parts[1]));
+    t.merges.set(a, b, PairTable::Value{static_cast<int32_t>(r), m});  // dict(): last rank wins
+  }
+}
+
+}  // namespace
+
+GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file)
+    : cache_(std::make_unique<PretokenCache>()) {
+  auto t = std::make_shared<Gpt2Tables>();
+  load_vocab(*t, vocab_file);
+  auto byte_map = bytes_to_unicode();
+  std::array<int, 0x144> byte_of_char;
+  byte_of_char.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    utf8::append(s, byte_map[b]);
+    t->byte_symbol[b] = t->intern(s);
+    byte_of_char[byte_map[b]] = b;
+  }
+  for (size_t id = 0; id < t->piece_of_id.size(); ++id) {
+    const std::string& piece = t->piece_of_id[id];
+    if (piece.empty()) continue;
+    std::string bytes;
+    bool ok = true;
+    const auto* p = reinterpret_cast<const unsigned char*>(piece.data());
+    for (size_t i = 0; i < piece.size();) {
+      size_t len;
+      char32_t c = utf8::decode_valid(p + i, len);
+      i += len;
+      if (c >= byte_of_char.size() || byte_of_char[c] < 0) {
+        ok = false;
+        break;
+      }
+      bytes += static_cast<char>(byte_of_char[c]);
+    }
+    t->id_state[id] = ok ? 1 : 2;
+    if (ok) t->bytes_of_id[id] = std::move(bytes);
+  }
+  load_merges(*t, merge_file);
+  tables_ = std::move(t);
+  gpt2_char_classes();  // build the class table now rather than inside the first encode
+}
+
+GPT2BPETokenizer::GPT2BPETokenizer(const GPT2BPETokenizer& other)
+    : tables_(other.tables_), cache_(std::make_unique<PretokenCache>()) {}
+
+GPT2BPETokenizer::~GPT2BPETokenizer() = default;
+
+int64_t GPT2BPETokenizer::vocab_size() const { return tables_->vocab_size; }
+int32_t GPT2BPETokenizer::eod() const { return tables_->eod; }
+
+std::unique_ptr<Tokenizer> GPT2BPETokenizer::clone() const {
+  return std::make_unique<GPT2BPETokenizer>(*this);
+}
+
+std::string_view GPT2BPETokenizer::piece(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= tables_->piece_of_id.size()) return {};
+  return tables_->piece_of_id[id];
+}
+
+void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
+  if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
+    throw runtime_error("invalid UTF-8 at byte " + std::to_string(bad) + " of the text");
+  gpt2_pretokenize(text, [&](std::string_view piece) { encode_piece(piece, out); });
+}
+
+void GPT2BPETokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
+  const Gpt2Tables& t = *tables_;
+  if (piece.size() == 1) {
+    out.push_back(t.symbol_vocab_id[t.byte_symbol[static_cast<unsigned char>(piece[0])]]);
+    return;
+  }
+  uint64_t h = hash_bytes(piece.data(), piece.size());
+  uint32_t count = 0;
+  if (const int32_t* ids = cache_->find(piece, h, count)) {
+    out.insert(out.end(), ids, ids + count);
+    return;
+  }
+  scratch_.clear();
+  for (unsigned char b : piece) scratch_.push_back(t.byte_symbol[b]);
+  if (piece.size() > kHeapThreshold) t.bpe_heap(scratch_);
+  else t.bpe_rounds(scratch_);
+  for (int32_t& s : scratch_) s = t.symbol_vocab_id[s];
+  cache_->insert(piece, h, scratch_.data(), static_cast<uint32_t>(scratch_.size()));
+  out.insert(out.end(), scratch_.begin(), scratch_.end());
+}
+
+std::vector<int32_t> GPT2BPETokenizer::bpe_for_testing(std::string_view pretoken, bool heap) const {
+  const Gpt2Tables& t = *tables_;
+  std::vector<int32_t> word;
+  for (unsigned char b : pretoken) word.push_back(t.byte_symbol[b]);
+  if (heap) t.bpe_heap(word);
+  else t.bpe_rounds(word);
+  for (int32_t& s : word) s = t.symbol_vocab_id[s];
+  return word;
+}
+
+std::string GPT2BPETokenizer::decode(std::span<const int32_t> ids) const {
+  const Gpt2Tables& t = *tables_;
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= t.id_state.size() || t.id_state[id] == 0)
+      throw runtime_error("cannot decode token id " + std::to_string(id) + ": not in the vocabulary");
+    if (t.id_state[id] == 2)
+      throw runtime_error("cannot decode token id " + std::to_string(id) +
+                          ": its vocab entry has characters outside GPT-2's byte map");
+    bytes += t.bytes_of_id[id];
+  }
+  return utf8::decode_with_replacement(bytes);
+}
+
+// ---- NullTokenizer and the factory --------------------------------------------------------
+
+NullTokenizer::NullTokenizer(int64_t vocab_size_without_eod) : vocab_size_without_eod_(vocab_size_without_eod) {
+  if (vocab_size_without_eod < 1 || vocab_size_without_eod >= INT32_MAX)
+    throw usage_error("--vocab-size must be in [1, 2^31-1) for NullTokenizer, got " +
+                      std::to_string(vocab_size_without_eod));
+}
+
+void NullTokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
+  if (text.empty()) return;
+  // Python: [int(x) for x in text.split(' ')]; int() allows surrounding whitespace, a sign
+  // and single underscores between digits.
+  size_t start = 0;
+  while (true) {
+    size_t sp = text.find(' ', start);
+    std::string_view piece = text.substr(start, sp == std::string_view::npos ? std::string_view::npos : sp - start);
+    size_t a = 0, b = piece.size();
+    auto ws = [](char c) { return c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r' || (c >= 0x1c && c <= 0x1f); };
+    while (a < b && ws(piece[a])) ++a;
+    while (b > a && ws(piece[b - 1])) --b;
+    std::string_view num = piece.substr(a, b - a);
+    bool negative = false;
+    size_t i = 0;
+    if (i < num.size() && (num[i] == '+' || num[i] == '-')) negative = num[i++] == '-';
+    int64_t value = 0;
+    bool ok = i < num.size(), prev_digit = false;
+    for (; ok && i < num.size(); ++i) {
+      char c = num[i];
+      if (c >= '0' && c <= '9') {
+        value = value * 10 + (c - '0');
+        if (value > (int64_t{1} << 40)) value = int64_t{1} << 40;
+        prev_digit = true;
+      } else if (c == '_' && prev_digit && i + 1 < num.size() && num[i + 1] >= '0' && num[i + 1] <= '9') {
+        prev_digit = false;
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok)
+      throw runtime_error("NullTokenizer: \"" + std::string(piece.substr(0, 40)) +
+                          "\" is not an integer (the text must be ids separated by single spaces)");
+    if (negative) value = -value;
+    if (value < 0 || value >= vocab_size())
+      throw runtime_error("NullTokenizer: id " + std::to_string(value) + " is outside [0, " +
+                          std::to_string(vocab_size()) + ") (--vocab-size " +
+                          std::to_string(vocab_size_without_eod_) + " plus EOD)");
+    out.push_back(static_cast<int32_t>(value));
+    if (sp == std::string_view::npos) break;
+    start = sp + 1;
+  }
+}
+
+std::string NullTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
+std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& o) {
+  const std::string& type = o.type;
+  if (type.empty())
+    throw usage_error("--tokenizer-type is required",
+                      "use --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt");
+  if (type == "GPT2BPETokenizer") {
+    if (o.vocab_file.empty() || o.merge_file.empty())
+      throw usage_error("GPT2BPETokenizer needs --vocab-file and --merge-file",
+                        "pass GPT-2's vocab.json and merges.txt");
+    return std::make_unique<GPT2BPETokenizer>(o.vocab_file, o.merge_file);
+  }
+  if (type == "NullTokenizer") {
+    if (!o.vocab_size) throw usage_error("NullTokenizer needs --vocab-size", "e.g. --vocab-size 50257");
+    return std::make_unique<NullTokenizer>(*o.vocab_size);
+  }
+  static const char* kMegatronTypes[] = {"BertWordPieceLowerCase", "BertWordPieceCase",
+                                         "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                                         "HuggingFaceTokenizer", "Llama2Tokenizer",
+                                         "TikTokenizer", "MultimodalTokenizer"};
+  for (const char* t : kMegatronTypes)
+    if (type == t)
+      throw usage_error("--tokenizer-type " + type + " is not supported yet",
+                        "tessera supports GPT2BPETokenizer and NullTokenizer so far");
+  throw usage_error("unknown --tokenizer-type " + type,
+                    "choose GPT2BPETokenizer or NullTokenizer (Megatron's names)");
+}
+
+}  // namespace tessera::data

@@ -1,0 +1,52 @@
+// GPT-2 byte-level BPE exactly as Megatron applies it (megatron.md §3, gpt2_tokenization.py):
+// vocab.json + merges.txt, GPT-2 pre-tokenization, the byte-to-unicode map, merges applied by
+// rank to every non-overlapping occurrence, unknown tokens as id 0, EOD = <|endoftext|>, and
+// `<|endoftext|>` written in text is ordinary text.
+//
+// Speed: results are cached per pre-token (bounded; cleared when full), merge ranks live in
+// an open-addressing table keyed by the pair of symbol ids.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/data/tokenizer.h"
+
+namespace tessera::data {
+
+struct Gpt2Tables;
+class PretokenCache;
+
+class GPT2BPETokenizer final : public Tokenizer {
+ public:
+  // Reads the files; a missing or malformed file is a tessera::Error naming the file, the
+  // line and (for JSON) the column.
+  GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file);
+  GPT2BPETokenizer(const GPT2BPETokenizer& other);  // shares the tables, fresh cache
+  ~GPT2BPETokenizer() override;
+
+  std::string_view type() const override { return "GPT2BPETokenizer"; }
+  int64_t vocab_size() const override;
+  int32_t eod() const override;
+  void encode(std::string_view text, std::vector<int32_t>& out) override;
+  using Tokenizer::encode;
+  // Python's detokenize: bytes of the tokens, decoded with errors='replace'.
+  std::string decode(std::span<const int32_t> ids) const override;
+  std::unique_ptr<Tokenizer> clone() const override;
+
+  // The vocab.json key of an id (the byte-level "piece"), empty if the id is unknown.
+  std::string_view piece(int32_t id) const;
+  // For tests: the BPE of one pre-token's bytes, by the round-based algorithm (heap=false) or
+  // the heap-based one used for long pre-tokens (heap=true). Returns vocab ids.
+  std::vector<int32_t> bpe_for_testing(std::string_view pretoken, bool heap) const;
+
+ private:
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+
+  std::shared_ptr<const Gpt2Tables> tables_;
+  std::unique_ptr<PretokenCache> cache_;
+  std::vector<int32_t> scratch_;
+};
+
+}  // namespace tessera::data

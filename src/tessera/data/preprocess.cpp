@@ -1,0 +1,656 @@
+#include "tessera/data/preprocess.h"
+
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <simdjson.h>
+#include <thread>
+
+#include "tessera/core/error.h"
+#include "tessera/data/file_util.h"
+#include "tessera/data/indexed_dataset.h"
+#include "tessera/data/json_util.h"
+#include "tessera/data/record_reader.h"
+#include "tessera/data/text_template.h"
+#include "tessera/data/utf8.h"
+
+namespace tessera::data {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+const char* kRecordHint = "fix the record, or pass --skip-bad-records to skip bad records and count them";
+
+// Tokens of one chunk, per output key, with per-record boundaries.
+struct ChunkResult {
+  struct KeyTokens {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> lengths;
+  };
+  std::vector<KeyTokens> keys;
+  std::vector<uint64_t> token_end, length_end;  // [record * keys + k]: end offsets
+  std::vector<uint64_t> chars;                  // per record
+  std::vector<int32_t> error_of;                // per record: -1, or index into errors
+  std::vector<std::string> errors;
+  std::exception_ptr fatal;                     // a failure that is not the record's fault
+};
+
+// One value of a record as the workers need it, from simdjson or (slow path) nlohmann.
+struct FieldValue {
+  enum Kind { Missing, String, StringList, Other } kind = Missing;
+  std::vector<std::string_view> strings;  // String: one; StringList: the sentences
+  std::string type;                       // for Other: what it is
+};
+
+std::string json_type_name(simdjson::dom::element_type t) {
+  switch (t) {
+    case simdjson::dom::element_type::ARRAY: return "a list";
+    case simdjson::dom::element_type::OBJECT: return "an object";
+    case simdjson::dom::element_type::INT64:
+    case simdjson::dom::element_type::UINT64:
+    case simdjson::dom::element_type::DOUBLE: return "a number";
+    case simdjson::dom::element_type::STRING: return "a string";
+    case simdjson::dom::element_type::BOOL: return "a boolean";
+    case simdjson::dom::element_type::NULL_VALUE: return "null";
+  }
+  return "a value";
+}
+
+std::string json_type_name(const nlohmann::json& j) {
+  if (j.is_array()) return "a list";
+  if (j.is_object()) return "an object";
+  if (j.is_number()) return "a number";
+  if (j.is_string()) return "a string";
+  if (j.is_boolean()) return "a boolean";
+  return "null";
+}
+
+class RecordProcessor {
+ public:
+  RecordProcessor(const PreprocessOptions& o, std::unique_ptr<Tokenizer> tokenizer, const TextTemplate* tmpl,
+                  const std::vector<std::string>& files)
+      : o_(o), tokenizer_(std::move(tokenizer)), tmpl_(tmpl), files_(files) {
+    wanted_ = tmpl ? tmpl->fields() : o.json_keys;
+    nkeys_ = tmpl ? 1 : o.json_keys.size();
+    values_.resize(wanted_.size());
+  }
+
+  void process(const Chunk& chunk, ChunkResult& r) {
+    r.keys.assign(nkeys_, {});
+    const size_t n = chunk.records.size();
+    r.token_end.resize(n * nkeys_);
+    r.length_end.resize(n * nkeys_);
+    r.chars.resize(n);
+    r.error_of.assign(n, -1);
+    for (size_t i = 0; i < n; ++i) {
+      const Record& rec = chunk.records[i];
+      std::string_view text(chunk.data.data() + rec.offset, rec.size);
+      uint64_t chars = utf8::count_code_points(text);
+      if (rec.newline) chars += text.ends_with('\r') ? 0 : 1;  // universal newlines: "\r\n" is "\n"
+      r.chars[i] = chars;
+      std::vector<size_t> token_mark(nkeys_), length_mark(nkeys_);
+      for (size_t k = 0; k < nkeys_; ++k) {
+        token_mark[k] = r.keys[k].tokens.size();
+        length_mark[k] = r.keys[k].lengths.size();
+      }
+      try {
+        process_record(rec, text, r);
+      } catch (const Error& e) {
+        for (size_t k = 0; k < nkeys_; ++k) {  // drop what the record had produced
+          r.keys[k].tokens.resize(token_mark[k]);
+          r.keys[k].lengths.resize(length_mark[k]);
+        }
+        r.error_of[i] = static_cast<int32_t>(r.errors.size());
+        r.errors.push_back(e.what());
+      }
+      for (size_t k = 0; k < nkeys_; ++k) {
+        r.token_end[i * nkeys_ + k] = r.keys[k].tokens.size();
+        r.length_end[i * nkeys_ + k] = r.keys[k].lengths.size();
+      }
+    }
+  }
+
+ private:
+  std::string where(const Record& rec, std::string_view text, std::optional<size_t> offset) const {
+    std::string s = files_[rec.file] + ":";
+    if (offset) {
+      TextPosition p = advance_position(text, *offset, TextPosition{rec.line, rec.column});
+      return s + std::to_string(p.line) + ":" + std::to_string(p.column);
+    }
+    s += std::to_string(rec.line);
+    if (rec.column != 1 || !rec.newline) s += ":" + std::to_string(rec.column);
+    return s;
+  }
+
+  [[noreturn]] void fail(const Record& rec, std::string_view text, std::optional<size_t> offset,
+                         const std::string& msg) const {
+    throw runtime_error(where(rec, text, offset) + ": " + msg, kRecordHint);
+  }
+
+  void process_record(const Record& rec, std::string_view text, ChunkResult& r) {
+    if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
+      fail(rec, text, std::nullopt, "empty line; expected a JSON object");
+    simdjson::dom::element root;
+    auto err = parser_.parse(reinterpret_cast<const uint8_t*>(text.data()), text.size(), false).get(root);
+    if (err) {
+      if (err == simdjson::UTF8_ERROR) {
+        size_t bad = utf8::find_invalid(text);
+        fail(rec, text, bad == utf8::npos ? 0 : bad, "invalid UTF-8");
+      }
+      JsonSyntaxError e;
+      if (describe_json_error(text, e)) fail(rec, text, e.offset, "malformed JSON: " + e.message);
+      // simdjson refuses what nlohmann accepts (e.g. integers beyond 64 bits): slow path.
+      nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
+      if (!j.is_object()) fail(rec, text, std::nullopt, "expected a JSON object, found " + json_type_name(j));
+      for (auto& v : values_) v = FieldValue{};
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        auto w = std::find(wanted_.begin(), wanted_.end(), it.key());
+        if (w == wanted_.end()) continue;
+        FieldValue& fv = values_[static_cast<size_t>(w - wanted_.begin())];
+        fv = FieldValue{};
+        classify(*it, fv);
+      }
+      emit(rec, text, r, [&] { return key_list(j); });
+      return;
+    }
+    simdjson::dom::object obj;
+    if (root.get_object().get(obj)) fail(rec, text, std::nullopt, "expected a JSON object, found " + json_type_name(root.type()));
+    for (auto& v : values_) v = FieldValue{};
+    for (auto field : obj) {  // every occurrence: the last duplicate wins, as in json.loads
+      auto w = std::find(wanted_.begin(), wanted_.end(), field.key);
+      if (w == wanted_.end()) continue;
+      FieldValue& fv = values_[static_cast<size_t>(w - wanted_.begin())];
+      fv = FieldValue{};
+      classify(field.value, fv);
+    }
+    emit(rec, text, r, [&] {
+      std::string keys;
+      int n = 0;
+      for (auto field : obj) {
+        if (n++ == 8) { keys += ", ..."; break; }
+        keys += (keys.empty() ? "\"" : ", \"") + std::string(field.key) + "\"";
+      }
+      return keys;
+    });
+  }
+
+  static void classify(simdjson::dom::element v, FieldValue& fv) {
+    std::string_view s;
+    if (!v.get_string().get(s)) {
+      fv.kind = FieldValue::String;
+      fv.strings.push_back(s);
+      return;
+    }
+    simdjson::dom::array arr;
+    if (!v.get_array().get(arr)) {
+      fv.kind = FieldValue::StringList;
+      for (auto item : arr) {
+        if (item.get_string().get(s)) {
+          fv.kind = FieldValue::Other;
+          fv.type = "a list that contains " + json_type_name(item.type());
+          return;
+        }
+        fv.strings.push_back(s);
+      }
+      return;
+    }
+    fv.kind = FieldValue::Other;
+    fv.type = json_type_name(v.type());
+  }
+
+  static void classify(const nlohmann::json& v, FieldValue& fv) {
+    if (v.is_string()) {
+      fv.kind = FieldValue::String;
+      fv.strings.push_back(v.get_ref<const std::string&>());
+      return;
+    }
+    if (v.is_array()) {
+      fv.kind = FieldValue::StringList;
+      for (const auto& item : v) {
+        if (!item.is_string()) {
+          fv.kind = FieldValue::Other;
+          fv.type = "a list that contains " + json_type_name(item);
+          return;
+        }
+        fv.strings.push_back(item.get_ref<const std::string&>());
+      }
+      return;
+    }
+    fv.kind = FieldValue::Other;
+    fv.type = json_type_name(v);
+  }
+
+  static std::string key_list(const nlohmann::json& j) {
+    std::string keys;
+    int n = 0;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (n++ == 8) { keys += ", ..."; break; }
+      keys += (keys.empty() ? "\"" : ", \"") + it.key() + "\"";
+    }
+    return keys;
+  }
+
+  template <class KeyList>
+  void emit(const Record& rec, std::string_view text, ChunkResult& r, KeyList&& key_list) {
+    for (size_t i = 0; i < wanted_.size(); ++i) {
+      const FieldValue& fv = values_[i];
+      const std::string what = tmpl_ ? "field" : "key";
+      if (fv.kind == FieldValue::Missing) {
+        std::string keys = key_list();
+        fail(rec, text, std::nullopt, "record has no " + what + " \"" + wanted_[i] + "\"" +
+                                          (keys.empty() ? " (it is empty)" : " (its keys: " + keys + ")"));
+      }
+      if (fv.kind == FieldValue::Other || (tmpl_ && fv.kind != FieldValue::String))
+        fail(rec, text, std::nullopt, "the value of \"" + wanted_[i] + "\" is " +
+                                          (fv.kind == FieldValue::StringList ? std::string("a list") : fv.type) +
+                                          ", not a string");
+    }
+    if (tmpl_) {
+      views_.clear();
+      for (const auto& fv : values_) views_.push_back(fv.strings[0]);
+      tmpl_->render(views_, rendered_);
+      sentences_.assign(1, rendered_);
+      tokenize_document(rec, text, "the templated text", sentences_, r.keys[0]);
+      return;
+    }
+    for (size_t k = 0; k < nkeys_; ++k)
+      tokenize_document(rec, text, "\"" + wanted_[k] + "\"", values_[k].strings, r.keys[k]);
+  }
+
+  // Megatron's Encoder.encode for one key: each sentence tokenized on its own, empty results
+  // dropped, EOD appended to a non-empty document (counted in its last sentence).
+  void tokenize_document(const Record& rec, std::string_view text, const std::string& what,
+                         const std::vector<std::string_view>& sentences, ChunkResult::KeyTokens& out) {
+    size_t doc_start = out.tokens.size();
+    for (std::string_view s : sentences) {
+      size_t before = out.tokens.size();
+      try {
+        tokenizer_->encode(s, out.tokens);
+      } catch (const Error& e) {
+        fail(rec, text, std::nullopt, "cannot tokenize " + what + ": " + e.what());
+      }
+      size_t n = out.tokens.size() - before;
+      if (n > static_cast<size_t>(INT32_MAX)) fail(rec, text, std::nullopt, what + " has more than 2^31-1 tokens");
+      if (n > 0) out.lengths.push_back(static_cast<int32_t>(n));
+    }
+    if (o_.append_eod && out.tokens.size() > doc_start) {
+      out.tokens.push_back(tokenizer_->eod());
+      out.lengths.back() += 1;
+    }
+  }
+
+  const PreprocessOptions& o_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  const TextTemplate* tmpl_;
+  const std::vector<std::string>& files_;
+  std::vector<std::string> wanted_;
+  size_t nkeys_;
+  std::vector<FieldValue> values_;
+  std::vector<std::string_view> views_, sentences_;
+  std::string rendered_;
+  simdjson::dom::parser parser_;
+};
+
+// The terminal progress bar (stderr only, when it is a terminal).
+class ProgressBar {
+ public:
+  ProgressBar(FILE* f, bool enabled, uint64_t total) : f_(f), enabled_(enabled && total > 0), total_(total) {}
+  void update(uint64_t done, bool force = false) {
+    if (!enabled_) return;
+    auto now = Clock::now();
+    if (!force && now - last_ < std::chrono::milliseconds(200)) return;
+    last_ = now;
+    double elapsed = std::chrono::duration<double>(now - start_).count();
+    double frac = std::min(1.0, double(done) / double(total_));
+    const int width = 30;
+    int filled = static_cast<int>(frac * width);
+    std::string bar(filled, '#');
+    bar.append(width - filled, '.');
+    double rate = elapsed > 0 ? done / elapsed : 0;
+    std::string eta = "--:--";
+    if (rate > 0) {
+      long s = std::lround((total_ - std::min(done, total_)) / rate);
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+      eta = buf;
+    }
+    std::fprintf(f_, "\r\033[K[%s] %5.1f%% %8.1f MB/s  ETA %s", bar.c_str(), frac * 100, rate / 1e6, eta.c_str());
+    std::fflush(f_);
+    shown_ = true;
+  }
+  void clear() {
+    if (!shown_) return;
+    std::fprintf(f_, "\r\033[K");
+    std::fflush(f_);
+    shown_ = false;
+    last_ = Clock::time_point{};
+  }
+
+ private:
+  FILE* f_;
+  bool enabled_;
+  uint64_t total_;
+  Clock::time_point start_ = Clock::now(), last_{};
+  bool shown_ = false;
+};
+
+// The threads and queues. The reader keeps at most max_in_flight chunks between itself and the
+// writer; workers take chunks in any order; the writer takes results in sequence order.
+class Pipeline {
+ public:
+  Pipeline(RecordReader& reader, size_t max_in_flight) : reader_(reader), max_in_flight_(max_in_flight) {}
+  ~Pipeline() { stop(); }
+
+  void start(std::vector<std::unique_ptr<RecordProcessor>> processors) {
+    processors_ = std::move(processors);
+    threads_.emplace_back([this] { read_loop(); });
+    for (auto& p : processors_) threads_.emplace_back([this, proc = p.get()] { work_loop(*proc); });
+  }
+
+  struct Done {
+    std::unique_ptr<Chunk> chunk;
+    ChunkResult result;
+  };
+
+  // The next chunk in input order (blocks).
+  std::unique_ptr<Done> next() {
+    std::unique_lock lock(m_);
+    cv_done_.wait(lock, [&] { return done_.count(next_) > 0; });
+    auto it = done_.find(next_);
+    auto d = std::move(it->second);
+    done_.erase(it);
+    ++next_;
+    --in_flight_;
+    cv_slot_.notify_one();
+    return d;
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    cv_slot_.notify_all();
+    cv_work_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void read_loop() {
+    while (true) {
+      {
+        std::unique_lock lock(m_);
+        cv_slot_.wait(lock, [&] { return stopping_ || in_flight_ < max_in_flight_; });
+        if (stopping_) return;
+        ++in_flight_;
+      }
+      auto chunk = std::make_unique<Chunk>();
+      reader_.next(*chunk);  // never throws: failures travel in chunk->error
+      bool last = chunk->last;
+      {
+        std::lock_guard lock(m_);
+        work_.push_back(std::move(chunk));
+        if (last) reader_done_ = true;
+      }
+      cv_work_.notify_one();
+      if (last) {
+        cv_work_.notify_all();
+        return;
+      }
+    }
+  }
+
+  void work_loop(RecordProcessor& proc) {
+    while (true) {
+      std::unique_ptr<Chunk> chunk;
+      {
+        std::unique_lock lock(m_);
+        cv_work_.wait(lock, [&] { return stopping_ || !work_.empty() || reader_done_; });
+        if (stopping_ || work_.empty()) return;
+        chunk = std::move(work_.front());
+        work_.pop_front();
+      }
+      auto d = std::make_unique<Done>();
+      try {
+        proc.process(*chunk, d->result);
+      } catch (...) {
+        d->result.fatal = std::current_exception();
+      }
+      d->chunk = std::move(chunk);
+      {
+        std::lock_guard lock(m_);
+        uint64_t seq = d->chunk->sequence;
+        done_[seq] = std::move(d);
+      }
+      cv_done_.notify_all();
+    }
+  }
+
+  RecordReader& reader_;
+  const size_t max_in_flight_;
+  std::vector<std::unique_ptr<RecordProcessor>> processors_;
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_slot_, cv_work_, cv_done_;
+  std::deque<std::unique_ptr<Chunk>> work_;
+  std::map<uint64_t, std::unique_ptr<Done>> done_;
+  size_t in_flight_ = 0;
+  uint64_t next_ = 0;
+  bool stopping_ = false, reader_done_ = false;
+};
+
+void validate(const PreprocessOptions& o) {
+  if (o.inputs.empty()) throw usage_error("--input is required", "give a JSONL or JSON file (or a glob)");
+  if (o.output_prefix.empty()) throw usage_error("--output-prefix is required", "e.g. --output-prefix data/my-gpt2");
+  if (o.json_keys.empty()) throw usage_error("--json-keys needs at least one key");
+  for (size_t i = 0; i < o.json_keys.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.json_keys[i] == o.json_keys[j])
+        throw usage_error("--json-keys names \"" + o.json_keys[i] + "\" twice");
+  if (o.text_template && o.json_keys.size() != 1)
+    throw usage_error("--text-template makes one document per record; give at most one --json-keys (it names the output)",
+                      "e.g. --json-keys text gives <prefix>_text_document.bin/.idx");
+  if (o.workers < 0) throw usage_error("--workers must be at least 1");
+  if (o.partitions < 1) throw usage_error("--partitions must be at least 1");
+  if (o.log_interval < 1) throw usage_error("--log-interval must be at least 1");
+}
+
+}  // namespace
+
+std::string python_float_repr(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), x, std::chars_format::scientific);
+  std::string s(buf, res.ptr);
+  std::string sign;
+  if (s[0] == '-') {
+    sign = "-";
+    s.erase(0, 1);
+  }
+  size_t e = s.find('e');
+  int exp = std::stoi(s.substr(e + 1));
+  std::string digits;
+  for (char c : s.substr(0, e))
+    if (c != '.') digits += c;
+  std::string out;
+  if (exp >= -4 && exp < 16) {
+    if (exp >= 0) {
+      size_t int_len = static_cast<size_t>(exp) + 1;
+      if (digits.size() <= int_len) out = digits + std::string(int_len - digits.size(), '0') + ".0";
+      else out = digits.substr(0, int_len) + "." + digits.substr(int_len);
+    } else {
+      out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char eb[16];
+    std::snprintf(eb, sizeof(eb), "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    out += eb;
+  }
+  return sign + out;
+}
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns) {
+  std::vector<std::string> files;
+  for (const auto& p : patterns) {
+    struct stat st{};
+    if (::stat(p.c_str(), &st) == 0) {
+      files.push_back(p);
+      continue;
+    }
+    if (p.find_first_of("*?[") == std::string::npos) throw_io_error(p, "cannot open input", errno);
+    glob_t g{};
+    int rc = ::glob(p.c_str(), 0, nullptr, &g);
+    if (rc != 0 || g.gl_pathc == 0) {
+      ::globfree(&g);
+      throw runtime_error("no file matches --input " + p, "check the pattern (quote it so that the shell leaves it alone)");
+    }
+    for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+  }
+  return files;
+}
+
+PreprocessResult preprocess(const PreprocessOptions& o) {
+  validate(o);
+  PreprocessResult result;
+  const auto files = expand_inputs(o.inputs);
+  install_temp_file_cleanup();
+  std::mutex out_mutex;
+  RecordReader reader(files, o.chunk_bytes, [&](const std::string& path) {
+    if (path == files.front()) return;  // printed below, before the startup time as Megatron does
+    std::lock_guard lock(out_mutex);
+    std::fprintf(o.out, "Opening %s\n", path.c_str());
+    std::fflush(o.out);
+  });
+  result.input_bytes = reader.total_bytes();
+  std::fprintf(o.out, "Opening %s\n", files.front().c_str());
+  std::fflush(o.out);
+
+  const auto startup_start = Clock::now();
+  std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(o.tokenizer);
+  std::optional<TextTemplate> tmpl;
+  if (o.text_template) tmpl.emplace(*o.text_template);
+  const IndexDType dtype = optimal_dtype(tokenizer->vocab_size());
+  const size_t nkeys = o.json_keys.size();
+  const bool partitioned = o.partitions > 1 && !o.keep_sequential_samples;
+  const size_t nparts = partitioned ? static_cast<size_t>(o.partitions) : 1;
+
+  std::vector<std::unique_ptr<IndexedDatasetBuilder>> finals;
+  std::vector<std::vector<std::unique_ptr<IndexedDatasetBuilder>>> parts(nkeys);
+  for (size_t k = 0; k < nkeys; ++k) {
+    std::string prefix = o.output_prefix + "_" + o.json_keys[k] + "_document";
+    finals.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(prefix), dtype));
+    result.outputs.push_back(PreprocessOutput{o.json_keys[k], prefix});
+    if (partitioned)
+      for (size_t p = 0; p < nparts; ++p)
+        parts[k].push_back(IndexedDatasetBuilder::scratch(parent_dir(prefix), dtype));
+  }
+  auto builder = [&](size_t k, uint64_t record_index) -> IndexedDatasetBuilder& {
+    return partitioned ? *parts[k][record_index % nparts] : *finals[k];
+  };
+
+  const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::unique_ptr<RecordProcessor>> processors;
+  for (int w = 0; w < workers; ++w)
+    processors.push_back(std::make_unique<RecordProcessor>(o, tokenizer->clone(), tmpl ? &*tmpl : nullptr, files));
+  result.startup_seconds = seconds_since(startup_start);
+  std::fprintf(o.out, "Time to startup: %s\n", python_float_repr(result.startup_seconds).c_str());
+  std::fflush(o.out);
+
+  const bool bar_enabled = o.progress_bar == PreprocessOptions::Progress::Always ||
+                           (o.progress_bar == PreprocessOptions::Progress::Auto && ::isatty(::fileno(o.err)));
+  ProgressBar bar(o.err, bar_enabled, reader.total_bytes());
+  Pipeline pipeline(reader, 4 * static_cast<size_t>(workers) + 2);
+  pipeline.start(std::move(processors));
+  const auto proc_start = Clock::now();
+  uint64_t warned = 0;
+  while (true) {
+    std::unique_ptr<Pipeline::Done> d = pipeline.next();
+    const Chunk& c = *d->chunk;
+    const ChunkResult& r = d->result;
+    if (r.fatal) std::rethrow_exception(r.fatal);
+    for (size_t i = 0; i < c.records.size(); ++i) {
+      const Record& rec = c.records[i];
+      ++result.records;
+      if (r.error_of[i] >= 0) {
+        const std::string& msg = r.errors[static_cast<size_t>(r.error_of[i])];
+        if (!o.skip_bad_records) throw runtime_error(msg, kRecordHint);
+        ++result.skipped;
+        if (warned < 10) {
+          bar.clear();
+          std::fprintf(o.err, "warning: skipped bad record: %s\n", msg.c_str());
+        } else if (warned == 10) {
+          bar.clear();
+          std::fprintf(o.err, "warning: more bad records skipped; not showing them (the total follows at the end)\n");
+        }
+        ++warned;
+        continue;
+      }
+      for (size_t k = 0; k < nkeys; ++k) {
+        const size_t at = i * nkeys + k;
+        const uint64_t t0 = i == 0 ? 0 : r.token_end[at - nkeys], t1 = r.token_end[at];
+        const uint64_t l0 = i == 0 ? 0 : r.length_end[at - nkeys], l1 = r.length_end[at];
+        const auto& keyed = r.keys[k];
+        builder(k, rec.index)
+            .add_document(std::span<const int32_t>(keyed.tokens.data() + t0, t1 - t0),
+                          std::span<const int32_t>(keyed.lengths.data() + l0, l1 - l0));
+      }
+      ++result.documents;
+      result.chars += r.chars[i];
+      if (result.documents % static_cast<uint64_t>(o.log_interval) == 0) {
+        const double elapsed = seconds_since(proc_start);
+        bar.clear();
+        std::fprintf(o.err, "Processed %llu documents (%s docs/s, %s MB/s).\n",
+                     static_cast<unsigned long long>(result.documents),
+                     python_float_repr(double(result.documents) / elapsed).c_str(),
+                     python_float_repr(double(result.chars) / elapsed / 1024 / 1024).c_str());
+        std::fflush(o.err);
+      }
+    }
+    bar.update(c.consumed_bytes);
+    if (c.error) std::rethrow_exception(c.error);
+    if (c.last) break;
+  }
+  pipeline.stop();
+  bar.clear();
+  result.processing_seconds = seconds_since(proc_start);
+
+  // Megatron merges the partitions' outputs in partition order (add_index).
+  for (size_t k = 0; k < nkeys; ++k) {
+    for (auto& part : parts[k]) finals[k]->append(*part);
+    parts[k].clear();
+  }
+  for (size_t k = 0; k < nkeys; ++k) finals[k]->prepare(idx_path(result.outputs[k].prefix));
+  {
+    SignalBlock block;  // every output appears, or none
+    for (auto& f : finals) f->commit();
+  }
+  for (size_t k = 0; k < nkeys; ++k) {
+    result.outputs[k].sequences = finals[k]->sequence_count();
+    result.outputs[k].documents = finals[k]->document_count();
+    result.outputs[k].tokens = finals[k]->token_count();
+  }
+  return result;
+}
+
+}  // namespace tessera::data
