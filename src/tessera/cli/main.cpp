@@ -20,6 +20,7 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"train", tessera::cli::run_train, "GPT pre-training with Megatron-LM's flags"},
     {"preprocess", tessera::cli::run_preprocess, "JSONL/JSON to Megatron's indexed .bin/.idx"},
+    {"data", tessera::cli::run_data, "indexed datasets: merge, inspect"},
 };
 
 void print_usage() {
