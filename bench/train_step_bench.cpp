@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   GPTModel model(args.model, cpu_device(), static_cast<int>(args.micro_batch_size));
   model.init_weights();
   MockSamples data(args.model.seq_length, args.model.vocab_size, args.model.seed);
-  Trainer trainer(args, model, data, cpu_device());
+  Trainer trainer(args, model, DataSources{&data}, cpu_device());
   trainer.train_step();  // warm-up: first touch of every buffer, oneDNN kernel selection
   trainer.train_step();
   auto start = std::chrono::steady_clock::now();

@@ -43,7 +43,7 @@ int run_train(int argc, char** argv) {
                static_cast<long long>(model.num_parameters()));
 
   MockSamples data(c.seq_length, c.vocab_size, c.seed);
-  Trainer trainer(args, model, data, device);
+  Trainer trainer(args, model, DataSources{&data}, device);
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);
   print_rank_0("training ...");

@@ -55,6 +55,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--train-samples", K::Int, nullptr, "Samples to train (sample-based training)"},
       {"--log-interval", K::Int, "100", "Iterations between log lines"},
       {"--log-throughput", K::StoreTrue, nullptr, "Add TFLOP/s per device to the log line"},
+      {"--eval-interval", K::Int, "1000", "Iterations between evaluations on the validation split"},
+      {"--eval-iters", K::Int, "100", "Global batches per evaluation (0 disables evaluation)"},
       // Optimizer and schedule.
       {"--optimizer", K::Choice, "adam", "Optimizer", "adam|sgd"},
       {"--lr", K::Float, nullptr, "Peak learning rate"},
@@ -223,6 +225,9 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
                           std::to_string(a.micro_batch_size) + " × " + std::to_string(dp) + ")");
   a.log_interval = static_cast<int>(positive(p, "--log-interval"));
   a.log_throughput = p.get_bool("--log-throughput");
+  a.eval_interval = static_cast<int>(positive(p, "--eval-interval"));
+  a.eval_iters = static_cast<int>(p.get_int("--eval-iters"));
+  if (a.eval_iters < 0) throw usage_error("--eval-iters must be >= 0");
 
   // Iterations or samples, and the schedule in samples (megatron.md §7).
   const int64_t gbs = a.global_batch_size;

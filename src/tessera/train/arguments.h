@@ -26,6 +26,8 @@ struct TrainArgs {
   std::optional<int64_t> train_samples;
   int log_interval = 100;
   bool log_throughput = false;
+  int eval_interval = 1000;
+  int eval_iters = 100;
 
   OptimizerConfig optimizer;
   LrScheduleConfig lr_schedule;

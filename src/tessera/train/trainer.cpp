@@ -1,8 +1,11 @@
 #include "tessera/train/trainer.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <ctime>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -30,10 +33,9 @@ std::string timestamp() {
 
 }  // namespace
 
-Trainer::Trainer(const TrainArgs& args, GPTModel& model, SampleSource& data, Device& device)
+Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device)
     : args_(args),
       model_(model),
-      data_(data),
       device_(device),
       optimizer_(std::make_unique<Optimizer>(args.optimizer, optimizer_params(model), device)),
       scheduler_(args.lr_schedule) {
@@ -44,7 +46,11 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, SampleSource& data, Dev
   batch_slab_ = Buffer(device, layout.total_bytes());
   batch_ = {tensor_at(batch_slab_, tokens, DType::I32, {B, T}), tensor_at(batch_slab_, positions, DType::I32, {B, T}),
             tensor_at(batch_slab_, labels, DType::I32, {B, T}), tensor_at(batch_slab_, mask, DType::F32, {B, T})};
-  sample_.resize(T + 1);
+  layout_ = {B, args.num_microbatches(), 1, 0};
+  TESSERA_CHECK(data.train != nullptr, "no training samples");
+  train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_);
+  if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, static_cast<int>(T), layout_);
+  if (data.test) test_loader_ = std::make_unique<BatchLoader>(*data.test, static_cast<int>(T), layout_);
   if (!args.log_json.empty()) {
     log_json_.reset(std::fopen(args.log_json.c_str(), "a"));
     if (!log_json_) throw runtime_error("--log-json " + args.log_json + " cannot be opened for writing");
@@ -52,57 +58,91 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, SampleSource& data, Dev
 }
 
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], positions 0..T-1, and a
-// loss mask of ones (no --eod-mask-loss yet).
-void Trainer::load_micro_batch(int64_t first_sample) {
+// loss mask of ones.
+void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro) {
   const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
   int32_t* tokens = batch_.tokens.i32();
   int32_t* positions = batch_.positions.i32();
   int32_t* labels = batch_.labels.i32();
   float* mask = batch_.loss_mask.f32();
   for (int64_t b = 0; b < B; ++b) {
-    data_.fill(first_sample + b, sample_.data());
+    const int32_t* sample = global_batch.data() + (micro * B + b) * (T + 1);
     for (int64_t t = 0; t < T; ++t) {
-      tokens[b * T + t] = sample_[t];
-      labels[b * T + t] = sample_[t + 1];
+      tokens[b * T + t] = sample[t];
+      labels[b * T + t] = sample[t + 1];
       positions[b * T + t] = static_cast<int32_t>(t);
       mask[b * T + t] = 1.0f;
     }
   }
 }
 
-IterationResult Trainer::train_step() {
-  ++iteration_;
+std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training) {
   const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
-  const int64_t num_micro = args_.num_microbatches();
-  IterationResult r;
-  r.lr = scheduler_.lr();
-  model_.zero_grads();
+  const int64_t num_micro = layout_.num_microbatches;
+  const std::vector<int32_t>& samples = loader.global_batch(consumed);
   double loss_sum = 0.0, mask_sum = 0.0;
   for (int64_t m = 0; m < num_micro; ++m) {
-    const int64_t first_in_batch = m * B;
-    load_micro_batch(consumed_samples_ + first_in_batch);
-    StepContext step{static_cast<uint32_t>(iteration_), static_cast<uint32_t>(first_in_batch), true};
+    load_micro_batch(samples, m);
+    // Dropout masks are keyed by the sample's index within the global batch.
+    StepContext step{static_cast<uint32_t>(iteration_),
+                     static_cast<uint32_t>(layout_.sample_index(0, m, 0)), training};
     const double micro_loss = model_.forward(batch_, step);
     double micro_mask = 0.0;
     for (int64_t i = 0; i < B * T; ++i) micro_mask += batch_.loss_mask.f32()[i];
     // Megatron's default: the gradient of the mean over micro-batches of each
     // micro-batch's token-mean loss.
-    model_.backward(batch_, step, static_cast<float>(1.0 / (micro_mask * static_cast<double>(num_micro))));
+    if (training)
+      model_.backward(batch_, step, static_cast<float>(1.0 / (micro_mask * static_cast<double>(num_micro))));
     loss_sum += micro_loss;
     mask_sum += micro_mask;
   }
+  return {loss_sum, mask_sum};
+}
+
+IterationResult Trainer::train_step() {
+  ++iteration_;
+  IterationResult r;
+  r.lr = scheduler_.lr();
+  model_.zero_grads();
+  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true);
   r.lm_loss = loss_sum / mask_sum;
-  r.tokens = args_.global_batch_size * T;
+  r.tokens = args_.global_batch_size * args_.model.seq_length;
   r.grad_norm = optimizer_->grad_norm();
   if (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))
     throw runtime_error("non-finite " + std::string(std::isfinite(r.lm_loss) ? "gradient norm" : "loss") +
                             " at iteration " + std::to_string(iteration_) + " on rank 0",
-                        "lower --lr, check the data, or raise --clip-grad's strictness");
+                        "lower --lr or check the data");
   optimizer_->clip_grads(r.grad_norm);
   optimizer_->step(r.lr, scheduler_.weight_decay());
   scheduler_.step(args_.global_batch_size);
   consumed_samples_ += args_.global_batch_size;
   return r;
+}
+
+double Trainer::evaluate(const char* split) {
+  const bool valid = std::string_view(split) == "validation";
+  BatchLoader* loader = valid ? valid_loader_.get() : test_loader_.get();
+  TESSERA_CHECK(loader != nullptr, std::string("no ") + split + " split");
+  int64_t consumed = valid ? consumed_valid_samples_ : 0;
+  double loss_sum = 0.0, mask_sum = 0.0;
+  for (int i = 0; i < args_.eval_iters; ++i) {
+    auto [l, m] = run_global_batch(*loader, consumed, false);
+    loss_sum += l;
+    mask_sum += m;
+    consumed += args_.global_batch_size;
+  }
+  if (valid) consumed_valid_samples_ = consumed;
+  return loss_sum / mask_sum;
+}
+
+// Megatron's validation block (megatron.md §6.2).
+void Trainer::print_evaluation(const std::string& prefix, const char* split) {
+  const double loss = evaluate(split);
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", prefix.c_str(),
+                loss, std::exp(std::min(20.0, loss)));
+  const std::string dashes(std::strlen(buf) + 1, '-');
+  print_rank_last("%s\n%s\n%s", dashes.c_str(), buf, dashes.c_str());
 }
 
 void Trainer::train() {
@@ -124,7 +164,15 @@ void Trainer::train() {
       iterations = 0;
       interval_start = clock::now();
     }
+    if (valid_loader_ && args_.eval_iters > 0 && args_.eval_interval > 0 && iteration_ % args_.eval_interval == 0) {
+      print_evaluation("iteration " + std::to_string(iteration_), "validation");
+      interval_start = clock::now();  // evaluation time is not training time
+    }
   }
+  if (valid_loader_ && args_.eval_iters > 0)
+    print_evaluation("iteration " + std::to_string(iteration_) + " on validation set", "validation");
+  if (test_loader_ && args_.eval_iters > 0)
+    print_evaluation("iteration " + std::to_string(iteration_) + " on test set", "test");
 }
 
 // Megatron's training log line (megatron.md §6.1) with tokens/s after its last field.

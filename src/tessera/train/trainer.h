@@ -11,6 +11,7 @@
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/train/arguments.h"
+#include "tessera/train/batch_loader.h"
 #include "tessera/train/sample_source.h"
 
 namespace tessera {
@@ -22,35 +23,52 @@ struct IterationResult {
   int64_t tokens = 0;      // tokens processed
 };
 
+// The splits to read samples from; valid and test may be absent.
+struct DataSources {
+  SampleSource* train = nullptr;
+  SampleSource* valid = nullptr;
+  SampleSource* test = nullptr;
+};
+
 class Trainer {
  public:
   // The model is initialised (Megatron's init or --init-from-hf) by the caller.
-  Trainer(const TrainArgs& args, GPTModel& model, SampleSource& data, Device& device);
+  Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device);
 
   // One iteration over the next global batch.
   IterationResult train_step();
-  // train_step until --train-iters, logging every --log-interval.
+  // train_step until --train-iters, logging every --log-interval, validating every
+  // --eval-interval, and on the validation and test splits at the end.
   void train();
+  // --eval-iters global batches of `split` without dropout; the token-weighted mean loss.
+  // Validation continues where the previous evaluation stopped (Megatron's persistent
+  // validation iterator); test starts at 0.
+  double evaluate(const char* split);
 
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   const Optimizer& optimizer() const { return *optimizer_; }
 
  private:
-  void load_micro_batch(int64_t first_sample);
+  void load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro);
+  // Runs forward (and backward when training) over this rank's micro-batches of one global
+  // batch; returns the masked loss sum and the mask sum.
+  std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training);
+  void print_evaluation(const std::string& prefix, const char* split);
   void log_line(const IterationResult& last, double loss_sum, int iterations, double elapsed_s, int64_t tokens);
 
   const TrainArgs& args_;
   GPTModel& model_;
-  SampleSource& data_;
   Device& device_;
   std::unique_ptr<Optimizer> optimizer_;
   LrScheduler scheduler_;
   Buffer batch_slab_;
   MicroBatch batch_;
-  std::vector<int32_t> sample_;
+  SamplerLayout layout_;
+  std::unique_ptr<BatchLoader> train_loader_, valid_loader_, test_loader_;
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
+  int64_t consumed_valid_samples_ = 0;
   std::unique_ptr<FILE, int (*)(FILE*)> log_json_{nullptr, &std::fclose};
 };
 

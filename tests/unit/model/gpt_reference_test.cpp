@@ -121,7 +121,7 @@ TEST_F(ReferenceRun, TenAdamWIterationsMatchPyTorch) {
   GPTModel model(a.model, cpu_device(), static_cast<int>(a.micro_batch_size));
   model.load_weights(load_hf_gpt2(a.init_from_hf, a.model));
   FixedSamples data(expected.read_i64("tokens"), a.model.seq_length + 1);
-  Trainer trainer(a, model, data, cpu_device());
+  Trainer trainer(a, model, DataSources{&data}, cpu_device());
   std::vector<float> lm_loss = expected.read_f32("lm_loss"), grad_norm = expected.read_f32("grad_norm"),
                      lr = expected.read_f32("lr");
   ASSERT_EQ(a.train_iters, static_cast<int64_t>(lm_loss.size()));

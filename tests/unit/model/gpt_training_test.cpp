@@ -96,7 +96,7 @@ TEST(GPTTraining, LearnsARepeatingPattern) {
   GPTModel model(a.model, cpu_device(), static_cast<int>(a.micro_batch_size));
   model.init_weights();
   RepeatingPattern data(a.model.seq_length);
-  Trainer trainer(a, model, data, cpu_device());
+  Trainer trainer(a, model, DataSources{&data}, cpu_device());
   const double first = trainer.train_step().lm_loss;
   EXPECT_NEAR(first, std::log(128.0), 0.3);  // near uniform over the padded vocabulary at init
   double last = first;
@@ -112,7 +112,7 @@ TEST(GPTTraining, SameSeedSameBits) {
     GPTModel model(a.model, cpu_device(), static_cast<int>(a.micro_batch_size));
     model.init_weights();
     MockSamples data(a.model.seq_length, a.model.vocab_size, a.model.seed);
-    Trainer trainer(a, model, data, cpu_device());
+    Trainer trainer(a, model, DataSources{&data}, cpu_device());
     for (int i = 0; i < 5; ++i) {
       IterationResult r = trainer.train_step();
       losses.push_back(r.lm_loss);
@@ -137,7 +137,7 @@ TEST(GPTTraining, DropoutIsActiveAndKeyedBySeed) {
     GPTModel model(a.model, cpu_device(), static_cast<int>(a.micro_batch_size));
     model.init_weights();
     MockSamples data(a.model.seq_length, a.model.vocab_size, 1);  // same data whatever the seed
-    Trainer trainer(a, model, data, cpu_device());
+    Trainer trainer(a, model, DataSources{&data}, cpu_device());
     return trainer.train_step().lm_loss;
   };
   const double no_dropout = first_loss({"--hidden-dropout", "0", "--attention-dropout", "0"});
