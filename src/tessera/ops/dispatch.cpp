@@ -1,0 +1,129 @@
+// Routes each op to the backend of its tensors' device. Every non-empty tensor of a call
+// must live on the same kind of device (an op never copies between devices).
+#include <initializer_list>
+#include <string>
+
+#include "tessera/device/device.h"
+#include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/ops.h"
+
+namespace tessera::ops {
+namespace {
+
+DeviceType backend_of(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Device* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (t->empty()) continue;
+    TESSERA_CHECK(t->device != nullptr, std::string(op) + ": tensor without a device");
+    if (!first) first = t->device;
+    TESSERA_CHECK(t->device->type() == first->type(),
+                  std::string(op) + ": tensors on different devices (" + first->name() + ", " + t->device->name() + ")");
+  }
+  TESSERA_CHECK(first != nullptr, std::string(op) + ": no tensors");
+  return first->type();
+}
+
+[[noreturn]] void no_backend(const char* op, DeviceType type) {
+  TESSERA_CHECK(false, std::string(op) + ": no kernel for device type " + std::to_string(static_cast<int>(type)) +
+                           " in this build");
+  __builtin_unreachable();
+}
+
+}  // namespace
+
+// One line per op: pick the backend from the listed tensors, call its kernel.
+#define TESSERA_DISPATCH(op, tensors, ...)                          \
+  do {                                                              \
+    const DeviceType type_ = backend_of(#op, tensors);              \
+    if (type_ == DeviceType::CPU) return cpu::op(__VA_ARGS__);      \
+    no_backend(#op, type_);                                         \
+  } while (0)
+#define T_(...) \
+  { __VA_ARGS__ }
+
+void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe) {
+  TESSERA_DISPATCH(embedding_forward, T_(&out, &tokens, &positions, &wte, &wpe), out, tokens, positions, wte, wpe);
+}
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions) {
+  TESSERA_DISPATCH(embedding_backward, T_(&dwte, &dwpe, &dout, &tokens, &positions), dwte, dwpe, dout, tokens,
+                   positions);
+}
+
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias, float eps) {
+  TESSERA_DISPATCH(layernorm_forward, T_(&out, &mean, &rstd, &inp, &weight, &bias), out, mean, rstd, inp, weight,
+                   bias, eps);
+}
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor mean, Tensor rstd) {
+  TESSERA_DISPATCH(layernorm_backward, T_(&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd), dinp,
+                   dweight, dbias, dout, inp, weight, mean, rstd);
+}
+
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  TESSERA_DISPATCH(linear_forward, T_(&out, &inp, &weight, &bias), out, inp, weight, bias);
+}
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+  TESSERA_DISPATCH(linear_backward, T_(&dinp, &dweight, &dbias, &dout, &inp, &weight), dinp, dweight, dbias, dout,
+                   inp, weight);
+}
+
+void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout) {
+  TESSERA_DISPATCH(attention_forward, T_(&out, &att, &qkv), out, att, qkv, dropout);
+}
+void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, const Dropout& dropout) {
+  TESSERA_DISPATCH(attention_backward, T_(&dqkv, &scratch, &dout, &qkv, &att), dqkv, scratch, dout, qkv, att,
+                   dropout);
+}
+
+void gelu_forward(Tensor out, Tensor inp, GeluKind kind) {
+  TESSERA_DISPATCH(gelu_forward, T_(&out, &inp), out, inp, kind);
+}
+void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind) {
+  TESSERA_DISPATCH(gelu_backward, T_(&dinp, &dout, &inp), dinp, dout, inp, kind);
+}
+
+void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
+  TESSERA_DISPATCH(dropout_forward, T_(&out, &inp), out, inp, dropout);
+}
+void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
+  TESSERA_DISPATCH(dropout_backward, T_(&dinp, &dout), dinp, dout, dropout);
+}
+
+void residual_forward(Tensor out, Tensor a, Tensor b) {
+  TESSERA_DISPATCH(residual_forward, T_(&out, &a, &b), out, a, b);
+}
+void residual_backward(Tensor da, Tensor db, Tensor dout) {
+  TESSERA_DISPATCH(residual_backward, T_(&da, &db, &dout), da, db, dout);
+}
+
+void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
+  TESSERA_DISPATCH(cross_entropy_forward, T_(&losses, &logits, &targets), losses, logits, targets);
+}
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets) {
+  TESSERA_DISPATCH(cross_entropy_backward, T_(&dlogits, &dlosses, &logits, &targets), dlogits, dlosses, logits,
+                   targets);
+}
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses) {
+  TESSERA_DISPATCH(cross_entropy_backward, T_(&dlogits, &dlosses, &logits, &targets, &losses), dlogits, dlosses,
+                   logits, targets, losses);
+}
+
+void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int64_t step) {
+  TESSERA_DISPATCH(adamw_update, T_(&param, &grad, &m, &v), param, grad, m, v, lr, beta1, beta2, eps, weight_decay,
+                   step);
+}
+void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum, float weight_decay,
+                int64_t step) {
+  TESSERA_DISPATCH(sgd_update, T_(&param, &grad, &momentum_buf), param, grad, momentum_buf, lr, momentum,
+                   weight_decay, step);
+}
+
+double sum_squares(Tensor t) {
+  TESSERA_DISPATCH(sum_squares, T_(&t), t);
+}
+void scale_inplace(Tensor t, float scale) {
+  TESSERA_DISPATCH(scale_inplace, T_(&t), t, scale);
+}
+
+}  // namespace tessera::ops

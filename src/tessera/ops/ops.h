@@ -76,6 +76,9 @@ void residual_backward(Tensor da, Tensor db, Tensor dout);
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
 // dlogits[n,:] += (softmax(logits[n,:]) - onehot(targets[n])) * dlosses[n].
 void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets);
+// The same, given the forward's losses for these logits (logsumexp = loss + target logit):
+// one pass over the logits instead of three. Prefer it when the losses are kept.
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses);
 
 // Decoupled-weight-decay Adam (torch.optim.AdamW / Apex FusedAdam adam_w_mode) on one
 // tensor: p -= lr*wd*p; m, v moments; bias-corrected with step t (1-based).

@@ -1,0 +1,45 @@
+// The CPU backend of ops.h: same names, argument order and conventions (see ops.h).
+// dispatch.cpp calls these for tensors on the CPU device; tests may call them directly.
+#pragma once
+
+#include "tessera/ops/ops.h"
+
+namespace tessera::ops::cpu {
+
+void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe);
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions);
+
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                       float eps);
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor mean, Tensor rstd);
+
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+
+void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
+void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
+                        const Dropout& dropout);
+
+void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
+void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind);
+
+void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout);
+void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout);
+
+void residual_forward(Tensor out, Tensor a, Tensor b);
+void residual_backward(Tensor da, Tensor db, Tensor dout);
+
+void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets);
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses);
+
+void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t step);
+void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum,
+                float weight_decay, int64_t step);
+
+double sum_squares(Tensor t);
+void scale_inplace(Tensor t, float scale);
+
+}  // namespace tessera::ops::cpu

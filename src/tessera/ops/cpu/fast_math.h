@@ -1,0 +1,51 @@
+// Vectorisable float math for the CPU kernels. libm's expf/tanhf are opaque scalar calls
+// that stop GCC from vectorising a loop (glibc only exposes its SIMD variants under
+// -ffast-math), and the softmaxes of attention and of the 50k-wide cross-entropy spend
+// most of their time in exp. These are straight-line arithmetic, so a loop calling them
+// under `#pragma omp simd` compiles to AVX-512 code.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+
+namespace tessera::ops::cpu {
+
+// exp(x) in float, within 2 ulp of the true value for x in [-87, 88.3] (Cephes' expf
+// polynomial after Cody-Waite range reduction). Returns exactly 0 below -87 (where the
+// true result is ~1e-38 or subnormal, i.e. 0 next to any softmax sum) and +inf above 88.3
+// (the true overflow is at 88.72). NaN propagates to NaN.
+inline float exp_approx(float x) {
+  const bool underflow = x < -87.0f;
+  const bool overflow = x > 88.3f;
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.3f ? 88.3f : xc;
+  // n = round(x / ln 2): adding 1.5 * 2^23 pushes the fraction bits out of the mantissa,
+  // the low bits of the sum then hold n as an integer.
+  constexpr float kRound = 12582912.0f;
+  const float t = xc * 1.44269504088896341f + kRound;
+  const float n = t - kRound;
+  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  // r = x - n ln 2 in two steps (ln 2 = C1 + C2, C1 exact in few bits so n*C1 is exact).
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  // exp(r) on |r| <= ln2/2.
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  // 2^n built from its exponent bits; n is in [-126, 127] after the clamps above.
+  const float scale = std::bit_cast<float>((ni + 127) << 23);
+  float y = er * scale;
+  y = underflow ? 0.0f : y;
+  y = overflow ? std::numeric_limits<float>::infinity() : y;
+  return y;
+}
+
+// The logistic function 1 / (1 + exp(-x)), exact limits 0 and 1 at the extremes.
+inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+}  // namespace tessera::ops::cpu

@@ -1,0 +1,37 @@
+// Reductions for the optimizer: squared norms (for global-norm clipping) and scaling.
+#include <algorithm>
+#include <vector>
+
+#include "tessera/ops/cpu/cpu_ops.h"
+
+namespace tessera::ops::cpu {
+
+double sum_squares(Tensor t) {
+  const int64_t n = t.numel();
+  const float* x = t.f32();
+  // Fixed chunks, each summed in double, then the chunk sums added in order: the result
+  // depends only on the data, never on the thread count or schedule.
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+void scale_inplace(Tensor t, float scale) {
+  const int64_t n = t.numel();
+  float* x = t.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+}
+
+}  // namespace tessera::ops::cpu

@@ -1,0 +1,958 @@
+// The CPU kernels of ops.h against independent references:
+// - every backward against central finite differences of L = sum(out * R) (R fixed and
+//   random), perturbing inputs and parameters; gradient buffers are pre-filled with
+//   random values so a kernel that sets instead of accumulating fails;
+// - forwards against direct formulas evaluated in double;
+// - the oneDNN GEMM against the triple-loop reference GEMM;
+// - dropout masks against core/rng.h's scalar Philox, and their key/shard properties;
+// - AdamW / SGD against the torch update rules stepped in double.
+// Each tolerance sits next to its case with the reason for its size. The first tests
+// check that the finite-difference checker itself rejects wrong gradients.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessera/core/rng.h"
+#include "tessera/core/tensor.h"
+#include "tessera/device/device.h"
+#include "tessera/ops/cpu/fast_math.h"
+#include "tessera/ops/cpu/gemm.h"
+#include "tessera/ops/ops.h"
+
+using namespace tessera;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+// Owns the buffers of one test; hands out tensors on the CPU device.
+class Arena {
+ public:
+  Tensor f32(Shape s) { return make(DType::F32, std::move(s)); }
+  Tensor i32(Shape s) { return make(DType::I32, std::move(s)); }
+  Tensor normal(Shape s, uint32_t seed, float std = 1.0f, float mean = 0.0f) {
+    Tensor t = f32(std::move(s));
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> dist(mean, std);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(gen);
+    return t;
+  }
+  Tensor uniform(Shape s, uint32_t seed, float lo, float hi) {
+    Tensor t = f32(std::move(s));
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(gen);
+    return t;
+  }
+  Tensor ints(Shape s, const std::vector<int32_t>& values) {
+    Tensor t = i32(std::move(s));
+    EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
+    std::memcpy(t.ptr, values.data(), values.size() * sizeof(int32_t));
+    return t;
+  }
+  Tensor copy(const Tensor& src) {
+    Tensor t = make(src.dtype, src.shape);
+    std::memcpy(t.ptr, src.ptr, src.bytes());
+    return t;
+  }
+
+ private:
+  Tensor make(DType type, Shape s) {
+    Tensor t(nullptr, type, std::move(s), &cpu_device());
+    buffers_.emplace_back(cpu_device(), std::max<size_t>(t.bytes(), 1));
+    t.ptr = buffers_.back().data();
+    return t;
+  }
+  std::vector<Buffer> buffers_;
+};
+
+std::vector<float> values(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
+
+// L = sum(out * R), accumulated in double so the loss adds no rounding of its own beyond
+// the float outputs.
+double weighted_sum(const Tensor& out, const Tensor& R) {
+  double s = 0.0;
+  for (int64_t i = 0; i < out.numel(); ++i) s += static_cast<double>(out.f32()[i]) * R.f32()[i];
+  return s;
+}
+
+struct GradReport {
+  bool ok = true;
+  int64_t checked = 0;
+  int64_t worst = -1;
+  double worst_excess = -1.0;  // max over elements of |num - ana| - (atol + rtol |num|)
+  double num_at_worst = 0.0, ana_at_worst = 0.0;
+  double max_abs_num = 0.0;
+};
+
+// Central differences of `loss` w.r.t. every element of x, against `analytic`.
+GradReport compare_gradient(Tensor x, const std::vector<double>& analytic, const std::function<double()>& loss,
+                            float eps, double atol, double rtol) {
+  // Thousands of tiny forwards: on one thread, so a busy machine (CTest runs tests in
+  // parallel) cannot stall every OpenMP region. The kernels under test ran the analytic
+  // backward with the default thread count before this.
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  GradReport r;
+  float* p = x.f32();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float orig = p[i];
+    const float up = orig + eps, down = orig - eps;
+    p[i] = up;
+    const double lp = loss();
+    p[i] = down;
+    const double lm = loss();
+    p[i] = orig;
+    // Divide by the step actually taken (orig +- eps rounds in float).
+    const double num = (lp - lm) / (static_cast<double>(up) - static_cast<double>(down));
+    const double excess = std::fabs(num - analytic[static_cast<size_t>(i)]) - (atol + rtol * std::fabs(num));
+    r.max_abs_num = std::max(r.max_abs_num, std::fabs(num));
+    ++r.checked;
+    if (excess > r.worst_excess) {
+      r.worst_excess = excess;
+      r.worst = i;
+      r.num_at_worst = num;
+      r.ana_at_worst = analytic[static_cast<size_t>(i)];
+    }
+  }
+  omp_set_num_threads(saved_threads);
+  r.ok = r.worst_excess <= 0.0;
+  return r;
+}
+
+// A gradient buffer pre-filled with random values; analytic() subtracts them again, so a
+// backward that overwrites instead of accumulating shows up as an error of -prefill.
+struct Grad {
+  Tensor t;
+  std::vector<float> prefill;
+  Grad(Arena& arena, const Tensor& like, uint32_t seed) : t(arena.normal(like.shape, seed)), prefill(values(t)) {}
+  std::vector<double> analytic() const {
+    std::vector<double> a(prefill.size());
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<double>(t.f32()[i]) - prefill[i];
+    return a;
+  }
+};
+
+void expect_gradient(const char* what, Tensor x, const Grad& g, const std::function<double()>& loss, float eps,
+                     double atol, double rtol) {
+  GradReport r = compare_gradient(x, g.analytic(), loss, eps, atol, rtol);
+  EXPECT_TRUE(r.ok) << what << ": element " << r.worst << " numeric " << r.num_at_worst << " analytic "
+                    << r.ana_at_worst << " (exceeds atol " << atol << " + rtol " << rtol << " by "
+                    << r.worst_excess << ")";
+  // A check on a gradient that is ~0 everywhere would prove nothing.
+  EXPECT_GT(r.max_abs_num, 10 * atol) << what << ": gradient too small for the check to mean anything";
+}
+
+// ---------------------------------------------------------------------------------------
+// The checker itself must fail on wrong gradients (sign, factor, set-vs-accumulate).
+
+TEST(OpsGradCheck, RejectsWrongGradients) {
+  Arena arena;
+  Tensor x = arena.normal({4, 6}, 1), out = arena.f32({4, 6}), R = arena.normal({4, 6}, 2);
+  auto fwd = [&] { ops::gelu_forward(out, x, ops::GeluKind::Tanh); };
+  auto loss = [&] { fwd(); return weighted_sum(out, R); };
+  Grad g(arena, x, 3);
+  ops::gelu_backward(g.t, R, x, ops::GeluKind::Tanh);
+  std::vector<double> right = g.analytic(), negated = right, doubled = right, overwritten = right;
+  for (size_t i = 0; i < right.size(); ++i) {
+    negated[i] = -right[i];
+    doubled[i] = 2 * right[i];
+    overwritten[i] = right[i] - g.prefill[i];  // what a kernel that sets instead of adds would give
+  }
+  EXPECT_TRUE(compare_gradient(x, right, loss, 1e-3f, 2e-4, 1e-3).ok);
+  EXPECT_FALSE(compare_gradient(x, negated, loss, 1e-3f, 2e-4, 1e-3).ok);
+  EXPECT_FALSE(compare_gradient(x, doubled, loss, 1e-3f, 2e-4, 1e-3).ok);
+  EXPECT_FALSE(compare_gradient(x, overwritten, loss, 1e-3f, 2e-4, 1e-3).ok);
+}
+
+// ---------------------------------------------------------------------------------------
+// Fast math
+
+TEST(OpsFastMath, ExpMatchesLibmWithinTwoUlp) {
+  // Cephes' polynomial is good to ~1 ulp on the reduced range; the range reduction and
+  // the final rounding add at most another, so 2 ulp (2^-22 relative) with margin 2.5.
+  float worst = 0.0f;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -87.0f + (88.3f + 87.0f) * static_cast<float>(i) / 200000.0f;
+    const double ref = std::exp(static_cast<double>(x));
+    const double rel = std::fabs(ops::cpu::exp_approx(x) - ref) / ref;
+    worst = std::max(worst, static_cast<float>(rel));
+  }
+  EXPECT_LT(worst, 2.5f * 1.1920929e-7f);
+  EXPECT_EQ(ops::cpu::exp_approx(0.0f), 1.0f);
+  EXPECT_EQ(ops::cpu::exp_approx(-10000.0f), 0.0f);  // Megatron's mask fill underflows to 0
+  EXPECT_EQ(ops::cpu::exp_approx(100.0f), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(ops::cpu::exp_approx(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMM: oneDNN against the reference, all transpose combinations, odd shapes, padded
+// leading dimensions, alpha/beta.
+
+TEST(OpsGemm, OneDnnMatchesReferenceOnOddShapes) {
+  struct Case {
+    int64_t M, N, K;
+  };
+  const Case cases[] = {{1, 1, 1}, {3, 5, 7}, {67, 131, 45}, {256, 77, 513}, {129, 1, 300}};
+  for (const Case& c : cases) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.0f, 1.0f}) {
+          const float alpha = beta == 0.0f ? 1.0f : 0.5f;
+          // Row-major storage of op(A)[M,K]: A is [M,K] or [K,M]; pad the rows by 3.
+          const int64_t a_rows = ta ? c.K : c.M, a_cols = ta ? c.M : c.K, lda = a_cols + 3;
+          const int64_t b_rows = tb ? c.N : c.K, b_cols = tb ? c.K : c.N, ldb = b_cols + 3;
+          const int64_t ldc = c.N + 3;
+          Arena arena;
+          Tensor A = arena.normal({a_rows, lda}, 11), B = arena.normal({b_rows, ldb}, 12);
+          Tensor C0 = arena.normal({c.M, ldc}, 13);
+          if (beta == 0.0f) C0.f32()[0] = std::numeric_limits<float>::quiet_NaN();  // must be ignored
+          Tensor fast = arena.copy(C0), ref = arena.copy(C0);
+          ops::cpu::sgemm(ta, tb, c.M, c.N, c.K, alpha, A.f32(), lda, B.f32(), ldb, beta, fast.f32(), ldc);
+          ops::cpu::sgemm_reference(ta, tb, c.M, c.N, c.K, alpha, A.f32(), lda, B.f32(), ldb, beta, ref.f32(), ldc);
+          double worst = 0.0;
+          for (int64_t i = 0; i < c.M; ++i) {
+            for (int64_t j = 0; j < ldc; ++j) {
+              const float f = fast.f32()[i * ldc + j], r = ref.f32()[i * ldc + j];
+              if (j >= c.N) {  // the padding must be untouched
+                ASSERT_EQ(std::memcmp(&f, &C0.f32()[i * ldc + j], 4), 0) << "wrote outside C";
+                continue;
+              }
+              // Float dot products of length K with N(0,1) entries: error ~ sqrt(K) * 2^-24 *
+              // sum|a b| typically, K * 2^-24 * sum|a b| at worst; sum|a b| ~ 0.64 K. Bound:
+              // 1e-5 * K (+ beta * |C| rounding), about 10x the typical error, while a
+              // wrong transpose or a lost beta gives errors of order sqrt(K).
+              const double tol = 1e-5 * static_cast<double>(c.K) + 1e-6 * std::fabs(r);
+              worst = std::max(worst, std::fabs(static_cast<double>(f) - r) / tol);
+            }
+          }
+          EXPECT_LE(worst, 1.0) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " ta=" << ta << " tb=" << tb
+                                << " beta=" << beta;
+        }
+      }
+    }
+  }
+}
+
+TEST(OpsGemm, ReferenceIsRight) {
+  // The reference itself, on a product small enough to write down: [[1,2],[3,4]] @ [[5,6],[7,8]].
+  const float A[] = {1, 2, 3, 4}, B[] = {5, 6, 7, 8};
+  float C[] = {1, 1, 1, 1};
+  ops::cpu::sgemm_reference(false, false, 2, 2, 2, 1.0f, A, 2, B, 2, 1.0f, C, 2);
+  EXPECT_EQ(std::vector<float>(C, C + 4), (std::vector<float>{20, 23, 44, 51}));
+  float Ct[] = {0, 0, 0, 0};
+  ops::cpu::sgemm_reference(true, true, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, Ct, 2);  // A^T B^T = (BA)^T
+  EXPECT_EQ(std::vector<float>(Ct, Ct + 4), (std::vector<float>{23, 31, 34, 46}));
+}
+
+// ---------------------------------------------------------------------------------------
+// Embedding
+
+TEST(OpsEmbedding, ForwardAndGradients) {
+  Arena arena;
+  const int64_t B = 2, T = 3, C = 5, V = 7, P = 4;
+  // Token 3 and position 1 repeat: their gradient rows must sum several contributions.
+  Tensor tokens = arena.ints({B, T}, {3, 0, 3, 6, 3, 1});
+  Tensor positions = arena.ints({B, T}, {0, 1, 2, 0, 1, 1});
+  Tensor wte = arena.normal({V, C}, 1), wpe = arena.normal({P, C}, 2);
+  Tensor out = arena.f32({B, T, C}), R = arena.normal({B, T, C}, 3);
+  ops::embedding_forward(out, tokens, positions, wte, wpe);
+  for (int64_t n = 0; n < B * T; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_EQ(out.f32()[n * C + c], wte.f32()[tokens.i32()[n] * C + c] + wpe.f32()[positions.i32()[n] * C + c]);
+
+  Grad dwte(arena, wte, 4), dwpe(arena, wpe, 5);
+  ops::embedding_backward(dwte.t, dwpe.t, R, tokens, positions);
+  auto loss = [&] {
+    ops::embedding_forward(out, tokens, positions, wte, wpe);
+    return weighted_sum(out, R);
+  };
+  // L is linear in the tables, so central differences are exact up to the float rounding
+  // of out (~6e-8 |out| per element, a few elements touched): with eps = 0.1 the numeric
+  // gradient is good to ~1e-5; atol 1e-4 is 10x that, while gradients are O(1).
+  expect_gradient("dwte", wte, dwte, loss, 0.1f, 1e-4, 1e-4);
+  expect_gradient("dwpe", wpe, dwpe, loss, 0.1f, 1e-4, 1e-4);
+  // Untouched rows (tokens 2, 4, 5; position 3) keep their pre-filled gradient exactly.
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(dwte.t.f32()[2 * C + c], dwte.prefill[2 * C + c]);
+    EXPECT_EQ(dwpe.t.f32()[3 * C + c], dwpe.prefill[3 * C + c]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// LayerNorm
+
+TEST(OpsLayerNorm, ForwardMatchesDoubleFormula) {
+  Arena arena;
+  const int64_t N = 5, C = 37;  // C odd: exercises the vector loops' remainders
+  // Rows with a large mean and small spread: the case where E[x^2]-E[x]^2 would fail.
+  Tensor inp = arena.normal({N, C}, 1, 0.5f, 30.0f), w = arena.normal({C}, 2), b = arena.normal({C}, 3);
+  Tensor out = arena.f32({N, C}), mean = arena.f32({N}), rstd = arena.f32({N});
+  const float eps = 1e-5f;
+  ops::layernorm_forward(out, mean, rstd, inp, w, b, eps);
+  for (int64_t n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < C; ++c) m += inp.f32()[n * C + c];
+    m /= C;
+    for (int64_t c = 0; c < C; ++c) v += (inp.f32()[n * C + c] - m) * (inp.f32()[n * C + c] - m);
+    v /= C;
+    const double rs = 1.0 / std::sqrt(v + eps);
+    // mean: float sum of 37 values ~30 -> relative 1e-6 of 30; rstd: relative 1e-5, the
+    // deviations lose ~log2(30/0.5) = 6 bits to the mean's rounding; out: rstd's error
+    // times |xhat| ~ 3 plus w, b rounding.
+    EXPECT_NEAR(mean.f32()[n], m, 3e-5);
+    EXPECT_NEAR(rstd.f32()[n], rs, 1e-5 * rs);
+    for (int64_t c = 0; c < C; ++c) {
+      const double ref = (inp.f32()[n * C + c] - m) * rs * w.f32()[c] + b.f32()[c];
+      EXPECT_NEAR(out.f32()[n * C + c], ref, 1e-4 * (1 + std::fabs(ref)));
+    }
+  }
+}
+
+TEST(OpsLayerNorm, Gradients) {
+  Arena arena;
+  const int64_t N = 3, C = 11;
+  Tensor inp = arena.normal({N, C}, 1, 1.0f, 0.5f), w = arena.normal({C}, 2, 0.5f, 1.0f), b = arena.normal({C}, 3);
+  Tensor out = arena.f32({N, C}), mean = arena.f32({N}), rstd = arena.f32({N}), R = arena.normal({N, C}, 4);
+  const float eps = 1e-5f;
+  ops::layernorm_forward(out, mean, rstd, inp, w, b, eps);
+  Grad dinp(arena, inp, 5), dw(arena, w, 6), db(arena, b, 7);
+  ops::layernorm_backward(dinp.t, dw.t, db.t, R, inp, w, mean, rstd);
+  Tensor m2 = arena.f32({N}), r2 = arena.f32({N});
+  auto loss = [&] {
+    ops::layernorm_forward(out, m2, r2, inp, w, b, eps);
+    return weighted_sum(out, R);
+  };
+  // inp: L is smooth with third derivatives O(10) at unit variance, so eps = 3e-3 costs
+  // ~eps^2 * 10 / 6 = 1.5e-5 of truncation; each perturbation moves a whole row of 11
+  // float outputs whose rounding (~1e-7 each) divided by 2 eps adds ~1e-4. atol 1e-3 is
+  // ~5x the expected error; the gradients are O(1).
+  expect_gradient("dinp", inp, dinp, loss, 3e-3f, 1e-3, 1e-3);
+  // weight, bias: L is linear in them, only rounding remains (eps = 0.1: ~1e-6).
+  expect_gradient("dweight", w, dw, loss, 0.1f, 1e-4, 1e-4);
+  expect_gradient("dbias", b, db, loss, 0.1f, 1e-4, 1e-4);
+}
+
+TEST(OpsLayerNorm, WeightGradientsIndependentOfThreadCount) {
+  Arena arena;
+  const int64_t N = 64, C = 200;
+  Tensor inp = arena.normal({N, C}, 1), w = arena.normal({C}, 2), b = arena.normal({C}, 3);
+  Tensor out = arena.f32({N, C}), mean = arena.f32({N}), rstd = arena.f32({N}), R = arena.normal({N, C}, 4);
+  ops::layernorm_forward(out, mean, rstd, inp, w, b, 1e-5f);
+  Tensor dw1 = arena.f32({C}), dw2 = arena.f32({C}), dx1 = arena.f32({N, C}), dx2 = arena.f32({N, C});
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  ops::layernorm_backward(dx1, dw1, Tensor(), R, inp, w, mean, rstd);
+  omp_set_num_threads(3);
+  ops::layernorm_backward(dx2, dw2, Tensor(), R, inp, w, mean, rstd);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(dw1.ptr, dw2.ptr, dw1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(dx1.ptr, dx2.ptr, dx1.bytes()), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Linear
+
+TEST(OpsLinear, ForwardMatchesReferenceGemm) {
+  Arena arena;
+  const int64_t B = 3, T = 5, C = 17, OC = 9;
+  Tensor inp = arena.normal({B, T, C}, 1), w = arena.normal({OC, C}, 2), bias = arena.normal({OC}, 3);
+  Tensor out = arena.f32({B, T, OC}), out_nb = arena.f32({B, T, OC});
+  out.f32()[0] = std::numeric_limits<float>::quiet_NaN();  // old contents must not leak in
+  ops::linear_forward(out, inp, w, bias);
+  ops::linear_forward(out_nb, inp, w, Tensor());
+  for (int64_t n = 0; n < B * T; ++n) {
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(inp.f32()[n * C + c]) * w.f32()[o * C + c];
+      // Float dot of 17 N(0,1) products: error ~1e-6; 1e-5 leaves margin.
+      EXPECT_NEAR(out_nb.f32()[n * OC + o], acc, 1e-5);
+      EXPECT_NEAR(out.f32()[n * OC + o], acc + bias.f32()[o], 1e-5);
+    }
+  }
+}
+
+TEST(OpsLinear, Gradients) {
+  Arena arena;
+  const int64_t N = 6, C = 7, OC = 5;
+  Tensor inp = arena.normal({2, 3, C}, 1), w = arena.normal({OC, C}, 2), bias = arena.normal({OC}, 3);
+  Tensor out = arena.f32({2, 3, OC}), R = arena.normal({2, 3, OC}, 4);
+  Grad dinp(arena, inp, 5), dw(arena, w, 6), db(arena, bias, 7);
+  ops::linear_backward(dinp.t, dw.t, db.t, R, inp, w);
+  auto loss = [&] {
+    ops::linear_forward(out, inp, w, bias);
+    return weighted_sum(out, R);
+  };
+  // L is linear in each of inp, weight and bias, so central differences are exact but for
+  // the rounding of ~OC (or N) float outputs of size ~3: with eps = 0.1, ~1e-5. atol 1e-4.
+  expect_gradient("dinp", inp, dinp, loss, 0.1f, 1e-4, 1e-4);
+  expect_gradient("dweight", w, dw, loss, 0.1f, 1e-4, 1e-4);
+  expect_gradient("dbias", bias, db, loss, 0.1f, 1e-4, 1e-4);
+  (void)N;
+}
+
+TEST(OpsLinear, AbsentGradientsAreSkipped) {
+  Arena arena;
+  Tensor inp = arena.normal({4, 3}, 1), w = arena.normal({2, 3}, 2), R = arena.normal({4, 2}, 3);
+  Tensor dw = arena.f32({2, 3}), dw_ref = arena.f32({2, 3});
+  ops::linear_backward(Tensor(), dw, Tensor(), R, inp, w);  // only dweight wanted
+  ops::cpu::sgemm_reference(true, false, 2, 3, 4, 1.0f, R.f32(), 2, inp.f32(), 3, 0.0f, dw_ref.f32(), 3);
+  // 4-term float dot products: error ~1e-7.
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(dw.f32()[i], dw_ref.f32()[i], 1e-6);
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+
+// Independent attention in double: Megatron's recipe over the full score matrix (scale,
+// fill masked scores with -10000, softmax, dropout on the probabilities with the mask
+// drawn by core/rng.h's scalar Philox, probs @ v).
+void attention_reference(const Tensor& qkv, int64_t B, int64_t T, int64_t NH, int64_t HD, const ops::Dropout& d,
+                         std::vector<double>& out, std::vector<double>& att) {
+  const int64_t C3 = 3 * NH * HD;
+  out.assign(static_cast<size_t>(B * T * NH * HD), 0.0);
+  att.assign(static_cast<size_t>(B * NH * T * T), 0.0);
+  const float* x = qkv.f32();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> s(static_cast<size_t>(T));
+        double mx = -1e300;
+        for (int64_t t2 = 0; t2 < T; ++t2) {
+          double dot = 0;
+          for (int64_t i = 0; i < HD; ++i)
+            dot += static_cast<double>(x[(b * T + t) * C3 + h * 3 * HD + i]) * x[(b * T + t2) * C3 + h * 3 * HD + HD + i];
+          s[t2] = t2 > t ? -10000.0 : dot / std::sqrt(static_cast<double>(HD));
+          mx = std::max(mx, s[t2]);
+        }
+        double sum = 0;
+        for (int64_t t2 = 0; t2 < T; ++t2) sum += std::exp(s[t2] - mx);
+        for (int64_t t2 = 0; t2 < T; ++t2) {
+          const double p = std::exp(s[t2] - mx) / sum;
+          att[static_cast<size_t>(((b * NH + h) * T + t) * T + t2)] = p;
+          double factor = 1.0;
+          if (d.p > 0) {
+            const uint64_t e = d.element_offset + static_cast<uint64_t>((h * T + t) * T + t2);
+            Philox4x32 r = philox4x32(d.key.seed, static_cast<uint32_t>(RngStream::Dropout),
+                                      {static_cast<uint32_t>(e / 4), d.sample0 + static_cast<uint32_t>(b),
+                                       d.key.site, d.key.iteration});
+            factor = uint_to_unit_float(r[e % 4]) >= d.p ? 1.0 / (1.0 - d.p) : 0.0;
+          }
+          for (int64_t i = 0; i < HD; ++i)
+            out[static_cast<size_t>((b * T + t) * NH * HD + h * HD + i)] +=
+                p * factor * x[(b * T + t2) * C3 + h * 3 * HD + 2 * HD + i];
+        }
+      }
+    }
+  }
+}
+
+ops::Dropout attention_dropout(float p) {
+  ops::Dropout d;
+  d.p = p;
+  d.key = {1234, 7, 3};
+  d.sample0 = 5;
+  return d;
+}
+
+struct AttentionShape {
+  int64_t B, T, NH, HD;
+};
+// Small head dims take the kernels' scalar paths; HD = 20 and T = 21 take the vector
+// blocks (16 wide) plus remainders, with several key blocks per row.
+const AttentionShape kAttentionShapes[] = {{2, 7, 3, 4}, {1, 21, 2, 20}};
+
+TEST(OpsAttention, ForwardMatchesMegatronRecipeInDouble) {
+  for (const AttentionShape& shape : kAttentionShapes)
+  for (float p : {0.0f, 0.3f}) {
+    Arena arena;
+    const int64_t B = shape.B, T = shape.T, NH = shape.NH, HD = shape.HD;
+    Tensor qkv = arena.normal({B, T, NH * 3 * HD}, 1, 1.5f);
+    Tensor out = arena.f32({B, T, NH * HD}), att = arena.normal({B, NH, T, T}, 9);  // garbage in att
+    ops::Dropout d = attention_dropout(p);
+    ops::attention_forward(out, att, qkv, d);
+    std::vector<double> out_ref, att_ref;
+    attention_reference(qkv, B, T, NH, HD, d, out_ref, att_ref);
+    // Float scores, exp_approx (2 ulp) and sums of <= 21 terms: errors ~1e-6 on O(1)
+    // values; 1e-5 is 10x that. A wrong scale, mask or dropout lane is off by >1e-2.
+    for (size_t i = 0; i < att_ref.size(); ++i) EXPECT_NEAR(att.f32()[i], att_ref[i], 1e-5) << "att " << i;
+    for (size_t i = 0; i < out_ref.size(); ++i) EXPECT_NEAR(out.f32()[i], out_ref[i], 1e-5) << "out " << i;
+    // Rows of att are distributions over keys <= query, exact zeros above the diagonal.
+    for (int64_t r = 0; r < B * NH * T; ++r) {
+      const int64_t t = r % T;
+      double sum = 0;
+      for (int64_t t2 = 0; t2 < T; ++t2) {
+        const float a = att.f32()[r * T + t2];
+        if (t2 > t) {
+          EXPECT_EQ(a, 0.0f);
+        }
+        sum += a;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6);  // T float terms each rounded once
+    }
+  }
+}
+
+TEST(OpsAttention, IsCausal) {
+  Arena arena;
+  const int64_t B = 2, T = 6, NH = 2, HD = 4;
+  Tensor qkv = arena.normal({B, T, NH * 3 * HD}, 1);
+  Tensor out1 = arena.f32({B, T, NH * HD}), att1 = arena.f32({B, NH, T, T});
+  Tensor out2 = arena.f32({B, T, NH * HD}), att2 = arena.f32({B, NH, T, T});
+  ops::Dropout d = attention_dropout(0.2f);
+  ops::attention_forward(out1, att1, qkv, d);
+  // Change everything (q, k and v of every head) of the last token of each sample.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < NH * 3 * HD; ++c) qkv.f32()[(b * T + T - 1) * NH * 3 * HD + c] += 5.0f;
+  ops::attention_forward(out2, att2, qkv, d);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const bool same = std::memcmp(out1.f32() + (b * T + t) * NH * HD, out2.f32() + (b * T + t) * NH * HD,
+                                    NH * HD * sizeof(float)) == 0;
+      // Earlier tokens bit-identical; the last token must change (else the test is vacuous).
+      EXPECT_EQ(same, t < T - 1) << "b " << b << " t " << t;
+    }
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T - 1; ++t)
+        EXPECT_EQ(std::memcmp(att1.f32() + ((b * NH + h) * T + t) * T, att2.f32() + ((b * NH + h) * T + t) * T,
+                              T * sizeof(float)),
+                  0);
+  }
+}
+
+TEST(OpsAttention, Gradients) {
+  const AttentionShape shapes[] = {{2, 5, 2, 3}, {1, 18, 1, 17}};
+  for (const AttentionShape& shape : shapes)
+  for (float p : {0.0f, 0.25f}) {
+    Arena arena;
+    const int64_t B = shape.B, T = shape.T, NH = shape.NH, HD = shape.HD;
+    Tensor qkv = arena.normal({B, T, NH * 3 * HD}, 1);
+    Tensor out = arena.f32({B, T, NH * HD}), att = arena.f32({B, NH, T, T}), R = arena.normal({B, T, NH * HD}, 2);
+    Tensor scratch = arena.normal({B, NH, T, T}, 3);
+    ops::Dropout d = attention_dropout(p);
+    ops::attention_forward(out, att, qkv, d);
+    Grad dqkv(arena, qkv, 4);
+    ops::attention_backward(dqkv.t, scratch, R, qkv, att, d);
+    Tensor att2 = arena.f32({B, NH, T, T});
+    auto loss = [&] {
+      ops::attention_forward(out, att2, qkv, d);
+      return weighted_sum(out, R);
+    };
+    // Smooth in qkv (the dropout mask is a function of the key, not of qkv); unit-scale
+    // inputs give third derivatives O(1-10): eps = 2e-3 costs ~1e-5 of truncation, and
+    // float rounding of the ~T*HD outputs a perturbation moves, /(2 eps), ~1e-4 (more
+    // outputs at T = 18, HD = 17, but each moves less). With dropout the factor 1/(1-p)
+    // scales both. atol 5e-4 and rtol 2e-3.
+    expect_gradient(p > 0 ? "dqkv (dropout)" : "dqkv", qkv, dqkv, loss, 2e-3f, 5e-4, 2e-3);
+  }
+}
+
+TEST(OpsAttention, HeadShardMatchesFullComputation) {
+  // A tensor-parallel rank holding heads [2, 4) of 4 computes exactly that slice of the
+  // full result, dropout included, when element_offset places its heads: 2 * T * T.
+  Arena arena;
+  const int64_t B = 2, T = 5, NH = 4, HD = 3, h0 = 2, NHs = 2;
+  Tensor qkv = arena.normal({B, T, NH * 3 * HD}, 1);
+  Tensor out = arena.f32({B, T, NH * HD}), att = arena.f32({B, NH, T, T});
+  ops::Dropout d = attention_dropout(0.4f);
+  ops::attention_forward(out, att, qkv, d);
+  Tensor qkv_s = arena.f32({B, T, NHs * 3 * HD}), out_s = arena.f32({B, T, NHs * HD}), att_s = arena.f32({B, NHs, T, T});
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    std::memcpy(qkv_s.f32() + bt * NHs * 3 * HD, qkv.f32() + bt * NH * 3 * HD + h0 * 3 * HD,
+                NHs * 3 * HD * sizeof(float));
+  ops::Dropout ds = d;
+  ds.element_offset = static_cast<uint64_t>(h0 * T * T);
+  ops::attention_forward(out_s, att_s, qkv_s, ds);
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    EXPECT_EQ(std::memcmp(out_s.f32() + bt * NHs * HD, out.f32() + bt * NH * HD + h0 * HD, NHs * HD * sizeof(float)), 0);
+  for (int64_t b = 0; b < B; ++b)
+    EXPECT_EQ(std::memcmp(att_s.f32() + b * NHs * T * T, att.f32() + (b * NH + h0) * T * T, NHs * T * T * sizeof(float)),
+              0);
+  // And the shard must differ from the unshifted draw (else element_offset is ignored).
+  Tensor out_wrong = arena.f32({B, T, NHs * HD});
+  ops::attention_forward(out_wrong, att_s, qkv_s, d);
+  EXPECT_NE(std::memcmp(out_wrong.ptr, out_s.ptr, out_s.bytes()), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// GELU
+
+double gelu_ref(double x, ops::GeluKind kind) {
+  if (kind == ops::GeluKind::Tanh) return 0.5 * x * (1 + std::tanh(0.79788456 * x * (1 + 0.044715 * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
+TEST(OpsGelu, ForwardMatchesFormulas) {
+  for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
+    Arena arena;
+    Tensor x = arena.uniform({1001}, 1, -8.0f, 8.0f), y = arena.f32({1001});
+    x.f32()[0] = 0.0f;
+    ops::gelu_forward(y, x, kind);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double ref = gelu_ref(x.f32()[i], kind);
+      // A few float roundings relative to |y|, plus 1e-6 absolute for the negative tail,
+      // where 1 + erf(x/sqrt2) in float cancels (its absolute error is ~|x| * 6e-8).
+      EXPECT_NEAR(y.f32()[i], ref, 1e-6 + 2e-6 * std::fabs(ref)) << "x = " << x.f32()[i];
+    }
+    // The two variants are different functions (by up to ~1e-3 near |x| = 2).
+    EXPECT_NE(gelu_ref(2.0, ops::GeluKind::Tanh), gelu_ref(2.0, ops::GeluKind::Erf));
+  }
+}
+
+TEST(OpsGelu, Gradients) {
+  for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
+    Arena arena;
+    Tensor x = arena.uniform({3, 17}, 1, -4.0f, 4.0f), y = arena.f32({3, 17}), R = arena.normal({3, 17}, 2);
+    Grad dx(arena, x, 3);
+    ops::gelu_backward(dx.t, R, x, kind);
+    auto loss = [&] {
+      ops::gelu_forward(y, x, kind);
+      return weighted_sum(y, R);
+    };
+    // Element-wise: perturbing x_i moves only y_i. Truncation eps^2/6 * |y'''| <= 1e-6 at
+    // eps = 1e-3; rounding of y_i (|y| <= 4, ~2.4e-7 * 4) / 2e-3 ~ 5e-4 at worst |R|=1.
+    // atol 1e-3 with rtol 1e-3; a wrong derivative term is off by O(0.1).
+    expect_gradient(kind == ops::GeluKind::Tanh ? "gelu tanh" : "gelu erf", x, dx, loss, 1e-3f, 1e-3, 1e-3);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Dropout
+
+// The keep decision straight from core/rng.h, one scalar Philox call per element.
+bool kept(const ops::Dropout& d, uint32_t b, uint64_t e) {
+  const uint64_t idx = d.element_offset + e;
+  Philox4x32 r = philox4x32(d.key.seed, static_cast<uint32_t>(RngStream::Dropout),
+                            {static_cast<uint32_t>(idx / 4), d.sample0 + b, d.key.site, d.key.iteration});
+  return uint_to_unit_float(r[idx % 4]) >= d.p;
+}
+
+ops::Dropout hidden_dropout(float p) {
+  ops::Dropout d;
+  d.p = p;
+  d.key = {42, 3, 9};
+  d.sample0 = 100;
+  return d;
+}
+
+// Positions where the mask (out != 0 for an input of ones) of two draws differs.
+double mask_difference(const Tensor& a, const Tensor& b) {
+  int64_t diff = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) diff += (a.f32()[i] != 0.0f) != (b.f32()[i] != 0.0f);
+  return static_cast<double>(diff) / static_cast<double>(a.numel());
+}
+
+TEST(OpsDropout, ForwardMatchesScalarPhilox) {
+  Arena arena;
+  const int64_t B = 3, S = 1037;  // S odd: samples start mid Philox group
+  Tensor x = arena.normal({B, S}, 1), y = arena.f32({B, S});
+  ops::Dropout d = hidden_dropout(0.3f);
+  d.element_offset = 5;
+  ops::dropout_forward(y, x, d);
+  const float scale = 1.0f / (1.0f - 0.3f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t e = 0; e < S; ++e)
+      ASSERT_EQ(y.f32()[b * S + e], kept(d, static_cast<uint32_t>(b), e) ? x.f32()[b * S + e] * scale : 0.0f)
+          << "b " << b << " e " << e;
+}
+
+TEST(OpsDropout, KeyProperties) {
+  Arena arena;
+  const int64_t B = 4, S = 1 << 18;  // 1M elements
+  const float p = 0.1f;
+  Tensor ones = arena.f32({B, S});
+  for (int64_t i = 0; i < ones.numel(); ++i) ones.f32()[i] = 1.0f;
+  ops::Dropout d = hidden_dropout(p);
+  auto draw = [&](const ops::Dropout& dd) {
+    Tensor y = arena.f32({B, S});
+    ops::dropout_forward(y, ones, dd);
+    return y;
+  };
+  Tensor base = draw(d), again = draw(d);
+  EXPECT_EQ(std::memcmp(base.ptr, again.ptr, base.bytes()), 0) << "same key, different mask";
+  // Keep fraction: binomial with n = 2^20, std = sqrt(p(1-p)/n) = 2.9e-4; 5 sigma = 1.5e-3.
+  int64_t kept_count = 0;
+  for (int64_t i = 0; i < base.numel(); ++i) kept_count += base.f32()[i] != 0.0f;
+  EXPECT_NEAR(static_cast<double>(kept_count) / base.numel(), 1.0 - p, 1.5e-3);
+  // Independent masks differ in a fraction 2p(1-p) = 0.18 of positions (std ~4e-4); a
+  // correlated or identical stream gives ~0.
+  ops::Dropout it = d, sample = d, site = d;
+  it.key.iteration += 1;
+  sample.sample0 += 1;
+  site.key.site += 1;
+  for (const ops::Dropout& other : {it, sample, site})
+    EXPECT_NEAR(mask_difference(base, draw(other)), 2 * p * (1 - p), 5e-3);
+  // Within one batch, sample b's mask differs from sample b+1's.
+  Tensor s0 = base.slice_rows(0, 1), s1 = base.slice_rows(1, 1);
+  EXPECT_NEAR(mask_difference(s0, s1), 2 * p * (1 - p), 1e-2);
+}
+
+TEST(OpsDropout, ShardsDrawTheFullTensorsMask) {
+  // A sequence-parallel rank holding rows [r0, r0+Rs) of each sample's [R, C] tensor, and a
+  // data-parallel rank holding samples [1, 3) of the batch, both reproduce their slice of
+  // the full computation bit for bit. C = 5 so the shard starts mid Philox group.
+  Arena arena;
+  const int64_t B = 3, R = 8, C = 5, r0 = 3, Rs = 4;
+  Tensor x = arena.normal({B, R, C}, 1), y = arena.f32({B, R, C});
+  ops::Dropout d = hidden_dropout(0.5f);
+  ops::dropout_forward(y, x, d);
+
+  Tensor xs = arena.f32({B, Rs, C}), ys = arena.f32({B, Rs, C});
+  for (int64_t b = 0; b < B; ++b)
+    std::memcpy(xs.f32() + b * Rs * C, x.f32() + (b * R + r0) * C, Rs * C * sizeof(float));
+  ops::Dropout ds = d;
+  ds.element_offset = static_cast<uint64_t>(r0 * C);
+  ops::dropout_forward(ys, xs, ds);
+  for (int64_t b = 0; b < B; ++b)
+    EXPECT_EQ(std::memcmp(ys.f32() + b * Rs * C, y.f32() + (b * R + r0) * C, Rs * C * sizeof(float)), 0);
+
+  Tensor yb = arena.f32({2, R, C});
+  ops::Dropout db = d;
+  db.sample0 += 1;
+  ops::dropout_forward(yb, x.slice_rows(1, 2), db);
+  EXPECT_EQ(std::memcmp(yb.ptr, y.slice_rows(1, 2).ptr, yb.bytes()), 0);
+}
+
+TEST(OpsDropout, GradientsInPlaceAndDisabled) {
+  Arena arena;
+  Tensor x = arena.normal({2, 3, 7}, 1), y = arena.f32({2, 3, 7}), R = arena.normal({2, 3, 7}, 2);
+  ops::Dropout d = hidden_dropout(0.35f);
+  Grad dx(arena, x, 3);
+  ops::dropout_backward(dx.t, R, d);  // recomputes the mask from the key
+  auto loss = [&] {
+    ops::dropout_forward(y, x, d);
+    return weighted_sum(y, R);
+  };
+  // Linear in x: exact up to the rounding of one output (~1e-7 * 1.5) / 0.2.
+  expect_gradient("dropout dinp", x, dx, loss, 0.1f, 1e-5, 1e-5);
+
+  // In place (out aliases inp) gives the same as out of place.
+  ops::dropout_forward(y, x, d);
+  Tensor z = arena.copy(x);
+  ops::dropout_forward(z, z, d);
+  EXPECT_EQ(std::memcmp(z.ptr, y.ptr, y.bytes()), 0);
+
+  // p = 0: identity forward, plain accumulation backward.
+  ops::Dropout off = d;
+  off.p = 0.0f;
+  ops::dropout_forward(y, x, off);
+  EXPECT_EQ(std::memcmp(y.ptr, x.ptr, x.bytes()), 0);
+  Grad g(arena, x, 4);
+  ops::dropout_backward(g.t, R, off);
+  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(g.t.f32()[i], g.prefill[i] + R.f32()[i]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Residual
+
+TEST(OpsResidual, ForwardAndGradients) {
+  Arena arena;
+  Tensor a = arena.normal({3, 5}, 1), b = arena.normal({3, 5}, 2), out = arena.f32({3, 5}), R = arena.normal({3, 5}, 3);
+  ops::residual_forward(out, a, b);
+  for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(out.f32()[i], a.f32()[i] + b.f32()[i]);
+  Grad da(arena, a, 4), db(arena, b, 5);
+  ops::residual_backward(da.t, db.t, R);
+  auto loss = [&] {
+    ops::residual_forward(out, a, b);
+    return weighted_sum(out, R);
+  };
+  // Linear: exact up to one output's rounding (~2e-7) / 0.2.
+  expect_gradient("da", a, da, loss, 0.1f, 1e-5, 1e-5);
+  expect_gradient("db", b, db, loss, 0.1f, 1e-5, 1e-5);
+  Grad only_b(arena, b, 6);
+  ops::residual_backward(Tensor(), only_b.t, R);
+  for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(only_b.t.f32()[i], only_b.prefill[i] + R.f32()[i]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-entropy
+
+// log-softmax in double.
+std::vector<double> log_softmax_row(const float* x, int64_t V) {
+  double mx = -1e300, sum = 0;
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(x[v]));
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+  std::vector<double> r(static_cast<size_t>(V));
+  for (int64_t v = 0; v < V; ++v) r[v] = x[v] - mx - std::log(sum);
+  return r;
+}
+
+TEST(OpsCrossEntropy, ForwardMatchesLogSoftmaxInDouble) {
+  Arena arena;
+  const int64_t N = 4, V = 50304;  // GPT-2's padded vocabulary
+  Tensor logits = arena.normal({N, V}, 1, 3.0f), losses = arena.f32({N});
+  logits.f32()[2 * V + 17] = 60.0f;  // a confident row: loss ~0 for target 17, ~60 otherwise
+  Tensor targets = arena.ints({N}, {0, 50303, 17, 12345});
+  ops::cross_entropy_forward(losses, logits, targets);
+  for (int64_t n = 0; n < N; ++n) {
+    const double ref = -log_softmax_row(logits.f32() + n * V, V)[targets.i32()[n]];
+    // logsumexp ~ 15 from a float sum of 50304 terms (16 lane partials, relative error
+    // ~1e-6) minus a logit ~10: absolute error ~1e-5. 3e-5 + 1e-6 relative.
+    EXPECT_NEAR(losses.f32()[n], ref, 3e-5 + 1e-6 * ref) << "row " << n;
+  }
+  EXPECT_LT(losses.f32()[2], 1e-6f);
+}
+
+TEST(OpsCrossEntropy, BackwardMatchesSoftmaxOnFullVocab) {
+  Arena arena;
+  const int64_t N = 3, V = 50304;
+  Tensor logits = arena.normal({N, V}, 1, 3.0f), losses = arena.f32({N}), dloss = arena.normal({N}, 2);
+  Tensor targets = arena.ints({N}, {5, 50000, 777});
+  ops::cross_entropy_forward(losses, logits, targets);
+  Tensor d4 = arena.f32({N, V}), d5 = arena.f32({N, V});
+  ops::cross_entropy_backward(d4, dloss, logits, targets);
+  ops::cross_entropy_backward(d5, dloss, logits, targets, losses);
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> ls = log_softmax_row(logits.f32() + n * V, V);
+    double worst4 = 0, worst5 = 0, sum = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double ref = (std::exp(ls[v]) - (v == targets.i32()[n])) * dloss.f32()[n];
+      worst4 = std::max(worst4, std::fabs(d4.f32()[n * V + v] - ref));
+      worst5 = std::max(worst5, std::fabs(d5.f32()[n * V + v] - ref));
+      sum += d5.f32()[n * V + v];
+    }
+    // Probabilities are <= ~0.1 here; exp_approx and the float logsumexp (error ~1e-5,
+    // see above) give relative errors ~1e-5, absolute <= 1e-6 * |dloss| ~ 2e-6; 1e-5 is
+    // safe. The losses-based variant rounds lse once more (loss + logit, ~1e-6 of 15).
+    EXPECT_LT(worst4, 1e-5) << "row " << n;
+    EXPECT_LT(worst5, 1e-5) << "row " << n;
+    // softmax sums to 1, minus the one-hot: each row of the gradient sums to ~0.
+    EXPECT_NEAR(sum, 0.0, 1e-4);
+  }
+}
+
+TEST(OpsCrossEntropy, Gradients) {
+  Arena arena;
+  const int64_t N = 4, V = 37;
+  Tensor logits = arena.normal({N, V}, 1, 2.0f), losses = arena.f32({N}), R = arena.normal({N}, 2);
+  Tensor targets = arena.ints({N}, {0, 36, 5, 5});
+  ops::cross_entropy_forward(losses, logits, targets);
+  Grad d4(arena, logits, 3), d5(arena, logits, 4);
+  ops::cross_entropy_backward(d4.t, R, logits, targets);
+  ops::cross_entropy_backward(d5.t, R, logits, targets, losses);
+  auto loss = [&] {
+    ops::cross_entropy_forward(losses, logits, targets);
+    return weighted_sum(losses, R);
+  };
+  // Smooth (softmax); third derivatives <= ~1: eps = 1e-3 costs ~1e-7 of truncation;
+  // rounding of one loss (~5, so ~5e-7) / 2e-3 ~ 2.5e-4. atol 1e-3, rtol 1e-3; gradient
+  // entries are up to ~1 (the target's -1 + p).
+  expect_gradient("dlogits", logits, d4, loss, 1e-3f, 1e-3, 1e-3);
+  expect_gradient("dlogits (given losses)", logits, d5, loss, 1e-3f, 1e-3, 1e-3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Optimizer updates against torch's rules stepped in double.
+
+TEST(OpsAdamW, MatchesTorchRuleInDouble) {
+  for (float beta1 : {0.9f, 0.3f}) {  // 0.3 takes the other branch of torch's lerp
+    Arena arena;
+    const int64_t n = 7;
+    Tensor p = arena.normal({n}, 1), m = arena.f32({n}), v = arena.f32({n});
+    std::vector<double> pd(p.f32(), p.f32() + n), md(n, 0.0), vd(n, 0.0);
+    const float lr = 1e-2f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    for (int64_t step = 1; step <= 4; ++step) {
+      Tensor g = arena.normal({n}, 10 + static_cast<uint32_t>(step));
+      g.f32()[0] = 0.0f;  // a zero gradient: pure decay plus the moment's tail
+      ops::adamw_update(p, g, m, v, lr, beta1, beta2, eps, wd, step);
+      const double bc1 = 1 - std::pow(static_cast<double>(beta1), step);
+      const double bc2 = 1 - std::pow(static_cast<double>(beta2), step);
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = g.f32()[i];
+        pd[i] *= 1 - static_cast<double>(lr) * wd;
+        md[i] = beta1 * md[i] + (1 - static_cast<double>(beta1)) * gi;
+        vd[i] = beta2 * vd[i] + (1 - static_cast<double>(beta2)) * gi * gi;
+        pd[i] -= lr / bc1 * md[i] / (std::sqrt(vd[i]) / std::sqrt(bc2) + eps);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        // A handful of float operations per step, each 6e-8 relative: 1e-6 relative after
+        // 4 steps is ~4x margin. Updates are ~lr = 1e-2, so a missing bias correction
+        // (10x at step 1) or a wrong sign is caught by orders of magnitude.
+        EXPECT_NEAR(p.f32()[i], pd[i], 1e-6 * (1 + std::fabs(pd[i]))) << "step " << step << " i " << i;
+        EXPECT_NEAR(m.f32()[i], md[i], 1e-6 * (1 + std::fabs(md[i])));
+        EXPECT_NEAR(v.f32()[i], vd[i], 1e-6 * (1 + std::fabs(vd[i])));
+      }
+    }
+  }
+}
+
+TEST(OpsOptimizers, MatchTorchNumbers) {
+  // Printed by torch 1.13 (the snippet is in docs/ops.md): p0 = [1, -2, 0.5], gradients
+  // [0.1, -0.2, 0.3] then [-0.4, 0.5, 0]; p after each step of
+  //   torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1) and
+  //   torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=0.01).
+  // Tolerance 5e-7: two ulps of |p| <= 2, for FMA contraction and op order.
+  const float p0[] = {1.0f, -2.0f, 0.5f}, g1[] = {0.1f, -0.2f, 0.3f}, g2[] = {-0.4f, 0.5f, 0.0f};
+  const float adamw[2][3] = {{0.998899996f, -1.99879992f, 0.498950005f},
+                             {0.999359608f, -1.99904227f, 0.49823007f}};
+  const float sgd[2][3] = {{0.989000022f, -1.97800004f, 0.469500005f},
+                           {1.01811099f, -2.00622201f, 0.441580504f}};
+  Arena arena;
+  Tensor p = arena.f32({3}), m = arena.f32({3}), v = arena.f32({3}), g = arena.f32({3});
+  Tensor q = arena.f32({3}), buf = arena.f32({3});
+  std::memcpy(p.ptr, p0, 12);
+  std::memcpy(q.ptr, p0, 12);
+  for (int step = 1; step <= 2; ++step) {
+    std::memcpy(g.ptr, step == 1 ? g1 : g2, 12);
+    ops::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step);
+    ops::sgd_update(q, g, buf, 0.1f, 0.9f, 0.01f, step);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(p.f32()[i], adamw[step - 1][i], 5e-7) << "AdamW step " << step << " i " << i;
+      EXPECT_NEAR(q.f32()[i], sgd[step - 1][i], 5e-7) << "SGD step " << step << " i " << i;
+    }
+  }
+}
+
+TEST(OpsSgd, MatchesTorchRuleInDouble) {
+  for (float momentum : {0.9f, 0.0f}) {
+    Arena arena;
+    const int64_t n = 5;
+    Tensor p = arena.normal({n}, 1), buf = arena.normal({n}, 2);  // garbage: step 1 must overwrite it
+    std::vector<double> pd(p.f32(), p.f32() + n), bd(n, 0.0);
+    const float lr = 0.1f, wd = 0.01f;
+    for (int64_t step = 1; step <= 3; ++step) {
+      Tensor g = arena.normal({n}, 10 + static_cast<uint32_t>(step));
+      ops::sgd_update(p, g, buf, lr, momentum, wd, step);
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = g.f32()[i] + static_cast<double>(wd) * pd[i];
+        bd[i] = step == 1 ? d : momentum * bd[i] + d;
+        pd[i] -= lr * (momentum != 0.0f ? bd[i] : d);
+      }
+      // A few float roundings per step on values O(1): 1e-6.
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(p.f32()[i], pd[i], 1e-6) << "step " << step << " i " << i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions
+
+TEST(OpsReductions, SumSquaresAndScale) {
+  Arena arena;
+  const int64_t n = 300001;  // several chunks and a ragged tail
+  Tensor t = arena.normal({n}, 1);
+  double ref = 0;
+  for (int64_t i = 0; i < n; ++i) ref += static_cast<double>(t.f32()[i]) * t.f32()[i];
+  // Double accumulation: relative error ~n * 1e-16.
+  EXPECT_NEAR(ops::sum_squares(t), ref, 1e-10 * ref);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = ops::sum_squares(t);
+  omp_set_num_threads(3);
+  const double three = ops::sum_squares(t);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, three);  // fixed chunking: the same bits for any thread count
+  std::vector<float> before = values(t);
+  ops::scale_inplace(t, 0.25f);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(t.f32()[i], before[i] * 0.25f);
+}
+
+}  // namespace
