@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libdnnl-dev            # oneDNN: fp32/bf16 GEMM
+  libgloo-dev            # CPU collectives
   libsimdjson-dev        # JSON parsing in preprocess
   nlohmann-json3-dev     # small JSON documents (configs, metadata, logs)
   libpcre2-dev           # Unicode classes for the GPT-2 pre-tokenizer
