@@ -536,8 +536,11 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
   const auto files = expand_inputs(o.inputs);
   install_temp_file_cleanup();
   std::mutex out_mutex;
-  RecordReader reader(files, o.chunk_bytes, [&](const std::string& path) {
-    if (path == files.front()) return;  // printed below, before the startup time as Megatron does
+  RecordReader reader(files, o.chunk_bytes, [&, first = true](const std::string& path) mutable {
+    if (first) {  // printed below, before the startup time as Megatron does
+      first = false;
+      return;
+    }
     std::lock_guard lock(out_mutex);
     std::fprintf(o.out, "Opening %s\n", path.c_str());
     std::fflush(o.out);

@@ -15,8 +15,6 @@
 namespace tessera::data {
 namespace {
 
-constexpr size_t kReadSize = 1 << 20;
-
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
@@ -102,6 +100,7 @@ size_t record_padding() { return simdjson::SIMDJSON_PADDING; }
 struct RecordReader::Impl {
   std::vector<std::string> files;
   size_t chunk_bytes;
+  size_t read_bytes;
   std::function<void(const std::string&)> on_open;
 
   size_t file_index = 0;
@@ -154,8 +153,8 @@ struct RecordReader::Impl {
       scanned -= std::min(scanned, keep);
       if (state == ArrayState::InElement) elem_start -= keep;
     }
-    if (buf.size() < end + kReadSize) buf.resize(std::max(buf.size() * 2, end + kReadSize));
-    size_t n = source->read(buf.data() + end, buf.size() - end);
+    if (buf.size() < end + read_bytes) buf.resize(std::max(buf.size() * 2, end + read_bytes));
+    size_t n = source->read(buf.data() + end, std::min(buf.size() - end, read_bytes));
     if (n == 0) {
       eof = true;
       return false;
@@ -298,7 +297,9 @@ struct RecordReader::Impl {
   // Decides the current file's mode from its first non-blank byte; false for a file with
   // nothing but blanks (no records).
   bool detect_mode() {
-    if (!fill(0)) return false;
+    while (end < 3 && fill(0)) {
+    }
+    if (end == 0) return false;
     if (end >= 3 && std::memcmp(buf.data(), "\xEF\xBB\xBF", 3) == 0) pos = 3;  // UTF-8 BOM
     size_t scan = pos;
     while (true) {
@@ -314,10 +315,11 @@ struct RecordReader::Impl {
 };
 
 RecordReader::RecordReader(std::vector<std::string> files, size_t chunk_bytes,
-                           std::function<void(const std::string&)> on_open)
+                           std::function<void(const std::string&)> on_open, size_t read_bytes)
     : impl_(std::make_unique<Impl>()), files_(std::move(files)) {
   impl_->files = files_;
   impl_->chunk_bytes = std::max<size_t>(chunk_bytes, 1);
+  impl_->read_bytes = std::max<size_t>(read_bytes, 1);
   impl_->on_open = std::move(on_open);
   for (const auto& f : files_) {
     struct stat st{};

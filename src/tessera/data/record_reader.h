@@ -38,8 +38,9 @@ struct Chunk {
 class RecordReader {
  public:
   // `on_open` is called with each file's path when the reader opens it.
+  // read_bytes: size of each read from a file (tests use tiny ones to cross every boundary).
   RecordReader(std::vector<std::string> files, size_t chunk_bytes,
-               std::function<void(const std::string&)> on_open = {});
+               std::function<void(const std::string&)> on_open = {}, size_t read_bytes = size_t{1} << 20);
   ~RecordReader();
   RecordReader(const RecordReader&) = delete;
   RecordReader& operator=(const RecordReader&) = delete;

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import harness
@@ -147,6 +148,23 @@ def test_flags():
                 "--vocab-s", 100)
     expect(os.path.exists("abbrev_text_document.idx"), p.stdout)
     expect(tessera("preprocess", "--help").stdout.startswith("usage: tessera preprocess"), "help")
+
+
+def test_memory_stays_bounded():
+    # ~54 MB of input; the process must stay far below that (chunks in flight, buffers, tables).
+    line = json.dumps({"text": " ".join(str(i % 100) for i in range(150))}) + "\n"
+    with open("big.jsonl", "w") as f:
+        for _ in range(120):
+            f.write(line * 1000)
+    size = os.path.getsize("big.jsonl")
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True); "
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    p = subprocess.run([sys.executable, "-c", probe, harness.TESSERA, "preprocess", "--input", "big.jsonl",
+                        "--output-prefix", "out", *map(str, NULL), "--workers", "2"],
+                       capture_output=True, text=True, timeout=300)
+    rc, rss_kb = map(int, p.stdout.split())
+    expect(rc == 0, p.stderr)
+    expect(rss_kb * 1024 < size / 2, f"peak RSS {rss_kb} KB for a {size >> 20} MB input")
 
 
 def wait_for(pred, seconds=20):
