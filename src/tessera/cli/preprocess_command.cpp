@@ -194,7 +194,7 @@ int run_preprocess(int argc, char** argv) {
   uint64_t tokens = 0;
   for (const auto& out : r.outputs) tokens += out.tokens;
   double secs = r.processing_seconds > 0 ? r.processing_seconds : 1e-9;
-  std::printf("Done: %llu documents, %.2f MB of input in %.3f s (%.2f MB/s, %.0f tokens/s)\n",
+  std::printf("Done: %llu documents, %.2f MB of input in %.4f s (%.2f MB/s, %.0f tokens/s)\n",
               static_cast<unsigned long long>(r.documents), r.input_bytes / 1e6, r.processing_seconds,
               r.input_bytes / 1e6 / secs, tokens / secs);
   if (r.skipped > 0)

@@ -584,8 +584,8 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
                            (o.progress_bar == PreprocessOptions::Progress::Auto && ::isatty(::fileno(o.err)));
   ProgressBar bar(o.err, bar_enabled, reader.total_bytes());
   Pipeline pipeline(reader, 4 * static_cast<size_t>(workers) + 2);
-  pipeline.start(std::move(processors));
   const auto proc_start = Clock::now();
+  pipeline.start(std::move(processors));
   uint64_t warned = 0;
   while (true) {
     std::unique_ptr<Pipeline::Done> d = pipeline.next();

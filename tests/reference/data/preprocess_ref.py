@@ -139,6 +139,7 @@ def main():
             elapsed = time.time() - proc_start
             mbs = total_bytes_processed / elapsed / 1024 / 1024
             print(f"Processed {i} documents", f"({i / elapsed} docs/s, {mbs} MB/s).", file=sys.stderr)
+    loop_end = time.time()
     for part in parts:
         for key, ids, lens in part:
             builders[key].add_document(ids, lens)
@@ -146,7 +147,7 @@ def main():
         builders[key].finalize(f"{args.output_prefix}_{key}_document.idx")
     pool.close()
     pool.join()
-    elapsed = time.time() - proc_start
+    elapsed = loop_end - proc_start
     print(f"summary documents={count} tokens={tokens} seconds={elapsed:.6f} "
           f"startup={startup_end - startup_start:.6f}")
 
