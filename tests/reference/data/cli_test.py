@@ -69,6 +69,7 @@ def test_record_errors():
         ('[{"text": "1"}, 5]\n', "in.jsonl:1:17: expected a JSON object, found a number"),
         ('{"text": "1 x"}\n', 'in.jsonl:1: cannot tokenize "text": NullTokenizer: "x" is not an integer'),
         ('{"text": "1 500"}\n', "outside [0, 101)"),
+        ('{"text": "a\\ud800b"}\n', "in.jsonl:1:18: malformed JSON"),  # a lone surrogate
     ]
     for text, needle in cases:
         write("in.jsonl", text)

@@ -94,6 +94,23 @@ def test_crlf_bom_and_no_final_newline():
     same_dataset("c_text_document", "r_text_document")
 
 
+def test_json_spellings():
+    # Duplicate keys (the last wins, as in json.loads), escapes and surrogate pairs, numbers
+    # beyond 64 bits in other fields (simdjson refuses them; the nlohmann path takes over),
+    # nested values, whitespace around the object.
+    lines = [
+        '{"text": "first", "n": 1, "text": "second wins \\u00e9 \\ud83d\\ude00 \\" \\\\ \\/ \\t"}',
+        '{"n": 123456789012345678901234567890, "text": "big number elsewhere", "x": [1, {"y": null}]}',
+        '   {"text":"spaces around"}   ',
+        '{"text": "<|endoftext|> is text, \\r\\n too"}',
+        '{"meta": {"text": "nested is not the key"}, "text": ""}',
+    ]
+    with open("j.jsonl", "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    both("j.jsonl", "--append-eod")
+    same_dataset("t_text_document", "r_text_document")
+
+
 def test_workers_and_chunks_do_not_change_bytes():
     rng = random.Random(8)
     with open("w.jsonl", "w", encoding="utf-8") as f:
