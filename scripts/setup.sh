@@ -9,7 +9,10 @@ packages=(
   libgloo-dev            # CPU collectives
   libsimdjson-dev        # JSON parsing in preprocess
   nlohmann-json3-dev     # small JSON documents (configs, metadata, logs)
-  libpcre2-dev           # Unicode classes for the GPT-2 pre-tokenizer
+  libpcre2-dev           # the GPT-2 pre-tokenization pattern (reference in tests)
+  libicu-dev             # Unicode classes for the GPT-2 pre-tokenizer (ICU 72 = Unicode 15.0)
+  zlib1g-dev             # .gz inputs of tessera preprocess
+  clang-14 libclang-rt-14-dev   # libFuzzer for fuzz/idx_fuzz (without it a standalone driver runs)
   libssl-dev             # MD5 / SHA-256
   libgtest-dev libgmock-dev
   python3-torch python3-numpy python3-regex   # test-only references (run with /usr/bin/python3)
