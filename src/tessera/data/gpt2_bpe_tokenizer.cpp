@@ -243,13 +243,22 @@ class PretokenCache {
  public:
   PretokenCache() { slots_.assign(kInitialSlots, Slot{}); }
 
+  // The first 8 bytes of a key, zero-padded: most pre-tokens are that short, so a hit rarely
+  // needs the key arena.
+  static uint64_t prefix_of(std::string_view key) {
+    uint64_t p = 0;
+    std::memcpy(&p, key.data(), std::min<size_t>(key.size(), 8));
+    return p;
+  }
+
   const int32_t* find(std::string_view key, uint64_t h, uint32_t& count) const {
-    size_t mask = slots_.size() - 1;
+    const size_t mask = slots_.size() - 1;
+    const uint64_t prefix = prefix_of(key);
     for (size_t i = h & mask;; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.hash == 0) return nullptr;
-      if (s.hash == h && s.key_len == key.size() &&
-          std::memcmp(keys_.data() + s.key_off, key.data(), key.size()) == 0) {
+      if (s.hash == h && s.key_len == key.size() && s.prefix == prefix &&
+          (key.size() <= 8 || std::memcmp(keys_.data() + s.key_off + 8, key.data() + 8, key.size() - 8) == 0)) {
         count = s.ids_len;
         return ids_.data() + s.ids_off;
       }
@@ -259,7 +268,7 @@ class PretokenCache {
   void insert(std::string_view key, uint64_t h, const int32_t* ids, uint32_t count) {
     if (size_ >= kMaxEntries || keys_.size() + key.size() > kMaxKeyBytes) clear();
     if (2 * (size_ + 1) > slots_.size()) grow();
-    Slot s{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size()),
+    Slot s{h, prefix_of(key), static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size()),
            static_cast<uint32_t>(ids_.size()), count};
     keys_.append(key);
     ids_.insert(ids_.end(), ids, ids + count);
@@ -270,6 +279,7 @@ class PretokenCache {
  private:
   struct Slot {
     uint64_t hash = 0;
+    uint64_t prefix = 0;
     uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
   };
   static constexpr size_t kInitialSlots = 1 << 14;
