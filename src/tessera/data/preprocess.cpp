@@ -133,7 +133,7 @@ class RecordProcessor {
       return s + std::to_string(p.line) + ":" + std::to_string(p.column);
     }
     s += std::to_string(rec.line);
-    if (rec.column != 1 || !rec.newline) s += ":" + std::to_string(rec.column);
+    if (rec.array_element) s += ":" + std::to_string(rec.column);
     return s;
   }
 

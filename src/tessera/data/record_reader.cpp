@@ -172,6 +172,7 @@ struct RecordReader::Impl {
     r.column = rcol;
     r.file = static_cast<uint32_t>(file_index);
     r.newline = newline;
+    r.array_element = mode == Mode::Array;
     chunk.data.append(buf.data() + from, size);
     chunk.records.push_back(r);
   }

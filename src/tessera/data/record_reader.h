@@ -22,6 +22,7 @@ struct Record {
   uint64_t column = 1;   // 1-based, in characters
   uint32_t file = 0;     // index into the reader's file list
   bool newline = false;  // JSONL: the line ended with '\n' (Megatron counts it in its byte total)
+  bool array_element = false;  // from a JSON array (errors then give line and column)
 };
 
 // A batch of consecutive records, copied back to back into `data` followed by padding (so that

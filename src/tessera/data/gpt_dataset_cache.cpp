@@ -1,0 +1,304 @@
+#include "tessera/data/gpt_dataset_cache.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/core/log.h"
+#include "tessera/data/file_util.h"
+#include "tessera/data/indexed_dataset.h"
+
+namespace tessera::data {
+
+namespace {
+
+constexpr int kSideFileFormat = 1;
+
+std::string to_hex(const unsigned char* d, unsigned n) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < n; ++i) {
+    out += hex[d[i] >> 4];
+    out += hex[d[i] & 15];
+  }
+  return out;
+}
+
+struct FileStat {
+  bool exists = false;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+};
+
+FileStat stat_file(const std::string& path) {
+  struct stat st{};
+  FileStat s;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return s;
+  s.exists = true;
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  return s;
+}
+
+bool file_exists(const std::string& path) { return stat_file(path).exists; }
+
+nlohmann::json source_record(const std::string& prefix) {
+  FileStat idx = stat_file(idx_path(prefix)), bin = stat_file(bin_path(prefix));
+  if (!idx.exists || !bin.exists)
+    throw runtime_error("dataset " + prefix + ": missing " + (idx.exists ? bin_path(prefix) : idx_path(prefix)));
+  return {{"prefix", prefix},
+          {"idx_size", idx.size},
+          {"idx_mtime_ns", idx.mtime_ns},
+          {"idx_sha256", sha256_file(idx_path(prefix))},
+          {"bin_size", bin.size}};
+}
+
+nlohmann::json array_record(const NpyArray& a) {
+  return {{"dtype", std::string(npy_descr(a.dtype()))}, {"shape", a.shape()}, {"sha256", sha256_hex(a.bytes())}};
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  install_temp_file_cleanup();
+  AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+struct LoadAttempt {
+  bool ok = false;
+  bool nothing_there = false;  // no file of this entry exists: a first build, not a rebuild
+  bool side_missing = false;   // Megatron's files are valid but there is no side file
+  std::string reason;
+  std::vector<NpyArray> arrays;
+};
+
+LoadAttempt try_load(const CacheEntry& e, const std::function<std::string(const std::vector<NpyArray>&)>& check) {
+  LoadAttempt r;
+  std::string desc_path = e.path_of("description.txt");
+  bool any = file_exists(desc_path) || file_exists(e.side_file_path());
+  for (const auto& n : e.array_names) any = any || file_exists(e.path_of(n + ".npy"));
+  if (!any) {
+    r.nothing_there = true;
+    r.reason = "no cache";
+    return r;
+  }
+  try {
+    if (!file_exists(desc_path)) {
+      r.reason = desc_path + " is missing";
+      return r;
+    }
+    if (read_file(desc_path) != e.description) {
+      r.reason = desc_path + " does not hold the expected description";
+      return r;
+    }
+    for (const auto& n : e.array_names) {
+      std::string p = e.path_of(n + ".npy");
+      if (!file_exists(p)) {
+        r.reason = p + " is missing";
+        return r;
+      }
+      r.arrays.push_back(read_npy(p));  // validates header against the file size
+    }
+    std::string problem = check(r.arrays);
+    if (!problem.empty()) {
+      r.reason = problem;
+      return r;
+    }
+    if (!file_exists(e.side_file_path())) {
+      r.side_missing = true;
+      r.reason = e.side_file_path() + " is missing";
+      return r;
+    }
+    nlohmann::json side;
+    try {
+      side = nlohmann::json::parse(read_file(e.side_file_path()));
+    } catch (const nlohmann::json::exception& ex) {
+      r.reason = e.side_file_path() + " is not valid JSON";
+      return r;
+    }
+    if (side.value("format", 0) != kSideFileFormat || side.value("base", std::string()) != e.base) {
+      r.reason = e.side_file_path() + " has another format or names another dataset";
+      return r;
+    }
+    const auto& sources = side.at("sources");
+    if (!sources.is_array() || sources.size() != e.source_prefixes.size()) {
+      r.reason = e.side_file_path() + " records other source datasets";
+      return r;
+    }
+    for (size_t i = 0; i < e.source_prefixes.size(); ++i) {
+      const auto& rec = sources[i];
+      const std::string& prefix = e.source_prefixes[i];
+      if (rec.at("prefix").get<std::string>() != prefix) {
+        r.reason = e.side_file_path() + " records other source datasets";
+        return r;
+      }
+      FileStat idx = stat_file(idx_path(prefix)), bin = stat_file(bin_path(prefix));
+      if (idx.size != rec.at("idx_size").get<uint64_t>() || bin.size != rec.at("bin_size").get<uint64_t>()) {
+        r.reason = "the size of " + prefix + ".idx or .bin changed since the cache was built (stale cache)";
+        return r;
+      }
+      if (idx.mtime_ns != rec.at("idx_mtime_ns").get<int64_t>() &&
+          sha256_file(idx_path(prefix)) != rec.at("idx_sha256").get<std::string>()) {
+        r.reason = prefix + ".idx changed since the cache was built (stale cache)";
+        return r;
+      }
+    }
+    const auto& arrays = side.at("arrays");
+    for (size_t i = 0; i < e.array_names.size(); ++i) {
+      const auto& rec = arrays.at(e.array_names[i]);
+      const NpyArray& a = r.arrays[i];
+      if (rec.at("dtype").get<std::string>() != npy_descr(a.dtype()) ||
+          rec.at("shape").get<std::vector<int64_t>>() != a.shape()) {
+        r.reason = e.path_of(e.array_names[i] + ".npy") + " has another dtype or shape than recorded";
+        return r;
+      }
+      if (e.verify_contents && sha256_hex(a.bytes()) != rec.at("sha256").get<std::string>()) {
+        r.reason = e.path_of(e.array_names[i] + ".npy") + " does not match its recorded SHA-256 (corrupt)";
+        return r;
+      }
+    }
+  } catch (const Error& ex) {
+    r.reason = ex.what();
+    r.arrays.clear();
+    return r;
+  } catch (const nlohmann::json::exception& ex) {
+    r.reason = e.side_file_path() + " is malformed (" + ex.what() + ")";
+    r.arrays.clear();
+    return r;
+  }
+  r.ok = true;
+  return r;
+}
+
+void write_side_file(const CacheEntry& e, const std::vector<NpyArray>& arrays) {
+  nlohmann::json side;
+  side["format"] = kSideFileFormat;
+  side["base"] = e.base;
+  side["description_md5"] = e.base.substr(0, e.base.find('-'));
+  nlohmann::json sources = nlohmann::json::array();
+  for (const auto& p : e.source_prefixes) sources.push_back(source_record(p));
+  side["sources"] = sources;
+  nlohmann::json recs = nlohmann::json::object();
+  for (size_t i = 0; i < arrays.size(); ++i) recs[e.array_names[i]] = array_record(arrays[i]);
+  side["arrays"] = recs;
+  write_text_atomic(e.side_file_path(), side.dump(2) + "\n");
+}
+
+}  // namespace
+
+std::string CacheEntry::path_of(const std::string& suffix) const { return dir + "/" + base + "-" + suffix; }
+std::string CacheEntry::lock_path() const { return dir + "/" + base + ".lock"; }
+std::string CacheEntry::side_file_path() const { return path_of("tessera.json"); }
+
+std::string sha256_hex(std::span<const unsigned char> bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
+    throw runtime_error("SHA-256 is not available from OpenSSL");
+  // In chunks, so that a mapped file is read sequentially.
+  constexpr size_t kChunk = size_t{1} << 24;
+  for (size_t off = 0; off < bytes.size(); off += kChunk)
+    EVP_DigestUpdate(ctx.get(), bytes.data() + off, std::min(kChunk, bytes.size() - off));
+  EVP_DigestFinal_ex(ctx.get(), digest, &len);
+  return to_hex(digest, len);
+}
+
+std::string sha256_file(const std::string& path) {
+  MappedFile f(path);
+  return sha256_hex(f.bytes());
+}
+
+FileLock::FileLock(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    int err = errno;
+    throw runtime_error("cannot create the cache lock file " + path + ": " + std::strerror(err),
+                        "supply a folder you can write to with --data-cache-path");
+  }
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    int err = errno;
+    ::close(fd_);
+    throw runtime_error("cannot lock " + path + ": " + std::strerror(err),
+                        "the cache folder's filesystem must support flock(2); use a local --data-cache-path");
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+}
+
+void make_cache_dir(const std::string& dir) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    partial = dir.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      int err = errno;
+      throw runtime_error("Failed to write dataset materials to the data cache directory " + dir + ": cannot create " +
+                              partial + ": " + std::strerror(err),
+                          "supply a directory to which you have write access with --data-cache-path");
+    }
+  }
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw runtime_error(dir + " is not a directory", "supply a cache directory with --data-cache-path");
+}
+
+CacheResult load_or_build(const CacheEntry& e, const std::function<std::vector<NpyArray>()>& build,
+                          const std::function<std::string(const std::vector<NpyArray>&)>& check) {
+  CacheResult result;
+  LoadAttempt first = try_load(e, check);
+  if (first.ok) {
+    result.arrays = std::move(first.arrays);
+    return result;
+  }
+  first.arrays.clear();  // unmap before anyone replaces the files
+  make_cache_dir(e.dir);
+  FileLock lock(e.lock_path());
+  LoadAttempt again = try_load(e, check);
+  if (again.ok) {
+    result.arrays = std::move(again.arrays);
+    return result;
+  }
+  if (again.side_missing) {
+    // Megatron's own cache (or one whose side file was lost): structurally sound, adopt it.
+    write_side_file(e, again.arrays);
+    if (e.verbose) print_rank_0(" > adopted the dataset cache %s-* (written without a side file)", e.base.c_str());
+    result.arrays = std::move(again.arrays);
+    result.adopted = true;
+    return result;
+  }
+  if (!again.nothing_there) log_warn("rebuilding the dataset cache %s/%s-*: %s", e.dir.c_str(), e.base.c_str(), again.reason.c_str());
+  again.arrays.clear();
+  if (::unlink(e.side_file_path().c_str()) != 0 && errno != ENOENT) {
+    int err = errno;
+    throw runtime_error("cannot remove " + e.side_file_path() + ": " + std::strerror(err),
+                        "supply a directory to which you have write access with --data-cache-path");
+  }
+  result.arrays = build();
+  TESSERA_CHECK(result.arrays.size() == e.array_names.size(), "cache build returned the wrong number of arrays");
+  write_text_atomic(e.path_of("description.txt"), e.description);
+  for (size_t i = 0; i < e.array_names.size(); ++i) write_npy(e.path_of(e.array_names[i] + ".npy"), result.arrays[i]);
+  write_side_file(e, result.arrays);
+  result.built = true;
+  return result;
+}
+
+}  // namespace tessera::data
