@@ -13,7 +13,7 @@ foreach(name indexed_bytes oracle cli)
   set_tests_properties(data.${name} PROPERTIES TIMEOUT 300 LABELS data)
 endforeach()
 
-# The committed class table (tokenizer_test compares ICU's with it) still equals what this
+# The committed class table (data_tokenizer_test compares ICU's with it) still equals what this
 # machine's python3-regex says.
 add_test(NAME data.char_classes
          COMMAND /usr/bin/python3 ${TESSERA_DATA_REF}/char_classes.py

@@ -6,7 +6,7 @@
 // points with a table built once from ICU's Unicode data (White_Space, L*, N*), which are the
 // classes Python's `regex` module uses (`\s` is White_Space there). ICU 72 carries Unicode
 // 15.0, the version of Debian 12's python3-regex, so the classes agree with the reference for
-// every code point (tests/unit/data/tokenizer_test.cpp checks the whole table).
+// every code point (tests/unit/data/data_tokenizer_test.cpp checks the whole table).
 // gpt2_pretokenize_regex is the slow, obvious reference: the same pattern run by PCRE2.
 #pragma once
 

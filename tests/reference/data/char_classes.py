@@ -3,7 +3,7 @@
 
 One line per run of code points: "FIRST LAST CLASS" (hex), CLASS one of S (\\s, i.e. Unicode
 White_Space), L (\\p{L}), N (\\p{N}), O (anything else; surrogates count as O).
-tests/unit/data/tokenizer_test.cpp compares tessera's ICU-built table with this file.
+tests/unit/data/data_tokenizer_test.cpp compares tessera's ICU-built table with this file.
 
   char_classes.py OUT            write the table
   char_classes.py --check FILE   exit 1 if this python3-regex disagrees with FILE
