@@ -109,14 +109,14 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
 }
 
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, int64_t step) {
+                  float weight_decay, int64_t step, float grad_scale) {
   TESSERA_DISPATCH(adamw_update, T_(&param, &grad, &m, &v), param, grad, m, v, lr, beta1, beta2, eps, weight_decay,
-                   step);
+                   step, grad_scale);
 }
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum, float weight_decay,
-                int64_t step) {
+                int64_t step, float grad_scale) {
   TESSERA_DISPATCH(sgd_update, T_(&param, &grad, &momentum_buf), param, grad, momentum_buf, lr, momentum,
-                   weight_decay, step);
+                   weight_decay, step, grad_scale);
 }
 
 double sum_squares(Tensor t) {

@@ -82,12 +82,15 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
 
 // Decoupled-weight-decay Adam (torch.optim.AdamW / Apex FusedAdam adam_w_mode) on one
 // tensor: p -= lr*wd*p; m, v moments; bias-corrected with step t (1-based).
+// grad_scale multiplies the gradient as it is read (grad itself is left as is): the same
+// bits as scale_inplace(grad, grad_scale) first, without that extra pass over memory, so
+// clipping (and loss-scale unscaling) can fold into the update.
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t step);
+                  float eps, float weight_decay, int64_t step, float grad_scale = 1.0f);
 // torch.optim.SGD with momentum and coupled (L2) weight decay; momentum_buf starts at zero
-// and on step 1 is set to the gradient, as torch does.
+// and on step 1 is set to the gradient, as torch does. grad_scale as for adamw_update.
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum,
-                float weight_decay, int64_t step);
+                float weight_decay, int64_t step, float grad_scale = 1.0f);
 
 // Sum of squares in double (a partial of the global gradient norm).
 double sum_squares(Tensor t);

@@ -932,6 +932,30 @@ TEST(OpsSgd, MatchesTorchRuleInDouble) {
   }
 }
 
+TEST(OpsOptimizers, GradScaleEqualsScalingTheGradientFirst) {
+  // Clipping folded into the update must give the bits of clipping first.
+  Arena arena;
+  const int64_t n = 1000;
+  const float coeff = 0.37f;
+  Tensor g = arena.normal({n}, 1), g_scaled = arena.copy(g);
+  ops::scale_inplace(g_scaled, coeff);
+  Tensor p1 = arena.normal({n}, 2), p2 = arena.copy(p1), p3 = arena.copy(p1), p4 = arena.copy(p1);
+  Tensor m1 = arena.normal({n}, 3), m2 = arena.copy(m1), v1 = arena.uniform({n}, 4, 0.0f, 1.0f), v2 = arena.copy(v1);
+  Tensor b3 = arena.normal({n}, 5), b4 = arena.copy(b3);
+  ops::adamw_update(p1, g_scaled, m1, v1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
+  ops::adamw_update(p2, g, m2, v2, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, coeff);
+  ops::sgd_update(p3, g_scaled, b3, 0.1f, 0.9f, 0.01f, 2);
+  ops::sgd_update(p4, g, b4, 0.1f, 0.9f, 0.01f, 2, coeff);
+  EXPECT_EQ(std::memcmp(p1.ptr, p2.ptr, p1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(m1.ptr, m2.ptr, m1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(v1.ptr, v2.ptr, v1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(p3.ptr, p4.ptr, p3.bytes()), 0);
+  EXPECT_EQ(std::memcmp(b3.ptr, b4.ptr, b3.bytes()), 0);
+  // ... and the gradient itself is left alone.
+  Tensor g_orig = arena.normal({n}, 1);
+  EXPECT_EQ(std::memcmp(g.ptr, g_orig.ptr, g.bytes()), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Reductions
 

@@ -35,9 +35,9 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
 void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses);
 
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t step);
+                  float eps, float weight_decay, int64_t step, float grad_scale);
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum,
-                float weight_decay, int64_t step);
+                float weight_decay, int64_t step, float grad_scale);
 
 double sum_squares(Tensor t);
 void scale_inplace(Tensor t, float scale);

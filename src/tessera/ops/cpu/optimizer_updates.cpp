@@ -10,7 +10,7 @@
 namespace tessera::ops::cpu {
 
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t step) {
+                  float eps, float weight_decay, int64_t step, float grad_scale) {
   const int64_t n = param.numel();
   TESSERA_CHECK(grad.numel() == n && m.numel() == n && v.numel() == n,
                 "adamw: param " + shape_str(param.shape) + ", grad " + shape_str(grad.shape) + ", m " +
@@ -36,7 +36,7 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
   float* vv = v.f32();
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    const float gi = g[i] * grad_scale;  // exact when grad_scale == 1
     float pi = p[i] * decay;
     const float mi = lerp_low ? mm[i] + w1 * (gi - mm[i]) : gi - (gi - mm[i]) * w1c;
     const float vi = vv[i] * beta2 + w2 * (gi * gi);
@@ -49,7 +49,7 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
 }
 
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum,
-                float weight_decay, int64_t step) {
+                float weight_decay, int64_t step, float grad_scale) {
   const int64_t n = param.numel();
   TESSERA_CHECK(grad.numel() == n, "sgd: param " + shape_str(param.shape) + ", grad " + shape_str(grad.shape));
   TESSERA_CHECK(step >= 1, "sgd: step is 1-based");
@@ -57,7 +57,7 @@ void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float 
   const float* g = grad.f32();
   if (momentum == 0.0f) {  // torch keeps no buffer: p -= lr * (g + wd p)
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] = p[i] - lr * (g[i] + weight_decay * p[i]);
+    for (int64_t i = 0; i < n; ++i) p[i] = p[i] - lr * (g[i] * grad_scale + weight_decay * p[i]);
     return;
   }
   TESSERA_CHECK(momentum_buf.numel() == n, "sgd: momentum buffer " + shape_str(momentum_buf.shape));
@@ -67,7 +67,8 @@ void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float 
   const bool first = step == 1;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float d = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
+    const float gi = g[i] * grad_scale;
+    const float d = weight_decay != 0.0f ? gi + weight_decay * p[i] : gi;
     const float b = first ? d : buf[i] * momentum + d;
     buf[i] = b;
     p[i] = p[i] - lr * b;
