@@ -193,6 +193,22 @@ TEST(OpsFastMath, ExpMatchesLibmWithinTwoUlp) {
   EXPECT_TRUE(std::isnan(ops::cpu::exp_approx(std::numeric_limits<float>::quiet_NaN())));
 }
 
+TEST(OpsFastMath, ErfWithinAbramowitzStegunBound) {
+  // A&S 7.1.26 is good to 1.5e-7 absolute in exact arithmetic. In float, 1 - t P(t)
+  // exp(-x^2) subtracts a term close to 1 near x = 0, whose ~4 roundings (6e-8 each)
+  // add up to ~3e-7 absolute (measured worst: 4.7e-7). Bound 6e-7; GeLU multiplies
+  // the error by |x|/2, so it is harmless there (and PyTorch's CPU GeLU has the same).
+  double worst = 0.0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -6.0f + 12.0f * static_cast<float>(i) / 200000.0f;
+    worst = std::max(worst, std::fabs(ops::cpu::erf_approx(x) - std::erf(static_cast<double>(x))));
+  }
+  EXPECT_LT(worst, 6e-7);
+  EXPECT_EQ(ops::cpu::erf_approx(0.0f), 0.0f);
+  EXPECT_EQ(ops::cpu::erf_approx(20.0f), 1.0f);
+  EXPECT_EQ(ops::cpu::erf_approx(-20.0f), -1.0f);
+}
+
 // ---------------------------------------------------------------------------------------
 // GEMM: oneDNN against the reference, all transpose combinations, odd shapes, padded
 // leading dimensions, alpha/beta.

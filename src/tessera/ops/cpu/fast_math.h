@@ -6,6 +6,7 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -47,5 +48,19 @@ inline float exp_approx(float x) {
 
 // The logistic function 1 / (1 + exp(-x)), exact limits 0 and 1 at the extremes.
 inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+// erf(x) to 1.5e-7 absolute (Abramowitz & Stegun 7.1.26): 1 - t P(t) exp(-x^2) with
+// t = 1 / (1 + 0.3275911 |x|), odd-extended. The same approximation as PyTorch's
+// vectorised CPU erf (Vectorized<float>::erf), which its float GeLU uses.
+inline float erf_approx(float x) {
+  const float ax = std::fabs(x);
+  const float t = 1.0f / (0.3275911f * ax + 1.0f);
+  float r = 1.061405429f * t - 1.453152027f;
+  r = r * t + 1.421413741f;
+  r = r * t - 0.284496736f;
+  r = r * t + 0.254829592f;
+  const float y = 1.0f - r * t * exp_approx(-x * x);
+  return std::copysign(y, x);
+}
 
 }  // namespace tessera::ops::cpu
