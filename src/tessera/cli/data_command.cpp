@@ -9,6 +9,7 @@
 
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/core/options.h"
 #include "tessera/data/indexed_dataset.h"
 
 namespace tessera::cli {
@@ -25,55 +26,27 @@ void print_help() {
       "      validate <PREFIX>.idx/.bin and print dtype, sequences, documents and tokens\n");
 }
 
-// argparse-style: --flag value [value ...] or --flag=value; unique prefixes accepted.
-struct Parsed {
-  std::vector<std::string> inputs;
-  std::string output_prefix;
-};
-
-Parsed parse_merge(int argc, char** argv) {
-  Parsed p;
-  std::vector<std::string>* many = nullptr;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (a.rfind("--", 0) == 0) {
-      if (auto eq = a.find('='); eq != std::string::npos) {
-        value = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        has_value = true;
-      }
-      many = nullptr;
-      if (a.size() > 2 && std::string("--input").rfind(a, 0) == 0) {
-        many = &p.inputs;
-        if (has_value) p.inputs.push_back(value);
-      } else if (a.size() > 2 && std::string("--output-prefix").rfind(a, 0) == 0) {
-        if (!has_value) {
-          if (i + 1 >= argc) throw usage_error("--output-prefix expects a value");
-          value = argv[++i];
-        }
-        p.output_prefix = value;
-      } else if (a == "--multimodal") {
-        throw usage_error("--multimodal datasets are not supported yet");
-      } else {
-        throw usage_error("unknown flag " + a, "see `tessera data --help`");
-      }
-      continue;
-    }
-    if (!many) throw usage_error("unexpected argument '" + a + "'", "see `tessera data --help`");
-    many->push_back(a);
-  }
-  if (p.inputs.empty() || p.output_prefix.empty())
-    throw usage_error("merge needs --input and --output-prefix",
-                      "e.g. tessera data merge --input a_text_document b_text_document --output-prefix ab_text_document");
-  return p;
+// Megatron's tools/merge_datasets.py flags (argparse defaults: unique prefixes accepted).
+const OptionTable& merge_option_table() {
+  static const OptionTable table("tessera data merge",
+                                 {
+                                     {"--input", OptKind::List, nullptr, "dataset prefixes or folders, in order"},
+                                     {"--output-prefix", OptKind::String, nullptr, "prefix of the merged dataset"},
+                                     {"--multimodal", OptKind::StoreTrue, nullptr, "multimodal datasets (not supported yet)"},
+                                 },
+                                 {nullptr, true});
+  return table;
 }
 
 int run_merge(int argc, char** argv) {
-  Parsed p = parse_merge(argc, argv);
+  ParsedOptions p = merge_option_table().parse(argc, argv);
+  if (p.get_bool("--multimodal")) throw usage_error("--multimodal datasets are not supported yet");
+  if (!p.given("--input") || !p.given("--output-prefix"))
+    throw usage_error("merge needs --input and --output-prefix",
+                      "e.g. tessera data merge --input a_text_document b_text_document --output-prefix ab_text_document");
+  const std::string output_prefix = p.get_string("--output-prefix");
   std::vector<std::string> prefixes;
-  for (const auto& in : p.inputs) {
+  for (const auto& in : p.get_list("--input")) {
     struct stat st{};
     if (::stat(in.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       auto found = data::dataset_prefixes_in(in);
@@ -85,8 +58,8 @@ int run_merge(int argc, char** argv) {
   }
   data::install_temp_file_cleanup();
   for (const auto& pre : prefixes) std::printf("Merging %s\n", pre.c_str());
-  data::MergeResult r = data::merge_datasets(prefixes, p.output_prefix);
-  std::printf("Wrote %s.bin and .idx: %llu documents, %llu sequences, %llu tokens (%s)\n", p.output_prefix.c_str(),
+  data::MergeResult r = data::merge_datasets(prefixes, output_prefix);
+  std::printf("Wrote %s.bin and .idx: %llu documents, %llu sequences, %llu tokens (%s)\n", output_prefix.c_str(),
               static_cast<unsigned long long>(r.documents), static_cast<unsigned long long>(r.sequences),
               static_cast<unsigned long long>(r.tokens), std::string(data::dtype_name(r.dtype)).c_str());
   return 0;

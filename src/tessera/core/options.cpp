@@ -1,4 +1,4 @@
-#include "tessera/train/options.h"
+#include "tessera/core/options.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,16 +9,6 @@
 
 namespace tessera {
 namespace {
-
-struct MegatronFlag {
-  const char* flag;
-};
-enum MegatronKind { VALUE, LIST, OPTIONAL, SWITCH };
-#define MEGATRON_FLAG(name, kind, default_value) {name},
-const MegatronFlag kMegatronFlags[] = {
-#include "tessera/train/megatron_flags.inc"
-};
-#undef MEGATRON_FLAG
 
 bool takes_value(OptKind k) { return k != OptKind::StoreTrue && k != OptKind::StoreFalse; }
 
@@ -79,12 +69,6 @@ std::string option_dest(const OptionDef& def) {
   return s;
 }
 
-bool is_megatron_flag(std::string_view flag) {
-  for (const MegatronFlag& f : kMegatronFlags)
-    if (flag == f.flag) return true;
-  return false;
-}
-
 std::string closest_flag(std::string_view flag, const std::vector<OptionDef>& defs) {
   std::string best;
   size_t best_d = SIZE_MAX;
@@ -141,13 +125,22 @@ void ParsedOptions::set_derived(std::string_view flag, std::string value) {
   values_[std::string(flag)] = std::move(value);
 }
 
-OptionTable::OptionTable(std::string program, std::vector<OptionDef> defs)
-    : program_(std::move(program)), defs_(std::move(defs)) {}
+OptionTable::OptionTable(std::string program, std::vector<OptionDef> defs, OptionTableSettings settings)
+    : program_(std::move(program)), defs_(std::move(defs)), settings_(std::move(settings)) {}
 
 const OptionDef* OptionTable::find(std::string_view flag) const {
-  for (const OptionDef& d : defs_)
+  const OptionDef* prefix_match = nullptr;
+  int prefix_matches = 0;
+  for (const OptionDef& d : defs_) {
     if (flag == d.flag) return &d;
-  return nullptr;
+    if (settings_.allow_abbrev && std::string_view(d.flag).starts_with(flag)) {
+      prefix_match = &d;
+      ++prefix_matches;
+    }
+  }
+  if (prefix_matches > 1)
+    throw usage_error("ambiguous flag " + std::string(flag), "spell it out; see `" + program_ + " --help`");
+  return prefix_match;
 }
 
 ParsedOptions OptionTable::parse(int argc, char** argv) const {
@@ -168,9 +161,9 @@ ParsedOptions OptionTable::parse(int argc, char** argv) const {
     }
     const OptionDef* d = find(arg);
     if (!d) {
-      if (is_megatron_flag(arg))
+      if (settings_.not_supported_yet && settings_.not_supported_yet(arg))
         throw usage_error(arg + " is a Megatron-LM flag that tessera does not support yet",
-                          "remove it from the command line; docs/flags.md lists what is supported");
+                          "remove it from the command line; `" + program_ + " --help` lists what is supported");
       throw usage_error("unknown flag " + arg, "did you mean " + closest_flag(arg, defs_) + "?");
     }
     out.given_.insert(d->flag);

@@ -1,9 +1,10 @@
 // A declarative option table: one list of OptionDefs drives parsing, defaults, `--help` and
-// Megatron's argument dump, so they cannot drift. Flags of Megatron-LM that an
-// OptionTable does not implement are recognised (megatron_flags.inc) and rejected as "not
-// supported yet"; anything else is an unknown flag with a suggestion.
+// Megatron's argument dump, so they cannot drift. Every subcommand parses with it. A table
+// may know flags it does not implement (e.g. all of Megatron-LM's): those are rejected as
+// "not supported yet"; anything else is an unknown flag with the closest known one.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -65,9 +66,17 @@ class ParsedOptions {
   std::set<std::string> given_;
 };
 
+struct OptionTableSettings {
+  // Flags recognised but not implemented (rejected as "not supported yet").
+  std::function<bool(std::string_view)> not_supported_yet;
+  // argparse's allow_abbrev: a unique prefix names a flag (Megatron's training parser turns
+  // it off; tools/preprocess_data.py keeps argparse's default, on).
+  bool allow_abbrev = false;
+};
+
 class OptionTable {
  public:
-  OptionTable(std::string program, std::vector<OptionDef> defs);
+  OptionTable(std::string program, std::vector<OptionDef> defs, OptionTableSettings settings = {});
   // Parses `--flag value`, `--flag=value`, switches and lists; throws usage errors naming
   // the flag. SpeedOnly flags given get one note each on stderr.
   ParsedOptions parse(int argc, char** argv) const;
@@ -80,10 +89,9 @@ class OptionTable {
   const OptionDef* find(std::string_view flag) const;
   std::string program_;
   std::vector<OptionDef> defs_;
+  OptionTableSettings settings_;
 };
 
-// Whether Megatron-LM core_r0.10.0 has this flag (megatron_flags.inc).
-bool is_megatron_flag(std::string_view flag);
 // The known flag closest to `flag` by edit distance.
 std::string closest_flag(std::string_view flag, const std::vector<OptionDef>& defs);
 

@@ -138,8 +138,20 @@ int vocab_size_from_vocab_file(const std::string& path) {
 
 }  // namespace
 
+bool is_megatron_flag(std::string_view flag) {
+#define MEGATRON_FLAG(name, kind, default_value) name,
+  static const char* const kMegatronFlags[] = {
+#include "tessera/train/megatron_flags.inc"
+  };
+#undef MEGATRON_FLAG
+  for (const char* f : kMegatronFlags)
+    if (flag == f) return true;
+  return false;
+}
+
 const OptionTable& train_option_table() {
-  static const OptionTable table("tessera train", train_option_defs());
+  // Megatron's parser sets allow_abbrev=False.
+  static const OptionTable table("tessera train", train_option_defs(), {is_megatron_flag, false});
   return table;
 }
 

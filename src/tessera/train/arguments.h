@@ -10,7 +10,7 @@
 #include "tessera/model/gpt_config.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
-#include "tessera/train/options.h"
+#include "tessera/core/options.h"
 
 namespace tessera {
 
@@ -38,6 +38,8 @@ struct TrainArgs {
   int64_t num_microbatches() const { return global_batch_size / micro_batch_size; }
 };
 
+// Whether Megatron-LM core_r0.10.0 has this flag (megatron_flags.inc).
+bool is_megatron_flag(std::string_view flag);
 // The option table of `tessera train`.
 const OptionTable& train_option_table();
 // Parses, fills defaults, derives (padded vocabulary, schedule in samples) and validates.
