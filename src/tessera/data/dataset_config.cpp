@@ -29,7 +29,7 @@ const char* split_name(Split split) {
 
 // ---- Python-compatible JSON ---------------------------------------------------------------
 
-std::string python_float_repr(double value) {
+std::string json_float_repr(double value) {
   if (std::isnan(value)) return "NaN";  // json.dumps spelling; repr() would say "nan"
   if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
   char buf[64];
@@ -193,7 +193,7 @@ void PyJson::dump(std::string& out, int indent, int level) const {
   } else if (auto* i = std::get_if<int64_t>(&v_)) {
     out += std::to_string(*i);
   } else if (auto* f = std::get_if<Float>(&v_)) {
-    out += python_float_repr(f->value);
+    out += json_float_repr(f->value);
   } else if (auto* s = std::get_if<std::string>(&v_)) {
     append_json_string(out, *s);
   } else if (auto* a = std::get_if<Array>(&v_)) {

@@ -68,9 +68,9 @@ class PyJson {
   std::variant<std::monostate, bool, int64_t, Float, std::string, Array, Object> v_;
 };
 
-// Python's repr() of a float: the shortest string that round-trips ("0.8", "1.0", "1e-05",
+// A float as json.dumps writes it (Python's repr()): the shortest string that round-trips ("0.8", "1.0", "1e-05",
 // "0.9000000000000001", "inf", "nan").
-std::string python_float_repr(double value);
+std::string json_float_repr(double value);
 // Python's round() of a float to an int: round half to even.
 int64_t python_round(double value);
 // numpy.sum of a float64 array (pairwise summation, as numpy does it), then w / sum.
@@ -165,8 +165,10 @@ struct GPTDatasetConfig {
   // Cache checks beyond Megatron's (see gpt_dataset_cache.h): re-hash the .npy contents on
   // every load (SHA-256). Sizes and headers are always checked.
   bool verify_cache_contents = true;
+  bool verbose = true;  // Megatron's "Build/Load the GPTDataset train indices" lines (rank 0)
 
-  // Checks the combination (a usage error naming the flag), derives split_matrix.
+  // Checks the combination (a usage error naming the flag) and derives split_matrix; with
+  // neither blend nor blend_per_split it sets mock and split "1,1,1" (Megatron's config does).
   void finalize();
 };
 
@@ -185,9 +187,10 @@ struct DataArgs {
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
 };
 
-// get_blend_and_blend_per_split + core_gpt_dataset_config_from_args: at most one data source;
+// get_blend_and_blend_per_split + core_gpt_dataset_config_from_args: exactly one data source
+// (--mock-data, --data-path/--data-args-path, or the per-split paths; none is a usage error);
 // --split defaults to "969, 30, 1" (with a warning on stderr, as Megatron) when --data-path
-// is given without it; no data source at all means mock data.
+// is given without it; --mock-data forces split "1,1,1". eod_id is the tokenizer's EOD.
 GPTDatasetConfig make_gpt_dataset_config(const DataArgs& args, TokenizerIdentity tokenizer, int64_t eod_id);
 
 }  // namespace tessera::data

@@ -37,7 +37,8 @@ std::string to_hex(const unsigned char* d, unsigned n) {
 struct FileStat {
   bool exists = false;
   uint64_t size = 0;
-  int64_t mtime_ns = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  uint64_t inode = 0;
 };
 
 FileStat stat_file(const std::string& path) {
@@ -47,6 +48,8 @@ FileStat stat_file(const std::string& path) {
   s.exists = true;
   s.size = static_cast<uint64_t>(st.st_size);
   s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  s.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
+  s.inode = static_cast<uint64_t>(st.st_ino);
   return s;
 }
 
@@ -59,6 +62,8 @@ nlohmann::json source_record(const std::string& prefix) {
   return {{"prefix", prefix},
           {"idx_size", idx.size},
           {"idx_mtime_ns", idx.mtime_ns},
+          {"idx_ctime_ns", idx.ctime_ns},
+          {"idx_inode", idx.inode},
           {"idx_sha256", sha256_file(idx_path(prefix))},
           {"bin_size", bin.size}};
 }
@@ -147,8 +152,11 @@ LoadAttempt try_load(const CacheEntry& e, const std::function<std::string(const 
         r.reason = "the size of " + prefix + ".idx or .bin changed since the cache was built (stale cache)";
         return r;
       }
-      if (idx.mtime_ns != rec.at("idx_mtime_ns").get<int64_t>() &&
-          sha256_file(idx_path(prefix)) != rec.at("idx_sha256").get<std::string>()) {
+      // The .idx is re-hashed only when it may have changed (another mtime, ctime or inode).
+      bool same_file = idx.mtime_ns == rec.at("idx_mtime_ns").get<int64_t>() &&
+                       idx.ctime_ns == rec.at("idx_ctime_ns").get<int64_t>() &&
+                       idx.inode == rec.at("idx_inode").get<uint64_t>();
+      if (!same_file && sha256_file(idx_path(prefix)) != rec.at("idx_sha256").get<std::string>()) {
         r.reason = prefix + ".idx changed since the cache was built (stale cache)";
         return r;
       }
@@ -266,6 +274,12 @@ CacheResult load_or_build(const CacheEntry& e, const std::function<std::vector<N
   CacheResult result;
   LoadAttempt first = try_load(e, check);
   if (first.ok) {
+    result.arrays = std::move(first.arrays);
+    return result;
+  }
+  if (first.side_missing && ::access(e.dir.c_str(), W_OK) != 0) {
+    // Megatron's cache in a folder we cannot write: use it as Megatron would, unverified.
+    if (e.verbose) print_rank_0(" > using the read-only dataset cache %s/%s-* without a side file", e.dir.c_str(), e.base.c_str());
     result.arrays = std::move(first.arrays);
     return result;
   }

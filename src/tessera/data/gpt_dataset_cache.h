@@ -3,7 +3,7 @@
 // Files in the cache folder for one dataset, `<base>` = "<md5>-<Class>-<split>":
 //   <base>-description.txt       the hashed description (Megatron's)
 //   <base>-<array>.npy           the index arrays (Megatron's names, numpy.save's bytes)
-//   <base>-tessera.json          side file: the .idx/.bin sizes, .idx mtime and SHA-256 of every
+//   <base>-tessera.json          side file: the .idx/.bin sizes, .idx mtime/ctime/inode and SHA-256 of every
 //                                source dataset, and each array's dtype, shape and SHA-256
 //   <base>.lock                  the lock file (flock); it stays, empty
 //
@@ -17,7 +17,7 @@
 //      structural check (Megatron's own cache) is adopted: its side file is written, nothing
 //      is rebuilt.
 // "Valid" means: description.txt equals the description; each source's .idx and .bin sizes
-// equal the recorded ones and the .idx SHA-256 too (recomputed only when its mtime changed);
+// equal the recorded ones and the .idx SHA-256 too (recomputed only when its mtime, ctime or inode changed);
 // every .npy header parses, its size matches its shape, dtype and shape equal the recorded
 // ones and pass the caller's structural check, and (verify_contents) the data's SHA-256
 // matches. A stale, truncated or corrupt cache is rebuilt, with a warning saying why.
