@@ -2,6 +2,19 @@
 // Backends: gloo/ (CPU tensors over TCP), in-process (ranks as threads, for unit tests),
 // later nccl/ (CUDA). Calls are collective over the group: every member calls them in the
 // same order. Asynchronous variants return a Work handle to wait on.
+//
+// Semantics shared by every backend (tests/unit/comm hold them to it):
+// - Tensors are host memory (device CPU or none). Reductions take f32, i32 and i64; the
+//   data-moving calls (all_gather, broadcast, send/recv) take any dtype.
+// - Every call is bounded by the communicator's timeout (--distributed-timeout-minutes);
+//   a timeout is a tessera::Error naming the call, the group (its name and world ranks) and,
+//   where it can be known, the ranks that had not arrived. After a timeout or a lost peer
+//   the communicator is broken: the job is expected to exit.
+// - send blocks until the matching recv has been posted (a rendezvous, as Gloo's transport
+//   does), so two ranks that both send first deadlock until the timeout.
+// - An asynchronous call must keep its tensor alive and untouched until Work::wait()
+//   returns; a later synchronous call on the same communicator first waits for the
+//   asynchronous ones issued before it.
 #pragma once
 
 #include <chrono>
@@ -27,6 +40,10 @@ class Communicator {
   virtual int rank() const = 0;   // rank within this group
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;  // "gloo", "in-process", ...
+  // "world", or the name given to split ("tp", "dp", ...), for messages.
+  virtual std::string group_name() const = 0;
+  // The world rank of each member, in group-rank order.
+  virtual std::vector<int> world_ranks() const = 0;
 
   virtual void all_reduce(Tensor t, ReduceOp op) = 0;
   virtual std::unique_ptr<Work> all_reduce_async(Tensor t, ReduceOp op) = 0;
@@ -40,8 +57,11 @@ class Communicator {
   virtual void barrier() = 0;
   // A communicator over a subset of this group's ranks (listed in group-rank order).
   // Collective: every rank of this group calls it with the same list of lists (Megatron's
-  // group construction), and gets the communicator of the subgroup it belongs to.
-  virtual std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups) = 0;
+  // group construction), and gets the communicator of the subgroup it belongs to, or nullptr
+  // when it is in none. A rank may appear in at most one list. `name` labels the subgroups in
+  // messages ("dp" gives "dp" for every subgroup).
+  virtual std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups,
+                                              const std::string& name = "") = 0;
 };
 
 }  // namespace tessera

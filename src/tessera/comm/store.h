@@ -45,4 +45,17 @@ class TcpStoreServer {
 std::unique_ptr<Store> connect_tcp_store(const std::string& host, int port, const std::string& job_token,
                                          std::chrono::milliseconds timeout);
 
+// A store inside this process (thread-safe), for a single process or ranks that are threads.
+std::unique_ptr<Store> make_local_store(std::chrono::milliseconds timeout);
+
+// The token a process presents when its launcher passed none; the same rule as
+// launch::derived_job_token, so every rank of one job derives the same token:
+//   TESSERA_JOB_TOKEN when set and not empty, else
+//   "tessera-job:<run id>:<store port>" where the run id is TORCHELASTIC_RUN_ID (torchrun's
+//   --rdzv_id), else SLURM_JOB_ID[.SLURM_STEP_ID], else "none"; and the store port is
+//   TESSERA_STORE_PORT, else MASTER_PORT + 1 (the port rank 0 serves under torchrun/Slurm),
+//   else 0.
+// Two jobs with different run ids, or different ports, never accept each other's processes.
+std::string default_job_token();
+
 }  // namespace tessera

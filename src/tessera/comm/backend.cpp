@@ -1,0 +1,20 @@
+#include "tessera/comm/backend.h"
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+CommBackendChoice choose_comm_backend(const std::string& requested, DeviceType device) {
+  if (requested == "gloo") return {"gloo", "distributed backend: gloo (--distributed-backend gloo)"};
+  if (requested == "nccl") {
+    if (device == DeviceType::CUDA)
+      return {"nccl", "distributed backend: nccl (--distributed-backend nccl on a CUDA device)"};
+    return {"gloo",
+            "distributed backend: gloo (--distributed-backend nccl means the device's native collective library; "
+            "for CPU tensors that is Gloo)"};
+  }
+  throw usage_error("--distributed-backend must be nccl or gloo, got '" + requested + "'",
+                    "nccl (Megatron's default) picks the device's native library: Gloo on the CPU, NCCL on CUDA");
+}
+
+}  // namespace tessera

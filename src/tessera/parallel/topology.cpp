@@ -1,0 +1,131 @@
+#include "tessera/parallel/topology.h"
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+namespace {
+const char* kTpFlag = "--tensor-model-parallel-size";
+const char* kPpFlag = "--pipeline-model-parallel-size";
+}  // namespace
+
+Topology::Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel)
+    : world_(world_size), rank_(rank), tp_(tensor_parallel), pp_(pipeline_parallel), dp_(0) {
+  if (world_ < 1) throw usage_error("the world size must be at least 1, got " + std::to_string(world_));
+  if (tp_ < 1)
+    throw usage_error(std::string(kTpFlag) + " must be at least 1, got " + std::to_string(tp_));
+  if (pp_ < 1)
+    throw usage_error(std::string(kPpFlag) + " must be at least 1, got " + std::to_string(pp_));
+  const int model = tp_ * pp_;
+  if (world_ % model != 0)
+    throw usage_error("the world size " + std::to_string(world_) + " is not divisible by " + kTpFlag + " (" +
+                          std::to_string(tp_) + ") x " + kPpFlag + " (" + std::to_string(pp_) + ") = " +
+                          std::to_string(model),
+                      "the data-parallel size is world / (TP x PP): start a multiple of " + std::to_string(model) +
+                          " processes (--nproc_per_node x --nnodes), or change the parallel sizes");
+  if (rank_ < 0 || rank_ >= world_)
+    throw usage_error("rank " + std::to_string(rank_) + " is outside the world of " + std::to_string(world_) +
+                      " processes");
+  dp_ = world_ / model;
+}
+
+RankCoords Topology::coords_of(int r) const {
+  TESSERA_CHECK(r >= 0 && r < world_, "Topology::coords_of: rank out of range");
+  RankCoords c;
+  c.tp = r % tp_;
+  c.cp = 0;
+  c.dp = (r / tp_) % dp_;
+  c.pp = r / (tp_ * dp_);
+  return c;
+}
+
+int Topology::rank_of(const RankCoords& c) const {
+  return c.tp + tp_ * (c.cp + 1 * (c.dp + dp_ * c.pp));
+}
+
+std::vector<std::vector<int>> Topology::groups_over(bool tp, bool cp, bool dp, bool pp) const {
+  const int sizes[4] = {tp_, 1, dp_, pp_};
+  const bool in_group[4] = {tp, cp, dp, pp};
+  std::vector<int> group_dims, other_dims;
+  for (int d = 0; d < 4; ++d) (in_group[d] ? group_dims : other_dims).push_back(d);
+  auto count = [&](const std::vector<int>& dims) {
+    int n = 1;
+    for (int d : dims) n *= sizes[d];
+    return n;
+  };
+  // Sets the coordinates of `dims` from index i, first dimension fastest.
+  auto unflatten = [&](const std::vector<int>& dims, int i, int* coord) {
+    for (int d : dims) {
+      coord[d] = i % sizes[d];
+      i /= sizes[d];
+    }
+  };
+  std::vector<std::vector<int>> groups(count(other_dims));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    int coord[4] = {0, 0, 0, 0};
+    unflatten(other_dims, static_cast<int>(g), coord);
+    for (int k = 0; k < count(group_dims); ++k) {
+      unflatten(group_dims, k, coord);
+      groups[g].push_back(rank_of(RankCoords{coord[0], coord[1], coord[2], coord[3]}));
+    }
+  }
+  return groups;
+}
+
+std::vector<std::vector<int>> Topology::tp_groups() const { return groups_over(true, false, false, false); }
+std::vector<std::vector<int>> Topology::cp_groups() const { return groups_over(false, true, false, false); }
+std::vector<std::vector<int>> Topology::dp_groups() const { return groups_over(false, false, true, false); }
+std::vector<std::vector<int>> Topology::pp_groups() const { return groups_over(false, false, false, true); }
+std::vector<std::vector<int>> Topology::model_parallel_groups() const { return groups_over(true, false, false, true); }
+
+std::vector<std::vector<int>> Topology::embedding_groups() const {
+  std::vector<std::vector<int>> out;
+  for (const auto& g : pp_groups()) out.push_back(g.size() > 1 ? std::vector<int>{g.front(), g.back()} : g);
+  return out;
+}
+
+std::vector<std::vector<int>> Topology::position_embedding_groups() const {
+  std::vector<std::vector<int>> out;
+  for (const auto& g : pp_groups()) out.push_back({g.front()});
+  return out;
+}
+
+std::vector<int> Topology::group_of(const std::vector<std::vector<int>>& groups, int r) {
+  for (const auto& g : groups)
+    for (int member : g)
+      if (member == r) return g;
+  return {};
+}
+
+void Topology::check_num_layers(int num_layers) const {
+  if (num_layers < 1) throw usage_error("--num-layers must be at least 1, got " + std::to_string(num_layers));
+  if (num_layers % pp_ != 0)
+    throw usage_error("--num-layers (" + std::to_string(num_layers) + ") is not divisible by " + kPpFlag + " (" +
+                          std::to_string(pp_) + ")",
+                      "every pipeline stage holds the same number of layers: choose a pipeline size that divides "
+                      "the number of layers");
+}
+
+std::string Topology::describe() const {
+  const RankCoords c = coords();
+  return "world " + std::to_string(world_) + " = TP " + std::to_string(tp_) + " x CP 1 x DP " + std::to_string(dp_) +
+         " x PP " + std::to_string(pp_) + " (order tp-cp-ep-dp-pp); rank " + std::to_string(rank_) + " is tp " +
+         std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp);
+}
+
+ParallelGroups create_parallel_groups(Communicator& world, const Topology& topology) {
+  TESSERA_CHECK(world.size() == topology.world_size() && world.rank() == topology.rank(),
+                "create_parallel_groups: the topology was built for rank " + std::to_string(topology.rank()) +
+                    " of " + std::to_string(topology.world_size()) + ", the communicator is rank " +
+                    std::to_string(world.rank()) + " of " + std::to_string(world.size()));
+  ParallelGroups g;
+  g.tp = world.split(topology.tp_groups(), "tp");
+  g.dp = world.split(topology.dp_groups(), "dp");
+  g.pp = world.split(topology.pp_groups(), "pp");
+  g.model_parallel = world.split(topology.model_parallel_groups(), "mp");
+  g.embedding = world.split(topology.embedding_groups(), "embd");
+  g.position_embedding = world.split(topology.position_embedding_groups(), "pos_embd");
+  return g;
+}
+
+}  // namespace tessera

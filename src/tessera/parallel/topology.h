@@ -1,0 +1,96 @@
+// Topology: where each rank sits in the tensor-, data- and pipeline-parallel grid, and the
+// groups it belongs to; a value built once from the world size, the rank and the sizes,
+// validated, and passed by reference (no global process-group state).
+//
+// Megatron's default order tp-cp-ep-dp-pp (megatron.md §8), first token fastest:
+//   global_rank = tp + TP·(cp + CP·(dp + DP·pp)),   with CP = EP = 1 for now.
+// A group of kind X holds the ranks that differ only in the X coordinates, listed in
+// increasing order of those coordinates (first fastest); the groups of a kind are listed by
+// the remaining coordinates, first fastest. World 16, TP 2, PP 2 gives DP 4 and
+//   tp [0,1] [2,3] ... [14,15]   dp [0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15]
+//   pp [0,8] [1,9] ... [7,15]    model-parallel (tp-pp) [0,1,8,9] [2,3,10,11] ...
+//   embedding (first and last stage of each pp group) [0,8] [1,9] ...
+//   position embedding (first stage) [0] [1] ... [7]
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.h"
+
+namespace tessera {
+
+struct RankCoords {
+  int tp = 0;
+  int cp = 0;
+  int dp = 0;
+  int pp = 0;
+  bool operator==(const RankCoords&) const = default;
+};
+
+class Topology {
+ public:
+  // Throws tessera::Error (usage) naming the flags: sizes below 1, a world size that
+  // --tensor-model-parallel-size × --pipeline-model-parallel-size does not divide, a rank
+  // outside the world.
+  Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel);
+
+  int world_size() const { return world_; }
+  int rank() const { return rank_; }
+  int tp_size() const { return tp_; }
+  int cp_size() const { return 1; }
+  int ep_size() const { return 1; }
+  int dp_size() const { return dp_; }
+  int pp_size() const { return pp_; }
+
+  RankCoords coords_of(int rank) const;
+  int rank_of(const RankCoords& c) const;
+  RankCoords coords() const { return coords_of(rank_); }
+  int tp_rank() const { return coords().tp; }
+  int dp_rank() const { return coords().dp; }
+  int pp_rank() const { return coords().pp; }
+  bool is_first_stage() const { return pp_rank() == 0; }
+  bool is_last_stage() const { return pp_rank() == pp_ - 1; }
+
+  // Every group of a kind, in Megatron's order.
+  std::vector<std::vector<int>> tp_groups() const;
+  std::vector<std::vector<int>> cp_groups() const;
+  std::vector<std::vector<int>> dp_groups() const;
+  std::vector<std::vector<int>> pp_groups() const;
+  std::vector<std::vector<int>> model_parallel_groups() const;  // tp-pp
+  std::vector<std::vector<int>> embedding_groups() const;
+  std::vector<std::vector<int>> position_embedding_groups() const;
+
+  // The group of a kind that holds this rank (empty when none does: position embedding on
+  // later stages).
+  static std::vector<int> group_of(const std::vector<std::vector<int>>& groups, int rank);
+
+  // --num-layers must be divisible by the pipeline size (Megatron's rule when no uneven
+  // first/last stage is configured); throws a usage Error naming both flags.
+  void check_num_layers(int num_layers) const;
+
+  // "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, dp 2, pp 0"
+  std::string describe() const;
+
+ private:
+  // The groups spanned by the dimensions flagged in `in_group` ({tp, cp, dp, pp}).
+  std::vector<std::vector<int>> groups_over(bool tp, bool cp, bool dp, bool pp) const;
+
+  int world_, rank_, tp_, pp_, dp_;
+};
+
+// This rank's communicators for every group kind, made from the world communicator by
+// split (collective: every rank of the world calls it, in the same order). A member is null
+// when this rank is in no group of that kind (position_embedding beyond the first stage).
+struct ParallelGroups {
+  std::unique_ptr<Communicator> tp;
+  std::unique_ptr<Communicator> dp;
+  std::unique_ptr<Communicator> pp;
+  std::unique_ptr<Communicator> model_parallel;
+  std::unique_ptr<Communicator> embedding;
+  std::unique_ptr<Communicator> position_embedding;
+};
+ParallelGroups create_parallel_groups(Communicator& world, const Topology& topology);
+
+}  // namespace tessera

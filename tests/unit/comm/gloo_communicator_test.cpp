@@ -1,0 +1,300 @@
+// The Gloo backend with real processes on loopback (forked by run_local_ranks, each with
+// torchrun-style variables and the parent's store): every collective bit-exact against
+// exact-sum inputs (small integers in floats, so any summation order gives the same bits),
+// subgroups from Topology, async all-reduce, the timeout error naming the rank that did not
+// call, and the interface choice (GLOO_SOCKET_IFNAME errors list the interfaces; the route
+// rule finds loopback or this host's own interface). Each multi-process case is bounded by
+// run_local_ranks' timeout (<= 30 s) and takes a few seconds.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "tessera/comm/backend.h"
+#include "tessera/comm/gloo/gloo_communicator.h"
+#include "tessera/comm/local_ranks.h"
+#include "tessera/comm/net_interface.h"
+#include "tessera/core/error.h"
+#include "tessera/parallel/topology.h"
+
+using namespace tessera;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Inside a child: a failed check throws, the child prints it and exits 1.
+#define CHILD_CHECK(cond, what)                                                                   \
+  do {                                                                                            \
+    if (!(cond)) throw std::runtime_error(std::string("check failed: " #cond ": ") + (what));     \
+  } while (0)
+
+std::shared_ptr<Store> g_store;  // per child process
+
+std::unique_ptr<Communicator> world_from_env(std::chrono::milliseconds timeout) {
+  const int rank = std::atoi(std::getenv("RANK"));
+  const int size = std::atoi(std::getenv("WORLD_SIZE"));
+  const std::string host = std::getenv("MASTER_ADDR");
+  const int port = std::atoi(std::getenv("MASTER_PORT"));
+  g_store = std::shared_ptr<Store>(connect_tcp_store(host, port, std::getenv("TESSERA_JOB_TOKEN"), timeout));
+  GlooOptions o;
+  o.timeout = timeout;
+  o.master_addr = host;
+  o.master_port = port;
+  o.key_prefix = "test/";
+  return create_gloo_communicator(g_store, rank, size, o);
+}
+
+void run_ranks(int n, const std::function<int(int)>& body, std::chrono::seconds limit = 30s) {
+  LocalRanksOptions o;
+  o.world_size = n;
+  o.timeout = limit;
+  auto results = run_local_ranks(o, body);
+  EXPECT_EQ(describe_failures(results), "");
+}
+
+template <typename T>
+Tensor tensor(std::vector<T>& v, DType t) {
+  return Tensor(v.data(), t, {static_cast<int64_t>(v.size())}, nullptr);
+}
+
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what()) + "\nhint: " + e.hint();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(GlooComm, EveryCollectiveIsBitExactAcrossProcesses) {
+  constexpr int N = 3;
+  run_ranks(N, [](int) {
+    auto c = world_from_env(20s);
+    const int r = c->rank();
+    CHILD_CHECK(c->size() == N && c->backend_name() == "gloo", "world");
+    const int tri = N * (N + 1) / 2;
+    // all_reduce: f32 across several segment sizes (odd, and > Gloo's 1 MiB segments), i32, i64.
+    for (int64_t k : {int64_t(1), int64_t(10007), int64_t(600000)}) {
+      std::vector<float> f(k);
+      for (int64_t i = 0; i < k; ++i) f[i] = float((r + 1) * (i % 7 + 1));
+      c->all_reduce(tensor(f, DType::F32), ReduceOp::Sum);
+      for (int64_t i = 0; i < k; ++i) {
+        const float want = float(tri * (i % 7 + 1));
+        CHILD_CHECK(std::memcmp(&f[i], &want, 4) == 0, "f32 sum at " + std::to_string(i));
+      }
+    }
+    std::vector<int32_t> i32(1000);
+    std::vector<int64_t> i64(1000);
+    for (int i = 0; i < 1000; ++i) i32[i] = (r + 1) * i, i64[i] = (int64_t(r) << 40) - i;
+    c->all_reduce(tensor(i32, DType::I32), ReduceOp::Sum);
+    c->all_reduce(tensor(i64, DType::I64), ReduceOp::Max);
+    for (int i = 0; i < 1000; ++i) {
+      CHILD_CHECK(i32[i] == tri * i, "i32 sum");
+      CHILD_CHECK(i64[i] == (int64_t(N - 1) << 40) - i, "i64 max");
+    }
+    std::vector<float> m = {float(r), float(-r), r == 1 ? 7.5f : -1.f};
+    c->all_reduce(tensor(m, DType::F32), ReduceOp::Max);
+    CHILD_CHECK(m[0] == N - 1 && m[1] == 0 && m[2] == 7.5f, "f32 max");
+
+    // all_gather of bf16 patterns (any dtype moves as bytes).
+    std::vector<uint16_t> in(999), out(N * 999);
+    for (int i = 0; i < 999; ++i) in[i] = uint16_t(r * 1000 + i);
+    c->all_gather(tensor(out, DType::BF16), tensor(in, DType::BF16));
+    for (int q = 0; q < N; ++q)
+      for (int i = 0; i < 999; ++i) CHILD_CHECK(out[q * 999 + i] == uint16_t(q * 1000 + i), "all_gather");
+
+    // reduce_scatter: f32 sum and i64 max, chunk q to rank q.
+    for (int64_t k : {int64_t(1), int64_t(70001)}) {
+      std::vector<float> big(N * k), mine(k, -1.f);
+      for (int64_t j = 0; j < N * k; ++j) big[j] = float((r + 1) * (j % 5 + 1));
+      c->reduce_scatter(tensor(mine, DType::F32), tensor(big, DType::F32), ReduceOp::Sum);
+      for (int64_t i = 0; i < k; ++i) CHILD_CHECK(mine[i] == float(tri * ((r * k + i) % 5 + 1)), "reduce_scatter");
+    }
+    std::vector<int64_t> bl(N * 10), ml(10);
+    for (int j = 0; j < N * 10; ++j) bl[j] = r == (j % N) ? 1000 + j : j;
+    c->reduce_scatter(tensor(ml, DType::I64), tensor(bl, DType::I64), ReduceOp::Max);
+    for (int i = 0; i < 10; ++i) {
+      const int j = r * 10 + i;
+      CHILD_CHECK(ml[i] == 1000 + j, "reduce_scatter max");
+    }
+
+    // broadcast from rank 1.
+    std::vector<int32_t> b(12345, r == 1 ? 42 : 0);
+    c->broadcast(tensor(b, DType::I32), 1);
+    for (int x : b) CHILD_CHECK(x == 42, "broadcast");
+
+    // send/recv around the ring, three messages in order; even ranks send first.
+    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    for (int msg = 0; msg < 3; ++msg) {
+      std::vector<int32_t> o(257, r * 10 + msg), i(257, -1);
+      if (r % 2 == 0) {
+        c->send(tensor(o, DType::I32), next);
+        c->recv(tensor(i, DType::I32), prev);
+      } else {
+        c->recv(tensor(i, DType::I32), prev);
+        c->send(tensor(o, DType::I32), next);
+      }
+      for (int x : i) CHILD_CHECK(x == prev * 10 + msg, "send/recv order");
+    }
+
+    // async: several in flight, then a synchronous call, then wait.
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(50000, float(r + 1)));
+    std::vector<std::unique_ptr<Work>> works;
+    for (auto& buf : bufs) works.push_back(c->all_reduce_async(tensor(buf, DType::F32), ReduceOp::Sum));
+    std::vector<float> after(3, 1.f);
+    c->all_reduce(tensor(after, DType::F32), ReduceOp::Sum);
+    for (auto& w : works) w->wait();
+    for (auto& buf : bufs)
+      for (float x : buf) CHILD_CHECK(x == float(tri), "async all_reduce");
+    CHILD_CHECK(after[0] == float(N), "sync after async");
+    c->barrier();
+    return 0;
+  });
+}
+
+TEST(GlooComm, SubgroupsFromTopologyTalkOnlyWithinTheirGroup) {
+  constexpr int N = 4;
+  run_ranks(N, [](int) {
+    auto world = world_from_env(20s);
+    const int r = world->rank();
+    Topology topo(N, r, /*tp=*/2, /*pp=*/2);  // DP 1: tp [0,1] [2,3], pp [0,2] [1,3]
+    ParallelGroups g = create_parallel_groups(*world, topo);
+    CHILD_CHECK(g.tp && g.dp && g.pp && g.model_parallel && g.embedding, "groups");
+    CHILD_CHECK(g.tp->world_ranks() == Topology::group_of(topo.tp_groups(), r), "tp ranks");
+    CHILD_CHECK(g.pp->world_ranks() == Topology::group_of(topo.pp_groups(), r), "pp ranks");
+    CHILD_CHECK(g.dp->size() == 1 && g.dp->world_ranks() == std::vector<int>{r}, "dp ranks");
+    CHILD_CHECK((g.position_embedding != nullptr) == topo.is_first_stage(), "pos_embd");
+    CHILD_CHECK(g.tp->group_name() == "tp", g.tp->group_name());
+    std::vector<float> x(1000, float(r));
+    g.tp->all_reduce(tensor(x, DType::F32), ReduceOp::Sum);
+    const float tp_sum = float(r / 2 * 2 * 2 + 1);  // {0,1} -> 1, {2,3} -> 5
+    CHILD_CHECK(x[999] == tp_sum, "tp sum " + std::to_string(x[999]));
+    std::vector<float> y(1000, float(r));
+    g.pp->all_reduce(tensor(y, DType::F32), ReduceOp::Sum);
+    CHILD_CHECK(y[0] == float(r % 2 + r % 2 + 2), "pp sum");  // {0,2} -> 2, {1,3} -> 4
+    std::vector<float> z(8, 1.f);
+    g.dp->all_reduce(tensor(z, DType::F32), ReduceOp::Sum);  // a group of one: unchanged
+    CHILD_CHECK(z[0] == 1.f, "dp of one");
+    // a send within the pp group uses pp ranks
+    std::vector<int32_t> msg(16, r);
+    if (topo.is_first_stage()) g.pp->send(tensor(msg, DType::I32), 1);
+    else g.pp->recv(tensor(msg, DType::I32), 0);
+    CHILD_CHECK(msg[0] == (topo.is_first_stage() ? r : r - 2), "pp send");
+    world->barrier();
+    return 0;
+  });
+}
+
+TEST(GlooComm, TimeoutNamesTheCallGroupAndAbsentRank) {
+  constexpr int N = 3;
+  auto t0 = std::chrono::steady_clock::now();
+  LocalRanksOptions o;
+  o.world_size = N;
+  o.timeout = 30s;
+  auto results = run_local_ranks(o, [](int) {
+    auto c = world_from_env(1500ms);
+    std::vector<float> x(1000, 1.f);
+    c->all_reduce(tensor(x, DType::F32), ReduceOp::Sum);  // everyone: call 1
+    if (c->rank() == 2) {
+      std::this_thread::sleep_for(5s);  // never makes call 2; exits after the others reported
+      return 0;
+    }
+    std::printf("%s\n", error_of([&] { c->all_reduce(tensor(x, DType::F32), ReduceOp::Sum); }).c_str());
+    return 0;
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  ASSERT_EQ(describe_failures(results), "");
+  // Ranks 0 and 1 both name the call, the group and the absent rank; at least one of them
+  // timed out itself (the other may see its peer close the connection first).
+  bool someone_timed_out = false;
+  for (int r = 0; r < 2; ++r) {
+    const std::string& e = results[r].output;
+    EXPECT_NE(e.find("all_reduce(sum) of 1000 f32 (call 2 on group 'world' (world ranks 0, 1, 2), this is world rank " +
+                     std::to_string(r) + ")"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("world rank(s) 2 had not reached it"), std::string::npos) << e;
+    someone_timed_out = someone_timed_out || e.find("timed out after 1.5 s") != std::string::npos;
+  }
+  EXPECT_TRUE(someone_timed_out) << results[0].output << results[1].output;
+  std::printf("rank 0 reported:\n%s", results[0].output.c_str());  // the message users will see
+  EXPECT_NE((results[0].output + results[1].output).find("--distributed-timeout-minutes"), std::string::npos);
+}
+
+TEST(GlooComm, WrongSocketIfnameListsTheInterfaces) {
+  std::string e = error_of([] { choose_interface("tessera-nosuch0", "127.0.0.1", 29500); });
+  EXPECT_NE(e.find("GLOO_SOCKET_IFNAME names 'tessera-nosuch0', which is not an interface"), std::string::npos) << e;
+  EXPECT_NE(e.find("lo 127.0.0.1"), std::string::npos) << e;
+  // Through the communicator: the interface is chosen before any connection is made.
+  GlooOptions o;
+  o.socket_ifname = "lo,tessera-nosuch0";
+  o.master_addr = "127.0.0.1";
+  o.master_port = 29500;
+  o.timeout = 2s;
+  e = error_of([&] { create_gloo_communicator(std::shared_ptr<Store>(make_local_store(1s)), 0, 2, o); });
+  EXPECT_NE(e.find("'tessera-nosuch0'"), std::string::npos) << e;
+  EXPECT_NE(e.find("interfaces and addresses: lo 127.0.0.1"), std::string::npos) << e;
+  // An interface without an IPv4 address, where this machine has one.
+  for (const auto& i : list_net_interfaces())
+    if (i.ipv4.empty()) {
+      e = error_of([&] { choose_interface(i.name, "127.0.0.1", 29500); });
+      EXPECT_NE(e.find("'" + i.name + "', which has no IPv4 address"), std::string::npos) << e;
+      break;
+    }
+  e = error_of([] { choose_interface(" , ", "127.0.0.1", 29500); });
+  EXPECT_NE(e.find("names no interface"), std::string::npos) << e;
+}
+
+TEST(GlooComm, InterfaceFollowsTheRouteToMasterAddr) {
+  auto lo = choose_interface("", "127.0.0.1", 29500);
+  EXPECT_EQ(lo.ipv4, "127.0.0.1");
+  EXPECT_EQ(lo.name, "lo");
+  EXPECT_NE(lo.reason.find("route to MASTER_ADDR 127.0.0.1:29500"), std::string::npos);
+  // MASTER_ADDR = one of this host's own addresses (node 0's view): the route runs through
+  // loopback but the source address, and so the interface, is the real one.
+  for (const auto& i : list_net_interfaces()) {
+    if (i.loopback || i.ipv4.empty() || !i.up) continue;
+    auto c = choose_interface("", i.ipv4.front(), 29500);
+    EXPECT_EQ(c.name, i.name);
+    EXPECT_EQ(c.ipv4, i.ipv4.front());
+    break;
+  }
+  auto named = choose_interface("lo", "192.0.2.200", 29500);
+  EXPECT_EQ(named.name, "lo");
+  EXPECT_EQ(named.reason, "GLOO_SOCKET_IFNAME=lo");
+  auto single = choose_interface("", "", 0);
+  EXPECT_EQ(single.ipv4, "127.0.0.1");
+}
+
+TEST(GlooComm, SingleProcessWorldNeedsNoNetwork) {
+  GlooOptions o;
+  o.socket_ifname = "tessera-nosuch0";  // never consulted for a world of one
+  auto c = create_gloo_communicator(std::shared_ptr<Store>(make_local_store(1s)), 0, 1, o);
+  std::vector<float> x(3, 2.f), g(3);
+  c->all_reduce(tensor(x, DType::F32), ReduceOp::Sum);
+  c->all_gather(tensor(g, DType::F32), tensor(x, DType::F32));
+  c->broadcast(tensor(x, DType::F32), 0);
+  c->barrier();
+  c->all_reduce_async(tensor(x, DType::F32), ReduceOp::Max)->wait();
+  EXPECT_EQ(x, std::vector<float>(3, 2.f));
+  EXPECT_EQ(g, x);
+  auto sub = c->split({{0}}, "self");
+  ASSERT_TRUE(sub);
+  EXPECT_EQ(sub->size(), 1);
+}
+
+TEST(CommBackend, NcclMeansTheDevicesNativeLibrary) {
+  auto cpu = choose_comm_backend("nccl", DeviceType::CPU);
+  EXPECT_EQ(cpu.backend, "gloo");
+  EXPECT_NE(cpu.log_line.find("native collective library"), std::string::npos);
+  EXPECT_EQ(choose_comm_backend("gloo", DeviceType::CPU).backend, "gloo");
+  EXPECT_EQ(choose_comm_backend("gloo", DeviceType::CUDA).backend, "gloo");
+  EXPECT_EQ(choose_comm_backend("nccl", DeviceType::CUDA).backend, "nccl");
+  std::string e = error_of([] { choose_comm_backend("mpi", DeviceType::CPU); });
+  EXPECT_NE(e.find("--distributed-backend must be nccl or gloo, got 'mpi'"), std::string::npos) << e;
+}

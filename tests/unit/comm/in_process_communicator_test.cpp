@@ -1,0 +1,210 @@
+// The in-process backend (ranks as threads): every collective against values computed here,
+// reductions in rank order (bit-exact even when float sums are not associative), async calls,
+// split, and the errors a parallel-logic bug should produce: a rank that never arrives (named,
+// within the timeout), mismatched collectives, a send nobody receives.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "tessera/comm/in_process/in_process_communicator.h"
+#include "tessera/core/error.h"
+
+using namespace tessera;
+using namespace std::chrono_literals;
+
+namespace {
+
+Tensor f32(std::vector<float>& v) { return Tensor(v.data(), DType::F32, {static_cast<int64_t>(v.size())}, nullptr); }
+Tensor i32(std::vector<int32_t>& v) {
+  return Tensor(v.data(), DType::I32, {static_cast<int64_t>(v.size())}, nullptr);
+}
+Tensor i64(std::vector<int64_t>& v) {
+  return Tensor(v.data(), DType::I64, {static_cast<int64_t>(v.size())}, nullptr);
+}
+
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(InProcessComm, AllReduceSumAndMaxForEveryDtype) {
+  static constexpr int N = 4, K = 1001;
+  run_in_process_ranks(N, [](Communicator& c) {
+    const int r = c.rank();
+    EXPECT_EQ(c.size(), N);
+    EXPECT_EQ(c.backend_name(), "in-process");
+    EXPECT_EQ(c.group_name(), "world");
+    std::vector<float> f(K);
+    std::vector<int32_t> i(K);
+    std::vector<int64_t> l(K);
+    for (int k = 0; k < K; ++k) f[k] = float((r + 1) * (k % 7 + 1)), i[k] = (r + 1) * k, l[k] = int64_t(r) << 40;
+    c.all_reduce(f32(f), ReduceOp::Sum);
+    c.all_reduce(i32(i), ReduceOp::Sum);
+    c.all_reduce(i64(l), ReduceOp::Max);
+    for (int k = 0; k < K; ++k) {
+      ASSERT_EQ(f[k], float(10 * (k % 7 + 1)));  // 1+2+3+4 = 10
+      ASSERT_EQ(i[k], 10 * k);
+      ASSERT_EQ(l[k], int64_t(N - 1) << 40);
+    }
+    std::vector<float> m = {float(r), float(-r), r == 2 ? 100.f : 0.f};
+    c.all_reduce(f32(m), ReduceOp::Max);
+    EXPECT_EQ(m, (std::vector<float>{3.f, 0.f, 100.f}));
+  });
+}
+
+TEST(InProcessComm, SumsInRankOrderBitForBit) {
+  // Values whose float sum depends on the order: the result must be ((r0 + r1) + r2) + r3.
+  const float v[4] = {1e8f, 1.f, -1e8f, 0.5f};
+  const float expected = ((v[0] + v[1]) + v[2]) + v[3];
+  run_in_process_ranks(4, [&](Communicator& c) {
+    std::vector<float> x(3, v[c.rank()]);
+    c.all_reduce(f32(x), ReduceOp::Sum);
+    for (float y : x) EXPECT_EQ(std::memcmp(&y, &expected, 4), 0) << y << " vs " << expected;
+  });
+}
+
+TEST(InProcessComm, AllGatherReduceScatterBroadcast) {
+  static constexpr int N = 3, K = 5;
+  run_in_process_ranks(N, [](Communicator& c) {
+    const int r = c.rank();
+    std::vector<float> in(K), out(N * K);
+    for (int k = 0; k < K; ++k) in[k] = float(100 * r + k);
+    c.all_gather(f32(out), f32(in));
+    for (int q = 0; q < N; ++q)
+      for (int k = 0; k < K; ++k) ASSERT_EQ(out[q * K + k], float(100 * q + k));
+
+    // reduce_scatter: chunk q of the sum goes to rank q.
+    std::vector<int64_t> big(N * K), mine(K);
+    for (int j = 0; j < N * K; ++j) big[j] = (r + 1) * j;
+    c.reduce_scatter(i64(mine), i64(big), ReduceOp::Sum);
+    for (int k = 0; k < K; ++k) ASSERT_EQ(mine[k], 6 * (r * K + k));  // 1+2+3 = 6
+
+    // broadcast from rank 1, any dtype (bf16 patterns as raw 16-bit values).
+    std::vector<uint16_t> b(K, uint16_t(r == 1 ? 0xBEEF : 0));
+    c.broadcast(Tensor(b.data(), DType::BF16, {K}, nullptr), 1);
+    for (auto x : b) ASSERT_EQ(x, 0xBEEF);
+    c.barrier();
+  });
+}
+
+TEST(InProcessComm, SendRecvArriveInOrder) {
+  run_in_process_ranks(3, [](Communicator& c) {
+    const int r = c.rank(), n = c.size();
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    for (int msg = 0; msg < 3; ++msg) {
+      std::vector<int32_t> out(4, r * 10 + msg), in(4, -1);
+      // even ranks send first, odd ranks receive first: no two neighbours both send first
+      if (r % 2 == 0) {
+        c.send(i32(out), next);
+        c.recv(i32(in), prev);
+      } else {
+        c.recv(i32(in), prev);
+        c.send(i32(out), next);
+      }
+      for (int x : in) ASSERT_EQ(x, prev * 10 + msg);
+    }
+  });
+}
+
+TEST(InProcessComm, AsyncAllReducesCompleteInOrderBeforeLaterCalls) {
+  run_in_process_ranks(4, [](Communicator& c) {
+    std::vector<std::vector<float>> bufs(5, std::vector<float>(64, float(c.rank() + 1)));
+    std::vector<std::unique_ptr<Work>> works;
+    for (auto& b : bufs) works.push_back(c.all_reduce_async(f32(b), ReduceOp::Sum));
+    std::vector<float> sync(8, 1.f);
+    c.all_reduce(f32(sync), ReduceOp::Sum);  // waits for the async ones first
+    for (auto& w : works) w->wait();
+    for (auto& b : bufs)
+      for (float x : b) ASSERT_EQ(x, 10.f);
+    for (float x : sync) ASSERT_EQ(x, 4.f);
+  });
+}
+
+TEST(InProcessComm, SplitGivesEachRankItsSubgroup) {
+  run_in_process_ranks(4, [](Communicator& c) {
+    const int r = c.rank();
+    auto sub = c.split({{0, 2}, {3, 1}}, "pairs");
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub->group_name(), "pairs");
+    EXPECT_EQ(sub->size(), 2);
+    const std::vector<int> expected_ranks = (r % 2 == 0) ? std::vector<int>{0, 2} : std::vector<int>{3, 1};
+    EXPECT_EQ(sub->world_ranks(), expected_ranks);
+    EXPECT_EQ(sub->rank(), r == 0 || r == 3 ? 0 : 1);
+    std::vector<float> x(2, float(r));
+    sub->all_reduce(f32(x), ReduceOp::Sum);
+    EXPECT_EQ(x[0], r % 2 == 0 ? 2.f : 4.f);
+
+    // A split of a split; rank 3 is in no group and gets none.
+    auto only_first = sub->split({{0}}, "first");
+    EXPECT_EQ(only_first != nullptr, sub->rank() == 0);
+    if (only_first) {
+      EXPECT_EQ(only_first->world_ranks(), std::vector<int>{expected_ranks[0]});
+    }
+    auto none = c.split({{0, 1, 2}});
+    EXPECT_EQ(none != nullptr, r != 3);
+    if (none) {
+      EXPECT_EQ(none->group_name(), "world/split1");
+    }
+  });
+}
+
+TEST(InProcessComm, TimeoutNamesTheRankThatDidNotArrive) {
+  std::vector<std::string> errors(3);
+  auto t0 = std::chrono::steady_clock::now();
+  run_in_process_ranks(
+      3,
+      [&](Communicator& c) {
+        if (c.rank() == 2) return;  // never calls
+        std::vector<float> x(4, 1.f);
+        errors[c.rank()] = error_of([&] { c.all_reduce(f32(x), ReduceOp::Sum); });
+      },
+      300ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  for (int r = 0; r < 2; ++r) {
+    // one rank times out and names rank 2; the other sees the group broken by that timeout
+    EXPECT_NE(errors[r].find("all_reduce(sum) of 4 f32"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("group 'world'"), std::string::npos) << errors[r];
+  }
+  const std::string& named = errors[0].find("had not called") != std::string::npos ? errors[0] : errors[1];
+  EXPECT_NE(named.find("timed out after 300 ms: world rank(s) 2 had not called it"), std::string::npos) << named;
+}
+
+TEST(InProcessComm, MismatchedCollectivesAreNamed) {
+  std::vector<std::string> errors(2);
+  run_in_process_ranks(
+      2,
+      [&](Communicator& c) {
+        std::vector<float> x(4, 1.f);
+        errors[c.rank()] = error_of([&] {
+          if (c.rank() == 0) c.broadcast(f32(x), 0);
+          else c.all_reduce(f32(x), ReduceOp::Sum);
+        });
+      },
+      2s);
+  const std::string all = errors[0] + "\n" + errors[1];
+  EXPECT_NE(all.find("collective mismatch"), std::string::npos) << all;
+  EXPECT_NE(all.find("broadcast(root 0) of 4 f32"), std::string::npos) << all;
+  EXPECT_NE(all.find("all_reduce(sum) of 4 f32"), std::string::npos) << all;
+}
+
+TEST(InProcessComm, SendWithoutRecvTimesOut) {
+  std::string error;
+  run_in_process_ranks(
+      2,
+      [&](Communicator& c) {
+        if (c.rank() == 1) return;
+        std::vector<float> x(4, 1.f);
+        error = error_of([&] { c.send(f32(x), 1); });
+      },
+      200ms);
+  EXPECT_NE(error.find("send of 4 f32 to world rank 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("did not post the matching recv"), std::string::npos) << error;
+}
