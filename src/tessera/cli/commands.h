@@ -6,6 +6,7 @@ namespace tessera::cli {
 int run_train(int argc, char** argv);
 int run_preprocess(int argc, char** argv);
 int run_data(int argc, char** argv);
+int run_launch(int argc, char** argv);
 int run_bench(int argc, char** argv);
 
 }  // namespace tessera::cli

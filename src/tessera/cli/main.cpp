@@ -21,6 +21,7 @@ const Subcommand kSubcommands[] = {
     {"train", tessera::cli::run_train, "GPT pre-training with Megatron-LM's flags"},
     {"preprocess", tessera::cli::run_preprocess, "JSONL/JSON to Megatron's indexed .bin/.idx"},
     {"data", tessera::cli::run_data, "indexed datasets: merge, inspect"},
+    {"launch", tessera::cli::run_launch, "start workers on this node as torchrun does (RANK, WORLD_SIZE, ...)"},
     {"bench", tessera::cli::run_bench, "benchmarks: comm (collectives, nccl-tests style)"},
 };
 
