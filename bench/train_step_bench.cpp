@@ -13,7 +13,7 @@
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
 #include "tessera/train/arguments.h"
-#include "tessera/train/mock_data.h"
+#include "tessera/train/training_data.h"
 #include "tessera/train/trainer.h"
 
 using namespace tessera;
@@ -34,15 +34,15 @@ int main(int argc, char** argv) {
                                      "--micro-batch-size", "4", "--tokenizer-type", "NullTokenizer",
                                      "--vocab-size", "50256"};
   flags.insert(flags.end(), {"--mock-data", "--lr", "1e-4", "--train-iters", "1000", "--hidden-dropout", "0",
-                             "--attention-dropout", "0"});
+                             "--attention-dropout", "0", "--eval-iters", "0"});
   std::vector<char*> args_argv;
   for (auto& f : flags) args_argv.push_back(f.data());
   TrainArgs args = parse_train_args(static_cast<int>(args_argv.size()), args_argv.data());
 
   GPTModel model(args.model, cpu_device(), static_cast<int>(args.micro_batch_size));
   model.init_weights();
-  MockSamples data(args.model.seq_length, args.model.vocab_size, args.model.seed);
-  Trainer trainer(args, model, DataSources{&data}, cpu_device());
+  TrainingData data = build_training_data(args);
+  Trainer trainer(args, model, data.sources(), cpu_device());
   trainer.train_step();  // warm-up: first touch of every buffer, oneDNN kernel selection
   trainer.train_step();
   auto start = std::chrono::steady_clock::now();

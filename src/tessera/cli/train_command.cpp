@@ -10,8 +10,8 @@
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
 #include "tessera/train/arguments.h"
-#include "tessera/train/mock_data.h"
 #include "tessera/train/trainer.h"
+#include "tessera/train/training_data.h"
 
 namespace tessera::cli {
 
@@ -42,8 +42,8 @@ int run_train(int argc, char** argv) {
   print_rank_0(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %lld",
                static_cast<long long>(model.num_parameters()));
 
-  MockSamples data(c.seq_length, c.vocab_size, c.seed);
-  Trainer trainer(args, model, DataSources{&data}, device);
+  TrainingData data = build_training_data(args);
+  Trainer trainer(args, model, data.sources(), device);
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);
   print_rank_0("training ...");

@@ -1,9 +1,5 @@
 #include "tessera/train/arguments.h"
 
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 
@@ -47,7 +43,19 @@ std::vector<OptionDef> train_option_defs() {
       {"--vocab-size", K::Int, nullptr, "Vocabulary size of the NullTokenizer (EOD = this value)"},
       {"--vocab-file", K::String, nullptr, "GPT-2 vocab.json"},
       {"--merge-file", K::String, nullptr, "GPT-2 merges.txt"},
-      {"--mock-data", K::StoreTrue, nullptr, "Train on synthetic documents instead of --data-path"},
+      {"--mock-data", K::StoreTrue, nullptr, "Train on Megatron's synthetic documents instead of --data-path"},
+      {"--data-path", K::List, nullptr, "Dataset prefix, or weight prefix pairs for a blend"},
+      {"--data-args-path", K::String, nullptr, "File holding the --data-path list"},
+      {"--split", K::String, nullptr, "Train/valid/test proportions, e.g. 969,30,1 (the default with --data-path)"},
+      {"--train-data-path", K::List, nullptr, "Training split's prefixes (with optional weights)"},
+      {"--valid-data-path", K::List, nullptr, "Validation split's prefixes (with optional weights)"},
+      {"--test-data-path", K::List, nullptr, "Test split's prefixes (with optional weights)"},
+      {"--per-split-data-args-path", K::String, nullptr, "JSON file with the train/valid/test path lists"},
+      {"--renormalize-blend-weights", K::StoreTrue, nullptr, "Re-derive blend weights from the dataset sizes"},
+      {"--data-cache-path", K::String, nullptr, "Folder of the index caches (default <prefix>/cache/GPTDataset_indices)"},
+      {"--reset-position-ids", K::StoreTrue, nullptr, "Restart position ids after each end-of-document token"},
+      {"--reset-attention-mask", K::StoreTrue, nullptr, "Block-diagonal attention per document (not supported yet)"},
+      {"--eod-mask-loss", K::StoreTrue, nullptr, "No loss for predictions made from an end-of-document token"},
       // Batch and iterations.
       {"--micro-batch-size", K::Int, nullptr, "Samples per micro-batch per data-parallel rank"},
       {"--global-batch-size", K::Int, nullptr, "Samples per iteration; default micro-batch * data-parallel size"},
@@ -122,20 +130,6 @@ float probability(const ParsedOptions& p, const char* flag) {
   return static_cast<float>(v);
 }
 
-int vocab_size_from_vocab_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw usage_error("--vocab-file " + path + " cannot be read", "check the path");
-  nlohmann::json vocab;
-  try {
-    vocab = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    throw usage_error("--vocab-file " + path + " is not valid JSON: " + e.what());
-  }
-  if (!vocab.is_object() || vocab.empty())
-    throw usage_error("--vocab-file " + path + " is not a GPT-2 vocab.json (expected an object of token -> id)");
-  return static_cast<int>(vocab.size());
-}
-
 }  // namespace
 
 bool is_megatron_flag(std::string_view flag) {
@@ -206,26 +200,50 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
                       "use --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
   const int tp = 1, dp = 1;
 
-  // Tokenizer and vocabulary.
+  // Tokenizer and vocabulary (pretrain_gpt's default tokenizer is GPT-2 BPE).
   a.make_vocab_size_divisible_by = static_cast<int>(positive(p, "--make-vocab-size-divisible-by"));
-  a.tokenizer_type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
-  if (a.tokenizer_type == "NullTokenizer") {
-    if (!p.get_opt_int("--vocab-size"))
-      throw usage_error("--tokenizer-type NullTokenizer needs --vocab-size");
-    // Megatron's NullTokenizer: ids 0..N-1 plus EOD = N.
-    m.vocab_size = static_cast<int>(positive(p, "--vocab-size")) + 1;
-  } else if (a.tokenizer_type == "GPT2BPETokenizer") {
-    if (!p.raw("--vocab-file") || !p.raw("--merge-file"))
-      throw usage_error("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
-    m.vocab_size = vocab_size_from_vocab_file(p.get_string("--vocab-file"));
-  } else {
-    throw usage_error("--tokenizer-type " + a.tokenizer_type + " is not supported yet",
+  a.tokenizer.type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
+  a.tokenizer.vocab_file = p.get_string("--vocab-file");
+  a.tokenizer.merge_file = p.get_string("--merge-file");
+  if (p.raw("--vocab-size")) a.tokenizer.vocab_size = positive(p, "--vocab-size");
+  if (a.tokenizer.type == "NullTokenizer" && !a.tokenizer.vocab_size)
+    throw usage_error("--tokenizer-type NullTokenizer needs --vocab-size");
+  if (a.tokenizer.type == "GPT2BPETokenizer" && (a.tokenizer.vocab_file.empty() || a.tokenizer.merge_file.empty()))
+    throw usage_error("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
+  if (a.tokenizer.type != "NullTokenizer" && a.tokenizer.type != "GPT2BPETokenizer")
+    throw usage_error("--tokenizer-type " + a.tokenizer.type + " is not supported yet",
                       "use GPT2BPETokenizer or NullTokenizer");
+  {
+    std::unique_ptr<data::Tokenizer> tokenizer = data::build_tokenizer(a.tokenizer);
+    m.vocab_size = static_cast<int>(tokenizer->vocab_size());
+    a.eod = tokenizer->eod();
   }
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
 
-  a.mock_data = p.get_bool("--mock-data");
-  if (!a.mock_data) throw usage_error("no training data", "pass --mock-data (--data-path is not supported yet)");
+  // Data.
+  data::DataArgs& d = a.data;
+  d.mock_data = p.get_bool("--mock-data");
+  auto list = [&](const char* flag) {
+    return p.given(flag) ? std::optional<std::vector<std::string>>(p.get_list(flag)) : std::nullopt;
+  };
+  auto text = [&](const char* flag) { return p.raw(flag); };
+  d.data_path = list("--data-path");
+  d.data_args_path = text("--data-args-path");
+  d.train_data_path = list("--train-data-path");
+  d.valid_data_path = list("--valid-data-path");
+  d.test_data_path = list("--test-data-path");
+  d.per_split_data_args_path = text("--per-split-data-args-path");
+  d.split = text("--split");
+  d.data_cache_path = text("--data-cache-path");
+  d.renormalize_blend_weights = p.get_bool("--renormalize-blend-weights");
+  d.reset_position_ids = p.get_bool("--reset-position-ids");
+  d.reset_attention_mask = p.get_bool("--reset-attention-mask");
+  d.eod_mask_loss = p.get_bool("--eod-mask-loss");
+  if (d.reset_attention_mask)
+    throw usage_error("--reset-attention-mask is not supported yet",
+                      "the model's attention is plain causal; drop the flag (--reset-position-ids works)");
+  if (!d.mock_data && !d.data_path && !d.data_args_path && !d.train_data_path && !d.per_split_data_args_path)
+    throw usage_error("no training data", "pass --data-path PREFIX (from `tessera preprocess`) or --mock-data");
 
   // Batch.
   a.micro_batch_size = positive(p, "--micro-batch-size");
@@ -239,6 +257,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
   a.log_throughput = p.get_bool("--log-throughput");
   a.eval_interval = static_cast<int>(positive(p, "--eval-interval"));
   a.eval_iters = static_cast<int>(p.get_int("--eval-iters"));
+  d.seed = m.seed;
+  d.seq_length = m.seq_length;
   if (a.eval_iters < 0) throw usage_error("--eval-iters must be >= 0");
 
   // Iterations or samples, and the schedule in samples (megatron.md §7).
@@ -317,7 +337,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
   p.set_derived("--kv-channels", std::to_string(m.kv_channels));
   p.set_derived("--ffn-hidden-size", std::to_string(m.ffn_hidden_size));
   p.set_derived("--global-batch-size", std::to_string(a.global_batch_size));
-  p.set_derived("--tokenizer-type", a.tokenizer_type);
+  p.set_derived("--tokenizer-type", a.tokenizer.type);
   if (parsed_out) *parsed_out = std::move(p);
   return a;
 }

@@ -11,14 +11,17 @@
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/core/options.h"
+#include "tessera/data/dataset_config.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera {
 
 struct TrainArgs {
   GPTConfig model;
   int make_vocab_size_divisible_by = 128;
-  std::string tokenizer_type;
-  bool mock_data = false;
+  data::TokenizerOptions tokenizer;
+  int32_t eod = 0;           // the tokenizer's end-of-document id
+  data::DataArgs data;       // --data-path, --split, --mock-data, masks, cache
 
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;

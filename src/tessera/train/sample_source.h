@@ -4,12 +4,23 @@
 
 #include <cstdint>
 
+#include "tessera/data/gpt_dataset.h"
+
 namespace tessera {
 
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
   virtual void fill(int64_t index, int32_t* tokens) = 0;  // writes seq_length + 1 ids
+};
+
+// The splits to read samples from (valid and test may be absent), and how loss masks and
+// position ids follow from a sample's tokens (megatron.md §4.7).
+struct DataSources {
+  SampleSource* train = nullptr;
+  SampleSource* valid = nullptr;
+  SampleSource* test = nullptr;
+  data::LtorOptions masks;
 };
 
 }  // namespace tessera

@@ -47,6 +47,7 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   batch_ = {tensor_at(batch_slab_, tokens, DType::I32, {B, T}), tensor_at(batch_slab_, positions, DType::I32, {B, T}),
             tensor_at(batch_slab_, labels, DType::I32, {B, T}), tensor_at(batch_slab_, mask, DType::F32, {B, T})};
   layout_ = {B, args.num_microbatches(), 1, 0};
+  masks_ = data.masks;
   TESSERA_CHECK(data.train != nullptr, "no training samples");
   train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_);
   if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, static_cast<int>(T), layout_);
@@ -57,21 +58,18 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   }
 }
 
-// Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], positions 0..T-1, and a
-// loss mask of ones.
+// Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and
+// position ids of megatron.md §4.7.
 void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro) {
   const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
-  int32_t* tokens = batch_.tokens.i32();
-  int32_t* positions = batch_.positions.i32();
-  int32_t* labels = batch_.labels.i32();
-  float* mask = batch_.loss_mask.f32();
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* sample = global_batch.data() + (micro * B + b) * (T + 1);
+    const int32_t* text = global_batch.data() + (micro * B + b) * (T + 1);
+    data::make_ltor_sample({text, static_cast<size_t>(T + 1)}, masks_, sample_);
     for (int64_t t = 0; t < T; ++t) {
-      tokens[b * T + t] = sample[t];
-      labels[b * T + t] = sample[t + 1];
-      positions[b * T + t] = static_cast<int32_t>(t);
-      mask[b * T + t] = 1.0f;
+      batch_.tokens.i32()[b * T + t] = sample_.tokens[t];
+      batch_.labels.i32()[b * T + t] = sample_.labels[t];
+      batch_.positions.i32()[b * T + t] = static_cast<int32_t>(sample_.position_ids[t]);
+      batch_.loss_mask.f32()[b * T + t] = sample_.loss_mask[t];
     }
   }
 }

@@ -23,13 +23,6 @@ struct IterationResult {
   int64_t tokens = 0;      // tokens processed
 };
 
-// The splits to read samples from; valid and test may be absent.
-struct DataSources {
-  SampleSource* train = nullptr;
-  SampleSource* valid = nullptr;
-  SampleSource* test = nullptr;
-};
-
 class Trainer {
  public:
   // The model is initialised (Megatron's init or --init-from-hf) by the caller.
@@ -65,6 +58,8 @@ class Trainer {
   Buffer batch_slab_;
   MicroBatch batch_;
   SamplerLayout layout_;
+  data::LtorOptions masks_;
+  data::LtorSample sample_;  // one sample's tokens, labels, mask and positions
   std::unique_ptr<BatchLoader> train_loader_, valid_loader_, test_loader_;
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;

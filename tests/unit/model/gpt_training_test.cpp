@@ -10,7 +10,7 @@
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
 #include "tessera/train/arguments.h"
-#include "tessera/train/mock_data.h"
+#include "tessera/train/training_data.h"
 #include "tessera/train/trainer.h"
 
 using namespace tessera;
@@ -111,8 +111,8 @@ TEST(GPTTraining, SameSeedSameBits) {
     TrainArgs a = args_from(tiny_flags());  // dropout on (0.1), as by default
     GPTModel model(a.model, cpu_device(), static_cast<int>(a.micro_batch_size));
     model.init_weights();
-    MockSamples data(a.model.seq_length, a.model.vocab_size, a.model.seed);
-    Trainer trainer(a, model, DataSources{&data}, cpu_device());
+    TrainingData data = build_training_data(a);
+    Trainer trainer(a, model, data.sources(), cpu_device());
     for (int i = 0; i < 5; ++i) {
       IterationResult r = trainer.train_step();
       losses.push_back(r.lm_loss);
@@ -136,8 +136,8 @@ TEST(GPTTraining, DropoutIsActiveAndKeyedBySeed) {
     TrainArgs a = args_from(flags);
     GPTModel model(a.model, cpu_device(), static_cast<int>(a.micro_batch_size));
     model.init_weights();
-    MockSamples data(a.model.seq_length, a.model.vocab_size, 1);  // same data whatever the seed
-    Trainer trainer(a, model, DataSources{&data}, cpu_device());
+    TrainingData data = build_training_data(a);
+    Trainer trainer(a, model, data.sources(), cpu_device());
     return trainer.train_step().lm_loss;
   };
   const double no_dropout = first_loss({"--hidden-dropout", "0", "--attention-dropout", "0"});

@@ -1,0 +1,35 @@
+// The training, validation and test samples of a run, from Megatron's GPT datasets
+// (data/gpt_dataset_builder.h): --data-path blends, per-split paths or --mock-data.
+#pragma once
+
+#include <memory>
+
+#include "tessera/data/gpt_dataset_builder.h"
+#include "tessera/train/arguments.h"
+#include "tessera/train/sample_source.h"
+
+namespace tessera {
+
+// A split of a GPT dataset as a SampleSource. Megatron's mock documents hold ids up to
+// 4095; with a smaller vocabulary they are reduced modulo it (EOD is the last id and stays).
+class DatasetSamples final : public SampleSource {
+ public:
+  DatasetSamples(std::shared_ptr<const data::SampleDataset> dataset, int32_t vocab_modulo);
+  void fill(int64_t index, int32_t* tokens) override;
+
+ private:
+  std::shared_ptr<const data::SampleDataset> dataset_;
+  int32_t vocab_modulo_;  // 0: ids are used as they are
+};
+
+struct TrainingData {
+  std::unique_ptr<DatasetSamples> train, valid, test;  // valid/test null where absent
+  data::LtorOptions masks;                             // loss mask and position ids (§4.7)
+  DataSources sources() const { return {train.get(), valid.get(), test.get(), masks}; }
+};
+
+// Builds (or loads from the cache) every split, sized by Megatron's sample counts (§4.1);
+// prints the target sizes on rank 0.
+TrainingData build_training_data(const TrainArgs& args);
+
+}  // namespace tessera
