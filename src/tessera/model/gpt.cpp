@@ -1,5 +1,6 @@
 #include "tessera/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/core/error.h"
@@ -85,7 +86,8 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   acts_slab_ = Buffer(device, act_layout.total_bytes());
   for (Pending& p : pending) *p.t = tensor_at(acts_slab_, p.offset, p.dtype, p.shape);
   // Layer l reads the previous layer's output; layer 0 reads the embedding output.
-  if (config.num_layers > 0) acts_.layers[0].residual_in = acts_.embedded;
+  TESSERA_CHECK(config.num_layers > 0, "a GPT needs at least one layer");
+  acts_.layers[0].residual_in = acts_.embedded;
 }
 
 const Tensor& GPTModel::param(const std::string& name) const {
@@ -162,7 +164,7 @@ ops::Dropout GPTModel::dropout(float p, int site, const StepContext& step) const
 }
 
 double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
-  const int64_t B = micro_batch_, T = config_.seq_length, C = config_.hidden_size;
+  const int64_t B = micro_batch_, T = config_.seq_length;
   TESSERA_CHECK(batch.tokens.numel() == B * T, "micro-batch shape " + shape_str(batch.tokens.shape));
   auto rows = [&](const Tensor& t) { return t.view({B * T, t.numel() / (B * T)}); };
   const Tensor& wte = param("embedding.word_embeddings.weight");
@@ -191,8 +193,7 @@ double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
     ops::dropout_forward(acts_.scratch_C, acts_.scratch_C, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step));
     ops::residual_forward(out, a.residual_mid, acts_.scratch_C);
   }
-  const Tensor& final_in = config_.num_layers > 0 ? acts_.residual_out : acts_.embedded;
-  ops::layernorm_forward(rows(acts_.lnf), acts_.lnf_mean.view({B * T}), acts_.lnf_rstd.view({B * T}), rows(final_in),
+  ops::layernorm_forward(rows(acts_.lnf), acts_.lnf_mean.view({B * T}), acts_.lnf_rstd.view({B * T}), rows(acts_.residual_out),
                          param("decoder.final_layernorm.weight"), param("decoder.final_layernorm.bias"),
                          config_.norm_epsilon);
   ops::linear_forward(rows(acts_.logits), rows(acts_.lnf), output_w, Tensor());
@@ -202,11 +203,22 @@ double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
   const float* mask = batch.loss_mask.f32();
   double sum = 0.0;
   for (int64_t i = 0; i < B * T; ++i) sum += static_cast<double>(loss[i]) * mask[i];
-  (void)C;
   return sum;
 }
 
-void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float loss_weight) {
+std::pair<size_t, size_t> GPTModel::layer_param_range(int layer) const {
+  const std::string prefix = "decoder.layers." + std::to_string(layer) + ".";
+  size_t first = specs_.size(), end = 0;
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name.starts_with(prefix)) first = std::min(first, i), end = std::max(end, i + 1);
+  return {first, end};
+}
+
+void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float loss_weight,
+                        const GradsReady& grads_ready) {
+  auto ready = [&](size_t first, size_t end) {
+    if (grads_ready && first < end) grads_ready(first, end);
+  };
   const int64_t B = micro_batch_, T = config_.seq_length;
   auto rows = [&](const Tensor& t) { return t.view({B * T, t.numel() / (B * T)}); };
   auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
@@ -224,12 +236,13 @@ void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float 
                               batch.labels.view({B * T}));
   zero(acts_.d_ln);
   ops::linear_backward(rows(acts_.d_ln), d_output_w, Tensor(), rows(acts_.d_logits), rows(acts_.lnf), output_w);
-  const Tensor& final_in = config_.num_layers > 0 ? acts_.residual_out : acts_.embedded;
   zero(acts_.d_residual);
   ops::layernorm_backward(rows(acts_.d_residual), grad("decoder.final_layernorm.weight"),
-                          grad("decoder.final_layernorm.bias"), rows(acts_.d_ln), rows(final_in),
+                          grad("decoder.final_layernorm.bias"), rows(acts_.d_ln), rows(acts_.residual_out),
                           param("decoder.final_layernorm.weight"), acts_.lnf_mean.view({B * T}),
                           acts_.lnf_rstd.view({B * T}));
+  // The final LayerNorm (and an untied output layer) follow the last layer's parameters.
+  ready(layer_param_range(config_.num_layers - 1).second, specs_.size());
 
   // d_residual carries dL/d(output of layer l); the identity path of each residual add
   // leaves it in place while the branch gradients are added to it.
@@ -261,11 +274,14 @@ void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float 
     ops::linear_backward(rows(acts_.d_ln), g.qkv_w, g.qkv_b, rows(acts_.d_qkv), rows(a.ln1), w.qkv_w);
     ops::layernorm_backward(rows(acts_.d_residual), g.ln1_w, g.ln1_b, rows(acts_.d_ln), rows(a.residual_in), w.ln1_w,
                             a.ln1_mean.view({B * T}), a.ln1_rstd.view({B * T}));
+    auto [first, end] = layer_param_range(l);
+    ready(first, end);
   }
   zero(acts_.d_C);
   ops::dropout_backward(acts_.d_C, acts_.d_residual, dropout(config_.hidden_dropout, kEmbeddingSite, step));
   ops::embedding_backward(grad("embedding.word_embeddings.weight"), grad("embedding.position_embeddings.weight"),
                           acts_.d_C, batch.tokens, batch.positions);
+  ready(0, layer_param_range(0).first);
 }
 
 }  // namespace tessera

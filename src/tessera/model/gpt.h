@@ -6,6 +6,7 @@
 // F ffn hidden, V padded vocabulary, NH heads.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -55,9 +56,13 @@ class GPTModel {
   // Forward of one micro-batch; returns the sum of masked per-token losses (the caller
   // divides by the mask sum). Activations stay for backward. logits() then holds [B,T,V].
   double forward(const MicroBatch& batch, const StepContext& step);
+  // Called during backward with a range [first, end) of parameter indices whose gradients
+  // this backward will not touch again (data parallelism starts reducing them).
+  using GradsReady = std::function<void(size_t first, size_t end)>;
   // Backward of the micro-batch last forwarded: the gradient of
   // sum(loss * mask) * loss_weight is accumulated into grads().
-  void backward(const MicroBatch& batch, const StepContext& step, float loss_weight);
+  void backward(const MicroBatch& batch, const StepContext& step, float loss_weight,
+                const GradsReady& grads_ready = nullptr);
 
   Tensor logits() const { return acts_.logits; }
 
@@ -89,6 +94,8 @@ class GPTModel {
   };
 
   LayerParams layer_tensors(const std::vector<Tensor>& all, int layer) const;
+  // [first, end) parameter indices of layer l (contiguous in registration order).
+  std::pair<size_t, size_t> layer_param_range(int layer) const;
   ops::Dropout dropout(float p, int site, const StepContext& step) const;
 
   GPTConfig config_;
