@@ -1,14 +1,21 @@
-// `tessera train`: Megatron's pretrain_gpt on one process.
+// `tessera train`: Megatron's pretrain_gpt. One process, or one of many started by
+// `tessera launch`, torchrun or Slurm (launch/worker_env.h says how each is recognised).
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
 #include "tessera/ckpt/hf_gpt2.h"
 #include "tessera/cli/commands.h"
+#include "tessera/comm/backend.h"
+#include "tessera/comm/gloo/gloo_communicator.h"
 #include "tessera/core/log.h"
 #include "tessera/device/device.h"
+#include "tessera/launch/job_store.h"
+#include "tessera/launch/worker_env.h"
 #include "tessera/model/gpt.h"
+#include "tessera/parallel/topology.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/trainer.h"
 #include "tessera/train/training_data.h"
@@ -22,19 +29,41 @@ int run_train(int argc, char** argv) {
       return 0;
     }
   }
+  const launch::WorkerIdentity id = launch::from_environment(argc, argv);
+  set_log_rank(id.rank, id.world_size);
   ParsedOptions parsed;
-  TrainArgs args = parse_train_args(argc, argv, &parsed);
-  train_option_table().print_arguments(parsed);
+  TrainArgs args = parse_train_args(argc, argv, &parsed, id.world_size);  // before any allocation
+  if (id.rank == 0) train_option_table().print_arguments(parsed);
 
   Device& device = cpu_device();
+  const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.type());
+  const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);
+  launch::JobStore job_store;
+  std::unique_ptr<Communicator> world;
+  ParallelGroups groups;
+  if (id.distributed()) {
+    print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
+    job_store = launch::open_job_store(id, timeout);
+    GlooOptions options;
+    options.timeout = timeout;
+    options.master_addr = id.master_addr;
+    options.master_port = id.master_port;
+    options.key_prefix = id.key_prefix;
+    world = create_gloo_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size,
+                                     options);
+    Topology topology(id.world_size, id.rank, 1, 1);
+    topology.check_num_layers(args.model.num_layers);
+    groups = create_parallel_groups(*world, topology);
+    print_rank_0("> %s", topology.describe().c_str());
+  }
+  print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
+
   const GPTConfig& c = args.model;
-  print_rank_0("> distributed backend: gloo (the CPU device's collective library), world size 1");
   print_rank_0(" > padded vocab (size: %d) with %d dummy tokens (new size: %d)", c.vocab_size,
                c.padded_vocab_size - c.vocab_size, c.padded_vocab_size);
-
   GPTModel model(c, device, static_cast<int>(args.micro_batch_size));
   if (args.init_from_hf.empty()) {
-    model.init_weights();
+    model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
   } else {
     model.load_weights(load_hf_gpt2(args.init_from_hf, c));
     print_rank_0(" > initialised from Hugging Face GPT-2 weights in %s", args.init_from_hf.c_str());
@@ -43,7 +72,7 @@ int run_train(int argc, char** argv) {
                static_cast<long long>(model.num_parameters()));
 
   TrainingData data = build_training_data(args);
-  Trainer trainer(args, model, data.sources(), device);
+  Trainer trainer(args, model, data.sources(), device, groups.dp.get());
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);
   print_rank_0("training ...");

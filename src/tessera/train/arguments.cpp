@@ -1,5 +1,7 @@
 #include "tessera/train/arguments.h"
 
+#include <algorithm>
+
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 
@@ -93,6 +95,10 @@ std::vector<OptionDef> train_option_defs() {
       {"--pipeline-model-parallel-size", K::Int, "1", "Pipeline-parallel size"},
       {"--distributed-backend", K::Choice, "nccl", "Collectives: nccl = the device's native library (Gloo on CPU)",
        "nccl|gloo"},
+      {"--distributed-timeout-minutes", K::Int, "10", "Bound on connecting and on every collective"},
+      {"--overlap-grad-reduce", K::StoreTrue, nullptr, "Reduce gradient buckets while backward runs"},
+      {"--ddp-bucket-size", K::Int, nullptr, "Elements per gradient bucket (default max(4e7, 1e6 x DP) with overlap)"},
+      {"--local-rank", K::Int, nullptr, "Set by torch.distributed.launch; tessera reads LOCAL_RANK itself"},
       // Accepted: they only tune speed on other hardware.
       {"--transformer-impl", K::Choice, "transformer_engine", "Layer implementation (tessera is always local)",
        "local|transformer_engine", kSpeed},
@@ -149,7 +155,7 @@ const OptionTable& train_option_table() {
   return table;
 }
 
-TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
+TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int world_size) {
   ParsedOptions p = train_option_table().parse(argc, argv);
   TrainArgs a;
   GPTConfig& m = a.model;
@@ -194,11 +200,19 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out) {
   if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
   m.seed = static_cast<uint32_t>(seed);
 
-  // Parallel layout: one process for now.
+  // Parallel layout: data parallelism over the whole world for now.
   if (p.get_int("--tensor-model-parallel-size") != 1 || p.get_int("--pipeline-model-parallel-size") != 1)
     throw usage_error("tensor and pipeline parallelism are not supported yet",
                       "use --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
-  const int tp = 1, dp = 1;
+  const int tp = 1;
+  const int dp = world_size;
+  a.world_size = world_size;
+  a.data_parallel_size = dp;
+  a.distributed_backend = p.get_string("--distributed-backend");
+  a.distributed_timeout_minutes = static_cast<int>(positive(p, "--distributed-timeout-minutes"));
+  a.overlap_grad_reduce = p.get_bool("--overlap-grad-reduce");
+  a.ddp_bucket_size = p.raw("--ddp-bucket-size") ? positive(p, "--ddp-bucket-size")
+                                                 : std::max<int64_t>(40000000, 1000000LL * dp);
 
   // Tokenizer and vocabulary (pretrain_gpt's default tokenizer is GPT-2 BPE).
   a.make_vocab_size_divisible_by = static_cast<int>(positive(p, "--make-vocab-size-divisible-by"));

@@ -38,7 +38,15 @@ struct TrainArgs {
   std::string init_from_hf;
   std::string log_json;
 
-  int64_t num_microbatches() const { return global_batch_size / micro_batch_size; }
+  // Parallel layout: world = TP x PP x DP.
+  int world_size = 1;
+  int data_parallel_size = 1;
+  int distributed_timeout_minutes = 10;
+  bool overlap_grad_reduce = false;
+  int64_t ddp_bucket_size = 0;  // elements; Megatron's default max(4e7, 1e6 x DP) with overlap
+  std::string distributed_backend;
+
+  int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
 };
 
 // Whether Megatron-LM core_r0.10.0 has this flag (megatron_flags.inc).
@@ -47,6 +55,7 @@ bool is_megatron_flag(std::string_view flag);
 const OptionTable& train_option_table();
 // Parses, fills defaults, derives (padded vocabulary, schedule in samples) and validates.
 // Throws usage errors naming the flag.
-TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out = nullptr);
+// world_size: processes in the job (from the launcher's environment).
+TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out = nullptr, int world_size = 1);
 
 }  // namespace tessera

@@ -33,10 +33,11 @@ std::string timestamp() {
 
 }  // namespace
 
-Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device)
+Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, Communicator* dp)
     : args_(args),
       model_(model),
       device_(device),
+      dp_(dp && dp->size() > 1 ? dp : nullptr),
       optimizer_(std::make_unique<Optimizer>(args.optimizer, optimizer_params(model), device)),
       scheduler_(args.lr_schedule) {
   const int64_t B = args.micro_batch_size, T = args.model.seq_length;
@@ -46,13 +47,20 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   batch_slab_ = Buffer(device, layout.total_bytes());
   batch_ = {tensor_at(batch_slab_, tokens, DType::I32, {B, T}), tensor_at(batch_slab_, positions, DType::I32, {B, T}),
             tensor_at(batch_slab_, labels, DType::I32, {B, T}), tensor_at(batch_slab_, mask, DType::F32, {B, T})};
-  layout_ = {B, args.num_microbatches(), 1, 0};
+  TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_size, "data-parallel group size differs from the args");
+  layout_ = {B, args.num_microbatches(), args.data_parallel_size, dp_ ? dp_->rank() : 0};
+  if (dp_) {
+    // Without overlap Megatron reduces all gradients as one bucket after backward.
+    const int64_t bucket = args.overlap_grad_reduce ? args.ddp_bucket_size : INT64_MAX;
+    grad_buckets_ = std::make_unique<GradBuckets>(model.grads(), *dp_, bucket, args.overlap_grad_reduce);
+    dp_sums_.resize(2 * dp_->size());
+  }
   masks_ = data.masks;
   TESSERA_CHECK(data.train != nullptr, "no training samples");
   train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_);
   if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, static_cast<int>(T), layout_);
   if (data.test) test_loader_ = std::make_unique<BatchLoader>(*data.test, static_cast<int>(T), layout_);
-  if (!args.log_json.empty()) {
+  if (!args.log_json.empty() && log_rank() == log_world_size() - 1) {  // the rank that logs
     log_json_.reset(std::fopen(args.log_json.c_str(), "a"));
     if (!log_json_) throw runtime_error("--log-json " + args.log_json + " cannot be opened for writing");
   }
@@ -89,12 +97,32 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
     for (int64_t i = 0; i < B * T; ++i) micro_mask += batch_.loss_mask.f32()[i];
     // Megatron's default: the gradient of the mean over micro-batches of each
     // micro-batch's token-mean loss.
-    if (training)
-      model_.backward(batch_, step, static_cast<float>(1.0 / (micro_mask * static_cast<double>(num_micro))));
+    if (training) {
+      const float weight = static_cast<float>(1.0 / (micro_mask * static_cast<double>(num_micro)));
+      const bool last = m + 1 == num_micro;
+      if (grad_buckets_ && last)
+        model_.backward(batch_, step, weight, [&](size_t first, size_t end) { grad_buckets_->mark_ready(first, end); });
+      else
+        model_.backward(batch_, step, weight);
+    }
     loss_sum += micro_loss;
     mask_sum += micro_mask;
   }
-  return {loss_sum, mask_sum};
+  if (training && grad_buckets_) grad_buckets_->finish();
+  return sum_over_data_parallel({loss_sum, mask_sum});
+}
+
+std::pair<double, double> Trainer::sum_over_data_parallel(std::pair<double, double> local) {
+  if (!dp_) return local;
+  // Gathered as raw 64-bit patterns and summed in rank order: exact and identical on every
+  // rank, unlike a float all-reduce.
+  const int n = dp_->size();
+  double mine[2] = {local.first, local.second};
+  std::vector<double>& all = dp_sums_;
+  dp_->all_gather(Tensor(all.data(), DType::I64, {2 * n}, &device_), Tensor(mine, DType::I64, {2}, &device_));
+  std::pair<double, double> sum{0.0, 0.0};
+  for (int r = 0; r < n; ++r) sum.first += all[2 * r], sum.second += all[2 * r + 1];
+  return sum;
 }
 
 IterationResult Trainer::train_step() {

@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <memory>
 
+#include "tessera/comm/communicator.h"
 #include "tessera/core/tensor.h"
 #include "tessera/model/gpt.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
+#include "tessera/parallel/data_parallel.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/batch_loader.h"
 #include "tessera/train/sample_source.h"
@@ -25,8 +27,10 @@ struct IterationResult {
 
 class Trainer {
  public:
-  // The model is initialised (Megatron's init or --init-from-hf) by the caller.
-  Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device);
+  // The model is initialised (Megatron's init or --init-from-hf) by the caller. `dp` is the
+  // data-parallel group (null or of size 1 for one replica); every replica must start from
+  // the same weights.
+  Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, Communicator* dp = nullptr);
 
   // One iteration over the next global batch.
   IterationResult train_step();
@@ -47,12 +51,17 @@ class Trainer {
   // Runs forward (and backward when training) over this rank's micro-batches of one global
   // batch; returns the masked loss sum and the mask sum.
   std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training);
+  // Sums (loss, mask) over the data-parallel group, in rank order (the same bits everywhere).
+  std::pair<double, double> sum_over_data_parallel(std::pair<double, double> local);
   void print_evaluation(const std::string& prefix, const char* split);
   void log_line(const IterationResult& last, double loss_sum, int iterations, double elapsed_s, int64_t tokens);
 
   const TrainArgs& args_;
   GPTModel& model_;
   Device& device_;
+  Communicator* dp_;
+  std::unique_ptr<GradBuckets> grad_buckets_;  // with data parallelism
+  std::vector<double> dp_sums_;                 // gathered (loss, mask) per replica
   std::unique_ptr<Optimizer> optimizer_;
   LrScheduler scheduler_;
   Buffer batch_slab_;
