@@ -72,6 +72,16 @@ def test_loopback(tmp):
     return reference
 
 
+def test_datasets_must_agree(tmp):
+    # Rank 1 uses another seed, so its shuffles (and index digests) differ from rank 0's.
+    script = 'exec "$0" train "$@" --seed $((1234 + RANK))'
+    p = subprocess.run([TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(PORT_BASE + 9), "sh", "-c",
+                        script, TESSERA] + TRAIN, capture_output=True, text=True, timeout=120,
+                       env=env_without_launch())
+    assert p.returncode != 0, p.stdout[-2000:]
+    assert "the ranks would train on different samples" in p.stderr and "rank 1 on" in p.stderr, p.stderr[-3000:]
+
+
 def launch_two_hosts(tmp, set_ifname, tag):
     path = os.path.join(tmp, "netns_%s.jsonl" % tag)
     procs = []
@@ -113,6 +123,8 @@ def main():
         t0 = time.monotonic()
         reference = test_loopback(tmp)
         print("ok  loopback DP=2, DP=4 (overlapped buckets)  %.1f s" % (time.monotonic() - t0), flush=True)
+        test_datasets_must_agree(tmp)
+        print("ok  ranks with different samples are refused", flush=True)
         t0 = time.monotonic()
         test_two_hosts(tmp, reference)
         print("ok  two hosts in network namespaces, DP=4      %.1f s" % (time.monotonic() - t0), flush=True)

@@ -72,6 +72,7 @@ int run_train(int argc, char** argv) {
                static_cast<long long>(model.num_parameters()));
 
   TrainingData data = build_training_data(args);
+  if (world) check_datasets_agree(data, *world);
   Trainer trainer(args, model, data.sources(), device, groups.dp.get());
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);

@@ -179,4 +179,11 @@ void BlendedDataset::sample(int64_t index, std::span<int32_t> out) const {
   datasets_[static_cast<size_t>(d)]->sample(s, out);
 }
 
+std::string BlendedDataset::index_digest() const {
+  std::string all = description_hash_;
+  for (const NpyArray* a : {&dataset_index_, &dataset_sample_index_}) all += ":" + sha256_hex(a->bytes());
+  for (const auto& d : datasets_) all += ":" + d->index_digest();
+  return sha256_hex({reinterpret_cast<const unsigned char*>(all.data()), all.size()});
+}
+
 }  // namespace tessera::data

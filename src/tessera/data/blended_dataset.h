@@ -43,6 +43,7 @@ class BlendedDataset final : public SampleDataset {
   bool built_anew() const override { return built_anew_; }
 
   const std::string& description_hash() const { return description_hash_; }
+  std::string index_digest() const override;
   const std::vector<std::shared_ptr<const GPTDataset>>& datasets() const { return datasets_; }
   const NpyArray& dataset_index() const { return dataset_index_; }
   const NpyArray& dataset_sample_index() const { return dataset_sample_index_; }

@@ -389,4 +389,11 @@ void make_ltor_sample(std::span<const int32_t> text, const LtorOptions& o, LtorS
   }
 }
 
+std::string GPTDataset::index_digest() const {
+  // The digests of the three arrays, hashed again: one line per array, in a fixed order.
+  std::string all = description_hash_;
+  for (const NpyArray* a : {&document_index_, &sample_index_, &shuffle_index_}) all += ":" + sha256_hex(a->bytes());
+  return sha256_hex({reinterpret_cast<const unsigned char*>(all.data()), all.size()});
+}
+
 }  // namespace tessera::data

@@ -87,6 +87,9 @@ class SampleDataset {
   virtual const std::string& description() const = 0;
   // Whether this process built (rather than loaded) any of its index arrays.
   virtual bool built_anew() const = 0;
+  // SHA-256 (hex) over the index arrays that decide which tokens sample i holds, so that
+  // processes (nodes with their own caches) can check they read the same samples.
+  virtual std::string index_digest() const = 0;
 };
 
 // ---- index construction (pure functions, megatron.md §4.4-§4.5) ------------------------------
@@ -134,6 +137,7 @@ class GPTDataset final : public SampleDataset {
   bool built_anew() const override { return built_anew_; }
 
   const std::string& description_hash() const { return description_hash_; }
+  std::string index_digest() const override;
   Split split() const { return split_; }
   std::optional<int64_t> num_samples() const { return num_samples_; }
   const EpochPlan& plan() const { return plan_; }

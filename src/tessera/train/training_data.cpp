@@ -1,5 +1,11 @@
 #include "tessera/train/training_data.h"
 
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+
+#include "tessera/core/error.h"
 #include "tessera/core/log.h"
 
 namespace tessera {
@@ -38,6 +44,37 @@ TrainingData build_training_data(const TrainArgs& args) {
   out.masks = data::ltor_options(config);
   if (!out.train) throw usage_error("the training split is empty", "check --split (its first part must be > 0)");
   return out;
+}
+
+void check_datasets_agree(const TrainingData& data, Communicator& world) {
+  // One fixed-size record per rank: the host name, then each split's digest ("-" if absent).
+  constexpr size_t kField = 72;
+  constexpr size_t kRecord = 4 * kField;
+  std::array<char, kRecord> mine{};
+  gethostname(mine.data(), kField - 1);
+  const DatasetSamples* splits[3] = {data.train.get(), data.valid.get(), data.test.get()};
+  for (int s = 0; s < 3; ++s) {
+    const std::string digest = splits[s] ? splits[s]->index_digest() : "-";
+    std::strncpy(mine.data() + (s + 1) * kField, digest.c_str(), kField - 1);
+  }
+  std::vector<char> all(kRecord * world.size());
+  world.all_gather(Tensor(all.data(), DType::U8, {static_cast<int64_t>(all.size())}, nullptr),
+                   Tensor(mine.data(), DType::U8, {static_cast<int64_t>(kRecord)}, nullptr));
+  static const char* const kSplit[3] = {"train", "validation", "test"};
+  std::string mismatches;
+  for (int r = 1; r < world.size(); ++r)
+    for (int s = 0; s < 3; ++s) {
+      const char* ref = all.data() + (s + 1) * kField;
+      const char* other = all.data() + r * kRecord + (s + 1) * kField;
+      if (std::strncmp(ref, other, kField) != 0)
+        mismatches += "\n  rank " + std::to_string(r) + " on " + std::string(all.data() + r * kRecord) + ": " +
+                      kSplit[s] + " index " + std::string(other, 12) + "... vs rank 0 on " + std::string(all.data()) +
+                      ": " + std::string(ref, 12) + "...";
+    }
+  if (!mismatches.empty())
+    throw runtime_error("the ranks would train on different samples:" + mismatches,
+                        "give every node the same .bin/.idx files and flags; delete the nodes' --data-cache-path "
+                        "folders to rebuild the index caches");
 }
 
 }  // namespace tessera

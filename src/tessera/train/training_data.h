@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "tessera/comm/communicator.h"
 #include "tessera/data/gpt_dataset_builder.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/sample_source.h"
@@ -16,6 +17,7 @@ class DatasetSamples final : public SampleSource {
  public:
   DatasetSamples(std::shared_ptr<const data::SampleDataset> dataset, int32_t vocab_modulo);
   void fill(int64_t index, int32_t* tokens) override;
+  std::string index_digest() const { return dataset_->index_digest(); }
 
  private:
   std::shared_ptr<const data::SampleDataset> dataset_;
@@ -31,5 +33,11 @@ struct TrainingData {
 // Builds (or loads from the cache) every split, sized by Megatron's sample counts (§4.1);
 // prints the target sizes on rank 0.
 TrainingData build_training_data(const TrainArgs& args);
+
+// Every process builds or loads its own index arrays (nodes need not share storage); this
+// compares their digests across the world before training and throws an Error naming the
+// ranks and hosts whose samples would differ from rank 0's (a stale or foreign cache, or
+// different data files).
+void check_datasets_agree(const TrainingData& data, Communicator& world);
 
 }  // namespace tessera
