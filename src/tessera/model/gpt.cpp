@@ -233,7 +233,7 @@ void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float 
   for (int64_t i = 0; i < B * T; ++i) dl[i] = mask[i] * loss_weight;
   zero(acts_.d_logits);
   ops::cross_entropy_backward(rows(acts_.d_logits), acts_.d_losses.view({B * T}), rows(acts_.logits),
-                              batch.labels.view({B * T}));
+                              batch.labels.view({B * T}), acts_.losses.view({B * T}));
   zero(acts_.d_ln);
   ops::linear_backward(rows(acts_.d_ln), d_output_w, Tensor(), rows(acts_.d_logits), rows(acts_.lnf), output_w);
   zero(acts_.d_residual);

@@ -27,23 +27,23 @@ double Optimizer::grad_norm() const {
   return std::sqrt(sum);
 }
 
-void Optimizer::clip_grads(double norm) {
-  if (config_.clip_grad <= 0.0f) return;
+double Optimizer::clip_coefficient(double norm) const {
+  if (config_.clip_grad <= 0.0f) return 1.0;
   const double coeff = config_.clip_grad / (norm + 1e-6);
-  if (!(coeff < 1.0)) return;
-  for (const OptimizerParam& p : params_) ops::scale_inplace(p.grad, static_cast<float>(coeff));
+  return coeff < 1.0 ? coeff : 1.0;
 }
 
-void Optimizer::step(double lr, double weight_decay) {
+void Optimizer::step(double lr, double weight_decay, double grad_scale) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     const OptimizerParam& p = params_[i];
     const float wd = p.weight_decay ? static_cast<float>(weight_decay) : 0.0f;
     if (config_.kind == OptimizerKind::Adam)
       ops::adamw_update(p.param, p.grad, exp_avg_[i], exp_avg_sq_[i], static_cast<float>(lr), config_.adam_beta1,
-                        config_.adam_beta2, config_.adam_eps, wd, step_);
+                        config_.adam_beta2, config_.adam_eps, wd, step_, static_cast<float>(grad_scale));
     else
-      ops::sgd_update(p.param, p.grad, exp_avg_[i], static_cast<float>(lr), config_.sgd_momentum, wd, step_);
+      ops::sgd_update(p.param, p.grad, exp_avg_[i], static_cast<float>(lr), config_.sgd_momentum, wd, step_,
+                      static_cast<float>(grad_scale));
   }
 }
 

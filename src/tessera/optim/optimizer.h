@@ -33,10 +33,12 @@ class Optimizer {
 
   // Global L2 norm of all gradients (each parameter once).
   double grad_norm() const;
-  // Scales every gradient by clip/(norm + 1e-6) when that is < 1 (megatron.md §9).
-  void clip_grads(double norm);
-  // One update with the scheduler's learning rate and weight decay.
-  void step(double lr, double weight_decay);
+  // Megatron's clipping coefficient (megatron.md §9): clip/(norm + 1e-6) when that is < 1,
+  // else 1 (and always 1 with --clip-grad 0).
+  double clip_coefficient(double norm) const;
+  // One update with the scheduler's learning rate and weight decay, reading every gradient
+  // multiplied by grad_scale (the clipping coefficient; the gradients stay as they are).
+  void step(double lr, double weight_decay, double grad_scale = 1.0);
   int64_t steps_taken() const { return step_; }
   const std::vector<OptimizerParam>& params() const { return params_; }
 

@@ -138,8 +138,7 @@ IterationResult Trainer::train_step() {
     throw runtime_error("non-finite " + std::string(std::isfinite(r.lm_loss) ? "gradient norm" : "loss") +
                             " at iteration " + std::to_string(iteration_) + " on rank 0",
                         "lower --lr or check the data");
-  optimizer_->clip_grads(r.grad_norm);
-  optimizer_->step(r.lr, scheduler_.weight_decay());
+  optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm));
   scheduler_.step(args_.global_batch_size);
   consumed_samples_ += args_.global_batch_size;
   return r;
