@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "tessera/core/error.h"
+#include "tessera/core/python_format.h"
 
 namespace tessera {
 namespace {
@@ -22,24 +23,6 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
-}
-
-// Python's repr of a float: the shortest digits that round-trip, with ".0" or an exponent.
-std::string python_float(double v) {
-  char buf[64];
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
-  auto e = s.find('e');
-  if (e != std::string::npos) {
-    // C prints 1e-08 already; Python prints 1e+16 as 1e+16 too.
-    return s;
-  }
-  if (s.find('.') == std::string::npos && s.find("inf") == std::string::npos && s.find("nan") == std::string::npos)
-    s += ".0";
-  return s;
 }
 
 void check_number(const OptionDef& d, const std::string& v) {
@@ -229,7 +212,7 @@ void OptionTable::print_arguments(const ParsedOptions& parsed) const {
     } else {
       auto raw = parsed.raw(d.flag);
       if (!raw) value = "None";
-      else if (d.kind == OptKind::Float) value = python_float(std::strtod(raw->c_str(), nullptr));
+      else if (d.kind == OptKind::Float) value = python_float_repr(std::strtod(raw->c_str(), nullptr));
       else value = *raw;
     }
     rows.emplace_back(option_dest(d), value);

@@ -1,5 +1,7 @@
 #include "tessera/data/dataset_config.h"
 
+#include "tessera/core/python_format.h"
+
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -32,38 +34,7 @@ const char* split_name(Split split) {
 std::string json_float_repr(double value) {
   if (std::isnan(value)) return "NaN";  // json.dumps spelling; repr() would say "nan"
   if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
-  std::string sci(buf, res.ptr);
-  // sci = [-]d[.ddd]e(+|-)XX
-  bool negative = sci[0] == '-';
-  if (negative) sci.erase(0, 1);
-  size_t e = sci.find('e');
-  std::string mantissa = sci.substr(0, e);
-  int exp10 = std::stoi(sci.substr(e + 1));
-  std::string digits;
-  for (char c : mantissa)
-    if (c != '.') digits += c;
-  if (value == 0.0) {
-    digits = "0";
-    exp10 = 0;
-  }
-  int decpt = exp10 + 1;  // value = 0.d1d2... * 10^decpt
-  std::string out = negative ? "-" : "";
-  if (decpt <= -4 || decpt > 16) {
-    out += digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
-    char eb[16];
-    std::snprintf(eb, sizeof(eb), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
-    out += eb;
-  } else if (decpt <= 0) {
-    out += "0." + std::string(static_cast<size_t>(-decpt), '0') + digits;
-  } else if (static_cast<size_t>(decpt) >= digits.size()) {
-    out += digits + std::string(static_cast<size_t>(decpt) - digits.size(), '0') + ".0";
-  } else {
-    out += digits.substr(0, static_cast<size_t>(decpt)) + "." + digits.substr(static_cast<size_t>(decpt));
-  }
-  return out;
+  return python_float_repr(value);
 }
 
 int64_t python_round(double value) { return static_cast<int64_t>(std::nearbyint(value)); }

@@ -62,7 +62,4 @@ PreprocessResult preprocess(const PreprocessOptions& options);
 // expanded as globs (sorted). No match is an Error.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
 
-// Python's repr() of a float (shortest round trip; fixed for exponents in [-4, 16)).
-std::string python_float_repr(double x);
-
 }  // namespace tessera::data

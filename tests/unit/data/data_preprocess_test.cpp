@@ -1,6 +1,8 @@
 // Preprocess internals: Python's float repr (Megatron's progress lines), --text-template,
 // the record reader across every buffer boundary (JSONL and JSON arrays), and in-process runs.
 #include <gtest/gtest.h>
+
+#include "tessera/core/python_format.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -65,19 +67,19 @@ FILE* devnull() {
 }  // namespace
 
 TEST(DataPreprocessFormat, PythonFloatRepr) {
-  EXPECT_EQ(td::python_float_repr(0.0), "0.0");
-  EXPECT_EQ(td::python_float_repr(1.0), "1.0");
-  EXPECT_EQ(td::python_float_repr(1234.5678912), "1234.5678912");
-  EXPECT_EQ(td::python_float_repr(0.1), "0.1");
-  EXPECT_EQ(td::python_float_repr(1e16), "1e+16");
-  EXPECT_EQ(td::python_float_repr(1.5e16), "1.5e+16");
-  EXPECT_EQ(td::python_float_repr(123456789012345.6), "123456789012345.6");
-  EXPECT_EQ(td::python_float_repr(0.0001), "0.0001");
-  EXPECT_EQ(td::python_float_repr(0.00001), "1e-05");
-  EXPECT_EQ(td::python_float_repr(2.5e-7), "2.5e-07");
-  EXPECT_EQ(td::python_float_repr(-3.25), "-3.25");
-  EXPECT_EQ(td::python_float_repr(1.0 / 3.0), "0.3333333333333333");
-  EXPECT_EQ(td::python_float_repr(52044.52392), "52044.52392");
+  EXPECT_EQ(tessera::python_float_repr(0.0), "0.0");
+  EXPECT_EQ(tessera::python_float_repr(1.0), "1.0");
+  EXPECT_EQ(tessera::python_float_repr(1234.5678912), "1234.5678912");
+  EXPECT_EQ(tessera::python_float_repr(0.1), "0.1");
+  EXPECT_EQ(tessera::python_float_repr(1e16), "1e+16");
+  EXPECT_EQ(tessera::python_float_repr(1.5e16), "1.5e+16");
+  EXPECT_EQ(tessera::python_float_repr(123456789012345.6), "123456789012345.6");
+  EXPECT_EQ(tessera::python_float_repr(0.0001), "0.0001");
+  EXPECT_EQ(tessera::python_float_repr(0.00001), "1e-05");
+  EXPECT_EQ(tessera::python_float_repr(2.5e-7), "2.5e-07");
+  EXPECT_EQ(tessera::python_float_repr(-3.25), "-3.25");
+  EXPECT_EQ(tessera::python_float_repr(1.0 / 3.0), "0.3333333333333333");
+  EXPECT_EQ(tessera::python_float_repr(52044.52392), "52044.52392");
 }
 
 TEST(DataPreprocessFormat, TextTemplate) {
