@@ -8,5 +8,6 @@ int run_preprocess(int argc, char** argv);
 int run_data(int argc, char** argv);
 int run_launch(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_doctor(int argc, char** argv);
 
 }  // namespace tessera::cli

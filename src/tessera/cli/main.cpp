@@ -22,6 +22,7 @@ const Subcommand kSubcommands[] = {
     {"preprocess", tessera::cli::run_preprocess, "JSONL/JSON to Megatron's indexed .bin/.idx"},
     {"data", tessera::cli::run_data, "indexed datasets: merge, inspect"},
     {"launch", tessera::cli::run_launch, "start workers on this node as torchrun does (RANK, WORLD_SIZE, ...)"},
+    {"doctor", tessera::cli::run_doctor, "pre-flight checks of a training job on every rank (train's flags)"},
     {"bench", tessera::cli::run_bench, "benchmarks: comm (collectives, nccl-tests style)"},
 };
 

@@ -1,0 +1,526 @@
+// `tessera doctor`'s flow: local checks on every rank, then (under a launcher) the world
+// communicator's checks, the rows gathered to rank 0, merged and printed.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "tessera/comm/gloo/gloo_communicator.h"
+#include "tessera/core/error.h"
+#include "tessera/data/dataset_config.h"
+#include "tessera/doctor/doctor.h"
+#include "tessera/launch/job_store.h"
+#include "tessera/launch/worker_env.h"
+#include "tessera/parallel/topology.h"
+#include "tessera/train/arguments.h"
+
+namespace tessera::doctor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string this_host() {
+  char h[256] = {0};
+  gethostname(h, sizeof h - 1);
+  return h;
+}
+
+std::string size_text(int64_t bytes) {
+  if (bytes >= (1 << 20)) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= (1 << 10)) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+// A fixed amount of arithmetic and memory traffic; its time tells a slow rank from the others.
+double local_speed_seconds() {
+  std::vector<float> x(1 << 22, 1.0f);
+  const auto t0 = Clock::now();
+  for (int pass = 0; pass < 8; ++pass)
+    for (float& v : x) v = v * 0.999f + 0.001f;
+  volatile float sink = x[x.size() / 2];
+  (void)sink;
+  return seconds_since(t0);
+}
+
+struct RankInfo {
+  uint64_t build_hash = 0;
+  double speed_seconds = 0;
+  int32_t node_rank = 0;
+  int32_t rank = 0;
+  char host[64] = {0};
+};
+
+Tensor host_tensor(void* p, DType t, int64_t n) { return Tensor(p, t, Shape{n}, nullptr); }
+
+template <class T>
+std::vector<T> all_gather_pod(Communicator& world, const T& mine) {
+  std::vector<T> all(world.size());
+  T copy = mine;
+  world.all_gather(host_tensor(all.data(), DType::U8, static_cast<int64_t>(sizeof(T)) * world.size()),
+                   host_tensor(&copy, DType::U8, sizeof(T)));
+  return all;
+}
+
+std::vector<std::string> all_gather_text(Communicator& world, const std::string& mine) {
+  const int n = world.size();
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(n);
+  world.all_gather(host_tensor(lens.data(), DType::I64, n), host_tensor(&len, DType::I64, 1));
+  const int64_t max_len = std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end()));
+  std::string padded = mine;
+  padded.resize(max_len, '\0');
+  std::string all(max_len * n, '\0');
+  world.all_gather(host_tensor(all.data(), DType::U8, max_len * n), host_tensor(padded.data(), DType::U8, max_len));
+  std::vector<std::string> out(n);
+  for (int r = 0; r < n; ++r) out[r] = all.substr(r * max_len, lens[r]);
+  return out;
+}
+
+std::string rank_name(int r, const std::vector<RankInfo>& info) {
+  return "rank " + std::to_string(r) + " (" + std::string(info[r].host) + ")";
+}
+
+// Collectives and links. Every rank calls it; rows meant for the whole world are filled on rank 0.
+void world_checks(Communicator& world, const DoctorOptions& opt, const RankInfo& mine, std::vector<Row>& world_rows,
+                  std::vector<Row>& local_rows, std::vector<RankInfo>& info) {
+  const int n = world.size(), me = world.rank();
+  info = all_gather_pod(world, mine);
+
+  // Build hash: every rank against rank 0.
+  {
+    std::vector<int> differ;
+    for (int r = 1; r < n; ++r)
+      if (info[r].build_hash != info[0].build_hash) differ.push_back(r);
+    Row row{"build: same binary", Status::Pass, "all " + std::to_string(n) + " ranks run the same tessera binary", "",
+            "world"};
+    if (!differ.empty()) {
+      row.status = Status::Fail;
+      row.detail = "";
+      for (int r : differ) row.detail += (row.detail.empty() ? "" : ", ") + rank_name(r, info);
+      row.detail += " run a different binary than " + rank_name(0, info);
+      row.fix = "install the same tessera build on every node (same commit, same compiler and libraries)";
+    }
+    world_rows.push_back(row);
+  }
+
+  // All-reduce: exact-sum inputs ((rank + 1) * (i % 7 + 1): small integers, exact in f32).
+  std::string busbw;
+  int64_t wrong = 0;
+  double slowest_call = 0;
+  for (int64_t bytes : {int64_t{4} << 10, int64_t{256} << 10, int64_t{4} << 20}) {
+    const int64_t count = bytes / 4;
+    std::vector<float> buf(count);
+    const int iters = bytes >= (1 << 20) ? 3 : 5;
+    double best = 1e30;
+    for (int it = 0; it < iters + 1; ++it) {
+      for (int64_t i = 0; i < count; ++i) buf[i] = static_cast<float>((me + 1) * (i % 7 + 1));
+      world.barrier();
+      const auto t0 = Clock::now();
+      world.all_reduce(host_tensor(buf.data(), DType::F32, count), ReduceOp::Sum);
+      const double t = seconds_since(t0);
+      if (it > 0) best = std::min(best, t);  // the first call is warm-up
+      const float sum_ranks = static_cast<float>(n * (n + 1) / 2);
+      for (int64_t i = 0; i < count; ++i)
+        if (buf[i] != sum_ranks * static_cast<float>(i % 7 + 1)) ++wrong;
+    }
+    float t = static_cast<float>(best);
+    world.all_reduce(host_tensor(&t, DType::F32, 1), ReduceOp::Max);
+    slowest_call = std::max(slowest_call, static_cast<double>(t));
+    char b[96];
+    std::snprintf(b, sizeof b, "%s%s %.3f GB/s", busbw.empty() ? "" : ", ", size_text(bytes).c_str(),
+                  bytes / static_cast<double>(t) * 2.0 * (n - 1) / n / 1e9);
+    busbw += b;
+  }
+  world.all_reduce(host_tensor(&wrong, DType::I64, 1), ReduceOp::Sum);
+  world_rows.push_back({"collectives: all_reduce", wrong ? Status::Fail : Status::Pass,
+                        wrong ? std::to_string(wrong) + " elements differ from the exact sum"
+                              : "sum over " + std::to_string(n) + " ranks bit-exact at 4 KiB, 256 KiB, 4 MiB",
+                        wrong ? "a rank computes or transports wrongly: run `tessera bench comm -c 1` under the "
+                                "launcher and compare hosts"
+                              : "",
+                        "world"});
+  world_rows.push_back({"collectives: busbw", Status::Info, "all_reduce busbw " + busbw, "", "world"});
+
+  // p2p: a ring, even ranks send first (send waits for the matching recv).
+  {
+    const int64_t count = 1 << 18;
+    std::vector<int32_t> out(count), in(count, -1);
+    for (int64_t i = 0; i < count; ++i) out[i] = me * 1000003 + static_cast<int32_t>(i);
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    auto send = [&] { world.send(host_tensor(out.data(), DType::I32, count), next); };
+    auto recv = [&] { world.recv(host_tensor(in.data(), DType::I32, count), prev); };
+    if (me % 2 == 0) {
+      send();
+      recv();
+    } else {
+      recv();
+      send();
+    }
+    int64_t bad = 0;
+    for (int64_t i = 0; i < count; ++i)
+      if (in[i] != prev * 1000003 + static_cast<int32_t>(i)) ++bad;
+    world.all_reduce(host_tensor(&bad, DType::I64, 1), ReduceOp::Sum);
+    world_rows.push_back({"collectives: p2p", bad ? Status::Fail : Status::Pass,
+                          bad ? std::to_string(bad) + " elements wrong in a send/recv ring"
+                              : "send/recv ring over " + std::to_string(n) + " ranks bit-exact (1 MiB each)",
+                          bad ? "check the links between the ranks named by `network: links`" : "", "world"});
+  }
+
+  // Link bandwidth: one rank per node, every pair (a single node: ranks 0 and 1).
+  {
+    std::vector<int> leaders;
+    std::map<int, int> first_of_node;
+    for (int r = 0; r < n; ++r)
+      if (!first_of_node.count(info[r].node_rank)) first_of_node[info[r].node_rank] = r;
+    for (auto& [node, r] : first_of_node) leaders.push_back(r);
+    if (leaders.size() < 2) leaders = {0, 1};
+    std::vector<std::pair<int, int>> pairs;
+    for (size_t i = 0; i < leaders.size(); ++i)
+      for (size_t j = i + 1; j < leaders.size(); ++j) pairs.push_back({leaders[i], leaders[j]});
+    const int64_t bytes = opt.bandwidth_bytes;
+    std::vector<uint8_t> buf(bytes, 1);
+    std::vector<float> gbps(pairs.size(), 0.0f);
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      auto [a, b] = pairs[k];
+      if (me != a && me != b) continue;
+      Tensor t = host_tensor(buf.data(), DType::U8, bytes);
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = Clock::now();
+        if (me == a) {
+          world.send(t, b);
+          world.recv(t, b);
+        } else {
+          world.recv(t, a);
+          world.send(t, a);
+        }
+        best = std::min(best, seconds_since(t0));
+      }
+      if (me == a) gbps[k] = static_cast<float>(2.0 * bytes / best / 1e9);
+    }
+    if (!pairs.empty()) world.all_reduce(host_tensor(gbps.data(), DType::F32, static_cast<int64_t>(gbps.size())), ReduceOp::Sum);
+    if (!pairs.empty()) {
+      size_t lo = 0, hi = 0;
+      for (size_t k = 0; k < pairs.size(); ++k) {
+        if (gbps[k] < gbps[lo]) lo = k;
+        if (gbps[k] > gbps[hi]) hi = k;
+      }
+      char b[400];
+      std::snprintf(b, sizeof b, "%zu link%s probed with %s messages; slowest %s <-> %s %.3f GB/s", pairs.size(),
+                    pairs.size() > 1 ? "s" : "", size_text(bytes).c_str(), rank_name(pairs[lo].first, info).c_str(),
+                    rank_name(pairs[lo].second, info).c_str(), gbps[lo]);
+      Row row{"network: links", Status::Pass, b, "", "world"};
+      if (pairs.size() > 1) {
+        char f[120];
+        std::snprintf(f, sizeof f, "; fastest %.3f GB/s", gbps[hi]);
+        row.detail += f;
+        if (gbps[lo] * 3 < gbps[hi]) {
+          row.status = Status::Warn;
+          row.fix = "the link " + rank_name(pairs[lo].first, info) + " <-> " + rank_name(pairs[lo].second, info) +
+                    " is much slower than the others: check its NIC, cabling and GLOO_SOCKET_IFNAME";
+        }
+      }
+      world_rows.push_back(row);
+    }
+  }
+
+  // A rank much slower than the others at the same local work.
+  {
+    std::vector<double> t;
+    for (const RankInfo& r : info) t.push_back(r.speed_seconds);
+    std::vector<double> sorted = t;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    std::string slow;
+    for (int r = 0; r < n; ++r)
+      if (t[r] > 2.0 * median && t[r] - median > 0.02) {
+        char b[120];
+        std::snprintf(b, sizeof b, " %.0f ms", t[r] * 1e3);
+        slow += (slow.empty() ? "" : ", ") + rank_name(r, info) + b;
+      }
+    char b[160];
+    std::snprintf(b, sizeof b, "local work: median %.0f ms, slowest %.0f ms; slowest all_reduce call %.2f ms",
+                  median * 1e3, sorted.back() * 1e3, slowest_call * 1e3);
+    Row row{"collectives: rank speed", Status::Pass, b, "", "world"};
+    if (!slow.empty()) {
+      row.status = Status::Warn;
+      row.detail = "slower than twice the median (" + std::to_string(static_cast<int>(median * 1e3)) + " ms): " + slow;
+      row.fix = "check that rank's host for other load, CPU frequency limits and OMP_NUM_THREADS";
+    }
+    world_rows.push_back(row);
+  }
+  (void)local_rows;
+}
+
+int category_rank(const std::string& check) {
+  static const char* order[] = {"devices", "build", "environment", "network", "collectives",
+                                "data",    "checkpoints", "disk", "config"};
+  const std::string cat = check.substr(0, check.find(':'));
+  for (int i = 0; i < 9; ++i)
+    if (cat == order[i]) return i;
+  return 9;
+}
+
+void print_help() {
+  std::printf(
+      "usage: tessera doctor [--json] [--min-free-disk-gb X] [--doctor-timeout S] [--bandwidth-mb N] "
+      "<tessera train flags>\n\n"
+      "Runs the pre-flight checks for the job that `tessera train` with the same flags would run: devices and build,\n"
+      "environment and interfaces, the store and the links between nodes, collectives, data, disk, config and\n"
+      "memory. Alone on one node, or under `tessera launch` on every rank (rank 0 prints). Exits 1 on any FAIL.\n\n"
+      "  --json               a JSON document instead of the table\n"
+      "  --min-free-disk-gb   free space required in the cache folder, the current folder and --save (default 1)\n"
+      "  --doctor-timeout     seconds to reach the store and for every collective (default 60)\n"
+      "  --bandwidth-mb       MiB per link-probe message (default 8)\n\n"
+      "`tessera train --help` lists the train flags.\n");
+}
+
+}  // namespace
+
+DoctorOptions parse_doctor_options(int argc, char** argv) {
+  DoctorOptions o;
+  auto number = [&](int& i, const std::string& flag) {
+    if (i + 1 >= argc) throw usage_error(flag + " needs a value");
+    char* end = nullptr;
+    const double v = std::strtod(argv[++i], &end);
+    if (!end || *end || !(v >= 0) || !std::isfinite(v))
+      throw usage_error(flag + " takes a non-negative number, got '" + std::string(argv[i]) + "'");
+    return v;
+  };
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--min-free-disk-gb") {
+      o.min_free_disk_gb = number(i, a);
+    } else if (a == "--doctor-timeout") {
+      o.timeout_seconds = std::max(0.5, number(i, a));
+    } else if (a == "--bandwidth-mb") {
+      o.bandwidth_bytes = std::max<int64_t>(1, static_cast<int64_t>(number(i, a) * (1 << 20)));
+    } else if (a == "--save" || a == "--load") {
+      o.removed_checkpoint_flags.push_back(a);
+      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
+        (a == "--save" ? o.save : o.load) = argv[++i];
+        o.removed_checkpoint_flags.push_back(argv[i]);
+      } else {
+        (a == "--save" ? o.save : o.load) = "";
+      }
+    } else {
+      o.train_args.push_back(a);
+    }
+  }
+  return o;
+}
+
+int run_doctor(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      print_help();
+      return 0;
+    }
+  }
+  const DoctorOptions opt = parse_doctor_options(argc, argv);
+  std::vector<Row> rows;
+  const std::string host = this_host();
+
+  // Who am I.
+  launch::WorkerIdentity id;
+  try {
+    id = launch::from_environment(argc, argv);
+    rows.push_back({"environment: launcher", Status::Pass,
+                    id.distributed() ? id.describe() : "a single process (no launcher variables)", "", ""});
+    if (id.distributed() && (id.master_addr.empty() || id.master_port <= 0))
+      rows.back() = {"environment: launcher", Status::Fail, "MASTER_ADDR/MASTER_PORT not set for world size " +
+                     std::to_string(id.world_size), "export MASTER_ADDR=<node 0 IP> MASTER_PORT=<free port>", ""};
+  } catch (const Error& e) {
+    rows.push_back({"environment: launcher", Status::Fail, e.what(),
+                    e.hint().empty() ? "start the job with `tessera launch` or set RANK, WORLD_SIZE, MASTER_ADDR, "
+                                       "MASTER_PORT consistently"
+                                     : e.hint(),
+                    ""});
+    id = launch::WorkerIdentity{};
+  }
+  RankInfo mine;
+  mine.build_hash = file_hash("/proc/self/exe");
+  mine.rank = id.rank;
+  mine.node_rank = id.node_rank;
+  std::strncpy(mine.host, host.c_str(), sizeof mine.host - 1);
+  for (Row& r : check_devices_and_build(mine.build_hash)) rows.push_back(r);
+
+  const char* gloo_if = std::getenv("GLOO_SOCKET_IFNAME");
+  const char* nccl_if = std::getenv("NCCL_SOCKET_IFNAME");
+  bool interface_ok = true;
+  if (id.distributed() || (gloo_if && *gloo_if) || nccl_if) {
+    for (Row& r : check_interfaces(gloo_if ? gloo_if : "", nccl_if ? std::optional<std::string>(nccl_if) : std::nullopt,
+                                   id.master_addr, id.master_port, std::max(1, id.num_nodes))) {
+      if (r.check == "environment: interface" && r.status == Status::Fail) interface_ok = false;
+      rows.push_back(r);
+    }
+  }
+
+  // The train flags: the table alone (enough for the data checks), then train's whole parse.
+  std::vector<char*> targv;
+  for (const std::string& s : opt.train_args) targv.push_back(const_cast<char*>(s.c_str()));
+  const int targc = static_cast<int>(targv.size());
+  std::optional<ParsedOptions> table;
+  std::optional<TrainArgs> args;
+  try {
+    table = train_option_table().parse(targc, targv.data());
+  } catch (const Error&) {
+  }
+  try {
+    ParsedOptions parsed;
+    args = parse_train_args(targc, targv.data(), &parsed, id.world_size);
+    rows.push_back({"config: flags", Status::Pass, "valid for `tessera train` at world size " + std::to_string(id.world_size), "", ""});
+  } catch (const Error& e) {
+    rows.push_back({"config: flags", Status::Fail, e.what(),
+                    e.hint().empty() ? "fix the flag named (`tessera train --help` lists them)" : e.hint(), ""});
+  }
+  if (table) {
+    try {
+      Topology topology(id.world_size, id.rank, static_cast<int>(table->get_int("--tensor-model-parallel-size")),
+                        static_cast<int>(table->get_int("--pipeline-model-parallel-size")));
+      if (auto layers = table->get_opt_int("--num-layers")) topology.check_num_layers(static_cast<int>(*layers));
+      const std::string d = topology.describe();  // rank-independent part only, so ranks merge
+      rows.push_back({"config: layout", Status::Pass, d.substr(0, d.find(';')), "", ""});
+    } catch (const Error& e) {
+      rows.push_back({"config: layout", Status::Fail, e.what(), e.hint(), ""});
+    }
+  }
+  if (args) {
+    rows.push_back(check_memory(estimate_gpt_memory(args->model, static_cast<int>(args->micro_batch_size)),
+                                std::max(1, id.local_world_size), cpu_device().memory_info(), available_memory_bytes(),
+                                static_cast<int>(args->micro_batch_size), args->model.num_layers,
+                                args->model.hidden_size));
+  } else {
+    rows.push_back({"config: memory", Status::Warn, "not estimated: the flags did not parse",
+                    "fix the flags (config: flags) and run again", ""});
+  }
+
+  // Data, tokenizer, cache folder, disk.
+  const uint64_t min_free = static_cast<uint64_t>(opt.min_free_disk_gb * 1e9);
+  std::string cache_dir;
+  if (table) {
+    try {
+      DataPlan plan = data_plan(*table);
+      cache_dir = plan.cache_dir;
+      for (Row& r : check_data(*table, plan)) rows.push_back(r);
+    } catch (const Error& e) {
+      rows.push_back({"data: prefixes", Status::Fail, e.what(), e.hint(), ""});
+    }
+    rows.push_back(check_tokenizer(*table));
+  } else {
+    rows.push_back({"data: prefixes", Status::Warn, "not checked: the flags did not parse",
+                    "fix the flags (config: flags) and run again", ""});
+  }
+  if (opt.save || opt.load) {
+    std::string given;
+    for (const std::string& s : opt.removed_checkpoint_flags) given += (given.empty() ? "" : " ") + s;
+    rows.push_back({"checkpoints", Status::Warn, "not checked yet: " + given +
+                    " given, but tessera train does not support checkpoints yet (it rejects --save/--load)",
+                    "drop --save/--load until checkpoint support lands", ""});
+  } else {
+    rows.push_back({"checkpoints", Status::Info, "not checked yet (no checkpoint support)", "", ""});
+  }
+  if (!cache_dir.empty()) {
+    uint64_t need = min_free;
+    if (args) {  // the index arrays of the three splits: ~20 bytes per sample, when not built yet
+      const data::SplitSizes sizes = data::requested_sample_counts(
+          args->train_iters, args->train_samples, args->global_batch_size, args->eval_interval, args->eval_iters);
+      for (const auto& s : sizes) need += s ? static_cast<uint64_t>(*s) * 20 : 0;
+    }
+    rows.push_back(check_disk("disk: cache folder", cache_dir, need));
+  }
+  rows.push_back(check_disk("disk: current folder", ".", min_free));
+  if (opt.save && !opt.save->empty()) rows.push_back(check_disk("disk: --save", *opt.save, min_free));
+
+  // The job: store, communicator, collectives, links.
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opt.timeout_seconds * 1000));
+  std::unique_ptr<Communicator> world;
+  launch::JobStore job_store;
+  std::vector<Row> world_rows;
+  std::vector<RankInfo> info;
+  if (id.distributed()) {
+    bool store_ok = true;
+    if (!id.serve_store) {
+      Row probe = probe_tcp("network: store", id.store_host, id.store_port, opt.timeout_seconds);
+      store_ok = probe.status != Status::Fail;
+      rows.push_back(probe);
+    }
+    if (store_ok && interface_ok) {
+      try {
+        job_store = launch::open_job_store(id, timeout);
+        if (id.serve_store)
+          rows.push_back({"network: store", Status::Pass, "served by this rank on port " + std::to_string(id.store_port), "", ""});
+        GlooOptions g;
+        g.timeout = timeout;
+        g.master_addr = id.master_addr;
+        g.master_port = id.master_port;
+        g.key_prefix = id.key_prefix + "doctor/";
+        world = create_gloo_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size, g);
+      } catch (const Error& e) {
+        rows.push_back({"collectives: connect", Status::Fail, e.what(),
+                        "every rank must reach every other: check `network: store`, GLOO_SOCKET_IFNAME and the "
+                        "firewall on every node",
+                        ""});
+      }
+    } else {
+      rows.push_back({"collectives: connect", Status::Fail, "not attempted: the store or the interface failed above",
+                      "fix the rows above on this rank; the other ranks wait for it until --doctor-timeout", ""});
+    }
+  }
+  mine.speed_seconds = local_speed_seconds();
+
+  std::vector<Row> merged;
+  bool printer = true;
+  if (world) {
+    try {
+      std::vector<Row> local_extra;
+      world_checks(*world, opt, mine, world_rows, local_extra, info);
+      std::vector<std::string> texts = all_gather_text(*world, serialize_rows(rows));
+      std::vector<std::vector<Row>> per_rank;
+      std::vector<std::string> hosts;
+      for (size_t r = 0; r < texts.size(); ++r) {
+        per_rank.push_back(deserialize_rows(texts[r]));
+        hosts.push_back(info[r].host);
+      }
+      merged = merge_rows(per_rank, hosts);
+      for (Row& r : world_rows) merged.push_back(r);
+      printer = id.rank == 0;
+    } catch (const Error& e) {
+      world.reset();
+      rows.push_back({"collectives: run", Status::Fail, e.what(),
+                      e.hint().empty() ? "a rank stopped answering: see its own table" : e.hint(), ""});
+    }
+  }
+  if (!world) {
+    for (Row& r : rows) r.scope = "rank " + std::to_string(id.rank) + " (" + host + ")";
+    merged = rows;
+  }
+  std::stable_sort(merged.begin(), merged.end(),
+                   [](const Row& a, const Row& b) { return category_rank(a.check) < category_rank(b.check); });
+  const bool failed = any_failed(merged);
+  if (printer) {
+    const std::string text = opt.json ? format_json(merged, id.world_size) : format_table(merged);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+  if (world) {
+    // Everyone has the result; rank 0 only exits after the others stop using the store it may serve.
+    const bool any = failed;
+    try {
+      world->barrier();
+    } catch (const Error&) {
+    }
+    return any ? 1 : 0;
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace tessera::doctor
