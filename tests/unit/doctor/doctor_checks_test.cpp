@@ -1,0 +1,162 @@
+// The doctor's single-process checks and its output, each FAIL path on its own.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "tessera/doctor/doctor.h"
+#include "tessera/train/arguments.h"
+
+namespace tessera::doctor {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char t[] = "/tmp/tessera-doctor-XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+ParsedOptions parse(std::vector<std::string> args) {
+  std::vector<char*> v;
+  for (auto& s : args) v.push_back(s.data());
+  return train_option_table().parse(static_cast<int>(v.size()), v.data());
+}
+
+TEST(DoctorOptions, StripsItsOwnFlagsAndCheckpointFlags) {
+  std::vector<std::string> a = {"--json", "--num-layers", "2", "--min-free-disk-gb", "0.5", "--save", "/ck",
+                                "--doctor-timeout", "3", "--load", "--lr", "1"};
+  std::vector<char*> v;
+  for (auto& s : a) v.push_back(s.data());
+  DoctorOptions o = parse_doctor_options(static_cast<int>(v.size()), v.data());
+  EXPECT_TRUE(o.json);
+  EXPECT_DOUBLE_EQ(o.min_free_disk_gb, 0.5);
+  EXPECT_DOUBLE_EQ(o.timeout_seconds, 3);
+  EXPECT_EQ(*o.save, "/ck");
+  EXPECT_EQ(*o.load, "");
+  EXPECT_EQ(o.train_args, (std::vector<std::string>{"--num-layers", "2", "--lr", "1"}));
+  std::vector<std::string> bad = {"--min-free-disk-gb", "lots"};
+  std::vector<char*> vb;
+  for (auto& s : bad) vb.push_back(s.data());
+  EXPECT_THROW(parse_doctor_options(2, vb.data()), Error);
+}
+
+TEST(DoctorReport, MergesIdenticalRowsAndRoundTrips) {
+  std::vector<Row> r0 = {{"data: x", Status::Pass, "ok", "", ""}, {"disk: y", Status::Pass, "1 GiB", "", ""}};
+  std::vector<Row> r1 = {{"data: x", Status::Pass, "ok", "", ""}, {"disk: y", Status::Fail, "0 B", "free it", ""}};
+  EXPECT_EQ(deserialize_rows(serialize_rows(r1)).size(), 2u);
+  EXPECT_EQ(deserialize_rows(serialize_rows(r1))[1].fix, "free it");
+  auto m = merge_rows({r0, r1}, {"a", "b"});
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[0].scope, "all ranks");
+  EXPECT_EQ(m[2].scope, "rank 1 (b)");
+  EXPECT_TRUE(any_failed(m));
+  const std::string table = format_table(m);
+  EXPECT_NE(table.find("fix: free it"), std::string::npos);
+  EXPECT_NE(table.find("1 FAIL"), std::string::npos);
+  const std::string json = format_json(m, 2);
+  EXPECT_NE(json.find("\"ok\": false"), std::string::npos);
+  EXPECT_NE(json.find("\"status\": \"FAIL\""), std::string::npos);
+}
+
+TEST(DoctorChecks, MissingAndInvalidDataFail) {
+  TempDir t;
+  const std::string missing = (t.path / "missing").string();
+  const std::string dir = (t.path / "dir").string();  // .idx and .bin are folders: unreadable as files
+  fs::create_directories(dir + ".idx");
+  fs::create_directories(dir + ".bin");
+  const std::string corrupt = (t.path / "corrupt").string();
+  std::ofstream(corrupt + ".idx") << "not an index";
+  std::ofstream(corrupt + ".bin") << "xx";
+  ParsedOptions p = parse({"--data-path", missing, dir, corrupt, "--data-cache-path", (t.path / "cache").string()});
+  DataPlan plan = data_plan(p);
+  ASSERT_EQ(plan.prefixes.size(), 3u);
+  auto rows = check_data(p, plan);
+  ASSERT_GE(rows.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(rows[i].status, Status::Fail) << rows[i].detail;
+  EXPECT_NE(rows[0].detail.find("No such file"), std::string::npos) << rows[0].detail;
+  EXPECT_NE(rows[1].detail.find("not a regular file"), std::string::npos) << rows[1].detail;
+  EXPECT_NE(rows[2].detail.find("invalid"), std::string::npos) << rows[2].detail;
+  EXPECT_FALSE(rows[0].fix.empty());
+}
+
+TEST(DoctorChecks, MissingVocabFails) {
+  ParsedOptions p = parse({"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "/nonexistent/vocab.json",
+                           "--merge-file", TESSERA_SOURCE_DIR "/tests/data/gpt2/merges.txt"});
+  Row r = check_tokenizer(p);
+  EXPECT_EQ(r.status, Status::Fail);
+  EXPECT_NE(r.detail.find("/nonexistent/vocab.json"), std::string::npos) << r.detail;
+  ParsedOptions ok = parse({"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                            TESSERA_SOURCE_DIR "/tests/data/gpt2/vocab.json", "--merge-file",
+                            TESSERA_SOURCE_DIR "/tests/data/gpt2/merges.txt"});
+  EXPECT_EQ(check_tokenizer(ok).status, Status::Pass) << check_tokenizer(ok).detail;
+}
+
+TEST(DoctorChecks, WrongInterfaceNameFails) {
+  auto rows = check_interfaces("nosuchif0", std::nullopt, "127.0.0.1", 29500, 1);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].status, Status::Fail);
+  EXPECT_NE(rows[0].detail.find("nosuchif0"), std::string::npos) << rows[0].detail;
+  auto lo = check_interfaces("lo", std::string("nosuchnic"), "127.0.0.1", 29500, 2);
+  EXPECT_EQ(lo[0].status, Status::Fail);  // loopback with two nodes
+  EXPECT_EQ(lo[1].status, Status::Warn);  // NCCL_SOCKET_IFNAME matches nothing
+}
+
+TEST(DoctorChecks, ClosedPortFailsWithinTheTimeout) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);  // bind then close: a port nobody listens on
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  Row r = probe_tcp("network: store", "127.0.0.1", ntohs(a.sin_port), 0.5);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_EQ(r.status, Status::Fail);
+  EXPECT_NE(r.detail.find("unreachable"), std::string::npos) << r.detail;
+}
+
+TEST(DoctorChecks, DiskBelowThresholdFails) {
+  TempDir t;
+  EXPECT_EQ(check_disk("disk: x", t.path.string(), 1).status, Status::Pass);
+  Row r = check_disk("disk: x", (t.path / "not" / "yet").string(), ~uint64_t{0} / 2);
+  EXPECT_EQ(r.status, Status::Fail);
+  EXPECT_EQ(check_writable("w", (t.path / "a" / "b").string()).status, Status::Pass);
+}
+
+TEST(DoctorChecks, ModelTooLargeFailsWithTheFlagsThatHelp) {
+  GPTConfig c;
+  c.num_layers = 200;
+  c.hidden_size = 8192;
+  c.num_attention_heads = 64;
+  c.kv_channels = 128;
+  c.ffn_hidden_size = 4 * 8192;
+  c.seq_length = 2048;
+  c.max_position_embeddings = 2048;
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  GPTMemoryEstimate e = estimate_gpt_memory(c, 4);
+  EXPECT_GT(e.num_parameters, 160'000'000'000LL);
+  MemoryInfo m{64ULL << 30, 60ULL << 30};
+  Row r = check_memory(e, 1, m, 60ULL << 30, 4, 200, 8192);
+  EXPECT_EQ(r.status, Status::Fail);
+  EXPECT_NE(r.fix.find("--micro-batch-size"), std::string::npos);
+  EXPECT_NE(r.fix.find("--num-layers"), std::string::npos);
+  EXPECT_EQ(check_memory(estimate_gpt_memory(c, 1), 1, MemoryInfo{1ULL << 50, 1ULL << 50}, 1ULL << 50, 1, 200, 8192).status,
+            Status::Pass);
+}
+
+}  // namespace
+}  // namespace tessera::doctor
