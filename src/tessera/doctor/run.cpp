@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "tessera/comm/gloo/gloo_communicator.h"
@@ -53,8 +54,28 @@ struct RankInfo {
   double speed_seconds = 0;
   int32_t node_rank = 0;
   int32_t rank = 0;
+  int32_t cache_files = -1;     // index files in the cache folder; -1 without one
+  uint64_t cache_listing = 0;   // FNV-1a of their sorted names and sizes
   char host[64] = {0};
 };
+
+// The cache folder's index files (name and size), for comparing nodes.
+void list_cache(const std::string& dir, RankInfo& info) {
+  if (dir.empty()) return;
+  std::vector<std::string> entries;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, ".npy") == 0)
+      entries.push_back(n + ":" + std::to_string(e.file_size(ec)));
+  }
+  std::sort(entries.begin(), entries.end());
+  uint64_t h = 1469598103934665603ULL;
+  for (const std::string& e : entries)
+    for (unsigned char c : e + "\n") h = (h ^ c) * 1099511628211ULL;
+  info.cache_files = static_cast<int32_t>(entries.size());
+  info.cache_listing = h;
+}
 
 Tensor host_tensor(void* p, DType t, int64_t n) { return Tensor(p, t, Shape{n}, nullptr); }
 
@@ -228,6 +249,23 @@ void world_checks(Communicator& world, const DoctorOptions& opt, const RankInfo&
       }
       world_rows.push_back(row);
     }
+  }
+
+  // Dataset index caches: the same files on every node (or none yet anywhere).
+  if (info[0].cache_files >= 0) {
+    std::string differ;
+    for (int r = 1; r < n; ++r)
+      if (info[r].cache_listing != info[0].cache_listing || info[r].cache_files != info[0].cache_files)
+        differ += (differ.empty() ? "" : ", ") + rank_name(r, info) + " has " + std::to_string(info[r].cache_files);
+    Row row{"data: caches agree", Status::Pass,
+            "every rank sees the same " + std::to_string(info[0].cache_files) + " index files", "", "world"};
+    if (!differ.empty()) {
+      row.status = Status::Warn;
+      row.detail = rank_name(0, info) + " has " + std::to_string(info[0].cache_files) + " index files; " + differ;
+      row.fix = "harmless (each node builds identical indices under a lock), but to skip the build copy the cache "
+                "folder to every node or use a shared --data-cache-path";
+    }
+    world_rows.push_back(row);
   }
 
   // A rank much slower than the others at the same local work.
@@ -476,6 +514,7 @@ int run_doctor(int argc, char** argv) {
     }
   }
   mine.speed_seconds = local_speed_seconds();
+  list_cache(cache_dir, mine);
 
   std::vector<Row> merged;
   bool printer = true;
