@@ -114,6 +114,11 @@ def test_fail_paths(tmp, data):
     expect_fail("bad flag", base + ["--data-path", data, "--num-layerz", "2"], "config: flags", "--num-layerz")
 
 
+def train_takes_checkpoints():
+    help_text = subprocess.run([TESSERA, "train", "--help"], capture_output=True, text=True, timeout=30).stdout
+    return "--save " in help_text and "not supported" not in help_text.split("--save ", 1)[1].split("\n", 1)[0]
+
+
 def test_small_disk(tmp, data):
     small = os.path.join(tmp, "small")
     os.makedirs(small)
@@ -126,6 +131,11 @@ def test_small_disk(tmp, data):
         expect_fail("too little disk (1 MiB tmpfs)",
                     GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(small, "cache")],
                     "disk: cache folder", "only")
+        if train_takes_checkpoints():
+            expect_fail("too little disk for --save (1 MiB tmpfs)",
+                        GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache"),
+                                        "--save", os.path.join(small, "ckpt"), "--save-interval", "5"],
+                        "disk: --save", "only")
     finally:
         subprocess.run(["umount", small], timeout=20)
 
@@ -143,6 +153,16 @@ def test_clean(tmp, data):
                  "checkpoints"):
         assert want in checks, (want, checks)
     print("ok  clean run, one process (table and --json)", flush=True)
+    rc, out = doctor(args + ["--save", os.path.join(tmp, "ckpt"), "--save-interval", "5", "--json"])
+    doc = json.loads(out)
+    rows = {c["check"]: c for c in doc["checks"]}
+    if train_takes_checkpoints():
+        assert rc == 0 and rows["checkpoints: --save"]["status"] == "PASS", out
+        assert rows["disk: --save"]["status"] == "PASS", out
+    else:
+        assert rows["checkpoints"]["status"] == "WARN", out
+    print("ok  --save checked (train %s checkpoints)" % ("takes" if train_takes_checkpoints() else "rejects"),
+          flush=True)
     port = free_port_pair()
     rc, out = doctor(args + ["--doctor-timeout", "20"], timeout=90,
                      prefix=[TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(port), TESSERA])
@@ -179,6 +199,8 @@ def test_two_hosts(tmp, data):
             assert p.returncode == 0, (node, p.returncode, out[-4000:], err[-4000:])
             outs[node] = out + err
         out = outs[0]
+        if os.environ.get("DOCTOR_TEST_VERBOSE"):
+            print(out)
         assert "0 FAIL" in out, out
         assert netns.ADDR[0] in out and "network: links" in out, out
         assert row_status(out, "collectives: all_reduce") == ["PASS"], out

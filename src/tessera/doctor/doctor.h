@@ -39,7 +39,9 @@ struct Row {
 //                             the estimated dataset index cache when it is not built yet
 //   --doctor-timeout S        seconds for reaching the store and every collective (default 60)
 //   --bandwidth-mb N          bytes per link probe message, in MiB (default 8)
-// --save/--load (not supported by train yet) are taken out too and reported as a row.
+// --save/--load stay in train's flags and are remembered here: the checkpoints rows check
+// them where train supports checkpoints; where train rejects them, the other train flags are
+// still checked and a row says checkpoints were not checked.
 struct DoctorOptions {
   bool json = false;
   double min_free_disk_gb = 1.0;
@@ -47,7 +49,8 @@ struct DoctorOptions {
   int64_t bandwidth_bytes = 8 << 20;
   std::optional<std::string> save, load;
   std::vector<std::string> train_args;  // everything else, for parse_train_args
-  std::vector<std::string> removed_checkpoint_flags;  // --save/--load and their values as given
+  std::vector<std::string> checkpoint_flags;  // --save/--load and their values as given
+  std::vector<std::string> train_args_without_checkpoints;
 };
 // Throws a usage error for a malformed doctor flag value.
 DoctorOptions parse_doctor_options(int argc, char** argv);

@@ -148,7 +148,8 @@ std::vector<Row> merge_rows(const std::vector<std::vector<Row>>& per_rank, const
         } else {
           std::string s = g.ranks.size() == 1 ? "rank " : "ranks ";
           for (size_t i = 0; i < g.ranks.size(); ++i) {
-            s += (i ? "," : "") + std::to_string(g.ranks[i]);
+            if (i) s += ",";
+            s += std::to_string(g.ranks[i]);
             if (g.ranks.size() == 1 && g.ranks[i] < static_cast<int>(hosts.size()) && !hosts[g.ranks[i]].empty())
               s += " (" + hosts[g.ranks[i]] + ")";
           }

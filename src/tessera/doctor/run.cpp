@@ -1,5 +1,6 @@
 // `tessera doctor`'s flow: local checks on every rank, then (under a launcher) the world
 // communicator's checks, the rows gathered to rank 0, merged and printed.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -341,16 +342,23 @@ DoctorOptions parse_doctor_options(int argc, char** argv) {
       o.timeout_seconds = std::max(0.5, number(i, a));
     } else if (a == "--bandwidth-mb") {
       o.bandwidth_bytes = std::max<int64_t>(1, static_cast<int64_t>(number(i, a) * (1 << 20)));
-    } else if (a == "--save" || a == "--load") {
-      o.removed_checkpoint_flags.push_back(a);
-      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
-        (a == "--save" ? o.save : o.load) = argv[++i];
-        o.removed_checkpoint_flags.push_back(argv[i]);
-      } else {
-        (a == "--save" ? o.save : o.load) = "";
+    } else if (a == "--save" || a == "--load" || a.rfind("--save=", 0) == 0 || a.rfind("--load=", 0) == 0) {
+      const bool save = a.rfind("--save", 0) == 0;
+      o.train_args.push_back(a);
+      o.checkpoint_flags.push_back(a);
+      std::string value;
+      if (a.find('=') != std::string::npos) {
+        value = a.substr(a.find('=') + 1);
+      } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
+        value = argv[++i];
+        o.train_args.push_back(value);
+        o.checkpoint_flags.push_back(value);
       }
+      (save ? o.save : o.load) = value;
+      continue;
     } else {
       o.train_args.push_back(a);
+      o.train_args_without_checkpoints.push_back(a);
     }
   }
   return o;
@@ -408,9 +416,19 @@ int run_doctor(int argc, char** argv) {
   const int targc = static_cast<int>(targv.size());
   std::optional<ParsedOptions> table;
   std::optional<TrainArgs> args;
+  bool train_takes_checkpoints = true;  // false when train rejects --save/--load (no support yet)
   try {
     table = train_option_table().parse(targc, targv.data());
   } catch (const Error&) {
+    if (!opt.checkpoint_flags.empty()) {
+      std::vector<char*> without;
+      for (const std::string& s : opt.train_args_without_checkpoints) without.push_back(const_cast<char*>(s.c_str()));
+      try {
+        table = train_option_table().parse(static_cast<int>(without.size()), without.data());
+        train_takes_checkpoints = false;
+      } catch (const Error&) {
+      }
+    }
   }
   try {
     ParsedOptions parsed;
@@ -457,14 +475,35 @@ int run_doctor(int argc, char** argv) {
     rows.push_back({"data: prefixes", Status::Warn, "not checked: the flags did not parse",
                     "fix the flags (config: flags) and run again", ""});
   }
-  if (opt.save || opt.load) {
+  uint64_t checkpoint_bytes = 0;
+  if (opt.save && train_takes_checkpoints && args) {
+    const GPTMemoryEstimate e = estimate_gpt_memory(args->model, 1);
+    const bool with_optimizer = !(table && table->get_bool("--no-save-optim"));
+    checkpoint_bytes = e.parameter_bytes + (with_optimizer ? e.optimizer_bytes : 0);
+  }
+  if (!opt.save && !opt.load) {
+    rows.push_back({"checkpoints", Status::Info, "no --save/--load: nothing to check", "", ""});
+  } else if (!train_takes_checkpoints) {
     std::string given;
-    for (const std::string& s : opt.removed_checkpoint_flags) given += (given.empty() ? "" : " ") + s;
+    for (const std::string& s : opt.checkpoint_flags) given += (given.empty() ? "" : " ") + s;
     rows.push_back({"checkpoints", Status::Warn, "not checked yet: " + given +
-                    " given, but tessera train does not support checkpoints yet (it rejects --save/--load)",
-                    "drop --save/--load until checkpoint support lands", ""});
+                    " given, but this tessera train does not support checkpoints (it rejects --save/--load)",
+                    "drop --save/--load, or use a tessera build with checkpoint support", ""});
   } else {
-    rows.push_back({"checkpoints", Status::Info, "not checked yet (no checkpoint support)", "", ""});
+    if (opt.save) {
+      Row w = check_writable("checkpoints: --save", *opt.save);
+      if (w.status == Status::Fail) w.fix = "make --save " + *opt.save + " writable on every node (each rank writes its shard)";
+      if (checkpoint_bytes) w.detail += "; one checkpoint ~" + std::to_string(checkpoint_bytes >> 20) + " MiB";
+      rows.push_back(w);
+    }
+    if (opt.load) {
+      struct stat st {};
+      const bool exists = !opt.load->empty() && stat(opt.load->c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+      rows.push_back({"checkpoints: --load", exists ? Status::Info : Status::Warn,
+                      exists ? *opt.load + " exists (its latest checkpoint is not validated by the doctor yet)"
+                             : "--load " + *opt.load + " is not a folder: training starts from scratch",
+                      exists ? "" : "check the path if you meant to resume", ""});
+    }
   }
   if (!cache_dir.empty()) {
     uint64_t need = min_free;
@@ -476,7 +515,8 @@ int run_doctor(int argc, char** argv) {
     rows.push_back(check_disk("disk: cache folder", cache_dir, need));
   }
   rows.push_back(check_disk("disk: current folder", ".", min_free));
-  if (opt.save && !opt.save->empty()) rows.push_back(check_disk("disk: --save", *opt.save, min_free));
+  if (opt.save && !opt.save->empty())  // room for the estimated checkpoint, on top of the floor
+    rows.push_back(check_disk("disk: --save", *opt.save, min_free + checkpoint_bytes));
 
   // The job: store, communicator, collectives, links.
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opt.timeout_seconds * 1000));

@@ -44,7 +44,8 @@ TEST(DoctorOptions, StripsItsOwnFlagsAndCheckpointFlags) {
   EXPECT_DOUBLE_EQ(o.timeout_seconds, 3);
   EXPECT_EQ(*o.save, "/ck");
   EXPECT_EQ(*o.load, "");
-  EXPECT_EQ(o.train_args, (std::vector<std::string>{"--num-layers", "2", "--lr", "1"}));
+  EXPECT_EQ(o.train_args, (std::vector<std::string>{"--num-layers", "2", "--save", "/ck", "--load", "--lr", "1"}));
+  EXPECT_EQ(o.train_args_without_checkpoints, (std::vector<std::string>{"--num-layers", "2", "--lr", "1"}));
   std::vector<std::string> bad = {"--min-free-disk-gb", "lots"};
   std::vector<char*> vb;
   for (auto& s : bad) vb.push_back(s.data());
