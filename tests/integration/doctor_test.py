@@ -25,7 +25,7 @@ TESSERA = os.path.abspath(sys.argv[1])
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPT2 = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", os.path.join(SRC, "tests/data/gpt2/vocab.json"),
         "--merge-file", os.path.join(SRC, "tests/data/gpt2/merges.txt")]
-MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+MODEL = ["--split", "90,9,1", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
          "--train-iters", "10"]
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS",
@@ -111,6 +111,8 @@ def test_fail_paths(tmp, data):
                   "--lr", "1e-3", "--train-iters", "10", "--data-path", data, "--data-cache-path",
                   os.path.join(tmp, "cache")]
     expect_fail("model too large for memory", big, "config: memory", "--micro-batch-size")
+    expect_fail("an empty split (175 documents, --split 949,50,1 leaves test none)",
+                base + ["--data-path", data, "--split", "949,50,1"], "data: " + data, "the test split")
     expect_fail("bad flag", base + ["--data-path", data, "--num-layerz", "2"], "config: flags", "--num-layerz")
 
 
@@ -141,7 +143,7 @@ def test_small_disk(tmp, data):
 
 
 def test_clean(tmp, data):
-    args = GPT2 + MODEL + ["--data-path", data, "--split", "949,50,1", "--data-cache-path", os.path.join(tmp, "cache")]
+    args = GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache")]
     rc, out = doctor(args)
     assert rc == 0 and "0 FAIL" in out, out
     rc, out = doctor(args + ["--json"])

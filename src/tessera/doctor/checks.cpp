@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "tessera/comm/net_interface.h"
@@ -248,6 +249,8 @@ DataPlan data_plan(const ParsedOptions& p) {
   };
   if (p.given("--data-path")) add(data::blend_from_list(p.get_list("--data-path")));
   if (auto f = p.raw("--data-args-path")) add(data::blend_from_file(*f));
+  plan.split_prefixes = plan.prefixes.size();
+  plan.split = p.raw("--split").value_or("969, 30, 1");
   for (const char* flag : {"--train-data-path", "--valid-data-path", "--test-data-path"})
     if (p.given(flag)) add(data::blend_from_list(p.get_list(flag), flag));
   if (auto c = p.raw("--data-cache-path")) {
@@ -270,7 +273,16 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
     }
     return rows;
   }
-  for (const std::string& prefix : plan.prefixes) {
+  std::optional<data::SplitMatrix> splits;
+  if (plan.split_prefixes) {
+    try {
+      splits = data::split_matrix_from_string(plan.split);
+    } catch (const Error& e) {
+      rows.push_back({"data: --split", Status::Fail, e.what(), "--split takes three weights, e.g. 949,50,1", ""});
+    }
+  }
+  for (size_t k = 0; k < plan.prefixes.size(); ++k) {
+    const std::string& prefix = plan.prefixes[k];
     Row r{"data: " + prefix, Status::Pass, "", "", ""};
     std::string problem;
     for (const char* ext : {".idx", ".bin"}) {
@@ -299,6 +311,24 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
       r.detail = std::to_string(ds.document_count()) + " documents, " + std::to_string(ds.sequence_count()) +
                  " sequences, " + std::to_string(ds.token_count()) + " tokens (" +
                  std::string(data::dtype_name(ds.dtype())) + ")";
+      // Every split with a share needs more than one token (train's GPTDataset refuses less).
+      if (k < plan.split_prefixes && splits) {
+        for (data::Split sp : data::kAllSplits) {
+          const auto& bookend = (*splits)[static_cast<int>(sp)];
+          if (!bookend) continue;
+          auto [begin, end] = data::split_range(*bookend, static_cast<int64_t>(ds.sequence_count()));
+          int64_t tokens = 0;
+          for (int64_t i = begin; i < end; ++i) tokens += ds.sequence_length(static_cast<uint64_t>(i));
+          if (tokens <= 1) {
+            r.status = Status::Fail;
+            r.detail += "; the " + std::string(data::split_name(sp)) + " split (--split " + plan.split + ") holds " +
+                        std::to_string(tokens) + " tokens (sequences [" + std::to_string(begin) + ", " +
+                        std::to_string(end) + "))";
+            r.fix = "train needs more than one token in every split: give it a larger share with --split or use a "
+                    "larger dataset";
+          }
+        }
+      }
     } catch (const Error& e) {
       r.status = Status::Fail;
       r.detail = "invalid: " + std::string(e.what());

@@ -67,6 +67,8 @@ Row probe_tcp(const std::string& label, const std::string& host, int port, doubl
 // Data prefixes, tokenizer files, the cache folder (the table parse of train's flags).
 struct DataPlan {
   std::vector<std::string> prefixes;     // every prefix named by the data flags
+  size_t split_prefixes = 0;             // the first this many are divided by --split
+  std::string split;                     // --split, or Megatron's default "969, 30, 1"
   std::string cache_dir;                 // --data-cache-path or Megatron's default; "" for mock data
   bool mock = false;
 };
