@@ -174,6 +174,24 @@ def test_clean(tmp, data):
     print("ok  clean run, 2 processes under tessera launch", flush=True)
 
 
+def test_different_binaries(tmp, data):
+    """Rank 1 runs a copy of the binary with one byte appended (still a valid ELF): a FAIL naming rank 1."""
+    other = os.path.join(tmp, "tessera-other")
+    shutil.copy(TESSERA, other)
+    with open(other, "ab") as f:
+        f.write(b"\0")
+    args = GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache"), "--doctor-timeout", "20"]
+    script = 'if [ "$RANK" = 1 ]; then exec "$0" doctor "$@"; else exec %s doctor "$@"; fi' % TESSERA
+    port = free_port_pair()
+    cmd = [TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(port), "sh", "-c", script, other] + args
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=clean_env())
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, (p.returncode, out)
+    assert row_status(out, "build: same binary") == ["FAIL"], out
+    assert "rank 1 (" in out and "run a different binary" in out, out
+    print("ok  FAIL: ranks running different binaries", flush=True)
+
+
 def test_two_hosts(tmp, data):
     netns.set_up()  # exits 77 without the rights to make namespaces
     try:
@@ -221,6 +239,7 @@ def main():
         test_clean(tmp, data)
         test_fail_paths(tmp, data)
         test_small_disk(tmp, data)
+        test_different_binaries(tmp, data)
         test_two_hosts(tmp, data)
 
 
