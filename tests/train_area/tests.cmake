@@ -9,3 +9,8 @@ set_tests_properties(train_cli PROPERTIES TIMEOUT 300)
 add_test(NAME train_data_parallel
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/data_parallel_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_data_parallel PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# Checkpoints: bit-exact resume (1 process, DP=2), kill -9 during saves, bad files, flags.
+add_test(NAME train_checkpoints
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_checkpoints PROPERTIES TIMEOUT 300)

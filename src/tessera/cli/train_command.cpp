@@ -74,6 +74,7 @@ int run_train(int argc, char** argv) {
   TrainingData data = build_training_data(args);
   if (world) check_datasets_agree(data, *world);
   Trainer trainer(args, model, data.sources(), device, groups.dp.get());
+  if (!args.load.empty()) trainer.load_checkpoint(args.load);
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);
   print_rank_0("training ...");

@@ -1,5 +1,7 @@
 #include "tessera/data/gpt_dataset_cache.h"
 
+#include "tessera/core/sha256.h"
+
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/file.h>
@@ -23,16 +25,6 @@ namespace tessera::data {
 namespace {
 
 constexpr int kSideFileFormat = 1;
-
-std::string to_hex(const unsigned char* d, unsigned n) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < n; ++i) {
-    out += hex[d[i] >> 4];
-    out += hex[d[i] & 15];
-  }
-  return out;
-}
 
 struct FileStat {
   bool exists = false;
@@ -207,20 +199,6 @@ void write_side_file(const CacheEntry& e, const std::vector<NpyArray>& arrays) {
 std::string CacheEntry::path_of(const std::string& suffix) const { return dir + "/" + base + "-" + suffix; }
 std::string CacheEntry::lock_path() const { return dir + "/" + base + ".lock"; }
 std::string CacheEntry::side_file_path() const { return path_of("tessera.json"); }
-
-std::string sha256_hex(std::span<const unsigned char> bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
-    throw runtime_error("SHA-256 is not available from OpenSSL");
-  // In chunks, so that a mapped file is read sequentially.
-  constexpr size_t kChunk = size_t{1} << 24;
-  for (size_t off = 0; off < bytes.size(); off += kChunk)
-    EVP_DigestUpdate(ctx.get(), bytes.data() + off, std::min(kChunk, bytes.size() - off));
-  EVP_DigestFinal_ex(ctx.get(), digest, &len);
-  return to_hex(digest, len);
-}
 
 std::string sha256_file(const std::string& path) {
   MappedFile f(path);

@@ -25,6 +25,8 @@
 // identical arrays.
 #pragma once
 
+#include "tessera/core/sha256.h"
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -59,7 +61,6 @@ CacheResult load_or_build(const CacheEntry& entry, const std::function<std::vect
                           const std::function<std::string(const std::vector<NpyArray>&)>& check);
 
 // Lowercase hex SHA-256 (OpenSSL) of bytes, and of a whole file (mapped).
-std::string sha256_hex(std::span<const unsigned char> bytes);
 std::string sha256_file(const std::string& path);
 
 // An exclusive flock(2) on `path` (created if needed) for the object's lifetime.

@@ -21,6 +21,19 @@ Optimizer::Optimizer(const OptimizerConfig& config, std::vector<OptimizerParam> 
   }
 }
 
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (config_.kind == OptimizerKind::Adam) {
+      out.emplace_back("exp_avg." + std::to_string(i), exp_avg_[i]);
+      out.emplace_back("exp_avg_sq." + std::to_string(i), exp_avg_sq_[i]);
+    } else {
+      out.emplace_back("momentum_buffer." + std::to_string(i), exp_avg_[i]);
+    }
+  }
+  return out;
+}
+
 double Optimizer::grad_norm() const {
   double sum = 0.0;
   for (const OptimizerParam& p : params_) sum += ops::sum_squares(p.grad);

@@ -40,6 +40,10 @@ class Optimizer {
   // multiplied by grad_scale (the clipping coefficient; the gradients stay as they are).
   void step(double lr, double weight_decay, double grad_scale = 1.0);
   int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
+  // The state a checkpoint holds, named "exp_avg.<i>" / "exp_avg_sq.<i>" by parameter index
+  // (Adam) or "momentum_buffer.<i>" (SGD).
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   const std::vector<OptimizerParam>& params() const { return params_; }
 
  private:

@@ -118,6 +118,20 @@ std::vector<OptionDef> train_option_defs() {
        kSpeed},
       {"--num-workers", K::Int, "2", "Data-loader worker processes", nullptr, kSpeed},
       {"--timing-log-level", K::Choice, "0", "Timer detail", "0|1|2", kSpeed},
+      // Checkpoints.
+      {"--save", K::String, nullptr, "Folder to save checkpoints to"},
+      {"--save-interval", K::Int, nullptr, "Iterations between checkpoint saves (required with --save)"},
+      {"--load", K::String, nullptr, "Folder to resume from (its latest checkpoint)"},
+      {"--exit-interval", K::Int, nullptr, "Exit after the iteration divisible by this (saving first with --save)"},
+      {"--no-save-optim", K::StoreTrue, nullptr, "Do not save the optimizer state"},
+      {"--no-save-rng", K::StoreTrue, nullptr, "Do not save RNG states (tessera's RNG is counter-based: none to save)"},
+      {"--no-load-optim", K::StoreTrue, nullptr, "Do not load the optimizer state"},
+      {"--no-load-rng", K::StoreTrue, nullptr, "Do not load RNG states (none are needed)"},
+      {"--finetune", K::StoreTrue, nullptr, "Load only the model; start at iteration 0 with fresh optimizer and data"},
+      {"--use-checkpoint-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the checkpoint"},
+      {"--override-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the flags"},
+      {"--ckpt-format", K::Choice, "torch_dist", "Megatron's checkpoint formats; tessera writes its own format",
+       "torch|torch_dist|zarr"},
       // tessera's own.
       {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
@@ -345,6 +359,23 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   o.clip_grad = static_cast<float>(p.get_float("--clip-grad"));
   if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
 
+  a.save = p.get_string("--save");
+  a.load = p.get_string("--load");
+  if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
+  if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
+  if (!a.save.empty() && a.save_interval == 0)
+    throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
+  a.no_save_optim = p.get_bool("--no-save-optim");
+  a.no_load_optim = p.get_bool("--no-load-optim");
+  a.finetune = p.get_bool("--finetune");
+  a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");
+  a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
+  if (a.use_checkpoint_scheduler && a.override_scheduler)
+    throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
+  if (p.given("--ckpt-format"))
+    log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
+             "docs/checkpoints.md), which Megatron cannot load", p.get_string("--ckpt-format").c_str());
+  for (int i = 0; i < argc; ++i) a.command_line.push_back(argv[i]);
   a.init_from_hf = p.get_string("--init-from-hf");
   a.log_json = p.get_string("--log-json");
   // Megatron's argument dump shows values after its validate_args.

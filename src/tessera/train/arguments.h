@@ -37,6 +37,14 @@ struct TrainArgs {
 
   std::string init_from_hf;
   std::string log_json;
+  std::vector<std::string> command_line;  // the flags as given (recorded in checkpoints)
+
+  // Checkpoints (megatron.md §5; docs/checkpoints.md).
+  std::string save, load;
+  int64_t save_interval = 0;
+  int64_t exit_interval = 0;  // --exit-interval: stop (after saving) when iteration % N == 0
+  bool no_save_optim = false, no_load_optim = false, finetune = false;
+  bool use_checkpoint_scheduler = false, override_scheduler = false;
 
   // Parallel layout: world = TP x PP x DP.
   int world_size = 1;

@@ -42,6 +42,14 @@ class Trainer {
   // validation iterator); test starts at 0.
   double evaluate(const char* split);
 
+  // --load: resumes from DIR's latest checkpoint (model, optimizer unless --no-load-optim,
+  // iteration, consumed samples, LR schedule), or with --finetune loads only the model.
+  // A folder without a checkpoint starts from scratch with a warning, as Megatron does.
+  void load_checkpoint(const std::string& dir);
+  // --save: writes the checkpoint of the current iteration (global rank 0 writes; every
+  // data-parallel rank waits for it).
+  void save_checkpoint(const std::string& dir);
+
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   const Optimizer& optimizer() const { return *optimizer_; }

@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Checkpoints through `tessera train`: 20 iterations straight equal 10 + save + resume + 10
+bit for bit (losses, grad norms, validation lines; dropout on), for one process and for DP=2;
+kill -9 at random moments of a run that saves every iteration always leaves a loadable latest
+checkpoint; corrupt, truncated or missing files and a different model are errors naming the
+file or tensor; --no-save-optim / --no-load-optim / --finetune and the schedule check behave
+as Megatron's.
+usage: checkpoint_test.py TESSERA_BINARY"""
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+TESSERA = os.path.abspath(sys.argv[1])
+PORT = 20000 + (os.getpid() * 7) % 20000
+BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
+        "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--train-iters", "20", "--log-interval", "1",
+        "--eval-iters", "2", "--eval-interval", "5", "--weight-decay", "0.1"]
+
+
+def env():
+    return {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+
+
+def train(args, expect_rc=0, launch=None):
+    cmd = [TESSERA] + (["launch", "--nproc_per_node", str(launch), "--master_port", str(PORT)] if launch else []) + \
+          ["train"] + BASE + args
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+    assert p.returncode == expect_rc, "rc %d (want %d)\n%s\n%s" % (p.returncode, expect_rc, p.stdout[-2500:],
+                                                                 p.stderr[-2500:])
+    return p
+
+
+def records(path):
+    return [json.loads(l) for l in open(path)]
+
+
+def validation(out):
+    return [l.split("]: ")[-1] for l in out.splitlines() if "validation loss at" in l]
+
+
+def test_bit_exact_resume(tmp, launch=None):
+    tag = "dp%d" % (launch or 1)
+    straight = train(["--log-json", f"{tmp}/{tag}_straight.jsonl"], launch=launch)
+    first = train(["--save", f"{tmp}/{tag}_ckpt", "--save-interval", "7", "--exit-interval", "10",
+                   "--log-json", f"{tmp}/{tag}_resumed.jsonl"], launch=launch)
+    second = train(["--load", f"{tmp}/{tag}_ckpt", "--log-json", f"{tmp}/{tag}_resumed.jsonl"], launch=launch)
+    a, b = records(f"{tmp}/{tag}_straight.jsonl"), records(f"{tmp}/{tag}_resumed.jsonl")
+    assert [r["iteration"] for r in b] == list(range(1, 21)), [r["iteration"] for r in b]
+    for x, y in zip(a, b):  # the same bits: compared exactly
+        assert (x["lm_loss"], x["grad_norm"], x["learning_rate"], x["consumed_samples"]) == \
+               (y["lm_loss"], y["grad_norm"], y["learning_rate"], y["consumed_samples"]), (tag, x, y)
+    assert validation(straight.stdout) == validation(first.stdout) + validation(second.stdout), tag
+    assert open(f"{tmp}/{tag}_ckpt/latest_checkpointed_iteration.txt").read() == "10"
+
+
+def test_kill_during_saves(tmp):
+    ckpt = f"{tmp}/killed"
+    model = ["--num-layers", "4", "--hidden-size", "256", "--eval-iters", "0"]  # saves of ~10 MB take a while
+    big = model + ["--save", ckpt, "--save-interval", "1", "--train-iters", "100000"]
+    rng = random.Random(1234)
+    for attempt in range(4):
+        p = subprocess.Popen([TESSERA, "train"] + BASE + big, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=env())
+        deadline = time.monotonic() + 60
+        while not os.path.exists(f"{ckpt}/latest_checkpointed_iteration.txt") and time.monotonic() < deadline:
+            time.sleep(0.05)  # at least one checkpoint, then kill at a random moment
+        time.sleep(rng.random() * 1.5)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        latest = int(open(f"{ckpt}/latest_checkpointed_iteration.txt").read())
+        # The latest checkpoint loads and training continues from it.
+        out = train(model + ["--load", ckpt, "--train-iters", str(latest + 1), "--lr-warmup-iters", "0",
+                             "--override-opt_param-scheduler"])
+        assert "loading checkpoint from %s at iteration %d" % (ckpt, latest) in out.stdout, out.stdout[-2000:]
+    leftovers = glob.glob(f"{ckpt}/*.tmp-*")
+    # Unfinished temporary folders may remain after kill -9; they are never the tracker's.
+    assert all(".tmp-" in l for l in leftovers)
+
+
+def test_bad_checkpoints(tmp):
+    ckpt = f"{tmp}/bad"
+    train(["--save", ckpt, "--save-interval", "5", "--train-iters", "5", "--eval-iters", "0"])
+    model = f"{ckpt}/iter_0000005/mp_rank_00/model.safetensors"
+    data = bytearray(open(model, "rb").read())
+    # A different model: the tensor and both shapes are named.
+    err = train(["--load", ckpt, "--hidden-size", "64", "--eval-iters", "0"], expect_rc=1).stderr
+    assert "embedding.word_embeddings.weight" in err and "[128, 32]" in err and "[128, 64]" in err, err
+    # A flipped byte, a truncated file, a missing file.
+    data[len(data) // 2] ^= 0xFF
+    open(model, "wb").write(data)
+    err = train(["--load", ckpt, "--eval-iters", "0"], expect_rc=1).stderr
+    assert model in err and "checksum" in err, err
+    open(model, "wb").write(data[:100])
+    assert "checksum" in train(["--load", ckpt, "--eval-iters", "0"], expect_rc=1).stderr
+    os.remove(model)
+    err = train(["--load", ckpt, "--eval-iters", "0"], expect_rc=1).stderr
+    assert "missing" in err and model in err, err
+    # A malformed tracker.
+    open(f"{ckpt}/latest_checkpointed_iteration.txt", "w").write("five")
+    assert "does not hold an iteration number" in train(["--load", ckpt], expect_rc=1).stderr
+
+
+def test_flags(tmp):
+    ckpt = f"{tmp}/noopt"
+    train(["--save", ckpt, "--save-interval", "5", "--train-iters", "5", "--eval-iters", "0", "--no-save-optim"])
+    more = ["--train-iters", "6", "--eval-iters", "0", "--override-opt_param-scheduler"]
+    err = train(["--load", ckpt] + more, expect_rc=1).stderr
+    assert "no optimizer state" in err and "--no-load-optim" in err, err
+    out = train(["--load", ckpt, "--no-load-optim"] + more).stdout
+    assert "iteration        6/       6" in out
+    out = train(["--load", ckpt, "--train-iters", "4", "--eval-iters", "0", "--finetune"]).stdout
+    assert "iteration        1/       4" in out  # --finetune starts at iteration 0
+    err = train(["--load", ckpt, "--train-iters", "30", "--eval-iters", "0", "--no-load-optim"], expect_rc=2).stderr
+    assert "--override-opt_param-scheduler" in err, err
+    train(["--load", ckpt, "--train-iters", "30", "--eval-iters", "0", "--no-load-optim",
+           "--use-checkpoint-opt_param-scheduler"])
+    err = train(["--load", f"{tmp}/empty", "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0"]).stderr
+    assert "could not find a checkpoint" in err, err
+    assert "--save needs --save-interval" in train(["--save", ckpt], expect_rc=2).stderr
+    assert "tessera writes checkpoints in its own format" in train(
+        ["--ckpt-format", "torch", "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0"]).stderr
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fn in (("bit-exact resume, 1 process", lambda: test_bit_exact_resume(tmp)),
+                         ("bit-exact resume, DP=2", lambda: test_bit_exact_resume(tmp, launch=2)),
+                         ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
+                         ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
+                         ("flags", lambda: test_flags(tmp))):
+            t0 = time.monotonic()
+            fn()
+            print("ok  %-30s %.1f s" % (name, time.monotonic() - t0), flush=True)
