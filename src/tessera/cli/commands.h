@@ -9,5 +9,6 @@ int run_data(int argc, char** argv);
 int run_launch(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_doctor(int argc, char** argv);
+int run_ckpt(int argc, char** argv);
 
 }  // namespace tessera::cli

@@ -1,0 +1,241 @@
+#include "tessera/ckpt/hf_export.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw runtime_error("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Writes `text` to `path` through a temporary file and a rename.
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw runtime_error("cannot write " + tmp, "check that the output folder is writable");
+    f << text;
+    f.flush();
+    if (!f) throw runtime_error("writing " + tmp + " failed", "check free disk space");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
+const std::vector<float>& weight(const std::map<std::string, std::vector<float>>& w, const std::string& name,
+                                 size_t numel) {
+  auto it = w.find(name);
+  if (it == w.end()) throw runtime_error("export-hf: the checkpoint has no parameter " + name);
+  if (it->second.size() != numel)
+    throw runtime_error("export-hf: parameter " + name + " holds " + std::to_string(it->second.size()) +
+                        " values, the model needs " + std::to_string(numel));
+  return it->second;
+}
+
+// Megatron [out, in] -> HF Conv1D [in, out].
+std::vector<float> transpose(const std::vector<float>& w, int64_t out, int64_t in) {
+  std::vector<float> r(w.size());
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) r[i * out + o] = w[o * in + i];
+  return r;
+}
+
+// The float flag's value as the decimal it most likely was (1e-05, not 9.99999974737875e-06).
+double decimal(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.7g", static_cast<double>(v));
+  return std::strtod(buf, nullptr);
+}
+
+}  // namespace
+
+void check_gpt2_expressible(const GPTConfig& c) {
+  if (!c.add_bias_linear)
+    throw usage_error("export-hf: the model was trained with --disable-bias-linear; GPT-2 has biases in every "
+                      "linear layer and its format cannot express a model without them",
+                      "export models trained without --disable-bias-linear");
+  if (static_cast<int64_t>(c.kv_channels) * c.num_attention_heads != c.hidden_size)
+    throw usage_error("export-hf: --kv-channels " + std::to_string(c.kv_channels) + " × " +
+                          std::to_string(c.num_attention_heads) + " heads is " +
+                          std::to_string(static_cast<int64_t>(c.kv_channels) * c.num_attention_heads) +
+                          ", not --hidden-size " + std::to_string(c.hidden_size) +
+                          "; GPT-2's head dimension is always n_embd / n_head",
+                      "export models whose --kv-channels is hidden-size / num-attention-heads");
+  if (c.vocab_size <= 0 || c.vocab_size > c.padded_vocab_size)
+    throw runtime_error("export-hf: the tokenizer's vocabulary (" + std::to_string(c.vocab_size) +
+                        ") does not fit the padded vocabulary (" + std::to_string(c.padded_vocab_size) + ")");
+}
+
+json gpt2_config_json(const HFExportSpec& spec) {
+  const GPTConfig& c = spec.model;
+  json j = {
+      {"architectures", json::array({"GPT2LMHeadModel"})},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab_size},
+      {"n_positions", c.max_position_embeddings},
+      {"n_ctx", c.max_position_embeddings},
+      {"n_embd", c.hidden_size},
+      {"n_layer", c.num_layers},
+      {"n_head", c.num_attention_heads},
+      {"n_inner", c.ffn_hidden_size == 4 * c.hidden_size ? json(nullptr) : json(c.ffn_hidden_size)},
+      {"activation_function", c.gelu == ops::GeluKind::Tanh ? "gelu_new" : "gelu"},
+      {"layer_norm_epsilon", decimal(c.norm_epsilon)},
+      {"initializer_range", decimal(c.init_method_std)},
+      {"resid_pdrop", decimal(c.hidden_dropout)},
+      {"embd_pdrop", decimal(c.hidden_dropout)},
+      {"attn_pdrop", decimal(c.attention_dropout)},
+      {"scale_attn_weights", true},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+      {"use_cache", true},
+      {"torch_dtype", "float32"},
+  };
+  if (spec.bos_token_id >= 0) j["bos_token_id"] = spec.bos_token_id;
+  if (spec.eos_token_id >= 0) j["eos_token_id"] = spec.eos_token_id;
+  return j;
+}
+
+std::vector<HFTensor> megatron_to_hf_gpt2(const std::map<std::string, std::vector<float>>& w, const GPTConfig& c) {
+  check_gpt2_expressible(c);
+  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, heads = c.num_attention_heads, hd = c.kv_channels,
+                A = heads * hd, V = c.vocab_size, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
+  std::vector<HFTensor> out;
+  auto first_rows = [&](const std::string& name, int64_t rows) {
+    const std::vector<float>& src = weight(w, name, static_cast<size_t>(Vp * H));
+    return std::vector<float>(src.begin(), src.begin() + rows * H);
+  };
+  out.push_back({"transformer.wte.weight", {V, H}, first_rows("embedding.word_embeddings.weight", V)});
+  out.push_back({"transformer.wpe.weight", {P, H}, weight(w, "embedding.position_embeddings.weight", P * H)});
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string hp = "transformer.h." + std::to_string(l) + ".";
+    const std::string mp = "decoder.layers." + std::to_string(l) + ".";
+    auto vec = [&](const std::string& mname, int64_t n, const std::string& hname) {
+      out.push_back({hp + hname, {n}, weight(w, mp + mname, n)});
+    };
+    auto linear = [&](const std::string& mname, int64_t o, int64_t in, const std::string& hname) {
+      out.push_back({hp + hname, {in, o}, transpose(weight(w, mp + mname, o * in), o, in)});
+    };
+    vec("input_layernorm.weight", H, "ln_1.weight");
+    vec("input_layernorm.bias", H, "ln_1.bias");
+    // Per-head rows [q_h; k_h; v_h] -> columns [Q; K; V].
+    const std::vector<float>& qw = weight(w, mp + "self_attention.linear_qkv.weight", 3 * A * H);
+    const std::vector<float>& qb = weight(w, mp + "self_attention.linear_qkv.bias", 3 * A);
+    std::vector<float> cw(static_cast<size_t>(H * 3 * A)), cb(static_cast<size_t>(3 * A));
+    for (int64_t head = 0; head < heads; ++head)
+      for (int64_t part = 0; part < 3; ++part)
+        for (int64_t d = 0; d < hd; ++d) {
+          const int64_t row = head * 3 * hd + part * hd + d, col = part * A + head * hd + d;
+          cb[col] = qb[row];
+          for (int64_t j = 0; j < H; ++j) cw[j * 3 * A + col] = qw[row * H + j];
+        }
+    out.push_back({hp + "attn.c_attn.weight", {H, 3 * A}, std::move(cw)});
+    out.push_back({hp + "attn.c_attn.bias", {3 * A}, std::move(cb)});
+    linear("self_attention.linear_proj.weight", H, A, "attn.c_proj.weight");
+    vec("self_attention.linear_proj.bias", H, "attn.c_proj.bias");
+    vec("pre_mlp_layernorm.weight", H, "ln_2.weight");
+    vec("pre_mlp_layernorm.bias", H, "ln_2.bias");
+    linear("mlp.linear_fc1.weight", F, H, "mlp.c_fc.weight");
+    vec("mlp.linear_fc1.bias", F, "mlp.c_fc.bias");
+    linear("mlp.linear_fc2.weight", H, F, "mlp.c_proj.weight");
+    vec("mlp.linear_fc2.bias", H, "mlp.c_proj.bias");
+  }
+  out.push_back({"transformer.ln_f.weight", {H}, weight(w, "decoder.final_layernorm.weight", H)});
+  out.push_back({"transformer.ln_f.bias", {H}, weight(w, "decoder.final_layernorm.bias", H)});
+  if (c.untie_embeddings_and_output_weights)
+    out.push_back({"lm_head.weight", {V, H}, first_rows("output_layer.weight", V)});
+  return out;
+}
+
+void write_hf_gpt2(const std::string& out_dir, const HFExportSpec& spec,
+                   const std::map<std::string, std::vector<float>>& weights) {
+  std::vector<HFTensor> tensors = megatron_to_hf_gpt2(weights, spec.model);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw runtime_error("cannot create " + out_dir + ": " + ec.message(), "check that the path is writable");
+  std::vector<safetensors::WriteEntry> entries;
+  for (const HFTensor& t : tensors) entries.push_back({t.name, DType::F32, t.shape, t.data.data()});
+  safetensors::write((fs::path(out_dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
+  for (const auto& [src, name] : {std::pair{spec.vocab_file, "vocab.json"}, std::pair{spec.merge_file, "merges.txt"}}) {
+    if (src.empty()) continue;
+    write_text_atomic((fs::path(out_dir) / name).string(), read_text(src));
+  }
+  write_text_atomic((fs::path(out_dir) / "config.json").string(), gpt2_config_json(spec).dump(2) + "\n");
+}
+
+std::map<std::string, std::vector<float>> read_checkpoint_model(const std::string& dir, int64_t iteration,
+                                                                const GPTConfig& c) {
+  std::map<std::string, std::vector<float>> weights;
+  std::vector<NamedTensor> model;
+  for (const ParamSpec& s : gpt_param_specs(c)) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    std::vector<float>& v = weights[s.name];
+    v.assign(static_cast<size_t>(n), 0.0f);
+    model.push_back({s.name, Tensor(v.data(), DType::F32, s.shape, nullptr)});
+  }
+  load_checkpoint(dir, iteration, model, {}, false);
+  return weights;
+}
+
+std::vector<std::string> train_flags_from_hf_config(const std::string& hf_dir) {
+  const std::string path = (fs::path(hf_dir) / "config.json").string();
+  if (!fs::exists(path))
+    throw usage_error(path + ": not found", "import-hf expects a Hugging Face GPT-2 folder (config.json + "
+                                            "model.safetensors)");
+  json j = json::parse(read_text(path), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw runtime_error(path + ": not valid JSON, or not a JSON object");
+  auto integer = [&](const char* key) -> int64_t {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)
+      throw runtime_error(path + ": \"" + std::string(key) + "\" is missing or not a positive integer",
+                          "is this a GPT-2 config.json?");
+    return it->get<int64_t>();
+  };
+  const int64_t n_embd = integer("n_embd"), n_positions = integer("n_positions"), vocab = integer("vocab_size");
+  std::vector<std::string> f = {"--num-layers", std::to_string(integer("n_layer")),
+                                "--hidden-size", std::to_string(n_embd),
+                                "--num-attention-heads", std::to_string(integer("n_head")),
+                                "--seq-length", std::to_string(n_positions),
+                                "--max-position-embeddings", std::to_string(n_positions)};
+  if (auto it = j.find("n_inner"); it != j.end() && !it->is_null()) {
+    const int64_t inner = integer("n_inner");
+    if (inner != 4 * n_embd) f.insert(f.end(), {"--ffn-hidden-size", std::to_string(inner)});
+  }
+  if (auto it = j.find("layer_norm_epsilon"); it != j.end() && it->is_number()) {
+    char eps[32];
+    std::snprintf(eps, sizeof eps, "%.9g", it->get<double>());
+    f.insert(f.end(), {"--norm-epsilon", eps});
+  }
+  if (auto it = j.find("activation_function"); it != j.end() && *it == "gelu") f.push_back("--no-bias-gelu-fusion");
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && *it == false)
+    f.push_back("--untie-embeddings-and-output-weights");
+  const fs::path vocab_json = fs::absolute(fs::path(hf_dir) / "vocab.json");
+  const fs::path merges = fs::absolute(fs::path(hf_dir) / "merges.txt");
+  if (fs::exists(vocab_json) && fs::exists(merges))
+    f.insert(f.end(), {"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab_json.string(), "--merge-file",
+                       merges.string()});
+  else
+    f.insert(f.end(), {"--tokenizer-type", "NullTokenizer", "--vocab-size", std::to_string(vocab - 1)});
+  return f;
+}
+
+}  // namespace tessera

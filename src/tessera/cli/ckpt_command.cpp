@@ -1,0 +1,356 @@
+// `tessera ckpt <action>`: tools for tessera checkpoints (docs/checkpoints.md, "Tools").
+//   inspect DIR [--iteration N]        iteration, arguments, layout, tensors, checksum status
+//   export-hf DIR OUT [--iteration N]  a Hugging Face GPT-2 folder (config.json,
+//                                      model.safetensors, tokenizer files when known)
+//   import-hf HF_DIR OUT [train flags] a Hugging Face GPT-2 as a tessera checkpoint
+//                                      (iteration 0, model only) for --load OUT --finetune
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/hf_export.h"
+#include "tessera/ckpt/hf_gpt2.h"
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/cli/commands.h"
+#include "tessera/core/error.h"
+#include "tessera/core/options.h"
+#include "tessera/core/sha256.h"
+#include "tessera/train/arguments.h"
+
+namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+void print_help() {
+  std::printf(
+      "usage: tessera ckpt <action> [flags]\n\n"
+      "actions:\n"
+      "  inspect DIR [--iteration N]\n"
+      "      print the iteration (latest unless --iteration), the recorded arguments, the layout,\n"
+      "      every tensor (dtype, shape, bytes) and every file's checksum status (OK, MISMATCH,\n"
+      "      MISSING); exits 1 when any check fails\n"
+      "  export-hf DIR OUT [--iteration N]\n"
+      "      write a Hugging Face GPT-2 folder: OUT/config.json, OUT/model.safetensors (F32) and,\n"
+      "      for GPT2BPETokenizer, OUT/vocab.json and OUT/merges.txt\n"
+      "  import-hf HF_DIR OUT [train flags]\n"
+      "      write HF_DIR's GPT-2 as a tessera checkpoint (iteration 0, model only) for\n"
+      "      `tessera train --load OUT --finetune`; the model flags are derived from\n"
+      "      HF_DIR/config.json unless given\n");
+}
+
+const OptionTable& ckpt_option_table() {
+  static const OptionTable table("tessera ckpt",
+                                 {{"--iteration", OptKind::Int, nullptr, "the checkpoint's iteration (default: latest)"}},
+                                 {nullptr, false});
+  return table;
+}
+
+// Positional arguments and parsed flags (every flag of the table takes a value).
+struct Command {
+  std::vector<std::string> positional;
+  ParsedOptions options;
+};
+
+Command split_args(int argc, char** argv) {
+  Command c;
+  std::vector<char*> flags;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) == 0) {
+      flags.push_back(argv[i]);
+      if (a.find('=') == std::string::npos && i + 1 < argc) flags.push_back(argv[++i]);
+    } else {
+      c.positional.push_back(a);
+    }
+  }
+  c.options = ckpt_option_table().parse(static_cast<int>(flags.size()), flags.data());
+  return c;
+}
+
+std::string iteration_dir(const std::string& dir, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
+  return (fs::path(dir) / name).string();
+}
+
+int64_t choose_iteration(const std::string& dir, const ParsedOptions& p) {
+  if (auto it = p.get_opt_int("--iteration")) {
+    if (*it < 0) throw usage_error("--iteration must be >= 0");
+    return *it;
+  }
+  if (!fs::is_directory(dir)) throw usage_error("checkpoint folder " + dir + " does not exist");
+  auto latest = latest_checkpoint_iteration(dir);
+  if (!latest)
+    throw usage_error(dir + " holds no checkpoint (no latest_checkpointed_iteration.txt)",
+                      "pass the folder given to --save, or --iteration N");
+  return *latest;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw runtime_error("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+json read_metadata(const std::string& it_dir) {
+  const std::string path = (fs::path(it_dir) / "metadata.json").string();
+  if (!fs::exists(path))
+    throw runtime_error("checkpoint " + it_dir + " has no metadata.json",
+                        "it was not written by tessera, or the save did not finish");
+  json meta = json::parse(read_text(path), nullptr, false);
+  if (meta.is_discarded() || !meta.is_object()) throw runtime_error(path + " is not a valid JSON object");
+  return meta;
+}
+
+std::vector<std::string> recorded_args(const json& meta, const std::string& it_dir) {
+  std::vector<std::string> out;
+  auto it = meta.find("args");
+  if (it == meta.end() || !it->is_array())
+    throw runtime_error(it_dir + "/metadata.json records no \"args\" list", "re-save the checkpoint with tessera");
+  for (const json& a : *it) {
+    if (!a.is_string()) throw runtime_error(it_dir + "/metadata.json: \"args\" holds a non-string " + a.dump());
+    out.push_back(a.get<std::string>());
+  }
+  return out;
+}
+
+bool has_flag(const std::vector<std::string>& flags, const std::string& f) {
+  return std::any_of(flags.begin(), flags.end(),
+                     [&](const std::string& a) { return a == f || a.rfind(f + "=", 0) == 0; });
+}
+
+// TrainArgs from flags that describe a model; training-only flags that are required
+// (data, batch, length) are filled with placeholders when absent.
+TrainArgs model_args(std::vector<std::string> flags) {
+  if (!has_flag(flags, "--mock-data") && !has_flag(flags, "--data-path") && !has_flag(flags, "--data-args-path") &&
+      !has_flag(flags, "--train-data-path") && !has_flag(flags, "--per-split-data-args-path"))
+    flags.push_back("--mock-data");
+  if (!has_flag(flags, "--micro-batch-size")) flags.insert(flags.end(), {"--micro-batch-size", "1"});
+  if (!has_flag(flags, "--train-iters") && !has_flag(flags, "--train-samples"))
+    flags.insert(flags.end(), {"--train-iters", "1"});
+  if (!has_flag(flags, "--lr")) flags.insert(flags.end(), {"--lr", "0.0001"});
+  std::vector<char*> argv;
+  for (std::string& f : flags) argv.push_back(f.data());
+  return parse_train_args(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& a : v) {
+    if (!s.empty()) s += ' ';
+    s += a.find(' ') == std::string::npos && !a.empty() ? a : "'" + a + "'";
+  }
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------
+
+int run_inspect(const Command& c) {
+  if (c.positional.size() != 1)
+    throw usage_error("inspect takes one checkpoint folder", "e.g. tessera ckpt inspect checkpoints/gpt");
+  const std::string dir = c.positional[0];
+  const int64_t iteration = choose_iteration(dir, c.options);
+  const std::string it_dir = iteration_dir(dir, iteration);
+  if (!fs::is_directory(it_dir))
+    throw runtime_error("checkpoint " + it_dir + " does not exist", "list " + dir + " for the saved iterations");
+  const json meta = read_metadata(it_dir);
+  auto num = [&](const char* key) { return meta.contains(key) ? meta[key].dump() : std::string("?"); };
+
+  std::printf("checkpoint %s\n", it_dir.c_str());
+  std::printf("  iteration: %lld%s\n", static_cast<long long>(iteration),
+              c.options.given("--iteration") ? "" : " (latest)");
+  std::printf("  format: %s, version %s\n", meta.value("format", std::string("?")).c_str(),
+              num("format_version").c_str());
+  std::printf("  layout: tensor-parallel %s, pipeline-parallel %s\n", num("tensor_model_parallel_size").c_str(),
+              num("pipeline_model_parallel_size").c_str());
+  std::printf("  consumed samples: train %s, valid %s; scheduler steps %s; optimizer steps %s\n",
+              num("consumed_train_samples").c_str(), num("consumed_valid_samples").c_str(),
+              num("scheduler_num_steps").c_str(), num("optimizer_steps").c_str());
+  bool ok = true;
+  try {
+    std::printf("  arguments: %s\n", join(recorded_args(meta, it_dir)).c_str());
+  } catch (const Error& e) {
+    std::printf("  arguments: ERROR %s\n", e.what());
+    ok = false;
+  }
+
+  int failed = 0, checked = 0;
+  std::printf("files:\n");
+  auto files = meta.find("files");
+  if (files == meta.end() || !files->is_object()) {
+    std::printf("  ERROR metadata.json lists no files\n");
+    ok = false;
+  } else {
+    for (const auto& [rel, info] : files->items()) {
+      ++checked;
+      const std::string path = (fs::path(it_dir) / rel).string();
+      std::string status = "OK", detail;
+      const bool listed = info.is_object() && info.contains("bytes") && info["bytes"].is_number_unsigned() &&
+                          info.contains("sha256") && info["sha256"].is_string();
+      if (!fs::exists(path)) {
+        status = "MISSING";
+      } else if (!listed) {
+        status = "MISMATCH";
+        detail = " (metadata.json records no size or sha256)";
+      } else {
+        const std::string bytes = read_text(path);
+        const std::string sha = sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
+        const uint64_t want = info["bytes"].get<uint64_t>();
+        if (bytes.size() != want) {
+          status = "MISMATCH";
+          detail = " (" + std::to_string(bytes.size()) + " bytes, metadata.json records " + std::to_string(want) + ")";
+        } else if (sha != info["sha256"].get<std::string>()) {
+          status = "MISMATCH";
+          detail = " (sha256 " + sha.substr(0, 16) + "…, metadata.json records " +
+                   info["sha256"].get<std::string>().substr(0, 16) + "…)";
+        } else {
+          detail = " (" + std::to_string(want) + " bytes, sha256 " + sha.substr(0, 16) + "…)";
+        }
+      }
+      if (status != "OK") ++failed;
+      std::printf("  %-8s %s%s\n", status.c_str(), rel.c_str(), detail.c_str());
+    }
+  }
+
+  std::vector<fs::path> tensor_files;
+  for (const auto& entry : fs::recursive_directory_iterator(it_dir))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") tensor_files.push_back(entry.path());
+  std::sort(tensor_files.begin(), tensor_files.end());
+  for (const fs::path& file : tensor_files) {
+    const std::string rel = fs::relative(file, it_dir).string();
+    std::printf("tensors of %s:\n", rel.c_str());
+    try {
+      safetensors::Reader r = safetensors::Reader::open(file.string());
+      uint64_t total_bytes = 0, total_elems = 0;
+      for (const auto& t : r.tensors()) {
+        std::printf("  %-56s %-4s %-16s %12llu bytes\n", t.name.c_str(), t.dtype_name.c_str(),
+                    shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.end - t.begin));
+        total_bytes += t.end - t.begin;
+        total_elems += t.numel;
+      }
+      std::printf("  %zu tensors, %llu elements, %llu bytes\n", r.tensors().size(),
+                  static_cast<unsigned long long>(total_elems), static_cast<unsigned long long>(total_bytes));
+    } catch (const Error& e) {
+      std::printf("  ERROR %s\n", e.what());
+      ok = false;
+    }
+  }
+  if (failed > 0 || !ok) {
+    std::printf("checksums: %d of %d files failed\n", failed, checked);
+    std::fprintf(stderr, "error: checkpoint %s failed its checks\n", it_dir.c_str());
+    return 1;
+  }
+  std::printf("checksums: all %d files OK\n", checked);
+  return 0;
+}
+
+int run_export_hf(const Command& c) {
+  if (c.positional.size() != 2)
+    throw usage_error("export-hf takes a checkpoint folder and an output folder",
+                      "e.g. tessera ckpt export-hf checkpoints/gpt gpt2-hf");
+  const std::string dir = c.positional[0], out = c.positional[1];
+  const int64_t iteration = choose_iteration(dir, c.options);
+  const std::string it_dir = iteration_dir(dir, iteration);
+  const std::vector<std::string> flags = recorded_args(read_metadata(it_dir), it_dir);
+  const TrainArgs args = model_args(flags);
+  check_gpt2_expressible(args.model);  // before reading any weights
+
+  HFExportSpec spec;
+  spec.model = args.model;
+  spec.bos_token_id = spec.eos_token_id = args.eod;
+  if (args.tokenizer.type == "GPT2BPETokenizer") {
+    spec.vocab_file = args.tokenizer.vocab_file;
+    spec.merge_file = args.tokenizer.merge_file;
+  }
+  write_hf_gpt2(out, spec, read_checkpoint_model(dir, iteration, args.model));
+  std::printf("exported %s (iteration %lld) to %s: config.json, model.safetensors%s\n", it_dir.c_str(),
+              static_cast<long long>(iteration), out.c_str(),
+              spec.vocab_file.empty() ? "" : ", vocab.json, merges.txt");
+  if (spec.vocab_file.empty())
+    std::printf("  no tokenizer files: the run used %s\n", args.tokenizer.type.c_str());
+  if (args.model.padded_vocab_size != args.model.vocab_size)
+    std::printf("  dropped %d padding rows of the vocabulary (%d -> %d)\n",
+                args.model.padded_vocab_size - args.model.vocab_size, args.model.padded_vocab_size,
+                args.model.vocab_size);
+  return 0;
+}
+
+int run_import_hf(int argc, char** argv) {
+  std::vector<std::string> pos;
+  int i = 0;
+  for (; i < argc && pos.size() < 2; ++i) {
+    if (std::string(argv[i]).rfind("--", 0) == 0)
+      throw usage_error("import-hf takes HF_DIR OUT first, then the train flags",
+                        "e.g. tessera ckpt import-hf gpt2-hf checkpoints/gpt2 [--num-layers 12 ...]");
+    pos.push_back(argv[i]);
+  }
+  if (pos.size() != 2)
+    throw usage_error("import-hf takes a Hugging Face folder and an output folder",
+                      "e.g. tessera ckpt import-hf gpt2-hf checkpoints/gpt2");
+  const std::string hf_dir = pos[0], out = pos[1];
+  std::vector<std::string> flags(argv + i, argv + argc);
+  const bool derived = flags.empty();
+  if (derived) flags = train_flags_from_hf_config(hf_dir);
+  if (latest_checkpoint_iteration(out))
+    throw usage_error(out + " already holds a checkpoint", "import into a new folder");
+  const TrainArgs args = model_args(flags);
+  std::map<std::string, std::vector<float>> weights = load_hf_gpt2(hf_dir, args.model);
+
+  std::vector<NamedTensor> model;
+  int64_t params = 0;
+  for (const ParamSpec& s : gpt_param_specs(args.model)) {
+    std::vector<float>& v = weights.at(s.name);
+    model.push_back({s.name, Tensor(v.data(), DType::F32, s.shape, nullptr)});
+    params += static_cast<int64_t>(v.size());
+  }
+  CheckpointState state;
+  state.iteration = 0;
+  state.args = flags;
+  save_checkpoint(out, state, model, {});
+  std::printf("imported %s into %s (iteration 0, model only, %lld parameters)\n", hf_dir.c_str(),
+              iteration_dir(out, 0).c_str(), static_cast<long long>(params));
+  std::printf("  model flags%s: %s\n", derived ? " (from config.json)" : "", join(flags).c_str());
+  std::printf("  fine-tune with: tessera train <these flags and your training flags> --load %s --finetune\n",
+              out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int run_ckpt(int argc, char** argv) {
+  std::string action = argc > 0 ? argv[0] : "";
+  if (action.empty() || action == "--help" || action == "-h") {
+    print_help();
+    return action.empty() ? 2 : 0;
+  }
+  if (action == "import-hf") {
+    if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+      print_help();
+      return 0;
+    }
+    return run_import_hf(argc - 1, argv + 1);
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      print_help();
+      return 0;
+    }
+  }
+  if (action == "inspect") return run_inspect(split_args(argc - 1, argv + 1));
+  if (action == "export-hf") return run_export_hf(split_args(argc - 1, argv + 1));
+  throw usage_error("unknown action '" + action + "' for tessera ckpt", "actions: inspect, export-hf, import-hf");
+}
+
+}  // namespace tessera::cli
