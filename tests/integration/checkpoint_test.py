@@ -129,13 +129,84 @@ def test_flags(tmp):
         ["--ckpt-format", "torch", "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0"]).stderr
 
 
+def launch_train(args, log):
+    cmd = [TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(PORT + 1)] + args[0] + ["train"] + BASE + \
+          ["--hidden-size", "128", "--eval-iters", "0", "--train-iters", "300", "--lr-decay-style", "constant",
+           "--log-json", log] + args[1]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                            start_new_session=True)
+
+
+def wait_for_lines(path, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and sum(1 for _ in open(path)) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("%s did not reach %d lines" % (path, n))
+
+
+def last_per_iteration(path):
+    out = {}
+    for r in records(path):
+        out[r["iteration"]] = r  # a restarted run logs its iterations again: the last one counts
+    return [out[k] for k in sorted(out)]
+
+
+def same_run(a, b, label):
+    assert [r["iteration"] for r in a] == [r["iteration"] for r in b], label
+    for x, y in zip(a, b):
+        assert (x["lm_loss"], x["grad_norm"], x["consumed_samples"]) == \
+               (y["lm_loss"], y["grad_norm"], y["consumed_samples"]), (label, x, y)
+
+
+def test_exits_that_keep_work(tmp):
+    straight = f"{tmp}/exit_straight.jsonl"
+    p = launch_train(([], []), straight)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    reference = records(straight)
+
+    # SIGTERM to the launcher reaches the workers, which save and leave; --load resumes.
+    ckpt, log = f"{tmp}/exit_ckpt", f"{tmp}/exit_signal.jsonl"
+    keep = ["--save", ckpt, "--save-interval", "1000", "--load", ckpt]
+    p = launch_train(([], keep + ["--exit-signal-handler"]), log)
+    wait_for_lines(log, 20)
+    os.killpg(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    stopped = int(open(f"{ckpt}/latest_checkpointed_iteration.txt").read())
+    assert "exiting program at iteration %d (--exit-signal-handler" % stopped in out, out[-2000:]
+    assert 20 <= stopped < 300, stopped
+    p = launch_train(([], keep), log)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    same_run(reference, last_per_iteration(log), "SIGTERM, save, resume")
+
+    # kill -9 of a worker mid-run: --max-restarts restarts every worker from the latest
+    # checkpoint; every iteration's result (last logged) equals the uninterrupted run, so no
+    # sample was trained twice or skipped.
+    ckpt, log = f"{tmp}/restart_ckpt", f"{tmp}/restart.jsonl"
+    p = launch_train((["--max_restarts", "1"], ["--save", ckpt, "--save-interval", "7", "--load", ckpt]), log)
+    wait_for_lines(log, 30)
+    workers = subprocess.run(["pgrep", "-f", "restart.jsonl"], capture_output=True, text=True).stdout.split()
+    victim = max(int(w) for w in workers if int(w) != p.pid)
+    os.kill(victim, signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    assert "restart" in err.lower(), err[-2000:]
+    # The restarted workers resumed from a checkpoint, not from iteration 0.
+    assert "loading checkpoint from %s at iteration" % ckpt in out, out[-2000:]
+    same_run(reference, last_per_iteration(log), "kill -9, restart")
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in (("bit-exact resume, 1 process", lambda: test_bit_exact_resume(tmp)),
                          ("bit-exact resume, DP=2", lambda: test_bit_exact_resume(tmp, launch=2)),
                          ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
                          ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
-                         ("flags", lambda: test_flags(tmp))):
+                         ("flags", lambda: test_flags(tmp)),
+                         ("exits that keep work", lambda: test_exits_that_keep_work(tmp))):
             t0 = time.monotonic()
             fn()
             print("ok  %-30s %.1f s" % (name, time.monotonic() - t0), flush=True)

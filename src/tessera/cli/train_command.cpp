@@ -17,6 +17,7 @@
 #include "tessera/model/gpt.h"
 #include "tessera/parallel/topology.h"
 #include "tessera/train/arguments.h"
+#include "tessera/train/exit_signal.h"
 #include "tessera/train/trainer.h"
 #include "tessera/train/training_data.h"
 
@@ -73,6 +74,7 @@ int run_train(int argc, char** argv) {
 
   TrainingData data = build_training_data(args);
   if (world) check_datasets_agree(data, *world);
+  if (args.exit_signal_handler) install_exit_signal_handler();
   Trainer trainer(args, model, data.sources(), device, groups.dp.get());
   if (!args.load.empty()) trainer.load_checkpoint(args.load);
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",

@@ -123,6 +123,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--save-interval", K::Int, nullptr, "Iterations between checkpoint saves (required with --save)"},
       {"--load", K::String, nullptr, "Folder to resume from (its latest checkpoint)"},
       {"--exit-interval", K::Int, nullptr, "Exit after the iteration divisible by this (saving first with --save)"},
+      {"--exit-duration-in-mins", K::Int, nullptr, "Exit (saving first with --save) after this many minutes"},
+      {"--exit-signal-handler", K::StoreTrue, nullptr, "On SIGTERM/SIGINT, save (with --save) and exit 0"},
       {"--no-save-optim", K::StoreTrue, nullptr, "Do not save the optimizer state"},
       {"--no-save-rng", K::StoreTrue, nullptr, "Do not save RNG states (tessera's RNG is counter-based: none to save)"},
       {"--no-load-optim", K::StoreTrue, nullptr, "Do not load the optimizer state"},
@@ -363,6 +365,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.load = p.get_string("--load");
   if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
   if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
+  if (p.raw("--exit-duration-in-mins")) a.exit_duration_minutes = static_cast<double>(positive(p, "--exit-duration-in-mins"));
+  a.exit_signal_handler = p.get_bool("--exit-signal-handler");
   if (!a.save.empty() && a.save_interval == 0)
     throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
   a.no_save_optim = p.get_bool("--no-save-optim");

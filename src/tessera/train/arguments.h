@@ -43,6 +43,8 @@ struct TrainArgs {
   std::string save, load;
   int64_t save_interval = 0;
   int64_t exit_interval = 0;  // --exit-interval: stop (after saving) when iteration % N == 0
+  double exit_duration_minutes = 0;  // --exit-duration-in-mins: stop (after saving) after this long
+  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM saves, then exits 0
   bool no_save_optim = false, no_load_optim = false, finetune = false;
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 

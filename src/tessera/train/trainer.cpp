@@ -13,6 +13,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 #include "tessera/device/device.h"
+#include "tessera/train/exit_signal.h"
 
 namespace tessera {
 
@@ -263,8 +264,23 @@ void Trainer::load_checkpoint(const std::string& dir) {
   scheduler_.set_num_steps(s.scheduler_num_steps);
 }
 
+// Megatron's three ways to stop early; the time and signal conditions are agreed across the
+// replicas (any one of them stops all), so that every rank saves and leaves together.
+const char* Trainer::exit_reason(std::chrono::steady_clock::time_point start) {
+  if (args_.exit_interval > 0 && iteration_ % args_.exit_interval == 0) return "--exit-interval";
+  if (args_.exit_duration_minutes <= 0 && !args_.exit_signal_handler) return nullptr;
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
+  int32_t flags[2] = {args_.exit_duration_minutes > 0 && minutes >= args_.exit_duration_minutes,
+                      args_.exit_signal_handler && exit_signal_received()};
+  if (dp_) dp_->all_reduce(Tensor(flags, DType::I32, {2}, &device_), ReduceOp::Max);
+  if (flags[1]) return "--exit-signal-handler: signal received";
+  if (flags[0]) return "--exit-duration-in-mins";
+  return nullptr;
+}
+
 void Trainer::train() {
   using clock = std::chrono::steady_clock;
+  const auto train_start = clock::now();
   auto interval_start = clock::now();
   double loss_sum = 0.0;
   int64_t tokens = 0;
@@ -291,9 +307,9 @@ void Trainer::train() {
       save_checkpoint(args_.save);
       interval_start = clock::now();  // nor is checkpoint time
     }
-    if (args_.exit_interval > 0 && iteration_ % args_.exit_interval == 0) {
+    if (const char* why = exit_reason(train_start)) {
       if (!args_.save.empty() && !saved) save_checkpoint(args_.save);
-      print_rank_0("exiting program at iteration %lld", static_cast<long long>(iteration_));
+      print_rank_0("exiting program at iteration %lld (%s)", static_cast<long long>(iteration_), why);
       return;
     }
   }
