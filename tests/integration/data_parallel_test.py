@@ -72,6 +72,33 @@ def test_loopback(tmp):
     return reference
 
 
+def test_without_tessera_launch(tmp, reference):
+    """torchrun's and Slurm's environment contracts, set by hand (Debian's torch 1.13 torchrun
+    does not start under this Python): rank 0 serves tessera's store on MASTER_PORT + 1."""
+    contracts = {
+        "torchrun": lambda r: {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PORT_BASE + 20),
+                               "TORCHELASTIC_RUN_ID": "dp-test"},
+        "slurm": lambda r: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
+                            "SLURM_NODEID": "0", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0",
+                            "SLURM_TASKS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
+                            "MASTER_PORT": str(PORT_BASE + 30)},
+    }
+    for name, env_of in contracts.items():
+        path = os.path.join(tmp, "%s.jsonl" % name)
+        procs = []
+        for r in (0, 1):
+            env = env_without_launch()
+            env.update(env_of(r))
+            env["OMP_NUM_THREADS"] = "1"
+            procs.append(subprocess.Popen([TESSERA, "train"] + TRAIN + ["--log-json", path], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, (name, out[-2000:], err[-2000:])
+        compare(reference, records(path), name)
+
+
 def test_datasets_must_agree(tmp):
     # Rank 1 uses another seed, so its shuffles (and index digests) differ from rank 0's.
     script = 'exec "$0" train "$@" --seed $((1234 + RANK))'
@@ -123,6 +150,8 @@ def main():
         t0 = time.monotonic()
         reference = test_loopback(tmp)
         print("ok  loopback DP=2, DP=4 (overlapped buckets)  %.1f s" % (time.monotonic() - t0), flush=True)
+        test_without_tessera_launch(tmp, reference)
+        print("ok  torchrun and Slurm environments, DP=2", flush=True)
         test_datasets_must_agree(tmp)
         print("ok  ranks with different samples are refused", flush=True)
         t0 = time.monotonic()
