@@ -27,3 +27,13 @@ set_tests_properties(ckpt.safetensors_fuzz PROPERTIES
   TIMEOUT 120 LABELS "fuzz;ckpt"
   WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
   ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1:detect_leaks=1;UBSAN_OPTIONS=print_stacktrace=1")
+
+# `tessera ckpt`'s command line (the actions themselves: tests/unit/ckpt/hf_export_test.cpp).
+add_test(NAME ckpt.cli_help COMMAND $<TARGET_FILE:tessera> ckpt --help)
+add_test(NAME ckpt.cli_unknown_action COMMAND $<TARGET_FILE:tessera> ckpt frobnicate)
+add_test(NAME ckpt.cli_inspect_no_checkpoint COMMAND $<TARGET_FILE:tessera> ckpt inspect ${PROJECT_BINARY_DIR}/no-such-checkpoint)
+add_test(NAME ckpt.cli_export_bad_flag COMMAND $<TARGET_FILE:tessera> ckpt export-hf a b --iteraton 3)
+set_tests_properties(ckpt.cli_help PROPERTIES TIMEOUT 10 LABELS ckpt PASS_REGULAR_EXPRESSION "export-hf DIR OUT")
+set_tests_properties(ckpt.cli_unknown_action PROPERTIES TIMEOUT 10 LABELS ckpt WILL_FAIL TRUE)
+set_tests_properties(ckpt.cli_inspect_no_checkpoint PROPERTIES TIMEOUT 10 LABELS ckpt WILL_FAIL TRUE)
+set_tests_properties(ckpt.cli_export_bad_flag PROPERTIES TIMEOUT 10 LABELS ckpt PASS_REGULAR_EXPRESSION "--iteration")
