@@ -223,6 +223,18 @@ int run_inspect(const Command& c) {
     }
   }
 
+  // Files in the folder that metadata.json does not list (never loaded; reported only).
+  for (const auto& entry : fs::recursive_directory_iterator(it_dir)) {
+    const std::string rel = fs::relative(entry.path(), it_dir).string();
+    if (entry.is_regular_file() && rel != "metadata.json" && (files == meta.end() || !files->contains(rel)))
+      std::printf("  %-8s %s (not in metadata.json; never loaded)\n", "UNLISTED", rel.c_str());
+  }
+  if (auto it = meta.find("iteration"); it == meta.end() || !it->is_number_integer() || it->get<int64_t>() != iteration) {
+    std::printf("  ERROR metadata.json records iteration %s, the folder is iteration %lld\n",
+                it == meta.end() ? "none" : it->dump().c_str(), static_cast<long long>(iteration));
+    ok = false;
+  }
+
   std::vector<fs::path> tensor_files;
   for (const auto& entry : fs::recursive_directory_iterator(it_dir))
     if (entry.is_regular_file() && entry.path().extension() == ".safetensors") tensor_files.push_back(entry.path());

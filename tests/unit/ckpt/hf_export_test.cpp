@@ -283,3 +283,38 @@ TEST(CkptExportHF, InexpressibleModelsNameTheFlag) {
     if (!::testing::Test::HasFailure()) fs::remove_all(dir);
   }
 }
+
+// GPT-2 BPE: the tokenizer files are copied, bos/eos are 50256, the 47 padding rows of the
+// 50304-row embedding are dropped; import-hf derives GPT2BPETokenizer from the exported
+// folder's vocab.json/merges.txt, and exporting that again gives the same tensors.
+TEST(CkptExportHF, GPT2BPETokenizerFilesAndVocabulary) {
+  const fs::path dir = scratch_dir("bpe");
+  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/tests/data/gpt2/";
+  const fs::path ckpt = dir / "ckpt", hf = dir / "hf";
+  const std::vector<std::string> flags = {
+      "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
+      "--max-position-embeddings", "8", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", data + "vocab.json",
+      "--merge-file", data + "merges.txt", "--init-method-std", "0.2", "--mock-data", "--micro-batch-size", "1",
+      "--train-iters", "1", "--lr", "1e-3", "--save", ckpt.string(), "--save-interval", "1", "--eval-iters", "0"};
+  CmdResult t = run(kTessera + " train" + join(flags), dir / "train.log");
+  ASSERT_EQ(t.status, 0) << t.output;
+  expect_export_matches_tessera(dir, ckpt);
+  json cfg = json::parse(read_file(hf / "config.json"));
+  EXPECT_EQ(cfg["vocab_size"], 50257);
+  EXPECT_EQ(cfg["bos_token_id"], 50256);
+  EXPECT_EQ(cfg["eos_token_id"], 50256);
+  EXPECT_EQ(read_file(hf / "vocab.json"), read_file(data + "vocab.json"));
+  EXPECT_EQ(read_file(hf / "merges.txt"), read_file(data + "merges.txt"));
+  EXPECT_EQ(tessera::safetensors::Reader::open((hf / "model.safetensors").string()).at("transformer.wte.weight").shape,
+            (Shape{50257, 16}));
+
+  CmdResult i = run(kTessera + " ckpt import-hf " + hf.string() + " " + (dir / "imported").string(), dir / "import.log");
+  ASSERT_EQ(i.status, 0) << i.output;
+  EXPECT_NE(i.output.find("GPT2BPETokenizer"), std::string::npos) << i.output;
+  CmdResult e = run(kTessera + " ckpt export-hf " + (dir / "imported").string() + " " + (dir / "hf2").string(),
+                    dir / "export2.log");
+  ASSERT_EQ(e.status, 0) << e.output;
+  CmdResult same = run(kPython + " " + kCheck + " same " + (dir / "hf2").string() + " " + hf.string(), dir / "same.log");
+  EXPECT_EQ(same.status, 0) << same.output;
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
