@@ -174,6 +174,28 @@ def test_clean(tmp, data):
     print("ok  clean run, 2 processes under tessera launch", flush=True)
 
 
+def test_load(tmp, data):
+    """--load: a checkpoint saved by train loads (checksums, shapes); a flipped byte FAILs."""
+    if not train_takes_checkpoints():
+        print("SKIP --load: this tessera train has no checkpoint support", flush=True)
+        return
+    args = GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache")]
+    ck = os.path.join(tmp, "ck")
+    p = subprocess.run([TESSERA, "train"] + args + ["--train-iters", "2", "--eval-iters", "0", "--save", ck,
+                                                    "--save-interval", "2"],
+                       capture_output=True, text=True, timeout=120, env=clean_env())
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rc, out = doctor(args + ["--load", ck])
+    assert rc == 0 and row_status(out, "checkpoints: --load") == ["PASS"], out
+    model = os.path.join(ck, "iter_0000002", "mp_rank_00", "model.safetensors")
+    with open(model, "r+b") as f:
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 0xFF]))
+    expect_fail("corrupt checkpoint for --load", args + ["--load", ck], "checkpoints: --load", "checksum")
+
+
 def test_different_binaries(tmp, data):
     """Rank 1 runs a copy of the binary with one byte appended (still a valid ELF): a FAIL naming rank 1."""
     other = os.path.join(tmp, "tessera-other")
@@ -240,6 +262,7 @@ def main():
         test_fail_paths(tmp, data)
         test_small_disk(tmp, data)
         test_different_binaries(tmp, data)
+        test_load(tmp, data)
         test_two_hosts(tmp, data)
 
 

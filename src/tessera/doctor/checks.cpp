@@ -20,6 +20,7 @@
 #include <optional>
 #include <thread>
 
+#include "tessera/ckpt/checkpoint.h"
 #include "tessera/comm/net_interface.h"
 #include "tessera/core/error.h"
 #include "tessera/data/dataset_config.h"
@@ -459,6 +460,65 @@ Row check_memory(const GPTMemoryEstimate& e, int local_processes, const MemoryIn
   } else if (node > static_cast<double>(available)) {
     r.status = Status::Warn;
     r.fix = "more than is available now (other processes hold memory); " + help;
+  }
+  return r;
+}
+
+Row check_load(const std::string& dir, const GPTConfig* config, uint64_t available_bytes) {
+  Row r{"checkpoints: --load", Status::Pass, "", "", ""};
+  struct stat st {};
+  if (dir.empty() || stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    r.status = Status::Warn;
+    r.detail = "--load " + dir + " is not a folder: training starts from scratch";
+    r.fix = "check the path if you meant to resume";
+    return r;
+  }
+  std::optional<int64_t> latest;
+  try {
+    latest = latest_checkpoint_iteration(dir);
+  } catch (const Error& e) {
+    r.status = Status::Fail;
+    r.detail = e.what();
+    r.fix = e.hint().empty() ? "fix or remove the tracker latest_checkpointed_iteration.txt" : e.hint();
+    return r;
+  }
+  if (!latest) {
+    r.status = Status::Info;
+    r.detail = dir + " holds no checkpoint yet: training starts from scratch";
+    return r;
+  }
+  r.detail = "latest iteration " + std::to_string(*latest);
+  if (!config) {
+    r.status = Status::Warn;
+    r.detail += "; not loaded (the flags did not parse)";
+    r.fix = "fix the flags (config: flags) and run again";
+    return r;
+  }
+  const GPTMemoryEstimate e = estimate_gpt_memory(*config, 1);
+  if (2 * e.parameter_bytes > available_bytes / 4) {
+    r.status = Status::Info;
+    r.detail += "; not loaded here (" + gib(static_cast<double>(e.parameter_bytes)) +
+                " of parameters is too much for a check): `tessera ckpt inspect " + dir + "` verifies its checksums";
+    return r;
+  }
+  try {
+    SlabBuilder layout;
+    const std::vector<ParamSpec> specs = gpt_param_specs(*config);
+    std::vector<size_t> offsets;
+    for (const ParamSpec& s : specs) offsets.push_back(layout.reserve(DType::F32, s.shape));
+    Buffer slab(cpu_device(), layout.total_bytes());
+    std::vector<NamedTensor> model;
+    for (size_t i = 0; i < specs.size(); ++i)
+      model.push_back({specs[i].name, tensor_at(slab, offsets[i], DType::F32, specs[i].shape)});
+    CheckpointState state = load_checkpoint(dir, *latest, model, {}, false);
+    r.detail += ": checksums and " + std::to_string(specs.size()) + " parameter shapes match these flags (" +
+                std::to_string(state.consumed_train_samples) + " samples consumed)";
+  } catch (const Error& e) {
+    r.status = Status::Fail;
+    r.detail += ": " + std::string(e.what());
+    r.fix = e.hint().empty() ? "load with the flags the checkpoint was saved with (`tessera ckpt inspect " + dir +
+                                   "` lists them), or point --load elsewhere"
+                             : e.hint();
   }
   return r;
 }

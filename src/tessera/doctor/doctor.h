@@ -82,6 +82,10 @@ Row check_writable(const std::string& label, const std::string& dir);
 // The estimate times the processes on this node against the machine's memory.
 Row check_memory(const GPTMemoryEstimate& estimate, int local_processes, const MemoryInfo& memory,
                  uint64_t available_bytes, int micro_batch, int num_layers, int hidden_size);
+// --load: a folder whose latest checkpoint loads: every file's checksum, and the parameters'
+// names and shapes against `config` (null: flags did not parse; only the tracker is read).
+// Parameters are loaded into a scratch buffer when they fit a quarter of `available_bytes`.
+Row check_load(const std::string& dir, const GPTConfig* config, uint64_t available_bytes);
 // MemAvailable from /proc/meminfo (falls back to memory_info().free_bytes).
 uint64_t available_memory_bytes();
 

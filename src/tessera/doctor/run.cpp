@@ -342,7 +342,21 @@ DoctorOptions parse_doctor_options(int argc, char** argv) {
       o.timeout_seconds = std::max(0.5, number(i, a));
     } else if (a == "--bandwidth-mb") {
       o.bandwidth_bytes = std::max<int64_t>(1, static_cast<int64_t>(number(i, a) * (1 << 20)));
-    } else if (a == "--save" || a == "--load" || a.rfind("--save=", 0) == 0 || a.rfind("--load=", 0) == 0) {
+    } else if (a == "--save" || a == "--load" || a.rfind("--save=", 0) == 0 || a.rfind("--load=", 0) == 0 ||
+               a.rfind("--save-", 0) == 0 || a.rfind("--no-save", 0) == 0 || a.rfind("--no-load", 0) == 0 ||
+               a == "--finetune") {
+      // The checkpoint family: kept for train, left out of the retry where train rejects them.
+      const bool path_flag = a == "--save" || a == "--load" || a.rfind("--save=", 0) == 0 || a.rfind("--load=", 0) == 0;
+      if (!path_flag) {
+        o.train_args.push_back(a);
+        o.checkpoint_flags.push_back(a);
+        if (a.find('=') == std::string::npos && i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0 &&
+            a.rfind("--save-", 0) == 0) {  // --save-interval N (switches take no value)
+          o.train_args.push_back(argv[++i]);
+          o.checkpoint_flags.push_back(argv[i]);
+        }
+        continue;
+      }
       const bool save = a.rfind("--save", 0) == 0;
       o.train_args.push_back(a);
       o.checkpoint_flags.push_back(a);
@@ -496,14 +510,7 @@ int run_doctor(int argc, char** argv) {
       if (checkpoint_bytes) w.detail += "; one checkpoint ~" + std::to_string(checkpoint_bytes >> 20) + " MiB";
       rows.push_back(w);
     }
-    if (opt.load) {
-      struct stat st {};
-      const bool exists = !opt.load->empty() && stat(opt.load->c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-      rows.push_back({"checkpoints: --load", exists ? Status::Info : Status::Warn,
-                      exists ? *opt.load + " exists (its latest checkpoint is not validated by the doctor yet)"
-                             : "--load " + *opt.load + " is not a folder: training starts from scratch",
-                      exists ? "" : "check the path if you meant to resume", ""});
-    }
+    if (opt.load) rows.push_back(check_load(*opt.load, args ? &args->model : nullptr, available_memory_bytes()));
   }
   if (!cache_dir.empty()) {
     uint64_t need = min_free;
