@@ -4,13 +4,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-
-#include <oneapi/dnnl/dnnl.h>
 
 #include <cerrno>
 #include <chrono>
@@ -103,8 +102,9 @@ std::vector<Row> check_devices_and_build(uint64_t build_hash) {
   rows.push_back({"devices: gpu", Status::Info, "CPU build: no CUDA device backend yet", "", ""});
   const dnnl_version_t* v = dnnl_version();
   char versions[200];
-  std::snprintf(versions, sizeof versions, "tessera %s, oneDNN %d.%d.%d (%s), Gloo (libgloo, linked), NCCL/CUDA: not built",
-                TESSERA_VERSION, v->major, v->minor, v->patch, v->hash);
+  std::snprintf(versions, sizeof versions,
+                "tessera %s, oneDNN %d.%d.%d (%s), Gloo (libgloo, linked), NCCL/CUDA: not built", TESSERA_VERSION,
+                v->major, v->minor, v->patch, v->hash);
   rows.push_back({"build: versions", Status::Pass, versions, "", ""});
   char hash[40];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(build_hash));
@@ -128,7 +128,8 @@ std::vector<Row> check_interfaces(const std::string& gloo_ifname, const std::opt
     if (loopback && num_nodes > 1) {
       r.status = Status::Fail;
       r.detail += "; the loopback cannot reach other nodes";
-      r.fix = "set GLOO_SOCKET_IFNAME to the NIC that reaches MASTER_ADDR (one of: " + describe_net_interfaces(all) + ")";
+      r.fix =
+          "set GLOO_SOCKET_IFNAME to the NIC that reaches MASTER_ADDR (one of: " + describe_net_interfaces(all) + ")";
     } else if (!gloo_ifname.empty() && !master_addr.empty()) {
       // The named interface should be the one that routes to the master.
       try {
@@ -149,9 +150,9 @@ std::vector<Row> check_interfaces(const std::string& gloo_ifname, const std::opt
   } catch (const Error& e) {
     r.status = Status::Fail;
     r.detail = e.what();
-    r.fix = e.hint().empty() ? "set GLOO_SOCKET_IFNAME to an interface with an IPv4 address: " +
-                                   describe_net_interfaces(all)
-                             : e.hint();
+    r.fix = e.hint().empty()
+                ? "set GLOO_SOCKET_IFNAME to an interface with an IPv4 address: " + describe_net_interfaces(all)
+                : e.hint();
   }
   rows.push_back(r);
   if (nccl_ifname) {
@@ -209,7 +210,8 @@ Row probe_tcp(const std::string& label, const std::string& host, int port, doubl
     int err = rc == 0 ? 0 : errno;
     if (rc != 0 && err == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       int pr = poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count())));
       if (pr == 1) {
         socklen_t len = sizeof err;
@@ -237,8 +239,10 @@ Row probe_tcp(const std::string& label, const std::string& host, int port, doubl
   std::snprintf(b, sizeof b, "%.1f s", timeout_seconds);
   r.status = Status::Fail;
   r.detail = where + " unreachable: " + last + " (" + std::to_string(attempts) + " attempts in " + b + ")";
-  r.fix = "start node 0 first; check MASTER_ADDR/MASTER_PORT on every node, the firewall between the nodes "
-          "(ping and `nc -z " + host + " " + std::to_string(port) + "`), and that the port is free on node 0";
+  r.fix =
+      "start node 0 first; check MASTER_ADDR/MASTER_PORT on every node, the firewall between the nodes "
+      "(ping and `nc -z " +
+      host + " " + std::to_string(port) + "`), and that the port is free on node 0";
   return r;
 }
 
@@ -266,8 +270,9 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
   std::vector<Row> rows;
   if (plan.prefixes.empty()) {
     if (auto f = p.raw("--per-split-data-args-path")) {
-      rows.push_back({"data: prefixes", Status::Warn, "--per-split-data-args-path " + *f + " is not inspected yet",
-                      "list the prefixes with --train-data-path/--valid-data-path/--test-data-path to have them checked", ""});
+      rows.push_back(
+          {"data: prefixes", Status::Warn, "--per-split-data-args-path " + *f + " is not inspected yet",
+           "list the prefixes with --train-data-path/--valid-data-path/--test-data-path to have them checked", ""});
     } else {
       rows.push_back({"data: prefixes", Status::Info,
                       plan.mock ? "--mock-data: no files to check" : "no data flags (train uses mock data)", "", ""});
@@ -302,8 +307,9 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
     if (!problem.empty()) {
       r.status = Status::Fail;
       r.detail = problem;
-      r.fix = "--data-path takes the prefix without .bin/.idx (the --output-prefix of `tessera preprocess` plus "
-              "_text_document); copy the files to this node or fix the path";
+      r.fix =
+          "--data-path takes the prefix without .bin/.idx (the --output-prefix of `tessera preprocess` plus "
+          "_text_document); copy the files to this node or fix the path";
       rows.push_back(r);
       continue;
     }
@@ -325,8 +331,9 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
             r.detail += "; the " + std::string(data::split_name(sp)) + " split (--split " + plan.split + ") holds " +
                         std::to_string(tokens) + " tokens (sequences [" + std::to_string(begin) + ", " +
                         std::to_string(end) + "))";
-            r.fix = "train needs more than one token in every split: give it a larger share with --split or use a "
-                    "larger dataset";
+            r.fix =
+                "train needs more than one token in every split: give it a larger share with --split or use a "
+                "larger dataset";
           }
         }
       }
@@ -364,8 +371,8 @@ Row check_tokenizer(const ParsedOptions& p) {
   if (p.raw("--vocab-size")) o.vocab_size = p.get_int("--vocab-size");
   Row r{"data: tokenizer", Status::Pass, "", "", ""};
   std::string missing;
-  for (const auto& [flag, f] : {std::pair<std::string, std::string>{"--vocab-file", o.vocab_file},
-                                {"--merge-file", o.merge_file}}) {
+  for (const auto& [flag, f] :
+       {std::pair<std::string, std::string>{"--vocab-file", o.vocab_file}, {"--merge-file", o.merge_file}}) {
     if (f.empty()) continue;
     struct stat st {};
     if (stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
@@ -375,14 +382,15 @@ Row check_tokenizer(const ParsedOptions& p) {
   if (!missing.empty()) {
     r.status = Status::Fail;
     r.detail = missing;
-    r.fix = "GPT-2 BPE needs vocab.json and merges.txt (the two-server guide's gpt2-vocab.json, gpt2-merges.txt) "
-            "on every node at the same path";
+    r.fix =
+        "GPT-2 BPE needs vocab.json and merges.txt (the two-server guide's gpt2-vocab.json, gpt2-merges.txt) "
+        "on every node at the same path";
     return r;
   }
   try {
     auto t = data::build_tokenizer(o);
-    r.detail = std::string(t->type()) + ", " + std::to_string(t->vocab_size()) + " tokens, EOD " +
-               std::to_string(t->eod());
+    r.detail =
+        std::string(t->type()) + ", " + std::to_string(t->vocab_size()) + " tokens, EOD " + std::to_string(t->eod());
     if (o.type == "GPT2BPETokenizer" && o.vocab_size && *o.vocab_size != t->vocab_size()) {
       r.status = Status::Warn;
       r.detail += "; --vocab-size " + std::to_string(*o.vocab_size) + " is ignored by GPT2BPETokenizer";
@@ -431,8 +439,9 @@ Row check_disk(const std::string& label, const std::string& path, uint64_t min_f
     r.status = Status::Fail;
     r.detail = at + ": only " + mib(static_cast<double>(free_bytes)) + " free, needs " +
                mib(static_cast<double>(min_free_bytes));
-    r.fix = "free space on that file system, move the folder (--data-cache-path) elsewhere, or lower "
-            "--min-free-disk-gb if you know less is enough";
+    r.fix =
+        "free space on that file system, move the folder (--data-cache-path) elsewhere, or lower "
+        "--min-free-disk-gb if you know less is enough";
   }
   return r;
 }

@@ -48,7 +48,7 @@ struct DoctorOptions {
   double timeout_seconds = 60.0;
   int64_t bandwidth_bytes = 8 << 20;
   std::optional<std::string> save, load;
-  std::vector<std::string> train_args;  // everything else, for parse_train_args
+  std::vector<std::string> train_args;        // everything else, for parse_train_args
   std::vector<std::string> checkpoint_flags;  // --save/--load and their values as given
   std::vector<std::string> train_args_without_checkpoints;
 };
@@ -66,10 +66,10 @@ std::vector<Row> check_interfaces(const std::string& gloo_ifname, const std::opt
 Row probe_tcp(const std::string& label, const std::string& host, int port, double timeout_seconds);
 // Data prefixes, tokenizer files, the cache folder (the table parse of train's flags).
 struct DataPlan {
-  std::vector<std::string> prefixes;     // every prefix named by the data flags
-  size_t split_prefixes = 0;             // the first this many are divided by --split
-  std::string split;                     // --split, or Megatron's default "969, 30, 1"
-  std::string cache_dir;                 // --data-cache-path or Megatron's default; "" for mock data
+  std::vector<std::string> prefixes;  // every prefix named by the data flags
+  size_t split_prefixes = 0;          // the first this many are divided by --split
+  std::string split;                  // --split, or Megatron's default "969, 30, 1"
+  std::string cache_dir;              // --data-cache-path or Megatron's default; "" for mock data
   bool mock = false;
 };
 DataPlan data_plan(const ParsedOptions& p);

@@ -10,10 +10,14 @@ namespace tessera::doctor {
 
 const char* status_name(Status s) {
   switch (s) {
-    case Status::Pass: return "PASS";
-    case Status::Info: return "INFO";
-    case Status::Warn: return "WARN";
-    case Status::Fail: return "FAIL";
+    case Status::Pass:
+      return "PASS";
+    case Status::Info:
+      return "INFO";
+    case Status::Warn:
+      return "WARN";
+    case Status::Fail:
+      return "FAIL";
   }
   return "?";
 }
@@ -29,8 +33,8 @@ std::string format_table(const std::vector<Row>& rows) {
     ws = std::max(ws, r.scope.size());
   }
   auto line = [&](const std::string& c, const std::string& st, const std::string& sc, const std::string& d) {
-    std::string s = c + std::string(wc - c.size() + 2, ' ') + st + std::string(8 - st.size(), ' ') +
-                    sc + std::string(ws - sc.size() + 2, ' ') + d + "\n";
+    std::string s = c + std::string(wc - c.size() + 2, ' ') + st + std::string(8 - st.size(), ' ') + sc +
+                    std::string(ws - sc.size() + 2, ' ') + d + "\n";
     return s;
   };
   std::string out = line("check", "status", "scope", "detail");
@@ -66,8 +70,8 @@ std::string json_string(const std::string& s) {
 }  // namespace
 
 std::string format_json(const std::vector<Row>& rows, int world_size) {
-  std::string o = "{\"world_size\": " + std::to_string(world_size) + ", \"ok\": " +
-                  (any_failed(rows) ? "false" : "true") + ", \"checks\": [";
+  std::string o = "{\"world_size\": " + std::to_string(world_size) +
+                  ", \"ok\": " + (any_failed(rows) ? "false" : "true") + ", \"checks\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     o += std::string(i ? ",\n  " : "\n  ") + "{\"check\": " + json_string(r.check) + ", \"status\": \"" +

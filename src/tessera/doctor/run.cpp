@@ -55,8 +55,8 @@ struct RankInfo {
   double speed_seconds = 0;
   int32_t node_rank = 0;
   int32_t rank = 0;
-  int32_t cache_files = -1;     // index files in the cache folder; -1 without one
-  uint64_t cache_listing = 0;   // FNV-1a of their sorted names and sizes
+  int32_t cache_files = -1;    // index files in the cache folder; -1 without one
+  uint64_t cache_listing = 0;  // FNV-1a of their sorted names and sizes
   char host[64] = {0};
 };
 
@@ -226,7 +226,8 @@ void world_checks(Communicator& world, const DoctorOptions& opt, const RankInfo&
       }
       if (me == a) gbps[k] = static_cast<float>(2.0 * bytes / best / 1e9);
     }
-    if (!pairs.empty()) world.all_reduce(host_tensor(gbps.data(), DType::F32, static_cast<int64_t>(gbps.size())), ReduceOp::Sum);
+    if (!pairs.empty())
+      world.all_reduce(host_tensor(gbps.data(), DType::F32, static_cast<int64_t>(gbps.size())), ReduceOp::Sum);
     if (!pairs.empty()) {
       size_t lo = 0, hi = 0;
       for (size_t k = 0; k < pairs.size(); ++k) {
@@ -263,8 +264,9 @@ void world_checks(Communicator& world, const DoctorOptions& opt, const RankInfo&
     if (!differ.empty()) {
       row.status = Status::Warn;
       row.detail = rank_name(0, info) + " has " + std::to_string(info[0].cache_files) + " index files; " + differ;
-      row.fix = "harmless (each node builds identical indices under a lock), but to skip the build copy the cache "
-                "folder to every node or use a shared --data-cache-path";
+      row.fix =
+          "harmless (each node builds identical indices under a lock), but to skip the build copy the cache "
+          "folder to every node or use a shared --data-cache-path";
     }
     world_rows.push_back(row);
   }
@@ -298,8 +300,8 @@ void world_checks(Communicator& world, const DoctorOptions& opt, const RankInfo&
 }
 
 int category_rank(const std::string& check) {
-  static const char* order[] = {"devices", "build", "environment", "network", "collectives",
-                                "data",    "checkpoints", "disk", "config"};
+  static const char* order[] = {"devices", "build",       "environment", "network", "collectives",
+                                "data",    "checkpoints", "disk",        "config"};
   const std::string cat = check.substr(0, check.find(':'));
   for (int i = 0; i < 9; ++i)
     if (cat == order[i]) return i;
@@ -396,8 +398,9 @@ int run_doctor(int argc, char** argv) {
     rows.push_back({"environment: launcher", Status::Pass,
                     id.distributed() ? id.describe() : "a single process (no launcher variables)", "", ""});
     if (id.distributed() && (id.master_addr.empty() || id.master_port <= 0))
-      rows.back() = {"environment: launcher", Status::Fail, "MASTER_ADDR/MASTER_PORT not set for world size " +
-                     std::to_string(id.world_size), "export MASTER_ADDR=<node 0 IP> MASTER_PORT=<free port>", ""};
+      rows.back() = {"environment: launcher", Status::Fail,
+                     "MASTER_ADDR/MASTER_PORT not set for world size " + std::to_string(id.world_size),
+                     "export MASTER_ADDR=<node 0 IP> MASTER_PORT=<free port>", ""};
   } catch (const Error& e) {
     rows.push_back({"environment: launcher", Status::Fail, e.what(),
                     e.hint().empty() ? "start the job with `tessera launch` or set RANK, WORLD_SIZE, MASTER_ADDR, "
@@ -447,7 +450,8 @@ int run_doctor(int argc, char** argv) {
   try {
     ParsedOptions parsed;
     args = parse_train_args(targc, targv.data(), &parsed, id.world_size);
-    rows.push_back({"config: flags", Status::Pass, "valid for `tessera train` at world size " + std::to_string(id.world_size), "", ""});
+    rows.push_back({"config: flags", Status::Pass,
+                    "valid for `tessera train` at world size " + std::to_string(id.world_size), "", ""});
   } catch (const Error& e) {
     rows.push_back({"config: flags", Status::Fail, e.what(),
                     e.hint().empty() ? "fix the flag named (`tessera train --help` lists them)" : e.hint(), ""});
@@ -500,13 +504,15 @@ int run_doctor(int argc, char** argv) {
   } else if (!train_takes_checkpoints) {
     std::string given;
     for (const std::string& s : opt.checkpoint_flags) given += (given.empty() ? "" : " ") + s;
-    rows.push_back({"checkpoints", Status::Warn, "not checked yet: " + given +
-                    " given, but this tessera train does not support checkpoints (it rejects --save/--load)",
+    rows.push_back({"checkpoints", Status::Warn,
+                    "not checked yet: " + given +
+                        " given, but this tessera train does not support checkpoints (it rejects --save/--load)",
                     "drop --save/--load, or use a tessera build with checkpoint support", ""});
   } else {
     if (opt.save) {
       Row w = check_writable("checkpoints: --save", *opt.save);
-      if (w.status == Status::Fail) w.fix = "make --save " + *opt.save + " writable on every node (each rank writes its shard)";
+      if (w.status == Status::Fail)
+        w.fix = "make --save " + *opt.save + " writable on every node (each rank writes its shard)";
       if (checkpoint_bytes) w.detail += "; one checkpoint ~" + std::to_string(checkpoint_bytes >> 20) + " MiB";
       rows.push_back(w);
     }
@@ -542,7 +548,8 @@ int run_doctor(int argc, char** argv) {
       try {
         job_store = launch::open_job_store(id, timeout);
         if (id.serve_store)
-          rows.push_back({"network: store", Status::Pass, "served by this rank on port " + std::to_string(id.store_port), "", ""});
+          rows.push_back(
+              {"network: store", Status::Pass, "served by this rank on port " + std::to_string(id.store_port), "", ""});
         GlooOptions g;
         g.timeout = timeout;
         g.master_addr = id.master_addr;

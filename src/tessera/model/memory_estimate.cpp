@@ -23,15 +23,39 @@ GPTMemoryEstimate estimate_gpt_memory(const GPTConfig& config, int micro_batch_s
   const int64_t NH = config.num_attention_heads;
   SlabBuilder acts;
   auto r = [&](Shape shape) { acts.reserve(DType::F32, shape); };
-  r({B, T, C});
+  r({B, T, C});  // embedded
   for (int l = 0; l < config.num_layers; ++l) {
-    r({B, T, C}), r({B, T}), r({B, T}), r({B, T, 3 * A}), r({B, NH, T, T}), r({B, T, A});
-    r({B, T, C}), r({B, T, C}), r({B, T}), r({B, T}), r({B, T, F}), r({B, T, F});
+    r({B, T, C});        // ln1
+    r({B, T});           // ln1_mean
+    r({B, T});           // ln1_rstd
+    r({B, T, 3 * A});    // qkv
+    r({B, NH, T, T});    // att
+    r({B, T, A});        // ctx
+    r({B, T, C});        // residual_mid
+    r({B, T, C});        // ln2
+    r({B, T});           // ln2_mean
+    r({B, T});           // ln2_rstd
+    r({B, T, F});        // fc1
+    r({B, T, F});        // gelu
   }
-  for (int l = 0; l + 1 < config.num_layers; ++l) r({B, T, C});
-  r({B, T, C}), r({B, T, C}), r({B, T}), r({B, T}), r({B, T, V}), r({B, T}), r({B, T, C});
-  r({B, T, C}), r({B, T, C}), r({B, T, C}), r({B, T, A}), r({B, T, 3 * A}), r({B, NH, T, T});
-  r({B, T, F}), r({B, T, F}), r({B, T, V}), r({B, T});
+  for (int l = 0; l + 1 < config.num_layers; ++l) r({B, T, C});  // residual_in of layers 1..L-1
+  r({B, T, C});      // residual_out
+  r({B, T, C});      // lnf
+  r({B, T});         // lnf_mean
+  r({B, T});         // lnf_rstd
+  r({B, T, V});      // logits
+  r({B, T});         // losses
+  r({B, T, C});      // scratch_C
+  r({B, T, C});      // d_residual
+  r({B, T, C});      // d_C
+  r({B, T, C});      // d_ln
+  r({B, T, A});      // d_ctx
+  r({B, T, 3 * A});  // d_qkv
+  r({B, NH, T, T});  // d_att
+  r({B, T, F});      // d_F
+  r({B, T, F});      // d_gelu
+  r({B, T, V});      // d_logits
+  r({B, T});         // d_losses
   e.activation_bytes = acts.total_bytes();
   return e;
 }

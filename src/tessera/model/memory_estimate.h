@@ -14,10 +14,10 @@ namespace tessera {
 
 struct GPTMemoryEstimate {
   int64_t num_parameters = 0;
-  size_t parameter_bytes = 0;    // f32 parameter slab
-  size_t gradient_bytes = 0;     // f32 gradient slab (same layout)
-  size_t optimizer_bytes = 0;    // Adam: two f32 states per parameter
-  size_t activation_bytes = 0;   // one micro-batch's activation slab
+  size_t parameter_bytes = 0;   // f32 parameter slab
+  size_t gradient_bytes = 0;    // f32 gradient slab (same layout)
+  size_t optimizer_bytes = 0;   // Adam: two f32 states per parameter
+  size_t activation_bytes = 0;  // one micro-batch's activation slab
   size_t total_bytes() const { return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes; }
 };
 

@@ -1,7 +1,7 @@
 // The doctor's single-process checks and its output, each FAIL path on its own.
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,8 +34,9 @@ ParsedOptions parse(std::vector<std::string> args) {
 }
 
 TEST(DoctorOptions, StripsItsOwnFlagsAndCheckpointFlags) {
-  std::vector<std::string> a = {"--json", "--num-layers", "2", "--min-free-disk-gb", "0.5", "--save", "/ck",
-                                "--doctor-timeout", "3", "--load", "--lr", "1"};
+  std::vector<std::string> a = {"--json", "--num-layers", "2",    "--min-free-disk-gb",
+                                "0.5",    "--save",       "/ck",  "--doctor-timeout",
+                                "3",      "--load",       "--lr", "1"};
   std::vector<char*> v;
   for (auto& s : a) v.push_back(s.data());
   DoctorOptions o = parse_doctor_options(static_cast<int>(v.size()), v.data());
@@ -97,9 +98,9 @@ TEST(DoctorChecks, MissingVocabFails) {
   Row r = check_tokenizer(p);
   EXPECT_EQ(r.status, Status::Fail);
   EXPECT_NE(r.detail.find("/nonexistent/vocab.json"), std::string::npos) << r.detail;
-  ParsedOptions ok = parse({"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
-                            TESSERA_SOURCE_DIR "/tests/data/gpt2/vocab.json", "--merge-file",
-                            TESSERA_SOURCE_DIR "/tests/data/gpt2/merges.txt"});
+  ParsedOptions ok =
+      parse({"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", TESSERA_SOURCE_DIR "/tests/data/gpt2/vocab.json",
+             "--merge-file", TESSERA_SOURCE_DIR "/tests/data/gpt2/merges.txt"});
   EXPECT_EQ(check_tokenizer(ok).status, Status::Pass) << check_tokenizer(ok).detail;
 }
 
@@ -155,8 +156,9 @@ TEST(DoctorChecks, ModelTooLargeFailsWithTheFlagsThatHelp) {
   EXPECT_EQ(r.status, Status::Fail);
   EXPECT_NE(r.fix.find("--micro-batch-size"), std::string::npos);
   EXPECT_NE(r.fix.find("--num-layers"), std::string::npos);
-  EXPECT_EQ(check_memory(estimate_gpt_memory(c, 1), 1, MemoryInfo{1ULL << 50, 1ULL << 50}, 1ULL << 50, 1, 200, 8192).status,
-            Status::Pass);
+  EXPECT_EQ(
+      check_memory(estimate_gpt_memory(c, 1), 1, MemoryInfo{1ULL << 50, 1ULL << 50}, 1ULL << 50, 1, 200, 8192).status,
+      Status::Pass);
 }
 
 }  // namespace

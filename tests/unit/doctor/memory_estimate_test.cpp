@@ -1,9 +1,10 @@
 // estimate_gpt_memory against what a constructed GPTModel actually allocates.
+#include "tessera/model/memory_estimate.h"
+
 #include <gtest/gtest.h>
 
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
-#include "tessera/model/memory_estimate.h"
 
 namespace tessera {
 namespace {
