@@ -156,7 +156,7 @@ TEST(DataMt19937, Pcg64MockLengthsMatchNumpy) {
   int64_t sum = 0;
   for (int32_t x : v) sum += x;
   EXPECT_EQ(sum, 204637097);
-  EXPECT_EQ(td::sha256_hex({reinterpret_cast<const unsigned char*>(v.data()), v.size() * 4}),
+  EXPECT_EQ(tessera::sha256_hex({reinterpret_cast<const unsigned char*>(v.data()), v.size() * 4}),
             "ed8f44f17361fd0c689e0af757ac685fff85bc309c50f698ffb2aac84ebd4cea");
 }
 
@@ -698,9 +698,9 @@ TEST_F(DataGptDatasetCache, ProcessesStartedTogetherBuildOnce) {
         td::GPTDatasets ds = build("shared_cache");
         for (td::Split s : td::kAllSplits) out << (built(ds, s) ? 1 : 0) << ' ';
         out << '\n';
-        for (const auto& a : arrays(ds)) out << td::sha256_hex({reinterpret_cast<const unsigned char*>(a.data()), a.size()}) << ' ';
+        for (const auto& a : arrays(ds)) out << tessera::sha256_hex({reinterpret_cast<const unsigned char*>(a.data()), a.size()}) << ' ';
         std::vector<int32_t> s = sample_of(*ds.train, 123);
-        out << '\n' << td::sha256_hex({reinterpret_cast<const unsigned char*>(s.data()), s.size() * 4}) << '\n';
+        out << '\n' << tessera::sha256_hex({reinterpret_cast<const unsigned char*>(s.data()), s.size() * 4}) << '\n';
       } catch (const std::exception& e) {
         out << "error " << e.what() << '\n';
         rc = 3;

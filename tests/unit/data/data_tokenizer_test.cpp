@@ -2,7 +2,8 @@
 // count and sha256 of tinyshakespeare, random Unicode round trips, the fast pre-tokenizer
 // against the PCRE2 reference, the code point classes against python-regex's, and bad files.
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
+
+#include "tessera/core/sha256.h"
 
 #include <cstdio>
 #include <fstream>
@@ -34,16 +35,7 @@ td::GPT2BPETokenizer& gpt2() {
 }
 
 std::string sha256_hex(const void* data, size_t size) {
-  unsigned char md[32];
-  unsigned int len = 0;
-  EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  char buf[3];
-  for (unsigned i = 0; i < len; ++i) {
-    std::snprintf(buf, sizeof(buf), "%02x", md[i]);
-    hex += buf;
-  }
-  return hex;
+  return tessera::sha256_hex({static_cast<const unsigned char*>(data), size});
 }
 
 std::string write_temp(const std::string& name, const std::string& content) {
