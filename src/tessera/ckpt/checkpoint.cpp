@@ -1,18 +1,14 @@
 #include "tessera/ckpt/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/sha256.h"
 
 namespace tessera {
@@ -30,35 +26,6 @@ std::string iteration_dir(const std::string& dir, int64_t iteration) {
   return (fs::path(dir) / name).string();
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw runtime_error("cannot open " + path + " to sync it: " + errno_text());
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw runtime_error("fsync of " + path + " failed: " + errno_text(), "check the disk");
-}
-
-void write_file(const std::string& path, const void* data, size_t size) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw runtime_error("cannot write " + path + ": " + errno_text(), "check --save and free disk space");
-  const char* p = static_cast<const char*>(data);
-  size_t left = size;
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      throw runtime_error("writing " + path + " failed: " + why, "check free disk space under --save");
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) throw runtime_error("fsync of " + path + " failed: " + errno_text());
-}
-
 // Safetensors bytes of `tensors`, each with its global shape and offset in the metadata.
 std::vector<uint8_t> serialize_tensors(const std::vector<NamedTensor>& tensors) {
   std::vector<safetensors::WriteEntry> entries;
@@ -68,14 +35,6 @@ std::vector<uint8_t> serialize_tensors(const std::vector<NamedTensor>& tensors) 
     metadata[t.name] = "global_shape=" + shape_str(t.tensor.shape) + ";offset=" + shape_str(Shape(t.tensor.shape.size(), 0));
   }
   return safetensors::serialize(entries, metadata);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw runtime_error("cannot read " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 void load_tensors(const std::string& path, const std::vector<NamedTensor>& into) {
@@ -110,7 +69,7 @@ void save_checkpoint(const std::string& dir, const CheckpointState& state, const
   auto write_tensors = [&](const char* file, const std::vector<NamedTensor>& tensors) {
     const std::string rel = std::string(kShard) + "/" + file;
     std::vector<uint8_t> bytes = serialize_tensors(tensors);
-    write_file((fs::path(tmp_dir) / rel).string(), bytes.data(), bytes.size());
+    write_file_synced((fs::path(tmp_dir) / rel).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
     files[rel] = {{"sha256", sha256_hex(bytes)}, {"bytes", bytes.size()}};
   };
   write_tensors("model.safetensors", model);
@@ -129,33 +88,26 @@ void save_checkpoint(const std::string& dir, const CheckpointState& state, const
                          {"args", state.args},
                          {"files", files}};
   const std::string text = meta.dump(2);
-  write_file((fs::path(tmp_dir) / "metadata.json").string(), text.data(), text.size());
-  fsync_path((fs::path(tmp_dir) / kShard).string(), true);
-  fsync_path(tmp_dir, true);
+  write_file_synced((fs::path(tmp_dir) / "metadata.json").string(), text);
+  fsync_directory((fs::path(tmp_dir) / kShard).string());
+  fsync_directory(tmp_dir);
 
   // Replace an existing folder of the same iteration only after the new one is complete.
   const std::string old_dir = final_dir + ".old-" + std::to_string(::getpid());
   const bool replacing = fs::exists(final_dir);
-  if (replacing && std::rename(final_dir.c_str(), old_dir.c_str()) != 0)
-    throw runtime_error("cannot move aside " + final_dir + ": " + errno_text());
-  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-    throw runtime_error("cannot rename " + tmp_dir + " to " + final_dir + ": " + errno_text());
-  fsync_path(dir, true);
-
-  const std::string tracker = (fs::path(dir) / kTracker).string();
-  const std::string tracker_tmp = tracker + ".tmp-" + std::to_string(::getpid());
-  const std::string iteration = std::to_string(state.iteration);
-  write_file(tracker_tmp, iteration.data(), iteration.size());
-  if (std::rename(tracker_tmp.c_str(), tracker.c_str()) != 0)
-    throw runtime_error("cannot replace " + tracker + ": " + errno_text());
-  fsync_path(dir, true);
+  if (replacing) fs::rename(final_dir, old_dir, ec);
+  if (ec) throw runtime_error("cannot move aside " + final_dir + ": " + ec.message());
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) throw runtime_error("cannot rename " + tmp_dir + " to " + final_dir + ": " + ec.message());
+  fsync_directory(dir);
+  write_file_atomic((fs::path(dir) / kTracker).string(), std::to_string(state.iteration));
   if (replacing) fs::remove_all(old_dir, ec);
 }
 
 std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {
   const std::string tracker = (fs::path(dir) / kTracker).string();
   if (!fs::exists(tracker)) return std::nullopt;
-  const std::string text = read_text(tracker);
+  const std::string text = read_file(tracker);
   char* end = nullptr;
   const long long iteration = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || (*end && !std::isspace(static_cast<unsigned char>(*end))) || iteration < 0)
@@ -173,7 +125,7 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const
                         "it was not written by tessera, or the save did not finish");
   nlohmann::json meta;
   try {
-    meta = nlohmann::json::parse(read_text(meta_path));
+    meta = nlohmann::json::parse(read_file(meta_path));
   } catch (const nlohmann::json::exception& e) {
     throw runtime_error(meta_path + " is not valid JSON: " + e.what());
   }
@@ -182,7 +134,7 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const
     for (const auto& [rel, info] : meta.at("files").items()) {
       const std::string path = (fs::path(it_dir) / rel).string();
       if (!fs::exists(path)) throw runtime_error("checkpoint file " + path + " is missing");
-      const std::string bytes = read_text(path);
+      const std::string bytes = read_file(path);
       if (bytes.size() != info.at("bytes").get<size_t>() ||
           sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()}) !=
               info.at("sha256").get<std::string>())

@@ -1,44 +1,19 @@
 #include "tessera/ckpt/hf_export.h"
 
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw runtime_error("cannot read " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Writes `text` to `path` through a temporary file and a rename.
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw runtime_error("cannot write " + tmp, "check that the output folder is writable");
-    f << text;
-    f.flush();
-    if (!f) throw runtime_error("writing " + tmp + " failed", "check free disk space");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
-}
 
 const std::vector<float>& weight(const std::map<std::string, std::vector<float>>& w, const std::string& name,
                                  size_t numel) {
@@ -176,9 +151,9 @@ void write_hf_gpt2(const std::string& out_dir, const HFExportSpec& spec,
   safetensors::write((fs::path(out_dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
   for (const auto& [src, name] : {std::pair{spec.vocab_file, "vocab.json"}, std::pair{spec.merge_file, "merges.txt"}}) {
     if (src.empty()) continue;
-    write_text_atomic((fs::path(out_dir) / name).string(), read_text(src));
+    write_file_atomic((fs::path(out_dir) / name).string(), read_file(src));
   }
-  write_text_atomic((fs::path(out_dir) / "config.json").string(), gpt2_config_json(spec).dump(2) + "\n");
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), gpt2_config_json(spec).dump(2) + "\n");
 }
 
 std::map<std::string, std::vector<float>> read_checkpoint_model(const std::string& dir, int64_t iteration,
@@ -201,7 +176,7 @@ std::vector<std::string> train_flags_from_hf_config(const std::string& hf_dir) {
   if (!fs::exists(path))
     throw usage_error(path + ": not found", "import-hf expects a Hugging Face GPT-2 folder (config.json + "
                                             "model.safetensors)");
-  json j = json::parse(read_text(path), nullptr, false);
+  json j = json::parse(read_file(path), nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw runtime_error(path + ": not valid JSON, or not a JSON object");
   auto integer = [&](const char* key) -> int64_t {
     auto it = j.find(key);

@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/options.h"
 #include "tessera/core/sha256.h"
 #include "tessera/train/arguments.h"
@@ -95,20 +94,12 @@ int64_t choose_iteration(const std::string& dir, const ParsedOptions& p) {
   return *latest;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw runtime_error("cannot read " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 json read_metadata(const std::string& it_dir) {
   const std::string path = (fs::path(it_dir) / "metadata.json").string();
   if (!fs::exists(path))
     throw runtime_error("checkpoint " + it_dir + " has no metadata.json",
                         "it was not written by tessera, or the save did not finish");
-  json meta = json::parse(read_text(path), nullptr, false);
+  json meta = json::parse(read_file(path), nullptr, false);
   if (meta.is_discarded() || !meta.is_object()) throw runtime_error(path + " is not a valid JSON object");
   return meta;
 }
@@ -204,7 +195,7 @@ int run_inspect(const Command& c) {
         status = "MISMATCH";
         detail = " (metadata.json records no size or sha256)";
       } else {
-        const std::string bytes = read_text(path);
+        const std::string bytes = read_file(path);
         const std::string sha = sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
         const uint64_t want = info["bytes"].get<uint64_t>();
         if (bytes.size() != want) {

@@ -1,0 +1,75 @@
+#include "tessera/core/file_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+namespace {
+std::string errno_text() { return std::strerror(errno); }
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw runtime_error("cannot read " + path + ": " + errno_text());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file_synced(const std::string& path, std::span<const char> bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw runtime_error("cannot write " + path + ": " + errno_text(), "check that the folder is writable");
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      throw runtime_error("writing " + path + " failed: " + why, "check free disk space");
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw runtime_error("fsync of " + path + " failed: " + why, "check the disk");
+  }
+  if (::close(fd) != 0) throw runtime_error("closing " + path + " failed: " + errno_text());
+}
+
+void fsync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw runtime_error("cannot open folder " + path + " to sync it: " + errno_text());
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw runtime_error("fsync of folder " + path + " failed: " + errno_text(), "check the disk");
+}
+
+void write_file_atomic(const std::string& path, std::span<const char> bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    write_file_synced(tmp, bytes);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw runtime_error("cannot rename " + tmp + " to " + path + ": " + errno_text());
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  fsync_directory(parent.empty() ? "." : parent.string());
+}
+
+}  // namespace tessera

@@ -1,0 +1,23 @@
+// Whole-file reads and durable writes, with errors that name the file. Streaming writers
+// with signal clean-up (preprocess) live in data/file_util.h.
+#pragma once
+
+#include <span>
+#include <string>
+
+namespace tessera {
+
+// The file's bytes; an Error naming the file when it cannot be read.
+std::string read_file(const std::string& path);
+
+// Writes `bytes` to `path` (created or truncated) and fsyncs it.
+void write_file_synced(const std::string& path, std::span<const char> bytes);
+
+// Replaces `path` atomically: writes `<path>.tmp.<pid>`, fsyncs it, renames it over `path`
+// and fsyncs the folder. On failure the temporary is removed and `path` is untouched.
+void write_file_atomic(const std::string& path, std::span<const char> bytes);
+
+// fsyncs a folder, making renames and creations inside it durable.
+void fsync_directory(const std::string& path);
+
+}  // namespace tessera
