@@ -129,6 +129,22 @@ def test_flags(tmp):
         ["--ckpt-format", "torch", "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0"]).stderr
 
 
+def test_non_finite_stops_cleanly(tmp):
+    ckpt = f"{tmp}/nan"
+    diverge = ["--lr", "1e30", "--clip-grad", "0", "--eval-iters", "0", "--lr-warmup-iters", "0"]
+    err = train(diverge + ["--save", ckpt, "--save-interval", "1"], expect_rc=1).stderr
+    assert "non-finite" in err and "at iteration 2 on rank 0" in err and "embedding.word_embeddings.weight" in err, err
+    assert "no checkpoint was written" in err, err
+    assert open(f"{ckpt}/latest_checkpointed_iteration.txt").read() == "1"  # the last good state
+    out = train(["--load", ckpt, "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0",
+                 "--override-opt_param-scheduler"]).stdout  # loads, verified; nothing left to train
+    assert "loading checkpoint from %s at iteration 1" % ckpt in out
+    # Megatron's switch turns the check off: the run goes on, and `lm loss` leaves the log line.
+    out = train(diverge + ["--train-iters", "3", "--no-check-for-nan-in-loss-and-grad"]).stdout
+    last = [l for l in out.splitlines() if "iteration        3/" in l][0]
+    assert "lm loss" not in last, last
+
+
 def launch_train(args, log):
     cmd = [TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(PORT + 1)] + args[0] + ["train"] + BASE + \
           ["--hidden-size", "128", "--eval-iters", "0", "--train-iters", "300", "--lr-decay-style", "constant",
@@ -206,6 +222,7 @@ if __name__ == "__main__":
                          ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
                          ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
                          ("flags", lambda: test_flags(tmp)),
+                         ("non-finite loss stops cleanly", lambda: test_non_finite_stops_cleanly(tmp)),
                          ("exits that keep work", lambda: test_exits_that_keep_work(tmp))):
             t0 = time.monotonic()
             fn()

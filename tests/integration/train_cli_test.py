@@ -80,6 +80,8 @@ def test_bad_flags():
     assert "--num-attention-heads" in err, err
     err = run(TINY + ["--global-batch-size", "5"], expect_rc=2).stderr
     assert "--global-batch-size 5 is not a multiple" in err, err
+    out = run(TINY + ["--dry-run"]).stdout
+    assert "Theoretical memory footprints: weight and optimizer=" in out and "training ..." not in out, out[-1500:]
     out = run(["--help"]).stdout
     assert "--num-layers VALUE" in out and "--lr-decay-style {constant|linear|cosine" in out
 

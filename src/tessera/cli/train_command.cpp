@@ -15,6 +15,7 @@
 #include "tessera/launch/job_store.h"
 #include "tessera/launch/worker_env.h"
 #include "tessera/model/gpt.h"
+#include "tessera/model/memory_estimate.h"
 #include "tessera/parallel/topology.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/exit_signal.h"
@@ -60,6 +61,19 @@ int run_train(int argc, char** argv) {
   print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
 
   const GPTConfig& c = args.model;
+  // Megatron's theoretical-memory line, from the same layouts the model and optimizer
+  // allocate (model/memory_estimate.h), before anything large is allocated.
+  const GPTMemoryEstimate estimate = estimate_gpt_memory(c, static_cast<int>(args.micro_batch_size));
+  const double mib = 1024.0 * 1024.0;
+  print_rank_0("Theoretical memory footprints: weight and optimizer=%.2f MB, activation=%.2f MB, total=%.2f MB "
+               "(parameters %.2f, gradients %.2f, optimizer %.2f; per rank)",
+               (estimate.parameter_bytes + estimate.gradient_bytes + estimate.optimizer_bytes) / mib,
+               estimate.activation_bytes / mib, estimate.total_bytes() / mib, estimate.parameter_bytes / mib,
+               estimate.gradient_bytes / mib, estimate.optimizer_bytes / mib);
+  if (args.dry_run) {
+    print_rank_0("--dry-run: flags and layout are valid; not training");
+    return 0;
+  }
   print_rank_0(" > padded vocab (size: %d) with %d dummy tokens (new size: %d)", c.vocab_size,
                c.padded_vocab_size - c.vocab_size, c.padded_vocab_size);
   GPTModel model(c, device, static_cast<int>(args.micro_batch_size));

@@ -135,6 +135,10 @@ std::vector<OptionDef> train_option_defs() {
       {"--ckpt-format", K::Choice, "torch_dist", "Megatron's checkpoint formats; tessera writes its own format",
        "torch|torch_dist|zarr"},
       // tessera's own.
+      {"--no-check-for-nan-in-loss-and-grad", K::StoreFalse, nullptr,
+       "Do not stop on a non-finite loss or gradient (tessera checks by default, effectively)", nullptr,
+       OptUse::Implemented, "check_for_nan_in_loss_and_grad"},
+      {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
       {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
   };
@@ -367,6 +371,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
   if (p.raw("--exit-duration-in-mins")) a.exit_duration_minutes = static_cast<double>(positive(p, "--exit-duration-in-mins"));
   a.exit_signal_handler = p.get_bool("--exit-signal-handler");
+  a.check_for_nan = p.raw("--no-check-for-nan-in-loss-and-grad").value_or("True") == "True";
+  a.dry_run = p.get_bool("--dry-run");
   if (!a.save.empty() && a.save_interval == 0)
     throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
   a.no_save_optim = p.get_bool("--no-save-optim");

@@ -45,6 +45,8 @@ struct TrainArgs {
   int64_t exit_interval = 0;  // --exit-interval: stop (after saving) when iteration % N == 0
   double exit_duration_minutes = 0;  // --exit-duration-in-mins: stop (after saving) after this long
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM saves, then exits 0
+  bool check_for_nan = true;         // off with --no-check-for-nan-in-loss-and-grad
+  bool dry_run = false;              // --dry-run: validate, print the memory estimate, stop
   bool no_save_optim = false, no_load_optim = false, finetune = false;
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 

@@ -13,6 +13,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 #include "tessera/device/device.h"
+#include "tessera/ops/ops.h"
 #include "tessera/train/exit_signal.h"
 
 namespace tessera {
@@ -182,14 +183,28 @@ IterationResult Trainer::train_step() {
   r.lm_loss = loss_sum / mask_sum;
   r.tokens = args_.global_batch_size * args_.model.seq_length;
   r.grad_norm = optimizer_->grad_norm();
-  if (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))
-    throw runtime_error("non-finite " + std::string(std::isfinite(r.lm_loss) ? "gradient norm" : "loss") +
-                            " at iteration " + std::to_string(iteration_) + " on rank 0",
-                        "lower --lr or check the data");
+  if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm));
   scheduler_.step(args_.global_batch_size);
   consumed_samples_ += args_.global_batch_size;
   return r;
+}
+
+// Stops the run before the update touches the weights (and before any save), naming the
+// iteration, the rank and the first parameter whose gradient is not finite.
+void Trainer::report_non_finite(const IterationResult& r) const {
+  std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
+  for (size_t i = 0; i < model_.specs().size(); ++i) {
+    if (!std::isfinite(ops::sum_squares(model_.grads()[i]))) {
+      what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
+      what += model_.specs()[i].name;
+      break;
+    }
+  }
+  throw runtime_error("non-finite " + what + " at iteration " + std::to_string(iteration_) + " on rank " +
+                          std::to_string(log_rank()) + "; the weights were not updated and no checkpoint was written",
+                      "lower --lr, raise --lr-warmup-iters, tighten --clip-grad, or check the data; "
+                      "resume from the last checkpoint with --load");
 }
 
 double Trainer::evaluate(const char* split) {

@@ -63,6 +63,7 @@ class Trainer {
   // Sums (loss, mask) over the data-parallel group, in rank order (the same bits everywhere).
   std::pair<double, double> sum_over_data_parallel(std::pair<double, double> local);
   void print_evaluation(const std::string& prefix, const char* split);
+  [[noreturn]] void report_non_finite(const IterationResult& r) const;
   // Why training should stop after this iteration (nullptr: it should not).
   const char* exit_reason(std::chrono::steady_clock::time_point start);
   void log_line(const IterationResult& last, double loss_sum, int iterations, double elapsed_s, int64_t tokens);
