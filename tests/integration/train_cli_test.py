@@ -71,6 +71,27 @@ def test_init_from_hf(tmp):
     assert "error:" in err and ("wte" in err or "hidden" in err or "n_embd" in err), err
 
 
+def test_skip_spikes(tmp):
+    # An absurdly low threshold: once llm.c's 128-value window is full, every update whose
+    # loss or grad norm is above the window's mean counts as a spike. Skipped updates leave the
+    # LR schedule where it was, still count as consumed samples, and are counted in the log.
+    log_json = os.path.join(tmp, "spikes.jsonl")
+    flags = [a if a != "6" else "160" for a in TINY] + ["--skip-spikes", "0.001", "--log-interval", "8",
+                                                         "--eval-iters", "0", "--log-json", log_json]
+    out = run(flags).stdout
+    records = [json.loads(l) for l in open(log_json)]
+    assert all(r["skipped_iterations"] == 0 for r in records[:16]), records[:16]  # window not yet full
+    assert sum(r["skipped_iterations"] for r in records[16:]) > 0, records[16:]
+    skipped = 0
+    for r in records:
+        skipped += r["skipped_iterations"]
+        assert r["consumed_samples"] == r["iteration"] * 4
+        # Linear decay over 160 iterations, advanced once per update actually made.
+        assert abs(r["learning_rate"] - 1e-3 * (1 - (r["iteration"] - skipped) / 160)) < 1e-12, (r, skipped)
+    counts = [int(m.group(1)) for m in re.finditer(r"number of skipped iterations: +(\d+) \|", out)]
+    assert counts == [r["skipped_iterations"] for r in records], counts
+
+
 def test_bad_flags():
     err = run(TINY + ["--num-layer", "3"], expect_rc=2).stderr
     assert "error: unknown flag --num-layer" in err and "hint: did you mean --num-layers?" in err, err
@@ -90,5 +111,6 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         test_log_format_and_json(tmp)
         test_init_from_hf(tmp)
+        test_skip_spikes(tmp)
         test_bad_flags()
     print("train_cli_test: all passed")

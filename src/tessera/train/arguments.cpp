@@ -138,6 +138,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--no-check-for-nan-in-loss-and-grad", K::StoreFalse, nullptr,
        "Do not stop on a non-finite loss or gradient (tessera checks by default, effectively)", nullptr,
        OptUse::Implemented, "check_for_nan_in_loss_and_grad"},
+      {"--skip-spikes", K::Float, nullptr,
+       "Skip an update whose loss or grad norm is more than Z standard deviations above the last 128 (llm.c)"},
       {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
       {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
@@ -373,6 +375,10 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.exit_signal_handler = p.get_bool("--exit-signal-handler");
   a.check_for_nan = p.raw("--no-check-for-nan-in-loss-and-grad").value_or("True") == "True";
   a.dry_run = p.get_bool("--dry-run");
+  if (auto z = p.get_opt_float("--skip-spikes")) {
+    if (!(*z > 0)) throw usage_error("--skip-spikes must be > 0 (a z-score)");
+    a.skip_spikes = *z;
+  }
   if (!a.save.empty() && a.save_interval == 0)
     throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
   a.no_save_optim = p.get_bool("--no-save-optim");

@@ -47,6 +47,7 @@ struct TrainArgs {
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM saves, then exits 0
   bool check_for_nan = true;         // off with --no-check-for-nan-in-loss-and-grad
   bool dry_run = false;              // --dry-run: validate, print the memory estimate, stop
+  double skip_spikes = 0;            // --skip-spikes Z (0: off)
   bool no_save_optim = false, no_load_optim = false, finetune = false;
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 

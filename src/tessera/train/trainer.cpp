@@ -184,9 +184,17 @@ IterationResult Trainer::train_step() {
   r.tokens = args_.global_batch_size * args_.model.seq_length;
   r.grad_norm = optimizer_->grad_norm();
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
-  optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm));
-  scheduler_.step(args_.global_batch_size);
-  consumed_samples_ += args_.global_batch_size;
+  if (args_.skip_spikes > 0) {
+    // The same values on every replica, so every replica decides alike.
+    r.skipped = loss_window_.z(r.lm_loss) > args_.skip_spikes || grad_norm_window_.z(r.grad_norm) > args_.skip_spikes;
+    loss_window_.push(r.lm_loss);
+    grad_norm_window_.push(r.grad_norm);
+  }
+  if (!r.skipped) {
+    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm));
+    scheduler_.step(args_.global_batch_size);
+  }
+  consumed_samples_ += args_.global_batch_size;  // consumed even when skipped, as Megatron counts
   return r;
 }
 
@@ -299,18 +307,22 @@ void Trainer::train() {
   auto interval_start = clock::now();
   double loss_sum = 0.0;
   int64_t tokens = 0;
-  int iterations = 0;
+  int advanced = 0, skipped = 0;
   while (iteration_ < args_.train_iters) {
     IterationResult r = train_step();
-    loss_sum += r.lm_loss;
+    if (r.skipped) {
+      ++skipped;
+    } else {
+      loss_sum += r.lm_loss;
+      ++advanced;
+    }
     tokens += r.tokens;
-    ++iterations;
     if (iteration_ % args_.log_interval == 0) {
       const double elapsed = std::chrono::duration<double>(clock::now() - interval_start).count();
-      log_line(r, loss_sum, iterations, elapsed, tokens);
+      log_line(r, loss_sum, advanced, skipped, elapsed, tokens);
       loss_sum = 0.0;
       tokens = 0;
-      iterations = 0;
+      advanced = skipped = 0;
       interval_start = clock::now();
     }
     if (valid_loader_ && args_.eval_iters > 0 && args_.eval_interval > 0 && iteration_ % args_.eval_interval == 0) {
@@ -337,9 +349,11 @@ void Trainer::train() {
 }
 
 // Megatron's training log line (megatron.md §6.1) with tokens/s after its last field.
-void Trainer::log_line(const IterationResult& last, double loss_sum, int iterations, double elapsed_s, int64_t tokens) {
-  const double ms_per_iter = elapsed_s * 1000.0 / iterations;
-  const double lm_loss = loss_sum / iterations;
+// lm loss is the mean over the iterations that advanced; skipped ones are counted instead.
+void Trainer::log_line(const IterationResult& last, double loss_sum, int advanced, int skipped, double elapsed_s,
+                       int64_t tokens) {
+  const double ms_per_iter = elapsed_s * 1000.0 / (advanced + skipped);
+  const double lm_loss = advanced > 0 ? loss_sum / advanced : 0.0;
   const double lr_next = scheduler_.lr();
   const double tokens_per_s = tokens / elapsed_s;
   std::string line = " [" + timestamp() + "]";
@@ -372,11 +386,12 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int iterati
     line += buf;
   }
   line += " loss scale: 1.0 |";
-  if (args_.optimizer.clip_grad > 0) {
+  if (args_.optimizer.clip_grad > 0 && !last.skipped) {
     std::snprintf(buf, sizeof(buf), " grad norm: %.3f |", last.grad_norm);
     line += buf;
   }
-  line += " number of skipped iterations:   0 | number of nan iterations:   0 |";
+  std::snprintf(buf, sizeof(buf), " number of skipped iterations: %3d | number of nan iterations:   0 |", skipped);
+  line += buf;
   std::snprintf(buf, sizeof(buf), " tokens per second: %.1f |", tokens_per_s);
   line += buf;
   print_rank_last("%s", line.c_str());
@@ -386,7 +401,7 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int iterati
                         {"lm_loss", lm_loss},             {"grad_norm", last.grad_norm},
                         {"learning_rate", lr_next},       {"loss_scale", 1.0},
                         {"elapsed_ms_per_iteration", ms_per_iter}, {"tokens_per_second", tokens_per_s},
-                        {"skipped_iterations", 0},        {"nan_iterations", 0},
+                        {"skipped_iterations", skipped},  {"nan_iterations", 0},
                         {"allocated_bytes", device_.allocated_bytes()}};
     std::fprintf(log_json_.get(), "%s\n", j.dump().c_str());
     std::fflush(log_json_.get());

@@ -16,6 +16,7 @@
 #include "tessera/train/arguments.h"
 #include "tessera/train/batch_loader.h"
 #include "tessera/train/sample_source.h"
+#include "tessera/train/spike_guard.h"
 
 namespace tessera {
 
@@ -24,6 +25,7 @@ struct IterationResult {
   double grad_norm = 0.0;  // before clipping
   double lr = 0.0;         // the learning rate this iteration's update used
   int64_t tokens = 0;      // tokens processed
+  bool skipped = false;    // the update was skipped (--skip-spikes)
 };
 
 class Trainer {
@@ -66,7 +68,8 @@ class Trainer {
   [[noreturn]] void report_non_finite(const IterationResult& r) const;
   // Why training should stop after this iteration (nullptr: it should not).
   const char* exit_reason(std::chrono::steady_clock::time_point start);
-  void log_line(const IterationResult& last, double loss_sum, int iterations, double elapsed_s, int64_t tokens);
+  void log_line(const IterationResult& last, double loss_sum, int advanced, int skipped, double elapsed_s,
+                int64_t tokens);
 
   const TrainArgs& args_;
   GPTModel& model_;
@@ -78,6 +81,7 @@ class Trainer {
   LrScheduler scheduler_;
   Buffer batch_slab_;
   MicroBatch batch_;
+  ZScoreWindow loss_window_, grad_norm_window_;  // --skip-spikes
   SamplerLayout layout_;
   data::LtorOptions masks_;
   data::LtorSample sample_;  // one sample's tokens, labels, mask and positions
