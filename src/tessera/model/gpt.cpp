@@ -33,6 +33,11 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
     grads_.push_back(tensor_at(grads_slab_, offsets[i], DType::F32, specs_[i].shape));
     index_[specs_[i].name] = i;
   }
+  for (int l = 0; l < config.num_layers; ++l) {
+    layer_params_.push_back(layer_tensors(params_, l));
+    layer_grads_.push_back(layer_tensors(grads_, l));
+    layer_ranges_.push_back(layer_param_range(l));
+  }
 
   // Activations of one micro-batch.
   const int64_t B = micro_batch_size, T = config.seq_length, C = config.hidden_size;
@@ -176,7 +181,7 @@ double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
 
   for (int l = 0; l < config_.num_layers; ++l) {
     LayerActs& a = acts_.layers[l];
-    LayerParams w = layer_tensors(params_, l);
+    const LayerParams& w = layer_params_[l];
     const Tensor& out = l + 1 < config_.num_layers ? acts_.layers[l + 1].residual_in : acts_.residual_out;
     ops::layernorm_forward(rows(a.ln1), a.ln1_mean.view({B * T}), a.ln1_rstd.view({B * T}), rows(a.residual_in),
                            w.ln1_w, w.ln1_b, config_.norm_epsilon);
@@ -242,14 +247,14 @@ void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float 
                           param("decoder.final_layernorm.weight"), acts_.lnf_mean.view({B * T}),
                           acts_.lnf_rstd.view({B * T}));
   // The final LayerNorm (and an untied output layer) follow the last layer's parameters.
-  ready(layer_param_range(config_.num_layers - 1).second, specs_.size());
+  ready(layer_ranges_.back().second, specs_.size());
 
   // d_residual carries dL/d(output of layer l); the identity path of each residual add
   // leaves it in place while the branch gradients are added to it.
   for (int l = config_.num_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_.layers[l];
-    LayerParams w = layer_tensors(params_, l);
-    LayerParams g = layer_tensors(grads_, l);
+    const LayerParams& w = layer_params_[l];
+    const LayerParams& g = layer_grads_[l];
     // MLP branch.
     zero(acts_.d_C);
     ops::dropout_backward(acts_.d_C, acts_.d_residual, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step));
@@ -274,14 +279,13 @@ void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float 
     ops::linear_backward(rows(acts_.d_ln), g.qkv_w, g.qkv_b, rows(acts_.d_qkv), rows(a.ln1), w.qkv_w);
     ops::layernorm_backward(rows(acts_.d_residual), g.ln1_w, g.ln1_b, rows(acts_.d_ln), rows(a.residual_in), w.ln1_w,
                             a.ln1_mean.view({B * T}), a.ln1_rstd.view({B * T}));
-    auto [first, end] = layer_param_range(l);
-    ready(first, end);
+    ready(layer_ranges_[l].first, layer_ranges_[l].second);
   }
   zero(acts_.d_C);
   ops::dropout_backward(acts_.d_C, acts_.d_residual, dropout(config_.hidden_dropout, kEmbeddingSite, step));
   ops::embedding_backward(grad("embedding.word_embeddings.weight"), grad("embedding.position_embeddings.weight"),
                           acts_.d_C, batch.tokens, batch.positions);
-  ready(0, layer_param_range(0).first);
+  ready(0, layer_ranges_.front().first);
 }
 
 }  // namespace tessera

@@ -93,6 +93,7 @@ class GPTModel {
     Tensor d_residual, d_C, d_ln, d_ctx, d_qkv, d_att, d_F, d_gelu, d_logits, d_losses;
   };
 
+  // Looked up by name once, at construction: the step only indexes these.
   LayerParams layer_tensors(const std::vector<Tensor>& all, int layer) const;
   // [first, end) parameter indices of layer l (contiguous in registration order).
   std::pair<size_t, size_t> layer_param_range(int layer) const;
@@ -105,6 +106,8 @@ class GPTModel {
   Buffer params_slab_, grads_slab_, acts_slab_;
   std::vector<Tensor> params_, grads_;
   std::map<std::string, size_t> index_;
+  std::vector<LayerParams> layer_params_, layer_grads_;
+  std::vector<std::pair<size_t, size_t>> layer_ranges_;
   Activations acts_;
 };
 
