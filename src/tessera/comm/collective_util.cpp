@@ -44,6 +44,21 @@ std::string group_text(const std::string& name, const std::vector<int>& world_ra
   return "group '" + name + "' (world ranks " + ranks_text(world_ranks) + ")";
 }
 
+P2PText p2p_text(const char* op, const Tensor& t, bool is_send, uint64_t message, const std::string& group,
+                 const std::vector<int>& world_ranks, int rank, int peer) {
+  const std::string me = "world rank " + std::to_string(world_ranks[rank]);
+  const std::string other = "world rank " + std::to_string(world_ranks[peer]);
+  return P2PText{call_text(op, t) + (is_send ? " to " : " from ") + other,
+                 "(message " + std::to_string(message + 1) + " from " + (is_send ? me : other) + " to " +
+                     (is_send ? other : me) + " on " + group_text(group, world_ranks) + ", this is " + me + ")",
+                 other + " did not post the matching " + (is_send ? "recv" : "send") + " in time"};
+}
+
+const char* const kP2PTimeoutHint =
+    "the k-th send from one rank to another fills the k-th recv the other posts from it: check that both ranks "
+    "post their sends and receives in the same order. A rank that never posts is stuck elsewhere or has failed: "
+    "look at its output; raise --distributed-timeout-minutes only if it is merely slow";
+
 namespace {
 template <typename T>
 void reduce_typed(ReduceOp op, T* acc, const T* in, size_t n) {

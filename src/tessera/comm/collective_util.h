@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,19 @@ std::string ranks_text(const std::vector<int>& ranks);
 void reduce_into(DType t, ReduceOp op, void* acc, const void* in, size_t n);
 // out[i] = a[i] (op) b[i]; out may alias a or b.
 void reduce_to(DType t, ReduceOp op, void* out, const void* a, const void* b, size_t n);
+
+// What a point-to-point error says, the same in every backend:
+//   what:   "send of 4 f32 to world rank 1"
+//   where:  "(message 3 from world rank 0 to world rank 1 on group 'pp' (world ranks 0, 1), this
+//            is world rank 0)", message counted from 0 per pair and direction
+//   absent: "world rank 1 did not post the matching recv in time"
+struct P2PText {
+  std::string what, where, absent;
+};
+P2PText p2p_text(const char* op, const Tensor& t, bool is_send, uint64_t message, const std::string& group,
+                 const std::vector<int>& world_ranks, int rank, int peer);
+// The hint of a p2p timeout.
+extern const char* const kP2PTimeoutHint;
 
 // Checks the lists given to split: ranks in [0, size), none listed twice. Returns the index
 // of the list that holds `rank`, or -1.

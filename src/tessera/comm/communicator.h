@@ -10,11 +10,24 @@
 //   a timeout is a tessera::Error naming the call, the group (its name and world ranks) and,
 //   where it can be known, the ranks that had not arrived. After a timeout or a lost peer
 //   the communicator is broken: the job is expected to exit.
-// - send blocks until the matching recv has been posted (a rendezvous, as Gloo's transport
-//   does), so two ranks that both send first deadlock until the timeout.
 // - An asynchronous call must keep its tensor alive and untouched until Work::wait()
 //   returns; a later synchronous call on the same communicator first waits for the
-//   asynchronous ones issued before it.
+//   asynchronous collectives issued before it.
+//
+// Point-to-point (send/recv are not collective: only the two ranks take part):
+// - Messages are matched per ordered pair: the k-th send from rank a to rank b fills the
+//   k-th recv that b posted from a (FIFO per pair and direction). Both ends give tensors
+//   of the same size in bytes.
+// - send_async/recv_async post at once and return; any number may be outstanding, to the
+//   same or different peers. They do not wait for earlier asynchronous collectives.
+// - A send completes only once its recv has been posted (a rendezvous, as Gloo's transport
+//   does). So a blocking send (send_async + wait) on both sides of a pair deadlocks until
+//   the timeout, while posting everything first and then waiting never does: rank 0 posts
+//   send(to 1) + recv(from 1), rank 1 posts send(to 0) + recv(from 0), both wait
+//   (Megatron's batch_isend_irecv).
+// - Work::wait() waits at most the timeout; the error names the call, the message's number
+//   on its pair and the peer that did not post its side. A Work destroyed without wait()
+//   waits in its destructor (ignoring errors), so the transport never writes to freed memory.
 #pragma once
 
 #include <chrono>
@@ -52,8 +65,11 @@ class Communicator {
   // in: [size * n] reduced; this rank receives its chunk out: [n].
   virtual void reduce_scatter(Tensor out, Tensor in, ReduceOp op) = 0;
   virtual void broadcast(Tensor t, int root) = 0;
+  // Point-to-point; dst/src are ranks of this group other than this one.
   virtual void send(Tensor t, int dst) = 0;
   virtual void recv(Tensor t, int src) = 0;
+  virtual std::unique_ptr<Work> send_async(Tensor t, int dst) = 0;
+  virtual std::unique_ptr<Work> recv_async(Tensor t, int src) = 0;
   virtual void barrier() = 0;
   // A communicator over a subset of this group's ranks (listed in group-rank order).
   // Collective: every rank of this group calls it with the same list of lists (Megatron's

@@ -1,8 +1,8 @@
 // The Gloo backend with real processes on loopback (forked by run_local_ranks, each with
 // torchrun-style variables and the parent's store): every collective bit-exact against
 // exact-sum inputs (small integers in floats, so any summation order gives the same bits),
-// subgroups from Topology, async all-reduce, the timeout error naming the rank that did not
-// call, and the interface choice (GLOO_SOCKET_IFNAME errors list the interfaces; the route
+// subgroups from Topology, async all-reduce, async p2p (order per pair, bounded waits), the
+// timeout error naming the rank that did not call, and the interface choice (GLOO_SOCKET_IFNAME errors list the interfaces; the route
 // rule finds loopback or this host's own interface). Each multi-process case is bounded by
 // run_local_ranks' timeout (<= 30 s) and takes a few seconds.
 #include <gtest/gtest.h>
@@ -224,6 +224,118 @@ TEST(GlooComm, TimeoutNamesTheCallGroupAndAbsentRank) {
   EXPECT_TRUE(someone_timed_out) << results[0].output << results[1].output;
   std::printf("rank 0 reported:\n%s", results[0].output.c_str());  // the message users will see
   EXPECT_NE((results[0].output + results[1].output).find("--distributed-timeout-minutes"), std::string::npos);
+}
+
+// Asynchronous p2p over real sockets: batched exchanges with both ring neighbours (messages
+// larger than the socket buffers, so writes finish on Gloo's event loop), many outstanding
+// messages per pair of varying sizes posted in different orders and waited newest first,
+// blocking calls continuing the same per-pair sequence, and p2p between two of three ranks
+// leaving the collective sequence of all three aligned.
+TEST(GlooComm, AsyncPointToPointKeepsPerPairOrder) {
+  constexpr int N = 3;
+  run_ranks(N, [](int) {
+    auto c = world_from_env(20s);
+    const int r = c->rank();
+    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    for (int round = 0; round < 3; ++round) {
+      const size_t big = 800000 + round;  // ~3 MiB
+      std::vector<float> to_next(big, float(r * 10 + round)), to_prev(big, float(-r * 10 - round));
+      std::vector<float> from_prev(big, 0.f), from_next(big, 0.f);
+      std::vector<std::unique_ptr<Work>> batch;
+      batch.push_back(c->send_async(tensor(to_next, DType::F32), next));
+      batch.push_back(c->recv_async(tensor(from_prev, DType::F32), prev));
+      batch.push_back(c->send_async(tensor(to_prev, DType::F32), prev));
+      batch.push_back(c->recv_async(tensor(from_next, DType::F32), next));
+      for (auto& w : batch) w->wait();
+      CHILD_CHECK(from_prev.front() == float(prev * 10 + round) && from_prev.back() == float(prev * 10 + round),
+                  "from prev");
+      CHILD_CHECK(from_next.front() == float(-next * 10 - round) && from_next.back() == float(-next * 10 - round),
+                  "from next");
+    }
+
+    constexpr int M = 30;
+    auto value = [](int src, int dst, int k, size_t i) { return int32_t(src * 1000000 + dst * 100000 + k * 100 + i % 97); };
+    std::vector<std::vector<std::vector<int32_t>>> out(N), in(N);
+    for (int q = 0; q < N; ++q)
+      for (int k = 0; k < M && q != r; ++k) {
+        auto& o = out[q].emplace_back(k % 7 == 3 ? 70000 : k % 5 + 1);
+        for (size_t i = 0; i < o.size(); ++i) o[i] = value(r, q, k, i);
+        in[q].emplace_back(o.size(), -1);
+      }
+    std::vector<std::unique_ptr<Work>> works;
+    for (int q = 0; q < N; ++q) {
+      if (q == r) continue;
+      if (r % 2 == 0) {
+        for (int k = 0; k < M; ++k) {
+          works.push_back(c->send_async(tensor(out[q][k], DType::I32), q));
+          works.push_back(c->recv_async(tensor(in[q][k], DType::I32), q));
+        }
+      } else {
+        for (int k = 0; k < M; ++k) works.push_back(c->recv_async(tensor(in[q][k], DType::I32), q));
+        for (int k = 0; k < M; ++k) works.push_back(c->send_async(tensor(out[q][k], DType::I32), q));
+      }
+    }
+    for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+    for (int q = 0; q < N; ++q)
+      for (int k = 0; k < M && q != r; ++k)
+        for (size_t i = 0; i < in[q][k].size(); ++i)
+          CHILD_CHECK(in[q][k][i] == value(q, r, k, i),
+                      "message " + std::to_string(k) + " from " + std::to_string(q) + " at " + std::to_string(i));
+
+    // Only ranks 0 and 1 talk (blocking and async mixed); then a collective over all three.
+    std::vector<int32_t> x(5, r), y(5, -1), z(5, -1);
+    if (r == 0) {
+      c->send(tensor(x, DType::I32), 1);
+      auto w = c->recv_async(tensor(y, DType::I32), 1);
+      c->recv(tensor(z, DType::I32), 1);
+      w->wait();
+    } else if (r == 1) {
+      auto w = c->send_async(tensor(x, DType::I32), 0);
+      c->recv(tensor(y, DType::I32), 0);
+      c->send(tensor(x, DType::I32), 0);
+      w->wait();
+    }
+    if (r < 2) CHILD_CHECK(y[0] == 1 - r && (r == 1 || z[4] == 1), "pair 0-1");
+    std::vector<float> s(7, float(r + 1));
+    c->all_reduce(tensor(s, DType::F32), ReduceOp::Sum);
+    CHILD_CHECK(s[6] == 6.f, "all_reduce after p2p between two of three ranks");
+    c->barrier();
+    return 0;
+  });
+}
+
+TEST(GlooComm, P2PWaitIsBoundedAndNamesThePeer) {
+  auto t0 = std::chrono::steady_clock::now();
+  LocalRanksOptions o;
+  o.world_size = 2;
+  o.timeout = 30s;
+  auto results = run_local_ranks(o, [](int) {
+    auto c = world_from_env(1500ms);
+    if (c->rank() == 1) {
+      std::this_thread::sleep_for(4s);  // never posts; outlives rank 0's timeout
+      return 0;
+    }
+    std::vector<float> x(4, 1.f), y(4);
+    auto s = c->send_async(tensor(x, DType::F32), 1);
+    auto r = c->recv_async(tensor(y, DType::F32), 1);
+    std::printf("%s\n", error_of([&] { s->wait(); }).c_str());
+    std::printf("%s\n", error_of([&] { r->wait(); }).c_str());
+    return 0;
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  ASSERT_EQ(describe_failures(results), "");
+  const std::string& e = results[0].output;
+  EXPECT_NE(e.find("send_async of 4 f32 to world rank 1 (message 1 from world rank 0 to world rank 1 on group 'world' "
+                   "(world ranks 0, 1), this is world rank 0) timed out after 1.5 s: world rank 1 did not post the "
+                   "matching recv in time"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--distributed-timeout-minutes"), std::string::npos) << e;
+  // The timeout closes the group's connections: the recv still outstanding is cancelled.
+  EXPECT_NE(e.find("recv_async of 4 f32 from world rank 1 (message 1 from world rank 1 to world rank 0"),
+            std::string::npos)
+      << e;
+  std::printf("rank 0 reported:\n%s", e.c_str());
 }
 
 TEST(GlooComm, WrongSocketIfnameListsTheInterfaces) {

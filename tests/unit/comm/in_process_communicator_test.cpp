@@ -1,7 +1,9 @@
 // The in-process backend (ranks as threads): every collective against values computed here,
 // reductions in rank order (bit-exact even when float sums are not associative), async calls,
 // split, and the errors a parallel-logic bug should produce: a rank that never arrives (named,
-// within the timeout), mismatched collectives, a send nobody receives.
+// within the timeout), mismatched collectives, a send nobody receives. Asynchronous p2p:
+// batched exchanges in both directions, many outstanding messages per pair in order, waits
+// bounded by the timeout.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -207,4 +209,131 @@ TEST(InProcessComm, SendWithoutRecvTimesOut) {
       200ms);
   EXPECT_NE(error.find("send of 4 f32 to world rank 1"), std::string::npos) << error;
   EXPECT_NE(error.find("did not post the matching recv"), std::string::npos) << error;
+}
+
+// Megatron's batch_isend_irecv: both ranks post a send to and a recv from each other, then
+// wait; blocking sends would deadlock here, posted ones must not.
+TEST(InProcessComm, BatchedExchangeInBothDirectionsDoesNotDeadlock) {
+  run_in_process_ranks(
+      4,
+      [](Communicator& c) {
+        const int r = c.rank(), n = c.size();
+        const int next = (r + 1) % n, prev = (r + n - 1) % n;
+        for (int round = 0; round < 10; ++round) {
+          std::vector<int32_t> to_next(64, r * 100 + round), to_prev(64, -r * 100 - round);
+          std::vector<int32_t> from_prev(64, 0), from_next(64, 0);
+          std::vector<std::unique_ptr<Work>> batch;
+          batch.push_back(c.send_async(i32(to_next), next));
+          batch.push_back(c.recv_async(i32(from_prev), prev));
+          batch.push_back(c.send_async(i32(to_prev), prev));
+          batch.push_back(c.recv_async(i32(from_next), next));
+          for (auto& w : batch) w->wait();
+          for (int k = 0; k < 64; ++k) {
+            ASSERT_EQ(from_prev[k], prev * 100 + round);
+            ASSERT_EQ(from_next[k], -next * 100 - round);
+          }
+        }
+      },
+      5s);
+}
+
+// Every rank posts, to and from every other rank, messages of different sizes, sends and
+// recvs interleaved differently on each rank, all outstanding before any wait; the k-th
+// send of each pair must fill the k-th recv. Blocking calls count in the same sequence.
+TEST(InProcessComm, ManyOutstandingMessagesPerPairArriveInOrder) {
+  static constexpr int N = 3, M = 40;
+  run_in_process_ranks(
+      N,
+      [](Communicator& c) {
+        const int r = c.rank();
+        auto value = [](int src, int dst, int k, int i) { return src * 1000000 + dst * 100000 + k * 100 + i % 97; };
+        std::vector<std::vector<std::vector<int32_t>>> out(N), in(N);
+        for (int q = 0; q < N; ++q)
+          for (int k = 0; k < M && q != r; ++k) {
+            auto& o = out[q].emplace_back(k % 5 + 1);
+            for (size_t i = 0; i < o.size(); ++i) o[i] = value(r, q, k, int(i));
+            in[q].emplace_back(k % 5 + 1, -1);
+          }
+        std::vector<std::unique_ptr<Work>> works;
+        for (int q = 0; q < N; ++q) {
+          if (q == r) continue;
+          if (r % 2 == 0) {  // send k, recv k, send k+1, ...
+            for (int k = 0; k < M; ++k) {
+              works.push_back(c.send_async(i32(out[q][k]), q));
+              works.push_back(c.recv_async(i32(in[q][k]), q));
+            }
+          } else {  // every recv, then every send
+            for (int k = 0; k < M; ++k) works.push_back(c.recv_async(i32(in[q][k]), q));
+            for (int k = 0; k < M; ++k) works.push_back(c.send_async(i32(out[q][k]), q));
+          }
+        }
+        for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();  // newest first
+        for (int q = 0; q < N; ++q) {
+          if (q == r) continue;
+          for (int k = 0; k < M; ++k)
+            for (size_t i = 0; i < in[q][k].size(); ++i) ASSERT_EQ(in[q][k][i], value(q, r, k, int(i)));
+        }
+        // A blocking exchange after the async ones continues the same per-pair sequence.
+        std::vector<int32_t> x(3, r), y(3, -1);
+        const int peer = r ^ 1;
+        if (peer < N) {
+          if (r % 2 == 0) {
+            c.send(i32(x), peer);
+            c.recv(i32(y), peer);
+          } else {
+            c.recv(i32(y), peer);
+            c.send(i32(x), peer);
+          }
+          EXPECT_EQ(y, std::vector<int32_t>(3, peer));
+        }
+      },
+      10s);
+}
+
+TEST(InProcessComm, AsyncWaitIsBoundedAndNamesThePeer) {
+  std::vector<std::string> errors(2);
+  auto t0 = std::chrono::steady_clock::now();
+  run_in_process_ranks(
+      2,
+      [&](Communicator& c) {
+        if (c.rank() == 1) return;  // never posts
+        std::vector<float> x(4, 1.f), y(4);
+        auto s = c.send_async(f32(x), 1);
+        auto r = c.recv_async(f32(y), 1);
+        errors[0] = error_of([&] { s->wait(); });
+        errors[1] = error_of([&] { r->wait(); });
+        s->wait();  // a second wait does nothing
+      },
+      200ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_NE(errors[0].find("send_async of 4 f32 to world rank 1 (message 1 from world rank 0 to world rank 1 on "
+                           "group 'world' (world ranks 0, 1), this is world rank 0) timed out after 200 ms: world "
+                           "rank 1 did not post the matching recv in time"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("recv_async of 4 f32 from world rank 1 (message 1 from world rank 1 to world rank 0"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[1].find("did not post the matching send"), std::string::npos) << errors[1];
+}
+
+// A Work dropped without wait() still completes (its destructor waits), so the peer's
+// matching call finds live memory and the pair's sequence stays aligned.
+TEST(InProcessComm, UnwaitedWorkCompletesInItsDestructor) {
+  run_in_process_ranks(
+      2,
+      [](Communicator& c) {
+        std::vector<int32_t> a(8, 7), b(8, 0);
+        if (c.rank() == 0) {
+          c.send_async(i32(a), 1);  // dropped at once
+          c.send(i32(a), 1);
+        } else {
+          c.recv(i32(b), 0);
+          EXPECT_EQ(b, a);
+          std::fill(b.begin(), b.end(), 0);
+          c.recv(i32(b), 0);
+          EXPECT_EQ(b, a);
+        }
+      },
+      5s);
 }

@@ -136,8 +136,65 @@ gloo::AllreduceOptions::Func gloo_reduce_fn(DType t, ReduceOp op) {
 // Slots of the operations we build on unbound buffers, away from Gloo's prefixes (0x01-0x08).
 constexpr uint64_t kReduceScatterSlot = 0x40ull << 56;
 constexpr uint64_t kP2PSlot = 0x41ull << 56;
+constexpr uint64_t kP2PSequenceMask = (1ull << 56) - 1;
 constexpr auto kLateReportWindow = std::chrono::seconds(5);
 constexpr size_t kSegmentBytes = 1 << 20;  // as Gloo's all-reduce
+
+// A p2p message's texts and timeout, for its errors.
+struct P2PCall {
+  P2PText text;
+  milliseconds timeout;
+
+  Error translate(const std::string& gloo_message) const {
+    const std::string head = text.what + " " + text.where;
+    if (gloo_message.find("Timed out") != std::string::npos || gloo_message.find("timed out") != std::string::npos) {
+      char secs[32];
+      std::snprintf(secs, sizeof(secs), "%g s", static_cast<double>(timeout.count()) / 1000.0);
+      return runtime_error(head + " timed out after " + secs + ": " + text.absent + " [gloo: " + gloo_message + "]",
+                           kP2PTimeoutHint);
+    }
+    if (gloo_message.find("Application timeout") != std::string::npos)
+      return runtime_error(head + " was cancelled: another operation of this rank on the group timed out [gloo: " +
+                           gloo_message + "]");
+    return runtime_error(head + " failed [gloo: " + gloo_message + "]",
+                         "a peer closed its connection (it timed out, crashed or was killed) or the network "
+                         "failed: the first error is usually in another rank's output");
+  }
+};
+
+// One posted send or recv. Each has its own unbound buffer, as Gloo allows one pending
+// operation per buffer and counts completions per buffer.
+class GlooP2PWork final : public Work {
+ public:
+  GlooP2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool is_send, P2PCall call)
+      : buf_(std::move(buf)), is_send_(is_send), call_(std::move(call)) {}
+
+  // Gloo's pair keeps only a weak pointer to the buffer: a send dropped after the peer's
+  // recv-ready notice would stall the pair, so an unwaited Work waits here.
+  ~GlooP2PWork() override {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    try {
+      if (is_send_) buf_->waitSend(call_.timeout);
+      else buf_->waitRecv(call_.timeout);
+    } catch (const gloo::Exception& e) {
+      throw call_.translate(e.what());
+    }
+  }
+
+ private:
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  bool is_send_;
+  P2PCall call_;
+  bool waited_ = false;
+};
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -232,29 +289,16 @@ class GlooCommunicator final : public Communicator {
 
   void send(Tensor t, int dst) override {
     queue_.drain();
-    check_host(t, "send");
-    TESSERA_CHECK(dst >= 0 && dst < size() && dst != rank_, "send: bad destination rank " + std::to_string(dst) +
-                                                                " in " + group_text(name_, world_ranks_));
-    Call c = next_call(call_text("send", t) + " to world rank " + std::to_string(world_ranks_[dst]));
-    guarded(c, [&] {
-      auto buf = ctx_->createUnboundBuffer(t.ptr, t.bytes());
-      buf->send(dst, kP2PSlot);
-      buf->waitSend(timeout());
-    });
+    post_p2p(t, dst, /*is_send=*/true, "send")->wait();
   }
 
   void recv(Tensor t, int src) override {
     queue_.drain();
-    check_host(t, "recv");
-    TESSERA_CHECK(src >= 0 && src < size() && src != rank_, "recv: bad source rank " + std::to_string(src) + " in " +
-                                                                group_text(name_, world_ranks_));
-    Call c = next_call(call_text("recv", t) + " from world rank " + std::to_string(world_ranks_[src]));
-    guarded(c, [&] {
-      auto buf = ctx_->createUnboundBuffer(t.ptr, t.bytes());
-      buf->recv(src, kP2PSlot);
-      buf->waitRecv(timeout());
-    });
+    post_p2p(t, src, /*is_send=*/false, "recv")->wait();
   }
+
+  std::unique_ptr<Work> send_async(Tensor t, int dst) override { return post_p2p(t, dst, true, "send_async"); }
+  std::unique_ptr<Work> recv_async(Tensor t, int src) override { return post_p2p(t, src, false, "recv_async"); }
 
   void barrier() override {
     queue_.drain();
@@ -301,6 +345,29 @@ class GlooCommunicator final : public Communicator {
   };
 
   milliseconds timeout() const { return shared_->options.timeout; }
+
+  // Posts a send to / recv from `peer`. Message k (per pair and direction, counted by both
+  // ends) travels on slot kP2PSlot + k, so the k-th send meets the k-th recv by slot, not by
+  // the order of Gloo's per-slot queues. p2p calls take no collective sequence number: only
+  // two ranks make them, and the collective tags must stay equal on every rank.
+  std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op) {
+    check_host(t, op);
+    TESSERA_CHECK(peer >= 0 && peer < size() && peer != rank_,
+                  std::string(op) + ": bad " + (is_send ? "destination" : "source") + " rank " +
+                      std::to_string(peer) + " in " + group_text(name_, world_ranks_));
+    if (sent_to_.empty()) sent_to_.assign(size(), 0), received_from_.assign(size(), 0);
+    const uint64_t k = is_send ? sent_to_[peer]++ : received_from_[peer]++;
+    P2PCall call{p2p_text(op, t, is_send, k, name_, world_ranks_, rank_, peer), timeout()};
+    const uint64_t slot = kP2PSlot | (k & kP2PSequenceMask);
+    try {
+      auto buf = ctx_->createUnboundBuffer(t.ptr, t.bytes());
+      if (is_send) buf->send(peer, slot);
+      else buf->recv(peer, slot);
+      return std::make_unique<GlooP2PWork>(std::move(buf), is_send, std::move(call));
+    } catch (const gloo::Exception& e) {
+      throw call.translate(e.what());
+    }
+  }
 
   Call next_call(std::string what) {
     ++seq_;
@@ -446,6 +513,7 @@ class GlooCommunicator final : public Communicator {
   int rank_;
   uint64_t seq_ = 0;
   int splits_ = 0;
+  std::vector<uint64_t> sent_to_, received_from_;  // p2p messages posted, per peer
   std::unique_ptr<uint8_t[]> scratch_;  // reduce_scatter's; its unbound buffer below
   size_t scratch_size_ = 0;
   std::unique_ptr<gloo::transport::UnboundBuffer> scratch_buf_;

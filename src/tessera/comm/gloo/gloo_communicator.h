@@ -14,9 +14,10 @@
 // a group (Gloo's full mesh) through addresses exchanged in the store under
 // "<key_prefix>gloo/<group path>/". split() builds each subgroup as its own Gloo context on
 // the same transport device. Algorithms: all_reduce, all_gather, broadcast and barrier are
-// Gloo's own (ring all-reduce); reduce_scatter is a ring over Gloo's unbound buffers; send and
-// recv use unbound buffers on one slot per communicator, so messages between two ranks arrive
-// in the order they were sent. Asynchronous all-reduces run in order on one background thread
+// Gloo's own (ring all-reduce); reduce_scatter is a ring over Gloo's unbound buffers. send and
+// recv post on Gloo's unbound buffers, which are non-blocking: each message gets its own
+// buffer and the slot of its number on its pair and direction (both ends count), so the k-th
+// send meets the k-th recv. Asynchronous all-reduces run in order on one background thread
 // per communicator.
 //
 // A timeout names the call, its sequence number on the group, the group and the ranks that

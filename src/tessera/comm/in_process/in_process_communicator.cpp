@@ -1,5 +1,6 @@
 #include "tessera/comm/in_process/in_process_communicator.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -53,13 +54,17 @@ struct InProcessGroup {
   std::vector<const void*> in;
   std::vector<void*> out;
 
-  // p2p: synchronous messages from src to dst.
-  struct Message {
-    const void* data;
+  // p2p, per ordered pair (src, dst): the posted sends and recvs not matched yet, oldest
+  // first. Whoever posts second pops the other side's oldest and copies (FIFO per pair).
+  struct P2POp {
+    void* data;
     size_t bytes;
     bool done = false;
   };
-  std::map<std::pair<int, int>, std::deque<Message*>> mailboxes;
+  struct Mailbox {
+    std::deque<P2POp*> sends, recvs;
+  };
+  std::map<std::pair<int, int>, Mailbox> mailboxes;
 
   // split: the subgroups of split number k, created by the first rank that gets there.
   struct Split {
@@ -119,6 +124,67 @@ struct InProcessGroup {
 }  // namespace comm_detail
 
 namespace {
+
+// One posted send or recv; its op sits in the pair's mailbox until the other side matches it.
+class InProcessP2PWork final : public Work {
+ public:
+  InProcessP2PWork(std::shared_ptr<InProcessGroup> g, std::pair<int, int> pair, bool is_send, const Tensor& t,
+                   P2PText text)
+      : g_(std::move(g)), pair_(pair), is_send_(is_send), op_{t.ptr, t.bytes()}, text_(std::move(text)) {}
+
+  // The mailbox points at op_: an unwaited Work waits here, then unlinks it.
+  ~InProcessP2PWork() override {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+
+  void post() {
+    std::lock_guard<std::mutex> lock(g_->mu);
+    if (g_->broken) g_->throw_broken();
+    waited_ = false;
+    auto& box = g_->mailboxes[pair_];
+    auto& others = is_send_ ? box.recvs : box.sends;
+    if (others.empty()) {
+      (is_send_ ? box.sends : box.recvs).push_back(&op_);
+      return;
+    }
+    InProcessGroup::P2POp* other = others.front();
+    others.pop_front();
+    InProcessGroup::P2POp& send = is_send_ ? op_ : *other;
+    InProcessGroup::P2POp& recv = is_send_ ? *other : op_;
+    TESSERA_CHECK(send.bytes == recv.bytes, text_.what + " " + text_.where + ": the send has " +
+                                                std::to_string(send.bytes) + " bytes, the recv " +
+                                                std::to_string(recv.bytes));
+    if (send.bytes) std::memcpy(recv.data, send.data, send.bytes);
+    send.done = recv.done = true;
+    g_->cv.notify_all();
+  }
+
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    std::unique_lock<std::mutex> lock(g_->mu);
+    g_->cv.wait_until(lock, Clock::now() + g_->timeout, [&] { return op_.done || g_->broken; });
+    if (op_.done) return;
+    auto& box = g_->mailboxes[pair_];
+    auto& mine = is_send_ ? box.sends : box.recvs;
+    if (auto it = std::find(mine.begin(), mine.end(), &op_); it != mine.end()) mine.erase(it);
+    if (g_->broken) g_->throw_broken();
+    throw runtime_error(text_.what + " " + text_.where + " timed out after " + std::to_string(g_->timeout.count()) +
+                            " ms: " + text_.absent,
+                        kP2PTimeoutHint);
+  }
+
+ private:
+  std::shared_ptr<InProcessGroup> g_;
+  std::pair<int, int> pair_;  // (src, dst)
+  bool is_send_;
+  InProcessGroup::P2POp op_;
+  P2PText text_;
+  bool waited_ = true;  // until posted
+};
 
 class InProcessCommunicator final : public Communicator {
  public:
@@ -193,53 +259,16 @@ class InProcessCommunicator final : public Communicator {
 
   void send(Tensor t, int dst) override {
     queue_.drain();
-    check_host(t, "send");
-    TESSERA_CHECK(dst >= 0 && dst < size() && dst != rank_, "send: bad destination rank " + std::to_string(dst));
-    InProcessGroup::Message msg{t.ptr, t.bytes()};
-    std::unique_lock<std::mutex> lock(g_->mu);
-    if (g_->broken) g_->throw_broken();
-    auto& box = g_->mailboxes[{rank_, dst}];
-    box.push_back(&msg);
-    g_->cv.notify_all();
-    g_->cv.wait_until(lock, Clock::now() + g_->timeout, [&] { return msg.done || g_->broken; });
-    if (msg.done) return;
-    for (auto it = box.begin(); it != box.end(); ++it)
-      if (*it == &msg) {
-        box.erase(it);
-        break;
-      }
-    if (g_->broken) g_->throw_broken();
-    throw runtime_error(call_text("send", t) + " to world rank " + std::to_string(g_->world_ranks[dst]) + " on " +
-                            g_->where() + " timed out after " + std::to_string(g_->timeout.count()) +
-                            " ms: the destination did not post the matching recv",
-                        "send blocks until the receiver calls recv: check that the ranks pair their sends and "
-                        "receives in the same order (and that two ranks do not both send first)");
+    post_p2p(t, dst, /*is_send=*/true, "send")->wait();
   }
 
   void recv(Tensor t, int src) override {
     queue_.drain();
-    check_host(t, "recv");
-    TESSERA_CHECK(src >= 0 && src < size() && src != rank_, "recv: bad source rank " + std::to_string(src));
-    std::unique_lock<std::mutex> lock(g_->mu);
-    if (g_->broken) g_->throw_broken();
-    auto& box = g_->mailboxes[{src, rank_}];
-    g_->cv.wait_until(lock, Clock::now() + g_->timeout, [&] { return !box.empty() || g_->broken; });
-    if (box.empty()) {
-      if (g_->broken) g_->throw_broken();
-      throw runtime_error(call_text("recv", t) + " from world rank " + std::to_string(g_->world_ranks[src]) +
-                              " on " + g_->where() + " timed out after " + std::to_string(g_->timeout.count()) +
-                              " ms: the source did not send",
-                          "check that the ranks pair their sends and receives in the same order");
-    }
-    InProcessGroup::Message* msg = box.front();
-    box.pop_front();
-    TESSERA_CHECK(msg->bytes == t.bytes(), "recv: world rank " + std::to_string(g_->world_ranks[src]) + " sent " +
-                                               std::to_string(msg->bytes) + " bytes, the receiving tensor has " +
-                                               std::to_string(t.bytes()));
-    if (msg->bytes) std::memcpy(t.ptr, msg->data, msg->bytes);
-    msg->done = true;
-    g_->cv.notify_all();
+    post_p2p(t, src, /*is_send=*/false, "recv")->wait();
   }
+
+  std::unique_ptr<Work> send_async(Tensor t, int dst) override { return post_p2p(t, dst, true, "send_async"); }
+  std::unique_ptr<Work> recv_async(Tensor t, int src) override { return post_p2p(t, src, false, "recv_async"); }
 
   void barrier() override {
     queue_.drain();
@@ -297,6 +326,20 @@ class InProcessCommunicator final : public Communicator {
   // Publishes in/out, waits for everyone, computes this rank's result from all inputs into
   // a private buffer, waits again (so nobody reads an input that is being overwritten), then
   // writes the result to out.
+  std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op) {
+    check_host(t, op);
+    TESSERA_CHECK(peer >= 0 && peer < size() && peer != rank_,
+                  std::string(op) + ": bad " + (is_send ? "destination" : "source") + " rank " +
+                      std::to_string(peer) + " in " + g_->where());
+    if (sent_to_.empty()) sent_to_.assign(size(), 0), received_from_.assign(size(), 0);
+    const uint64_t k = is_send ? sent_to_[peer]++ : received_from_[peer]++;
+    auto work = std::make_unique<InProcessP2PWork>(
+        g_, is_send ? std::pair(rank_, peer) : std::pair(peer, rank_), is_send, t,
+        p2p_text(op, t, is_send, k, g_->name, g_->world_ranks, rank_, peer));
+    work->post();
+    return work;
+  }
+
   template <typename Compute>
   void collective(const std::string& call, const void* in, void* out, Compute compute) {
     std::vector<uint8_t> result;
@@ -315,6 +358,7 @@ class InProcessCommunicator final : public Communicator {
   std::shared_ptr<InProcessGroup> g_;
   int rank_;
   int splits_ = 0;
+  std::vector<uint64_t> sent_to_, received_from_;  // p2p messages posted, per peer (for errors)
   AsyncQueue queue_;  // last: destroyed first, while the group is alive
 };
 
