@@ -41,12 +41,15 @@ DeviceType backend_of(const char* op, std::initializer_list<const Tensor*> tenso
 #define T_(...) \
   { __VA_ARGS__ }
 
-void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe) {
-  TESSERA_DISPATCH(embedding_forward, T_(&out, &tokens, &positions, &wte, &wpe), out, tokens, positions, wte, wpe);
+void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe, int64_t vocab_start,
+                       int64_t vocab_size) {
+  TESSERA_DISPATCH(embedding_forward, T_(&out, &tokens, &positions, &wte, &wpe), out, tokens, positions, wte, wpe,
+                   vocab_start, vocab_size);
 }
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions) {
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions, int64_t vocab_start,
+                        int64_t vocab_size) {
   TESSERA_DISPATCH(embedding_backward, T_(&dwte, &dwpe, &dout, &tokens, &positions), dwte, dwpe, dout, tokens,
-                   positions);
+                   positions, vocab_start, vocab_size);
 }
 
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias, float eps) {
@@ -65,6 +68,12 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
   TESSERA_DISPATCH(linear_backward, T_(&dinp, &dweight, &dbias, &dout, &inp, &weight), dinp, dweight, dbias, dout,
                    inp, weight);
+}
+void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
+  TESSERA_DISPATCH(bias_add_forward, T_(&out, &inp, &bias), out, inp, bias);
+}
+void bias_add_backward(Tensor dbias, Tensor dout) {
+  TESSERA_DISPATCH(bias_add_backward, T_(&dbias, &dout), dbias, dout);
 }
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout) {
@@ -96,16 +105,29 @@ void residual_backward(Tensor da, Tensor db, Tensor dout) {
   TESSERA_DISPATCH(residual_backward, T_(&da, &db, &dout), da, db, dout);
 }
 
-void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
-  TESSERA_DISPATCH(cross_entropy_forward, T_(&losses, &logits, &targets), losses, logits, targets);
+void cross_entropy_max(Tensor row_max, Tensor logits) {
+  TESSERA_DISPATCH(cross_entropy_max, T_(&row_max, &logits), row_max, logits);
 }
-void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets) {
-  TESSERA_DISPATCH(cross_entropy_backward, T_(&dlogits, &dlosses, &logits, &targets), dlogits, dlosses, logits,
-                   targets);
+void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tensor targets, Tensor row_max,
+                        int64_t vocab_start, int64_t vocab_size) {
+  TESSERA_DISPATCH(cross_entropy_sums, T_(&sum_exp, &target_logit, &logits, &targets, &row_max), sum_exp,
+                   target_logit, logits, targets, row_max, vocab_start, vocab_size);
 }
-void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses) {
-  TESSERA_DISPATCH(cross_entropy_backward, T_(&dlogits, &dlosses, &logits, &targets, &losses), dlogits, dlosses,
-                   logits, targets, losses);
+void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tensor row_max, Tensor target_logit) {
+  TESSERA_DISPATCH(cross_entropy_finish, T_(&losses, &logsumexp, &sum_exp, &row_max, &target_logit), losses,
+                   logsumexp, sum_exp, row_max, target_logit);
+}
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
+                            int64_t vocab_start, int64_t vocab_size) {
+  TESSERA_DISPATCH(cross_entropy_backward, T_(&dlogits, &dlosses, &logits, &targets, &logsumexp), dlogits, dlosses,
+                   logits, targets, logsumexp, vocab_start, vocab_size);
+}
+
+void sequence_to_rank_major(Tensor out, Tensor inp, int parts) {
+  TESSERA_DISPATCH(sequence_to_rank_major, T_(&out, &inp), out, inp, parts);
+}
+void rank_major_to_sequence(Tensor out, Tensor inp, int parts) {
+  TESSERA_DISPATCH(rank_major_to_sequence, T_(&out, &inp), out, inp, parts);
 }
 
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2, float eps,

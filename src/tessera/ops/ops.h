@@ -10,8 +10,9 @@
 //   means "absent" / "not needed".
 // - All floating tensors are f32 for now.
 //
-// Shape legend: B batch, T sequence, C hidden, V padded vocabulary, NH heads (local to
-// this rank), HD head dim, OC output channels, N rows (= B*T), P positions table size.
+// Shape legend: B batch, T sequence, C hidden, V padded vocabulary, Vl the vocabulary rows
+// (columns of logits) of this tensor-parallel rank, NH heads (local to this rank), HD head
+// dim, OC output channels, N rows (= B*T), P positions table size.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +34,26 @@ struct Dropout {
   uint64_t element_offset = 0;  // offset of this shard inside one sample's full tensor
 };
 
-// out[B,T,C] = wte[tokens[b,t], :] + wpe[positions[b,t], :]; tokens, positions: i32 [B,T].
-void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe);
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions);
+// Token + position embedding, with the token table optionally one vocabulary shard.
+// tokens, positions: i32 [B,T]; out: [B,T,C]; wte: [Vl,C] holding rows
+// [vocab_start, vocab_start+Vl) of the full padded vocabulary; wpe: [P,C].
+//   out[b,t,:] = (wte present and vocab_start <= token < vocab_start+Vl ? wte[token - vocab_start] : 0)
+//              + (wpe present ? wpe[position] : 0)
+// Either table may be absent (empty Tensor); its index tensor is then not read (may be
+// empty too). A vocabulary-parallel rank passes its shard and gets a partial sum that the
+// tensor-parallel all-reduce completes (pass wpe on one rank only, or add it after the
+// reduction with wte absent).
+// vocab_size: the full padded vocabulary, for the bounds check only: every token must be
+// in [0, vocab_size) and the shard inside it. 0 (the default) means unsharded: the table
+// is the whole vocabulary, vocab_start must be 0 and vocab_size is taken as Vl. A rank
+// holding the first shard that forgot vocab_size therefore fails loudly on the first
+// token beyond its shard instead of silently dropping it.
+void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe,
+                       int64_t vocab_start = 0, int64_t vocab_size = 0);
+// dwte[token - vocab_start] += dout[b,t] for tokens in this shard only; dwpe[position] +=
+// dout[b,t]. Either gradient may be absent. Bounds as for the forward.
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions,
+                        int64_t vocab_start = 0, int64_t vocab_size = 0);
 
 // LayerNorm over the last dim: out = (inp - mean) * rstd * weight + bias.
 // inp, out: [N,C]; weight, bias: [C]; saves mean, rstd: [N].
@@ -45,8 +63,18 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
                         Tensor mean, Tensor rstd);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
+// backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
+// (the same reduction as bias_add_backward).
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+
+// out[n,:] = inp[n,:] + bias; out, inp: [N,OC] (any leading dims), bias: [OC]. out may
+// alias inp. A row-parallel linear runs linear_forward without bias, all-reduces (or
+// reduce-scatters) the partial products, then adds its bias once with this.
+void bias_add_forward(Tensor out, Tensor inp, Tensor bias);
+// dbias[OC] += column sums of dout[N,OC]. The input gradient is dout itself (identity),
+// so there is no dinp: the caller passes dout on.
+void bias_add_backward(Tensor dbias, Tensor dout);
 
 // Causal self-attention. qkv: [B,T,NH*3*HD] in Megatron's per-head [q;k;v] layout (for
 // head h, q = qkv[..., h*3*HD : h*3*HD+HD], then k, then v). Scores are scaled by
@@ -71,14 +99,44 @@ void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout);
 void residual_forward(Tensor out, Tensor a, Tensor b);
 void residual_backward(Tensor da, Tensor db, Tensor dout);
 
-// losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]] over the whole padded vocab.
-// logits: [N,V] f32; targets: i32 [N].
-void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
-// dlogits[n,:] += (softmax(logits[n,:]) - onehot(targets[n])) * dlosses[n].
-void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets);
-// The same, given the forward's losses for these logits (logsumexp = loss + target logit):
-// one pass over the logits instead of three. Prefer it when the losses are kept.
-void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses);
+// Softmax cross-entropy, vocabulary-parallel (Megatron's vocab_parallel_cross_entropy) in
+// pieces; the caller reduces over the tensor-parallel ranks between them:
+//   cross_entropy_max      -> all-reduce MAX of row_max
+//   cross_entropy_sums     -> all-reduce SUM of sum_exp and of target_logit
+//   cross_entropy_finish   -> losses and logsumexp (the same on every rank)
+//   cross_entropy_backward -> this rank's columns of dlogits
+// With one rank (vocab_start 0, no reductions) the pieces are the plain loss over the
+// whole padded vocabulary. logits: [N,Vl] f32 holding columns [vocab_start,
+// vocab_start+Vl) of the full vocabulary; targets: i32 [N] (full-vocabulary ids); every
+// per-row tensor: f32 [N]. vocab_size as for the embedding: the full padded vocabulary,
+// for the bounds check only (every target in [0, vocab_size), the shard inside it); 0
+// means unsharded (vocab_start must be 0, vocab_size = Vl).
+//
+// row_max[n] = max over the local columns of logits[n,:].
+void cross_entropy_max(Tensor row_max, Tensor logits);
+// Given the GLOBAL row_max: sum_exp[n] = sum over the local columns of
+// exp(logits[n,:] - row_max[n]); target_logit[n] = logits[n, targets[n] - vocab_start]
+// when the target is in this shard, else 0 (so the sum over ranks is the target's logit).
+void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tensor targets, Tensor row_max,
+                        int64_t vocab_start, int64_t vocab_size = 0);
+// Given the GLOBAL sum_exp and target_logit: logsumexp = row_max + log(sum_exp);
+// losses = logsumexp - target_logit. Keep logsumexp for the backward.
+void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tensor row_max, Tensor target_logit);
+// dlogits[n,j] += (exp(logits[n,j] - logsumexp[n]) - [vocab_start + j == targets[n]]) * dlosses[n],
+// one pass over the local columns; no communication. (vocab_start has no default so that
+// a call written for the old overload taking the losses there does not compile.)
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
+                            int64_t vocab_start, int64_t vocab_size = 0);
+
+// Sequence-parallel regrouping: pure permutations (no arithmetic, so no backward: the
+// gradient of each is the other applied to the gradient), each the other's inverse.
+// The sequence layout is [B,T,C]; the rank-major layout holds, for r = 0..parts-1, the
+// block [B, T/parts, C] of rows t in [r*T/parts, (r+1)*T/parts), rank r's chunk
+// contiguous: the buffer layout of an all-gather / reduce-scatter over `parts` ranks.
+// inp/out: [B,T,C] on the sequence side; the rank-major side may have any shape with the
+// same element count and dtype (any dtype). parts must divide T; out must not overlap inp.
+void sequence_to_rank_major(Tensor out, Tensor inp, int parts);
+void rank_major_to_sequence(Tensor out, Tensor inp, int parts);
 
 // Decoupled-weight-decay Adam (torch.optim.AdamW / Apex FusedAdam adam_w_mode) on one
 // tensor: p -= lr*wd*p; m, v moments; bias-corrected with step t (1-based).

@@ -5,7 +5,10 @@
 // - forwards against direct formulas evaluated in double;
 // - the oneDNN GEMM against the triple-loop reference GEMM;
 // - dropout masks against core/rng.h's scalar Philox, and their key/shard properties;
-// - AdamW / SGD against the torch update rules stepped in double.
+// - AdamW / SGD against the torch update rules stepped in double;
+// - the tensor-parallel pieces (vocabulary shards of the embedding and cross-entropy,
+//   sequence-parallel regrouping) against their unsharded versions, the reductions
+//   between ranks done by hand; index and shape checks as death tests.
 // Each tolerance sits next to its case with the reason for its size. The first tests
 // check that the finite-difference checker itself rejects wrong gradients.
 #include <gtest/gtest.h>
@@ -303,6 +306,107 @@ TEST(OpsEmbedding, ForwardAndGradients) {
   }
 }
 
+TEST(OpsEmbedding, VocabShardsSumToFullEmbedding) {
+  // Two tensor-parallel ranks hold wte rows [0, 3) and [3, 7); rank 0 also adds wpe. The
+  // sum of their outputs (the all-reduce) is the unsharded embedding bit for bit: for each
+  // row exactly one rank contributes the token row, so the sum is a+b either way. Tokens
+  // sit on both sides of the boundary (2, 3) and at the ends (0, 6).
+  Arena arena;
+  const int64_t B = 2, T = 4, C = 5, V = 7, P = 4, split = 3;
+  Tensor tokens = arena.ints({B, T}, {2, 3, 0, 6, 3, 3, 5, 2});
+  Tensor positions = arena.ints({B, T}, {0, 1, 2, 3, 0, 1, 2, 3});
+  Tensor wte = arena.normal({V, C}, 1), wpe = arena.normal({P, C}, 2);
+  Tensor full = arena.f32({B, T, C});
+  ops::embedding_forward(full, tokens, positions, wte, wpe);
+  const Tensor shard_w[2] = {arena.copy(wte.slice_rows(0, split)), arena.copy(wte.slice_rows(split, V - split))};
+  const int64_t start[2] = {0, split};
+  Tensor part[2] = {arena.normal({B, T, C}, 3), arena.normal({B, T, C}, 4)};  // garbage: must be overwritten
+  for (int r = 0; r < 2; ++r)
+    ops::embedding_forward(part[r], tokens, positions, shard_w[r], r == 0 ? wpe : Tensor(), start[r], V);
+  for (int64_t i = 0; i < full.numel(); ++i)
+    ASSERT_EQ(part[0].f32()[i] + part[1].f32()[i], full.f32()[i]) << "element " << i;
+  // Rank 1 alone holds exactly the rows of tokens >= 3 (else zeros): the range test is right.
+  for (int64_t n = 0; n < B * T; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t t = tokens.i32()[n];
+      ASSERT_EQ(part[1].f32()[n * C + c], t >= split ? wte.f32()[t * C + c] : 0.0f) << "row " << n;
+    }
+
+  // Backward: each shard's gradient gets exactly its rows of the unsharded gradient (the
+  // same rows added in the same order), wpe's gradient only where it is passed.
+  Tensor R = arena.normal({B, T, C}, 5);
+  Grad dfull(arena, wte, 6), dpe(arena, wpe, 7);
+  ops::embedding_backward(dfull.t, dpe.t, R, tokens, positions);
+  std::vector<double> full_grad = dfull.analytic();
+  for (int r = 0; r < 2; ++r) {
+    Grad dshard(arena, shard_w[r], 8 + r);
+    ops::embedding_backward(dshard.t, Tensor(), R, tokens, positions, start[r], V);
+    std::vector<double> g = dshard.analytic();
+    for (int64_t i = 0; i < shard_w[r].numel(); ++i)
+      ASSERT_NEAR(g[i], full_grad[start[r] * C + i], 1e-6) << "shard " << r << " element " << i;
+  }
+  // Rows of token 1 and 4 (no such token) keep exactly their pre-filled gradient.
+  for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dfull.t.f32()[1 * C + c], dfull.prefill[1 * C + c]);
+}
+
+TEST(OpsEmbedding, ShardGradientsAndAbsentTables) {
+  Arena arena;
+  const int64_t B = 2, T = 3, C = 4, V = 9, P = 3, start = 3, rows = 4;  // shard [3, 7) of 9
+  Tensor tokens = arena.ints({B, T}, {3, 8, 6, 0, 3, 5});
+  Tensor positions = arena.ints({B, T}, {0, 1, 2, 1, 1, 0});
+  Tensor wte = arena.normal({rows, C}, 1), wpe = arena.normal({P, C}, 2);
+  Tensor out = arena.f32({B, T, C}), R = arena.normal({B, T, C}, 3);
+  Grad dwte(arena, wte, 4), dwpe(arena, wpe, 5);
+  ops::embedding_backward(dwte.t, dwpe.t, R, tokens, positions, start, V);
+  auto loss = [&] {
+    ops::embedding_forward(out, tokens, positions, wte, wpe, start, V);
+    return weighted_sum(out, R);
+  };
+  // Linear in the tables, as in ForwardAndGradients: eps = 0.1, atol 1e-4.
+  expect_gradient("dwte shard", wte, dwte, loss, 0.1f, 1e-4, 1e-4);
+  expect_gradient("dwpe", wpe, dwpe, loss, 0.1f, 1e-4, 1e-4);
+  // Row 3 of the shard (token 6) has one contribution, row 2 (token 5) one, row 1 (token 4)
+  // none: it keeps its pre-filled value exactly.
+  for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dwte.t.f32()[1 * C + c], dwte.prefill[1 * C + c]);
+
+  // wte absent: out is wpe's rows (tokens not read: an empty tensor is fine).
+  ops::embedding_forward(out, Tensor(), positions, Tensor(), wpe);
+  for (int64_t n = 0; n < B * T; ++n)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out.f32()[n * C + c], wpe.f32()[positions.i32()[n] * C + c]);
+  // wpe absent: the shard's rows or zeros.
+  ops::embedding_forward(out, tokens, Tensor(), wte, Tensor(), start, V);
+  for (int64_t n = 0; n < B * T; ++n) {
+    const int32_t t = tokens.i32()[n];
+    for (int64_t c = 0; c < C; ++c)
+      ASSERT_EQ(out.f32()[n * C + c], t >= start && t < start + rows ? wte.f32()[(t - start) * C + c] : 0.0f);
+  }
+  // Both gradients absent except dwpe: dwte untouched (nothing to pass), dwpe += rows.
+  Grad only_pe(arena, wpe, 6);
+  ops::embedding_backward(Tensor(), only_pe.t, R, Tensor(), positions);
+  std::vector<double> g = only_pe.analytic(), ref(static_cast<size_t>(P * C), 0.0);
+  for (int64_t n = 0; n < B * T; ++n)
+    for (int64_t c = 0; c < C; ++c) ref[positions.i32()[n] * C + c] += R.f32()[n * C + c];
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(g[i], ref[i], 1e-6);
+}
+
+TEST(OpsEmbeddingDeathTest, RejectsIdsOutsideTheVocabulary) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenMP threads exist by now
+  Arena arena;
+  Tensor wte = arena.normal({4, 2}, 1), wpe = arena.normal({3, 2}, 2), out = arena.f32({1, 2, 2});
+  Tensor pos = arena.ints({1, 2}, {0, 1});
+  // Unsharded: a token beyond the table is an error, not "another rank's".
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {1, 4}), pos, wte, wpe), "token id 4");
+  // Sharded (rows [4, 8) of 10): tokens 0..9 are fine, 10 and -1 are not.
+  ops::embedding_forward(out, arena.ints({1, 2}, {0, 9}), pos, wte, wpe, 4, 10);
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {10, 5}), pos, wte, wpe, 4, 10), "token id 10");
+  EXPECT_DEATH(ops::embedding_backward(wte, Tensor(), out, arena.ints({1, 2}, {-1, 5}), pos, 4, 10), "token id -1");
+  // A shard start without the full vocabulary, or a shard outside it.
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 4), "vocab_size");
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 7, 10), "shard");
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {0, 1}), arena.ints({1, 2}, {0, 3}), wte, wpe),
+               "position id 3");
+}
+
 // ---------------------------------------------------------------------------------------
 // LayerNorm
 
@@ -423,6 +527,59 @@ TEST(OpsLinear, AbsentGradientsAreSkipped) {
   ops::cpu::sgemm_reference(true, false, 2, 3, 4, 1.0f, R.f32(), 2, inp.f32(), 3, 0.0f, dw_ref.f32(), 3);
   // 4-term float dot products: error ~1e-7.
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(dw.f32()[i], dw_ref.f32()[i], 1e-6);
+}
+
+// ---------------------------------------------------------------------------------------
+// Bias add (the bias of a row-parallel linear, added after the all-reduce)
+
+TEST(OpsBiasAdd, ForwardInPlaceAndGradient) {
+  Arena arena;
+  Tensor inp = arena.normal({2, 3, 5}, 1), bias = arena.normal({5}, 2), out = arena.normal({2, 3, 5}, 3);
+  ops::bias_add_forward(out, inp, bias);
+  for (int64_t i = 0; i < inp.numel(); ++i) ASSERT_EQ(out.f32()[i], inp.f32()[i] + bias.f32()[i % 5]);
+  Tensor inplace = arena.copy(inp);
+  ops::bias_add_forward(inplace, inplace, bias);
+  EXPECT_EQ(std::memcmp(inplace.ptr, out.ptr, out.bytes()), 0);
+
+  Tensor R = arena.normal({2, 3, 5}, 4);
+  Grad db(arena, bias, 5);
+  ops::bias_add_backward(db.t, R);
+  auto loss = [&] {
+    ops::bias_add_forward(out, inp, bias);
+    return weighted_sum(out, R);
+  };
+  // Linear in the bias: exact up to the rounding of the 6 outputs each element moves
+  // (~2e-7 * 3 each) / 0.2: ~1e-6. atol 1e-5; the gradients are sums of 6 N(0,1).
+  expect_gradient("dbias", bias, db, loss, 0.1f, 1e-5, 1e-5);
+}
+
+TEST(OpsBiasAdd, BackwardIsLinearsBiasGradient) {
+  // OC = 600: two full column blocks of 256 and a ragged one; N = 70 rows.
+  Arena arena;
+  const int64_t N = 70, C = 3, OC = 600;
+  Tensor dout = arena.normal({N, OC}, 1), inp = arena.normal({N, C}, 2), w = arena.normal({OC, C}, 3);
+  Grad from_bias_add(arena, arena.f32({OC}), 4);
+  Tensor from_linear = arena.copy(from_bias_add.t);
+  ops::bias_add_backward(from_bias_add.t, dout);
+  ops::linear_backward(Tensor(), Tensor(), from_linear, dout, inp, w);
+  // One reduction: the same bits.
+  EXPECT_EQ(std::memcmp(from_bias_add.t.ptr, from_linear.ptr, from_linear.bytes()), 0);
+  // ... and that reduction is the column sum (70 float terms of N(0,1): error ~1e-6).
+  std::vector<double> g = from_bias_add.analytic();
+  for (int64_t o = 0; o < OC; ++o) {
+    double ref = 0;
+    for (int64_t n = 0; n < N; ++n) ref += dout.f32()[n * OC + o];
+    ASSERT_NEAR(g[o], ref, 1e-5) << "column " << o;
+  }
+
+  // A row-parallel linear (no bias in the GEMM, bias added afterwards) computes the same
+  // function as linear_forward with the bias (to rounding: the bias is added before the
+  // GEMM's sum there, after it here; 3-term dots of N(0,1): ~1e-6).
+  Tensor bias = arena.normal({OC}, 5), fused = arena.f32({N, OC}), split = arena.f32({N, OC});
+  ops::linear_forward(fused, inp, w, bias);
+  ops::linear_forward(split, inp, w, Tensor());
+  ops::bias_add_forward(split, split, bias);
+  for (int64_t i = 0; i < fused.numel(); ++i) ASSERT_NEAR(split.f32()[i], fused.f32()[i], 1e-5);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -789,6 +946,74 @@ TEST(OpsResidual, ForwardAndGradients) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Sequence-parallel regrouping
+
+TEST(OpsSequenceRegroup, SmallCaseByHand) {
+  // B = 2, T = 4, C = 1, two parts: sample 0 holds 0 1 2 3, sample 1 holds 4 5 6 7.
+  // Rank-major: rank 0's chunk (rows 0-1 of both samples), then rank 1's (rows 2-3).
+  Arena arena;
+  Tensor seq = arena.f32({2, 4, 1}), rm = arena.f32({8}), back = arena.f32({2, 4, 1});
+  for (int i = 0; i < 8; ++i) seq.f32()[i] = static_cast<float>(i);
+  ops::sequence_to_rank_major(rm, seq, 2);
+  EXPECT_EQ(values(rm), (std::vector<float>{0, 1, 4, 5, 2, 3, 6, 7}));
+  ops::rank_major_to_sequence(back, rm, 2);
+  EXPECT_EQ(values(back), values(seq));
+}
+
+TEST(OpsSequenceRegroup, RowsWhereDescribedAndRoundTrip) {
+  Arena arena;
+  const int64_t B = 3, T = 12, C = 5;
+  Tensor seq = arena.normal({B, T, C}, 1);
+  for (int parts : {1, 2, 3, 4, 6, 12}) {
+    const int64_t Ts = T / parts;
+    Tensor rm = arena.normal({parts, B, Ts, C}, 2), back = arena.normal({B, T, C}, 3);  // garbage
+    ops::sequence_to_rank_major(rm, seq, parts);
+    for (int64_t r = 0; r < parts; ++r)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < Ts; ++t)
+          for (int64_t c = 0; c < C; ++c)
+            ASSERT_EQ(rm.f32()[((r * B + b) * Ts + t) * C + c], seq.f32()[(b * T + r * Ts + t) * C + c])
+                << "parts " << parts << " r " << r << " b " << b << " t " << t;
+    ops::rank_major_to_sequence(back, rm, parts);
+    EXPECT_EQ(std::memcmp(back.ptr, seq.ptr, seq.bytes()), 0) << "parts " << parts;
+    // The inverse the other way round too: rank-major -> sequence -> rank-major.
+    Tensor rm2 = arena.f32({parts, B, Ts, C});
+    ops::sequence_to_rank_major(rm2, back, parts);
+    EXPECT_EQ(std::memcmp(rm2.ptr, rm.ptr, rm.bytes()), 0) << "parts " << parts;
+  }
+}
+
+TEST(OpsSequenceRegroup, GatheredShardsAreTheRankMajorLayout) {
+  // What an all-gather over 3 sequence-parallel ranks produces (rank r's [B, T/3, C] shard,
+  // cut per sample from the full tensor, placed at r) is what rank_major_to_sequence reads;
+  // the regroup of the full tensor is what reduce-scatter chunks per rank. i32 data: the
+  // copies are dtype-agnostic.
+  Arena arena;
+  const int64_t B = 2, T = 9, C = 4, parts = 3, Ts = T / parts;
+  Tensor seq = arena.i32({B, T, C});
+  for (int64_t i = 0; i < seq.numel(); ++i) seq.i32()[i] = static_cast<int32_t>(1000 + i);
+  Tensor gathered = arena.i32({parts * B * Ts * C});
+  for (int64_t r = 0; r < parts; ++r)
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(gathered.i32() + (r * B + b) * Ts * C, seq.i32() + (b * T + r * Ts) * C, Ts * C * sizeof(int32_t));
+  Tensor rm = arena.i32({parts * B * Ts * C}), back = arena.i32({B, T, C});
+  ops::sequence_to_rank_major(rm, seq, parts);
+  EXPECT_EQ(std::memcmp(rm.ptr, gathered.ptr, rm.bytes()), 0);
+  ops::rank_major_to_sequence(back, gathered, parts);
+  EXPECT_EQ(std::memcmp(back.ptr, seq.ptr, seq.bytes()), 0);
+}
+
+TEST(OpsSequenceRegroupDeathTest, RejectsBadParts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Arena arena;
+  Tensor seq = arena.f32({2, 6, 3}), rm = arena.f32({36});
+  EXPECT_DEATH(ops::sequence_to_rank_major(rm, seq, 4), "4 parts do not divide T = 6");
+  EXPECT_DEATH(ops::rank_major_to_sequence(seq, rm, 0), "0 parts");
+  EXPECT_DEATH(ops::sequence_to_rank_major(seq, seq, 2), "overlaps");
+  EXPECT_DEATH(ops::sequence_to_rank_major(arena.f32({35}), seq, 2), "out");
+}
+
+// ---------------------------------------------------------------------------------------
 // Cross-entropy
 
 // log-softmax in double.
@@ -801,45 +1026,108 @@ std::vector<double> log_softmax_row(const float* x, int64_t V) {
   return r;
 }
 
+// The cross-entropy pieces over vocabulary shards, with the tensor-parallel reductions
+// done by hand: max of the shards' row maxima, sums of their sum_exp and target_logit.
+// One shard with vocab_start 0 is the plain loss. Buffers are allocated once, so the
+// finite-difference loops can call run() thousands of times.
+struct ShardedCrossEntropy {
+  int64_t N, V;
+  std::vector<Tensor> logits;  // shard s: [N, Vl_s], columns [start[s], start[s]+Vl_s)
+  std::vector<int64_t> start;
+  Tensor targets, losses, lse;
+  std::vector<Tensor> row_max, sum_exp, target_logit;  // per shard
+  Tensor g_max, g_sum, g_target;                       // after the "all-reduce"
+
+  // Splits full [N,V] logits at the given boundaries (e.g. {0, 12, 25} for 3 shards of 37).
+  ShardedCrossEntropy(Arena& arena, const Tensor& full, Tensor tgt, const std::vector<int64_t>& starts)
+      : N(full.dim(0)), V(full.dim(1)), start(starts), targets(tgt) {
+    losses = arena.f32({N}), lse = arena.f32({N});
+    g_max = arena.f32({N}), g_sum = arena.f32({N}), g_target = arena.f32({N});
+    for (size_t s = 0; s < starts.size(); ++s) {
+      const int64_t end = s + 1 < starts.size() ? starts[s + 1] : V, Vl = end - starts[s];
+      Tensor shard = arena.f32({N, Vl});
+      for (int64_t n = 0; n < N; ++n)
+        std::memcpy(shard.f32() + n * Vl, full.f32() + n * V + starts[s], Vl * sizeof(float));
+      logits.push_back(shard);
+      row_max.push_back(arena.f32({N}));
+      sum_exp.push_back(arena.f32({N}));
+      target_logit.push_back(arena.f32({N}));
+    }
+  }
+  // Full-vocabulary ids, for the bounds check; 0 (unsharded) when there is one shard.
+  int64_t vocab_size() const { return logits.size() == 1 ? 0 : V; }
+
+  void run() {
+    for (int64_t n = 0; n < N; ++n) g_max.f32()[n] = -std::numeric_limits<float>::infinity();
+    for (size_t s = 0; s < logits.size(); ++s) {
+      ops::cross_entropy_max(row_max[s], logits[s]);
+      for (int64_t n = 0; n < N; ++n) g_max.f32()[n] = std::max(g_max.f32()[n], row_max[s].f32()[n]);
+    }
+    std::memset(g_sum.ptr, 0, g_sum.bytes());
+    std::memset(g_target.ptr, 0, g_target.bytes());
+    for (size_t s = 0; s < logits.size(); ++s) {
+      ops::cross_entropy_sums(sum_exp[s], target_logit[s], logits[s], targets, g_max, start[s], vocab_size());
+      for (int64_t n = 0; n < N; ++n) {
+        g_sum.f32()[n] += sum_exp[s].f32()[n];
+        g_target.f32()[n] += target_logit[s].f32()[n];
+      }
+    }
+    ops::cross_entropy_finish(losses, lse, g_sum, g_max, g_target);
+  }
+  void backward(size_t s, Tensor dlogits, Tensor dlosses) {
+    ops::cross_entropy_backward(dlogits, dlosses, logits[s], targets, lse, start[s], vocab_size());
+  }
+};
+
+// The removed overload cross_entropy_backward(dlogits, dlosses, logits, targets, losses)
+// had the same argument types up to the fifth; with a default vocab_start such a call
+// would still compile and silently read the losses as logsumexp. It must not compile.
+template <typename T>
+concept OldBackwardCallCompiles = requires(T t) { ops::cross_entropy_backward(t, t, t, t, t); };
+static_assert(!OldBackwardCallCompiles<Tensor>);
+
 TEST(OpsCrossEntropy, ForwardMatchesLogSoftmaxInDouble) {
   Arena arena;
   const int64_t N = 4, V = 50304;  // GPT-2's padded vocabulary
-  Tensor logits = arena.normal({N, V}, 1, 3.0f), losses = arena.f32({N});
+  Tensor logits = arena.normal({N, V}, 1, 3.0f);
   logits.f32()[2 * V + 17] = 60.0f;  // a confident row: loss ~0 for target 17, ~60 otherwise
   Tensor targets = arena.ints({N}, {0, 50303, 17, 12345});
-  ops::cross_entropy_forward(losses, logits, targets);
+  ShardedCrossEntropy ce(arena, logits, targets, {0});
+  ce.run();
   for (int64_t n = 0; n < N; ++n) {
-    const double ref = -log_softmax_row(logits.f32() + n * V, V)[targets.i32()[n]];
+    const std::vector<double> ls = log_softmax_row(logits.f32() + n * V, V);
+    const double ref = -ls[targets.i32()[n]];
     // logsumexp ~ 15 from a float sum of 50304 terms (16 lane partials, relative error
     // ~1e-6) minus a logit ~10: absolute error ~1e-5. 3e-5 + 1e-6 relative.
-    EXPECT_NEAR(losses.f32()[n], ref, 3e-5 + 1e-6 * ref) << "row " << n;
+    EXPECT_NEAR(ce.losses.f32()[n], ref, 3e-5 + 1e-6 * ref) << "row " << n;
+    EXPECT_NEAR(ce.lse.f32()[n], logits.f32()[n * V] - ls[0], 3e-5) << "row " << n;
+    // One shard: the target logit is the target's column exactly.
+    EXPECT_EQ(ce.target_logit[0].f32()[n], logits.f32()[n * V + targets.i32()[n]]);
   }
-  EXPECT_LT(losses.f32()[2], 1e-6f);
+  EXPECT_LT(ce.losses.f32()[2], 1e-6f);
 }
 
 TEST(OpsCrossEntropy, BackwardMatchesSoftmaxOnFullVocab) {
   Arena arena;
   const int64_t N = 3, V = 50304;
-  Tensor logits = arena.normal({N, V}, 1, 3.0f), losses = arena.f32({N}), dloss = arena.normal({N}, 2);
+  Tensor logits = arena.normal({N, V}, 1, 3.0f), dloss = arena.normal({N}, 2);
   Tensor targets = arena.ints({N}, {5, 50000, 777});
-  ops::cross_entropy_forward(losses, logits, targets);
-  Tensor d4 = arena.f32({N, V}), d5 = arena.f32({N, V});
-  ops::cross_entropy_backward(d4, dloss, logits, targets);
-  ops::cross_entropy_backward(d5, dloss, logits, targets, losses);
+  ShardedCrossEntropy ce(arena, logits, targets, {0});
+  ce.run();
+  Tensor d = arena.f32({N, V});
+  ce.backward(0, d, dloss);
   for (int64_t n = 0; n < N; ++n) {
     std::vector<double> ls = log_softmax_row(logits.f32() + n * V, V);
-    double worst4 = 0, worst5 = 0, sum = 0;
+    double worst = 0, sum = 0;
     for (int64_t v = 0; v < V; ++v) {
       const double ref = (std::exp(ls[v]) - (v == targets.i32()[n])) * dloss.f32()[n];
-      worst4 = std::max(worst4, std::fabs(d4.f32()[n * V + v] - ref));
-      worst5 = std::max(worst5, std::fabs(d5.f32()[n * V + v] - ref));
-      sum += d5.f32()[n * V + v];
+      worst = std::max(worst, std::fabs(d.f32()[n * V + v] - ref));
+      sum += d.f32()[n * V + v];
     }
     // Probabilities are <= ~0.1 here; exp_approx and the float logsumexp (error ~1e-5,
     // see above) give relative errors ~1e-5, absolute <= 1e-6 * |dloss| ~ 2e-6; 1e-5 is
-    // safe. The losses-based variant rounds lse once more (loss + logit, ~1e-6 of 15).
-    EXPECT_LT(worst4, 1e-5) << "row " << n;
-    EXPECT_LT(worst5, 1e-5) << "row " << n;
+    // safe.
+    EXPECT_LT(worst, 1e-5) << "row " << n;
     // softmax sums to 1, minus the one-hot: each row of the gradient sums to ~0.
     EXPECT_NEAR(sum, 0.0, 1e-4);
   }
@@ -848,21 +1136,99 @@ TEST(OpsCrossEntropy, BackwardMatchesSoftmaxOnFullVocab) {
 TEST(OpsCrossEntropy, Gradients) {
   Arena arena;
   const int64_t N = 4, V = 37;
-  Tensor logits = arena.normal({N, V}, 1, 2.0f), losses = arena.f32({N}), R = arena.normal({N}, 2);
+  Tensor logits = arena.normal({N, V}, 1, 2.0f), R = arena.normal({N}, 2);
   Tensor targets = arena.ints({N}, {0, 36, 5, 5});
-  ops::cross_entropy_forward(losses, logits, targets);
-  Grad d4(arena, logits, 3), d5(arena, logits, 4);
-  ops::cross_entropy_backward(d4.t, R, logits, targets);
-  ops::cross_entropy_backward(d5.t, R, logits, targets, losses);
+  ShardedCrossEntropy ce(arena, logits, targets, {0});
+  ce.run();
+  Grad d(arena, logits, 3);
+  ce.backward(0, d.t, R);
   auto loss = [&] {
-    ops::cross_entropy_forward(losses, logits, targets);
-    return weighted_sum(losses, R);
+    ce.run();
+    return weighted_sum(ce.losses, R);
   };
   // Smooth (softmax); third derivatives <= ~1: eps = 1e-3 costs ~1e-7 of truncation;
   // rounding of one loss (~5, so ~5e-7) / 2e-3 ~ 2.5e-4. atol 1e-3, rtol 1e-3; gradient
   // entries are up to ~1 (the target's -1 + p).
-  expect_gradient("dlogits", logits, d4, loss, 1e-3f, 1e-3, 1e-3);
-  expect_gradient("dlogits (given losses)", logits, d5, loss, 1e-3f, 1e-3, 1e-3);
+  expect_gradient("dlogits", ce.logits[0], d, loss, 1e-3f, 1e-3, 1e-3);
+}
+
+TEST(OpsCrossEntropy, VocabParallelShardsMatchUnsharded) {
+  // Over 2 and 3 shards of a 37-column vocabulary (uneven splits), the hand-combined
+  // pieces give the unsharded losses, and each shard's backward gives its columns of the
+  // unsharded gradient. Targets sit on both sides of every boundary and at the ends.
+  // Rows 0-2 get one large logit in the last shard, so a shard's local max differs from
+  // the global max there (a kernel using its local max would be off by ~e^10).
+  Arena arena;
+  const int64_t N = 8, V = 37;
+  Tensor logits = arena.normal({N, V}, 1, 2.0f), dloss = arena.normal({N}, 2);
+  for (int64_t n = 0; n < 3; ++n) logits.f32()[n * V + 30 + n] = 12.0f;
+  Tensor targets = arena.ints({N}, {0, 11, 12, 17, 18, 24, 25, 36});
+  ShardedCrossEntropy whole(arena, logits, targets, {0});
+  whole.run();
+  Tensor dwhole = arena.f32({N, V});
+  whole.backward(0, dwhole, dloss);
+  for (const std::vector<int64_t>& starts : {std::vector<int64_t>{0, 18}, std::vector<int64_t>{0, 12, 25}}) {
+    ShardedCrossEntropy ce(arena, logits, targets, starts);
+    ce.run();
+    for (int64_t n = 0; n < N; ++n) {
+      // The same float terms summed in another grouping: lse ~ 13 or ~5 to ~2 ulp; 1e-5.
+      EXPECT_NEAR(ce.lse.f32()[n], whole.lse.f32()[n], 1e-5) << starts.size() << " shards, row " << n;
+      EXPECT_NEAR(ce.losses.f32()[n], whole.losses.f32()[n], 1e-5) << starts.size() << " shards, row " << n;
+      // Exactly one shard reports the target's logit, the others exactly 0.
+      for (size_t s = 0; s < starts.size(); ++s) {
+        const int64_t t = targets.i32()[n], end = s + 1 < starts.size() ? starts[s + 1] : V;
+        EXPECT_EQ(ce.target_logit[s].f32()[n], t >= starts[s] && t < end ? logits.f32()[n * V + t] : 0.0f);
+      }
+    }
+    for (size_t s = 0; s < starts.size(); ++s) {
+      const int64_t Vl = ce.logits[s].dim(1);
+      Grad d(arena, ce.logits[s], 10 + static_cast<uint32_t>(s));
+      ce.backward(s, d.t, dloss);
+      std::vector<double> g = d.analytic();
+      // Only lse differs (~1e-6): |p (e^dlse - 1) dloss| <= 1e-6 * 2, plus the prefill's
+      // rounding (~1e-7 of the O(1) prefill). 1e-5.
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < Vl; ++j)
+          ASSERT_NEAR(g[n * Vl + j], dwhole.f32()[n * V + starts[s] + j], 1e-5)
+              << starts.size() << " shards, shard " << s << " row " << n << " column " << j;
+    }
+  }
+}
+
+TEST(OpsCrossEntropy, ShardGradients) {
+  // Finite differences of the hand-combined 3-shard loss w.r.t. the middle shard's logits
+  // (vocab_start 12, targets inside and outside it), against that shard's backward.
+  Arena arena;
+  const int64_t N = 5, V = 37;
+  Tensor logits = arena.normal({N, V}, 1, 2.0f), R = arena.normal({N}, 2);
+  Tensor targets = arena.ints({N}, {12, 24, 3, 30, 18});
+  ShardedCrossEntropy ce(arena, logits, targets, {0, 12, 25});
+  ce.run();
+  Grad d(arena, ce.logits[1], 3);
+  ce.backward(1, d.t, R);
+  auto loss = [&] {
+    ce.run();
+    return weighted_sum(ce.losses, R);
+  };
+  // As for the unsharded Gradients test: eps = 1e-3, atol 1e-3, rtol 1e-3.
+  expect_gradient("dlogits shard [12, 25)", ce.logits[1], d, loss, 1e-3f, 1e-3, 1e-3);
+}
+
+TEST(OpsCrossEntropyDeathTest, RejectsTargetsOutsideTheVocabulary) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Arena arena;
+  Tensor logits = arena.normal({2, 5}, 1), m = arena.f32({2}), s = arena.f32({2}), tl = arena.f32({2});
+  Tensor lse = arena.f32({2}), dl = arena.f32({2}), d = arena.f32({2, 5});
+  ops::cross_entropy_max(m, logits);
+  // Unsharded: a target beyond the logits' columns is an error, not "another rank's".
+  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 5}), m, 0), "target 5");
+  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {-1, 0}), lse, 0), "target -1");
+  // Columns [5, 10) of 12: targets in [0, 12) are fine.
+  ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 11}), m, 5, 12);
+  EXPECT_EQ(tl.f32()[0], 0.0f);
+  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 12}), m, 5, 12), "target 12");
+  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {0, 1}), lse, 5), "vocab_size");
+  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 1}), m, 8, 12), "shard");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@
 
 namespace tessera::ops::cpu {
 
-void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe);
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions);
+void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe, int64_t vocab_start,
+                       int64_t vocab_size);
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions, int64_t vocab_start,
+                        int64_t vocab_size);
 
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                        float eps);
@@ -16,6 +18,8 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+void bias_add_forward(Tensor out, Tensor inp, Tensor bias);
+void bias_add_backward(Tensor dbias, Tensor dout);
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
@@ -30,9 +34,15 @@ void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout);
 void residual_forward(Tensor out, Tensor a, Tensor b);
 void residual_backward(Tensor da, Tensor db, Tensor dout);
 
-void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
-void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets);
-void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor losses);
+void cross_entropy_max(Tensor row_max, Tensor logits);
+void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tensor targets, Tensor row_max,
+                        int64_t vocab_start, int64_t vocab_size);
+void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tensor row_max, Tensor target_logit);
+void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
+                            int64_t vocab_start, int64_t vocab_size);
+
+void sequence_to_rank_major(Tensor out, Tensor inp, int parts);
+void rank_major_to_sequence(Tensor out, Tensor inp, int parts);
 
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t step, float grad_scale);

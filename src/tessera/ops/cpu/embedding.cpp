@@ -1,62 +1,84 @@
-// Token + position embedding. Legend: N = B*T rows, C channels, V vocabulary rows of wte,
-// P position rows of wpe.
+// Token + position embedding. Legend: N = B*T rows, C channels, Vl vocabulary rows of wte
+// (the shard [vocab_start, vocab_start+Vl) of the full vocabulary), P position rows of wpe.
+// Tokens outside the shard contribute nothing here: another tensor-parallel rank holds
+// them and the caller's all-reduce adds its rows.
 #include <algorithm>
 #include <string>
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/vocab_shard.h"
 
 namespace tessera::ops::cpu {
-namespace {
 
-// Indices come from data files and flags, but by the time they reach a kernel they are an
-// invariant: an out-of-range id would read or write outside the table.
-void check_indices(const int32_t* idx, int64_t n, int64_t rows, const char* what) {
-  for (int64_t i = 0; i < n; ++i)
-    TESSERA_CHECK(idx[i] >= 0 && idx[i] < rows, std::string(what) + " " + std::to_string(idx[i]) + " at " +
-                                                    std::to_string(i) + " outside [0, " + std::to_string(rows) + ")");
-}
-
-}  // namespace
-
-void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe) {
-  const int64_t N = tokens.numel(), C = wte.dim(-1);
-  TESSERA_CHECK(positions.numel() == N, "embedding: tokens " + shape_str(tokens.shape) + " vs positions " +
-                                            shape_str(positions.shape));
-  TESSERA_CHECK(wpe.dim(-1) == C && out.numel() == N * C, "embedding: out " + shape_str(out.shape) + ", wte " +
-                                                              shape_str(wte.shape) + ", wpe " + shape_str(wpe.shape));
-  const int32_t* tok = tokens.i32();
-  const int32_t* pos = positions.i32();
-  check_indices(tok, N, wte.dim(0), "token id");
-  check_indices(pos, N, wpe.dim(0), "position id");
-  const float* te = wte.f32();
-  const float* pe = wpe.f32();
+void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe, int64_t vocab_start,
+                       int64_t vocab_size) {
+  TESSERA_CHECK(out.ndim() >= 1 && out.dim(-1) > 0, "embedding: out " + shape_str(out.shape));
+  const int64_t C = out.dim(-1), N = out.numel() / C;
+  const int32_t* tok = nullptr;
+  const float* te = nullptr;
+  VocabShard shard;
+  if (!wte.empty()) {
+    TESSERA_CHECK(wte.ndim() == 2 && wte.dim(1) == C && tokens.numel() == N,
+                  "embedding: out " + shape_str(out.shape) + ", wte " + shape_str(wte.shape) + ", tokens " +
+                      shape_str(tokens.shape));
+    shard = vocab_shard(vocab_start, wte.dim(0), vocab_size, "embedding");
+    tok = tokens.i32();
+    check_ids(tok, N, shard.total, "token id");
+    te = wte.f32();
+  }
+  const int32_t* pos = nullptr;
+  const float* pe = nullptr;
+  if (!wpe.empty()) {
+    TESSERA_CHECK(wpe.ndim() == 2 && wpe.dim(1) == C && positions.numel() == N,
+                  "embedding: out " + shape_str(out.shape) + ", wpe " + shape_str(wpe.shape) + ", positions " +
+                      shape_str(positions.shape));
+    pos = positions.i32();
+    check_ids(pos, N, wpe.dim(0), "position id");
+    pe = wpe.f32();
+  }
   float* y = out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* a = te + static_cast<int64_t>(tok[n]) * C;
-    const float* b = pe + static_cast<int64_t>(pos[n]) * C;
+    const float* a = te && shard.holds(tok[n]) ? te + (tok[n] - shard.start) * C : nullptr;
+    const float* b = pe ? pe + static_cast<int64_t>(pos[n]) * C : nullptr;
     float* o = y + n * C;
+    if (a && b) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = a[c] + b[c];
+      for (int64_t c = 0; c < C; ++c) o[c] = a[c] + b[c];
+    } else if (a || b) {
+      std::copy(a ? a : b, (a ? a : b) + C, o);
+    } else {
+      std::fill(o, o + C, 0.0f);
+    }
   }
 }
 
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions) {
-  const int64_t N = tokens.numel(), C = dout.dim(-1);
-  TESSERA_CHECK(positions.numel() == N && dout.numel() == N * C,
-                "embedding backward: dout " + shape_str(dout.shape) + " vs tokens " + shape_str(tokens.shape));
-  const int32_t* tok = tokens.i32();
-  const int32_t* pos = positions.i32();
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions, int64_t vocab_start,
+                        int64_t vocab_size) {
+  TESSERA_CHECK(dout.ndim() >= 1 && dout.dim(-1) > 0, "embedding backward: dout " + shape_str(dout.shape));
+  const int64_t C = dout.dim(-1), N = dout.numel() / C;
   const float* dy = dout.f32();
-  float* dte = dwte.empty() ? nullptr : dwte.f32();
-  float* dpe = dwpe.empty() ? nullptr : dwpe.f32();
-  if (dte) {
-    TESSERA_CHECK(dwte.dim(-1) == C, "embedding backward: dwte " + shape_str(dwte.shape));
-    check_indices(tok, N, dwte.dim(0), "token id");
+  const int32_t* tok = nullptr;
+  float* dte = nullptr;
+  VocabShard shard;
+  if (!dwte.empty()) {
+    TESSERA_CHECK(dwte.ndim() == 2 && dwte.dim(1) == C && tokens.numel() == N,
+                  "embedding backward: dout " + shape_str(dout.shape) + ", dwte " + shape_str(dwte.shape) +
+                      ", tokens " + shape_str(tokens.shape));
+    shard = vocab_shard(vocab_start, dwte.dim(0), vocab_size, "embedding backward");
+    tok = tokens.i32();
+    check_ids(tok, N, shard.total, "token id");
+    dte = dwte.f32();
   }
-  if (dpe) {
-    TESSERA_CHECK(dwpe.dim(-1) == C, "embedding backward: dwpe " + shape_str(dwpe.shape));
-    check_indices(pos, N, dwpe.dim(0), "position id");
+  const int32_t* pos = nullptr;
+  float* dpe = nullptr;
+  if (!dwpe.empty()) {
+    TESSERA_CHECK(dwpe.ndim() == 2 && dwpe.dim(1) == C && positions.numel() == N,
+                  "embedding backward: dout " + shape_str(dout.shape) + ", dwpe " + shape_str(dwpe.shape) +
+                      ", positions " + shape_str(positions.shape));
+    pos = positions.i32();
+    check_ids(pos, N, dwpe.dim(0), "position id");
+    dpe = dwpe.f32();
   }
   // Several rows may hit the same token (or position), so threads split the channels, not
   // the rows: each thread owns a column block of both tables, no two threads ever add to
@@ -69,8 +91,8 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
     const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
     for (int64_t n = 0; n < N; ++n) {
       const float* g = dy + n * C;
-      if (dte) {
-        float* t = dte + static_cast<int64_t>(tok[n]) * C;
+      if (dte && shard.holds(tok[n])) {
+        float* t = dte + (tok[n] - shard.start) * C;
 #pragma omp simd
         for (int64_t c = c0; c < c1; ++c) t[c] += g[c];
       }

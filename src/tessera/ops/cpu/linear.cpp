@@ -3,8 +3,10 @@
 //   forward:  out[N,OC]   = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C]  += dout[N,OC] @ W[OC,C]
 //             dW[OC,C]   += dout[N,OC]^T @ inp[N,C]
-//             dbias[OC]  += column sums of dout
+//             dbias[OC]  += column sums of dout (bias_add_backward)
 // The accumulating GEMMs use beta = 1, so gradient accumulation costs nothing extra.
+// bias_add_forward / bias_add_backward are the bias alone, for row-parallel linears that
+// add it after the tensor-parallel reduction.
 #include <algorithm>
 
 #include "tessera/ops/cpu/cpu_ops.h"
@@ -42,23 +44,47 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   const float* dy = dout.f32();
   if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, weight.f32(), C, 1.0f, dinp.f32(), C);
   if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, inp.f32(), C, 1.0f, dweight.f32(), C);
-  if (!dbias.empty()) {
-    // Column sums: threads own column blocks and walk the rows in order (deterministic,
-    // vectorised along the row).
-    float* db = dbias.f32();
-    constexpr int64_t kBlock = 256;
-    const int64_t blocks = (OC + kBlock - 1) / kBlock;
+  if (!dbias.empty()) bias_add_backward(dbias, dout);
+}
+
+void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
+  const int64_t OC = bias.numel();
+  TESSERA_CHECK(OC > 0 && out.ndim() >= 1 && out.dim(-1) == OC && inp.numel() == out.numel() &&
+                    inp.dim(-1) == OC,
+                "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
+                    shape_str(bias.shape));
+  const int64_t N = out.numel() / OC;
+  const float* x = inp.f32();
+  const float* b = bias.f32();
+  float* y = out.f32();
 #pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t o0 = blk * kBlock, len = std::min(kBlock, OC - o0);
-      float acc[kBlock] = {};
-      for (int64_t n = 0; n < N; ++n) {
-        const float* row = dy + n * OC + o0;
+  for (int64_t n = 0; n < N; ++n) {
 #pragma omp simd
-        for (int64_t o = 0; o < len; ++o) acc[o] += row[o];
-      }
-      for (int64_t o = 0; o < len; ++o) db[o0 + o] += acc[o];
+    for (int64_t o = 0; o < OC; ++o) y[n * OC + o] = x[n * OC + o] + b[o];
+  }
+}
+
+void bias_add_backward(Tensor dbias, Tensor dout) {
+  const int64_t OC = dbias.numel();
+  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
+                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  const int64_t N = dout.numel() / OC;
+  const float* dy = dout.f32();
+  float* db = dbias.f32();
+  // Column sums: threads own column blocks and walk the rows in order (deterministic for
+  // any thread count, vectorised along the row).
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t o0 = blk * kBlock, len = std::min(kBlock, OC - o0);
+    float acc[kBlock] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = dy + n * OC + o0;
+#pragma omp simd
+      for (int64_t o = 0; o < len; ++o) acc[o] += row[o];
     }
+    for (int64_t o = 0; o < len; ++o) db[o0 + o] += acc[o];
   }
 }
 
