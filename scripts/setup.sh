@@ -16,7 +16,11 @@ packages=(
   libssl-dev             # MD5 / SHA-256
   libgtest-dev libgmock-dev
   python3-torch python3-numpy python3-regex   # test-only references (run with /usr/bin/python3)
+  libisal-dev            # CRC-32C of TensorBoard event files (Debian 12 has no Google crc32c package)
+  python3-venv           # test-only: the venv of the PyPI step below
 )
+
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -24,9 +28,24 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup: all Debian packages present"
+fi
+
+# ---- test-only: PyPI packages (nothing tessera builds or runs uses them) ----------------------
+# tests/metrics_area reads tessera's TensorBoard event files with TensorBoard's own reader.
+# tensorboard is not packaged by Debian, so it goes into a venv at a fixed path (CMake's
+# TESSERA_TEST_VENV; keep the two defaults equal), leaving Debian's python3 untouched.
+# Skipped when that venv already has this version.
+TEST_VENV=${TESSERA_TEST_VENV:-/opt/tessera/test-venv}
+TENSORBOARD_VERSION=2.21.0
+if "$TEST_VENV/bin/python" -c "import sys, tensorboard; sys.exit(tensorboard.__version__ != '$TENSORBOARD_VERSION')" 2>/dev/null; then
+  echo "setup: tensorboard $TENSORBOARD_VERSION present in $TEST_VENV (test-only)"
+else
+  echo "setup: installing tensorboard $TENSORBOARD_VERSION from PyPI into $TEST_VENV (test-only)"
+  $SUDO /usr/bin/python3 -m venv "$TEST_VENV"
+  $SUDO "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "tensorboard==$TENSORBOARD_VERSION"
 fi
