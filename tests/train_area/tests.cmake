@@ -14,3 +14,14 @@ set_tests_properties(train_data_parallel PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE
 add_test(NAME train_checkpoints
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_checkpoints PROPERTIES TIMEOUT 300)
+
+# Tensor, pipeline and data parallelism and their products against the single-process run.
+add_test(NAME train_model_parallel
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/model_parallel_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_model_parallel PROPERTIES TIMEOUT 900)
+# The two-server guide's layout (2 nodes x 8 processes, TP=2 PP=2 DP=4) on network-namespace
+# hosts (skipped, exit 77, without the rights to make them).
+add_test(NAME train_model_parallel_two_hosts
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/model_parallel_test.py $<TARGET_FILE:tessera>
+                 two-hosts)
+set_tests_properties(train_model_parallel_two_hosts PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)

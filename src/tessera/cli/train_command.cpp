@@ -43,6 +43,7 @@ int run_train(int argc, char** argv) {
   launch::JobStore job_store;
   std::unique_ptr<Communicator> world;
   ParallelGroups groups;
+  Topology topology(id.world_size, id.rank, args.tensor_parallel_size, args.pipeline_parallel_size);
   if (id.distributed()) {
     print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
     job_store = launch::open_job_store(id, timeout);
@@ -53,17 +54,22 @@ int run_train(int argc, char** argv) {
     options.key_prefix = id.key_prefix;
     world = create_gloo_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size,
                                      options);
-    Topology topology(id.world_size, id.rank, 1, 1);
-    topology.check_num_layers(args.model.num_layers);
     groups = create_parallel_groups(*world, topology);
     print_rank_0("> %s", topology.describe().c_str());
   }
   print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
 
   const GPTConfig& c = args.model;
+  ModelPartition partition;
+  partition.tp_size = args.tensor_parallel_size;
+  partition.tp_rank = topology.tp_rank();
+  partition.sequence_parallel = args.sequence_parallel;
+  partition.chunks = pipeline_chunks(c.num_layers, args.pipeline_split, topology.pp_rank());
+  const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, topology.pp_rank());
   // Megatron's theoretical-memory line, from the same layouts the model and optimizer
   // allocate (model/memory_estimate.h), before anything large is allocated.
-  const GPTMemoryEstimate estimate = estimate_gpt_memory(c, static_cast<int>(args.micro_batch_size));
+  const GPTMemoryEstimate estimate =
+      estimate_gpt_memory(c, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots);
   const double mib = 1024.0 * 1024.0;
   print_rank_0("Theoretical memory footprints: weight and optimizer=%.2f MB, activation=%.2f MB, total=%.2f MB "
                "(parameters %.2f, gradients %.2f, optimizer %.2f; per rank)",
@@ -76,20 +82,24 @@ int run_train(int argc, char** argv) {
   }
   print_rank_0(" > padded vocab (size: %d) with %d dummy tokens (new size: %d)", c.vocab_size,
                c.padded_vocab_size - c.vocab_size, c.padded_vocab_size);
-  GPTModel model(c, device, static_cast<int>(args.micro_batch_size));
+  GPTModel model(c, device, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots, groups.tp.get());
   if (args.init_from_hf.empty()) {
     model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
   } else {
     model.load_weights(load_hf_gpt2(args.init_from_hf, c));
     print_rank_0(" > initialised from Hugging Face GPT-2 weights in %s", args.init_from_hf.c_str());
   }
-  print_rank_0(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %lld",
-               static_cast<long long>(model.num_parameters()));
+  // Megatron prints this from every rank with data-parallel rank 0.
+  if (topology.dp_rank() == 0)
+    log_info(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", topology.tp_rank(),
+            topology.pp_rank(), static_cast<long long>(model.num_parameters()));
 
   TrainingData data = build_training_data(args);
   if (world) check_datasets_agree(data, *world);
   if (args.exit_signal_handler) install_exit_signal_handler();
-  Trainer trainer(args, model, data.sources(), device, groups.dp.get());
+  TrainerGroups trainer_groups{world.get(),           groups.dp.get(), groups.tp.get(), groups.pp.get(),
+                               groups.model_parallel.get(), groups.embedding.get()};
+  Trainer trainer(args, model, data.sources(), device, trainer_groups);
   if (!args.load.empty()) trainer.load_checkpoint(args.load);
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);

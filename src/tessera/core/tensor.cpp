@@ -36,11 +36,13 @@ std::string shape_str(const Shape& s) {
   return r + "]";
 }
 
-int64_t Tensor::numel() const {
+int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : s) n *= d;
   return n;
 }
+
+int64_t Tensor::numel() const { return shape_numel(shape); }
 
 Tensor Tensor::view(Shape s) const {
   Tensor t(ptr, dtype, std::move(s), device);

@@ -38,6 +38,7 @@ class Buffer {
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
 
 struct Tensor {
   void* ptr = nullptr;

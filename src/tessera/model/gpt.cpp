@@ -20,79 +20,255 @@ enum LayerSite { kAttentionProbs = 0, kAfterAttention = 1, kAfterMlp = 2 };
 
 }  // namespace
 
-GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size)
-    : config_(config), device_(device), micro_batch_(micro_batch_size), specs_(gpt_param_specs(config)) {
-  // Parameters and gradients: one slab each, same offsets.
-  SlabBuilder param_layout;
-  std::vector<size_t> offsets;
-  for (const ParamSpec& s : specs_) offsets.push_back(param_layout.reserve(DType::F32, s.shape));
-  params_slab_ = Buffer(device, param_layout.total_bytes());
-  grads_slab_ = Buffer(device, param_layout.total_bytes());
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    params_.push_back(tensor_at(params_slab_, offsets[i], DType::F32, specs_[i].shape));
-    grads_.push_back(tensor_at(grads_slab_, offsets[i], DType::F32, specs_[i].shape));
-    index_[specs_[i].name] = i;
-  }
-  for (int l = 0; l < config.num_layers; ++l) {
-    layer_params_.push_back(layer_tensors(params_, l));
-    layer_grads_.push_back(layer_tensors(grads_, l));
-    layer_ranges_.push_back(layer_param_range(l));
-  }
+struct GPTModel::LayerActs {
+  Tensor ln1, ln1_whole, ln1_mean, ln1_rstd;  // [B,Tl,C], [B,T,C] (= ln1 without SP), [B,Tl], [B,Tl]
+  Tensor qkv;                                 // [B,T,3Al]
+  Tensor att;                                 // [B,NHl,T,T]
+  Tensor ctx;                                 // [B,T,Al]
+  Tensor residual_mid;                        // [B,Tl,C] after attention + residual
+  Tensor ln2, ln2_whole, ln2_mean, ln2_rstd;
+  Tensor fc1, gelu;                           // [B,T,Fl] before and after GELU
+  Tensor out;  // [B,Tl,C] the next layer's input; empty for the chunk's last layer (I/O output)
+};
 
-  // Activations of one micro-batch.
-  const int64_t B = micro_batch_size, T = config.seq_length, C = config.hidden_size;
-  const int64_t A = config.attention_width(), F = config.ffn_hidden_size, V = config.padded_vocab_size;
-  const int64_t NH = config.num_attention_heads;
+struct GPTModel::HeadActs {
+  Tensor lnf, lnf_whole, lnf_mean, lnf_rstd;  // as ln1
+  Tensor logits;                              // [B,T,Vl]
+  Tensor losses, logsumexp;                   // [B,T]
+};
+
+struct GPTModel::ActSlot {
+  std::vector<LayerActs> layers;
+  HeadActs head;
+};
+
+struct GPTModel::IoSlot {
+  Tensor input, output, output_grad, input_grad;  // [B,Tl,C]; the grads only where they cross stages
+};
+
+// Shared by every slot: written and consumed within one forward or backward call.
+struct GPTModel::Workspace {
+  Tensor partial;   // [B,T,C] a row-parallel output before reduction; the whole embedding under SP
+  Tensor reduced;   // [B,Tl,C] its reduced slice (= partial without SP)
+  Tensor pos_emb;   // [B,T,C] position embeddings
+  Tensor row_max;   // [B*T]
+  Tensor ce_sums;   // [2,B*T] per-row sum(exp) and target logit, reduced together
+  Tensor d_residual, d_C, d_ln;      // [B,Tl,C]
+  Tensor d_C_whole, d_ln_whole;      // [B,T,C] (= d_C, d_ln without SP)
+  Tensor d_ctx, d_qkv, d_att, d_F, d_gelu, d_logits, d_losses;
+};
+
+struct GPTModel::Chunk {
+  ModelChunk range;
+  size_t first_param = 0, layers_first_param = 0, layers_end_param = 0, end_param = 0;
+  std::vector<LayerParams> w, g;
+  std::vector<std::pair<size_t, size_t>> layer_ranges;
+  size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0, output_w = 0;  // parameter indices
+  std::vector<ActSlot> acts;
+  std::vector<IoSlot> io;
+};
+
+// Where every activation tensor goes: reserves them in a SlabBuilder and records which
+// Tensor each offset binds to. Both the constructor and slab_sizes run it, so the estimate
+// is the allocation.
+struct GPTModel::Layout {
   struct Pending {
     Tensor* t;
     DType dtype;
     Shape shape;
     size_t offset;
   };
+  SlabBuilder builder;
   std::vector<Pending> pending;
-  SlabBuilder act_layout;
-  auto reserve = [&](Tensor& t, Shape shape, DType dtype = DType::F32) {
-    pending.push_back({&t, dtype, shape, act_layout.reserve(dtype, shape)});
-  };
-  acts_.layers.resize(config.num_layers);
-  reserve(acts_.embedded, {B, T, C});
-  for (LayerActs& l : acts_.layers) {
-    reserve(l.ln1, {B, T, C});
-    reserve(l.ln1_mean, {B, T});
-    reserve(l.ln1_rstd, {B, T});
-    reserve(l.qkv, {B, T, 3 * A});
-    reserve(l.att, {B, NH, T, T});
-    reserve(l.ctx, {B, T, A});
-    reserve(l.residual_mid, {B, T, C});
-    reserve(l.ln2, {B, T, C});
-    reserve(l.ln2_mean, {B, T});
-    reserve(l.ln2_rstd, {B, T});
-    reserve(l.fc1, {B, T, F});
-    reserve(l.gelu, {B, T, F});
+
+  void reserve(Tensor& t, Shape shape, DType dtype = DType::F32) {
+    pending.push_back({&t, dtype, shape, builder.reserve(dtype, shape)});
   }
-  for (int l = 0; l + 1 < config.num_layers; ++l) reserve(acts_.layers[l + 1].residual_in, {B, T, C});
-  reserve(acts_.residual_out, {B, T, C});
-  reserve(acts_.lnf, {B, T, C});
-  reserve(acts_.lnf_mean, {B, T});
-  reserve(acts_.lnf_rstd, {B, T});
-  reserve(acts_.logits, {B, T, V});
-  reserve(acts_.losses, {B, T});
-  reserve(acts_.scratch_C, {B, T, C});
-  reserve(acts_.d_residual, {B, T, C});
-  reserve(acts_.d_C, {B, T, C});
-  reserve(acts_.d_ln, {B, T, C});
-  reserve(acts_.d_ctx, {B, T, A});
-  reserve(acts_.d_qkv, {B, T, 3 * A});
-  reserve(acts_.d_att, {B, NH, T, T});
-  reserve(acts_.d_F, {B, T, F});
-  reserve(acts_.d_gelu, {B, T, F});
-  reserve(acts_.d_logits, {B, T, V});
-  reserve(acts_.d_losses, {B, T});
-  acts_slab_ = Buffer(device, act_layout.total_bytes());
-  for (Pending& p : pending) *p.t = tensor_at(acts_slab_, p.offset, p.dtype, p.shape);
-  // Layer l reads the previous layer's output; layer 0 reads the embedding output.
-  TESSERA_CHECK(config.num_layers > 0, "a GPT needs at least one layer");
-  acts_.layers[0].residual_in = acts_.embedded;
+  // With sequence parallelism a whole-sequence copy, else the same tensor (bound later).
+  void reserve_whole(Tensor& whole, Shape shape, bool sp) {
+    if (sp) reserve(whole, std::move(shape));
+  }
+
+  Layout(const GPTConfig& c, int micro_batch, const ModelPartition& part, const std::vector<int>& act_slots,
+         const std::vector<int>& io_slots, std::vector<Chunk>& chunks, Workspace& ws) {
+    const int tp = part.tp_size;
+    const bool sp = part.sequence_parallel && tp > 1;
+    const int64_t B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
+    const int64_t Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
+    const int64_t NHl = c.num_attention_heads / tp;
+    TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
+                  "one slot count per chunk");
+    chunks.resize(part.chunks.size());
+    bool any_embedding = false, any_head = false;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      Chunk& ch = chunks[ci];
+      ch.range = part.chunks[ci];
+      any_embedding |= ch.range.has_embedding;
+      any_head |= ch.range.has_head;
+      const int n_layers = ch.range.end_layer - ch.range.first_layer;
+      ch.acts.resize(act_slots[ci]);
+      for (ActSlot& s : ch.acts) {
+        s.layers.resize(n_layers);
+        for (int l = 0; l < n_layers; ++l) {
+          LayerActs& a = s.layers[l];
+          reserve(a.ln1, {B, Tl, C});
+          reserve_whole(a.ln1_whole, {B, T, C}, sp);
+          reserve(a.ln1_mean, {B, Tl});
+          reserve(a.ln1_rstd, {B, Tl});
+          reserve(a.qkv, {B, T, 3 * Al});
+          reserve(a.att, {B, NHl, T, T});
+          reserve(a.ctx, {B, T, Al});
+          reserve(a.residual_mid, {B, Tl, C});
+          reserve(a.ln2, {B, Tl, C});
+          reserve_whole(a.ln2_whole, {B, T, C}, sp);
+          reserve(a.ln2_mean, {B, Tl});
+          reserve(a.ln2_rstd, {B, Tl});
+          reserve(a.fc1, {B, T, Fl});
+          reserve(a.gelu, {B, T, Fl});
+          if (l + 1 < n_layers) reserve(a.out, {B, Tl, C});
+        }
+        if (ch.range.has_head) {
+          HeadActs& h = s.head;
+          reserve(h.lnf, {B, Tl, C});
+          reserve_whole(h.lnf_whole, {B, T, C}, sp);
+          reserve(h.lnf_mean, {B, Tl});
+          reserve(h.lnf_rstd, {B, Tl});
+          reserve(h.logits, {B, T, Vl});
+          reserve(h.losses, {B, T});
+          reserve(h.logsumexp, {B, T});
+        }
+      }
+      ch.io.resize(io_slots[ci]);
+      for (IoSlot& io : ch.io) {
+        reserve(io.input, {B, Tl, C});
+        reserve(io.output, {B, Tl, C});
+        if (!ch.range.has_head) reserve(io.output_grad, {B, Tl, C});
+        if (!ch.range.has_embedding) reserve(io.input_grad, {B, Tl, C});
+      }
+    }
+    reserve(ws.partial, {B, T, C});
+    if (sp) reserve(ws.reduced, {B, Tl, C});
+    if (any_embedding) reserve(ws.pos_emb, {B, T, C});
+    if (any_head) {
+      reserve(ws.row_max, {B * T});
+      reserve(ws.ce_sums, {2, B * T});
+      reserve(ws.d_logits, {B, T, Vl});
+      reserve(ws.d_losses, {B, T});
+    }
+    reserve(ws.d_residual, {B, Tl, C});
+    reserve(ws.d_C, {B, Tl, C});
+    reserve(ws.d_ln, {B, Tl, C});
+    reserve_whole(ws.d_C_whole, {B, T, C}, sp);
+    reserve_whole(ws.d_ln_whole, {B, T, C}, sp);
+    reserve(ws.d_ctx, {B, T, Al});
+    reserve(ws.d_qkv, {B, T, 3 * Al});
+    reserve(ws.d_att, {B, NHl, T, T});
+    reserve(ws.d_F, {B, T, Fl});
+    reserve(ws.d_gelu, {B, T, Fl});
+  }
+
+  // Binds every reserved tensor into the slab, then the whole-sequence aliases.
+  void bind(const Buffer& slab, bool sp, std::vector<Chunk>& chunks, Workspace& ws) {
+    for (Pending& p : pending) *p.t = tensor_at(slab, p.offset, p.dtype, p.shape);
+    if (sp) return;
+    for (Chunk& ch : chunks)
+      for (ActSlot& s : ch.acts) {
+        for (LayerActs& a : s.layers) a.ln1_whole = a.ln1, a.ln2_whole = a.ln2;
+        s.head.lnf_whole = s.head.lnf;
+      }
+    ws.reduced = ws.partial;
+    ws.d_C_whole = ws.d_C;
+    ws.d_ln_whole = ws.d_ln;
+  }
+};
+
+GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size)
+    : GPTModel(config, device, micro_batch_size, ModelPartition::whole(config), {1}, {1}, nullptr) {}
+
+GPTModel::~GPTModel() = default;
+
+GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
+                                  const std::vector<int>& act_slots, const std::vector<int>& io_slots) {
+  GPTSlabSizes sizes;
+  SlabBuilder params;
+  for (const ParamShard& s : shard_params(config, partition)) {
+    params.reserve(DType::F32, s.shape);
+    sizes.num_parameters += s.numel();
+  }
+  sizes.params = params.total_bytes();
+  std::vector<Chunk> chunks;
+  Workspace ws;
+  sizes.activations = Layout(config, micro_batch_size, partition, act_slots, io_slots, chunks, ws).builder.total_bytes();
+  return sizes;
+}
+
+GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
+                   const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp)
+    : config_(config),
+      device_(device),
+      micro_batch_(micro_batch_size),
+      partition_(partition),
+      shards_(shard_params(config, partition)),
+      ws_(std::make_unique<Workspace>()),
+      tp_(tp, partition.sequence_parallel, device,
+          int64_t{micro_batch_size} * config.seq_length * config.hidden_size) {
+  TESSERA_CHECK(tp_.size() == partition.tp_size, "the tensor-parallel group size differs from the partition's");
+  if (partition.sequence_parallel && config.seq_length % partition.tp_size != 0)
+    throw usage_error("--seq-length " + std::to_string(config.seq_length) +
+                      " is not divisible by --tensor-model-parallel-size with --sequence-parallel");
+  vocab_start_ = int64_t{partition.tp_rank} * (config.padded_vocab_size / partition.tp_size);
+  head_start_ = int64_t{partition.tp_rank} * (config.num_attention_heads / partition.tp_size);
+
+  // Parameters and gradients: one slab each, same offsets.
+  SlabBuilder param_layout;
+  std::vector<size_t> offsets;
+  for (const ParamShard& s : shards_) offsets.push_back(param_layout.reserve(DType::F32, s.shape));
+  params_slab_ = Buffer(device, param_layout.total_bytes());
+  grads_slab_ = Buffer(device, param_layout.total_bytes());
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    params_.push_back(tensor_at(params_slab_, offsets[i], DType::F32, shards_[i].shape));
+    grads_.push_back(tensor_at(grads_slab_, offsets[i], DType::F32, shards_[i].shape));
+    index_.emplace(shards_[i].spec.name, i);
+  }
+
+  Layout layout(config, micro_batch_size, partition, act_slots, io_slots, chunks_, *ws_);
+  acts_slab_ = Buffer(device, layout.builder.total_bytes());
+  layout.bind(acts_slab_, tp_.sequence_parallel(), chunks_, *ws_);
+
+  // Each chunk's parameters are contiguous in shards_ (model_partition.cpp registers them
+  // chunk by chunk): embedding, layers, head.
+  size_t next = 0;
+  for (Chunk& ch : chunks_) {
+    TESSERA_CHECK(ch.range.end_layer > ch.range.first_layer, "every model chunk needs at least one layer");
+    ch.first_param = next;
+    auto take_named = [&](const char* name) {
+      TESSERA_CHECK(next < shards_.size() && shards_[next].spec.name == name, std::string("expected ") + name);
+      return next++;
+    };
+    if (ch.range.has_embedding) {
+      ch.wte = take_named("embedding.word_embeddings.weight");
+      ch.wpe = take_named("embedding.position_embeddings.weight");
+    }
+    ch.layers_first_param = next;
+    for (int l = ch.range.first_layer; l < ch.range.end_layer; ++l) {
+      const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
+      const size_t first = next;
+      while (next < shards_.size() && shards_[next].spec.name.starts_with(prefix)) ++next;
+      ch.layer_ranges.push_back({first, next});
+      ch.w.push_back(layer_tensors(params_, first, next));
+      ch.g.push_back(layer_tensors(grads_, first, next));
+    }
+    ch.layers_end_param = next;
+    if (ch.range.has_head) {
+      ch.lnf_w = take_named("decoder.final_layernorm.weight");
+      ch.lnf_b = take_named("decoder.final_layernorm.bias");
+      ch.output_w = config.untie_embeddings_and_output_weights ? take_named("output_layer.weight")
+                    : ch.range.has_embedding                  ? ch.wte
+                                                              : take_named("embedding.word_embeddings.weight");
+    }
+    ch.end_param = next;
+  }
+  TESSERA_CHECK(next == shards_.size(), "model chunks do not cover the rank's parameters");
 }
 
 const Tensor& GPTModel::param(const std::string& name) const {
@@ -107,25 +283,39 @@ int64_t GPTModel::num_parameters() const {
   return n;
 }
 
+size_t GPTModel::activation_bytes() const { return acts_slab_.bytes(); }
+
+Tensor GPTModel::logits() const {
+  for (const Chunk& ch : chunks_)
+    if (ch.range.has_head) return ch.acts.at(0).head.logits;
+  throw runtime_error("this rank holds no output layer");
+}
+
+Tensor GPTModel::chunk_input(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).input; }
+Tensor GPTModel::chunk_output(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).output; }
+Tensor GPTModel::chunk_output_grad(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).output_grad; }
+Tensor GPTModel::chunk_input_grad(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).input_grad; }
+
 void GPTModel::init_weights() {
   const float std_normal = config_.init_method_std;
   const float std_scaled = config_.init_method_std / std::sqrt(2.0f * config_.num_layers);
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const ParamSpec& s = specs_[i];
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ParamShard& s = shards_[i];
     float* p = params_[i].f32();
     const int64_t n = params_[i].numel();
-    switch (s.init) {
+    switch (s.spec.init) {
       case ParamInit::Zeros:
-        for (int64_t e = 0; e < n; ++e) p[e] = 0.0f;
+        std::fill(p, p + n, 0.0f);
         break;
       case ParamInit::Ones:
-        for (int64_t e = 0; e < n; ++e) p[e] = 1.0f;
+        std::fill(p, p + n, 1.0f);
         break;
       case ParamInit::Normal:
       case ParamInit::ScaledNormal: {
-        const float std = s.init == ParamInit::Normal ? std_normal : std_scaled;
+        const float std = s.spec.init == ParamInit::Normal ? std_normal : std_scaled;
 #pragma omp parallel for schedule(static)
-        for (int64_t e = 0; e < n; ++e) p[e] = std * philox_normal(config_.seed, s.id, static_cast<uint64_t>(e));
+        for (int64_t e = 0; e < n; ++e)
+          p[e] = std * philox_normal(config_.seed, s.spec.id, static_cast<uint64_t>(s.full_index(e)));
         break;
       }
     }
@@ -133,24 +323,28 @@ void GPTModel::init_weights() {
 }
 
 void GPTModel::load_weights(const std::map<std::string, std::vector<float>>& weights) {
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    auto it = weights.find(specs_[i].name);
+  std::vector<float> local;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ParamSpec& spec = shards_[i].spec;
+    auto it = weights.find(spec.name);
     if (it == weights.end())
-      throw runtime_error("initial weights lack parameter " + specs_[i].name + " " + shape_str(specs_[i].shape));
-    if (static_cast<int64_t>(it->second.size()) != params_[i].numel())
-      throw runtime_error("initial weights: " + specs_[i].name + " has " + std::to_string(it->second.size()) +
-                          " elements, the model expects " + shape_str(specs_[i].shape));
-    device_.copy_from_host(params_[i].ptr, it->second.data(), params_[i].bytes());
+      throw runtime_error("initial weights lack parameter " + spec.name + " " + shape_str(spec.shape));
+    if (static_cast<int64_t>(it->second.size()) != shape_numel(spec.shape))
+      throw runtime_error("initial weights: " + spec.name + " has " + std::to_string(it->second.size()) +
+                          " elements, the model expects " + shape_str(spec.shape));
+    local.resize(static_cast<size_t>(params_[i].numel()));
+    extract_shard(local.data(), it->second.data(), shards_[i]);
+    device_.copy_from_host(params_[i].ptr, local.data(), params_[i].bytes());
   }
 }
 
 void GPTModel::zero_grads() { device_.fill_zero(grads_slab_.data(), grads_slab_.bytes()); }
 
-GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, int layer) const {
-  std::string p = "decoder.layers." + std::to_string(layer) + ".";
+GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const {
   auto get = [&](const char* suffix) -> Tensor {
-    auto it = index_.find(p + suffix);
-    return it == index_.end() ? Tensor() : all[it->second];
+    for (size_t i = first; i < end; ++i)
+      if (shards_[i].spec.name.ends_with(suffix)) return all[i];
+    return Tensor();
   };
   return {get("input_layernorm.weight"), get("input_layernorm.bias"),
           get("self_attention.linear_qkv.weight"), get("self_attention.linear_qkv.bias"),
@@ -160,132 +354,217 @@ GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, in
           get("mlp.linear_fc2.weight"), get("mlp.linear_fc2.bias")};
 }
 
-ops::Dropout GPTModel::dropout(float p, int site, const StepContext& step) const {
+ops::Dropout GPTModel::dropout(float p, int site, const StepContext& step, uint64_t element_offset) const {
   ops::Dropout d;
   d.p = step.training ? p : 0.0f;
   d.key = {config_.seed, step.iteration, static_cast<uint32_t>(site)};
   d.sample0 = step.first_sample;
+  d.element_offset = element_offset;
   return d;
 }
 
-double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
-  const int64_t B = micro_batch_, T = config_.seq_length;
-  TESSERA_CHECK(batch.tokens.numel() == B * T, "micro-batch shape " + shape_str(batch.tokens.shape));
-  auto rows = [&](const Tensor& t) { return t.view({B * T, t.numel() / (B * T)}); };
-  const Tensor& wte = param("embedding.word_embeddings.weight");
-  const Tensor& output_w = config_.untie_embeddings_and_output_weights ? param("output_layer.weight") : wte;
+namespace {
+Tensor rows(const Tensor& t) { return t.view({t.dim(0) * t.dim(1), t.numel() / (t.dim(0) * t.dim(1))}); }
+Tensor flat_rows(const Tensor& t) { return t.view({t.numel()}); }
+}  // namespace
 
-  ops::embedding_forward(acts_.embedded, batch.tokens, batch.positions, wte,
-                         param("embedding.position_embeddings.weight"));
-  ops::dropout_forward(acts_.embedded, acts_.embedded, dropout(config_.hidden_dropout, kEmbeddingSite, step));
+// The embedding runs on the whole sequence with the vocabulary split over TP ranks: each
+// rank looks up the tokens it holds (zeros elsewhere), the sum over ranks is the lookup
+// (Megatron's VocabParallelEmbedding), then positions are added and dropout applied.
+void GPTModel::embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step) {
+  const Chunk& ch = chunks_.front();
+  Workspace& ws = *ws_;
+  Tensor whole = tp_.sequence_parallel() ? ws.partial : out;
+  ops::embedding_forward(whole, batch.tokens, batch.positions, params_[ch.wte], Tensor(), vocab_start_,
+                         config_.padded_vocab_size);
+  tp_.all_reduce(whole, ReduceOp::Sum);
+  ops::embedding_forward(ws.pos_emb, batch.tokens, batch.positions, Tensor(), params_[ch.wpe]);
+  ops::residual_forward(whole, whole, ws.pos_emb);
+  ops::dropout_forward(whole, whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));
+  if (tp_.sequence_parallel()) tp_.scatter_forward(out, whole);
+}
 
-  for (int l = 0; l < config_.num_layers; ++l) {
-    LayerActs& a = acts_.layers[l];
-    const LayerParams& w = layer_params_[l];
-    const Tensor& out = l + 1 < config_.num_layers ? acts_.layers[l + 1].residual_in : acts_.residual_out;
-    ops::layernorm_forward(rows(a.ln1), a.ln1_mean.view({B * T}), a.ln1_rstd.view({B * T}), rows(a.residual_in),
-                           w.ln1_w, w.ln1_b, config_.norm_epsilon);
-    ops::linear_forward(rows(a.qkv), rows(a.ln1), w.qkv_w, w.qkv_b);
-    ops::attention_forward(a.ctx, a.att, a.qkv, dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step));
-    ops::linear_forward(rows(acts_.scratch_C), rows(a.ctx), w.proj_w, w.proj_b);
-    ops::dropout_forward(acts_.scratch_C, acts_.scratch_C, dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step));
-    ops::residual_forward(a.residual_mid, a.residual_in, acts_.scratch_C);
-    ops::layernorm_forward(rows(a.ln2), a.ln2_mean.view({B * T}), a.ln2_rstd.view({B * T}), rows(a.residual_mid),
-                           w.ln2_w, w.ln2_b, config_.norm_epsilon);
-    ops::linear_forward(rows(a.fc1), rows(a.ln2), w.fc1_w, w.fc1_b);
-    ops::gelu_forward(a.gelu, a.fc1, config_.gelu);
-    ops::linear_forward(rows(acts_.scratch_C), rows(a.gelu), w.fc2_w, w.fc2_b);
-    ops::dropout_forward(acts_.scratch_C, acts_.scratch_C, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step));
-    ops::residual_forward(out, a.residual_mid, acts_.scratch_C);
+// Reads dL/d(embedding output) from ws.d_residual.
+void GPTModel::embedding_backward(const MicroBatch& batch, const StepContext& step) {
+  const Chunk& ch = chunks_.front();
+  Workspace& ws = *ws_;
+  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  Tensor d_whole = ws.d_residual;
+  if (tp_.sequence_parallel()) {
+    zero(ws.d_C_whole);
+    tp_.scatter_backward(ws.d_C_whole, ws.d_residual);
+    d_whole = ws.d_C_whole;
   }
-  ops::layernorm_forward(rows(acts_.lnf), acts_.lnf_mean.view({B * T}), acts_.lnf_rstd.view({B * T}), rows(acts_.residual_out),
-                         param("decoder.final_layernorm.weight"), param("decoder.final_layernorm.bias"),
-                         config_.norm_epsilon);
-  ops::linear_forward(rows(acts_.logits), rows(acts_.lnf), output_w, Tensor());
-  ops::cross_entropy_forward(acts_.losses.view({B * T}), rows(acts_.logits), batch.labels.view({B * T}));
+  zero(ws.d_ln_whole);
+  ops::dropout_backward(ws.d_ln_whole, d_whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));
+  ops::embedding_backward(grads_[ch.wte], grads_[ch.wpe], ws.d_ln_whole, batch.tokens, batch.positions, vocab_start_,
+                          config_.padded_vocab_size);
+}
 
-  const float* loss = acts_.losses.f32();
+void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor in, Tensor out,
+                             const StepContext& step) {
+  Workspace& ws = *ws_;
+  const int64_t T = config_.seq_length;
+  const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
+  const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
+  const float eps = config_.norm_epsilon;
+  // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
+  ops::layernorm_forward(rows(a.ln1), flat_rows(a.ln1_mean), flat_rows(a.ln1_rstd), rows(in), w.ln1_w, w.ln1_b, eps);
+  tp_.enter_forward(a.ln1_whole, a.ln1);
+  ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b);
+  ops::attention_forward(a.ctx, a.att, a.qkv, dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
+  ops::linear_forward(rows(ws.partial), rows(a.ctx), w.proj_w, Tensor());
+  tp_.leave_forward(ws.reduced, ws.partial);
+  if (!w.proj_b.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), w.proj_b);
+  ops::dropout_forward(ws.reduced, ws.reduced, dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
+  ops::residual_forward(a.residual_mid, in, ws.reduced);
+  // MLP: column-parallel fc1, row-parallel fc2.
+  ops::layernorm_forward(rows(a.ln2), flat_rows(a.ln2_mean), flat_rows(a.ln2_rstd), rows(a.residual_mid), w.ln2_w,
+                         w.ln2_b, eps);
+  tp_.enter_forward(a.ln2_whole, a.ln2);
+  ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
+  ops::gelu_forward(a.gelu, a.fc1, config_.gelu);
+  ops::linear_forward(rows(ws.partial), rows(a.gelu), w.fc2_w, Tensor());
+  tp_.leave_forward(ws.reduced, ws.partial);
+  if (!w.fc2_b.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), w.fc2_b);
+  ops::dropout_forward(ws.reduced, ws.reduced, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
+  ops::residual_forward(out, a.residual_mid, ws.reduced);
+}
+
+// ws.d_residual carries dL/d(layer output) in and dL/d(layer input) out: the identity path
+// of each residual add leaves it in place while the branch gradients are added to it.
+void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
+                              const StepContext& step) {
+  Workspace& ws = *ws_;
+  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  const int64_t T = config_.seq_length;
+  const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
+  const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
+  const bool sp = tp_.sequence_parallel();
+  // MLP branch.
+  zero(ws.d_C);
+  ops::dropout_backward(ws.d_C, ws.d_residual, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
+  if (!g.fc2_b.empty()) ops::bias_add_backward(g.fc2_b, rows(ws.d_C));
+  if (sp) zero(ws.d_C_whole);
+  tp_.leave_backward(ws.d_C_whole, ws.d_C);
+  zero(ws.d_gelu);
+  ops::linear_backward(rows(ws.d_gelu), g.fc2_w, Tensor(), rows(ws.d_C_whole), rows(a.gelu), w.fc2_w);
+  zero(ws.d_F);
+  ops::gelu_backward(ws.d_F, ws.d_gelu, a.fc1, config_.gelu);
+  zero(ws.d_ln_whole);
+  ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w);
+  if (sp) zero(ws.d_ln);
+  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
+  ops::layernorm_backward(rows(ws.d_residual), g.ln2_w, g.ln2_b, rows(ws.d_ln), rows(a.residual_mid), w.ln2_w,
+                          flat_rows(a.ln2_mean), flat_rows(a.ln2_rstd));
+  // Attention branch.
+  zero(ws.d_C);
+  ops::dropout_backward(ws.d_C, ws.d_residual, dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
+  if (!g.proj_b.empty()) ops::bias_add_backward(g.proj_b, rows(ws.d_C));
+  if (sp) zero(ws.d_C_whole);
+  tp_.leave_backward(ws.d_C_whole, ws.d_C);
+  zero(ws.d_ctx);
+  ops::linear_backward(rows(ws.d_ctx), g.proj_w, Tensor(), rows(ws.d_C_whole), rows(a.ctx), w.proj_w);
+  zero(ws.d_qkv);
+  ops::attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.att,
+                          dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
+  zero(ws.d_ln_whole);
+  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);
+  if (sp) zero(ws.d_ln);
+  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
+  ops::layernorm_backward(rows(ws.d_residual), g.ln1_w, g.ln1_b, rows(ws.d_ln), rows(in), w.ln1_w,
+                          flat_rows(a.ln1_mean), flat_rows(a.ln1_rstd));
+}
+
+// Final LayerNorm, the vocabulary-parallel output layer and cross-entropy: the logits stay
+// split over TP ranks; only per-row maxima and sums cross ranks (Megatron's
+// vocab_parallel_cross_entropy).
+double GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch) {
+  Workspace& ws = *ws_;
+  const int64_t N = batch.labels.numel();
+  ops::layernorm_forward(rows(h.lnf), flat_rows(h.lnf_mean), flat_rows(h.lnf_rstd), rows(in), params_[ch.lnf_w],
+                         params_[ch.lnf_b], config_.norm_epsilon);
+  tp_.enter_forward(h.lnf_whole, h.lnf);
+  ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor());
+  ops::cross_entropy_max(ws.row_max, rows(h.logits));
+  tp_.all_reduce(ws.row_max, ReduceOp::Max);
+  const Tensor sum_exp = ws.ce_sums.slice_rows(0, 1).view({N}), target_logit = ws.ce_sums.slice_rows(1, 1).view({N});
+  ops::cross_entropy_sums(sum_exp, target_logit, rows(h.logits), flat_rows(batch.labels), ws.row_max, vocab_start_,
+                          config_.padded_vocab_size);
+  tp_.all_reduce(ws.ce_sums, ReduceOp::Sum);
+  ops::cross_entropy_finish(flat_rows(h.losses), flat_rows(h.logsumexp), sum_exp, ws.row_max, target_logit);
+
+  const float* loss = h.losses.f32();
   const float* mask = batch.loss_mask.f32();
   double sum = 0.0;
-  for (int64_t i = 0; i < B * T; ++i) sum += static_cast<double>(loss[i]) * mask[i];
+  for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(loss[i]) * mask[i];
   return sum;
 }
 
-std::pair<size_t, size_t> GPTModel::layer_param_range(int layer) const {
-  const std::string prefix = "decoder.layers." + std::to_string(layer) + ".";
-  size_t first = specs_.size(), end = 0;
-  for (size_t i = 0; i < specs_.size(); ++i)
-    if (specs_[i].name.starts_with(prefix)) first = std::min(first, i), end = std::max(end, i + 1);
-  return {first, end};
+// Leaves dL/d(head input) in ws.d_residual (overwritten).
+void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight) {
+  Workspace& ws = *ws_;
+  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  const int64_t N = batch.labels.numel();
+  // Loss: d(sum(loss * mask) * weight) / d loss = mask * weight.
+  float* dl = ws.d_losses.f32();
+  const float* mask = batch.loss_mask.f32();
+  for (int64_t i = 0; i < N; ++i) dl[i] = mask[i] * loss_weight;
+  zero(ws.d_logits);
+  ops::cross_entropy_backward(rows(ws.d_logits), flat_rows(ws.d_losses), rows(h.logits), flat_rows(batch.labels),
+                              flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size);
+  zero(ws.d_ln_whole);
+  ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), rows(ws.d_logits), rows(h.lnf_whole),
+                       params_[ch.output_w]);
+  if (tp_.sequence_parallel()) zero(ws.d_ln);
+  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
+  zero(ws.d_residual);
+  ops::layernorm_backward(rows(ws.d_residual), grads_[ch.lnf_w], grads_[ch.lnf_b], rows(ws.d_ln), rows(in),
+                          params_[ch.lnf_w], flat_rows(h.lnf_mean), flat_rows(h.lnf_rstd));
 }
 
-void GPTModel::backward(const MicroBatch& batch, const StepContext& step, float loss_weight,
+double GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step) {
+  TESSERA_CHECK(batch.tokens.numel() == int64_t{micro_batch_} * config_.seq_length,
+                "micro-batch shape " + shape_str(batch.tokens.shape));
+  Chunk& ch = chunks_.at(chunk);
+  ActSlot& acts = ch.acts.at(slot.act);
+  IoSlot& io = ch.io.at(slot.io);
+  if (ch.range.has_embedding) embedding_forward(io.input, batch, step);
+  const int n = static_cast<int>(ch.w.size());
+  for (int i = 0; i < n; ++i) {
+    Tensor in = i == 0 ? io.input : acts.layers[i - 1].out;
+    Tensor out = i + 1 == n ? io.output : acts.layers[i].out;
+    layer_forward(ch.range.first_layer + i, ch.w[i], acts.layers[i], in, out, step);
+  }
+  return ch.range.has_head ? head_forward(ch, acts.head, io.output, batch) : 0.0;
+}
+
+void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, float loss_weight,
                         const GradsReady& grads_ready) {
   auto ready = [&](size_t first, size_t end) {
     if (grads_ready && first < end) grads_ready(first, end);
   };
-  const int64_t B = micro_batch_, T = config_.seq_length;
-  auto rows = [&](const Tensor& t) { return t.view({B * T, t.numel() / (B * T)}); };
-  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
-  auto grad = [&](const std::string& name) { return grads_[index_.at(name)]; };
-  const bool tied = !config_.untie_embeddings_and_output_weights;
-  const Tensor& output_w = tied ? param("embedding.word_embeddings.weight") : param("output_layer.weight");
-  const Tensor d_output_w = tied ? grad("embedding.word_embeddings.weight") : grad("output_layer.weight");
-
-  // Loss: d(sum(loss * mask) * weight) / d loss = mask * weight.
-  float* dl = acts_.d_losses.f32();
-  const float* mask = batch.loss_mask.f32();
-  for (int64_t i = 0; i < B * T; ++i) dl[i] = mask[i] * loss_weight;
-  zero(acts_.d_logits);
-  ops::cross_entropy_backward(rows(acts_.d_logits), acts_.d_losses.view({B * T}), rows(acts_.logits),
-                              batch.labels.view({B * T}), acts_.losses.view({B * T}));
-  zero(acts_.d_ln);
-  ops::linear_backward(rows(acts_.d_ln), d_output_w, Tensor(), rows(acts_.d_logits), rows(acts_.lnf), output_w);
-  zero(acts_.d_residual);
-  ops::layernorm_backward(rows(acts_.d_residual), grad("decoder.final_layernorm.weight"),
-                          grad("decoder.final_layernorm.bias"), rows(acts_.d_ln), rows(acts_.residual_out),
-                          param("decoder.final_layernorm.weight"), acts_.lnf_mean.view({B * T}),
-                          acts_.lnf_rstd.view({B * T}));
-  // The final LayerNorm (and an untied output layer) follow the last layer's parameters.
-  ready(layer_ranges_.back().second, specs_.size());
-
-  // d_residual carries dL/d(output of layer l); the identity path of each residual add
-  // leaves it in place while the branch gradients are added to it.
-  for (int l = config_.num_layers - 1; l >= 0; --l) {
-    LayerActs& a = acts_.layers[l];
-    const LayerParams& w = layer_params_[l];
-    const LayerParams& g = layer_grads_[l];
-    // MLP branch.
-    zero(acts_.d_C);
-    ops::dropout_backward(acts_.d_C, acts_.d_residual, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step));
-    zero(acts_.d_gelu);
-    ops::linear_backward(rows(acts_.d_gelu), g.fc2_w, g.fc2_b, rows(acts_.d_C), rows(a.gelu), w.fc2_w);
-    zero(acts_.d_F);
-    ops::gelu_backward(acts_.d_F, acts_.d_gelu, a.fc1, config_.gelu);
-    zero(acts_.d_ln);
-    ops::linear_backward(rows(acts_.d_ln), g.fc1_w, g.fc1_b, rows(acts_.d_F), rows(a.ln2), w.fc1_w);
-    ops::layernorm_backward(rows(acts_.d_residual), g.ln2_w, g.ln2_b, rows(acts_.d_ln), rows(a.residual_mid), w.ln2_w,
-                            a.ln2_mean.view({B * T}), a.ln2_rstd.view({B * T}));
-    // Attention branch.
-    zero(acts_.d_C);
-    ops::dropout_backward(acts_.d_C, acts_.d_residual,
-                          dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step));
-    zero(acts_.d_ctx);
-    ops::linear_backward(rows(acts_.d_ctx), g.proj_w, g.proj_b, rows(acts_.d_C), rows(a.ctx), w.proj_w);
-    zero(acts_.d_qkv);
-    ops::attention_backward(acts_.d_qkv, acts_.d_att, acts_.d_ctx, a.qkv, a.att,
-                            dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step));
-    zero(acts_.d_ln);
-    ops::linear_backward(rows(acts_.d_ln), g.qkv_w, g.qkv_b, rows(acts_.d_qkv), rows(a.ln1), w.qkv_w);
-    ops::layernorm_backward(rows(acts_.d_residual), g.ln1_w, g.ln1_b, rows(acts_.d_ln), rows(a.residual_in), w.ln1_w,
-                            a.ln1_mean.view({B * T}), a.ln1_rstd.view({B * T}));
-    ready(layer_ranges_[l].first, layer_ranges_[l].second);
+  Chunk& ch = chunks_.at(chunk);
+  ActSlot& acts = ch.acts.at(slot.act);
+  IoSlot& io = ch.io.at(slot.io);
+  Workspace& ws = *ws_;
+  if (ch.range.has_head) {
+    head_backward(ch, acts.head, io.output, batch, loss_weight);
+    ready(ch.layers_end_param, ch.end_param);
+  } else {
+    device_.copy(ws.d_residual.ptr, io.output_grad.ptr, io.output_grad.bytes());
   }
-  zero(acts_.d_C);
-  ops::dropout_backward(acts_.d_C, acts_.d_residual, dropout(config_.hidden_dropout, kEmbeddingSite, step));
-  ops::embedding_backward(grad("embedding.word_embeddings.weight"), grad("embedding.position_embeddings.weight"),
-                          acts_.d_C, batch.tokens, batch.positions);
-  ready(0, layer_ranges_.front().first);
+  for (int i = static_cast<int>(ch.w.size()) - 1; i >= 0; --i) {
+    Tensor in = i == 0 ? io.input : acts.layers[i - 1].out;
+    layer_backward(ch.range.first_layer + i, ch.w[i], ch.g[i], acts.layers[i], in, step);
+    ready(ch.layer_ranges[i].first, ch.layer_ranges[i].second);
+  }
+  if (ch.range.has_embedding) {
+    embedding_backward(batch, step);
+    ready(ch.first_param, ch.layers_first_param);
+  } else {
+    device_.copy(io.input_grad.ptr, ws.d_residual.ptr, ws.d_residual.bytes());
+  }
 }
 
 }  // namespace tessera

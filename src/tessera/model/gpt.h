@@ -1,21 +1,35 @@
-// The GPT model of Megatron's pretrain_gpt (--transformer-impl local), single stage, one
-// tensor-parallel rank: parameters and gradients in one slab each, activations for one
-// micro-batch in a third, all allocated at construction (nothing in the step loop).
+// The GPT model of Megatron's pretrain_gpt (--transformer-impl local): this rank's share of
+// it (model/model_partition.h: its pipeline chunks and tensor-parallel slices). Parameters
+// and gradients live in one slab each; activations in a third, all allocated at
+// construction (nothing in the step loop).
 //
-// Shape legend: B micro-batch, T sequence, C hidden, A attention width (heads * head dim),
-// F ffn hidden, V padded vocabulary, NH heads.
+// Activations are kept per micro-batch in flight, in two kinds of slots per chunk:
+//  - an activation slot holds what backward needs from forward (Forward .. Backward);
+//  - an I/O slot holds what crosses a pipeline boundary: the chunk's input (received, or the
+//    embedding's output), its output (sent, or the final LayerNorm's input), the gradient of
+//    its output (received) and of its input (sent). Its life runs from the receive of the
+//    input to the send of the input gradient, a little longer than the activations'.
+// The pipeline executor (train/) decides which slot a micro-batch uses.
+//
+// Shape legend: B micro-batch, T sequence, Tl = T/TP with --sequence-parallel (else T),
+// C hidden, A attention width, F ffn hidden, V padded vocabulary; a trailing "l" means
+// this TP rank's slice (Al = A/TP, Fl = F/TP, Vl = V/TP, NHl heads).
 #pragma once
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tessera/core/tensor.h"
 #include "tessera/model/gpt_config.h"
+#include "tessera/model/model_partition.h"
+#include "tessera/parallel/tensor_parallel.h"
 
 namespace tessera {
 
+class Communicator;
 class Device;
 
 // One micro-batch: inputs, targets and the loss mask, as Megatron's get_batch returns them.
@@ -34,81 +48,119 @@ struct StepContext {
   bool training = true;
 };
 
+// Which slots of a chunk one micro-batch uses.
+struct SlotRef {
+  int act = 0;
+  int io = 0;
+};
+
+// Bytes the model allocates, computed without allocating (memory estimate, tests).
+struct GPTSlabSizes {
+  size_t params = 0;       // = gradients
+  size_t activations = 0;  // every slot and the shared workspaces
+  int64_t num_parameters = 0;
+};
+
 class GPTModel {
  public:
+  // The whole model on one rank, one micro-batch in flight.
   GPTModel(const GPTConfig& config, Device& device, int micro_batch_size);
+  // This rank's share. act_slots[c] / io_slots[c]: slots of chunk c. tp: the tensor-parallel
+  // group (null for TP 1), used for the region communication.
+  GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
+           const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp);
+  ~GPTModel();
+
+  static GPTSlabSizes slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
+                                 const std::vector<int>& act_slots, const std::vector<int>& io_slots);
 
   const GPTConfig& config() const { return config_; }
-  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const ModelPartition& partition() const { return partition_; }
+  int num_chunks() const { return static_cast<int>(partition_.chunks.size()); }
+  // This rank's parameters, in registration order, with where each sits in the full one.
+  const std::vector<ParamShard>& shards() const { return shards_; }
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<Tensor>& grads() const { return grads_; }
+  // By Megatron name (the first, if a tied copy shares it).
   const Tensor& param(const std::string& name) const;
-  int64_t num_parameters() const;
-  size_t activation_bytes() const { return acts_slab_.bytes(); }
+  int64_t num_parameters() const;  // held by this rank
+  size_t activation_bytes() const;
 
-  // Megatron's initialisation (megatron.md §10), each element drawn from the counter-based
-  // RNG keyed by (seed, parameter id, element index) of the full parameter.
+  // Megatron's initialisation (megatron.md §10): element e of each full parameter drawn from
+  // the counter-based RNG keyed by (seed, parameter id, e), so every layout holds slices of
+  // the same full weights.
   void init_weights();
-  // Copies full parameters by Megatron name; every parameter must be present with its shape.
+  // Copies this rank's slices of full parameters, by Megatron name; every parameter must be
+  // present with its full shape.
   void load_weights(const std::map<std::string, std::vector<float>>& weights);
   void zero_grads();
 
-  // Forward of one micro-batch; returns the sum of masked per-token losses (the caller
-  // divides by the mask sum). Activations stay for backward. logits() then holds [B,T,V].
-  double forward(const MicroBatch& batch, const StepContext& step);
+  // I/O tensors of a chunk's slot, [B,Tl,C]: the pipeline executor receives into input and
+  // output_grad and sends output and input_grad.
+  Tensor chunk_input(int chunk, int io_slot) const;
+  Tensor chunk_output(int chunk, int io_slot) const;
+  Tensor chunk_output_grad(int chunk, int io_slot) const;
+  Tensor chunk_input_grad(int chunk, int io_slot) const;
+
+  // Forward of one micro-batch through a chunk. A chunk with the embedding reads the batch's
+  // tokens; others read chunk_input. A chunk with the head returns the sum of masked
+  // per-token losses (the caller divides by the mask sum); others return 0 and leave their
+  // result in chunk_output.
+  double forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step);
   // Called during backward with a range [first, end) of parameter indices whose gradients
   // this backward will not touch again (data parallelism starts reducing them).
   using GradsReady = std::function<void(size_t first, size_t end)>;
-  // Backward of the micro-batch last forwarded: the gradient of
-  // sum(loss * mask) * loss_weight is accumulated into grads().
-  void backward(const MicroBatch& batch, const StepContext& step, float loss_weight,
+  // Backward of a chunk's micro-batch. With the head, the gradient of
+  // sum(loss * mask) * loss_weight; otherwise the gradient arriving in chunk_output_grad.
+  // Accumulates into grads(); a chunk without the embedding leaves dL/d input in
+  // chunk_input_grad.
+  void backward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, float loss_weight,
                 const GradsReady& grads_ready = nullptr);
 
-  Tensor logits() const { return acts_.logits; }
+  // The whole model's single-slot forward/backward (chunk 0, slot 0).
+  double forward(const MicroBatch& batch, const StepContext& step) { return forward(0, {}, batch, step); }
+  void backward(const MicroBatch& batch, const StepContext& step, float loss_weight,
+                const GradsReady& grads_ready = nullptr) {
+    backward(0, {}, batch, step, loss_weight, grads_ready);
+  }
+  // The last forward's logits in slot 0 of the head chunk: [B,T,Vl].
+  Tensor logits() const;
 
  private:
+  struct Layout;
   struct LayerParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
-  struct LayerActs {
-    Tensor residual_in;          // [B,T,C] input of the layer (output of the previous one)
-    Tensor ln1, ln1_mean, ln1_rstd;  // [B,T,C], [B,T], [B,T]
-    Tensor qkv;                  // [B,T,3A]
-    Tensor att;                  // [B,NH,T,T]
-    Tensor ctx;                  // [B,T,A]
-    Tensor residual_mid;         // [B,T,C] after attention + residual
-    Tensor ln2, ln2_mean, ln2_rstd;
-    Tensor fc1;                  // [B,T,F] before GELU
-    Tensor gelu;                 // [B,T,F]
-  };
-  struct Activations {
-    Tensor embedded;             // [B,T,C] after embedding dropout
-    std::vector<LayerActs> layers;
-    Tensor residual_out;         // [B,T,C] output of the last layer
-    Tensor lnf, lnf_mean, lnf_rstd;
-    Tensor logits;               // [B,T,V]
-    Tensor losses;               // [B,T]
-    Tensor scratch_C;            // [B,T,C] projection outputs before dropout
-    // Gradient workspaces, zeroed before each use.
-    Tensor d_residual, d_C, d_ln, d_ctx, d_qkv, d_att, d_F, d_gelu, d_logits, d_losses;
-  };
+  struct LayerActs;
+  struct HeadActs;
+  struct ActSlot;
+  struct IoSlot;
+  struct Workspace;
+  struct Chunk;
 
-  // Looked up by name once, at construction: the step only indexes these.
-  LayerParams layer_tensors(const std::vector<Tensor>& all, int layer) const;
-  // [first, end) parameter indices of layer l (contiguous in registration order).
-  std::pair<size_t, size_t> layer_param_range(int layer) const;
-  ops::Dropout dropout(float p, int site, const StepContext& step) const;
+  LayerParams layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const;
+  ops::Dropout dropout(float p, int site, const StepContext& step, uint64_t element_offset) const;
+  void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);
+  void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
+                      const StepContext& step);
+  void embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step);
+  void embedding_backward(const MicroBatch& batch, const StepContext& step);
+  double head_forward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch);
+  void head_backward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight);
 
   GPTConfig config_;
   Device& device_;
   int micro_batch_;
-  std::vector<ParamSpec> specs_;
+  ModelPartition partition_;
+  std::vector<ParamShard> shards_;
   Buffer params_slab_, grads_slab_, acts_slab_;
   std::vector<Tensor> params_, grads_;
   std::map<std::string, size_t> index_;
-  std::vector<LayerParams> layer_params_, layer_grads_;
-  std::vector<std::pair<size_t, size_t>> layer_ranges_;
-  Activations acts_;
+  std::vector<Chunk> chunks_;
+  std::unique_ptr<Workspace> ws_;
+  TensorParallelRegion tp_;
+  int64_t vocab_start_ = 0;  // first vocabulary row of this TP rank
+  int64_t head_start_ = 0;   // first attention head of this TP rank
 };
 
 }  // namespace tessera

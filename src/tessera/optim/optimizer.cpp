@@ -34,12 +34,6 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() const {
   return out;
 }
 
-double Optimizer::grad_norm() const {
-  double sum = 0.0;
-  for (const OptimizerParam& p : params_) sum += ops::sum_squares(p.grad);
-  return std::sqrt(sum);
-}
-
 double Optimizer::clip_coefficient(double norm) const {
   if (config_.clip_grad <= 0.0f) return 1.0;
   const double coeff = config_.clip_grad / (norm + 1e-6);

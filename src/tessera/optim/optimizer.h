@@ -1,5 +1,5 @@
-// The optimizer of Megatron's training step: global gradient norm, clipping with
-// Megatron's coefficient, and Adam (decoupled weight decay) or SGD with momentum, over
+// The optimizer of Megatron's training step: clipping with Megatron's coefficient (the
+// trainer computes the global norm across ranks), and Adam (decoupled weight decay) or SGD with momentum, over
 // fp32 parameters. State (Adam moments or momentum) lives in slabs owned here.
 #pragma once
 
@@ -31,8 +31,6 @@ class Optimizer {
  public:
   Optimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params, Device& device);
 
-  // Global L2 norm of all gradients (each parameter once).
-  double grad_norm() const;
   // Megatron's clipping coefficient (megatron.md §9): clip/(norm + 1e-6) when that is < 1,
   // else 1 (and always 1 with --clip-grad 0).
   double clip_coefficient(double norm) const;

@@ -93,6 +93,12 @@ std::vector<OptionDef> train_option_defs() {
       // Parallelism and runtime.
       {"--tensor-model-parallel-size", K::Int, "1", "Tensor-parallel size"},
       {"--pipeline-model-parallel-size", K::Int, "1", "Pipeline-parallel size"},
+      {"--sequence-parallel", K::StoreTrue, nullptr,
+       "Split LayerNorm/dropout activations along the sequence over the tensor-parallel ranks"},
+      {"--num-layers-per-virtual-pipeline-stage", K::Int, nullptr,
+       "Layers per virtual stage: the interleaved 1F1B schedule"},
+      {"--decoder-first-pipeline-num-layers", K::Int, nullptr, "Layers on the first pipeline stage (uneven split)"},
+      {"--decoder-last-pipeline-num-layers", K::Int, nullptr, "Layers on the last pipeline stage (uneven split)"},
       {"--distributed-backend", K::Choice, "nccl", "Collectives: nccl = the device's native library (Gloo on CPU)",
        "nccl|gloo"},
       {"--distributed-timeout-minutes", K::Int, "10", "Bound on connecting and on every collective"},
@@ -222,12 +228,43 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
   m.seed = static_cast<uint32_t>(seed);
 
-  // Parallel layout: data parallelism over the whole world for now.
-  if (p.get_int("--tensor-model-parallel-size") != 1 || p.get_int("--pipeline-model-parallel-size") != 1)
-    throw usage_error("tensor and pipeline parallelism are not supported yet",
-                      "use --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
-  const int tp = 1;
-  const int dp = world_size;
+  // Parallel layout: world = TP x PP x DP (Megatron's order, parallel/topology.h).
+  const int tp = static_cast<int>(positive(p, "--tensor-model-parallel-size"));
+  const int pp = static_cast<int>(positive(p, "--pipeline-model-parallel-size"));
+  if (world_size % (tp * pp) != 0)
+    throw usage_error("the world size " + std::to_string(world_size) + " is not divisible by "
+                      "--tensor-model-parallel-size " + std::to_string(tp) + " x --pipeline-model-parallel-size " +
+                      std::to_string(pp),
+                      "start tp x pp x dp processes (tessera launch --nproc_per_node x --nnodes)");
+  const int dp = world_size / (tp * pp);
+  a.tensor_parallel_size = tp;
+  a.pipeline_parallel_size = pp;
+  a.sequence_parallel = p.get_bool("--sequence-parallel");
+  if (a.sequence_parallel && tp == 1) {
+    log_warn("disabling sequence parallelism because tensor model parallelism is disabled");
+    a.sequence_parallel = false;
+  }
+  if (a.sequence_parallel && m.seq_length % tp != 0)
+    throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is not divisible by "
+                      "--tensor-model-parallel-size " + std::to_string(tp) + " (needed by --sequence-parallel)");
+  a.pipeline_split.pp_size = pp;
+  if (p.raw("--decoder-first-pipeline-num-layers"))
+    a.pipeline_split.first_stage_layers = static_cast<int>(positive(p, "--decoder-first-pipeline-num-layers"));
+  if (p.raw("--decoder-last-pipeline-num-layers"))
+    a.pipeline_split.last_stage_layers = static_cast<int>(positive(p, "--decoder-last-pipeline-num-layers"));
+  if (p.raw("--num-layers-per-virtual-pipeline-stage")) {
+    const int per = static_cast<int>(positive(p, "--num-layers-per-virtual-pipeline-stage"));
+    if (pp <= 2)
+      throw usage_error("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2 "
+                        "(Megatron's rule for the interleaved schedule)");
+    if (m.num_layers % (per * pp) != 0)
+      throw usage_error("--num-layers " + std::to_string(m.num_layers) + " is not divisible by "
+                        "--num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size (" +
+                        std::to_string(per) + " x " + std::to_string(pp) + ")");
+    a.pipeline_split.virtual_stages = m.num_layers / (per * pp);
+  }
+  // Every stage's layer count is checked here, before anything is allocated.
+  for (int r = 0; r < pp; ++r) pipeline_chunks(m.num_layers, a.pipeline_split, r);
   a.world_size = world_size;
   a.data_parallel_size = dp;
   a.distributed_backend = p.get_string("--distributed-backend");
@@ -255,6 +292,11 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     a.eod = tokenizer->eod();
   }
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
+  for (auto [n, flag] : {std::pair{m.num_attention_heads, "--num-attention-heads"},
+                         std::pair{m.ffn_hidden_size, "--ffn-hidden-size"}})
+    if (n % tp != 0)
+      throw usage_error(std::string(flag) + " " + std::to_string(n) + " is not divisible by "
+                        "--tensor-model-parallel-size " + std::to_string(tp));
 
   // Data.
   data::DataArgs& d = a.data;

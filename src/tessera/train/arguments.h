@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/model/gpt_config.h"
+#include "tessera/model/model_partition.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/core/options.h"
@@ -53,6 +54,10 @@ struct TrainArgs {
 
   // Parallel layout: world = TP x PP x DP.
   int world_size = 1;
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  bool sequence_parallel = false;
+  PipelineSplit pipeline_split;  // PP size, virtual stages, uneven first/last stages
   int data_parallel_size = 1;
   int distributed_timeout_minutes = 10;
   bool overlap_grad_reduce = false;

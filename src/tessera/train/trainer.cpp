@@ -22,9 +22,36 @@ namespace {
 
 std::vector<OptimizerParam> optimizer_params(const GPTModel& model) {
   std::vector<OptimizerParam> out;
-  for (size_t i = 0; i < model.specs().size(); ++i)
-    out.push_back({model.params()[i], model.grads()[i], model.specs()[i].weight_decay});
+  for (size_t i = 0; i < model.shards().size(); ++i) {
+    const ParamShard& s = model.shards()[i];
+    out.push_back({model.params()[i], model.grads()[i], s.spec.weight_decay});
+  }
   return out;
+}
+
+Communicator* if_split(Communicator* c) { return c && c->size() > 1 ? c : nullptr; }
+
+// Sums each value over a group in rank order: the values travel as raw 64-bit patterns and
+// every rank adds them in the same order, so the result is exact-to-order and bitwise the
+// same on every rank (a float all-reduce is not).
+void sum_in_rank_order(Communicator* group, std::vector<double>& values, Device& device) {
+  if (!group) return;
+  const int n = group->size(), k = static_cast<int>(values.size());
+  std::vector<double> all(static_cast<size_t>(n * k));
+  group->all_gather(Tensor(all.data(), DType::I64, {n * k}, &device), Tensor(values.data(), DType::I64, {k}, &device));
+  std::fill(values.begin(), values.end(), 0.0);
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < k; ++i) values[i] += all[r * k + i];
+}
+
+PipelineSchedule training_schedule(const TrainArgs& args) {
+  return make_pipeline_schedule(args.pipeline_parallel_size, args.pipeline_split.virtual_stages,
+                                static_cast<int>(args.num_microbatches()));
+}
+
+PipelineSchedule evaluation_schedule(const TrainArgs& args) {
+  return make_forward_only_schedule(args.pipeline_parallel_size, args.pipeline_split.virtual_stages,
+                                    static_cast<int>(args.num_microbatches()));
 }
 
 std::string timestamp() {
@@ -70,7 +97,7 @@ LrScheduleConfig schedule_from_json(const nlohmann::json& j) {
 
 std::vector<NamedTensor> model_tensors(const GPTModel& model) {
   std::vector<NamedTensor> out;
-  for (size_t i = 0; i < model.specs().size(); ++i) out.push_back({model.specs()[i].name, model.params()[i]});
+  for (size_t i = 0; i < model.shards().size(); ++i) out.push_back({model.shards()[i].spec.name, model.params()[i]});
   return out;
 }
 
@@ -82,27 +109,45 @@ std::vector<NamedTensor> optimizer_tensors(const Optimizer& optimizer) {
 
 }  // namespace
 
-Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, Communicator* dp)
+std::pair<std::vector<int>, std::vector<int>> Trainer::pipeline_slots(const TrainArgs& args, int pp_rank) {
+  const PipelineExecutor train(training_schedule(args), pp_rank), eval(evaluation_schedule(args), pp_rank);
+  std::vector<int> act = train.act_slots(), io = train.io_slots();
+  for (size_t c = 0; c < act.size(); ++c) {
+    act[c] = std::max(act[c], eval.act_slots()[c]);
+    io[c] = std::max(io[c], eval.io_slots()[c]);
+  }
+  return {act, io};
+}
+
+Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, TrainerGroups groups)
     : args_(args),
       model_(model),
       device_(device),
-      dp_(dp && dp->size() > 1 ? dp : nullptr),
+      groups_(groups),
+      dp_(if_split(groups.dp)),
+      train_pipeline_(training_schedule(args), groups.pp ? groups.pp->rank() : 0),
+      eval_pipeline_(evaluation_schedule(args), groups.pp ? groups.pp->rank() : 0),
       optimizer_(std::make_unique<Optimizer>(args.optimizer, optimizer_params(model), device)),
       scheduler_(args.lr_schedule) {
-  const int64_t B = args.micro_batch_size, T = args.model.seq_length;
+  const int64_t B = args.micro_batch_size, T = args.model.seq_length, M = args.num_microbatches();
   SlabBuilder layout;
-  size_t tokens = layout.reserve(DType::I32, {B, T}), positions = layout.reserve(DType::I32, {B, T});
-  size_t labels = layout.reserve(DType::I32, {B, T}), mask = layout.reserve(DType::F32, {B, T});
+  std::vector<size_t> offsets;
+  for (int64_t m = 0; m < M; ++m)
+    for (DType t : {DType::I32, DType::I32, DType::I32, DType::F32}) offsets.push_back(layout.reserve(t, {B, T}));
   batch_slab_ = Buffer(device, layout.total_bytes());
-  batch_ = {tensor_at(batch_slab_, tokens, DType::I32, {B, T}), tensor_at(batch_slab_, positions, DType::I32, {B, T}),
-            tensor_at(batch_slab_, labels, DType::I32, {B, T}), tensor_at(batch_slab_, mask, DType::F32, {B, T})};
+  for (int64_t m = 0; m < M; ++m) {
+    const size_t* o = &offsets[4 * m];
+    batches_.push_back({tensor_at(batch_slab_, o[0], DType::I32, {B, T}), tensor_at(batch_slab_, o[1], DType::I32, {B, T}),
+                        tensor_at(batch_slab_, o[2], DType::I32, {B, T}), tensor_at(batch_slab_, o[3], DType::F32, {B, T})});
+  }
+  mask_sums_.resize(M);
+  norm_slots_.resize(gpt_param_specs(args.model).size() * args.tensor_parallel_size);
   TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_size, "data-parallel group size differs from the args");
-  layout_ = {B, args.num_microbatches(), args.data_parallel_size, dp_ ? dp_->rank() : 0};
+  layout_ = {B, M, args.data_parallel_size, dp_ ? dp_->rank() : 0};
   if (dp_) {
     // Without overlap Megatron reduces all gradients as one bucket after backward.
     const int64_t bucket = args.overlap_grad_reduce ? args.ddp_bucket_size : INT64_MAX;
     grad_buckets_ = std::make_unique<GradBuckets>(model.grads(), *dp_, bucket, args.overlap_grad_reduce);
-    dp_sums_.resize(2 * dp_->size());
   }
   masks_ = data.masks;
   TESSERA_CHECK(data.train != nullptr, "no training samples");
@@ -116,62 +161,91 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
 }
 
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and
-// position ids of megatron.md §4.7.
+// position ids of megatron.md §4.7. Every stage loads the whole micro-batch: the first needs
+// tokens and positions, the last labels and mask, and the copy is small.
 void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro) {
   const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
+  MicroBatch& mb = batches_[micro];
+  double mask_sum = 0.0;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* text = global_batch.data() + (micro * B + b) * (T + 1);
     data::make_ltor_sample({text, static_cast<size_t>(T + 1)}, masks_, sample_);
     for (int64_t t = 0; t < T; ++t) {
-      batch_.tokens.i32()[b * T + t] = sample_.tokens[t];
-      batch_.labels.i32()[b * T + t] = sample_.labels[t];
-      batch_.positions.i32()[b * T + t] = static_cast<int32_t>(sample_.position_ids[t]);
-      batch_.loss_mask.f32()[b * T + t] = sample_.loss_mask[t];
+      mb.tokens.i32()[b * T + t] = sample_.tokens[t];
+      mb.labels.i32()[b * T + t] = sample_.labels[t];
+      mb.positions.i32()[b * T + t] = static_cast<int32_t>(sample_.position_ids[t]);
+      mb.loss_mask.f32()[b * T + t] = sample_.loss_mask[t];
+      mask_sum += sample_.loss_mask[t];
     }
   }
+  mask_sums_[micro] = mask_sum;
 }
 
 std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training) {
-  const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
   const int64_t num_micro = layout_.num_microbatches;
   const std::vector<int32_t>& samples = loader.global_batch(consumed);
-  double loss_sum = 0.0, mask_sum = 0.0;
-  for (int64_t m = 0; m < num_micro; ++m) {
-    load_micro_batch(samples, m);
+  for (int64_t m = 0; m < num_micro; ++m) load_micro_batch(samples, m);
+  std::vector<double> sums = {0.0, 0.0};  // masked loss, mask (on the stage with the loss)
+  auto compute = [&](const PipeAction& a, SlotRef slot) {
+    const MicroBatch& mb = batches_[a.micro];
     // Dropout masks are keyed by the sample's index within the global batch.
-    StepContext step{static_cast<uint32_t>(iteration_),
-                     static_cast<uint32_t>(layout_.sample_index(0, m, 0)), training};
-    const double micro_loss = model_.forward(batch_, step);
-    double micro_mask = 0.0;
-    for (int64_t i = 0; i < B * T; ++i) micro_mask += batch_.loss_mask.f32()[i];
-    // Megatron's default: the gradient of the mean over micro-batches of each
-    // micro-batch's token-mean loss.
-    if (training) {
-      const float weight = static_cast<float>(1.0 / (micro_mask * static_cast<double>(num_micro)));
-      const bool last = m + 1 == num_micro;
-      if (grad_buckets_ && last)
-        model_.backward(batch_, step, weight, [&](size_t first, size_t end) { grad_buckets_->mark_ready(first, end); });
-      else
-        model_.backward(batch_, step, weight);
+    const StepContext step{static_cast<uint32_t>(iteration_),
+                           static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training};
+    const bool head = model_.partition().chunks[a.chunk].has_head;
+    if (a.op == PipeOp::Forward) {
+      const double loss = model_.forward(a.chunk, slot, mb, step);
+      if (head) sums[0] += loss, sums[1] += mask_sums_[a.micro];
+      return;
     }
-    loss_sum += micro_loss;
-    mask_sum += micro_mask;
-  }
-  if (training && grad_buckets_) grad_buckets_->finish();
-  return sum_over_data_parallel({loss_sum, mask_sum});
+    // Megatron's default: the gradient of the mean over micro-batches of each micro-batch's
+    // token-mean loss.
+    const float weight = static_cast<float>(1.0 / (mask_sums_[a.micro] * static_cast<double>(num_micro)));
+    if (grad_buckets_ && a.micro + 1 == num_micro)
+      model_.backward(a.chunk, slot, mb, step, weight,
+                      [&](size_t first, size_t end) { grad_buckets_->mark_ready(first, end); });
+    else
+      model_.backward(a.chunk, slot, mb, step, weight);
+  };
+  (training ? train_pipeline_ : eval_pipeline_).run(model_, if_split(groups_.pp), compute);
+  if (training) finalize_grads();
+  // Loss sums over the replicas, then from the last stage to every stage.
+  sum_in_rank_order(dp_, sums, device_);
+  if (Communicator* pp = if_split(groups_.pp))
+    pp->broadcast(Tensor(sums.data(), DType::I64, {2}, &device_), pp->size() - 1);
+  return {sums[0], sums[1]};
 }
 
-std::pair<double, double> Trainer::sum_over_data_parallel(std::pair<double, double> local) {
-  if (!dp_) return local;
-  // Gathered as raw 64-bit patterns and summed in rank order: exact and identical on every
-  // rank, unlike a float all-reduce.
-  const int n = dp_->size();
-  double mine[2] = {local.first, local.second};
-  std::vector<double>& all = dp_sums_;
-  dp_->all_gather(Tensor(all.data(), DType::I64, {2 * n}, &device_), Tensor(mine, DType::I64, {2}, &device_));
-  std::pair<double, double> sum{0.0, 0.0};
-  for (int r = 0; r < n; ++r) sum.first += all[2 * r], sum.second += all[2 * r + 1];
-  return sum;
+// Megatron's finalize_model_grads: data-parallel averaging, then the sequence-parallel
+// replicated gradients summed over TP, then the tied embedding's two copies summed.
+void Trainer::finalize_grads() {
+  if (grad_buckets_) grad_buckets_->finish();
+  const std::vector<ParamShard>& shards = model_.shards();
+  if (Communicator* tp = if_split(groups_.tp))
+    for (size_t i = 0; i < shards.size(); ++i)
+      if (shards[i].grad_sums_over_tp) tp->all_reduce(model_.grads()[i], ReduceOp::Sum);
+  if (Communicator* emb = if_split(groups_.embedding))
+    for (size_t i = 0; i < shards.size(); ++i)
+      if (shards[i].spec.name == "embedding.word_embeddings.weight" && !args_.model.untie_embeddings_and_output_weights)
+        emb->all_reduce(model_.grads()[i], ReduceOp::Sum);
+}
+
+// Each parameter's sum of squares goes into its own slot (parameter id, TP rank), so the
+// total is added in parameter order whatever the layout: pure pipeline parallelism gives
+// the single process's norm to the bit. Exactly one rank fills each slot, so summing the
+// slots' 64-bit patterns as integers over the group moves them without rounding.
+double Trainer::global_grad_norm() {
+  const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
+  std::vector<double>& slots = norm_slots_;
+  std::fill(slots.begin(), slots.end(), 0.0);
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const ParamShard& s = model_.shards()[i];
+    if (s.counts_in_norm) slots[s.spec.id * tp + tp_rank] = ops::sum_squares(model_.grads()[i]);
+  }
+  if (Communicator* mp = if_split(groups_.model_parallel))
+    mp->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, &device_), ReduceOp::Sum);
+  double sum = 0.0;
+  for (double v : slots) sum += v;
+  return std::sqrt(sum);
 }
 
 IterationResult Trainer::train_step() {
@@ -182,7 +256,7 @@ IterationResult Trainer::train_step() {
   auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true);
   r.lm_loss = loss_sum / mask_sum;
   r.tokens = args_.global_batch_size * args_.model.seq_length;
-  r.grad_norm = optimizer_->grad_norm();
+  r.grad_norm = global_grad_norm();
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   if (args_.skip_spikes > 0) {
     // The same values on every replica, so every replica decides alike.
@@ -202,10 +276,10 @@ IterationResult Trainer::train_step() {
 // iteration, the rank and the first parameter whose gradient is not finite.
 void Trainer::report_non_finite(const IterationResult& r) const {
   std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
-  for (size_t i = 0; i < model_.specs().size(); ++i) {
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
     if (!std::isfinite(ops::sum_squares(model_.grads()[i]))) {
       what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
-      what += model_.specs()[i].name;
+      what += model_.shards()[i].spec.name;
       break;
     }
   }
@@ -258,7 +332,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
                  static_cast<long long>(iteration_), dir.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  if (dp_) dp_->barrier();  // nobody runs ahead of a save that may yet fail
+  if (Communicator* world = if_split(groups_.world)) world->barrier();  // nobody runs ahead of a save that may yet fail
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -295,7 +369,8 @@ const char* Trainer::exit_reason(std::chrono::steady_clock::time_point start) {
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
   int32_t flags[2] = {args_.exit_duration_minutes > 0 && minutes >= args_.exit_duration_minutes,
                       args_.exit_signal_handler && exit_signal_received()};
-  if (dp_) dp_->all_reduce(Tensor(flags, DType::I32, {2}, &device_), ReduceOp::Max);
+  if (Communicator* world = if_split(groups_.world))
+    world->all_reduce(Tensor(flags, DType::I32, {2}, &device_), ReduceOp::Max);
   if (flags[1]) return "--exit-signal-handler: signal received";
   if (flags[0]) return "--exit-duration-in-mins";
   return nullptr;

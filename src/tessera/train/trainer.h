@@ -15,6 +15,7 @@
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/batch_loader.h"
+#include "tessera/train/pipeline_executor.h"
 #include "tessera/train/sample_source.h"
 #include "tessera/train/spike_guard.h"
 
@@ -28,12 +29,27 @@ struct IterationResult {
   bool skipped = false;    // the update was skipped (--skip-spikes)
 };
 
+// The groups one rank trains in (parallel/topology.h). A null member, or a group of one,
+// means that dimension is not split.
+struct TrainerGroups {
+  Communicator* world = nullptr;           // agreeing on early exits
+  Communicator* dp = nullptr;              // gradient averaging, loss sums
+  Communicator* tp = nullptr;              // sequence-parallel replicated gradients
+  Communicator* pp = nullptr;              // activations between stages; the loss leaves the last
+  Communicator* model_parallel = nullptr;  // tp x pp: the gradient norm
+  Communicator* embedding = nullptr;       // the tied embedding's gradient, first and last stage
+};
+
 class Trainer {
  public:
-  // The model is initialised (Megatron's init or --init-from-hf) by the caller. `dp` is the
-  // data-parallel group (null or of size 1 for one replica); every replica must start from
-  // the same weights.
-  Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, Communicator* dp = nullptr);
+  // The model is this rank's share, initialised (Megatron's init or --init-from-hf) by the
+  // caller with at least pipeline_slots(args, pp_rank) slots; every data-parallel replica
+  // must start from the same weights.
+  Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, TrainerGroups groups = {});
+
+  // Activation and I/O slots per chunk the training and evaluation schedules need on
+  // pipeline rank pp_rank.
+  static std::pair<std::vector<int>, std::vector<int>> pipeline_slots(const TrainArgs& args, int pp_rank);
 
   // One iteration over the next global batch.
   IterationResult train_step();
@@ -59,11 +75,14 @@ class Trainer {
 
  private:
   void load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro);
-  // Runs forward (and backward when training) over this rank's micro-batches of one global
-  // batch; returns the masked loss sum and the mask sum.
+  // Runs the pipeline schedule (forward, and backward when training) over this rank's
+  // micro-batches of one global batch; returns the masked loss sum and the mask sum over the
+  // global batch, on every rank.
   std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training);
-  // Sums (loss, mask) over the data-parallel group, in rank order (the same bits everywhere).
-  std::pair<double, double> sum_over_data_parallel(std::pair<double, double> local);
+  // After backward: data-parallel averaging, then the gradients several ranks share.
+  void finalize_grads();
+  // The global gradient norm over the model-parallel ranks, each parameter counted once.
+  double global_grad_norm();
   void print_evaluation(const std::string& prefix, const char* split);
   [[noreturn]] void report_non_finite(const IterationResult& r) const;
   // Why training should stop after this iteration (nullptr: it should not).
@@ -74,13 +93,16 @@ class Trainer {
   const TrainArgs& args_;
   GPTModel& model_;
   Device& device_;
-  Communicator* dp_;
+  TrainerGroups groups_;
+  Communicator* dp_;  // groups_.dp when it has more than one rank
   std::unique_ptr<GradBuckets> grad_buckets_;  // with data parallelism
-  std::vector<double> dp_sums_;                 // gathered (loss, mask) per replica
+  PipelineExecutor train_pipeline_, eval_pipeline_;
   std::unique_ptr<Optimizer> optimizer_;
   LrScheduler scheduler_;
   Buffer batch_slab_;
-  MicroBatch batch_;
+  std::vector<MicroBatch> batches_;  // this rank's micro-batches of the current global batch
+  std::vector<double> mask_sums_;    // per micro-batch
+  std::vector<double> norm_slots_;   // squared gradient norm per (parameter, TP rank)
   ZScoreWindow loss_window_, grad_norm_window_;  // --skip-spikes
   SamplerLayout layout_;
   data::LtorOptions masks_;

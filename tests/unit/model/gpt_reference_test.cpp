@@ -107,8 +107,8 @@ TEST_F(ReferenceRun, ForwardAndBackwardMatchPyTorch) {
   ASSERT_EQ(ref_logits.size(), size_t(B * T * V));
   EXPECT_LT(relative_error(model.logits().f32(), ref_logits), 1e-5);
   EXPECT_NEAR(loss, expected.read_f32("loss")[0], 1e-5 * std::fabs(loss));
-  for (size_t i = 0; i < model.specs().size(); ++i) {
-    const std::string& name = model.specs()[i].name;
+  for (size_t i = 0; i < model.shards().size(); ++i) {
+    const std::string& name = model.shards()[i].spec.name;
     std::vector<float> ref = expected.read_f32("grad." + name);
     ASSERT_EQ(ref.size(), size_t(model.grads()[i].numel())) << name;
     EXPECT_LT(relative_error(model.grads()[i].f32(), ref), 1e-5) << name;
@@ -136,8 +136,8 @@ TEST_F(ReferenceRun, TenAdamWIterationsMatchPyTorch) {
   // The weights after the 10th update see what the losses barely do (weight decay shows at
   // ~5e-4 relative); float32 vs float64 differs by ~2e-5 here, so 1e-4 has 5x margin.
   auto final_weights = safetensors::Reader::open((dir_ / "expected_train_final.safetensors").string());
-  for (size_t i = 0; i < model.specs().size(); ++i) {
-    const std::string& name = model.specs()[i].name;
+  for (size_t i = 0; i < model.shards().size(); ++i) {
+    const std::string& name = model.shards()[i].spec.name;
     EXPECT_LT(relative_error(model.params()[i].f32(), final_weights.read_f32(name)), 1e-4) << name;
   }
 }

@@ -1,0 +1,87 @@
+// How the GPT is cut across ranks: which layers each pipeline rank runs (in one or several
+// model chunks, for the interleaved schedule), and which slice of each parameter a
+// tensor-parallel rank holds. Values only: no tensors, no communication.
+//
+// Tensor-parallel slicing (Megatron's ColumnParallelLinear / RowParallelLinear /
+// VocabParallelEmbedding) is always one contiguous, even split along one dimension:
+//   dim 0 (rows): word embedding and output layer (vocabulary), linear_qkv (heads: with
+//       Megatron's per-head [q;k;v] row layout, rows [r·3A/TP, (r+1)·3A/TP) are exactly the
+//       heads of rank r), linear_fc1 and their biases;
+//   dim 1 (columns): linear_proj and linear_fc2 weights (their inputs are split);
+//   none: LayerNorms, position embedding, the biases of the row-parallel linears.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/model/gpt_config.h"
+
+namespace tessera {
+
+// One model chunk: decoder layers [first_layer, end_layer) (global indices), plus the
+// embedding when it is the first virtual stage and the final LayerNorm + output layer when
+// it is the last.
+struct ModelChunk {
+  int first_layer = 0;
+  int end_layer = 0;
+  bool has_embedding = false;
+  bool has_head = false;
+};
+
+struct ModelPartition {
+  int tp_size = 1;
+  int tp_rank = 0;
+  bool sequence_parallel = false;  // activations between TP regions split along the sequence
+  std::vector<ModelChunk> chunks;  // this rank's chunks, in virtual-stage order
+
+  // One rank, one chunk holding everything.
+  static ModelPartition whole(const GPTConfig& config);
+};
+
+// Layers of each pipeline rank's chunks, Megatron's rules:
+//  - without virtual stages, --num-layers divided evenly over the pipeline ranks, or, with
+//    --decoder-first/last-pipeline-num-layers, those on the first/last rank and the rest
+//    divided evenly over the others;
+//  - with V virtual stages per rank, virtual stage s = chunk·PP + rank holds layers
+//    [s·L/(PP·V), (s+1)·L/(PP·V)).
+// Throws a usage error naming the flags when the layers do not divide.
+struct PipelineSplit {
+  int pp_size = 1;
+  int virtual_stages = 1;
+  int first_stage_layers = -1;  // --decoder-first-pipeline-num-layers (-1: even split)
+  int last_stage_layers = -1;   // --decoder-last-pipeline-num-layers
+};
+std::vector<ModelChunk> pipeline_chunks(int num_layers, const PipelineSplit& split, int pp_rank);
+
+// This rank's piece of one parameter.
+struct ParamShard {
+  ParamSpec spec;           // the full parameter (name, full shape, init, id)
+  Shape shape;              // the local slice
+  int split_dim = -1;       // -1: the whole tensor on every TP rank
+  int64_t offset = 0;       // where the slice starts along split_dim
+  // Counted once in gradient norms: false for the copies a norm must skip (a TP-replicated
+  // parameter on TP ranks other than 0, the tied embedding's copy on the last stage).
+  bool counts_in_norm = true;
+  // Under sequence parallelism every TP rank computes only its sequence slice's share of
+  // this replicated parameter's gradient (LayerNorms, row-parallel biases), so the
+  // gradients are summed over the TP group (Megatron's `sequence_parallel` attribute).
+  bool grad_sums_over_tp = false;
+  // The last pipeline stage's copy of the tied word embedding (output layer); its gradient
+  // is summed with the first stage's over the embedding group.
+  bool is_embedding_copy = false;
+
+  int64_t numel() const { return shape_numel(shape); }
+  // Flat index in the full parameter of local element e (keys the counter-based init, so
+  // every layout draws the same full weights).
+  int64_t full_index(int64_t e) const;
+};
+
+// The parameters this rank holds, chunk by chunk, in Megatron's registration order within
+// each chunk.
+std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartition& partition);
+
+// Copies this rank's slice out of a full parameter (row-major, full_shape's element count).
+void extract_shard(float* local, const float* full, const ParamShard& shard);
+
+}  // namespace tessera

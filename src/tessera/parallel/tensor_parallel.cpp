@@ -1,0 +1,96 @@
+#include "tessera/parallel/tensor_parallel.h"
+
+#include "tessera/core/error.h"
+#include "tessera/device/device.h"
+#include "tessera/ops/ops.h"
+
+namespace tessera {
+namespace {
+
+Tensor flat(const Buffer& b, int64_t n, Device& device) { return Tensor(b.data(), DType::F32, {n}, &device); }
+
+void check_same(const Tensor& a, const Tensor& b, const char* what) {
+  TESSERA_CHECK(a.ptr == b.ptr, std::string(what) + ": without sequence parallelism both sides are one tensor");
+}
+
+}  // namespace
+
+TensorParallelRegion::TensorParallelRegion(Communicator* tp, bool sequence_parallel, Device& device,
+                                           int64_t max_elements)
+    : tp_(tp && tp->size() > 1 ? tp : nullptr),
+      sequence_parallel_(sequence_parallel && tp_ != nullptr),
+      size_(tp_ ? tp_->size() : 1),
+      rank_(tp_ ? tp_->rank() : 0) {
+  if (sequence_parallel_) {
+    staging_ = Buffer(device, static_cast<size_t>(max_elements) * sizeof(float));
+    slice_ = Buffer(device, static_cast<size_t>(max_elements) * sizeof(float));
+  }
+}
+
+void TensorParallelRegion::all_reduce(Tensor t, ReduceOp op) {
+  if (tp_) tp_->all_reduce(t, op);
+}
+
+// whole [B,T,C] (= or +=) the slices of every rank, each [B,T/TP,C].
+void TensorParallelRegion::gather_sequence(Tensor whole, Tensor outside, bool accumulate) {
+  const int64_t n = whole.numel();
+  Tensor staged = flat(staging_, n, *whole.device);
+  tp_->all_gather(staged, outside.view({outside.numel()}));
+  if (!accumulate) {
+    ops::rank_major_to_sequence(whole, staged.view(whole.shape), size_);
+    return;
+  }
+  Tensor tmp = flat(slice_, n, *whole.device).view(whole.shape);
+  ops::rank_major_to_sequence(tmp, staged.view(whole.shape), size_);
+  ops::residual_forward(whole, whole, tmp);
+}
+
+// outside [B,T/TP,C] (= or +=) this rank's slice of the sum over ranks of whole [B,T,C].
+void TensorParallelRegion::reduce_scatter_sequence(Tensor outside, Tensor whole, bool accumulate) {
+  Tensor staged = flat(staging_, whole.numel(), *whole.device);
+  ops::sequence_to_rank_major(staged.view(whole.shape), whole, size_);
+  if (!accumulate) {
+    tp_->reduce_scatter(outside.view({outside.numel()}), staged, ReduceOp::Sum);
+    return;
+  }
+  Tensor tmp = flat(slice_, outside.numel(), *whole.device);
+  tp_->reduce_scatter(tmp, staged, ReduceOp::Sum);
+  ops::residual_forward(outside, outside, tmp.view(outside.shape));
+}
+
+void TensorParallelRegion::enter_forward(Tensor whole, Tensor outside) {
+  if (sequence_parallel_) return gather_sequence(whole, outside, false);
+  check_same(whole, outside, "enter_forward");
+}
+
+void TensorParallelRegion::enter_backward(Tensor d_outside, Tensor d_whole) {
+  if (sequence_parallel_) return reduce_scatter_sequence(d_outside, d_whole, true);
+  check_same(d_outside, d_whole, "enter_backward");
+  all_reduce(d_whole, ReduceOp::Sum);
+}
+
+void TensorParallelRegion::leave_forward(Tensor outside, Tensor partial) {
+  if (sequence_parallel_) return reduce_scatter_sequence(outside, partial, false);
+  check_same(outside, partial, "leave_forward");
+  all_reduce(partial, ReduceOp::Sum);
+}
+
+void TensorParallelRegion::leave_backward(Tensor d_partial, Tensor d_outside) {
+  if (sequence_parallel_) return gather_sequence(d_partial, d_outside, true);
+  check_same(d_partial, d_outside, "leave_backward");
+}
+
+void TensorParallelRegion::scatter_forward(Tensor outside, Tensor whole) {
+  TESSERA_CHECK(sequence_parallel_, "scatter_forward is for sequence parallelism");
+  Tensor staged = flat(staging_, whole.numel(), *whole.device);
+  ops::sequence_to_rank_major(staged.view(whole.shape), whole, size_);
+  const int64_t n = outside.numel();
+  whole.device->copy(outside.ptr, staged.f32() + rank_ * n, static_cast<size_t>(n) * sizeof(float));
+}
+
+void TensorParallelRegion::scatter_backward(Tensor d_whole, Tensor d_outside) {
+  TESSERA_CHECK(sequence_parallel_, "scatter_backward is for sequence parallelism");
+  gather_sequence(d_whole, d_outside, true);
+}
+
+}  // namespace tessera
