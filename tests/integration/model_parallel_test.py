@@ -88,7 +88,7 @@ def test_layouts(tmp, dropout):
     extra = [] if dropout else NO_DROPOUT
     tag = "dropout" if dropout else "no-dropout"
     reference, ref_valid = train(tmp, "single " + tag, 1, extra, 0)
-    assert len(reference) == 10 and len(ref_valid) == 3, (len(reference), ref_valid)
+    assert len(reference) == 10 and len(ref_valid) == 4, (len(reference), ref_valid)  # iterations 5, 10, end, test
     for i, (label, procs, flags) in enumerate(LAYOUTS):
         if dropout and label not in WITH_DROPOUT:
             continue
