@@ -20,12 +20,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_netns_test as netns  # noqa: E402  (namespace set-up and clean-up)
 
 TESSERA = os.path.abspath(sys.argv[1])
-TRAIN = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+TRAIN = ["--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "1", "--global-batch-size", "8",
          "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--make-vocab-size-divisible-by", "16",
          "--mock-data", "--lr", "1e-3", "--lr-warmup-iters", "1", "--train-iters", "10", "--log-interval", "1",
          "--eval-iters", "1", "--eval-interval", "5", "--weight-decay", "0.1", "--clip-grad", "0.5"]
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
+# 4 layers, except for the interleaved schedule, which needs PP 4 x 2 virtual stages (TP runs
+# are latency-bound on loopback: fewer layers keep them short).
+FOUR, EIGHT = ["--num-layers", "4"], ["--num-layers", "8"]
 PORT_BASE = 21000 + os.getpid() % 20000
 RTOL = 1e-5
 
@@ -67,7 +70,7 @@ LAYOUTS = [
     ("tp4", 4, ["--tensor-model-parallel-size", "4"]),
     ("pp2", 2, ["--pipeline-model-parallel-size", "2"]),
     ("pp4", 4, ["--pipeline-model-parallel-size", "4"]),
-    ("pp2 uneven 3+5", 2, ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3"]),
+    ("pp2 uneven 1+3", 2, ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"]),
     ("pp4 interleaved", 4, ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1"]),
     ("tp2 pp2", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
     ("tp2 dp2", 4, ["--tensor-model-parallel-size", "2"]),
@@ -87,13 +90,18 @@ WITH_DROPOUT = ["tp2", "pp4 interleaved", "tp2 sp pp2 dp2", "tp4 sp pp2"]
 def test_layouts(tmp, dropout):
     extra = [] if dropout else NO_DROPOUT
     tag = "dropout" if dropout else "no-dropout"
-    reference, ref_valid = train(tmp, "single " + tag, 1, extra, 0)
-    assert len(reference) == 10 and len(ref_valid) == 4, (len(reference), ref_valid)  # iterations 5, 10, end, test
+    references = {}
+    for layers in (FOUR, EIGHT):
+        references[layers[1]] = train(tmp, "single %s layers %s" % (layers[1], tag), 1, extra + layers, 0)
+        reference, ref_valid = references[layers[1]]
+        assert len(reference) == 10 and len(ref_valid) == 4, (len(reference), ref_valid)  # iterations 5, 10, end, test
     for i, (label, procs, flags) in enumerate(LAYOUTS):
         if dropout and label not in WITH_DROPOUT:
             continue
+        layers = EIGHT if "interleaved" in label else FOUR
+        reference, ref_valid = references[layers[1]]
         t0 = time.monotonic()
-        got, valid = train(tmp, label + " " + tag, procs, flags + extra, PORT_BASE + 10 * i + dropout)
+        got, valid = train(tmp, label + " " + tag, procs, flags + extra + layers, PORT_BASE + 10 * i + dropout)
         compare(reference, got, label + " " + tag)
         assert len(valid) == len(ref_valid) and all(abs(a - b) <= RTOL * a for a, b in zip(ref_valid, valid)), (
             label, ref_valid, valid)
@@ -102,6 +110,7 @@ def test_layouts(tmp, dropout):
 
 def test_pipeline_bit_exact(tmp):
     untied = ["--untie-embeddings-and-output-weights"]
+    untied += FOUR
     reference, _ = train(tmp, "single untied", 1, untied, 0)
     for pp in (2, 4):
         got, _ = train(tmp, "pp%d untied" % pp, pp, untied + ["--pipeline-model-parallel-size", str(pp)],
@@ -119,13 +128,13 @@ def test_layout_errors(tmp):
          "--pipeline-model-parallel-size > 2"),
     ]
     for procs, flags, message in cases:
-        p = subprocess.run([TESSERA, "train"] + TRAIN + flags + ["--dry-run"], capture_output=True, text=True,
+        p = subprocess.run([TESSERA, "train"] + TRAIN + EIGHT + flags + ["--dry-run"], capture_output=True, text=True,
                            timeout=60, env=env_without_launch())
         assert p.returncode == 2 and message in p.stderr, (flags, p.returncode, p.stderr[-2000:])
     # 8 layers over PP 3 do not divide: the error names both flags.
     env = env_without_launch()
     env.update({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PORT_BASE + 399)})
-    p = subprocess.run([TESSERA, "train"] + TRAIN + ["--pipeline-model-parallel-size", "3", "--dry-run"],
+    p = subprocess.run([TESSERA, "train"] + TRAIN + EIGHT + ["--pipeline-model-parallel-size", "3", "--dry-run"],
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2 and "--num-layers 8 is not divisible by --pipeline-model-parallel-size 3" in p.stderr, (
         p.stderr[-2000:])

@@ -106,10 +106,12 @@ int run_train(int argc, char** argv) {
   print_rank_0("training ...");
   trainer.train();
 
+  // Every rank's own peak (Megatron's memory report line, one per rank): with TP/PP they differ.
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
-  print_rank_0("peak resident memory: %.1f MiB (tessera allocations: peak %.1f MiB)", usage.ru_maxrss / 1024.0,
-               device.peak_allocated_bytes() / 1048576.0);
+  log_info("[Rank %d] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | "
+           "peak resident: %.1f", id.rank, static_cast<long long>(trainer.iteration()),
+           device.allocated_bytes() / 1048576.0, device.peak_allocated_bytes() / 1048576.0, usage.ru_maxrss / 1024.0);
   return 0;
 }
 

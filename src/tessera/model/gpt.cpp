@@ -18,6 +18,13 @@ constexpr int kSitesPerLayer = 3;
 int layer_site(int layer, int which) { return 1 + layer * kSitesPerLayer + which; }
 enum LayerSite { kAttentionProbs = 0, kAfterAttention = 1, kAfterMlp = 2 };
 
+// Layers (chunk-local) in groups [first, end); a recomputed group keeps only its input and
+// output per slot and reruns its forward in backward (--recompute-granularity full).
+struct LayerGroup {
+  int first, end;
+  bool recomputed;
+};
+
 }  // namespace
 
 struct GPTModel::LayerActs {
@@ -56,6 +63,10 @@ struct GPTModel::Workspace {
   Tensor d_residual, d_C, d_ln;      // [B,Tl,C]
   Tensor d_C_whole, d_ln_whole;      // [B,T,C] (= d_C, d_ln without SP)
   Tensor d_ctx, d_qkv, d_att, d_F, d_gelu, d_logits, d_losses;
+  // Recomputation: the attention probabilities of one layer (selective), the activations of
+  // one recomputed group of layers (full).
+  Tensor att;
+  std::vector<LayerActs> recomputed;
 };
 
 struct GPTModel::Chunk {
@@ -66,7 +77,31 @@ struct GPTModel::Chunk {
   size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0, output_w = 0;  // parameter indices
   std::vector<ActSlot> acts;
   std::vector<IoSlot> io;
+  std::vector<LayerGroup> groups;
+  std::vector<int> group_of;  // chunk-local layer -> group
 };
+
+namespace {
+
+std::vector<LayerGroup> recompute_groups(const GPTConfig& c, int n_layers) {
+  std::vector<LayerGroup> groups;
+  const int n = std::min(c.recompute_num_layers, n_layers);
+  for (int l = 0; l < n_layers;) {
+    if (c.recompute != Recompute::Full) {
+      groups.push_back({l, l + 1, false});
+      ++l;
+    } else if (c.recompute_method == RecomputeMethod::Uniform) {
+      groups.push_back({l, std::min(l + n, n_layers), true});
+      l = groups.back().end;
+    } else {
+      groups.push_back({l, l + 1, l < n});
+      ++l;
+    }
+  }
+  return groups;
+}
+
+}  // namespace
 
 // Where every activation tensor goes: reserves them in a SlabBuilder and records which
 // Tensor each offset binds to. Both the constructor and slab_sizes run it, so the estimate
@@ -89,13 +124,38 @@ struct GPTModel::Layout {
     if (sp) reserve(whole, std::move(shape));
   }
 
+  // Everything a layer's backward reads; `out` (its output) separately. Selective
+  // recomputation keeps the attention probabilities in one shared buffer instead.
+  void reserve_layer(LayerActs& a, bool with_out) {
+    reserve(a.ln1, {B, Tl, C});
+    reserve_whole(a.ln1_whole, {B, T, C}, sp);
+    reserve(a.ln1_mean, {B, Tl});
+    reserve(a.ln1_rstd, {B, Tl});
+    reserve(a.qkv, {B, T, 3 * Al});
+    if (!selective) reserve(a.att, {B, NHl, T, T});
+    reserve(a.ctx, {B, T, Al});
+    reserve(a.residual_mid, {B, Tl, C});
+    reserve(a.ln2, {B, Tl, C});
+    reserve_whole(a.ln2_whole, {B, T, C}, sp);
+    reserve(a.ln2_mean, {B, Tl});
+    reserve(a.ln2_rstd, {B, Tl});
+    reserve(a.fc1, {B, T, Fl});
+    reserve(a.gelu, {B, T, Fl});
+    if (with_out) reserve(a.out, {B, Tl, C});
+  }
+
+  bool sp = false, selective = false;
+  int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, Fl = 0, Vl = 0, NHl = 0;
+
   Layout(const GPTConfig& c, int micro_batch, const ModelPartition& part, const std::vector<int>& act_slots,
          const std::vector<int>& io_slots, std::vector<Chunk>& chunks, Workspace& ws) {
     const int tp = part.tp_size;
-    const bool sp = part.sequence_parallel && tp > 1;
-    const int64_t B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
-    const int64_t Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
-    const int64_t NHl = c.num_attention_heads / tp;
+    sp = part.sequence_parallel && tp > 1;
+    selective = c.recompute == Recompute::Selective;
+    B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
+    Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
+    NHl = c.num_attention_heads / tp;
+    int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
     chunks.resize(part.chunks.size());
@@ -106,26 +166,20 @@ struct GPTModel::Layout {
       any_embedding |= ch.range.has_embedding;
       any_head |= ch.range.has_head;
       const int n_layers = ch.range.end_layer - ch.range.first_layer;
+      ch.groups = recompute_groups(c, n_layers);
+      for (size_t g = 0; g < ch.groups.size(); ++g)
+        for (int l = ch.groups[g].first; l < ch.groups[g].end; ++l) {
+          ch.group_of.push_back(static_cast<int>(g));
+          if (ch.groups[g].recomputed) max_recomputed = std::max(max_recomputed, ch.groups[g].end - ch.groups[g].first);
+        }
       ch.acts.resize(act_slots[ci]);
       for (ActSlot& s : ch.acts) {
         s.layers.resize(n_layers);
         for (int l = 0; l < n_layers; ++l) {
-          LayerActs& a = s.layers[l];
-          reserve(a.ln1, {B, Tl, C});
-          reserve_whole(a.ln1_whole, {B, T, C}, sp);
-          reserve(a.ln1_mean, {B, Tl});
-          reserve(a.ln1_rstd, {B, Tl});
-          reserve(a.qkv, {B, T, 3 * Al});
-          reserve(a.att, {B, NHl, T, T});
-          reserve(a.ctx, {B, T, Al});
-          reserve(a.residual_mid, {B, Tl, C});
-          reserve(a.ln2, {B, Tl, C});
-          reserve_whole(a.ln2_whole, {B, T, C}, sp);
-          reserve(a.ln2_mean, {B, Tl});
-          reserve(a.ln2_rstd, {B, Tl});
-          reserve(a.fc1, {B, T, Fl});
-          reserve(a.gelu, {B, T, Fl});
-          if (l + 1 < n_layers) reserve(a.out, {B, Tl, C});
+          const LayerGroup& g = ch.groups[ch.group_of[l]];
+          // A group's output is the next group's input: kept even when the group is recomputed.
+          if (l + 1 == g.end && l + 1 < n_layers) reserve(s.layers[l].out, {B, Tl, C});
+          if (!g.recomputed) reserve_layer(s.layers[l], false);
         }
         if (ch.range.has_head) {
           HeadActs& h = s.head;
@@ -148,6 +202,9 @@ struct GPTModel::Layout {
     }
     reserve(ws.partial, {B, T, C});
     if (sp) reserve(ws.reduced, {B, Tl, C});
+    if (selective) reserve(ws.att, {B, NHl, T, T});
+    ws.recomputed.resize(max_recomputed);
+    for (LayerActs& a : ws.recomputed) reserve_layer(a, true);
     if (any_embedding) reserve(ws.pos_emb, {B, T, C});
     if (any_head) {
       reserve(ws.row_max, {B * T});
@@ -170,12 +227,17 @@ struct GPTModel::Layout {
   // Binds every reserved tensor into the slab, then the whole-sequence aliases.
   void bind(const Buffer& slab, bool sp, std::vector<Chunk>& chunks, Workspace& ws) {
     for (Pending& p : pending) *p.t = tensor_at(slab, p.offset, p.dtype, p.shape);
-    if (sp) return;
+    auto alias = [&](LayerActs& a) {
+      if (selective) a.att = ws.att;
+      if (!sp) a.ln1_whole = a.ln1, a.ln2_whole = a.ln2;
+    };
+    for (LayerActs& a : ws.recomputed) alias(a);
     for (Chunk& ch : chunks)
       for (ActSlot& s : ch.acts) {
-        for (LayerActs& a : s.layers) a.ln1_whole = a.ln1, a.ln2_whole = a.ln2;
-        s.head.lnf_whole = s.head.lnf;
+        for (LayerActs& a : s.layers) alias(a);
+        if (!sp) s.head.lnf_whole = s.head.lnf;
       }
+    if (sp) return;
     ws.reduced = ws.partial;
     ws.d_C_whole = ws.d_C;
     ws.d_ln_whole = ws.d_ln;
@@ -465,6 +527,9 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   tp_.leave_backward(ws.d_C_whole, ws.d_C);
   zero(ws.d_ctx);
   ops::linear_backward(rows(ws.d_ctx), g.proj_w, Tensor(), rows(ws.d_C_whole), rows(a.ctx), w.proj_w);
+  if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
+    ops::attention_forward(a.ctx, a.att, a.qkv,
+                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   zero(ws.d_qkv);
   ops::attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.att,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
@@ -523,6 +588,20 @@ void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const Micr
                           params_[ch.lnf_w], flat_rows(h.lnf_mean), flat_rows(h.lnf_rstd));
 }
 
+// The activations of chunk-local layer i for this slot: its own, or the shared ones of a
+// recomputed group; `in`/`out` are the tensors it reads and writes.
+GPTModel::LayerIo GPTModel::layer_io(Chunk& ch, ActSlot& acts, IoSlot& io, int i) {
+  const int n = static_cast<int>(ch.w.size());
+  const LayerGroup& g = ch.groups[ch.group_of[i]];
+  auto out_of = [&](int l) -> Tensor {
+    if (l + 1 == n) return io.output;
+    const LayerGroup& lg = ch.groups[ch.group_of[l]];
+    return lg.recomputed && l + 1 < lg.end ? ws_->recomputed[l - lg.first].out : acts.layers[l].out;
+  };
+  LayerActs& a = g.recomputed ? ws_->recomputed[i - g.first] : acts.layers[i];
+  return {&a, i == 0 ? io.input : out_of(i - 1), out_of(i)};
+}
+
 double GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step) {
   TESSERA_CHECK(batch.tokens.numel() == int64_t{micro_batch_} * config_.seq_length,
                 "micro-batch shape " + shape_str(batch.tokens.shape));
@@ -530,11 +609,9 @@ double GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const
   ActSlot& acts = ch.acts.at(slot.act);
   IoSlot& io = ch.io.at(slot.io);
   if (ch.range.has_embedding) embedding_forward(io.input, batch, step);
-  const int n = static_cast<int>(ch.w.size());
-  for (int i = 0; i < n; ++i) {
-    Tensor in = i == 0 ? io.input : acts.layers[i - 1].out;
-    Tensor out = i + 1 == n ? io.output : acts.layers[i].out;
-    layer_forward(ch.range.first_layer + i, ch.w[i], acts.layers[i], in, out, step);
+  for (int i = 0; i < static_cast<int>(ch.w.size()); ++i) {
+    const LayerIo l = layer_io(ch, acts, io, i);
+    layer_forward(ch.range.first_layer + i, ch.w[i], *l.acts, l.in, l.out, step);
   }
   return ch.range.has_head ? head_forward(ch, acts.head, io.output, batch) : 0.0;
 }
@@ -554,10 +631,20 @@ void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const 
   } else {
     device_.copy(ws.d_residual.ptr, io.output_grad.ptr, io.output_grad.bytes());
   }
-  for (int i = static_cast<int>(ch.w.size()) - 1; i >= 0; --i) {
-    Tensor in = i == 0 ? io.input : acts.layers[i - 1].out;
-    layer_backward(ch.range.first_layer + i, ch.w[i], ch.g[i], acts.layers[i], in, step);
-    ready(ch.layer_ranges[i].first, ch.layer_ranges[i].second);
+  for (int gi = static_cast<int>(ch.groups.size()) - 1; gi >= 0; --gi) {
+    const LayerGroup& g = ch.groups[gi];
+    // Recomputation reruns the group's forward from its kept input: the same operations on
+    // the same inputs (and the same counter-keyed dropout masks) give the same bits.
+    if (g.recomputed)
+      for (int i = g.first; i < g.end; ++i) {
+        const LayerIo l = layer_io(ch, acts, io, i);
+        layer_forward(ch.range.first_layer + i, ch.w[i], *l.acts, l.in, l.out, step);
+      }
+    for (int i = g.end - 1; i >= g.first; --i) {
+      const LayerIo l = layer_io(ch, acts, io, i);
+      layer_backward(ch.range.first_layer + i, ch.w[i], ch.g[i], *l.acts, l.in, step);
+      ready(ch.layer_ranges[i].first, ch.layer_ranges[i].second);
+    }
   }
   if (ch.range.has_embedding) {
     embedding_backward(batch, step);

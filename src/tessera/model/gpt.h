@@ -138,6 +138,11 @@ class GPTModel {
   struct Workspace;
   struct Chunk;
 
+  struct LayerIo {
+    LayerActs* acts;
+    Tensor in, out;
+  };
+  LayerIo layer_io(Chunk& ch, ActSlot& acts, IoSlot& io, int chunk_layer);
   LayerParams layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const;
   ops::Dropout dropout(float p, int site, const StepContext& step, uint64_t element_offset) const;
   void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);

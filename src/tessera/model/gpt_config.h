@@ -11,6 +11,11 @@
 
 namespace tessera {
 
+// Activation recomputation (Megatron's --recompute-*): what backward recomputes instead of
+// keeping from forward.
+enum class Recompute { None, Selective, Full };
+enum class RecomputeMethod { Uniform, Block };
+
 struct GPTConfig {
   int num_layers = 0;
   int hidden_size = 0;
@@ -29,6 +34,12 @@ struct GPTConfig {
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;
   uint32_t seed = 1234;
+  // None; Selective: the attention core (probabilities) of every layer; Full: whole layers,
+  // keeping only their inputs — Uniform: groups of recompute_num_layers layers, Block: the
+  // first recompute_num_layers layers of each chunk, one by one.
+  Recompute recompute = Recompute::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  int recompute_num_layers = 1;
 
   int attention_width() const { return num_attention_heads * kv_channels; }
 };

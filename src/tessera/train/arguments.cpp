@@ -64,8 +64,30 @@ std::vector<OptionDef> train_option_defs() {
       {"--train-iters", K::Int, nullptr, "Iterations to train"},
       {"--train-samples", K::Int, nullptr, "Samples to train (sample-based training)"},
       {"--log-interval", K::Int, "100", "Iterations between log lines"},
-      {"--log-throughput", K::StoreTrue, nullptr, "Add TFLOP/s per device to the log line"},
+      {"--log-throughput", K::StoreTrue, nullptr, "Add TFLOP/s per device (and MFU) to the log line"},
+      {"--peak-tflops-per-device", K::Float, nullptr,
+       "Dense peak TFLOP/s per device for MFU (tessera; default from a table of known devices)"},
       {"--eval-interval", K::Int, "1000", "Iterations between evaluations on the validation split"},
+      {"--tensorboard-dir", K::String, nullptr, "Write TensorBoard event files (Megatron's tags) into this folder"},
+      {"--tensorboard-log-interval", K::Int, "1", "Iterations between TensorBoard scalars"},
+      {"--no-log-loss-scale-to-tensorboard", K::StoreFalse, nullptr, "Leave the loss scale out of TensorBoard",
+       nullptr, OptUse::Implemented, "log_loss_scale_to_tensorboard"},
+      {"--log-validation-ppl-to-tensorboard", K::StoreTrue, nullptr, "Also log validation perplexity"},
+      {"--log-memory-to-tensorboard", K::StoreTrue, nullptr, "Also log memory use"},
+      // Activation recomputation.
+      {"--recompute-activations", K::StoreTrue, nullptr, "Selective recomputation (the attention core)"},
+      {"--recompute-granularity", K::Choice, nullptr, "What to recompute in backward", "full|selective"},
+      {"--recompute-method", K::Choice, nullptr, "With full: groups of layers (uniform) or the first layers (block)",
+       "uniform|block"},
+      {"--recompute-num-layers", K::Int, nullptr, "Layers per recomputed group (uniform) or recomputed layers (block)"},
+      // Mixed precision (megatron.md §9; docs/precision.md).
+      {"--fp16", K::StoreTrue, nullptr, "fp16 GEMMs (emulated by rounding on CPU) with a loss scaler; fp32 master weights"},
+      {"--bf16", K::StoreTrue, nullptr, "bf16 GEMMs (oneDNN AVX512-BF16 on CPU); fp32 master weights, no scaler"},
+      {"--loss-scale", K::Float, nullptr, "Static loss scale (default: dynamic with --fp16)"},
+      {"--initial-loss-scale", K::Float, "4294967296", "Initial dynamic loss scale (2**32)"},
+      {"--min-loss-scale", K::Float, "1.0", "Minimum dynamic loss scale"},
+      {"--loss-scale-window", K::Int, "1000", "Clean iterations before the dynamic scale doubles"},
+      {"--hysteresis", K::Int, "2", "Overflows tolerated before the dynamic scale halves"},
       {"--eval-iters", K::Int, "100", "Global batches per evaluation (0 disables evaluation)"},
       // Optimizer and schedule.
       {"--optimizer", K::Choice, "adam", "Optimizer", "adam|sgd"},
@@ -224,6 +246,25 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   m.gelu = (fused || p.get_bool("--openai-gelu")) ? ops::GeluKind::Tanh : ops::GeluKind::Erf;
   m.untie_embeddings_and_output_weights = p.get_bool("--untie-embeddings-and-output-weights");
   m.add_bias_linear = p.raw("--disable-bias-linear").value_or("True") == "True";
+  // Recomputation, with Megatron's rules for combining the flags.
+  std::optional<std::string> granularity = p.raw("--recompute-granularity");
+  if (p.get_bool("--recompute-activations")) granularity = "selective";
+  const std::optional<std::string> method = p.raw("--recompute-method");
+  if (granularity == "full") {
+    if (!method) throw usage_error("--recompute-granularity full needs --recompute-method uniform|block");
+    m.recompute = Recompute::Full;
+    m.recompute_method = *method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
+    if (!p.raw("--recompute-num-layers"))
+      throw usage_error("--recompute-granularity full needs --recompute-num-layers");
+    m.recompute_num_layers = static_cast<int>(positive(p, "--recompute-num-layers"));
+  } else if (granularity == "selective") {
+    if (method || p.raw("--recompute-num-layers"))
+      throw usage_error("--recompute-method and --recompute-num-layers go with --recompute-granularity full, "
+                        "not selective");
+    m.recompute = Recompute::Selective;
+  } else if (method || p.raw("--recompute-num-layers")) {
+    throw usage_error("--recompute-method / --recompute-num-layers need --recompute-granularity full");
+  }
   int64_t seed = p.get_int("--seed");
   if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
   m.seed = static_cast<uint32_t>(seed);
@@ -333,6 +374,32 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
                           std::to_string(a.micro_batch_size) + " × " + std::to_string(dp) + ")");
   a.log_interval = static_cast<int>(positive(p, "--log-interval"));
   a.log_throughput = p.get_bool("--log-throughput");
+  if (auto peak = p.get_opt_float("--peak-tflops-per-device")) {
+    if (!(*peak > 0)) throw usage_error("--peak-tflops-per-device must be > 0");
+    a.peak_tflops_per_device = *peak;
+  }
+  a.tensorboard_dir = p.get_string("--tensorboard-dir");
+  a.tensorboard_log_interval = static_cast<int>(positive(p, "--tensorboard-log-interval"));
+  a.log_loss_scale_to_tensorboard = p.raw("--no-log-loss-scale-to-tensorboard").value_or("True") == "True";
+  a.log_validation_ppl_to_tensorboard = p.get_bool("--log-validation-ppl-to-tensorboard");
+  a.log_memory_to_tensorboard = p.get_bool("--log-memory-to-tensorboard");
+
+  // Mixed precision: Megatron's choice of scaler (megatron.md §9).
+  a.fp16 = p.get_bool("--fp16");
+  a.bf16 = p.get_bool("--bf16");
+  if (a.fp16 && a.bf16) throw usage_error("--fp16 and --bf16 cannot both be given");
+  if (auto static_scale = p.get_opt_float("--loss-scale"); static_scale && (a.fp16 || a.bf16)) {
+    if (!(*static_scale > 0)) throw usage_error("--loss-scale must be > 0");
+    a.loss_scaler = LossScalerConfig{};
+    a.loss_scaler->dynamic = false;
+    a.loss_scaler->static_scale = *static_scale;
+  } else if (a.fp16) {
+    a.loss_scaler = LossScalerConfig{};
+    a.loss_scaler->initial_scale = p.get_float("--initial-loss-scale");
+    a.loss_scaler->min_scale = p.get_float("--min-loss-scale");
+    a.loss_scaler->window = static_cast<int>(positive(p, "--loss-scale-window"));
+    a.loss_scaler->hysteresis = static_cast<int>(positive(p, "--hysteresis"));
+  }
   a.eval_interval = static_cast<int>(positive(p, "--eval-interval"));
   a.eval_iters = static_cast<int>(p.get_int("--eval-iters"));
   d.seed = m.seed;
@@ -416,6 +483,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (p.raw("--exit-duration-in-mins")) a.exit_duration_minutes = static_cast<double>(positive(p, "--exit-duration-in-mins"));
   a.exit_signal_handler = p.get_bool("--exit-signal-handler");
   a.check_for_nan = p.raw("--no-check-for-nan-in-loss-and-grad").value_or("True") == "True";
+  // Under fp16 dynamic scaling an overflow belongs to the scaler (skip), not the NaN check.
+  if (a.loss_scaler && a.loss_scaler->dynamic) a.check_for_nan = false;
   a.dry_run = p.get_bool("--dry-run");
   if (auto z = p.get_opt_float("--skip-spikes")) {
     if (!(*z > 0)) throw usage_error("--skip-spikes must be > 0 (a z-score)");

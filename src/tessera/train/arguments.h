@@ -9,6 +9,7 @@
 
 #include "tessera/model/gpt_config.h"
 #include "tessera/model/model_partition.h"
+#include "tessera/optim/loss_scaler.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/core/options.h"
@@ -30,6 +31,16 @@ struct TrainArgs {
   std::optional<int64_t> train_samples;
   int log_interval = 100;
   bool log_throughput = false;
+  double peak_tflops_per_device = 0;  // 0: from the device table (train/throughput.h)
+  std::string tensorboard_dir;  // empty: no TensorBoard
+  int tensorboard_log_interval = 1;
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+
+  // Mixed precision (megatron.md §9): the GEMMs' format, fp32 master weights throughout.
+  bool fp16 = false, bf16 = false;
+  std::optional<LossScalerConfig> loss_scaler;  // fp16 (dynamic or static), or bf16 with --loss-scale
   int eval_interval = 1000;
   int eval_iters = 100;
 

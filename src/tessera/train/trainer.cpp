@@ -15,6 +15,7 @@
 #include "tessera/device/device.h"
 #include "tessera/ops/ops.h"
 #include "tessera/train/exit_signal.h"
+#include "tessera/train/throughput.h"
 
 namespace tessera {
 
@@ -108,6 +109,10 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_);
   if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, static_cast<int>(T), layout_);
   if (data.test) test_loader_ = std::make_unique<BatchLoader>(*data.test, static_cast<int>(T), layout_);
+  if (args.loss_scaler) loss_scaler_.emplace(*args.loss_scaler);
+  // Megatron's TensorBoard writer lives on the last rank, the one that has the loss.
+  if (!args.tensorboard_dir.empty() && log_rank() == log_world_size() - 1)
+    tensorboard_ = std::make_unique<metrics::TensorBoardWriter>(args.tensorboard_dir);
   if (!args.log_json.empty() && log_rank() == log_world_size() - 1) {  // the rank that logs
     log_json_.reset(std::fopen(args.log_json.c_str(), "a"));
     if (!log_json_) throw runtime_error("--log-json " + args.log_json + " cannot be opened for writing");
@@ -135,7 +140,8 @@ void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t
   mask_sums_[micro] = mask_sum;
 }
 
-std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training) {
+std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
+                                                    double loss_scale) {
   const int64_t num_micro = layout_.num_microbatches;
   const std::vector<int32_t>& samples = loader.global_batch(consumed);
   for (int64_t m = 0; m < num_micro; ++m) load_micro_batch(samples, m);
@@ -153,7 +159,7 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
     }
     // Megatron's default: the gradient of the mean over micro-batches of each micro-batch's
     // token-mean loss.
-    const float weight = static_cast<float>(1.0 / (mask_sums_[a.micro] * static_cast<double>(num_micro)));
+    const float weight = static_cast<float>(loss_scale / (mask_sums_[a.micro] * static_cast<double>(num_micro)));
     if (grad_buckets_ && a.micro + 1 == num_micro)
       model_.backward(a.chunk, slot, mb, step, weight,
                       [&](size_t first, size_t end) { grad_buckets_->mark_ready(first, end); });
@@ -202,15 +208,41 @@ double Trainer::global_grad_norm() {
   return std::sqrt(sum);
 }
 
+// Whether any rank holds a non-finite gradient (the loss scaler's found_inf), agreed by all.
+bool Trainer::found_non_finite_grad() {
+  int32_t found = 0;
+  for (const Tensor& g : model_.grads())
+    if (!std::isfinite(ops::sum_squares(g))) {
+      found = 1;
+      break;
+    }
+  if (Communicator* world = if_split(groups_.world))
+    world->all_reduce(Tensor(&found, DType::I32, {1}, &device_), ReduceOp::Max);
+  return found != 0;
+}
+
 IterationResult Trainer::train_step() {
   ++iteration_;
   IterationResult r;
   r.lr = scheduler_.lr();
+  r.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   model_.zero_grads();
-  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true);
+  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, r.loss_scale);
   r.lm_loss = loss_sum / mask_sum;
   r.tokens = args_.global_batch_size * args_.model.seq_length;
-  r.grad_norm = global_grad_norm();
+  // Megatron's fp16 step (megatron.md §9): an overflow in the scaled gradients skips the
+  // update, clipping and the scheduler; the scaler backs off (or grows) either way.
+  if (loss_scaler_) {
+    const bool overflow = found_non_finite_grad();
+    loss_scaler_->update(overflow);
+    if (overflow) {
+      r.skipped = true;
+      r.grad_norm = std::nan("");
+      consumed_samples_ += args_.global_batch_size;
+      return r;
+    }
+  }
+  r.grad_norm = global_grad_norm() / r.loss_scale;
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   if (args_.skip_spikes > 0) {
     // The same values on every replica, so every replica decides alike.
@@ -219,7 +251,8 @@ IterationResult Trainer::train_step() {
     grad_norm_window_.push(r.grad_norm);
   }
   if (!r.skipped) {
-    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm));
+    // Unscaling folds into the clipping coefficient: one pass over the gradients.
+    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / r.loss_scale);
     scheduler_.step(args_.global_batch_size);
   }
   consumed_samples_ += args_.global_batch_size;  // consumed even when skipped, as Megatron counts
@@ -259,9 +292,39 @@ double Trainer::evaluate(const char* split) {
   return loss_sum / mask_sum;
 }
 
+// The scalars Megatron's training_log writes, under its tag names, each also against the
+// consumed samples ("... vs samples").
+void Trainer::write_tensorboard(const IterationResult& r) {
+  auto both = [&](const std::string& tag, double value) {
+    tensorboard_->add_scalar(tag, value, iteration_);
+    tensorboard_->add_scalar(tag + " vs samples", value, consumed_samples_);
+  };
+  both("learning-rate", r.lr);
+  both("batch-size", static_cast<double>(args_.global_batch_size));
+  if (!r.skipped) both("lm loss", r.lm_loss);
+  if (args_.log_loss_scale_to_tensorboard) both("loss-scale", r.loss_scale);
+  tensorboard_->add_scalar("world-size", log_world_size(), iteration_);
+  if (!r.skipped && args_.optimizer.clip_grad > 0) both("grad-norm", r.grad_norm);
+  if (args_.log_memory_to_tensorboard) {
+    tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(device_.allocated_bytes()), iteration_);
+    tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(device_.peak_allocated_bytes()),
+                             iteration_);
+  }
+}
+
 // Megatron's validation block (megatron.md §6.2).
 void Trainer::print_evaluation(const std::string& prefix, const char* split) {
   const double loss = evaluate(split);
+  if (tensorboard_) {
+    const std::string tag = std::string("lm loss ") + split;
+    tensorboard_->add_scalar(tag, loss, iteration_);
+    tensorboard_->add_scalar(tag + " vs samples", loss, consumed_samples_);
+    if (args_.log_validation_ppl_to_tensorboard) {
+      tensorboard_->add_scalar(tag + " ppl", std::exp(std::min(20.0, loss)), iteration_);
+      tensorboard_->add_scalar(tag + " ppl vs samples", std::exp(std::min(20.0, loss)), consumed_samples_);
+    }
+    tensorboard_->flush();
+  }
   char buf[256];
   std::snprintf(buf, sizeof(buf), " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", prefix.c_str(),
                 loss, std::exp(std::min(20.0, loss)));
@@ -300,6 +363,7 @@ void Trainer::train() {
       ++advanced;
     }
     tokens += r.tokens;
+    if (tensorboard_ && iteration_ % args_.tensorboard_log_interval == 0) write_tensorboard(r);
     if (iteration_ % args_.log_interval == 0) {
       const double elapsed = std::chrono::duration<double>(clock::now() - interval_start).count();
       log_line(r, loss_sum, advanced, skipped, elapsed, tokens);
@@ -348,16 +412,11 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
   line += buf;
   std::snprintf(buf, sizeof(buf), " elapsed time per iteration (ms): %.1f |", ms_per_iter);
   line += buf;
+  // Megatron's formula (megatron.md §6.1), per device: the world shares the iteration.
+  const double tflops_per_device =
+      megatron_flops_per_iteration(args_) / (ms_per_iter / 1000.0 * 1e12) / log_world_size();
   if (args_.log_throughput) {
-    // Megatron's formula (megatron.md §6.1) for a dense model with MHA and GELU.
-    const GPTConfig& m = args_.model;
-    const double Bg = static_cast<double>(args_.global_batch_size), s = m.seq_length, L = m.num_layers,
-                 H = m.hidden_size;
-    const double attn = (1.0 + 1.0 + s / H) * (static_cast<double>(m.kv_channels) * m.num_attention_heads / H);
-    const double mlp = static_cast<double>(m.ffn_hidden_size) / H;
-    const double logit = static_cast<double>(m.padded_vocab_size) / (2.0 * L * H);
-    const double flops = 12.0 * Bg * s * L * H * H * (attn + mlp + logit);
-    std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.1f |", flops / (ms_per_iter / 1000.0 * 1e12));
+    std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.1f |", tflops_per_device);
     line += buf;
   }
   std::snprintf(buf, sizeof(buf), " learning rate: %.6E |", lr_next);
@@ -368,7 +427,8 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
     std::snprintf(buf, sizeof(buf), " lm loss: %.6E |", lm_loss);
     line += buf;
   }
-  line += " loss scale: 1.0 |";
+  std::snprintf(buf, sizeof(buf), " loss scale: %.1f |", last.loss_scale);
+  line += buf;
   if (args_.optimizer.clip_grad > 0 && !last.skipped) {
     std::snprintf(buf, sizeof(buf), " grad norm: %.3f |", last.grad_norm);
     line += buf;
@@ -377,12 +437,26 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
   line += buf;
   std::snprintf(buf, sizeof(buf), " tokens per second: %.1f |", tokens_per_s);
   line += buf;
+  if (args_.log_throughput) {
+    if (const std::optional<DevicePeak> peak = device_peak(device_.name(), args_)) {
+      std::snprintf(buf, sizeof(buf), " MFU: %.1f%% of %s |", 100.0 * tflops_per_device / peak->tflops,
+                    peak->label.c_str());
+      line += buf;
+    } else {
+      line += " MFU: unknown peak for device " + device_.name() + " (set --peak-tflops-per-device) |";
+    }
+  }
   print_rank_last("%s", line.c_str());
+  if (tensorboard_) {
+    if (args_.log_throughput) tensorboard_->add_scalar("throughput", tflops_per_device, iteration_);
+    tensorboard_->add_scalar("tokens-per-second", tokens_per_s, iteration_);
+    tensorboard_->flush();
+  }
 
   if (log_json_) {
     nlohmann::json j = {{"iteration", iteration_},        {"consumed_samples", consumed_samples_},
                         {"lm_loss", lm_loss},             {"grad_norm", last.grad_norm},
-                        {"learning_rate", lr_next},       {"loss_scale", 1.0},
+                        {"learning_rate", lr_next},       {"loss_scale", last.loss_scale},
                         {"elapsed_ms_per_iteration", ms_per_iter}, {"tokens_per_second", tokens_per_s},
                         {"skipped_iterations", skipped},  {"nan_iterations", 0},
                         {"allocated_bytes", device_.allocated_bytes()}};

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "tessera/comm/communicator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/metrics/tensorboard_writer.h"
 #include "tessera/model/gpt.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/optimizer.h"
@@ -26,7 +28,8 @@ struct IterationResult {
   double grad_norm = 0.0;  // before clipping
   double lr = 0.0;         // the learning rate this iteration's update used
   int64_t tokens = 0;      // tokens processed
-  bool skipped = false;    // the update was skipped (--skip-spikes)
+  bool skipped = false;    // the update was skipped (--skip-spikes, an fp16 overflow)
+  double loss_scale = 1.0; // the scale this iteration's backward used
 };
 
 // The groups one rank trains in (parallel/topology.h). A null member, or a group of one,
@@ -78,12 +81,16 @@ class Trainer {
   // Runs the pipeline schedule (forward, and backward when training) over this rank's
   // micro-batches of one global batch; returns the masked loss sum and the mask sum over the
   // global batch, on every rank.
-  std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training);
+  // Training scales the loss by loss_scale (fp16's loss scaler).
+  std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
+                                             double loss_scale = 1.0);
+  bool found_non_finite_grad();
   // After backward: data-parallel averaging, then the gradients several ranks share.
   void finalize_grads();
   // The global gradient norm over the model-parallel ranks, each parameter counted once.
   double global_grad_norm();
   void print_evaluation(const std::string& prefix, const char* split);
+  void write_tensorboard(const IterationResult& r);
   [[noreturn]] void report_non_finite(const IterationResult& r) const;
   // Why training should stop after this iteration (nullptr: it should not).
   const char* exit_reason(std::chrono::steady_clock::time_point start);
@@ -98,6 +105,8 @@ class Trainer {
   std::unique_ptr<GradBuckets> grad_buckets_;  // with data parallelism
   PipelineExecutor train_pipeline_, eval_pipeline_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::optional<LossScaler> loss_scaler_;  // --fp16, or --loss-scale with --bf16
+  std::unique_ptr<metrics::TensorBoardWriter> tensorboard_;  // --tensorboard-dir, on the logging rank
   LrScheduler scheduler_;
   Buffer batch_slab_;
   std::vector<MicroBatch> batches_;  // this rank's micro-batches of the current global batch

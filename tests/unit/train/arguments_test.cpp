@@ -97,8 +97,8 @@ TEST(TrainArguments, InvalidValuesNameTheFlag) {
 }
 
 TEST(TrainArguments, UnsupportedMegatronFlagVersusUnknownFlag) {
-  std::string e = error_of(with({"--fp16"}));
-  EXPECT_NE(e.find("--fp16 is a Megatron-LM flag that tessera does not support yet"), std::string::npos) << e;
+  std::string e = error_of(with({"--swiglu"}));
+  EXPECT_NE(e.find("--swiglu is a Megatron-LM flag that tessera does not support yet"), std::string::npos) << e;
   e = error_of(with({"--num-layer", "2"}));
   EXPECT_NE(e.find("unknown flag --num-layer"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean --num-layers?"), std::string::npos) << e;

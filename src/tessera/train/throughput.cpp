@@ -1,0 +1,40 @@
+#include "tessera/train/throughput.h"
+
+#include <cstdio>
+
+namespace tessera {
+
+double megatron_flops_per_iteration(const TrainArgs& args) {
+  const GPTConfig& m = args.model;
+  const double B = static_cast<double>(args.global_batch_size), s = m.seq_length, L = m.num_layers,
+               H = m.hidden_size;
+  const double attn = (1.0 + 1.0 + s / H) * (static_cast<double>(m.kv_channels) * m.num_attention_heads / H);
+  const double mlp = static_cast<double>(m.ffn_hidden_size) / H;
+  const double logit = static_cast<double>(m.padded_vocab_size) / (2.0 * L * H);
+  return 12.0 * B * s * L * H * H * (attn + mlp + logit);
+}
+
+std::optional<DevicePeak> device_peak(const std::string& device_name, const TrainArgs& args) {
+  char buf[128];
+  if (args.peak_tflops_per_device > 0) {
+    std::snprintf(buf, sizeof(buf), "--peak-tflops-per-device %g", args.peak_tflops_per_device);
+    return DevicePeak{args.peak_tflops_per_device, buf};
+  }
+  // Vendor dense peaks (no sparsity): tensor-core bf16/fp16, and fp32 without TF32.
+  struct Row {
+    const char* name;
+    double half, fp32;
+  };
+  static const Row kTable[] = {{"H200", 989, 67}, {"H100", 989, 67}, {"A100", 312, 19.5}, {"L40S", 362, 91.6}};
+  for (const Row& r : kTable) {
+    if (device_name.find(r.name) == std::string::npos) continue;
+    const bool half = args.bf16 || args.fp16;
+    const double peak = half ? r.half : r.fp32;
+    std::snprintf(buf, sizeof(buf), "%s %s dense %g TFLOP/s", r.name, half ? (args.bf16 ? "bf16" : "fp16") : "fp32",
+                  peak);
+    return DevicePeak{peak, buf};
+  }
+  return std::nullopt;
+}
+
+}  // namespace tessera
