@@ -144,9 +144,9 @@ def test_layout_errors(tmp):
 def test_two_hosts(tmp):
     """The two-server guide's layout, TP=2 x PP=2 x DP=4 over 2 nodes x 8 processes, on two
     network-namespace hosts, against one process."""
-    flags = NO_DROPOUT + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                          "--global-batch-size", "16", "--num-layers", "4"]
-    reference, _ = train(tmp, "single guide", 1, flags, 0)
+    model = NO_DROPOUT + ["--global-batch-size", "16", "--num-layers", "4"]
+    flags = model + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+    reference, _ = train(tmp, "single guide", 1, model, 0)
     netns.set_up()  # exits 77 without the rights to make namespaces
     try:
         path = os.path.join(tmp, "two_hosts.jsonl")

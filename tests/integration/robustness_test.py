@@ -119,8 +119,39 @@ def test_out_of_memory():
     print("ok  a failed allocation names sizes and flags")
 
 
+def megatron_rampup(start, increment, samples, global_batch, train_samples):
+    """Megatron's RampupBatchsizeNumMicroBatches and update_train_iters, re-implemented."""
+    per_increment = samples / ((global_batch - start) // increment)
+    def current(consumed):
+        return global_batch if consumed > samples else start + int(consumed / per_increment) * increment
+    consumed, iterations = 0, 0
+    while consumed <= samples:
+        consumed += current(consumed)
+        iterations += 1
+    iterations += (train_samples - consumed) // global_batch
+    sizes, consumed = [], 0
+    for _ in range(iterations):
+        sizes.append(current(consumed))
+        consumed += sizes[-1]
+    return sizes
+
+
+def test_rampup(tmp):
+    flags = [f for f in TINY if f not in ("--train-iters", "8")] + [
+        "--global-batch-size", "12", "--train-samples", "80", "--rampup-batch-size", "4", "4", "32"]
+    log = os.path.join(tmp, "rampup.jsonl")
+    out = run(flags + ["--log-json", log]).stdout
+    sizes = [int(m) for m in re.findall(r"global batch size: +(\d+) \|", out)]
+    assert sizes == megatron_rampup(4, 4, 32, 12, 80), (sizes, megatron_rampup(4, 4, 32, 12, 80))
+    consumed = [r["consumed_samples"] for r in records(log)]
+    assert consumed == [sum(sizes[:i + 1]) for i in range(len(sizes))], consumed
+    assert "needs sample-based training" in run(TINY + ["--rampup-batch-size", "2", "2", "8"], expect_rc=2).stderr
+    print("ok  --rampup-batch-size follows Megatron's ramp", sizes)
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        test_rampup(tmp)
         test_throughput_line()
         test_out_of_memory()
         test_recompute(tmp)

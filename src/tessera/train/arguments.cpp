@@ -63,6 +63,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--global-batch-size", K::Int, nullptr, "Samples per iteration; default micro-batch * data-parallel size"},
       {"--train-iters", K::Int, nullptr, "Iterations to train"},
       {"--train-samples", K::Int, nullptr, "Samples to train (sample-based training)"},
+      {"--rampup-batch-size", K::List, nullptr,
+       "START INCREMENT SAMPLES: grow the global batch from START by INCREMENT over SAMPLES samples"},
       {"--log-interval", K::Int, "100", "Iterations between log lines"},
       {"--log-throughput", K::StoreTrue, nullptr, "Add TFLOP/s per device (and MFU) to the log line"},
       {"--peak-tflops-per-device", K::Float, nullptr,
@@ -203,6 +205,14 @@ const OptionTable& train_option_table() {
   // Megatron's parser sets allow_abbrev=False.
   static const OptionTable table("tessera train", train_option_defs(), {is_megatron_flag, false});
   return table;
+}
+
+int64_t TrainArgs::global_batch_at(int64_t consumed) const {
+  if (!rampup || consumed > rampup->samples) return global_batch_size;
+  const int64_t increments = (global_batch_size - rampup->start) / rampup->increment;
+  const double samples_per_increment = static_cast<double>(rampup->samples) / static_cast<double>(increments);
+  const int64_t steps = static_cast<int64_t>(static_cast<double>(consumed) / samples_per_increment);
+  return std::min(global_batch_size, rampup->start + steps * rampup->increment);
 }
 
 TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int world_size) {
@@ -406,6 +416,33 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   d.seq_length = m.seq_length;
   if (a.eval_iters < 0) throw usage_error("--eval-iters must be >= 0");
 
+  // Batch-size ramp-up: every global batch of the ramp must split into micro-batches of
+  // every data-parallel rank (and, interleaved, into multiples of the pipeline size).
+  if (std::vector<std::string> ramp = p.get_list("--rampup-batch-size"); !ramp.empty()) {
+    if (ramp.size() != 3) throw usage_error("--rampup-batch-size takes three values: START INCREMENT SAMPLES");
+    TrainArgs::BatchRampup r;
+    try {
+      r = {std::stoll(ramp[0]), std::stoll(ramp[1]), std::stoll(ramp[2])};
+    } catch (const std::exception&) {
+      throw usage_error("--rampup-batch-size takes three integers: START INCREMENT SAMPLES");
+    }
+    const int64_t unit = a.micro_batch_size * dp;
+    if (r.start <= 0 || r.increment <= 0 || r.samples <= 0 || r.start > a.global_batch_size ||
+        (a.global_batch_size - r.start) % r.increment != 0)
+      throw usage_error("--rampup-batch-size " + ramp[0] + " " + ramp[1] + " " + ramp[2] +
+                        ": START and INCREMENT must be positive and step from START to --global-batch-size " +
+                        std::to_string(a.global_batch_size));
+    if (r.start % unit != 0 || r.increment % unit != 0)
+      throw usage_error("--rampup-batch-size START and INCREMENT must be multiples of --micro-batch-size x "
+                        "data-parallel size (" + std::to_string(unit) + ")");
+    if (r.start < a.global_batch_size) a.rampup = r;  // else there is nothing to ramp
+    if (a.pipeline_split.virtual_stages > 1)
+      for (int64_t b = r.start; b <= a.global_batch_size; b += r.increment)
+        if ((b / unit) % pp != 0)
+          throw usage_error("the interleaved schedule needs micro-batches divisible by --pipeline-model-parallel-size; "
+                            "the ramp's global batch " + std::to_string(b) + " gives " + std::to_string(b / unit));
+  }
+
   // Iterations or samples, and the schedule in samples (megatron.md §7).
   const int64_t gbs = a.global_batch_size;
   LrScheduleConfig& s = a.lr_schedule;
@@ -419,6 +456,13 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
                         "--lr-warmup-samples, --lr-wsd-decay-samples), not the *-iters ones");
     a.train_samples = positive(p, "--train-samples");
     a.train_iters = *a.train_samples / gbs;
+    if (a.rampup) {
+      // Megatron's update_train_iters: the ramp's iterations (through the first batch that
+      // starts beyond SAMPLES), then whole global batches; a partial last batch is dropped.
+      int64_t consumed = 0, iterations = 0;
+      while (consumed <= a.rampup->samples) consumed += a.global_batch_at(consumed), ++iterations;
+      a.train_iters = iterations + (*a.train_samples - consumed) / gbs;
+    }
     s.decay_steps = p.get_opt_int("--lr-decay-samples").value_or(*a.train_samples);
     s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
                                      : p.get_int("--lr-warmup-samples");
@@ -430,6 +474,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     if (p.raw("--lr-decay-samples") || p.get_int("--lr-warmup-samples") != 0 || p.raw("--lr-wsd-decay-samples"))
       throw usage_error("with --train-iters, use the *-iters schedule flags (--lr-decay-iters, --lr-warmup-iters, "
                         "--lr-wsd-decay-iters), not the *-samples ones");
+    if (a.rampup)
+      throw usage_error("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron");
     a.train_iters = positive(p, "--train-iters");
     s.decay_steps = p.get_opt_int("--lr-decay-iters").value_or(a.train_iters) * gbs;
     if (warmup_fraction && p.get_int("--lr-warmup-iters") != 0)

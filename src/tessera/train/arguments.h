@@ -75,7 +75,20 @@ struct TrainArgs {
   int64_t ddp_bucket_size = 0;  // elements; Megatron's default max(4e7, 1e6 x DP) with overlap
   std::string distributed_backend;
 
+  // --rampup-batch-size START INCREMENT SAMPLES (Megatron's RampupBatchsizeNumMicroBatches).
+  struct BatchRampup {
+    int64_t start = 0, increment = 0, samples = 0;
+  };
+  std::optional<BatchRampup> rampup;
+
+  // The most micro-batches per data-parallel rank in an iteration (the full global batch).
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
+  // The global batch of the iteration that starts after `consumed` samples: with a ramp-up,
+  // start + increment per SAMPLES/((global - start)/increment) consumed, until SAMPLES.
+  int64_t global_batch_at(int64_t consumed) const;
+  int64_t num_microbatches_at(int64_t consumed) const {
+    return global_batch_at(consumed) / (micro_batch_size * data_parallel_size);
+  }
 };
 
 // Whether Megatron-LM core_r0.10.0 has this flag (megatron_flags.inc).

@@ -4,8 +4,8 @@
 
 namespace tessera {
 
-BatchLoader::BatchLoader(SampleSource& source, int seq_length, SamplerLayout layout)
-    : source_(source), row_(seq_length + 1), layout_(layout) {
+BatchLoader::BatchLoader(SampleSource& source, int seq_length, SamplerLayout layout, MicroBatchCount micro_batches_at)
+    : source_(source), row_(seq_length + 1), layout_(layout), micro_batches_at_(std::move(micro_batches_at)) {
   const size_t size = static_cast<size_t>(layout.num_microbatches * layout.micro_batch * row_);
   current_.resize(size);
   next_.resize(size);
@@ -21,9 +21,14 @@ BatchLoader::~BatchLoader() {
   thread_.join();
 }
 
+int64_t BatchLoader::micro_batches_at(int64_t consumed) const {
+  return micro_batches_at_ ? micro_batches_at_(consumed) : layout_.num_microbatches;
+}
+
 void BatchLoader::fill(std::vector<int32_t>& out, int64_t consumed) {
   int32_t* row = out.data();
-  for (int64_t m = 0; m < layout_.num_microbatches; ++m)
+  const int64_t micro_batches = micro_batches_at(consumed);
+  for (int64_t m = 0; m < micro_batches; ++m)
     for (int64_t b = 0; b < layout_.micro_batch; ++b, row += row_)
       source_.fill(layout_.sample_index(consumed, m, b), row);
 }
@@ -63,7 +68,7 @@ const std::vector<int32_t>& BatchLoader::global_batch(int64_t consumed) {
     fill(current_, consumed);  // not prefetched (first batch, or a jump such as a resume)
   }
   ready_ = -1;
-  requested_ = consumed + layout_.global_batch();
+  requested_ = consumed + micro_batches_at(consumed) * layout_.micro_batch * layout_.dp_size;
   cv_.notify_all();
   return current_;
 }

@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -28,23 +29,28 @@ struct SamplerLayout {
 
 class BatchLoader {
  public:
-  BatchLoader(SampleSource& source, int seq_length, SamplerLayout layout);
+  // layout.num_microbatches is the most a batch has; with --rampup-batch-size,
+  // micro_batches_at(consumed) gives the count of the batch starting at `consumed`.
+  using MicroBatchCount = std::function<int64_t(int64_t consumed)>;
+  BatchLoader(SampleSource& source, int seq_length, SamplerLayout layout, MicroBatchCount micro_batches_at = nullptr);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
   // This rank's samples of the global batch that starts at `consumed`, as
-  // [num_microbatches * micro_batch, seq_length + 1] token ids; starts prefetching the
-  // batch after it. The reference stays valid until the next call.
+  // [micro-batches * micro_batch, seq_length + 1] token ids; starts prefetching the batch
+  // after it. The reference stays valid until the next call.
   const std::vector<int32_t>& global_batch(int64_t consumed);
 
  private:
+  int64_t micro_batches_at(int64_t consumed) const;
   void fill(std::vector<int32_t>& out, int64_t consumed);
   void worker();
 
   SampleSource& source_;
   const int row_;
   const SamplerLayout layout_;
+  const MicroBatchCount micro_batches_at_;
   std::vector<int32_t> current_, next_;
   std::mutex mutex_;
   std::condition_variable cv_;

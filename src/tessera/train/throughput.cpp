@@ -4,9 +4,9 @@
 
 namespace tessera {
 
-double megatron_flops_per_iteration(const TrainArgs& args) {
+double megatron_flops_per_iteration(const TrainArgs& args, int64_t global_batch) {
   const GPTConfig& m = args.model;
-  const double B = static_cast<double>(args.global_batch_size), s = m.seq_length, L = m.num_layers,
+  const double B = static_cast<double>(global_batch), s = m.seq_length, L = m.num_layers,
                H = m.hidden_size;
   const double attn = (1.0 + 1.0 + s / H) * (static_cast<double>(m.kv_channels) * m.num_attention_heads / H);
   const double mlp = static_cast<double>(m.ffn_hidden_size) / H;

@@ -9,9 +9,9 @@
 
 namespace tessera {
 
-// Megatron's num_floating_point_operations for one iteration of the global batch
+// Megatron's num_floating_point_operations for one iteration of `global_batch` samples
 // (forward + backward, 3x the forward's matmuls, logits included).
-double megatron_flops_per_iteration(const TrainArgs& args);
+double megatron_flops_per_iteration(const TrainArgs& args, int64_t global_batch);
 
 struct DevicePeak {
   double tflops = 0;   // dense peak per device in the run's precision

@@ -45,9 +45,9 @@ void sum_in_rank_order(Communicator* group, std::vector<double>& values, Device&
     for (int i = 0; i < k; ++i) values[i] += all[r * k + i];
 }
 
-PipelineSchedule training_schedule(const TrainArgs& args) {
+PipelineSchedule training_schedule(const TrainArgs& args, int64_t num_micro) {
   return make_pipeline_schedule(args.pipeline_parallel_size, args.pipeline_split.virtual_stages,
-                                static_cast<int>(args.num_microbatches()));
+                                static_cast<int>(num_micro));
 }
 
 PipelineSchedule evaluation_schedule(const TrainArgs& args) {
@@ -65,7 +65,9 @@ std::string timestamp() {
 }  // namespace
 
 std::pair<std::vector<int>, std::vector<int>> Trainer::pipeline_slots(const TrainArgs& args, int pp_rank) {
-  const PipelineExecutor train(training_schedule(args), pp_rank), eval(evaluation_schedule(args), pp_rank);
+  // The full global batch needs the most slots (a ramp-up's smaller batches fewer).
+  const PipelineExecutor train(training_schedule(args, args.num_microbatches()), pp_rank),
+      eval(evaluation_schedule(args), pp_rank);
   std::vector<int> act = train.act_slots(), io = train.io_slots();
   for (size_t c = 0; c < act.size(); ++c) {
     act[c] = std::max(act[c], eval.act_slots()[c]);
@@ -80,7 +82,6 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
       device_(device),
       groups_(groups),
       dp_(if_split(groups.dp)),
-      train_pipeline_(training_schedule(args), groups.pp ? groups.pp->rank() : 0),
       eval_pipeline_(evaluation_schedule(args), groups.pp ? groups.pp->rank() : 0),
       optimizer_(std::make_unique<Optimizer>(args.optimizer, optimizer_params(model), device)),
       scheduler_(args.lr_schedule) {
@@ -106,7 +107,9 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   }
   masks_ = data.masks;
   TESSERA_CHECK(data.train != nullptr, "no training samples");
-  train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_);
+  train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_, [&args](int64_t consumed) {
+    return args.num_microbatches_at(consumed);
+  });
   if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, static_cast<int>(T), layout_);
   if (data.test) test_loader_ = std::make_unique<BatchLoader>(*data.test, static_cast<int>(T), layout_);
   if (args.loss_scaler) loss_scaler_.emplace(*args.loss_scaler);
@@ -140,9 +143,17 @@ void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t
   mask_sums_[micro] = mask_sum;
 }
 
+const PipelineExecutor& Trainer::training_pipeline(int64_t num_micro) {
+  auto it = train_pipelines_.find(num_micro);
+  if (it == train_pipelines_.end())
+    it = train_pipelines_.try_emplace(num_micro, training_schedule(args_, num_micro),
+                                      groups_.pp ? groups_.pp->rank() : 0).first;
+  return it->second;
+}
+
 std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
                                                     double loss_scale) {
-  const int64_t num_micro = layout_.num_microbatches;
+  const int64_t num_micro = training ? args_.num_microbatches_at(consumed) : layout_.num_microbatches;
   const std::vector<int32_t>& samples = loader.global_batch(consumed);
   for (int64_t m = 0; m < num_micro; ++m) load_micro_batch(samples, m);
   std::vector<double> sums = {0.0, 0.0};  // masked loss, mask (on the stage with the loss)
@@ -166,7 +177,7 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
     else
       model_.backward(a.chunk, slot, mb, step, weight);
   };
-  (training ? train_pipeline_ : eval_pipeline_).run(model_, if_split(groups_.pp), compute);
+  (training ? training_pipeline(num_micro) : eval_pipeline_).run(model_, if_split(groups_.pp), compute);
   if (training) finalize_grads();
   // Loss sums over the replicas, then from the last stage to every stage.
   sum_in_rank_order(dp_, sums, device_);
@@ -226,10 +237,11 @@ IterationResult Trainer::train_step() {
   IterationResult r;
   r.lr = scheduler_.lr();
   r.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
+  r.global_batch = args_.global_batch_at(consumed_samples_);
   model_.zero_grads();
   auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, r.loss_scale);
   r.lm_loss = loss_sum / mask_sum;
-  r.tokens = args_.global_batch_size * args_.model.seq_length;
+  r.tokens = r.global_batch * args_.model.seq_length;
   // Megatron's fp16 step (megatron.md §9): an overflow in the scaled gradients skips the
   // update, clipping and the scheduler; the scaler backs off (or grows) either way.
   if (loss_scaler_) {
@@ -238,7 +250,7 @@ IterationResult Trainer::train_step() {
     if (overflow) {
       r.skipped = true;
       r.grad_norm = std::nan("");
-      consumed_samples_ += args_.global_batch_size;
+      consumed_samples_ += r.global_batch;
       return r;
     }
   }
@@ -253,9 +265,9 @@ IterationResult Trainer::train_step() {
   if (!r.skipped) {
     // Unscaling folds into the clipping coefficient: one pass over the gradients.
     optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / r.loss_scale);
-    scheduler_.step(args_.global_batch_size);
+    scheduler_.step(r.global_batch);
   }
-  consumed_samples_ += args_.global_batch_size;  // consumed even when skipped, as Megatron counts
+  consumed_samples_ += r.global_batch;  // consumed even when skipped, as Megatron counts
   return r;
 }
 
@@ -300,7 +312,7 @@ void Trainer::write_tensorboard(const IterationResult& r) {
     tensorboard_->add_scalar(tag + " vs samples", value, consumed_samples_);
   };
   both("learning-rate", r.lr);
-  both("batch-size", static_cast<double>(args_.global_batch_size));
+  both("batch-size", static_cast<double>(r.global_batch));
   if (!r.skipped) both("lm loss", r.lm_loss);
   if (args_.log_loss_scale_to_tensorboard) both("loss-scale", r.loss_scale);
   tensorboard_->add_scalar("world-size", log_world_size(), iteration_);
@@ -414,14 +426,14 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
   line += buf;
   // Megatron's formula (megatron.md §6.1), per device: the world shares the iteration.
   const double tflops_per_device =
-      megatron_flops_per_iteration(args_) / (ms_per_iter / 1000.0 * 1e12) / log_world_size();
+      megatron_flops_per_iteration(args_, last.global_batch) / (ms_per_iter / 1000.0 * 1e12) / log_world_size();
   if (args_.log_throughput) {
     std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.1f |", tflops_per_device);
     line += buf;
   }
   std::snprintf(buf, sizeof(buf), " learning rate: %.6E |", lr_next);
   line += buf;
-  std::snprintf(buf, sizeof(buf), " global batch size: %5lld |", static_cast<long long>(args_.global_batch_size));
+  std::snprintf(buf, sizeof(buf), " global batch size: %5lld |", static_cast<long long>(last.global_batch));
   line += buf;
   if (lm_loss > 0) {
     std::snprintf(buf, sizeof(buf), " lm loss: %.6E |", lm_loss);

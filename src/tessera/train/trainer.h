@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -30,6 +31,7 @@ struct IterationResult {
   int64_t tokens = 0;      // tokens processed
   bool skipped = false;    // the update was skipped (--skip-spikes, an fp16 overflow)
   double loss_scale = 1.0; // the scale this iteration's backward used
+  int64_t global_batch = 0;  // samples in this iteration (smaller during --rampup-batch-size)
 };
 
 // The groups one rank trains in (parallel/topology.h). A null member, or a group of one,
@@ -85,6 +87,7 @@ class Trainer {
   std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
                                              double loss_scale = 1.0);
   bool found_non_finite_grad();
+  const PipelineExecutor& training_pipeline(int64_t num_micro);
   // After backward: data-parallel averaging, then the gradients several ranks share.
   void finalize_grads();
   // The global gradient norm over the model-parallel ranks, each parameter counted once.
@@ -103,7 +106,9 @@ class Trainer {
   TrainerGroups groups_;
   Communicator* dp_;  // groups_.dp when it has more than one rank
   std::unique_ptr<GradBuckets> grad_buckets_;  // with data parallelism
-  PipelineExecutor train_pipeline_, eval_pipeline_;
+  // Training schedules by micro-batch count (one, unless the batch size ramps up).
+  std::map<int64_t, PipelineExecutor> train_pipelines_;
+  PipelineExecutor eval_pipeline_;
   std::unique_ptr<Optimizer> optimizer_;
   std::optional<LossScaler> loss_scaler_;  // --fp16, or --loss-scale with --bf16
   std::unique_ptr<metrics::TensorBoardWriter> tensorboard_;  // --tensorboard-dir, on the logging rank
