@@ -8,7 +8,8 @@
 //   extra adds. Callers zero gradient buffers when a new accumulation starts.
 // - An empty Tensor (ptr == nullptr) for an optional input (bias) or gradient output
 //   means "absent" / "not needed".
-// - All floating tensors are f32 for now.
+// - All floating tensors are f32 for now (the linear layers' MathMode only changes how
+//   their GEMMs round).
 //
 // Shape legend: B batch, T sequence, C hidden, V padded vocabulary, Vl the vocabulary rows
 // (columns of logits) of this tensor-parallel rank, NH heads (local to this rank), HD head
@@ -62,11 +63,27 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd);
 
+// The arithmetic of the linear layers' GEMMs (Megatron's --bf16 / --fp16). Every tensor
+// stays f32 in every mode; the mode says how the GEMMs round:
+// - F32: f32 operands, f32 accumulation.
+// - BF16: both GEMM operands rounded to bfloat16 (round-to-nearest-even), products
+//   accumulated in f32; output, bias, dbias and the accumulation into gradients stay f32
+//   (Megatron's bf16 GEMMs and its fp32 main grads).
+// - FP16: emulated half storage: GEMM operands and the bias rounded to IEEE half, f32
+//   accumulation, and every result rounded to half: the forward's output and each
+//   backward contribution (dout @ W, dout^T @ inp, the column sums of dout) before it is
+//   added into its f32 gradient. A result beyond the half range (>= 65520 in magnitude)
+//   is +-inf, and so is any operand beyond it: the dynamic loss scaler must see these
+//   infs (in the gradients or the loss) and skip the step, as with Megatron's --fp16.
+enum class MathMode { F32, BF16, FP16 };
+
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
 // backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
-// (the same reduction as bias_add_backward).
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+// (the same reduction as bias_add_backward). mode: see MathMode (F32: the same bits as
+// before modes existed).
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode = MathMode::F32);
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     MathMode mode = MathMode::F32);
 
 // out[n,:] = inp[n,:] + bias; out, inp: [N,OC] (any leading dims), bias: [OC]. out may
 // alias inp. A row-parallel linear runs linear_forward without bias, all-reduces (or

@@ -7,19 +7,192 @@
 // The accumulating GEMMs use beta = 1, so gradient accumulation costs nothing extra.
 // bias_add_forward / bias_add_backward are the bias alone, for row-parallel linears that
 // add it after the tensor-parallel reduction.
+//
+// Math modes (ops.h MathMode): F32 is the code below as it always was. BF16 and FP16
+// convert each GEMM's operands into thread-local workspaces (low_precision.h) and
+// multiply them with f32 accumulation:
+//   BF16: operands as bf16 bits into gemm_bf16 (oneDNN) when this CPU has a oneDNN bf16
+//         kernel, else rounded to bf16 and kept as f32 for sgemm (products of bf16 values
+//         are exact in f32: the same arithmetic). Output, bias, dbias and the
+//         accumulation into gradients stay f32.
+//   FP16: operands (bias included) rounded to half and kept as f32 for sgemm (products of
+//         halves are exact in f32); each result (out, and the dinp / dW / dbias
+//         contributions) is rounded to half, so an overflow past 65504 is inf, and the
+//         contributions are then added into the f32 gradients.
+// The weight-row dimension OC is processed in tiles (lowp_tile_elements) so a 50k-row LM
+// head does not need a converted copy of the whole weight, logits or their gradient.
 #include <algorithm>
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/gemm.h"
+#include "tessera/ops/cpu/low_precision.h"
 
 namespace tessera::ops::cpu {
+namespace {
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+void check_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && out.numel() == N * OC && out.dim(-1) == OC &&
                     (bias.empty() || bias.numel() == OC),
                 "linear: inp " + shape_str(inp.shape) + ", weight " + shape_str(weight.shape) + ", out " +
                     shape_str(out.shape));
+}
+
+void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                    const Tensor& inp, const Tensor& weight) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && dout.numel() == N * OC && dout.dim(-1) == OC,
+                "linear backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape) + ", weight " +
+                    shape_str(weight.shape));
+  TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == OC * C) &&
+                    (dbias.empty() || dbias.numel() == OC),
+                "linear backward: gradient shapes");
+}
+
+// Column sums of dy[N,OC]: threads own column blocks and walk the rows in order
+// (deterministic for any thread count, vectorised along the row); finish(o, sum) is
+// called once per column.
+template <typename Finish>
+void column_sums(const float* dy, int64_t N, int64_t OC, Finish finish) {
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t o0 = blk * kBlock, len = std::min(kBlock, OC - o0);
+    float acc[kBlock] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = dy + n * OC + o0;
+#pragma omp simd
+      for (int64_t o = 0; o < len; ++o) acc[o] += row[o];
+    }
+    for (int64_t o = 0; o < len; ++o) finish(o0 + o, acc[o]);
+  }
+}
+
+// ---- BF16 / FP16 ------------------------------------------------------------------------
+
+// How a low-precision call converts and multiplies.
+struct Lowp {
+  MathMode mode;
+  bool bits;  // BF16 through oneDNN: operands as bf16 bits; otherwise rounded f32 values
+  explicit Lowp(MathMode m) : mode(m), bits(m == MathMode::BF16 && bf16_uses_onednn()) {}
+  size_t element_bytes() const { return bits ? 2 : 4; }
+  bool fp16() const { return mode == MathMode::FP16; }
+
+  void* buffer(Workspace slot, int64_t elements) const {
+    return workspace(slot, static_cast<size_t>(elements) * element_bytes());
+  }
+  // The rows x cols block of src (leading dimension ld) converted into contiguous dst.
+  void convert(void* dst, const float* src, int64_t rows, int64_t cols, int64_t ld) const {
+    if (bits)
+      convert_bf16(static_cast<uint16_t*>(dst), src, rows, cols, ld);
+    else if (mode == MathMode::BF16)
+      round_bf16(static_cast<float*>(dst), src, rows, cols, ld);
+    else
+      round_fp16(static_cast<float*>(dst), src, rows, cols, ld);
+  }
+  // C = op(A) @ op(B) + beta * C on converted operands.
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+            int64_t ldb, float beta, float* C, int64_t ldc) const {
+    if (bits)
+      gemm_bf16(ta, tb, M, N, K, 1.0f, static_cast<const uint16_t*>(A), lda, static_cast<const uint16_t*>(B), ldb,
+                beta, C, ldc);
+    else
+      sgemm(ta, tb, M, N, K, 1.0f, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta, C,
+            ldc);
+  }
+};
+
+// Weight rows per tile: the largest converted block (tile x C weight rows, N x tile dout
+// columns) stays within lowp_tile_elements; at least 64 rows, a multiple of 64.
+int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
+  const int64_t rows = std::max<int64_t>(64, lowp_tile_elements() / std::max<int64_t>({C, N, 1}) / 64 * 64);
+  return std::max<int64_t>(1, std::min(OC, rows));
+}
+
+void linear_forward_lowp(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  if (N == 0 || OC == 0) return;
+  const Lowp lp(mode);
+  float* y = out.f32();
+  float beta = 0.0f;
+  if (!bias.empty()) {  // pre-broadcast, the GEMMs add onto it (beta = 1), as in F32 mode
+    const float* b = bias.f32();
+    if (lp.fp16()) {
+      float* bh = static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(OC) * 4));
+      round_fp16(bh, b, 1, OC, OC);
+      b = bh;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) std::copy(b, b + OC, y + n * OC);
+    beta = 1.0f;
+  }
+  void* x = lp.buffer(Workspace::Input, N * C);
+  lp.convert(x, inp.f32(), N, C, C);
+  const int64_t tile = tile_rows(OC, C, N);
+  void* w = lp.buffer(Workspace::Weight, tile * C);
+  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
+    const int64_t len = std::min(tile, OC - o0);
+    lp.convert(w, weight.f32() + o0 * C, len, C, C);
+    lp.gemm(false, true, N, len, C, x, C, w, C, beta, y + o0, OC);
+  }
+  if (lp.fp16()) round_fp16(y, y, N, OC, OC);
+}
+
+void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                          MathMode mode) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  const Lowp lp(mode);
+  // BF16: the bias gradient is the f32 column sum of dout, exactly as in F32 mode.
+  if (!lp.fp16() && !dbias.empty()) bias_add_backward(dbias, dout);
+  const bool want_db = lp.fp16() && !dbias.empty();
+  if ((dinp.empty() && dweight.empty() && !want_db) || OC == 0) return;
+
+  void* x = nullptr;  // the converted input, for dW
+  if (!dweight.empty()) {
+    x = lp.buffer(Workspace::Input, N * C);
+    lp.convert(x, inp.f32(), N, C, C);
+  }
+  const int64_t tile = tile_rows(OC, C, N);
+  // FP16: the dinp contribution is summed over the tiles here, rounded to half at the end;
+  // BF16 accumulates straight into dinp (beta = 1).
+  float* dx = dinp.empty() ? nullptr
+              : lp.fp16()  ? static_cast<float*>(workspace(Workspace::Out, static_cast<size_t>(N * C) * 4))
+                           : dinp.f32();
+  float* dw_tile = lp.fp16() && !dweight.empty()
+                       ? static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(tile * C) * 4))
+                       : nullptr;
+  void* g = lp.buffer(Workspace::Dout, N * tile);
+  void* w = dinp.empty() ? nullptr : lp.buffer(Workspace::Weight, tile * C);
+  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
+    const int64_t len = std::min(tile, OC - o0);
+    lp.convert(g, dout.f32() + o0, N, len, OC);  // dout[:, o0:o0+len] as a contiguous [N, len]
+    if (!dinp.empty()) {
+      lp.convert(w, weight.f32() + o0 * C, len, C, C);
+      lp.gemm(false, false, N, C, len, g, len, w, C, lp.fp16() && o0 == 0 ? 0.0f : 1.0f, dx, C);
+    }
+    if (!dweight.empty()) {
+      if (lp.fp16()) {
+        lp.gemm(true, false, len, C, N, g, len, x, C, 0.0f, dw_tile, C);
+        add_rounded_fp16(dweight.f32() + o0 * C, dw_tile, len * C);
+      } else {
+        lp.gemm(true, false, len, C, N, g, len, x, C, 1.0f, dweight.f32() + o0 * C, C);
+      }
+    }
+    if (want_db) {
+      float* db = dbias.f32() + o0;
+      column_sums(static_cast<const float*>(g), N, len, [db](int64_t o, float sum) { db[o] += round_fp16(sum); });
+    }
+  }
+  if (lp.fp16() && !dinp.empty()) add_rounded_fp16(dinp.f32(), dx, N * C);
+}
+
+}  // namespace
+
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
+  check_forward(out, inp, weight, bias);
+  if (mode != MathMode::F32) return linear_forward_lowp(out, inp, weight, bias, mode);
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   float* y = out.f32();
   float beta = 0.0f;
   if (!bias.empty()) {
@@ -33,14 +206,11 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   sgemm(false, true, N, OC, C, 1.0f, inp.f32(), C, weight.f32(), C, beta, y, OC);
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     MathMode mode) {
+  check_backward(dinp, dweight, dbias, dout, inp, weight);
+  if (mode != MathMode::F32) return linear_backward_lowp(dinp, dweight, dbias, dout, inp, weight, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && dout.numel() == N * OC && dout.dim(-1) == OC,
-                "linear backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape) + ", weight " +
-                    shape_str(weight.shape));
-  TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == OC * C) &&
-                    (dbias.empty() || dbias.numel() == OC),
-                "linear backward: gradient shapes");
   const float* dy = dout.f32();
   if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, weight.f32(), C, 1.0f, dinp.f32(), C);
   if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, inp.f32(), C, 1.0f, dweight.f32(), C);
@@ -69,23 +239,8 @@ void bias_add_backward(Tensor dbias, Tensor dout) {
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
   const int64_t N = dout.numel() / OC;
-  const float* dy = dout.f32();
   float* db = dbias.f32();
-  // Column sums: threads own column blocks and walk the rows in order (deterministic for
-  // any thread count, vectorised along the row).
-  constexpr int64_t kBlock = 256;
-  const int64_t blocks = (OC + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t o0 = blk * kBlock, len = std::min(kBlock, OC - o0);
-    float acc[kBlock] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const float* row = dy + n * OC + o0;
-#pragma omp simd
-      for (int64_t o = 0; o < len; ++o) acc[o] += row[o];
-    }
-    for (int64_t o = 0; o < len; ++o) db[o0 + o] += acc[o];
-  }
+  column_sums(dout.f32(), N, OC, [db](int64_t o, float sum) { db[o] += sum; });
 }
 
 }  // namespace tessera::ops::cpu
