@@ -25,6 +25,7 @@ const Subcommand kSubcommands[] = {
     {"doctor", tessera::cli::run_doctor, "pre-flight checks of a training job on every rank (train's flags)"},
     {"ckpt", tessera::cli::run_ckpt, "checkpoints: inspect, export-hf, import-hf (Hugging Face GPT-2)"},
     {"bench", tessera::cli::run_bench, "benchmarks: comm (collectives, nccl-tests style)"},
+    {"flags", tessera::cli::run_flags, "status in tessera of every Megatron-LM training flag (docs/megatron-flags.md)"},
 };
 
 void print_usage() {

@@ -16,6 +16,8 @@ namespace {
 
 using K = OptKind;
 
+}  // namespace
+
 const OptionTable& preprocess_option_table() {
   static const OptionTable table(
       "tessera preprocess",
@@ -54,6 +56,8 @@ const OptionTable& preprocess_option_table() {
       {nullptr, true});
   return table;
 }
+
+namespace {
 
 int64_t in_range(const ParsedOptions& p, const char* flag, int64_t lo, int64_t hi) {
   int64_t v = p.get_int(flag);
