@@ -275,6 +275,29 @@ TEST(OpsPrecisionRounding, ArraysMatchScalarRoutinesAndHardware) {
   in_place = block;
   ops::cpu::round_fp16(in_place.data(), in_place.data(), 7, 40, 40);
   for (size_t i = 0; i < block.size(); ++i) ASSERT_EQ(bits(in_place[i]), bits(ops::cpu::round_fp16(block[i])));
+
+  // Several conversions in one region: a broadcast (ld = 0), a strided block, a large
+  // contiguous one (many chunks) and bf16 bits.
+  using ops::cpu::Conversion;
+  const int64_t big = 100000;
+  std::vector<float> bcast(5 * 33), strided(7 * 33), flat(static_cast<size_t>(big));
+  std::vector<uint16_t> b16(7 * 33);
+  const Conversion jobs[] = {{Conversion::Fp16Round, bcast.data(), block.data(), 5, 33, 0},
+                             {Conversion::Bf16Round, strided.data(), block.data(), 7, 33, 40},
+                             {Conversion::Fp16Round, flat.data(), ties.data(), 1, big, big},
+                             {Conversion::Bf16Bits, b16.data(), block.data(), 7, 33, 40},
+                             {Conversion::Copy, got.data(), block.data(), 7, 33, 40}};
+  ops::cpu::convert_all(jobs, 5);
+  for (int r = 0; r < 5; ++r)
+    for (int c = 0; c < 33; ++c) ASSERT_EQ(bits(bcast[r * 33 + c]), bits(ops::cpu::round_fp16(block[c])));
+  for (int r = 0; r < 7; ++r) {
+    for (int c = 0; c < 33; ++c) {
+      ASSERT_EQ(bits(strided[r * 33 + c]), bits(ops::cpu::round_bf16(block[r * 40 + c])));
+      ASSERT_EQ(b16[r * 33 + c], bf16_bits(block[r * 40 + c]));
+      ASSERT_EQ(bits(got[r * 33 + c]), bits(block[r * 40 + c]));
+    }
+  }
+  for (int64_t i = 0; i < big; ++i) ASSERT_EQ(bits(flat[i]), bits(ops::cpu::round_fp16(ties[i])));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -82,14 +82,12 @@ struct Lowp {
   void* buffer(Workspace slot, int64_t elements) const {
     return workspace(slot, static_cast<size_t>(elements) * element_bytes());
   }
-  // The rows x cols block of src (leading dimension ld) converted into contiguous dst.
-  void convert(void* dst, const float* src, int64_t rows, int64_t cols, int64_t ld) const {
-    if (bits)
-      convert_bf16(static_cast<uint16_t*>(dst), src, rows, cols, ld);
-    else if (mode == MathMode::BF16)
-      round_bf16(static_cast<float*>(dst), src, rows, cols, ld);
-    else
-      round_fp16(static_cast<float*>(dst), src, rows, cols, ld);
+  // Converting the rows x cols block of src (leading dimension ld) into contiguous dst.
+  Conversion operand(void* dst, const float* src, int64_t rows, int64_t cols, int64_t ld) const {
+    const Conversion::Kind kind = bits                     ? Conversion::Bf16Bits
+                                  : mode == MathMode::BF16 ? Conversion::Bf16Round
+                                                           : Conversion::Fp16Round;
+    return {kind, dst, src, rows, cols, ld};
   }
   // C = op(A) @ op(B) + beta * C on converted operands.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
@@ -110,30 +108,28 @@ int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
   return std::max<int64_t>(1, std::min(OC, rows));
 }
 
+// Each call's conversions before its first GEMM run in one parallel region (convert_all).
 void linear_forward_lowp(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (N == 0 || OC == 0) return;
   const Lowp lp(mode);
   float* y = out.f32();
-  float beta = 0.0f;
-  if (!bias.empty()) {  // pre-broadcast, the GEMMs add onto it (beta = 1), as in F32 mode
-    const float* b = bias.f32();
-    if (lp.fp16()) {
-      float* bh = static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(OC) * 4));
-      round_fp16(bh, b, 1, OC, OC);
-      b = bh;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) std::copy(b, b + OC, y + n * OC);
-    beta = 1.0f;
-  }
-  void* x = lp.buffer(Workspace::Input, N * C);
-  lp.convert(x, inp.f32(), N, C, C);
   const int64_t tile = tile_rows(OC, C, N);
+  void* x = lp.buffer(Workspace::Input, N * C);
   void* w = lp.buffer(Workspace::Weight, tile * C);
+  Conversion jobs[3];
+  int count = 0;
+  // The bias is broadcast into out (rounded to half for FP16) and the GEMMs add onto it
+  // (beta = 1), as in F32 mode.
+  if (!bias.empty())
+    jobs[count++] = {lp.fp16() ? Conversion::Fp16Round : Conversion::Copy, y, bias.f32(), N, OC, 0};
+  jobs[count++] = lp.operand(x, inp.f32(), N, C, C);
+  const float beta = bias.empty() ? 0.0f : 1.0f;
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
     const int64_t len = std::min(tile, OC - o0);
-    lp.convert(w, weight.f32() + o0 * C, len, C, C);
+    jobs[count++] = lp.operand(w, weight.f32() + o0 * C, len, C, C);
+    convert_all(jobs, count);
+    count = 0;
     lp.gemm(false, true, N, len, C, x, C, w, C, beta, y + o0, OC);
   }
   if (lp.fp16()) round_fp16(y, y, N, OC, OC);
@@ -148,12 +144,14 @@ void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout
   const bool want_db = lp.fp16() && !dbias.empty();
   if ((dinp.empty() && dweight.empty() && !want_db) || OC == 0) return;
 
+  const int64_t tile = tile_rows(OC, C, N);
+  Conversion jobs[3];
+  int count = 0;
   void* x = nullptr;  // the converted input, for dW
   if (!dweight.empty()) {
     x = lp.buffer(Workspace::Input, N * C);
-    lp.convert(x, inp.f32(), N, C, C);
+    jobs[count++] = lp.operand(x, inp.f32(), N, C, C);
   }
-  const int64_t tile = tile_rows(OC, C, N);
   // FP16: the dinp contribution is summed over the tiles here, rounded to half at the end;
   // BF16 accumulates straight into dinp (beta = 1).
   float* dx = dinp.empty() ? nullptr
@@ -166,11 +164,11 @@ void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout
   void* w = dinp.empty() ? nullptr : lp.buffer(Workspace::Weight, tile * C);
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
     const int64_t len = std::min(tile, OC - o0);
-    lp.convert(g, dout.f32() + o0, N, len, OC);  // dout[:, o0:o0+len] as a contiguous [N, len]
-    if (!dinp.empty()) {
-      lp.convert(w, weight.f32() + o0 * C, len, C, C);
-      lp.gemm(false, false, N, C, len, g, len, w, C, lp.fp16() && o0 == 0 ? 0.0f : 1.0f, dx, C);
-    }
+    jobs[count++] = lp.operand(g, dout.f32() + o0, N, len, OC);  // dout[:, o0:o0+len] as a contiguous [N, len]
+    if (!dinp.empty()) jobs[count++] = lp.operand(w, weight.f32() + o0 * C, len, C, C);
+    convert_all(jobs, count);
+    count = 0;
+    if (!dinp.empty()) lp.gemm(false, false, N, C, len, g, len, w, C, lp.fp16() && o0 == 0 ? 0.0f : 1.0f, dx, C);
     if (!dweight.empty()) {
       if (lp.fp16()) {
         lp.gemm(true, false, len, C, N, g, len, x, C, 0.0f, dw_tile, C);

@@ -68,6 +68,18 @@ inline float round_fp16(float x) { return fp16_to_f32(fp16_bits(x)); }
 // Each converts the rows x cols block of src with leading dimension ld (ld >= cols) into
 // the contiguous block dst[rows * cols]. OpenMP-parallel for large blocks, vectorised.
 
+// One block conversion. ld == 0 repeats src's first row in every row (a broadcast).
+struct Conversion {
+  enum Kind : uint8_t { Bf16Bits, Bf16Round, Fp16Round, Copy };
+  Kind kind;
+  void* dst;  // contiguous rows x cols: uint16_t for Bf16Bits, float otherwise; may be src if contiguous
+  const float* src;
+  int64_t rows, cols, ld;
+};
+// Runs the conversions (at most 8) in ONE OpenMP parallel region: on a shared machine every
+// region's closing barrier can wait a scheduler time slice for a descheduled thread.
+void convert_all(const Conversion* jobs, int count);
+
 // bfloat16 bits (oneDNN's bf16 memory).
 void convert_bf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld);
 // Rounded to bfloat16, kept as f32 values.
