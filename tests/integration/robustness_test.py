@@ -149,8 +149,53 @@ def test_rampup(tmp):
     print("ok  --rampup-batch-size follows Megatron's ramp", sizes)
 
 
+def megatron_scales(overflows, initial=2.0 ** 32, window=1000, hysteresis=2, minimum=1.0):
+    """The scale each iteration used under Megatron's DynamicGradScaler (megatron.md §9)."""
+    scale, growth, hyst, out = initial, 0, hysteresis, []
+    for inf in overflows:
+        out.append(scale)
+        if inf:
+            growth, hyst = 0, hyst - 1
+            if hyst <= 0:
+                scale = max(scale * 0.5, minimum)
+        else:
+            growth += 1
+            if growth == window:
+                growth, hyst, scale = 0, hysteresis, scale * 2.0
+    return out
+
+
+def test_precision(tmp):
+    flags = [f for f in TINY if f not in ("--train-iters", "8")] + ["--train-iters", "24", "--eval-iters", "0"]
+    logs = {}
+    for name, extra in (("fp32", []), ("bf16", ["--bf16"]), ("fp16", ["--fp16"]),
+                        ("fp16-window", ["--fp16", "--loss-scale-window", "4", "--initial-loss-scale", "65536"])):
+        logs[name] = records(os.path.join(tmp, name + ".jsonl")) if run(
+            flags + extra + ["--log-json", os.path.join(tmp, name + ".jsonl")]) else None
+    # fp16 at 2^32: the half-precision GEMM results overflow, those iterations are skipped
+    # (no lm loss, skipped counted) and the scale backs off; then training proceeds.
+    for name in ("fp16", "fp16-window"):
+        skipped = [r["skipped_iterations"] == 1 for r in logs[name]]
+        scales = [r["loss_scale"] for r in logs[name]]
+        initial = 2.0 ** 32 if name == "fp16" else 65536.0
+        window = 1000 if name == "fp16" else 4
+        assert scales == megatron_scales(skipped, initial=initial, window=window), (name, scales, skipped)
+    # 2^32 cannot fit half's range: a run of skips while the scale backs off, then clean steps.
+    skipped = [r["skipped_iterations"] == 1 for r in logs["fp16"]]
+    first_clean = skipped.index(False)
+    assert first_clean >= 10 and not any(skipped[first_clean:]), skipped
+    assert any(b > a for a, b in zip([r["loss_scale"] for r in logs["fp16-window"]],
+                                     [r["loss_scale"] for r in logs["fp16-window"]][1:])), "the scale never grew"
+    # bf16 GEMMs (8-bit mantissa operands, fp32 accumulation) track fp32 closely on this model.
+    for a, b in zip(logs["fp32"], logs["bf16"]):
+        assert abs(a["lm_loss"] - b["lm_loss"]) <= 2e-3 * a["lm_loss"], (a["lm_loss"], b["lm_loss"])
+    assert logs["bf16"] != logs["fp32"]  # the GEMMs really round
+    print("ok  fp16 loss scaling follows Megatron's hysteresis rule; bf16 tracks fp32")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        test_precision(tmp)
         test_rampup(tmp)
         test_throughput_line()
         test_out_of_memory()

@@ -473,9 +473,9 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
   // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
   ops::layernorm_forward(rows(a.ln1), flat_rows(a.ln1_mean), flat_rows(a.ln1_rstd), rows(in), w.ln1_w, w.ln1_b, eps);
   tp_.enter_forward(a.ln1_whole, a.ln1);
-  ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b);
+  ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b, config_.math);
   ops::attention_forward(a.ctx, a.att, a.qkv, dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
-  ops::linear_forward(rows(ws.partial), rows(a.ctx), w.proj_w, Tensor());
+  ops::linear_forward(rows(ws.partial), rows(a.ctx), w.proj_w, Tensor(), config_.math);
   tp_.leave_forward(ws.reduced, ws.partial);
   if (!w.proj_b.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), w.proj_b);
   ops::dropout_forward(ws.reduced, ws.reduced, dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
@@ -484,9 +484,9 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
   ops::layernorm_forward(rows(a.ln2), flat_rows(a.ln2_mean), flat_rows(a.ln2_rstd), rows(a.residual_mid), w.ln2_w,
                          w.ln2_b, eps);
   tp_.enter_forward(a.ln2_whole, a.ln2);
-  ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
+  ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b, config_.math);
   ops::gelu_forward(a.gelu, a.fc1, config_.gelu);
-  ops::linear_forward(rows(ws.partial), rows(a.gelu), w.fc2_w, Tensor());
+  ops::linear_forward(rows(ws.partial), rows(a.gelu), w.fc2_w, Tensor(), config_.math);
   tp_.leave_forward(ws.reduced, ws.partial);
   if (!w.fc2_b.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), w.fc2_b);
   ops::dropout_forward(ws.reduced, ws.reduced, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
@@ -510,11 +510,11 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   if (sp) zero(ws.d_C_whole);
   tp_.leave_backward(ws.d_C_whole, ws.d_C);
   zero(ws.d_gelu);
-  ops::linear_backward(rows(ws.d_gelu), g.fc2_w, Tensor(), rows(ws.d_C_whole), rows(a.gelu), w.fc2_w);
+  ops::linear_backward(rows(ws.d_gelu), g.fc2_w, Tensor(), rows(ws.d_C_whole), rows(a.gelu), w.fc2_w, config_.math);
   zero(ws.d_F);
   ops::gelu_backward(ws.d_F, ws.d_gelu, a.fc1, config_.gelu);
   zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w);
+  ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, config_.math);
   if (sp) zero(ws.d_ln);
   tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
   ops::layernorm_backward(rows(ws.d_residual), g.ln2_w, g.ln2_b, rows(ws.d_ln), rows(a.residual_mid), w.ln2_w,
@@ -526,7 +526,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   if (sp) zero(ws.d_C_whole);
   tp_.leave_backward(ws.d_C_whole, ws.d_C);
   zero(ws.d_ctx);
-  ops::linear_backward(rows(ws.d_ctx), g.proj_w, Tensor(), rows(ws.d_C_whole), rows(a.ctx), w.proj_w);
+  ops::linear_backward(rows(ws.d_ctx), g.proj_w, Tensor(), rows(ws.d_C_whole), rows(a.ctx), w.proj_w, config_.math);
   if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
     ops::attention_forward(a.ctx, a.att, a.qkv,
                            dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
@@ -534,7 +534,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   ops::attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.att,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);
+  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, config_.math);
   if (sp) zero(ws.d_ln);
   tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
   ops::layernorm_backward(rows(ws.d_residual), g.ln1_w, g.ln1_b, rows(ws.d_ln), rows(in), w.ln1_w,
@@ -550,7 +550,7 @@ double GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Mic
   ops::layernorm_forward(rows(h.lnf), flat_rows(h.lnf_mean), flat_rows(h.lnf_rstd), rows(in), params_[ch.lnf_w],
                          params_[ch.lnf_b], config_.norm_epsilon);
   tp_.enter_forward(h.lnf_whole, h.lnf);
-  ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor());
+  ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor(), config_.math);
   ops::cross_entropy_max(ws.row_max, rows(h.logits));
   tp_.all_reduce(ws.row_max, ReduceOp::Max);
   const Tensor sum_exp = ws.ce_sums.slice_rows(0, 1).view({N}), target_logit = ws.ce_sums.slice_rows(1, 1).view({N});
@@ -580,7 +580,7 @@ void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const Micr
                               flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size);
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), rows(ws.d_logits), rows(h.lnf_whole),
-                       params_[ch.output_w]);
+                       params_[ch.output_w], config_.math);
   if (tp_.sequence_parallel()) zero(ws.d_ln);
   tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
   zero(ws.d_residual);

@@ -31,6 +31,7 @@ struct GPTConfig {
   float hidden_dropout = 0.1f;
   float attention_dropout = 0.1f;
   ops::GeluKind gelu = ops::GeluKind::Tanh;
+  ops::MathMode math = ops::MathMode::F32;  // the linear layers' GEMMs: --bf16, --fp16 (ops.h)
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;
   uint32_t seed = 1234;
