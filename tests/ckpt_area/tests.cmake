@@ -37,3 +37,12 @@ set_tests_properties(ckpt.cli_help PROPERTIES TIMEOUT 10 LABELS ckpt PASS_REGULA
 set_tests_properties(ckpt.cli_unknown_action PROPERTIES TIMEOUT 10 LABELS ckpt WILL_FAIL TRUE)
 set_tests_properties(ckpt.cli_inspect_no_checkpoint PROPERTIES TIMEOUT 10 LABELS ckpt WILL_FAIL TRUE)
 set_tests_properties(ckpt.cli_export_bad_flag PROPERTIES TIMEOUT 10 LABELS ckpt PASS_REGULAR_EXPRESSION "--iteration")
+
+# Sharded checkpoints through `tessera launch ... train` (up to 8 processes on loopback): a
+# bit-exact 3D resume (TP=2 PP=2 DP=2), resharding into one process, TP=4 PP=1 DP=2 and
+# TP=1 PP=4, a one-process checkpoint into TP=2 PP=2, inspect / export-hf / import-hf of
+# sharded checkpoints, and the padded-vocabulary and missing-shard errors.
+add_test(NAME ckpt.reshard
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_reshard_test.py
+                 $<TARGET_FILE:tessera>)
+set_tests_properties(ckpt.reshard PROPERTIES TIMEOUT 900 LABELS ckpt)

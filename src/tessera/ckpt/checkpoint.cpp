@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
@@ -15,84 +18,432 @@ namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
-constexpr const char* kShard = "mp_rank_00";  // tensor and pipeline parallelism are 1 for now
-constexpr int kFormatVersion = 1;
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+// 1: one whole-model shard, optimizer state by parameter index. 2: sharded (TP/PP), layout
+// and padded vocabulary recorded, optimizer state by parameter name.
+constexpr int kFormatVersion = 2;
 
-std::string iteration_dir(const std::string& dir, int64_t iteration) {
+std::string placement_text(const ShardedTensor& t) {
+  Shape offset(t.global_shape.size(), 0);
+  if (t.split_dim >= 0) offset[t.split_dim] = t.offset;
+  return "global_shape=" + shape_str(t.global_shape) + ";split_dim=" + std::to_string(t.split_dim) +
+         ";offset=" + shape_str(offset);
+}
+
+// Safetensors bytes of `tensors`, each with its placement in the metadata.
+std::vector<uint8_t> serialize_tensors(const std::vector<ShardedTensor>& tensors) {
+  std::vector<safetensors::WriteEntry> entries;
+  std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
+  for (const ShardedTensor& t : tensors) {
+    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, t.tensor.ptr});
+    metadata[t.name] = placement_text(t);
+  }
+  return safetensors::serialize(entries, metadata);
+}
+
+// "[64, 32]" -> {64, 32}; nullopt unless it is exactly a bracketed list of integers >= 0.
+std::optional<Shape> parse_list(std::string_view s) {
+  if (s.size() < 2 || s.front() != '[' || s.back() != ']') return std::nullopt;
+  s = s.substr(1, s.size() - 2);
+  Shape out;
+  while (!s.empty()) {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+    size_t n = 0;
+    int64_t v = 0;
+    while (n < s.size() && std::isdigit(static_cast<unsigned char>(s[n]))) {
+      if (v > (INT64_MAX - 9) / 10) return std::nullopt;
+      v = v * 10 + (s[n++] - '0');
+    }
+    if (n == 0 || out.size() >= 16) return std::nullopt;
+    out.push_back(v);
+    s.remove_prefix(n);
+    if (s.empty()) break;
+    if (s.front() != ',') return std::nullopt;
+    s.remove_prefix(1);
+    if (s.empty()) return std::nullopt;
+  }
+  return out;
+}
+
+std::string shard_of(const std::string& rel) { return fs::path(rel).parent_path().string(); }
+
+// ---- Loading -------------------------------------------------------------------------------
+
+struct SourceFile {
+  std::string rel, path;
+  std::string sha256;
+  uint64_t bytes = 0;
+  int tp_rank = -1;  // of its shard folder ("mp_rank_01_002": 1)
+};
+
+int tp_rank_of_shard(const std::string& shard) {
+  if (shard.size() < 10 || shard.rfind("mp_rank_", 0) != 0 || !std::isdigit(static_cast<unsigned char>(shard[8])) ||
+      !std::isdigit(static_cast<unsigned char>(shard[9])))
+    return -1;
+  return (shard[8] - '0') * 10 + (shard[9] - '0');
+}
+
+// A saved piece of a tensor: where it sits in the global tensor.
+struct Piece {
+  size_t file;  // index into the sources
+  Shape shape;  // as saved
+  TensorPlacement place;
+};
+
+// One copy: elements [begin, end) along dim of the global tensor, from a saved piece to a
+// local slice.
+struct CopyOp {
+  size_t target;
+  int dim;  // -1: the whole tensor
+  int64_t begin = 0, end = 0;
+  int64_t src_start = 0, dst_start = 0;  // where the piece and the slice start along dim
+  Shape src_shape;
+};
+
+Error checksum_error(const std::string& path) {
+  return runtime_error("checkpoint file " + path + " is corrupt or truncated (checksum mismatch)",
+                       "load an earlier iteration (edit " + std::string(kTracker) + ") or re-save");
+}
+
+bool checksum_ok(const SourceFile& src, const std::string& bytes) {
+  return bytes.size() == src.bytes &&
+         sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()}) == src.sha256;
+}
+bool checksum_ok(const SourceFile& src) { return checksum_ok(src, read_file(src.path)); }
+
+// The pieces of every tensor of a kind of file (model or optimizer), by name, from the
+// (unverified, bounds-checked) headers; the data is read and verified only when copied.
+class PieceIndex {
+ public:
+  PieceIndex(const std::string& it_dir, std::vector<SourceFile> sources) : it_dir_(it_dir), sources_(std::move(sources)) {
+    for (size_t f = 0; f < sources_.size(); ++f) {
+      const SourceFile& src = sources_[f];
+      if (!fs::exists(src.path))
+        throw runtime_error("checkpoint file " + src.path + " is missing",
+                            "the shard folder " + shard_of(src.rel) + " is missing or incomplete; copy the whole " +
+                                fs::path(it_dir).filename().string() + " folder");
+      // A header that does not parse is most likely a damaged file: say so when the checksum
+      // disagrees (the data is verified before any copy, headers only locate the tensors).
+      if (fs::file_size(src.path) != src.bytes) throw checksum_error(src.path);
+      std::optional<safetensors::Reader> opened;
+      try {
+        opened = safetensors::Reader::open(src.path);
+      } catch (const Error&) {
+        if (!checksum_ok(src)) throw checksum_error(src.path);
+        throw;
+      }
+      const safetensors::Reader& r = *opened;
+      for (const safetensors::TensorInfo& info : r.tensors()) {
+        Piece p{f, info.shape, {}};
+        auto meta = r.metadata().find(info.name);
+        if (meta == r.metadata().end()) {
+          p.place.global_shape = info.shape;  // a whole tensor
+        } else if (auto place = parse_tensor_placement(meta->second, info.shape)) {
+          p.place = *place;
+        } else {
+          throw runtime_error(src.path + ": tensor " + info.name + " has an invalid placement '" +
+                                  meta->second.substr(0, 120) + "' for its shape " + shape_str(info.shape),
+                              "the file is corrupt; load an earlier iteration or re-save");
+        }
+        if (!info.dtype)
+          throw runtime_error(src.path + ": tensor " + info.name + " has dtype " + info.dtype_name +
+                              ", which tessera checkpoints never hold");
+        dtypes_[info.name] = *info.dtype;
+        pieces_[info.name].push_back(std::move(p));
+      }
+    }
+  }
+
+  const std::vector<SourceFile>& sources() const { return sources_; }
+
+  // The copies that fill `t` (targets[index]), preferring pieces of saved TP rank `preferred`.
+  void plan(const ShardedTensor& t, size_t index, int preferred, const char* what,
+            std::vector<std::vector<CopyOp>>& ops_by_file) const {
+    auto it = pieces_.find(t.name);
+    if (it == pieces_.end())
+      throw runtime_error("checkpoint " + it_dir_ + " lacks " + what + " " + t.name + " (in none of its " +
+                              std::to_string(sources_.size()) + " " + what + " files)",
+                          "the checkpoint belongs to another model; load with the model flags it was saved with "
+                          "(see its metadata.json)");
+    std::vector<const Piece*> pieces;
+    for (const Piece& p : it->second) pieces.push_back(&p);
+    std::stable_sort(pieces.begin(), pieces.end(), [&](const Piece* a, const Piece* b) {
+      return (sources_[a->file].tp_rank == preferred) > (sources_[b->file].tp_rank == preferred);
+    });
+    const DType dtype = dtypes_.at(t.name);
+    for (const Piece* p : pieces) {
+      if (p->place.global_shape != t.global_shape || dtype != t.tensor.dtype)
+        throw runtime_error(sources_[p->file].path + ": tensor " + t.name + " is " +
+                                std::string(safetensors::dtype_to_name(dtype)) + " " + shape_str(p->place.global_shape) +
+                                ", the model expects " + std::string(safetensors::dtype_to_name(t.tensor.dtype)) + " " +
+                                shape_str(t.global_shape),
+                            "load with the model flags the checkpoint was saved with (see its metadata.json)");
+    }
+    const Shape& g = t.global_shape;
+    if (g.empty()) {  // a scalar: any piece is the whole
+      ops_by_file[pieces.front()->file].push_back({index, -1, 0, 1, 0, 0, pieces.front()->shape});
+      return;
+    }
+    // The dimension the slices are taken along: the run's split, else the saved one.
+    int dim = t.split_dim;
+    for (const Piece* p : pieces)
+      if (dim < 0 && p->place.split_dim >= 0) dim = p->place.split_dim;
+    if (dim < 0) dim = 0;
+    for (const Piece* p : pieces)
+      if (p->place.split_dim >= 0 && p->place.split_dim != dim)
+        throw runtime_error(sources_[p->file].path + ": tensor " + t.name + " is split along dimension " +
+                            std::to_string(p->place.split_dim) + ", this run splits it along dimension " +
+                            std::to_string(dim) + "; tessera cannot reshard between them");
+    auto range = [&](int split, int64_t offset, const Shape& shape) {
+      return split == dim ? std::pair{offset, offset + shape[dim]} : std::pair<int64_t, int64_t>{0, g[dim]};
+    };
+    const auto [need_begin, need_end] = range(t.split_dim, t.offset, t.tensor.shape);
+    std::vector<std::pair<int64_t, int64_t>> covered;  // disjoint, unsorted
+    int64_t covered_len = 0;
+    for (const Piece* p : pieces) {
+      if (covered_len == need_end - need_begin) break;
+      const auto [pb, pe] = range(p->place.split_dim, p->place.offset, p->shape);
+      int64_t b = std::max(pb, need_begin), e = std::min(pe, need_end);
+      if (b >= e) continue;
+      // The parts of [b, e) not filled yet (replicated pieces repeat; layouts never overlap
+      // partially, but this does not rely on it).
+      std::vector<std::pair<int64_t, int64_t>> todo{{b, e}};
+      for (const auto& [cb, ce] : covered) {
+        std::vector<std::pair<int64_t, int64_t>> next;
+        for (const auto& [x, y] : todo) {
+          if (ce <= x || cb >= y) {
+            next.push_back({x, y});
+            continue;
+          }
+          if (x < cb) next.push_back({x, cb});
+          if (ce < y) next.push_back({ce, y});
+        }
+        todo = std::move(next);
+      }
+      for (const auto& [x, y] : todo) {
+        ops_by_file[p->file].push_back({index, dim, x, y, pb, need_begin, p->shape});
+        covered.push_back({x, y});
+        covered_len += y - x;
+      }
+    }
+    if (covered_len != need_end - need_begin)
+      throw runtime_error("checkpoint " + it_dir_ + " lacks part of " + what + " " + t.name + ": this rank needs [" +
+                              std::to_string(need_begin) + ", " + std::to_string(need_end) + ") along dimension " +
+                              std::to_string(dim) + " of " + shape_str(g) + ", its files hold only " +
+                              std::to_string(covered_len) + " of those " + std::to_string(need_end - need_begin),
+                          "a shard of the checkpoint is missing; copy the whole folder");
+  }
+
+ private:
+  std::string it_dir_;
+  std::vector<SourceFile> sources_;
+  std::map<std::string, std::vector<Piece>> pieces_;
+  std::map<std::string, DType> dtypes_;
+};
+
+// Reads and verifies each file that `ops_by_file` copies from, then copies.
+void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
+             const std::vector<std::vector<CopyOp>>& ops_by_file) {
+  for (size_t f = 0; f < ops_by_file.size(); ++f) {
+    if (ops_by_file[f].empty()) continue;
+    const SourceFile& src = index.sources()[f];
+    std::string text = read_file(src.path);
+    if (!checksum_ok(src, text)) throw checksum_error(src.path);
+    safetensors::Reader r = safetensors::Reader::from_bytes(src.path, std::vector<uint8_t>(text.begin(), text.end()));
+    text = std::string();
+    for (const CopyOp& op : ops_by_file[f]) {
+      const ShardedTensor& t = targets[op.target];
+      const safetensors::TensorInfo* info = r.find(t.name);
+      if (!info || info->shape != op.src_shape || info->dtype != t.tensor.dtype)
+        throw runtime_error("checkpoint file " + src.path + " changed while it was being loaded (tensor " + t.name +
+                            ")");
+      const uint8_t* from = r.bytes(*info).data();
+      uint8_t* to = static_cast<uint8_t*>(t.tensor.ptr);
+      const size_t es = dtype_size(t.tensor.dtype);
+      if (op.dim < 0) {
+        std::memcpy(to, from, static_cast<size_t>(t.tensor.numel()) * es);
+        continue;
+      }
+      const Shape& dst_shape = t.tensor.shape;
+      int64_t outer = 1, inner = 1;
+      for (int d = 0; d < op.dim; ++d) outer *= dst_shape[d];
+      for (size_t d = op.dim + 1; d < dst_shape.size(); ++d) inner *= dst_shape[d];
+      const int64_t src_rows = op.src_shape[op.dim], dst_rows = dst_shape[op.dim];
+      const size_t count = static_cast<size_t>((op.end - op.begin) * inner) * es;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(to + static_cast<size_t>((o * dst_rows + op.begin - op.dst_start) * inner) * es,
+                    from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
+    }
+  }
+}
+
+json read_metadata_json(const std::string& it_dir) {
+  const std::string meta_path = (fs::path(it_dir) / "metadata.json").string();
+  if (!fs::exists(meta_path))
+    throw runtime_error("checkpoint " + it_dir + " is missing metadata.json",
+                        "it was not written by tessera, or the save did not finish");
+  try {
+    return json::parse(read_file(meta_path));
+  } catch (const json::exception& e) {
+    throw runtime_error(meta_path + " is not valid JSON: " + e.what());
+  }
+}
+
+CheckpointState state_from_json(const json& meta) {
+  CheckpointState s;
+  s.format_version = meta.value("format_version", 1);
+  s.iteration = meta.at("iteration").get<int64_t>();
+  s.consumed_train_samples = meta.at("consumed_train_samples").get<int64_t>();
+  s.consumed_valid_samples = meta.at("consumed_valid_samples").get<int64_t>();
+  s.scheduler_num_steps = meta.at("scheduler_num_steps").get<int64_t>();
+  s.optimizer_steps = meta.at("optimizer_steps").get<int64_t>();
+  s.scheduler = meta.at("scheduler");
+  s.args = meta.at("args");
+  s.layout.tensor_parallel = meta.value("tensor_model_parallel_size", 1);
+  s.layout.pipeline_parallel = meta.value("pipeline_model_parallel_size", 1);
+  s.layout.data_parallel = meta.value("data_parallel_size", 1);
+  s.layout.virtual_stages = meta.value("virtual_pipeline_model_parallel_size", 1);
+  s.layout.padded_vocab_size = meta.value("padded_vocab_size", int64_t{0});
+  if (s.layout.tensor_parallel < 1 || s.layout.pipeline_parallel < 1 || s.layout.data_parallel < 1 ||
+      s.layout.virtual_stages < 1)
+    throw runtime_error("records a layout with a size below 1");
+  return s;
+}
+
+// The metadata's files of one kind ("model.safetensors"), checked against the layout.
+std::vector<SourceFile> source_files(const json& files, const std::string& it_dir, const char* kind) {
+  std::vector<SourceFile> out;
+  for (const auto& [rel, info] : files.items()) {
+    if (fs::path(rel).filename() != kind) continue;
+    if (rel.find("..") != std::string::npos || fs::path(rel).is_absolute())
+      throw runtime_error(it_dir + "/metadata.json lists a file outside the checkpoint: " + rel);
+    out.push_back({rel, (fs::path(it_dir) / rel).string(), info.at("sha256").get<std::string>(),
+                   info.at("bytes").get<uint64_t>(), tp_rank_of_shard(shard_of(rel))});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
   return (fs::path(dir) / name).string();
 }
 
-// Safetensors bytes of `tensors`, each with its global shape and offset in the metadata.
-std::vector<uint8_t> serialize_tensors(const std::vector<NamedTensor>& tensors) {
-  std::vector<safetensors::WriteEntry> entries;
-  std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
-  for (const NamedTensor& t : tensors) {
-    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, t.tensor.ptr});
-    metadata[t.name] = "global_shape=" + shape_str(t.tensor.shape) + ";offset=" + shape_str(Shape(t.tensor.shape.size(), 0));
-  }
-  return safetensors::serialize(entries, metadata);
+std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size) {
+  char name[32];
+  if (pp_size > 1)
+    std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d", tp_rank, pp_rank);
+  else
+    std::snprintf(name, sizeof(name), "mp_rank_%02d", tp_rank);
+  return name;
 }
 
-void load_tensors(const std::string& path, const std::vector<NamedTensor>& into) {
-  safetensors::Reader reader = safetensors::Reader::open(path);
-  for (const NamedTensor& t : into) {
-    const safetensors::TensorInfo* info = reader.find(t.name);
-    if (!info) throw runtime_error(path + " lacks tensor " + t.name, "the checkpoint belongs to another model");
-    if (info->shape != t.tensor.shape || info->dtype != t.tensor.dtype)
-      throw runtime_error(path + ": tensor " + t.name + " is " + info->dtype_name + " " + shape_str(info->shape) +
-                              ", the model expects " + std::string(dtype_name(t.tensor.dtype)) + " " +
-                              shape_str(t.tensor.shape),
-                          "load with the model flags the checkpoint was saved with (see its metadata.json)");
-    std::span<const uint8_t> bytes = reader.bytes(*info);
-    std::memcpy(t.tensor.ptr, bytes.data(), bytes.size());
+std::optional<TensorPlacement> parse_tensor_placement(const std::string& text, const Shape& local) {
+  std::optional<Shape> global, offsets;
+  std::optional<int> split;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(';', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return std::nullopt;
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "global_shape") {
+      global = parse_list(value);
+    } else if (key == "offset") {
+      offsets = parse_list(value);
+    } else if (key == "split_dim") {
+      if (value == "-1") split = -1;
+      else if (value.size() == 1 && std::isdigit(static_cast<unsigned char>(value[0]))) split = value[0] - '0';
+      else return std::nullopt;
+    }
+    start = end + 1;
   }
+  if (!global || !offsets || global->size() != local.size() || offsets->size() != local.size()) return std::nullopt;
+  const int rank = static_cast<int>(local.size());
+  if (!split) {  // format 1 records no split: the dimension where the piece is not whole
+    split = -1;
+    for (int d = 0; d < rank && *split < 0; ++d)
+      if ((*offsets)[d] != 0 || local[d] != (*global)[d]) split = d;
+  }
+  if (*split >= rank) return std::nullopt;
+  for (int d = 0; d < rank; ++d) {
+    if (d == *split) {
+      if ((*offsets)[d] > (*global)[d] || local[d] > (*global)[d] - (*offsets)[d]) return std::nullopt;
+    } else if ((*offsets)[d] != 0 || local[d] != (*global)[d]) {
+      return std::nullopt;
+    }
+  }
+  return TensorPlacement{*global, *split, *split >= 0 ? (*offsets)[*split] : 0};
 }
 
-}  // namespace
+std::string checkpoint_temp_dir(const std::string& dir, int64_t iteration, int64_t token) {
+  return checkpoint_iteration_dir(dir, iteration) + ".tmp-" + std::to_string(token);
+}
 
-void save_checkpoint(const std::string& dir, const CheckpointState& state, const std::vector<NamedTensor>& model,
-                     const std::vector<NamedTensor>& optimizer) {
+std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, int64_t token) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw runtime_error("cannot create --save folder " + dir + ": " + ec.message());
-  const std::string final_dir = iteration_dir(dir, state.iteration);
-  const std::string tmp_dir = final_dir + ".tmp-" + std::to_string(::getpid());
+  const std::string tmp_dir = checkpoint_temp_dir(dir, iteration, token);
   fs::remove_all(tmp_dir, ec);
-  fs::create_directories(fs::path(tmp_dir) / kShard, ec);
+  fs::create_directories(tmp_dir, ec);
   if (ec) throw runtime_error("cannot create " + tmp_dir + ": " + ec.message(), "check that --save is writable");
+  return tmp_dir;
+}
 
-  nlohmann::json files = nlohmann::json::object();
-  auto write_tensors = [&](const char* file, const std::vector<NamedTensor>& tensors) {
-    const std::string rel = std::string(kShard) + "/" + file;
+std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
+                                                   const std::vector<ShardedTensor>& model,
+                                                   const std::vector<ShardedTensor>& optimizer) {
+  std::error_code ec;
+  const fs::path folder = fs::path(tmp_dir) / shard;
+  fs::create_directories(folder, ec);
+  if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
+  std::vector<CheckpointFile> files;
+  auto write = [&](const char* file, const std::vector<ShardedTensor>& tensors) {
     std::vector<uint8_t> bytes = serialize_tensors(tensors);
-    write_file_synced((fs::path(tmp_dir) / rel).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-    files[rel] = {{"sha256", sha256_hex(bytes)}, {"bytes", bytes.size()}};
+    write_file_synced((folder / file).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    files.push_back({shard + "/" + file, sha256_hex(bytes), bytes.size()});
   };
-  write_tensors("model.safetensors", model);
-  if (!optimizer.empty()) write_tensors("optimizer.safetensors", optimizer);
+  write(kModelFile, model);
+  if (!optimizer.empty()) write(kOptimizerFile, optimizer);
+  fsync_directory(folder.string());
+  return files;
+}
 
-  nlohmann::json meta = {{"format", "tessera-checkpoint"},
-                         {"format_version", kFormatVersion},
-                         {"iteration", state.iteration},
-                         {"consumed_train_samples", state.consumed_train_samples},
-                         {"consumed_valid_samples", state.consumed_valid_samples},
-                         {"scheduler_num_steps", state.scheduler_num_steps},
-                         {"optimizer_steps", state.optimizer_steps},
-                         {"scheduler", state.scheduler},
-                         {"tensor_model_parallel_size", 1},
-                         {"pipeline_model_parallel_size", 1},
-                         {"args", state.args},
-                         {"files", files}};
-  const std::string text = meta.dump(2);
-  write_file_synced((fs::path(tmp_dir) / "metadata.json").string(), text);
-  fsync_directory((fs::path(tmp_dir) / kShard).string());
+void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& state,
+                            const std::vector<CheckpointFile>& files) {
+  json listed = json::object();
+  for (const CheckpointFile& f : files) listed[f.path] = {{"sha256", f.sha256}, {"bytes", f.bytes}};
+  const CheckpointLayout& l = state.layout;
+  json meta = {{"format", "tessera-checkpoint"},
+               {"format_version", kFormatVersion},
+               {"iteration", state.iteration},
+               {"consumed_train_samples", state.consumed_train_samples},
+               {"consumed_valid_samples", state.consumed_valid_samples},
+               {"scheduler_num_steps", state.scheduler_num_steps},
+               {"optimizer_steps", state.optimizer_steps},
+               {"scheduler", state.scheduler},
+               {"tensor_model_parallel_size", l.tensor_parallel},
+               {"pipeline_model_parallel_size", l.pipeline_parallel},
+               {"data_parallel_size", l.data_parallel},
+               {"virtual_pipeline_model_parallel_size", l.virtual_stages},
+               {"padded_vocab_size", l.padded_vocab_size},
+               {"args", state.args},
+               {"files", listed}};
+  write_file_synced((fs::path(tmp_dir) / "metadata.json").string(), meta.dump(2));
   fsync_directory(tmp_dir);
 
   // Replace an existing folder of the same iteration only after the new one is complete.
+  std::error_code ec;
+  const std::string final_dir = checkpoint_iteration_dir(dir, state.iteration);
   const std::string old_dir = final_dir + ".old-" + std::to_string(::getpid());
   const bool replacing = fs::exists(final_dir);
   if (replacing) fs::rename(final_dir, old_dir, ec);
@@ -102,6 +453,19 @@ void save_checkpoint(const std::string& dir, const CheckpointState& state, const
   fsync_directory(dir);
   write_file_atomic((fs::path(dir) / kTracker).string(), std::to_string(state.iteration));
   if (replacing) fs::remove_all(old_dir, ec);
+}
+
+void save_checkpoint(const std::string& dir, const CheckpointState& state, const std::vector<NamedTensor>& model,
+                     const std::vector<NamedTensor>& optimizer) {
+  auto whole = [](const std::vector<NamedTensor>& in) {
+    std::vector<ShardedTensor> out;
+    for (const NamedTensor& t : in) out.push_back({t.name, t.tensor, t.tensor.shape, -1, 0});
+    return out;
+  };
+  const std::string tmp_dir = prepare_checkpoint_save(dir, state.iteration, ::getpid());
+  const std::vector<CheckpointFile> files = write_checkpoint_shard(
+      tmp_dir, checkpoint_shard_folder(0, 0, state.layout.pipeline_parallel), whole(model), whole(optimizer));
+  commit_checkpoint_save(dir, tmp_dir, state, files);
 }
 
 std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {
@@ -116,50 +480,79 @@ std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {
   return iteration;
 }
 
+CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iteration) {
+  const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
+  const json meta = read_metadata_json(it_dir);
+  try {
+    return state_from_json(meta);
+  } catch (const json::exception& e) {
+    throw runtime_error(it_dir + "/metadata.json lacks a field or has a wrong type: " + e.what());
+  } catch (const Error& e) {
+    throw runtime_error(it_dir + "/metadata.json " + e.what());
+  }
+}
+
+CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<ShardedTensor>& model,
+                                const std::vector<ShardedTensor>& optimizer, bool load_optimizer, int tp_rank,
+                                int tp_size) {
+  const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
+  const json meta = read_metadata_json(it_dir);
+  CheckpointState s;
+  std::vector<SourceFile> model_files, optimizer_files;
+  try {
+    s = state_from_json(meta);
+    const json& files = meta.at("files");
+    model_files = source_files(files, it_dir, kModelFile);
+    optimizer_files = source_files(files, it_dir, kOptimizerFile);
+  } catch (const json::exception& e) {
+    throw runtime_error(it_dir + "/metadata.json lacks a field or has a wrong type: " + e.what());
+  }
+  if (s.iteration != iteration)
+    throw runtime_error(it_dir + "/metadata.json records iteration " + std::to_string(s.iteration),
+                        "the folder was renamed or copied; restore its name iter_" + std::to_string(s.iteration));
+  // Every (tp, pp) shard of the saved layout must be listed.
+  for (int pp = 0; pp < s.layout.pipeline_parallel; ++pp)
+    for (int tp = 0; tp < s.layout.tensor_parallel; ++tp) {
+      const std::string shard = checkpoint_shard_folder(tp, pp, s.layout.pipeline_parallel);
+      if (!std::any_of(model_files.begin(), model_files.end(),
+                       [&](const SourceFile& f) { return shard_of(f.rel) == shard; }))
+        throw runtime_error(it_dir + "/metadata.json lists no file of shard " + shard + " (tensor-parallel rank " +
+                            std::to_string(tp) + ", pipeline rank " + std::to_string(pp) + ")");
+    }
+  if (load_optimizer && optimizer_files.empty())
+    throw runtime_error("checkpoint " + it_dir + " has no optimizer state (saved with --no-save-optim)",
+                        "pass --no-load-optim or --finetune");
+  if (load_optimizer && s.format_version < 2)
+    throw runtime_error("checkpoint " + it_dir + " is of format version " + std::to_string(s.format_version) +
+                            ", whose optimizer state is named by parameter index",
+                        "load its model with --no-load-optim or --finetune");
+
+  // The saved TP rank whose slice holds this rank's (when the sizes divide), read first.
+  const int preferred = static_cast<int>(static_cast<int64_t>(tp_rank) * s.layout.tensor_parallel / tp_size);
+  PieceIndex model_index(it_dir, model_files);
+  std::vector<std::vector<CopyOp>> model_ops(model_files.size());
+  for (size_t i = 0; i < model.size(); ++i) model_index.plan(model[i], i, preferred, "parameter", model_ops);
+  if (load_optimizer) {
+    PieceIndex optimizer_index(it_dir, optimizer_files);
+    std::vector<std::vector<CopyOp>> optimizer_ops(optimizer_files.size());
+    for (size_t i = 0; i < optimizer.size(); ++i)
+      optimizer_index.plan(optimizer[i], i, preferred, "optimizer state", optimizer_ops);
+    execute(model_index, model, model_ops);
+    execute(optimizer_index, optimizer, optimizer_ops);
+  } else {
+    execute(model_index, model, model_ops);
+  }
+  return s;
+}
+
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<NamedTensor>& model,
                                 const std::vector<NamedTensor>& optimizer, bool load_optimizer) {
-  const std::string it_dir = iteration_dir(dir, iteration);
-  const std::string meta_path = (fs::path(it_dir) / "metadata.json").string();
-  if (!fs::exists(meta_path))
-    throw runtime_error("checkpoint " + it_dir + " is missing metadata.json",
-                        "it was not written by tessera, or the save did not finish");
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(read_file(meta_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw runtime_error(meta_path + " is not valid JSON: " + e.what());
-  }
-  try {
-    // Every file's checksum before any tensor is trusted.
-    for (const auto& [rel, info] : meta.at("files").items()) {
-      const std::string path = (fs::path(it_dir) / rel).string();
-      if (!fs::exists(path)) throw runtime_error("checkpoint file " + path + " is missing");
-      const std::string bytes = read_file(path);
-      if (bytes.size() != info.at("bytes").get<size_t>() ||
-          sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()}) !=
-              info.at("sha256").get<std::string>())
-        throw runtime_error("checkpoint file " + path + " is corrupt or truncated (checksum mismatch)",
-                            "load an earlier iteration (edit " + std::string(kTracker) + ") or re-save");
-    }
-    load_tensors((fs::path(it_dir) / kShard / "model.safetensors").string(), model);
-    if (load_optimizer) {
-      if (!meta.at("files").contains(std::string(kShard) + "/optimizer.safetensors"))
-        throw runtime_error("checkpoint " + it_dir + " has no optimizer state (saved with --no-save-optim)",
-                            "pass --no-load-optim or --finetune");
-      load_tensors((fs::path(it_dir) / kShard / "optimizer.safetensors").string(), optimizer);
-    }
-    CheckpointState s;
-    s.iteration = meta.at("iteration").get<int64_t>();
-    s.consumed_train_samples = meta.at("consumed_train_samples").get<int64_t>();
-    s.consumed_valid_samples = meta.at("consumed_valid_samples").get<int64_t>();
-    s.scheduler_num_steps = meta.at("scheduler_num_steps").get<int64_t>();
-    s.optimizer_steps = meta.at("optimizer_steps").get<int64_t>();
-    s.scheduler = meta.at("scheduler");
-    s.args = meta.at("args");
-    return s;
-  } catch (const nlohmann::json::exception& e) {
-    throw runtime_error(meta_path + " lacks a field or has a wrong type: " + e.what());
-  }
+  auto whole = [](const std::vector<NamedTensor>& in) {
+    std::vector<ShardedTensor> out;
+    for (const NamedTensor& t : in) out.push_back({t.name, t.tensor, t.tensor.shape, -1, 0});
+    return out;
+  };
+  return load_checkpoint(dir, iteration, whole(model), whole(optimizer), load_optimizer);
 }
 
 }  // namespace tessera

@@ -2,18 +2,26 @@
 //
 //   DIR/latest_checkpointed_iteration.txt      the iteration, decimal, no newline
 //   DIR/iter_0000100/metadata.json             iteration, consumed samples, scheduler,
-//                                              optimizer step, the arguments used, and the
-//                                              SHA-256 of every file below
-//   DIR/iter_0000100/mp_rank_00/model.safetensors      parameters (fp32), Megatron names
-//   DIR/iter_0000100/mp_rank_00/optimizer.safetensors  Adam moments / SGD momentum
+//                                              optimizer step, the arguments used, the layout
+//                                              (TP, PP, DP, virtual stages), the padded
+//                                              vocabulary, and the SHA-256 of every file below
+//   DIR/iter_0000100/mp_rank_01_000/model.safetensors      this (tp, pp) rank's parameters
+//   DIR/iter_0000100/mp_rank_01_000/optimizer.safetensors  its Adam moments / SGD momentum
 //
-// One folder per (tp, pp) shard (`mp_rank_{tp:02d}` or `mp_rank_{tp:02d}_{pp:03d}`); every
-// tensor records its global shape and its offset in it (the safetensors metadata), so a
-// later reshard can place it. Saving is atomic: everything is written into
-// DIR/iter_N.tmp-<pid>, fsynced and renamed, and only then is the tracker replaced (temp
+// One folder per (tp, pp) rank: `mp_rank_{tp:02d}` when PP is 1, `mp_rank_{tp:02d}_{pp:03d}`
+// otherwise. Parameters keep their global Megatron names ("decoder.layers.5.mlp.linear_fc1.
+// weight", not renumbered per stage); optimizer state is "<kind>.<parameter name>"
+// ("exp_avg.decoder.layers.5.mlp.linear_fc1.weight"), sharded as its parameter. Every tensor
+// records in the safetensors metadata its global shape, the dimension it is split along
+// (-1: whole) and its offset there, so any layout can find its slice: loading assembles each
+// local tensor from the overlapping pieces of whatever layout was saved (resharding).
+//
+// Saving is atomic across ranks: every writer writes into the same DIR/iter_N.tmp-<token>
+// and fsyncs its files; after all have finished, one rank writes metadata.json with every
+// checksum, fsyncs, renames the folder to iter_N and only then replaces the tracker (temp
 // file, fsync, rename), so a crash at any moment leaves the previous checkpoint loadable.
-// Loading checks every file's checksum and every tensor's name and shape before anything
-// is copied, and never executes anything from a file.
+// Loading checks the checksum of every file it copies from and every tensor's name, dtype
+// and global shape before anything is copied, and never executes anything from a file.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +35,30 @@
 
 namespace tessera {
 
+// A whole tensor (tools that work on full parameters).
 struct NamedTensor {
   std::string name;
   Tensor tensor;
+};
+
+// One rank's slice of a tensor: the elements [offset, offset + tensor.shape[split_dim]) of
+// the global tensor along split_dim (every other dimension whole), or the whole tensor
+// (split_dim -1, tensor.shape == global_shape).
+struct ShardedTensor {
+  std::string name;
+  Tensor tensor;
+  Shape global_shape;
+  int split_dim = -1;
+  int64_t offset = 0;
+};
+
+// How the saving run was parallelised.
+struct CheckpointLayout {
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  int data_parallel = 1;
+  int virtual_stages = 1;
+  int64_t padded_vocab_size = 0;  // 0: not recorded (format version 1)
 };
 
 struct CheckpointState {
@@ -40,9 +69,39 @@ struct CheckpointState {
   int64_t optimizer_steps = 0;      // Adam's step count (bias correction)
   nlohmann::json scheduler;         // the schedule's settings, compared on resume
   nlohmann::json args;              // the arguments the run used
+  CheckpointLayout layout;
+  int format_version = 0;  // as read (saving writes the current one)
 };
 
-// Writes the checkpoint of `state.iteration` (optimizer may be empty: --no-save-optim).
+// A file of a checkpoint folder as metadata.json records it.
+struct CheckpointFile {
+  std::string path;  // relative to the iteration folder: "mp_rank_00_001/model.safetensors"
+  std::string sha256;
+  uint64_t bytes = 0;
+};
+
+// DIR/iter_0000100.
+std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration);
+// "mp_rank_01" (pp_size 1) or "mp_rank_01_002".
+std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size);
+
+// ---- Saving from many ranks: the steps, in order (the caller runs the collectives) ----
+// 1. One rank: creates DIR and a fresh DIR/iter_N.tmp-<token>; returns its path. Every rank
+//    must use the same token (the trainer broadcasts global rank 0's process id).
+std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, int64_t token);
+std::string checkpoint_temp_dir(const std::string& dir, int64_t iteration, int64_t token);
+// 2. Every writer (data-parallel rank 0 of each (tp, pp)): writes TMP/<shard>/model.safetensors
+//    and, unless `optimizer` is empty, optimizer.safetensors, fsynced; returns their records.
+std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
+                                                   const std::vector<ShardedTensor>& model,
+                                                   const std::vector<ShardedTensor>& optimizer);
+// 3. One rank, after every writer has finished: metadata.json (with `files`), fsyncs, the
+//    rename to DIR/iter_N (replacing an older folder of that iteration), the tracker.
+void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& state,
+                            const std::vector<CheckpointFile>& files);
+
+// All three steps in one process, as one (tp 0, pp 0) shard of layout `state.layout` (whole
+// tensors: one process, `tessera ckpt import-hf`). optimizer may be empty (--no-save-optim).
 void save_checkpoint(const std::string& dir, const CheckpointState& state, const std::vector<NamedTensor>& model,
                      const std::vector<NamedTensor>& optimizer);
 
@@ -50,9 +109,32 @@ void save_checkpoint(const std::string& dir, const CheckpointState& state, const
 // A malformed tracker is an Error naming the file.
 std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir);
 
-// Loads the checkpoint of `iteration` into the given tensors (same names and shapes, else an
-// Error naming the tensor and both shapes); optimizer tensors only when load_optimizer.
+// metadata.json of a checkpoint (no tensor is read). Errors name the file.
+CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iteration);
+
+// Loads the checkpoint of `iteration` into this rank's slices, whatever layout it was saved
+// with: each tensor is assembled from the saved pieces that overlap it. Global shapes and
+// dtypes must match (else an Error naming the file, the tensor and both shapes), every piece
+// must be there (else an Error naming the tensor and what is missing), and every file copied
+// from has its size and SHA-256 checked first. Optimizer tensors only when load_optimizer.
+// Where several files hold the same piece (parameters every TP rank holds whole), those of
+// the saved TP rank that holds this rank's slices (tp_rank of tp_size in this run) are read
+// first, so that each rank reads as few files as it can (only its own in the saved layout).
+CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<ShardedTensor>& model,
+                                const std::vector<ShardedTensor>& optimizer, bool load_optimizer, int tp_rank = 0,
+                                int tp_size = 1);
+// Whole tensors (tools): the full parameters, assembled from any layout.
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<NamedTensor>& model,
                                 const std::vector<NamedTensor>& optimizer, bool load_optimizer);
+
+// Where a tensor of a checkpoint file sits in its global tensor, from the file's safetensors
+// metadata (`global_shape=[64, 32];split_dim=0;offset=[32, 0]`). nullopt when the file records
+// none for it or the record does not parse.
+struct TensorPlacement {
+  Shape global_shape;
+  int split_dim = -1;
+  int64_t offset = 0;
+};
+std::optional<TensorPlacement> parse_tensor_placement(const std::string& text, const Shape& local_shape);
 
 }  // namespace tessera

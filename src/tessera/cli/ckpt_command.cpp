@@ -75,11 +75,7 @@ Command split_args(int argc, char** argv) {
   return c;
 }
 
-std::string iteration_dir(const std::string& dir, int64_t iteration) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
-  return (fs::path(dir) / name).string();
-}
+std::string iteration_dir(const std::string& dir, int64_t iteration) { return checkpoint_iteration_dir(dir, iteration); }
 
 int64_t choose_iteration(const std::string& dir, const ParsedOptions& p) {
   if (auto it = p.get_opt_int("--iteration")) {
@@ -122,8 +118,9 @@ bool has_flag(const std::vector<std::string>& flags, const std::string& f) {
 }
 
 // TrainArgs from flags that describe a model; training-only flags that are required
-// (data, batch, length) are filled with placeholders when absent.
-TrainArgs model_args(std::vector<std::string> flags) {
+// (data, batch, length) are filled with placeholders when absent. world_size: the processes
+// of the run that recorded them (its TP x PP x DP), so that its layout flags parse.
+TrainArgs model_args(std::vector<std::string> flags, int world_size = 1) {
   if (!has_flag(flags, "--mock-data") && !has_flag(flags, "--data-path") && !has_flag(flags, "--data-args-path") &&
       !has_flag(flags, "--train-data-path") && !has_flag(flags, "--per-split-data-args-path"))
     flags.push_back("--mock-data");
@@ -133,7 +130,18 @@ TrainArgs model_args(std::vector<std::string> flags) {
   if (!has_flag(flags, "--lr")) flags.insert(flags.end(), {"--lr", "0.0001"});
   std::vector<char*> argv;
   for (std::string& f : flags) argv.push_back(f.data());
-  return parse_train_args(static_cast<int>(argv.size()), argv.data());
+  return parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr, world_size);
+}
+
+// The recorded run's world size: TP x PP x DP of metadata.json (1 when not recorded).
+int recorded_world_size(const json& meta) {
+  int world = 1;
+  for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size"}) {
+    auto it = meta.find(key);
+    if (it != meta.end() && it->is_number_integer() && it->get<int64_t>() >= 1 && it->get<int64_t>() <= 1 << 20)
+      world *= it->get<int>();
+  }
+  return world;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -163,8 +171,15 @@ int run_inspect(const Command& c) {
               c.options.given("--iteration") ? "" : " (latest)");
   std::printf("  format: %s, version %s\n", meta.value("format", std::string("?")).c_str(),
               num("format_version").c_str());
-  std::printf("  layout: tensor-parallel %s, pipeline-parallel %s\n", num("tensor_model_parallel_size").c_str(),
-              num("pipeline_model_parallel_size").c_str());
+  if (meta.value("format_version", 1) >= 2)
+    std::printf("  layout: tensor-parallel %s, pipeline-parallel %s, data-parallel %s (saved by data-parallel "
+                "rank 0), virtual pipeline stages %s; padded vocabulary %s\n",
+                num("tensor_model_parallel_size").c_str(), num("pipeline_model_parallel_size").c_str(),
+                num("data_parallel_size").c_str(), num("virtual_pipeline_model_parallel_size").c_str(),
+                num("padded_vocab_size").c_str());
+  else
+    std::printf("  layout: tensor-parallel %s, pipeline-parallel %s\n", num("tensor_model_parallel_size").c_str(),
+                num("pipeline_model_parallel_size").c_str());
   std::printf("  consumed samples: train %s, valid %s; scheduler steps %s; optimizer steps %s\n",
               num("consumed_train_samples").c_str(), num("consumed_valid_samples").c_str(),
               num("scheduler_num_steps").c_str(), num("optimizer_steps").c_str());
@@ -237,8 +252,20 @@ int run_inspect(const Command& c) {
       safetensors::Reader r = safetensors::Reader::open(file.string());
       uint64_t total_bytes = 0, total_elems = 0;
       for (const auto& t : r.tensors()) {
-        std::printf("  %-56s %-4s %-16s %12llu bytes\n", t.name.c_str(), t.dtype_name.c_str(),
-                    shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.end - t.begin));
+        // A slice shows where it sits: "of [64, 32], dim 0 from 32".
+        std::string where;
+        if (auto m = r.metadata().find(t.name); m != r.metadata().end()) {
+          if (auto place = parse_tensor_placement(m->second, t.shape)) {
+            if (place->split_dim >= 0 && place->global_shape != t.shape)
+              where = "of " + shape_str(place->global_shape) + ", dim " + std::to_string(place->split_dim) +
+                      " from " + std::to_string(place->offset);
+          } else {
+            where = "(invalid placement)";
+            ok = false;
+          }
+        }
+        std::printf("  %-56s %-4s %-16s %12llu bytes  %s\n", t.name.c_str(), t.dtype_name.c_str(),
+                    shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.end - t.begin), where.c_str());
         total_bytes += t.end - t.begin;
         total_elems += t.numel;
       }
@@ -265,8 +292,9 @@ int run_export_hf(const Command& c) {
   const std::string dir = c.positional[0], out = c.positional[1];
   const int64_t iteration = choose_iteration(dir, c.options);
   const std::string it_dir = iteration_dir(dir, iteration);
-  const std::vector<std::string> flags = recorded_args(read_metadata(it_dir), it_dir);
-  const TrainArgs args = model_args(flags);
+  const json meta = read_metadata(it_dir);
+  const std::vector<std::string> flags = recorded_args(meta, it_dir);
+  const TrainArgs args = model_args(flags, recorded_world_size(meta));
   check_gpt2_expressible(args.model);  // before reading any weights
 
   HFExportSpec spec;
@@ -320,6 +348,7 @@ int run_import_hf(int argc, char** argv) {
   CheckpointState state;
   state.iteration = 0;
   state.args = flags;
+  state.layout.padded_vocab_size = args.model.padded_vocab_size;  // TP 1, PP 1: any layout loads it
   save_checkpoint(out, state, model, {});
   std::printf("imported %s into %s (iteration 0, model only, %lld parameters)\n", hf_dir.c_str(),
               iteration_dir(out, 0).c_str(), static_cast<long long>(params));

@@ -21,14 +21,14 @@ Optimizer::Optimizer(const OptimizerConfig& config, std::vector<OptimizerParam> 
   }
 }
 
-std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() const {
-  std::vector<std::pair<std::string, Tensor>> out;
+std::vector<Optimizer::StateTensor> Optimizer::state_tensors() const {
+  std::vector<StateTensor> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (config_.kind == OptimizerKind::Adam) {
-      out.emplace_back("exp_avg." + std::to_string(i), exp_avg_[i]);
-      out.emplace_back("exp_avg_sq." + std::to_string(i), exp_avg_sq_[i]);
+      out.push_back({"exp_avg", i, exp_avg_[i]});
+      out.push_back({"exp_avg_sq", i, exp_avg_sq_[i]});
     } else {
-      out.emplace_back("momentum_buffer." + std::to_string(i), exp_avg_[i]);
+      out.push_back({"momentum_buffer", i, exp_avg_[i]});
     }
   }
   return out;

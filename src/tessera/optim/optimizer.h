@@ -39,9 +39,15 @@ class Optimizer {
   void step(double lr, double weight_decay, double grad_scale = 1.0);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
-  // The state a checkpoint holds, named "exp_avg.<i>" / "exp_avg_sq.<i>" by parameter index
-  // (Adam) or "momentum_buffer.<i>" (SGD).
-  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // The state a checkpoint holds, per parameter (index into params()): Adam's "exp_avg" and
+  // "exp_avg_sq", or SGD's "momentum_buffer", each shaped like its parameter. Checkpoints
+  // name them "<kind>.<parameter name>" (ckpt/checkpoint.h).
+  struct StateTensor {
+    const char* kind;
+    size_t param;
+    Tensor tensor;
+  };
+  std::vector<StateTensor> state_tensors() const;
   const std::vector<OptimizerParam>& params() const { return params_; }
 
  private:

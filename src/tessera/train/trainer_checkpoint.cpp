@@ -1,6 +1,13 @@
 // Trainer's checkpoint side: what a checkpoint holds of the training state, saving it and
-// resuming from it (ckpt/checkpoint.h has the file layout).
+// resuming from it (ckpt/checkpoint.h has the file layout). Saving is collective over the
+// world: global rank 0 makes the temporary folder, data-parallel rank 0 of each (tp, pp)
+// writes its shard, rank 0 commits once every file is written. Loading reads, on every
+// rank, the slices of whatever layout was saved.
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -46,22 +53,112 @@ LrScheduleConfig schedule_from_json(const nlohmann::json& j) {
   return c;
 }
 
-std::vector<NamedTensor> model_tensors(const GPTModel& model) {
-  std::vector<NamedTensor> out;
-  for (size_t i = 0; i < model.shards().size(); ++i) out.push_back({model.shards()[i].spec.name, model.params()[i]});
+int rank_in(const Communicator* group) { return group ? group->rank() : 0; }
+
+// This rank's parameters as checkpoint tensors: the global name, shape and where the slice
+// sits. The tied embedding's copy on the last pipeline stage is left out of saves (it equals
+// the first stage's word embedding); loads fill it from the word embedding, under its name.
+std::vector<ShardedTensor> model_tensors(const GPTModel& model, bool with_embedding_copy) {
+  std::vector<ShardedTensor> out;
+  for (size_t i = 0; i < model.shards().size(); ++i) {
+    const ParamShard& s = model.shards()[i];
+    if (s.is_embedding_copy && !with_embedding_copy) continue;
+    out.push_back({s.spec.name, model.params()[i], s.spec.shape, s.split_dim, s.offset});
+  }
   return out;
 }
 
-std::vector<NamedTensor> optimizer_tensors(const Optimizer& optimizer) {
-  std::vector<NamedTensor> out;
-  for (auto& [name, t] : optimizer.state_tensors()) out.push_back({name, t});
+// Optimizer state, "<kind>.<parameter name>", sharded as its parameter (the copy's state
+// equals the word embedding's: same gradients, same updates).
+std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const GPTModel& model,
+                                             bool with_embedding_copy) {
+  std::vector<ShardedTensor> out;
+  for (const Optimizer::StateTensor& t : optimizer.state_tensors()) {
+    const ParamShard& s = model.shards().at(t.param);
+    if (s.is_embedding_copy && !with_embedding_copy) continue;
+    out.push_back({std::string(t.kind) + "." + s.spec.name, t.tensor, s.spec.shape, s.split_dim, s.offset});
+  }
   return out;
+}
+
+// The files every writer wrote, on every rank: fixed-size records (path, SHA-256, size)
+// all-gathered over the world.
+constexpr size_t kPathChars = 64, kFilesPerRank = 2;
+constexpr size_t kRecordWords = (kPathChars + 64) / 8 + 1;  // path, hex digest, bytes
+constexpr size_t kRankWords = 1 + kFilesPerRank * kRecordWords;
+
+std::vector<CheckpointFile> gather_files(Communicator* world, const std::vector<CheckpointFile>& mine,
+                                         Device& device) {
+  if (!world) return mine;
+  TESSERA_CHECK(mine.size() <= kFilesPerRank, "too many checkpoint files per rank");
+  std::vector<int64_t> record(kRankWords, 0);
+  record[0] = static_cast<int64_t>(mine.size());
+  for (size_t f = 0; f < mine.size(); ++f) {
+    TESSERA_CHECK(mine[f].path.size() < kPathChars && mine[f].sha256.size() == 64, "checkpoint file record");
+    char* p = reinterpret_cast<char*>(&record[1 + f * kRecordWords]);
+    std::memcpy(p, mine[f].path.data(), mine[f].path.size());
+    std::memcpy(p + kPathChars, mine[f].sha256.data(), 64);
+    record[1 + f * kRecordWords + kRecordWords - 1] = static_cast<int64_t>(mine[f].bytes);
+  }
+  const int n = world->size();
+  std::vector<int64_t> all(kRankWords * n);
+  world->all_gather(Tensor(all.data(), DType::I64, {static_cast<int64_t>(all.size())}, &device),
+                    Tensor(record.data(), DType::I64, {static_cast<int64_t>(kRankWords)}, &device));
+  std::vector<CheckpointFile> files;
+  for (int r = 0; r < n; ++r) {
+    const int64_t* rec = &all[r * kRankWords];
+    for (int64_t f = 0; f < rec[0]; ++f) {
+      const char* p = reinterpret_cast<const char*>(&rec[1 + f * kRecordWords]);
+      files.push_back({std::string(p, strnlen(p, kPathChars)), std::string(p + kPathChars, 64),
+                       static_cast<uint64_t>(rec[1 + f * kRecordWords + kRecordWords - 1])});
+    }
+  }
+  return files;
+}
+
+// Megatron keeps the checkpoint's padded vocabulary: the flags must give the same one.
+void check_padded_vocab(const TrainArgs& args, const CheckpointState& s, const std::string& dir) {
+  const int64_t saved = s.layout.padded_vocab_size, run = args.model.padded_vocab_size;
+  if (saved <= 0 || saved == run) return;
+  const int tp = args.tensor_parallel_size, vocab = args.model.vocab_size;
+  std::string hint;
+  for (int64_t d = saved / tp; d >= 1 && hint.empty(); --d)
+    if (saved % (d * tp) == 0 && padded_vocab_size(vocab, static_cast<int>(d), tp) == saved)
+      hint = "pass --make-vocab-size-divisible-by " + std::to_string(d) + ", which pads the vocabulary to " +
+             std::to_string(saved) + " with --tensor-model-parallel-size " + std::to_string(tp);
+  if (hint.empty())
+    hint = saved % tp != 0 ? "--tensor-model-parallel-size " + std::to_string(tp) + " does not divide the " +
+                                 "checkpoint's padded vocabulary " + std::to_string(saved) + "; choose one that does"
+                           : "the tokenizer's vocabulary (" + std::to_string(vocab) + ") does not fit the checkpoint's";
+  throw usage_error("the checkpoint in " + dir + " has a padded vocabulary of " + std::to_string(saved) +
+                        " rows, this run's is " + std::to_string(run) + " (the tokenizer's " +
+                        std::to_string(vocab) + " padded to a multiple of --make-vocab-size-divisible-by " +
+                        std::to_string(args.make_vocab_size_divisible_by) + " x --tensor-model-parallel-size " +
+                        std::to_string(tp) + ")",
+                    hint);
 }
 
 }  // namespace
 
 void Trainer::save_checkpoint(const std::string& dir) {
-  if (log_rank() == 0) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator* world = groups_.world && groups_.world->size() > 1 ? groups_.world : nullptr;
+  const int rank = rank_in(world), tp = rank_in(groups_.tp), pp = rank_in(groups_.pp), dp = rank_in(groups_.dp);
+  // Everyone writes into global rank 0's temporary folder, named by its process id.
+  int64_t token = ::getpid();
+  if (rank == 0) prepare_checkpoint_save(dir, iteration_, token);
+  if (world) world->broadcast(Tensor(&token, DType::I64, {1}, &device_), 0);
+  const std::string tmp_dir = checkpoint_temp_dir(dir, iteration_, token);
+  // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it.
+  std::vector<CheckpointFile> mine;
+  if (dp == 0)
+    mine = write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size),
+                                  model_tensors(model_, false),
+                                  args_.no_save_optim ? std::vector<ShardedTensor>{}
+                                                      : optimizer_tensors(*optimizer_, model_, false));
+  // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
+  const std::vector<CheckpointFile> files = gather_files(world, mine, device_);
+  if (rank == 0) {
     CheckpointState state;
     state.iteration = iteration_;
     state.consumed_train_samples = consumed_samples_;
@@ -70,15 +167,16 @@ void Trainer::save_checkpoint(const std::string& dir) {
     state.optimizer_steps = optimizer_->steps_taken();
     state.scheduler = schedule_json(args_.lr_schedule);
     state.args = args_.command_line;
-    const auto t0 = std::chrono::steady_clock::now();
-    tessera::save_checkpoint(dir, state, model_tensors(model_),
-                             args_.no_save_optim ? std::vector<NamedTensor>{} : optimizer_tensors(*optimizer_));
-    print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/1, p 1/1 ] (%.1f s)",
-                 static_cast<long long>(iteration_), dir.c_str(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    state.layout = {args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
+                    args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
+    commit_checkpoint_save(dir, tmp_dir, state, files);
   }
   // Nobody runs ahead of a save that may yet fail.
-  if (groups_.world && groups_.world->size() > 1) groups_.world->barrier();
+  if (world) world->barrier();
+  print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
+               static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
+               args_.pipeline_parallel_size,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -89,9 +187,37 @@ void Trainer::load_checkpoint(const std::string& dir) {
     return;
   }
   const bool load_optimizer = !args_.no_load_optim && !args_.finetune;
-  CheckpointState s = tessera::load_checkpoint(dir, *latest, model_tensors(model_), optimizer_tensors(*optimizer_),
-                                               load_optimizer);
+  Communicator* world = groups_.world && groups_.world->size() > 1 ? groups_.world : nullptr;
+  // Every rank reads the slices it needs; a failure on any rank stops every rank, each with
+  // an error (the ranks that failed with theirs).
+  CheckpointState s;
+  std::optional<Error> failure;
+  try {
+    check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
+    s = tessera::load_checkpoint(dir, *latest, model_tensors(model_, true),
+                                 optimizer_tensors(*optimizer_, model_, true), load_optimizer, rank_in(groups_.tp),
+                                 args_.tensor_parallel_size);
+  } catch (const Error& e) {
+    failure = e;
+  }
+  if (world) {
+    int32_t failed = failure ? 1 : 0;
+    world->all_reduce(Tensor(&failed, DType::I32, {1}, &device_), ReduceOp::Max);
+    if (failed && !failure)
+      failure = runtime_error("another rank could not load the checkpoint of iteration " + std::to_string(*latest) +
+                              " in " + dir + " (its error is above)");
+  }
+  if (failure) throw *failure;
   print_rank_0(" loading checkpoint from %s at iteration %lld", dir.c_str(), static_cast<long long>(*latest));
+  const CheckpointLayout& l = s.layout;
+  if (l.tensor_parallel != args_.tensor_parallel_size || l.pipeline_parallel != args_.pipeline_parallel_size ||
+      l.data_parallel != args_.data_parallel_size || l.virtual_stages != args_.pipeline_split.virtual_stages)
+    print_rank_0(" > resharded: saved with TP=%d PP=%d DP=%d (virtual stages %d), loaded into TP=%d PP=%d DP=%d "
+                 "(virtual stages %d)", l.tensor_parallel, l.pipeline_parallel, l.data_parallel, l.virtual_stages,
+                 args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
+                 args_.pipeline_split.virtual_stages);
+  print_rank_0("  successfully loaded checkpoint from %s [ t 1/%d, p 1/%d ] at iteration %lld", dir.c_str(),
+               args_.tensor_parallel_size, args_.pipeline_parallel_size, static_cast<long long>(*latest));
   if (args_.finetune) return;  // iteration 0, fresh optimizer and data position
   iteration_ = s.iteration;
   consumed_samples_ = s.consumed_train_samples;
@@ -106,6 +232,5 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   scheduler_.set_num_steps(s.scheduler_num_steps);
 }
-
 
 }  // namespace tessera

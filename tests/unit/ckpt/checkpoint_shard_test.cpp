@@ -1,0 +1,248 @@
+// Sharded checkpoints without processes: several "ranks" of one layout write their shards
+// through the save steps (prepare, write_checkpoint_shard, commit), and every slice of other
+// layouts loads the right elements (row splits, column splits, replicated tensors, slices
+// that straddle saved pieces, whole tensors); the placement record's parser; and the errors
+// that name the file, tensor or shard.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <array>
+#include <numeric>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/core/error.h"
+
+namespace fs = std::filesystem;
+using tessera::CheckpointFile;
+using tessera::CheckpointState;
+using tessera::DType;
+using tessera::Shape;
+using tessera::ShardedTensor;
+using tessera::Tensor;
+
+namespace {
+
+// Global tensors: "rows" [8, 3] split along dim 0, "cols" [2, 12] split along dim 1, "norm"
+// [5] whole on every TP rank. Element values are their flat global index.
+struct Global {
+  std::string name;
+  Shape shape;
+  int split;
+};
+const std::vector<Global> kGlobals = {{"rows", {8, 3}, 0}, {"cols", {2, 12}, 1}, {"norm", {5}, -1}};
+
+float value_at(const Global& g, const Shape& index) {
+  int64_t flat = 0;
+  for (size_t d = 0; d < g.shape.size(); ++d) flat = flat * g.shape[d] + index[d];
+  return static_cast<float>(flat) + (g.name == "cols" ? 1000.0f : g.name == "norm" ? 2000.0f : 0.0f);
+}
+
+// A slice [offset, offset + length) of g along its split (whole when split < 0), owning its data.
+struct Slice {
+  std::vector<float> data;
+  ShardedTensor t;
+};
+
+Slice make_slice(const Global& g, int64_t offset, int64_t length, bool fill, const std::string& prefix = "") {
+  Slice s;
+  Shape local = g.shape;
+  if (g.split >= 0) local[g.split] = length;
+  s.data.assign(static_cast<size_t>(tessera::shape_numel(local)), -1.0f);
+  if (fill) {
+    for (int64_t i = 0; i < local[0]; ++i)
+      for (int64_t j = 0; j < (local.size() > 1 ? local[1] : 1); ++j) {
+        Shape index = local.size() > 1 ? Shape{i, j} : Shape{i};
+        Shape global_index = index;
+        if (g.split >= 0) global_index[g.split] += offset;
+        s.data[i * (local.size() > 1 ? local[1] : 1) + j] = value_at(g, global_index);
+      }
+  }
+  s.t = {prefix + g.name, Tensor(s.data.data(), DType::F32, local, nullptr), g.shape, g.split,
+         g.split >= 0 ? offset : 0};
+  return s;
+}
+
+void expect_slice(const Slice& s, const Global& g, int64_t offset) {
+  const Slice want = make_slice(g, offset, s.t.tensor.shape[g.split >= 0 ? g.split : 0], true);
+  EXPECT_EQ(s.data, want.data) << g.name << " at " << offset;
+}
+
+class CheckpointShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" /
+           ("checkpoint_shard_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Saves iteration `iteration` as TP `tp` (PP 1): each TP rank writes its shard, with
+  // optimizer state "exp_avg.<name>" holding the same values.
+  std::string save(int tp, int64_t iteration = 5) {
+    const std::string dir = (dir_ / "ckpt").string();
+    const std::string tmp = tessera::prepare_checkpoint_save(dir, iteration, 4242);
+    std::vector<CheckpointFile> files;
+    for (int r = 0; r < tp; ++r) {
+      std::vector<Slice> model, optimizer;
+      for (const Global& g : kGlobals) {
+        const int64_t len = g.split >= 0 ? g.shape[g.split] / tp : 0;
+        model.push_back(make_slice(g, r * len, len, true));
+        optimizer.push_back(make_slice(g, r * len, len, true, "exp_avg."));
+      }
+      std::vector<ShardedTensor> m, o;
+      for (auto& s : model) m.push_back(s.t);
+      for (auto& s : optimizer) o.push_back(s.t);
+      for (auto& f : tessera::write_checkpoint_shard(tmp, tessera::checkpoint_shard_folder(r, 0, 1), m, o))
+        files.push_back(f);
+    }
+    CheckpointState state;
+    state.iteration = iteration;
+    state.consumed_train_samples = 40;
+    state.args = nlohmann::json::array({"--num-layers", "1"});
+    state.layout = {tp, 1, 3, 1, 64};
+    tessera::commit_checkpoint_save(dir, tmp, state, files);
+    return dir;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointShardTest, EverySliceOfAnotherLayoutLoads) {
+  const std::string dir = save(4);
+  EXPECT_EQ(*tessera::latest_checkpoint_iteration(dir), 5);
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000005/mp_rank_03/optimizer.safetensors"));
+  // TP 2's halves, TP 1's whole, and odd slices that straddle the saved pieces:
+  // (rows offset, rows length, cols offset, cols length).
+  for (auto [ro, rl, co, cl] : std::vector<std::array<int64_t, 4>>{{0, 4, 0, 6}, {4, 4, 6, 6}, {0, 8, 0, 12},
+                                                                     {1, 6, 5, 6}, {7, 1, 2, 1}}) {
+    std::vector<Slice> model, optimizer;
+    for (const Global& g : kGlobals) {
+      const int64_t off = g.name == "rows" ? ro : g.name == "cols" ? co : 0;
+      const int64_t len = g.name == "rows" ? rl : g.name == "cols" ? cl : 0;
+      model.push_back(make_slice(g, off, len, false));
+      optimizer.push_back(make_slice(g, off, len, false, "exp_avg."));
+    }
+    std::vector<ShardedTensor> m, o;
+    for (auto& s : model) m.push_back(s.t);
+    for (auto& s : optimizer) o.push_back(s.t);
+    CheckpointState s = tessera::load_checkpoint(dir, 5, m, o, true, 1, 2);
+    EXPECT_EQ(s.consumed_train_samples, 40);
+    EXPECT_EQ(s.layout.tensor_parallel, 4);
+    EXPECT_EQ(s.layout.data_parallel, 3);
+    EXPECT_EQ(s.layout.padded_vocab_size, 64);
+    EXPECT_EQ(s.format_version, 2);
+    for (size_t i = 0; i < kGlobals.size(); ++i) {
+      expect_slice(model[i], kGlobals[i], m[i].offset);
+      expect_slice(optimizer[i], kGlobals[i], o[i].offset);
+    }
+  }
+  // Whole tensors (the tools' overload).
+  std::vector<std::vector<float>> whole;
+  std::vector<tessera::NamedTensor> named;
+  for (const Global& g : kGlobals) whole.emplace_back(tessera::shape_numel(g.shape), -1.0f);
+  for (size_t i = 0; i < kGlobals.size(); ++i)
+    named.push_back({kGlobals[i].name, Tensor(whole[i].data(), DType::F32, kGlobals[i].shape, nullptr)});
+  tessera::load_checkpoint(dir, 5, named, {}, false);
+  for (size_t i = 0; i < kGlobals.size(); ++i) {
+    Global g = kGlobals[i];
+    const Slice want = make_slice(g, 0, g.split >= 0 ? g.shape[g.split] : 0, true);
+    EXPECT_EQ(whole[i], want.data) << g.name;
+  }
+}
+
+TEST_F(CheckpointShardTest, ASaveOfTheSameIterationReplacesTheOldFolder) {
+  save(2);
+  const std::string dir = save(4);
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000005/mp_rank_03/model.safetensors"));
+  EXPECT_EQ(tessera::read_checkpoint_metadata(dir, 5).layout.tensor_parallel, 4);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".old-"), std::string::npos) << e.path();
+}
+
+std::string load_error(const std::string& dir, const std::vector<ShardedTensor>& m, bool optimizer = false) {
+  try {
+    tessera::load_checkpoint(dir, 5, m, {}, optimizer);
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST_F(CheckpointShardTest, ErrorsNameTheFileTensorOrShard) {
+  const std::string dir = save(2);
+  Slice rows = make_slice(kGlobals[0], 0, 4, false);
+  // A tensor the checkpoint lacks.
+  Slice other = rows;
+  other.t.name = "decoder.layers.9.mlp.linear_fc1.weight";
+  other.t.tensor.ptr = other.data.data();
+  EXPECT_NE(load_error(dir, {other.t}).find("lacks parameter decoder.layers.9.mlp.linear_fc1.weight"),
+            std::string::npos);
+  // Another global shape: the file, the tensor and both shapes.
+  Slice wide = make_slice({"rows", {8, 4}, 0}, 0, 4, false);
+  const std::string e = load_error(dir, {wide.t});
+  EXPECT_NE(e.find("mp_rank_0"), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor rows is F32 [8, 3], the model expects F32 [8, 4]"), std::string::npos) << e;
+  // A deleted shard folder.
+  fs::rename(dir + "/iter_0000005/mp_rank_01", dir_ / "moved");
+  const std::string missing = load_error(dir, {rows.t});
+  EXPECT_NE(missing.find("iter_0000005/mp_rank_01/model.safetensors is missing"), std::string::npos) << missing;
+  fs::rename(dir_ / "moved", dir + "/iter_0000005/mp_rank_01");
+  // A flipped byte in the data of the file the slice needs.
+  const std::string file = dir + "/iter_0000005/mp_rank_00/model.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 3] ^= 0x5a;
+  std::ofstream(file, std::ios::binary) << bytes;
+  const std::string corrupt = load_error(dir, {rows.t});
+  EXPECT_NE(corrupt.find(file + " is corrupt or truncated (checksum mismatch)"), std::string::npos) << corrupt;
+  // The slice held only by the intact file still loads (only files copied from are read).
+  Slice upper = make_slice(kGlobals[0], 4, 4, false);
+  tessera::load_checkpoint(dir, 5, {upper.t}, {}, false, 1, 2);
+  expect_slice(upper, kGlobals[0], 4);
+  // A layout whose shard metadata.json does not list.
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir + "/iter_0000005/metadata.json"));
+  meta["tensor_model_parallel_size"] = 3;
+  std::ofstream(dir + "/iter_0000005/metadata.json") << meta.dump();
+  EXPECT_NE(load_error(dir, {upper.t}).find("lists no file of shard mp_rank_02"), std::string::npos);
+}
+
+TEST(CheckpointPlacement, ParsesAndRejects) {
+  using tessera::parse_tensor_placement;
+  auto p = parse_tensor_placement("global_shape=[64, 32];split_dim=0;offset=[32, 0]", {32, 32});
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->global_shape, (Shape{64, 32}));
+  EXPECT_EQ(p->split_dim, 0);
+  EXPECT_EQ(p->offset, 32);
+  // Format 1 (no split_dim): a whole tensor.
+  p = parse_tensor_placement("global_shape=[64, 32];offset=[0, 0]", {64, 32});
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->split_dim, -1);
+  // Inconsistent or malformed records.
+  for (const char* bad : {"global_shape=[64, 32];split_dim=0;offset=[40, 0]",  // past the end
+                          "global_shape=[64, 32];split_dim=1;offset=[32, 0]",  // offset on a whole dim
+                          "global_shape=[64, 33];split_dim=0;offset=[32, 0]",  // other dim differs
+                          "global_shape=[64];split_dim=0;offset=[32]",          // rank differs
+                          "global_shape=[64, 32];split_dim=7;offset=[32, 0]", "global_shape=[-1, 32];offset=[0, 0]",
+                          "global_shape=[64, 32]", "garbage", "", "global_shape=[64,, 32];offset=[0, 0]",
+                          "global_shape=[99999999999999999999, 32];offset=[0, 0]"})
+    EXPECT_FALSE(parse_tensor_placement(bad, {32, 32})) << bad;
+}
+
+TEST(CheckpointNames, MegatronFolders) {
+  EXPECT_EQ(tessera::checkpoint_shard_folder(1, 0, 1), "mp_rank_01");
+  EXPECT_EQ(tessera::checkpoint_shard_folder(1, 0, 2), "mp_rank_01_000");
+  EXPECT_EQ(tessera::checkpoint_shard_folder(3, 12, 16), "mp_rank_03_012");
+  EXPECT_EQ(tessera::checkpoint_iteration_dir("d", 100), "d/iter_0000100");
+}
+
+}  // namespace
