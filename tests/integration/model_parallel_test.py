@@ -119,6 +119,30 @@ def test_pipeline_bit_exact(tmp):
     print("ok  pure PP of an untied model is bit-exact (PP=2, PP=4)", flush=True)
 
 
+def test_init_from_hf(tmp):
+    """--init-from-hf shards a Hugging Face GPT-2 (the PyTorch reference's) over TP 2 x PP 2
+    like the single process loads it whole."""
+    ref = os.path.join(tmp, "hf_reference")
+    source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run(["/usr/bin/python3", os.path.join(source, "reference", "gpt_reference.py"), "--out", ref],
+                   check=True, capture_output=True, timeout=120)
+    args = json.load(open(os.path.join(ref, "train_config.json")))["megatron_args"]
+    # Padded vocabulary 128 for TP 1 and 2 (the reference's 128 x TP would give 256).
+    args = args + ["--mock-data", "--log-interval", "1", "--make-vocab-size-divisible-by", "64"]
+    logs = []
+    for label, cmd in (("single", [TESSERA, "train"]),
+                       ("tp2 pp2", [TESSERA, "launch", "--nproc_per_node", "4", "--master_port", str(PORT_BASE + 398),
+                                    "train", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"])):
+        path = os.path.join(tmp, "hf_%s.jsonl" % label.replace(" ", "_"))
+        p = subprocess.run(cmd + args + ["--log-json", path], capture_output=True, text=True, timeout=240,
+                           env=env_without_launch())
+        assert p.returncode == 0 and "initialised from Hugging Face GPT-2 weights" in p.stdout, (
+            label, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+        logs.append(records(path))
+    compare(logs[0], logs[1], "--init-from-hf tp2 pp2")
+    print("ok  --init-from-hf shards over TP 2 x PP 2", flush=True)
+
+
 def test_layout_errors(tmp):
     cases = [
         (2, ["--tensor-model-parallel-size", "3"], "not divisible by --tensor-model-parallel-size 3 x"),
@@ -183,6 +207,7 @@ def main():
             test_two_hosts(tmp)
             return
         test_layout_errors(tmp)
+        test_init_from_hf(tmp)
         test_layouts(tmp, dropout=False)
         test_layouts(tmp, dropout=True)
         test_pipeline_bit_exact(tmp)
