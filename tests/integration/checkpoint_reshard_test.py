@@ -54,7 +54,10 @@ def run(procs, flags, expect_rc=0, timeout=180):
     _port[0] += 1
     cmd = [TESSERA, "train"] if procs == 1 else [TESSERA, "launch", "--nproc_per_node", str(procs), "--master_port",
                                                    str(PORT_BASE + _port[0]), "train"]
-    p = subprocess.run(cmd + TRAIN + flags, capture_output=True, text=True, timeout=timeout, env=env_without_launch())
+    env = env_without_launch()
+    if procs == 1:
+        env["OMP_NUM_THREADS"] = "1"  # as the launcher gives each worker: no oversubscription
+    p = subprocess.run(cmd + TRAIN + flags, capture_output=True, text=True, timeout=timeout, env=env)
     ok = p.returncode == expect_rc if expect_rc is not None else p.returncode != 0
     assert ok, "rc %d (want %s): %s\n%s\n%s" % (p.returncode, expect_rc, " ".join(flags), p.stdout[-3000:],
                                                 p.stderr[-3000:])

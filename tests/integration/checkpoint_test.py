@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Checkpoints through `tessera train`: 20 iterations straight equal 10 + save + resume + 10
-bit for bit (losses, grad norms, validation lines; dropout on), for one process and for DP=2;
+bit for bit (losses, grad norms, validation lines; dropout on), for one process, for DP=2 and
+with --fp16's dynamic loss scaler (its state resumes);
 kill -9 at random moments of a run that saves every iteration always leaves a loadable latest
 checkpoint; corrupt, truncated or missing files and a different model are errors naming the
 file or tensor; --no-save-optim / --no-load-optim / --finetune and the schedule check behave
@@ -46,17 +47,19 @@ def validation(out):
     return [l.split("]: ")[-1] for l in out.splitlines() if "validation loss at" in l]
 
 
-def test_bit_exact_resume(tmp, launch=None):
-    tag = "dp%d" % (launch or 1)
-    straight = train(["--log-json", f"{tmp}/{tag}_straight.jsonl"], launch=launch)
-    first = train(["--save", f"{tmp}/{tag}_ckpt", "--save-interval", "7", "--exit-interval", "10",
-                   "--log-json", f"{tmp}/{tag}_resumed.jsonl"], launch=launch)
-    second = train(["--load", f"{tmp}/{tag}_ckpt", "--log-json", f"{tmp}/{tag}_resumed.jsonl"], launch=launch)
+def test_bit_exact_resume(tmp, launch=None, extra=(), tag=None):
+    tag = tag or "dp%d" % (launch or 1)
+    extra = list(extra)
+    straight = train(extra + ["--log-json", f"{tmp}/{tag}_straight.jsonl"], launch=launch)
+    first = train(extra + ["--save", f"{tmp}/{tag}_ckpt", "--save-interval", "7", "--exit-interval", "10",
+                           "--log-json", f"{tmp}/{tag}_resumed.jsonl"], launch=launch)
+    second = train(extra + ["--load", f"{tmp}/{tag}_ckpt", "--log-json", f"{tmp}/{tag}_resumed.jsonl"],
+                   launch=launch)
     a, b = records(f"{tmp}/{tag}_straight.jsonl"), records(f"{tmp}/{tag}_resumed.jsonl")
     assert [r["iteration"] for r in b] == list(range(1, 21)), [r["iteration"] for r in b]
-    for x, y in zip(a, b):  # the same bits: compared exactly
-        assert (x["lm_loss"], x["grad_norm"], x["learning_rate"], x["consumed_samples"]) == \
-               (y["lm_loss"], y["grad_norm"], y["learning_rate"], y["consumed_samples"]), (tag, x, y)
+    keys = ("lm_loss", "grad_norm", "learning_rate", "consumed_samples", "loss_scale", "skipped_iterations")
+    for x, y in zip(a, b):  # the same bits: compared exactly (NaN grad norms of skipped steps as text)
+        assert [repr(x.get(k)) for k in keys] == [repr(y.get(k)) for k in keys], (tag, x, y)
     assert validation(straight.stdout) == validation(first.stdout) + validation(second.stdout), tag
     assert open(f"{tmp}/{tag}_ckpt/latest_checkpointed_iteration.txt").read() == "10"
 
@@ -219,6 +222,11 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in (("bit-exact resume, 1 process", lambda: test_bit_exact_resume(tmp)),
                          ("bit-exact resume, DP=2", lambda: test_bit_exact_resume(tmp, launch=2)),
+                         # The loss scaler's state (scale, growth and hysteresis trackers) resumes:
+                         # a window of 4 grows the scale across the save.
+                         ("bit-exact resume, --fp16", lambda: test_bit_exact_resume(
+                             tmp, extra=["--fp16", "--loss-scale-window", "4", "--initial-loss-scale", "65536"],
+                             tag="fp16")),
                          ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
                          ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
                          ("flags", lambda: test_flags(tmp)),

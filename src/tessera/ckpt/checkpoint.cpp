@@ -126,17 +126,9 @@ class PieceIndex {
         throw runtime_error("checkpoint file " + src.path + " is missing",
                             "the shard folder " + shard_of(src.rel) + " is missing or incomplete; copy the whole " +
                                 fs::path(it_dir).filename().string() + " folder");
-      // A header that does not parse is most likely a damaged file: say so when the checksum
-      // disagrees (the data is verified before any copy, headers only locate the tensors).
+      // Headers only locate the tensors; the data is verified before any copy.
       if (fs::file_size(src.path) != src.bytes) throw checksum_error(src.path);
-      std::optional<safetensors::Reader> opened;
-      try {
-        opened = safetensors::Reader::open(src.path);
-      } catch (const Error&) {
-        if (!checksum_ok(src)) throw checksum_error(src.path);
-        throw;
-      }
-      const safetensors::Reader& r = *opened;
+      const safetensors::Reader r = safetensors::Reader::open(src.path);
       for (const safetensors::TensorInfo& info : r.tensors()) {
         Piece p{f, info.shape, {}};
         auto meta = r.metadata().find(info.name);
@@ -303,6 +295,7 @@ CheckpointState state_from_json(const json& meta) {
   s.optimizer_steps = meta.at("optimizer_steps").get<int64_t>();
   s.scheduler = meta.at("scheduler");
   s.args = meta.at("args");
+  s.grad_scaler = meta.value("grad_scaler", json());
   s.layout.tensor_parallel = meta.value("tensor_model_parallel_size", 1);
   s.layout.pipeline_parallel = meta.value("pipeline_model_parallel_size", 1);
   s.layout.data_parallel = meta.value("data_parallel_size", 1);
@@ -438,6 +431,7 @@ void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, 
                {"padded_vocab_size", l.padded_vocab_size},
                {"args", state.args},
                {"files", listed}};
+  if (!state.grad_scaler.is_null()) meta["grad_scaler"] = state.grad_scaler;
   write_file_synced((fs::path(tmp_dir) / "metadata.json").string(), meta.dump(2));
   fsync_directory(tmp_dir);
 
@@ -529,19 +523,31 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const
 
   // The saved TP rank whose slice holds this rank's (when the sizes divide), read first.
   const int preferred = static_cast<int>(static_cast<int64_t>(tp_rank) * s.layout.tensor_parallel / tp_size);
-  PieceIndex model_index(it_dir, model_files);
-  std::vector<std::vector<CopyOp>> model_ops(model_files.size());
-  for (size_t i = 0; i < model.size(); ++i) model_index.plan(model[i], i, preferred, "parameter", model_ops);
-  if (load_optimizer) {
-    PieceIndex optimizer_index(it_dir, optimizer_files);
-    std::vector<std::vector<CopyOp>> optimizer_ops(optimizer_files.size());
-    for (size_t i = 0; i < optimizer.size(); ++i)
-      optimizer_index.plan(optimizer[i], i, preferred, "optimizer state", optimizer_ops);
-    execute(model_index, model, model_ops);
-    execute(optimizer_index, optimizer, optimizer_ops);
-  } else {
-    execute(model_index, model, model_ops);
-  }
+  // Planning trusts the headers only to locate tensors; when it fails, a damaged file is the
+  // likelier cause, and is reported as such.
+  auto planned = [&](const std::vector<SourceFile>& sources, auto&& plan) {
+    try {
+      return plan();
+    } catch (const Error&) {
+      for (const SourceFile& src : sources)
+        if (fs::exists(src.path) && !checksum_ok(src)) throw checksum_error(src.path);
+      throw;
+    }
+  };
+  std::optional<PieceIndex> model_index, optimizer_index;
+  std::vector<std::vector<CopyOp>> model_ops(model_files.size()), optimizer_ops(optimizer_files.size());
+  planned(model_files, [&] {
+    model_index.emplace(it_dir, model_files);
+    for (size_t i = 0; i < model.size(); ++i) model_index->plan(model[i], i, preferred, "parameter", model_ops);
+  });
+  if (load_optimizer)
+    planned(optimizer_files, [&] {
+      optimizer_index.emplace(it_dir, optimizer_files);
+      for (size_t i = 0; i < optimizer.size(); ++i)
+        optimizer_index->plan(optimizer[i], i, preferred, "optimizer state", optimizer_ops);
+    });
+  execute(*model_index, model, model_ops);
+  if (load_optimizer) execute(*optimizer_index, optimizer, optimizer_ops);
   return s;
 }
 

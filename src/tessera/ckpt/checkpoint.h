@@ -69,6 +69,7 @@ struct CheckpointState {
   int64_t optimizer_steps = 0;      // Adam's step count (bias correction)
   nlohmann::json scheduler;         // the schedule's settings, compared on resume
   nlohmann::json args;              // the arguments the run used
+  nlohmann::json grad_scaler;       // the fp16 loss scaler's state_dict (null without one)
   CheckpointLayout layout;
   int format_version = 0;  // as read (saving writes the current one)
 };

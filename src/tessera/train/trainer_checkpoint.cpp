@@ -167,6 +167,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
     state.optimizer_steps = optimizer_->steps_taken();
     state.scheduler = schedule_json(args_.lr_schedule);
     state.args = args_.command_line;
+    if (loss_scaler_ && !args_.no_save_optim) state.grad_scaler = loss_scaler_->state_dict();
     state.layout = {args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
     commit_checkpoint_save(dir, tmp_dir, state, files);
@@ -223,6 +224,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
   consumed_samples_ = s.consumed_train_samples;
   consumed_valid_samples_ = s.consumed_valid_samples;
   if (load_optimizer) optimizer_->set_steps_taken(s.optimizer_steps);
+  // The loss scaler travels with the optimizer state, as in Megatron.
+  if (loss_scaler_ && load_optimizer) {
+    if (!s.grad_scaler.is_null())
+      loss_scaler_->load_state_dict(s.grad_scaler);
+    else
+      print_rank_0("WARNING: the checkpoint holds no loss-scaler state (it was saved without --fp16 or a "
+                   "--loss-scale); the scaler starts from its flags");
+  }
   if (args_.use_checkpoint_scheduler) {
     scheduler_ = LrScheduler(schedule_from_json(s.scheduler));
   } else if (!args_.override_scheduler && s.scheduler != schedule_json(args_.lr_schedule)) {

@@ -216,6 +216,25 @@ TEST_F(CheckpointShardTest, ErrorsNameTheFileTensorOrShard) {
   EXPECT_NE(load_error(dir, {upper.t}).find("lists no file of shard mp_rank_02"), std::string::npos);
 }
 
+TEST_F(CheckpointShardTest, ADamagedHeaderIsAChecksumError) {
+  const std::string dir = save(2);
+  const std::string file = dir + "/iter_0000005/mp_rank_01/model.safetensors";
+  for (size_t at : {12, 30, 60, 100}) {
+    std::string bytes;
+    {
+      std::ifstream in(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::string good = bytes;
+    bytes[at] ^= 0x21;
+    std::ofstream(file, std::ios::binary) << bytes;
+    Slice rows = make_slice(kGlobals[0], 0, 8, false);
+    const std::string e = load_error(dir, {rows.t});
+    EXPECT_NE(e.find(file + " is corrupt or truncated (checksum mismatch)"), std::string::npos) << at << ": " << e;
+    std::ofstream(file, std::ios::binary) << good;
+  }
+}
+
 TEST(CheckpointPlacement, ParsesAndRejects) {
   using tessera::parse_tensor_placement;
   auto p = parse_tensor_placement("global_shape=[64, 32];split_dim=0;offset=[32, 0]", {32, 32});
