@@ -7,9 +7,10 @@ is no RNG state to save and every layout draws the same masks):
   10 + save + resume + 10: the same lm loss, grad norm, learning rate and consumed samples at
   every iteration (the --log-json records compared exactly) and the same validation lines;
 - resharding: the TP=2 PP=2 DP=2 checkpoint of iteration 10 resumed into one process, into
-  TP=4 PP=1 DP=2 and into TP=1 PP=4 DP=1 continues with the losses and gradient norms of the
-  original layout's own iterations 11..20 within 1e-5 relative; a one-process checkpoint
-  resumed into TP=2 PP=2 continues as the one-process run does;
+  TP=4 PP=1 DP=2, into TP=1 PP=4 DP=1 and into PP=4 interleaved (2 virtual stages) DP=2
+  continues with the losses and gradient norms of the original layout's own iterations
+  11..20 within 1e-5 relative; the interleaved run's own checkpoint resumes bit-exact; a
+  one-process checkpoint resumed into TP=2 PP=2 continues as the one-process run does;
 - the layout on disk (mp_rank_{tp:02d}_{pp:03d}, DP rank 0 writes, no tied-embedding copy,
   optimizer state by parameter name, placement metadata), `ckpt inspect` of it, `ckpt
   export-hf` of it equal to the export of the same weights saved by one process, and an
@@ -171,6 +172,26 @@ def main():
                 out = run(procs, flags + ["--load", ckpt, "--log-json", log]).stdout
                 assert "resharded: saved with TP=2 PP=2 DP=2" in out, out[-2000:]
                 compare(straight[10:], records(log), "reshard to " + label)
+
+        with Timer("reshard -> PP=4 interleaved DP=2; its own save resumes bit-exact"):
+            # Virtual stages: a rank's folder holds the layers of both its chunks, and the tied
+            # embedding's copy sits in chunk 1 of the last rank.
+            inter, log = f"{tmp}/ckpt_interleaved", f"{tmp}/interleaved.jsonl"
+            flags = layout(1, 4) + ["--num-layers-per-virtual-pipeline-stage", "1"]
+            run(8, flags + ["--load", ckpt, "--save", inter, "--save-interval", "5", "--log-json", log])
+            continued = records(log)
+            compare(straight[10:], continued, "reshard to PP=4 interleaved")
+            meta = json.load(open(f"{inter}/iter_0000015/metadata.json"))
+            assert (meta["pipeline_model_parallel_size"], meta["virtual_pipeline_model_parallel_size"],
+                    meta["data_parallel_size"]) == (4, 2, 2), meta
+            last = safetensors_header(f"{inter}/iter_0000015/mp_rank_00_003/model.safetensors")
+            assert {"decoder.layers.3.mlp.linear_fc1.weight", "decoder.layers.7.mlp.linear_fc1.weight",
+                    "decoder.final_layernorm.weight"} <= last.keys() and \
+                "embedding.word_embeddings.weight" not in last, sorted(last)
+            with open(f"{inter}/latest_checkpointed_iteration.txt", "w") as f:
+                f.write("15")  # an earlier iteration, as the docs say
+            run(8, flags + ["--load", inter, "--log-json", f"{tmp}/interleaved_again.jsonl"])
+            compare(continued[5:], records(f"{tmp}/interleaved_again.jsonl"), "interleaved resume", exact=True)
 
         with Timer("one-process checkpoint -> TP=2 PP=2 (single straight + save)"):
             single = f"{tmp}/ckpt1"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -109,11 +110,27 @@ Error checksum_error(const std::string& path) {
                        "load an earlier iteration (edit " + std::string(kTracker) + ") or re-save");
 }
 
-bool checksum_ok(const SourceFile& src, const std::string& bytes) {
-  return bytes.size() == src.bytes &&
-         sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()}) == src.sha256;
+// The whole file (one copy in memory: it is hashed and parsed in place).
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw runtime_error("cannot read checkpoint file " + path + ": " + std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  std::error_code ec;
+  bytes.resize(static_cast<size_t>(fs::file_size(path, ec)));
+  size_t got = ec ? 0 : std::fread(bytes.data(), 1, bytes.size(), f);
+  bytes.resize(got);
+  uint8_t more[4096];  // a file that grew since its size was taken
+  while (size_t n = std::fread(more, 1, sizeof more, f)) bytes.insert(bytes.end(), more, more + n);
+  const bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) throw runtime_error("reading checkpoint file " + path + " failed");
+  return bytes;
 }
-bool checksum_ok(const SourceFile& src) { return checksum_ok(src, read_file(src.path)); }
+
+bool checksum_ok(const SourceFile& src, const std::vector<uint8_t>& bytes) {
+  return bytes.size() == src.bytes && sha256_hex(bytes) == src.sha256;
+}
+bool checksum_ok(const SourceFile& src) { return checksum_ok(src, read_bytes(src.path)); }
 
 // The pieces of every tensor of a kind of file (model or optimizer), by name, from the
 // (unverified, bounds-checked) headers; the data is read and verified only when copied.
@@ -243,10 +260,9 @@ void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
   for (size_t f = 0; f < ops_by_file.size(); ++f) {
     if (ops_by_file[f].empty()) continue;
     const SourceFile& src = index.sources()[f];
-    std::string text = read_file(src.path);
-    if (!checksum_ok(src, text)) throw checksum_error(src.path);
-    safetensors::Reader r = safetensors::Reader::from_bytes(src.path, std::vector<uint8_t>(text.begin(), text.end()));
-    text = std::string();
+    std::vector<uint8_t> bytes = read_bytes(src.path);
+    if (!checksum_ok(src, bytes)) throw checksum_error(src.path);
+    const safetensors::Reader r = safetensors::Reader::from_bytes(src.path, std::move(bytes));
     for (const CopyOp& op : ops_by_file[f]) {
       const ShardedTensor& t = targets[op.target];
       const safetensors::TensorInfo* info = r.find(t.name);

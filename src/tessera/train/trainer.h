@@ -66,12 +66,14 @@ class Trainer {
   // validation iterator); test starts at 0.
   double evaluate(const char* split);
 
-  // --load: resumes from DIR's latest checkpoint (model, optimizer unless --no-load-optim,
-  // iteration, consumed samples, LR schedule), or with --finetune loads only the model.
+  // --load: resumes from DIR's latest checkpoint (model, optimizer and loss scaler unless
+  // --no-load-optim, iteration, consumed samples, LR schedule), or with --finetune loads only
+  // the model; whatever (TP, PP, DP) layout saved it (each rank assembles its slices).
   // A folder without a checkpoint starts from scratch with a warning, as Megatron does.
+  // Collective over the world: a rank that fails makes every rank fail.
   void load_checkpoint(const std::string& dir);
-  // --save: writes the checkpoint of the current iteration (global rank 0 writes; every
-  // data-parallel rank waits for it).
+  // --save: writes the checkpoint of the current iteration. Collective over the world:
+  // data-parallel rank 0 of each (tp, pp) writes its shard, global rank 0 commits.
   void save_checkpoint(const std::string& dir);
 
   int64_t iteration() const { return iteration_; }
