@@ -53,8 +53,9 @@ std::vector<HFTensor> megatron_to_hf_gpt2(const std::map<std::string, std::vecto
 void write_hf_gpt2(const std::string& out_dir, const HFExportSpec& spec,
                    const std::map<std::string, std::vector<float>>& weights);
 
-// The model tensors of checkpoint `iteration` in `dir`, every file's checksum and every
-// tensor's name and shape verified against `c` (checkpoint.h's load_checkpoint).
+// The full model tensors of checkpoint `iteration` in `dir`, assembled from whatever (TP, PP)
+// layout saved it; the checksum of every file read and every tensor's name and global shape
+// verified against `c` (checkpoint.h's load_checkpoint).
 std::map<std::string, std::vector<float>> read_checkpoint_model(const std::string& dir, int64_t iteration,
                                                                 const GPTConfig& c);
 
