@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_gpt2.h"
 #include "tessera/cli/commands.h"
 #include "tessera/comm/backend.h"
@@ -23,6 +24,30 @@
 #include "tessera/train/training_data.h"
 
 namespace tessera::cli {
+
+namespace {
+
+// Megatron takes the padded vocabulary from the checkpoint's arguments: a checkpoint saved at
+// another TP (and so another padding) resumes with its own size, which the new TP must divide.
+void keep_checkpoint_padded_vocab(TrainArgs& args) {
+  if (args.load.empty()) return;
+  const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
+  if (!latest) return;
+  const int64_t saved = read_checkpoint_metadata(args.load, *latest).layout.padded_vocab_size;
+  GPTConfig& m = args.model;
+  if (saved == 0 || saved == m.padded_vocab_size) return;  // 0: format 1 records none
+  if (saved < m.vocab_size || saved % args.tensor_parallel_size != 0)
+    throw usage_error("the checkpoint in " + args.load + " has a padded vocabulary of " + std::to_string(saved) +
+                          ", which --tensor-model-parallel-size " + std::to_string(args.tensor_parallel_size) +
+                          " does not divide (or which is smaller than the tokenizer's " +
+                          std::to_string(m.vocab_size) + ")",
+                      "resume with a tensor-parallel size that divides " + std::to_string(saved));
+  print_rank_0(" > keeping the checkpoint's padded vocabulary %lld (the flags alone give %d)",
+               static_cast<long long>(saved), m.padded_vocab_size);
+  m.padded_vocab_size = static_cast<int>(saved);
+}
+
+}  // namespace
 
 int run_train(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
@@ -59,6 +84,7 @@ int run_train(int argc, char** argv) {
   }
   print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
 
+  keep_checkpoint_padded_vocab(args);
   const GPTConfig& c = args.model;
   ModelPartition partition;
   partition.tp_size = args.tensor_parallel_size;
