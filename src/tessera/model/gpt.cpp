@@ -463,34 +463,67 @@ void GPTModel::embedding_backward(const MicroBatch& batch, const StepContext& st
                           config_.padded_vocab_size);
 }
 
+// LayerNorm of a branch's input, then into the tensor-parallel region (whole sequence).
+void GPTModel::norm_in_forward(Tensor ln, Tensor ln_whole, Tensor mean, Tensor rstd, Tensor in, Tensor weight,
+                               Tensor bias) {
+  ops::layernorm_forward(rows(ln), flat_rows(mean), flat_rows(rstd), rows(in), weight, bias, config_.norm_epsilon);
+  tp_.enter_forward(ln_whole, ln);
+}
+
+// Its backward: reads dL/d(ln_whole) from ws.d_ln_whole, accumulates dL/d(in) into
+// ws.d_residual and the LayerNorm's gradients.
+void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd) {
+  Workspace& ws = *ws_;
+  if (tp_.sequence_parallel()) device_.fill_zero(ws.d_ln.ptr, ws.d_ln.bytes());
+  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
+  ops::layernorm_backward(rows(ws.d_residual), d_weight, d_bias, rows(ws.d_ln), rows(in), weight, flat_rows(mean),
+                          flat_rows(rstd));
+}
+
+// A branch's end (Megatron's row-parallel linear and bias-dropout-add):
+// out = residual + dropout(sum over TP ranks of inp @ W^T, + b).
+void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias,
+                               const ops::Dropout& drop) {
+  Workspace& ws = *ws_;
+  ops::linear_forward(rows(ws.partial), rows(inp), weight, Tensor(), config_.math);
+  tp_.leave_forward(ws.reduced, ws.partial);
+  if (!bias.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), bias);
+  ops::dropout_forward(ws.reduced, ws.reduced, drop);
+  ops::residual_forward(out, residual, ws.reduced);
+}
+
+// Its backward from ws.d_residual (the residual path keeps it): the weight and bias
+// gradients, and dL/d(inp) into d_inp (overwritten).
+void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
+                                const ops::Dropout& drop) {
+  Workspace& ws = *ws_;
+  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  zero(ws.d_C);
+  ops::dropout_backward(ws.d_C, ws.d_residual, drop);
+  if (!d_bias.empty()) ops::bias_add_backward(d_bias, rows(ws.d_C));
+  if (tp_.sequence_parallel()) zero(ws.d_C_whole);
+  tp_.leave_backward(ws.d_C_whole, ws.d_C);
+  zero(d_inp);
+  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws.d_C_whole), rows(inp), weight, config_.math);
+}
+
 void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor in, Tensor out,
                              const StepContext& step) {
-  Workspace& ws = *ws_;
   const int64_t T = config_.seq_length;
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
-  const float eps = config_.norm_epsilon;
   // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
-  ops::layernorm_forward(rows(a.ln1), flat_rows(a.ln1_mean), flat_rows(a.ln1_rstd), rows(in), w.ln1_w, w.ln1_b, eps);
-  tp_.enter_forward(a.ln1_whole, a.ln1);
+  norm_in_forward(a.ln1, a.ln1_whole, a.ln1_mean, a.ln1_rstd, in, w.ln1_w, w.ln1_b);
   ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b, config_.math);
   ops::attention_forward(a.ctx, a.att, a.qkv, dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
-  ops::linear_forward(rows(ws.partial), rows(a.ctx), w.proj_w, Tensor(), config_.math);
-  tp_.leave_forward(ws.reduced, ws.partial);
-  if (!w.proj_b.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), w.proj_b);
-  ops::dropout_forward(ws.reduced, ws.reduced, dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
-  ops::residual_forward(a.residual_mid, in, ws.reduced);
+  row_out_forward(a.residual_mid, in, a.ctx, w.proj_w, w.proj_b,
+                  dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   // MLP: column-parallel fc1, row-parallel fc2.
-  ops::layernorm_forward(rows(a.ln2), flat_rows(a.ln2_mean), flat_rows(a.ln2_rstd), rows(a.residual_mid), w.ln2_w,
-                         w.ln2_b, eps);
-  tp_.enter_forward(a.ln2_whole, a.ln2);
+  norm_in_forward(a.ln2, a.ln2_whole, a.ln2_mean, a.ln2_rstd, a.residual_mid, w.ln2_w, w.ln2_b);
   ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b, config_.math);
   ops::gelu_forward(a.gelu, a.fc1, config_.gelu);
-  ops::linear_forward(rows(ws.partial), rows(a.gelu), w.fc2_w, Tensor(), config_.math);
-  tp_.leave_forward(ws.reduced, ws.partial);
-  if (!w.fc2_b.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), w.fc2_b);
-  ops::dropout_forward(ws.reduced, ws.reduced, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
-  ops::residual_forward(out, a.residual_mid, ws.reduced);
+  row_out_forward(out, a.residual_mid, a.gelu, w.fc2_w, w.fc2_b,
+                  dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
 }
 
 // ws.d_residual carries dL/d(layer output) in and dL/d(layer input) out: the identity path
@@ -502,31 +535,17 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   const int64_t T = config_.seq_length;
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
-  const bool sp = tp_.sequence_parallel();
   // MLP branch.
-  zero(ws.d_C);
-  ops::dropout_backward(ws.d_C, ws.d_residual, dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
-  if (!g.fc2_b.empty()) ops::bias_add_backward(g.fc2_b, rows(ws.d_C));
-  if (sp) zero(ws.d_C_whole);
-  tp_.leave_backward(ws.d_C_whole, ws.d_C);
-  zero(ws.d_gelu);
-  ops::linear_backward(rows(ws.d_gelu), g.fc2_w, Tensor(), rows(ws.d_C_whole), rows(a.gelu), w.fc2_w, config_.math);
+  row_out_backward(ws.d_gelu, a.gelu, w.fc2_w, g.fc2_w, g.fc2_b,
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
   zero(ws.d_F);
   ops::gelu_backward(ws.d_F, ws.d_gelu, a.fc1, config_.gelu);
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, config_.math);
-  if (sp) zero(ws.d_ln);
-  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
-  ops::layernorm_backward(rows(ws.d_residual), g.ln2_w, g.ln2_b, rows(ws.d_ln), rows(a.residual_mid), w.ln2_w,
-                          flat_rows(a.ln2_mean), flat_rows(a.ln2_rstd));
+  norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
-  zero(ws.d_C);
-  ops::dropout_backward(ws.d_C, ws.d_residual, dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
-  if (!g.proj_b.empty()) ops::bias_add_backward(g.proj_b, rows(ws.d_C));
-  if (sp) zero(ws.d_C_whole);
-  tp_.leave_backward(ws.d_C_whole, ws.d_C);
-  zero(ws.d_ctx);
-  ops::linear_backward(rows(ws.d_ctx), g.proj_w, Tensor(), rows(ws.d_C_whole), rows(a.ctx), w.proj_w, config_.math);
+  row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
     ops::attention_forward(a.ctx, a.att, a.qkv,
                            dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
@@ -535,10 +554,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, config_.math);
-  if (sp) zero(ws.d_ln);
-  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
-  ops::layernorm_backward(rows(ws.d_residual), g.ln1_w, g.ln1_b, rows(ws.d_ln), rows(in), w.ln1_w,
-                          flat_rows(a.ln1_mean), flat_rows(a.ln1_rstd));
+  norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
 }
 
 // Final LayerNorm, the vocabulary-parallel output layer and cross-entropy: the logits stay
@@ -547,9 +563,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
 double GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch) {
   Workspace& ws = *ws_;
   const int64_t N = batch.labels.numel();
-  ops::layernorm_forward(rows(h.lnf), flat_rows(h.lnf_mean), flat_rows(h.lnf_rstd), rows(in), params_[ch.lnf_w],
-                         params_[ch.lnf_b], config_.norm_epsilon);
-  tp_.enter_forward(h.lnf_whole, h.lnf);
+  norm_in_forward(h.lnf, h.lnf_whole, h.lnf_mean, h.lnf_rstd, in, params_[ch.lnf_w], params_[ch.lnf_b]);
   ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor(), config_.math);
   ops::cross_entropy_max(ws.row_max, rows(h.logits));
   tp_.all_reduce(ws.row_max, ReduceOp::Max);
@@ -581,11 +595,8 @@ void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const Micr
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), rows(ws.d_logits), rows(h.lnf_whole),
                        params_[ch.output_w], config_.math);
-  if (tp_.sequence_parallel()) zero(ws.d_ln);
-  tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
   zero(ws.d_residual);
-  ops::layernorm_backward(rows(ws.d_residual), grads_[ch.lnf_w], grads_[ch.lnf_b], rows(ws.d_ln), rows(in),
-                          params_[ch.lnf_w], flat_rows(h.lnf_mean), flat_rows(h.lnf_rstd));
+  norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], grads_[ch.lnf_b], h.lnf_mean, h.lnf_rstd);
 }
 
 // The activations of chunk-local layer i for this slot: its own, or the shared ones of a

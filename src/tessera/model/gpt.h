@@ -145,6 +145,11 @@ class GPTModel {
   LayerIo layer_io(Chunk& ch, ActSlot& acts, IoSlot& io, int chunk_layer);
   LayerParams layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const;
   ops::Dropout dropout(float p, int site, const StepContext& step, uint64_t element_offset) const;
+  void norm_in_forward(Tensor ln, Tensor ln_whole, Tensor mean, Tensor rstd, Tensor in, Tensor weight, Tensor bias);
+  void norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd);
+  void row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias, const ops::Dropout& drop);
+  void row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
+                        const ops::Dropout& drop);
   void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step);

@@ -16,49 +16,15 @@
 #include "tessera/comm/in_process/in_process_communicator.h"
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
+#include "tiny_gpt.h"
 
 namespace tessera {
 namespace {
 
-GPTConfig tiny() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 32;
-  c.seq_length = 8;
-  c.max_position_embeddings = 8;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.hidden_dropout = 0.2f;
-  c.attention_dropout = 0.2f;
-  return c;
-}
-
-constexpr int B = 2;
-
-struct Batch {
-  std::vector<int32_t> tokens, positions, labels;
-  std::vector<float> mask;
-  MicroBatch view() {
-    Device* d = &cpu_device();
-    const int64_t T = static_cast<int64_t>(tokens.size()) / B;
-    return {Tensor(tokens.data(), DType::I32, {B, T}, d), Tensor(positions.data(), DType::I32, {B, T}, d),
-            Tensor(labels.data(), DType::I32, {B, T}, d), Tensor(mask.data(), DType::F32, {B, T}, d)};
-  }
-};
-
-Batch make_batch(const GPTConfig& c) {
-  Batch b;
-  for (int i = 0; i < B * c.seq_length; ++i) {
-    b.tokens.push_back((i * 7 + 3) % c.vocab_size);
-    b.positions.push_back(i % c.seq_length);
-    b.labels.push_back((i * 5 + 1) % c.vocab_size);
-    b.mask.push_back(i % 5 == 4 ? 0.0f : 1.0f);
-  }
-  return b;
-}
+using testing_gpt::B;
+using testing_gpt::Batch;
+using testing_gpt::make_batch;
+GPTConfig tiny() { return testing_gpt::tiny(2); }
 
 const StepContext kStep{3, 4, true};
 

@@ -12,25 +12,12 @@
 #include "tessera/comm/in_process/in_process_communicator.h"
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
+#include "tiny_gpt.h"
 
 namespace tessera {
 namespace {
 
-GPTConfig tiny() {
-  GPTConfig c;
-  c.num_layers = 5;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 32;
-  c.seq_length = 8;
-  c.max_position_embeddings = 8;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.hidden_dropout = 0.2f;
-  c.attention_dropout = 0.2f;
-  return c;
-}
+GPTConfig tiny() { return testing_gpt::tiny(5); }
 
 struct Result {
   double loss;
@@ -39,24 +26,14 @@ struct Result {
 };
 
 Result run(const GPTConfig& c, Communicator* tp) {
-  constexpr int B = 2;
+  using testing_gpt::B;
   ModelPartition part = ModelPartition::whole(c);
   if (tp) part.tp_size = tp->size(), part.tp_rank = tp->rank(), part.sequence_parallel = true;
   GPTModel model(c, cpu_device(), B, part, {1}, {1}, tp);
   model.init_weights();
   model.zero_grads();
-  std::vector<int32_t> tokens, positions, labels;
-  std::vector<float> mask;
-  for (int i = 0; i < B * c.seq_length; ++i) {
-    tokens.push_back((i * 7 + 3) % c.vocab_size);
-    positions.push_back(i % c.seq_length);
-    labels.push_back((i * 5 + 1) % c.vocab_size);
-    mask.push_back(1.0f);
-  }
-  Device* d = &cpu_device();
-  const int64_t T = c.seq_length;
-  MicroBatch mb{Tensor(tokens.data(), DType::I32, {B, T}, d), Tensor(positions.data(), DType::I32, {B, T}, d),
-                Tensor(labels.data(), DType::I32, {B, T}, d), Tensor(mask.data(), DType::F32, {B, T}, d)};
+  testing_gpt::Batch batch = testing_gpt::make_batch(c);
+  const MicroBatch mb = batch.view();
   const StepContext step{2, 0, true};
   Result r;
   r.loss = model.forward(mb, step);
