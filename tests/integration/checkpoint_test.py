@@ -179,6 +179,17 @@ def same_run(a, b, label):
                (y["lm_loss"], y["grad_norm"], y["consumed_samples"]), (label, x, y)
 
 
+def test_exit_duration(tmp):
+    # --exit-duration-in-mins (here 0.02 min = 1.2 s; Megatron takes whole minutes, tessera
+    # fractions too): the run stops early, after saving the iteration it stopped at.
+    ckpt = f"{tmp}/duration_ckpt"
+    out = train(["--train-iters", "100000", "--save", ckpt, "--save-interval", "100000",
+                 "--exit-duration-in-mins", "0.02"]).stdout
+    stopped = int(open(f"{ckpt}/latest_checkpointed_iteration.txt").read())
+    assert "exiting program at iteration %d (--exit-duration-in-mins)" % stopped in out, out[-2000:]
+    assert 0 < stopped < 100000, stopped
+
+
 def test_exits_that_keep_work(tmp):
     straight = f"{tmp}/exit_straight.jsonl"
     p = launch_train(([], []), straight)
@@ -231,6 +242,7 @@ if __name__ == "__main__":
                          ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
                          ("flags", lambda: test_flags(tmp)),
                          ("non-finite loss stops cleanly", lambda: test_non_finite_stops_cleanly(tmp)),
+                         ("--exit-duration-in-mins", lambda: test_exit_duration(tmp)),
                          ("exits that keep work", lambda: test_exits_that_keep_work(tmp))):
             t0 = time.monotonic()
             fn()

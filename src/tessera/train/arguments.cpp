@@ -153,7 +153,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--save-interval", K::Int, nullptr, "Iterations between checkpoint saves (required with --save)"},
       {"--load", K::String, nullptr, "Folder to resume from (its latest checkpoint)"},
       {"--exit-interval", K::Int, nullptr, "Exit after the iteration divisible by this (saving first with --save)"},
-      {"--exit-duration-in-mins", K::Int, nullptr, "Exit (saving first with --save) after this many minutes"},
+      {"--exit-duration-in-mins", K::Float, nullptr,
+       "Exit (saving first with --save) after this many minutes (tessera also takes fractions)"},
       {"--exit-signal-handler", K::StoreTrue, nullptr, "On SIGTERM/SIGINT, save (with --save) and exit 0"},
       {"--no-save-optim", K::StoreTrue, nullptr, "Do not save the optimizer state"},
       {"--no-save-rng", K::StoreTrue, nullptr, "Do not save RNG states (tessera's RNG is counter-based: none to save)"},
@@ -527,7 +528,10 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.load = p.get_string("--load");
   if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
   if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
-  if (p.raw("--exit-duration-in-mins")) a.exit_duration_minutes = static_cast<double>(positive(p, "--exit-duration-in-mins"));
+  if (auto minutes = p.get_opt_float("--exit-duration-in-mins")) {
+    if (!(*minutes > 0)) throw usage_error("--exit-duration-in-mins must be > 0");
+    a.exit_duration_minutes = *minutes;
+  }
   a.exit_signal_handler = p.get_bool("--exit-signal-handler");
   a.check_for_nan = p.raw("--no-check-for-nan-in-loss-and-grad").value_or("True") == "True";
   // Under fp16 dynamic scaling an overflow belongs to the scaler (skip), not the NaN check.
