@@ -120,7 +120,7 @@ struct GPTModel::Layout {
     pending.push_back({&t, dtype, shape, builder.reserve(dtype, shape)});
   }
   // With sequence parallelism a whole-sequence copy, else the same tensor (bound later).
-  void reserve_whole(Tensor& whole, Shape shape, bool sp) {
+  void reserve_whole(Tensor& whole, Shape shape) {
     if (sp) reserve(whole, std::move(shape));
   }
 
@@ -128,7 +128,7 @@ struct GPTModel::Layout {
   // recomputation keeps the attention probabilities in one shared buffer instead.
   void reserve_layer(LayerActs& a, bool with_out) {
     reserve(a.ln1, {B, Tl, C});
-    reserve_whole(a.ln1_whole, {B, T, C}, sp);
+    reserve_whole(a.ln1_whole, {B, T, C});
     reserve(a.ln1_mean, {B, Tl});
     reserve(a.ln1_rstd, {B, Tl});
     reserve(a.qkv, {B, T, 3 * Al});
@@ -136,7 +136,7 @@ struct GPTModel::Layout {
     reserve(a.ctx, {B, T, Al});
     reserve(a.residual_mid, {B, Tl, C});
     reserve(a.ln2, {B, Tl, C});
-    reserve_whole(a.ln2_whole, {B, T, C}, sp);
+    reserve_whole(a.ln2_whole, {B, T, C});
     reserve(a.ln2_mean, {B, Tl});
     reserve(a.ln2_rstd, {B, Tl});
     reserve(a.fc1, {B, T, Fl});
@@ -184,7 +184,7 @@ struct GPTModel::Layout {
         if (ch.range.has_head) {
           HeadActs& h = s.head;
           reserve(h.lnf, {B, Tl, C});
-          reserve_whole(h.lnf_whole, {B, T, C}, sp);
+          reserve_whole(h.lnf_whole, {B, T, C});
           reserve(h.lnf_mean, {B, Tl});
           reserve(h.lnf_rstd, {B, Tl});
           reserve(h.logits, {B, T, Vl});
@@ -215,8 +215,8 @@ struct GPTModel::Layout {
     reserve(ws.d_residual, {B, Tl, C});
     reserve(ws.d_C, {B, Tl, C});
     reserve(ws.d_ln, {B, Tl, C});
-    reserve_whole(ws.d_C_whole, {B, T, C}, sp);
-    reserve_whole(ws.d_ln_whole, {B, T, C}, sp);
+    reserve_whole(ws.d_C_whole, {B, T, C});
+    reserve_whole(ws.d_ln_whole, {B, T, C});
     reserve(ws.d_ctx, {B, T, Al});
     reserve(ws.d_qkv, {B, T, 3 * Al});
     reserve(ws.d_att, {B, NHl, T, T});
@@ -225,7 +225,7 @@ struct GPTModel::Layout {
   }
 
   // Binds every reserved tensor into the slab, then the whole-sequence aliases.
-  void bind(const Buffer& slab, bool sp, std::vector<Chunk>& chunks, Workspace& ws) {
+  void bind(const Buffer& slab, std::vector<Chunk>& chunks, Workspace& ws) {
     for (Pending& p : pending) *p.t = tensor_at(slab, p.offset, p.dtype, p.shape);
     auto alias = [&](LayerActs& a) {
       if (selective) a.att = ws.att;
@@ -295,7 +295,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
 
   Layout layout(config, micro_batch_size, partition, act_slots, io_slots, chunks_, *ws_);
   acts_slab_ = Buffer(device, layout.builder.total_bytes());
-  layout.bind(acts_slab_, tp_.sequence_parallel(), chunks_, *ws_);
+  layout.bind(acts_slab_, chunks_, *ws_);
 
   // Each chunk's parameters are contiguous in shards_ (model_partition.cpp registers them
   // chunk by chunk): embedding, layers, head.

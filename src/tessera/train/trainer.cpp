@@ -219,19 +219,6 @@ double Trainer::global_grad_norm() {
   return std::sqrt(sum);
 }
 
-// Whether any rank holds a non-finite gradient (the loss scaler's found_inf), agreed by all.
-bool Trainer::found_non_finite_grad() {
-  int32_t found = 0;
-  for (const Tensor& g : model_.grads())
-    if (!std::isfinite(ops::sum_squares(g))) {
-      found = 1;
-      break;
-    }
-  if (Communicator* world = if_split(groups_.world))
-    world->all_reduce(Tensor(&found, DType::I32, {1}, &device_), ReduceOp::Max);
-  return found != 0;
-}
-
 IterationResult Trainer::train_step() {
   ++iteration_;
   IterationResult r;
@@ -242,10 +229,13 @@ IterationResult Trainer::train_step() {
   auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, r.loss_scale);
   r.lm_loss = loss_sum / mask_sum;
   r.tokens = r.global_batch * args_.model.seq_length;
+  // The norm is the same on every rank and non-finite wherever any gradient is (every
+  // gradient is counted, or copied from one that is), so it is also Megatron's found_inf.
+  const double scaled_norm = global_grad_norm();
   // Megatron's fp16 step (megatron.md §9): an overflow in the scaled gradients skips the
   // update, clipping and the scheduler; the scaler backs off (or grows) either way.
   if (loss_scaler_) {
-    const bool overflow = found_non_finite_grad();
+    const bool overflow = !std::isfinite(scaled_norm);
     loss_scaler_->update(overflow);
     if (overflow) {
       r.skipped = true;
@@ -254,7 +244,7 @@ IterationResult Trainer::train_step() {
       return r;
     }
   }
-  r.grad_norm = global_grad_norm() / r.loss_scale;
+  r.grad_norm = scaled_norm / r.loss_scale;
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   if (args_.skip_spikes > 0) {
     // The same values on every replica, so every replica decides alike.

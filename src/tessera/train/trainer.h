@@ -88,7 +88,6 @@ class Trainer {
   // Training scales the loss by loss_scale (fp16's loss scaler).
   std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
                                              double loss_scale = 1.0);
-  bool found_non_finite_grad();
   const PipelineExecutor& training_pipeline(int64_t num_micro);
   // After backward: data-parallel averaging, then the gradients several ranks share.
   void finalize_grads();
