@@ -84,7 +84,7 @@ std::vector<uint8_t> le64(uint64_t v) {
   return b;
 }
 
-// megatron.md §1.5's example, prefixed with its .bin size (10).
+// The indexed-dataset worked example of docs/data.md, prefixed with its .bin size (10).
 std::vector<uint8_t> example_seed() {
   std::vector<uint8_t> s = {10, 0};
   const char magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};

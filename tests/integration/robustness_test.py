@@ -9,8 +9,9 @@
 - an allocation that fails (address space capped with RLIMIT_AS) is an error saying how much
   was asked, what was in use and which flags help;
 - --fp16: Megatron's dynamic loss scaler: overflows in the emulated fp16 GEMMs at the
-  initial scale 2^32 skip iterations while the scale backs off exactly as §9's hysteresis
-  rule says, then training proceeds; --bf16 trains close to fp32.
+  initial scale 2^32 skip iterations while the scale backs off exactly as the hysteresis
+  rule of megatron/core/optimizer/grad_scaler.py says, then training proceeds; --bf16 trains
+  close to fp32.
 usage: robustness_test.py TESSERA_BINARY TEST_VENV"""
 import json
 import os
@@ -150,7 +151,8 @@ def test_rampup(tmp):
 
 
 def megatron_scales(overflows, initial=2.0 ** 32, window=1000, hysteresis=2, minimum=1.0):
-    """The scale each iteration used under Megatron's DynamicGradScaler (megatron.md §9)."""
+    """The scale each iteration used under Megatron's DynamicGradScaler
+    (megatron/core/optimizer/grad_scaler.py)."""
     scale, growth, hyst, out = initial, 0, hysteresis, []
     for inf in overflows:
         out.append(scale)

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """`tessera train` end to end through its command line: Megatron's argument dump and log
-line (megatron.md §6.1, §10), --log-json, --init-from-hf from the PyTorch reference's
+line (megatron/training/arguments.py's _print_args, megatron/training/training.py's
+training_log), --log-json, --init-from-hf from the PyTorch reference's
 Hugging Face folder, and the exit codes and messages of bad flags.
 usage: train_cli_test.py TESSERA_BINARY SOURCE_DIR"""
 import json
@@ -16,7 +17,8 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
         "--train-iters", "6", "--log-interval", "2"]
 
-# One training log line, field by field (megatron.md §6.1), then tessera's tokens/s.
+# One training log line, field by field (training_log in megatron/training/training.py), then
+# tessera's tokens/s.
 LOG_LINE = re.compile(
     r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +(\d+) \|"
     r" consumed samples: +(\d+) \| elapsed time per iteration \(ms\): \d+\.\d \|"

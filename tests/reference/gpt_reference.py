@@ -3,7 +3,7 @@
 --transformer-impl local semantics, written independently in plain torch ops.
 
 Model: learned absolute positions; pre-LN blocks (x + attn(LN(x)), x + mlp(LN(x))); fused QKV
-whose rows are per head [q_h; k_h; v_h] (megatron.md §5.4); attention scaled by 1/sqrt(hd)
+whose rows are per head [q_h; k_h; v_h] (megatron/core/transformer/attention.py); attention scaled by 1/sqrt(hd)
 with the causal mask filled with -10000.0; MLP 4h with the tanh GELU of Megatron's bias-GELU
 fusion (constant 0.79788456); final LN; output layer tied to the word embedding;
 cross-entropy over the full padded vocabulary; dropout 0.
@@ -97,7 +97,7 @@ GELU_TANH_C = 0.79788456  # Megatron's bias_gelu constant (sqrt(2/pi) rounded)
 
 
 def param_names(m):
-    """Megatron state-dict names (megatron.md §5.3) in registration order, with shapes."""
+    """Megatron state-dict names (megatron/core/models/gpt/gpt_model.py) in registration order, with shapes."""
     H, F, A = m["hidden_size"], m["ffn_hidden_size"], m["num_attention_heads"] * m["kv_channels"]
     Vp, P = m["padded_vocab_size"], m["max_position_embeddings"]
     out = [("embedding.word_embeddings.weight", (Vp, H)),
@@ -281,7 +281,8 @@ def hf_forward(t, m, tokens):
 
 
 def lr_at(num_steps, c):
-    """megatron.md §7, counted in samples; num_steps is the scheduler's count before the update."""
+    """Megatron's OptimizerParamScheduler.get_lr (megatron/core/optimizer_param_scheduler.py), counted in
+    samples; num_steps is the scheduler's count before the update."""
     warmup, decay = c["lr_warmup_samples"], c["lr_decay_samples"]
     lr_max, lr_min, init = c["lr"], c["min_lr"], c["lr_warmup_init"]
     if warmup > 0 and num_steps <= warmup:
@@ -441,7 +442,8 @@ def main():
         "clip": "g *= clip_grad / (norm + 1e-6) when that is < 1; norm = pre-clip global L2 norm "
                 "over all parameters, the tied embedding once",
         "lr_schedule": "lr of iteration i (1-based) is lr_at((i-1) * global_batch_size) by "
-                       "megatron.md section 7 (warmup from lr_warmup_init, then cosine to min_lr)",
+                       "megatron/core/optimizer_param_scheduler.py (warmup from lr_warmup_init, then "
+                       "cosine to min_lr)",
         "clipped_iterations": [i + 1 for i, x in enumerate(clipped) if x],
         "megatron_args": megatron_args(m, c, os.path.join(os.path.abspath(args.out), "hf")),
     }

@@ -1,4 +1,5 @@
-// Checkpoints in a layout familiar to Megatron users (megatron.md §5.1), written by tessera:
+// Checkpoints in a layout familiar to Megatron users (megatron/training/checkpointing.py's
+// --ckpt-format torch folders), written by tessera:
 //
 //   DIR/latest_checkpointed_iteration.txt      the iteration, decimal, no newline
 //   DIR/iter_0000100/metadata.json             iteration, consumed samples, scheduler,

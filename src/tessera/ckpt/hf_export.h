@@ -1,5 +1,5 @@
 // Hugging Face GPT-2 export (`tessera ckpt export-hf`) and the helpers of `tessera ckpt
-// import-hf`: the inverse of hf_gpt2.h's conversion (megatron.md §5.3, §5.4):
+// import-hf`: the inverse of hf_gpt2.h's conversion:
 //   - Megatron linear weights [out, in] become HF Conv1D weights [in, out];
 //   - linear_qkv's per-head rows [q_h; k_h; v_h] become c_attn's columns [all Q; all K; all V]
 //     (weight and bias);

@@ -226,7 +226,8 @@ std::vector<float> transpose(const std::vector<float>& w, int64_t in, int64_t ou
   return r;
 }
 
-// Megatron's linear_qkv row for HF c_attn output column `col` (megatron.md §5.4, no GQA):
+// Megatron's linear_qkv row for HF c_attn output column `col` (megatron/core/transformer/
+// attention.py's SelfAttention, no GQA):
 // HF orders columns [Q heads; K heads; V heads], Megatron rows [q_h; k_h; v_h] per head.
 int64_t qkv_row(int64_t col, int64_t heads, int64_t hd) {
   const int64_t width = heads * hd;

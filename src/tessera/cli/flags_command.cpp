@@ -39,8 +39,9 @@ const MegatronFlag kMegatronFlags[] = {
 };
 #undef MEGATRON_FLAG
 
-// The two-server guide's commands (../shared/reference/two-server-guide.md), flag by flag, with
-// the values it gives. examples/pretrain_gpt_distributed.sh is its launch script for tessera.
+// The two-server guide's commands (the field guide for moving Megatron-LM GPT training onto
+// two accelerator servers), flag by flag, with the values it gives.
+// examples/pretrain_gpt_distributed.sh is its launch script for tessera.
 struct GuideFlag {
   const char* step;
   const char* flag;

@@ -15,8 +15,8 @@
 namespace tessera::cli {
 namespace {
 
-// The subcommands a bare PROGRAM name may be (ARCHITECTURE.md's list). `launch` itself is
-// left out: a launcher inside a launcher would fight over MASTER_PORT.
+// The subcommands a bare PROGRAM name may be. `launch` itself is left out: a launcher inside
+// a launcher would fight over MASTER_PORT.
 const std::vector<std::string> kTesseraSubcommands = {"train", "preprocess", "data", "doctor", "bench", "ckpt"};
 
 std::string self_executable() {

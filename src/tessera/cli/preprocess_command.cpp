@@ -1,5 +1,5 @@
 // `tessera preprocess` (alias `preprocess_data`): Megatron's tools/preprocess_data.py flags
-// (megatron.md §2.1) plus a few of tessera's own. One table drives parsing and --help.
+// plus a few of tessera's own. One table drives parsing and --help.
 #include <cstdio>
 #include <cstdint>
 #include <cstring>

@@ -1,11 +1,12 @@
-// MT19937 exactly as numpy's legacy `numpy.random.RandomState` uses it (megatron.md §4.5, §8):
-// the dataset shuffles of Megatron's GPT dataset are drawn from `RandomState(seed)`, so the
-// same draws here give the same document and shuffle indices, bit for bit.
+// MT19937 exactly as numpy's legacy `numpy.random.RandomState` uses it: the dataset shuffles
+// of Megatron's GPT dataset (megatron/core/datasets/gpt_dataset.py) are drawn from
+// `RandomState(seed)`, so the same draws here give the same document and shuffle indices,
+// bit for bit.
 //
 //   seeding      RandomState(int seed) = init_genrand(seed) (numpy's mt19937_seed), the same
 //                state as std::mt19937(seed); seeds outside [0, 2^32) are numpy's ValueError.
 //   next_uint32  the tempered 32-bit output (numpy's mt19937_next32).
-//   next_uint64  (first << 32) | second, as numpy's mt19937_next64 (megatron.md §4.5).
+//   next_uint64  (first << 32) | second, as numpy's mt19937_next64.
 //   random_sample numpy's next_double: (a >> 5, b >> 6) -> (a * 2^26 + b) / 2^53.
 //   random_interval(max) numpy's random_interval: uniform in [0, max] by masked rejection
 //                (32-bit draws while max <= 2^32 - 1, else 64-bit draws).

@@ -81,7 +81,8 @@ class OptionTable {
   // the flag. SpeedOnly flags given get one note each on stderr.
   ParsedOptions parse(int argc, char** argv) const;
   void print_help() const;
-  // Megatron's "arguments" block (megatron.md §10): dest names sorted case-insensitively.
+  // Megatron's "arguments" block (_print_args in megatron/training/arguments.py): dest names
+  // sorted case-insensitively.
   void print_arguments(const ParsedOptions& parsed) const;
   const std::vector<OptionDef>& defs() const { return defs_; }
 

@@ -1,5 +1,5 @@
-// Megatron's BlendedDataset (megatron/core/datasets/blended_dataset.py, helpers.cpp;
-// megatron.md §4.8): sample i is sample dataset_sample_index[i] of dataset dataset_index[i].
+// Megatron's BlendedDataset (megatron/core/datasets/blended_dataset.py, helpers.cpp): sample i
+// is sample dataset_sample_index[i] of dataset dataset_index[i].
 //
 //   size given   weights normalised (numpy) and build_blending_indices: for each sample, the
 //                dataset with the largest deficit weight * max(i, 1) - drawn so far (first on

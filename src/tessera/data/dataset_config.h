@@ -1,16 +1,18 @@
-// The configuration of Megatron's GPT datasets (megatron.md §4.1-§4.3, §4.8, §4.11), from
+// The configuration of Megatron's GPT datasets (megatron/core/datasets/
+// blended_megatron_dataset_config.py, gpt_dataset.py's GPTDatasetConfig), from
 // Megatron's flags to one validated value:
 //
-//   --data-path / --data-args-path       -> blend (get_blend_from_list, §4.2)
+//   --data-path / --data-args-path       -> blend (get_blend_from_list, megatron/core/datasets/utils.py)
 //   --train/valid/test-data-path, --per-split-data-args-path -> blend_per_split
-//   --split                              -> split vector -> split matrix (§4.3)
-//   --mock-data (or no data flags)       -> mock, split "1,1,1" (§4.11)
+//   --split                              -> split vector -> split matrix (parse_and_normalize_split)
+//   --mock-data (or no data flags)       -> mock, split "1,1,1" (MockGPTDataset)
 //   --seed --seq-length --data-cache-path --reset-position-ids --reset-attention-mask
 //   --eod-mask-loss --renormalize-blend-weights, and the tokenizer's identity (for the hash)
 //
-// and the requested sample counts (§4.1). It also holds PyJson, the small JSON value whose
-// dumps() reproduces Python's json.dumps(..., indent=4) byte for byte (floats in repr form,
-// ASCII escapes), because Megatron's cache file names are the MD5 of that text.
+// and the requested sample counts (megatron/training/training.py). It also holds PyJson, the
+// small JSON value whose dumps() reproduces Python's json.dumps(..., indent=4) byte for byte
+// (floats in repr form, ASCII escapes), because Megatron's cache file names are the MD5 of
+// that text.
 //
 // Typical use by the trainer:
 //   DataArgs a;  a.data_path = {...};  a.split = "949,50,1";  a.seed = 1234;  a.seq_length = 1024;
@@ -87,7 +89,7 @@ struct Blend {
   std::optional<std::vector<double>> weights;
 };
 
-// Megatron's get_blend_from_list (§4.2): an odd count is prefixes only; an even count is
+// Megatron's get_blend_from_list: an odd count is prefixes only; an even count is
 // weight/prefix pairs unless some weight does not parse as a float, then all are prefixes.
 // Prefixes are stripped of whitespace. An empty list is a usage error.
 Blend blend_from_list(const std::vector<std::string>& items, const std::string& flag = "--data-path");
@@ -109,10 +111,10 @@ std::vector<double> parse_split_vector(const std::string& split);
 SplitMatrix split_matrix_from_vector(const std::vector<double>& vector);
 SplitMatrix split_matrix_from_string(const std::string& split);
 // The sequence index range [begin, end) of one bookend for a dataset of `num_elements`
-// sequences: int(round(lo * N)), int(round(hi * N)) (§4.3).
+// sequences: int(round(lo * N)), int(round(hi * N)) (as MegatronDataset's split ranges).
 std::pair<int64_t, int64_t> split_range(const Bookend& bookend, int64_t num_elements);
 
-// ---- requested sample counts (§4.1) -------------------------------------------------------
+// ---- requested sample counts (megatron/training/training.py) ------------------------------
 
 using SplitSizes = std::array<std::optional<int64_t>, 3>;  // train, valid, test; nullopt = one epoch
 // train = train_samples or train_iters * gbs; valid = (train_iters // eval_interval + 1) *

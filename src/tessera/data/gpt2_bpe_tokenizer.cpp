@@ -45,7 +45,7 @@ inline uint64_t hash_bytes(const char* p, size_t n) {
   return h | 1;  // 0 marks an empty cache slot
 }
 
-// GPT-2's byte-to-unicode map (megatron.md §3.3).
+// GPT-2's byte-to-unicode map (bytes_to_unicode in megatron/training/tokenizer/gpt2_tokenization.py).
 std::array<char32_t, 256> bytes_to_unicode() {
   std::array<char32_t, 256> map{};
   std::array<bool, 256> printable{};

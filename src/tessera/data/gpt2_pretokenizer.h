@@ -1,4 +1,5 @@
-// GPT-2's pre-tokenization (megatron.md §3.2): the text is cut into pre-tokens by
+// GPT-2's pre-tokenization (megatron/training/tokenizer/gpt2_tokenization.py's GPT2Tokenizer):
+// the text is cut into pre-tokens by
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // applied with findall semantics (alternatives tried in order, with backtracking).
 //

@@ -1,5 +1,5 @@
-// Megatron's GPTDataset (megatron/core/datasets/gpt_dataset.py at core_r0.10.0; megatron.md
-// §4.4-§4.8): the same document, sample and shuffle indices, hence the same samples in the
+// Megatron's GPTDataset (megatron/core/datasets/gpt_dataset.py and helpers.cpp at
+// core_r0.10.0): the same document, sample and shuffle indices, hence the same samples in the
 // same order, for the same files and flags.
 //
 // For one dataset prefix and one split (sequences [begin, end) of the prefix):
@@ -92,7 +92,7 @@ class SampleDataset {
   virtual std::string index_digest() const = 0;
 };
 
-// ---- index construction (pure functions, megatron.md §4.4-§4.5) ------------------------------
+// ---- index construction (pure functions, gpt_dataset.py's _build_document_sample_shuffle_indices)
 
 struct EpochPlan {
   int64_t tokens_per_epoch = 0;
@@ -169,7 +169,7 @@ class GPTDataset final : public SampleDataset {
   bool built_anew_ = false;
 };
 
-// ---- masks and position ids (megatron.md §4.7) ------------------------------------------------
+// ---- masks and position ids (gpt_dataset.py's _get_ltor_masks_and_position_ids) ------------
 
 struct LtorOptions {
   int64_t eod_id = 0;

@@ -1,6 +1,6 @@
 // Megatron's BlendedMegatronDatasetBuilder for GPT (blended_megatron_dataset_builder.py at
 // core_r0.10.0): the train, valid and test datasets from a GPTDatasetConfig and the requested
-// sample counts (megatron.md §4.1-§4.3, §4.8).
+// sample counts (megatron/training/training.py).
 //
 //   mock                 MockGPTDataset per split of the mock low-level dataset (split 1,1,1)
 //   one prefix, no weights

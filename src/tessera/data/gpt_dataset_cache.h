@@ -1,4 +1,5 @@
-// The dataset index cache (megatron.md §4.8, §4.9): Megatron's files, plus what Megatron lacks.
+// The dataset index cache (megatron/core/datasets/gpt_dataset.py's
+// _build_document_sample_shuffle_indices): Megatron's files, plus what Megatron lacks.
 //
 // Files in the cache folder for one dataset, `<base>` = "<md5>-<Class>-<split>":
 //   <base>-description.txt       the hashed description (Megatron's)

@@ -1,6 +1,7 @@
-// --mock-data exactly as Megatron's MockGPTLowLevelDataset (megatron.md §4.11): 100,000
-// sequences whose lengths are numpy.random.default_rng(0).integers(1, 4096, size=100000,
-// dtype=int32), sequence i being the tokens 1, 2, ..., len-1 followed by EOD.
+// --mock-data exactly as Megatron's MockGPTLowLevelDataset (megatron/core/datasets/
+// gpt_dataset.py): 100,000 sequences whose lengths are
+// numpy.random.default_rng(0).integers(1, 4096, size=100000, dtype=int32), sequence i being
+// the tokens 1, 2, ..., len-1 followed by EOD.
 //
 // numpy's Generator is reproduced here bit for bit: SeedSequence(seed) -> generate_state(4,
 // uint64) -> PCG64 (128-bit LCG, XSL-RR output, 32-bit draws taken low half first from a

@@ -1,4 +1,5 @@
-// Megatron's `.idx` format (megatron.md §1.1-§1.2), parsed and validated without trusting a
+// Megatron's `.idx` format (megatron/core/datasets/indexed_dataset.py's _IndexReader and
+// _IndexWriter; the layout is in docs/data.md), parsed and validated without trusting a
 // byte of it: every count and pointer is checked against the file sizes before use, so a
 // truncated or corrupt file is an Error naming the file and the problem, never a crash or an
 // out-of-bounds read. The .idx arrays are not aligned (they start at byte 34): read them with

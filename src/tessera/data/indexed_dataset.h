@@ -1,4 +1,5 @@
-// Megatron's indexed dataset (megatron.md §1): a `.bin` of token ids and a `.idx` index.
+// Megatron's indexed dataset (megatron/core/datasets/indexed_dataset.py): a `.bin` of token
+// ids and a `.idx` index.
 //
 // IndexedDataset maps both files read-only (zero copy) after validating the index against the
 // .bin size (index_format.h). IndexedDatasetBuilder writes them as Megatron's

@@ -1,4 +1,5 @@
-// numpy `.npy` files, as Megatron's dataset cache stores its index arrays (megatron.md §4.8).
+// numpy `.npy` files, as Megatron's dataset cache stores its index arrays (numpy.save in
+// megatron/core/datasets/gpt_dataset.py).
 //
 // write_npy writes the bytes numpy.save writes (format 1.0: magic, u16 header length, the
 // header dict padded with spaces and '\n' to a multiple of 64 bytes, then the C-order data),

@@ -1,4 +1,4 @@
-// `tessera preprocess`: Megatron's tools/preprocess_data.py (megatron.md §2) as a streaming,
+// `tessera preprocess`: Megatron's tools/preprocess_data.py as a streaming,
 // multi-threaded pipeline whose .bin/.idx outputs are byte-identical to Megatron core_r0.10.0's
 // for the same input and flags.
 //

@@ -1,5 +1,6 @@
 // Tokenizers behind one interface, as Megatron's `build_tokenizer` offers them to
-// tools/preprocess_data.py and pretrain_gpt.py (megatron.md §2.2, §3).
+// tools/preprocess_data.py and pretrain_gpt.py (megatron/training/tokenizer/tokenizer.py,
+// gpt2_tokenization.py).
 //
 // A Tokenizer object is not thread-safe for encode() (it owns a cache); give each thread its
 // own with clone(), which shares the read-only vocabulary tables.

@@ -86,9 +86,9 @@ class GPTModel {
   int64_t num_parameters() const;  // held by this rank
   size_t activation_bytes() const;
 
-  // Megatron's initialisation (megatron.md §10): element e of each full parameter drawn from
-  // the counter-based RNG keyed by (seed, parameter id, e), so every layout holds slices of
-  // the same full weights.
+  // Megatron's initialisation (megatron/core/transformer/transformer_config.py): element e
+  // of each full parameter drawn from the counter-based RNG keyed by (seed, parameter id, e),
+  // so every layout holds slices of the same full weights.
   void init_weights();
   // Copies this rank's slices of full parameters, by Megatron name; every parameter must be
   // present with its full shape.

@@ -1,5 +1,6 @@
 // GPTConfig: the shape of Megatron's GPT (`pretrain_gpt`, --transformer-impl local) and
-// the list of its parameters, named as Megatron's state dict names them (megatron.md §5.3).
+// the list of its parameters, named as Megatron's state dict names them
+// (megatron/core/models/gpt/gpt_model.py and the layer specs it builds).
 #pragma once
 
 #include <cstdint>
@@ -45,18 +46,20 @@ struct GPTConfig {
   int attention_width() const { return num_attention_heads * kv_channels; }
 };
 
-// How a parameter starts (megatron.md §10).
+// How a parameter starts (Megatron's init_method and output_layer_init_method in
+// megatron/core/transformer/transformer_config.py).
 enum class ParamInit { Normal, ScaledNormal, Zeros, Ones };
 
 struct ParamSpec {
   std::string name;   // Megatron state-dict name, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
   Shape shape;        // the full (unsharded) shape
   ParamInit init;
-  bool weight_decay;  // false for biases and 1-D parameters (megatron.md §7)
+  bool weight_decay;  // false for biases and 1-D parameters (megatron/core/optimizer/__init__.py)
   uint32_t id;        // stable index, keys the counter-based init RNG
 };
 
-// Vocabulary padded to a multiple of divisible_by * tp (megatron.md §3.5).
+// Vocabulary padded to a multiple of divisible_by * tp (_vocab_size_with_padding in
+// megatron/training/tokenizer/tokenizer.py).
 int padded_vocab_size(int vocab_size, int divisible_by, int tp_size);
 
 // All parameters of the model in Megatron's registration order. The word embedding doubles

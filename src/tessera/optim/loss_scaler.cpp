@@ -9,7 +9,7 @@
 
 namespace tessera {
 namespace {
-// Hard-coded in Megatron's get_megatron_optimizer (megatron.md §9).
+// Hard-coded in Megatron's get_megatron_optimizer (megatron/core/optimizer/__init__.py).
 constexpr float kGrowthFactor = 2.0f;
 constexpr float kBackoffFactor = 0.5f;
 }  // namespace

@@ -1,6 +1,6 @@
-// Megatron's loss scalers for fp16 training (megatron/core/optimizer/grad_scaler.py,
-// megatron.md §9). The loss is multiplied by scale() before backward and the gradients by
-// 1/scale() after it; update(found_inf) runs once per iteration, also on skipped ones.
+// Megatron's loss scalers for fp16 training (megatron/core/optimizer/grad_scaler.py). The
+// loss is multiplied by scale() before backward and the gradients by 1/scale() after it;
+// update(found_inf) runs once per iteration, also on skipped ones.
 //   dynamic:  an inf/NaN resets the growth counter and decrements the hysteresis counter;
 //             once that is <= 0 every inf halves the scale (floored at min_scale). The
 //             hysteresis counter is reset only on growth: `window` clean steps in a row double

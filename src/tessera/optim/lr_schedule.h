@@ -1,5 +1,5 @@
-// Megatron's OptimizerParamScheduler (megatron.md §7): learning rate and weight decay as
-// functions of the number of samples consumed by successful steps.
+// Megatron's OptimizerParamScheduler (megatron/core/optimizer_param_scheduler.py): learning
+// rate and weight decay as functions of the number of samples consumed by successful steps.
 #pragma once
 
 #include <cstdint>

@@ -24,15 +24,15 @@ struct OptimizerConfig {
 struct OptimizerParam {
   Tensor param;
   Tensor grad;
-  bool weight_decay;  // weight-decay multiplier 1 or 0 (megatron.md §7)
+  bool weight_decay;  // weight-decay multiplier 1 or 0 (Megatron's wd_mult)
 };
 
 class Optimizer {
  public:
   Optimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params, Device& device);
 
-  // Megatron's clipping coefficient (megatron.md §9): clip/(norm + 1e-6) when that is < 1,
-  // else 1 (and always 1 with --clip-grad 0).
+  // Megatron's clipping coefficient (megatron/core/optimizer/clip_grads.py):
+  // clip/(norm + 1e-6) when that is < 1, else 1 (and always 1 with --clip-grad 0).
   double clip_coefficient(double norm) const;
   // One update with the scheduler's learning rate and weight decay, reading every gradient
   // multiplied by grad_scale (the clipping coefficient; the gradients stay as they are).

@@ -2,7 +2,8 @@
 // groups it belongs to; a value built once from the world size, the rank and the sizes,
 // validated, and passed by reference (no global process-group state).
 //
-// Megatron's default order tp-cp-ep-dp-pp (megatron.md §8), first token fastest:
+// Megatron's default order tp-cp-ep-dp-pp (RankGenerator in megatron/core/parallel_state.py),
+// first token fastest:
 //   global_rank = tp + TP·(cp + CP·(dp + DP·pp)),   with CP = EP = 1 for now.
 // A group of kind X holds the ranks that differ only in the X coordinates, listed in
 // increasing order of those coordinates (first fastest); the groups of a kind are listed by

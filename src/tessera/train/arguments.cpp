@@ -82,7 +82,7 @@ std::vector<OptionDef> train_option_defs() {
       {"--recompute-method", K::Choice, nullptr, "With full: groups of layers (uniform) or the first layers (block)",
        "uniform|block"},
       {"--recompute-num-layers", K::Int, nullptr, "Layers per recomputed group (uniform) or recomputed layers (block)"},
-      // Mixed precision (megatron.md §9; docs/precision.md).
+      // Mixed precision (docs/precision.md).
       {"--fp16", K::StoreTrue, nullptr, "fp16 GEMMs (emulated by rounding on CPU) with a loss scaler; fp32 master weights"},
       {"--bf16", K::StoreTrue, nullptr, "bf16 GEMMs (oneDNN AVX512-BF16 on CPU); fp32 master weights, no scaler"},
       {"--loss-scale", K::Float, nullptr, "Static loss scale (default: dynamic with --fp16)"},
@@ -395,7 +395,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.log_validation_ppl_to_tensorboard = p.get_bool("--log-validation-ppl-to-tensorboard");
   a.log_memory_to_tensorboard = p.get_bool("--log-memory-to-tensorboard");
 
-  // Mixed precision: Megatron's choice of scaler (megatron.md §9).
+  // Mixed precision: Megatron's choice of scaler (get_megatron_optimizer in
+  // megatron/core/optimizer/__init__.py).
   a.fp16 = p.get_bool("--fp16");
   a.bf16 = p.get_bool("--bf16");
   if (a.fp16 && a.bf16) throw usage_error("--fp16 and --bf16 cannot both be given");
@@ -445,7 +446,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
                             "the ramp's global batch " + std::to_string(b) + " gives " + std::to_string(b / unit));
   }
 
-  // Iterations or samples, and the schedule in samples (megatron.md §7).
+  // Iterations or samples, and the schedule in samples (megatron/training/training.py's
+  // get_optimizer_param_scheduler).
   const int64_t gbs = a.global_batch_size;
   LrScheduleConfig& s = a.lr_schedule;
   auto warmup_fraction = p.get_opt_float("--lr-warmup-fraction");

@@ -1,5 +1,6 @@
-// `tessera train`'s arguments: Megatron-LM's flag names and defaults (megatron.md §10),
-// parsed by the declarative table in arguments.cpp and checked before any allocation.
+// `tessera train`'s arguments: Megatron-LM's flag names and defaults
+// (megatron/training/arguments.py), parsed by the declarative table in arguments.cpp and
+// checked before any allocation.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,7 @@ struct TrainArgs {
   bool log_validation_ppl_to_tensorboard = false;
   bool log_memory_to_tensorboard = false;
 
-  // Mixed precision (megatron.md §9): the GEMMs' format, fp32 master weights throughout.
+  // Mixed precision (docs/precision.md): the GEMMs' format, fp32 master weights throughout.
   bool fp16 = false, bf16 = false;
   std::optional<LossScalerConfig> loss_scaler;  // fp16 (dynamic or static), or bf16 with --loss-scale
   int eval_interval = 1000;
@@ -51,7 +52,7 @@ struct TrainArgs {
   std::string log_json;
   std::vector<std::string> command_line;  // the flags as given (recorded in checkpoints)
 
-  // Checkpoints (megatron.md §5; docs/checkpoints.md).
+  // Checkpoints (docs/checkpoints.md).
   std::string save, load;
   int64_t save_interval = 0;
   int64_t exit_interval = 0;  // --exit-interval: stop (after saving) when iteration % N == 0

@@ -1,7 +1,8 @@
 // Prefetches the next global batch's samples on a background thread while the current one
-// trains. The samples a data-parallel rank reads follow Megatron's sampler (megatron.md
-// §4.10): global indices are consumed in order from `consumed`, in blocks of
-// micro_batch × dp_size, and DP rank r takes positions [r·mbs, (r+1)·mbs) of each block.
+// trains. The samples a data-parallel rank reads follow Megatron's MegatronPretrainingSampler
+// (megatron/legacy/data/data_samplers.py): global indices are consumed in order from
+// `consumed`, in blocks of micro_batch × dp_size, and DP rank r takes positions
+// [r·mbs, (r+1)·mbs) of each block.
 #pragma once
 
 #include <condition_variable>

@@ -15,7 +15,7 @@ class SampleSource {
 };
 
 // The splits to read samples from (valid and test may be absent), and how loss masks and
-// position ids follow from a sample's tokens (megatron.md §4.7).
+// position ids follow from a sample's tokens (gpt_dataset.py's _get_ltor_masks_and_position_ids).
 struct DataSources {
   SampleSource* train = nullptr;
   SampleSource* valid = nullptr;

@@ -1,5 +1,6 @@
-// Throughput figures of the log line: Megatron's model FLOPs per iteration (megatron.md
-// §6.1, dense GPT with MHA and GELU) and MFU against a stated dense peak per device.
+// Throughput figures of the log line: Megatron's model FLOPs per iteration
+// (num_floating_point_operations in megatron/training/training.py, dense GPT with MHA and
+// GELU) and MFU against a stated dense peak per device.
 #pragma once
 
 #include <optional>

@@ -123,8 +123,9 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
 }
 
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and
-// position ids of megatron.md §4.7. Every stage loads the whole micro-batch: the first needs
-// tokens and positions, the last labels and mask, and the copy is small.
+// position ids of gpt_dataset.py's _get_ltor_masks_and_position_ids. Every stage loads the
+// whole micro-batch: the first needs tokens and positions, the last labels and mask, and the
+// copy is small.
 void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro) {
   const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
   MicroBatch& mb = batches_[micro];
@@ -232,8 +233,9 @@ IterationResult Trainer::train_step() {
   // The norm is the same on every rank and non-finite wherever any gradient is (every
   // gradient is counted, or copied from one that is), so it is also Megatron's found_inf.
   const double scaled_norm = global_grad_norm();
-  // Megatron's fp16 step (megatron.md §9): an overflow in the scaled gradients skips the
-  // update, clipping and the scheduler; the scaler backs off (or grows) either way.
+  // Megatron's fp16 step (megatron/core/optimizer/optimizer.py's MixedPrecisionOptimizer):
+  // an overflow in the scaled gradients skips the update, clipping and the scheduler; the
+  // scaler backs off (or grows) either way.
   if (loss_scaler_) {
     const bool overflow = !std::isfinite(scaled_norm);
     loss_scaler_->update(overflow);
@@ -314,7 +316,7 @@ void Trainer::write_tensorboard(const IterationResult& r) {
   }
 }
 
-// Megatron's validation block (megatron.md §6.2).
+// Megatron's validation block (evaluate_and_print_results in megatron/training/training.py).
 void Trainer::print_evaluation(const std::string& prefix, const char* split) {
   const double loss = evaluate(split);
   if (tensorboard_) {
@@ -397,7 +399,8 @@ void Trainer::train() {
     print_evaluation("iteration " + std::to_string(iteration_) + " on test set", "test");
 }
 
-// Megatron's training log line (megatron.md §6.1) with tokens/s after its last field.
+// Megatron's training log line (training_log in megatron/training/training.py) with tokens/s
+// after its last field.
 // lm loss is the mean over the iterations that advanced; skipped ones are counted instead.
 void Trainer::log_line(const IterationResult& last, double loss_sum, int advanced, int skipped, double elapsed_s,
                        int64_t tokens) {
@@ -414,7 +417,8 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
   line += buf;
   std::snprintf(buf, sizeof(buf), " elapsed time per iteration (ms): %.1f |", ms_per_iter);
   line += buf;
-  // Megatron's formula (megatron.md §6.1), per device: the world shares the iteration.
+  // Megatron's formula (num_floating_point_operations in megatron/training/training.py), per
+  // device: the world shares the iteration.
   const double tflops_per_device =
       megatron_flops_per_iteration(args_, last.global_batch) / (ms_per_iter / 1000.0 * 1e12) / log_world_size();
   if (args_.log_throughput) {

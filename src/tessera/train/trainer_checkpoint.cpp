@@ -20,7 +20,7 @@ namespace tessera {
 namespace {
 
 // The schedule's settings as a checkpoint records them; a resume compares them with the flags
-// (megatron.md §7, "On resume").
+// (as OptimizerParamScheduler.load_state_dict in megatron/core/optimizer_param_scheduler.py).
 nlohmann::json schedule_json(const LrScheduleConfig& c) {
   return {{"max_lr", c.max_lr},
           {"min_lr", c.min_lr},

@@ -26,12 +26,13 @@ class DatasetSamples final : public SampleSource {
 
 struct TrainingData {
   std::unique_ptr<DatasetSamples> train, valid, test;  // valid/test null where absent
-  data::LtorOptions masks;                             // loss mask and position ids (§4.7)
+  data::LtorOptions masks;                             // loss mask and position ids
   DataSources sources() const { return {train.get(), valid.get(), test.get(), masks}; }
 };
 
-// Builds (or loads from the cache) every split, sized by Megatron's sample counts (§4.1);
-// prints the target sizes on rank 0.
+// Builds (or loads from the cache) every split, sized by Megatron's sample counts
+// (build_train_valid_test_datasets in megatron/training/training.py); prints the target
+// sizes on rank 0.
 TrainingData build_training_data(const TrainArgs& args);
 
 // Every process builds or loads its own index arrays (nodes need not share storage); this

@@ -1,9 +1,9 @@
 """GPT-2 byte-level BPE exactly as Megatron-LM core_r0.10.0 applies it.
 
-A transcription of megatron/training/tokenizer/gpt2_tokenization.py (GPT2Tokenizer) with the
-facts of shared/reference/megatron.md section 3: the `regex` pre-tokenization pattern, the
-byte-to-unicode map, rank-ordered merges applied to every non-overlapping occurrence, an
-unbounded per-pre-token cache, unknown tokens mapped to id 0, EOD = vocab['<|endoftext|>'].
+A transcription of megatron/training/tokenizer/gpt2_tokenization.py (GPT2Tokenizer): the
+`regex` pre-tokenization pattern, the byte-to-unicode map, rank-ordered merges applied to every
+non-overlapping occurrence, an unbounded per-pre-token cache, unknown tokens mapped to id 0,
+EOD = vocab['<|endoftext|>'].
 It is the test oracle and the benchmark peer of tessera's C++ tokenizer; keep it plain.
 """
 import json

@@ -1,4 +1,4 @@
-"""numpy re-implementation of Megatron's GPT dataset indices (megatron.md section 4), the
+"""numpy re-implementation of Megatron's GPT dataset indices (megatron/core/datasets/), the
 independent side of tessera's GPT dataset tests.
 
 It follows Megatron core_r0.10.0 (gpt_dataset.py, blended_dataset.py,
@@ -35,7 +35,7 @@ import numpy
 SPLITS = ["train", "valid", "test"]
 
 
-# ---- indexed dataset (megatron.md section 1) ---------------------------------------------
+# ---- indexed dataset (megatron/core/datasets/indexed_dataset.py) -------------------------
 
 DTYPES = {1: numpy.uint8, 2: numpy.int8, 3: numpy.int16, 4: numpy.int32, 5: numpy.int64,
           6: numpy.float64, 7: numpy.float32, 8: numpy.uint16}

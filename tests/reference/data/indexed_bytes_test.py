@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`.bin/.idx` byte for byte: tessera's builder (through `tessera preprocess` with the
 NullTokenizer, whose ids are the text) and `tessera data merge` against the numpy writer of
-indexed_writer.py, which follows megatron.md section 1; and that writer against the worked
-example of section 1.5."""
+indexed_writer.py, which follows Megatron's megatron/core/datasets/indexed_dataset.py; and that
+writer against the worked example of docs/data.md."""
 import json
 import random
 
@@ -26,8 +26,8 @@ def test_numpy_writer_matches_worked_example():
     b.add_document([10, 20, 50256], [3])
     b.add_document([30, 50256], [2])
     b.finalize("ex.idx")
-    expect(read("ex.idx") == EXAMPLE_IDX, "numpy writer .idx differs from megatron.md 1.5")
-    expect(read("ex.bin") == EXAMPLE_BIN, "numpy writer .bin differs from megatron.md 1.5")
+    expect(read("ex.idx") == EXAMPLE_IDX, "numpy writer .idx differs from the worked example")
+    expect(read("ex.bin") == EXAMPLE_BIN, "numpy writer .bin differs from the worked example")
 
 
 def test_worked_example_through_tessera():
@@ -37,8 +37,8 @@ def test_worked_example_through_tessera():
         f.write(json.dumps({"text": "30"}) + "\n")
     tessera("preprocess", "--input", "in.jsonl", "--output-prefix", "out", "--tokenizer-type", "NullTokenizer",
             "--vocab-size", 50256, "--append-eod", "--workers", 1)
-    expect(read("out_text_document.idx") == EXAMPLE_IDX, "tessera .idx differs from megatron.md 1.5")
-    expect(read("out_text_document.bin") == EXAMPLE_BIN, "tessera .bin differs from megatron.md 1.5")
+    expect(read("out_text_document.idx") == EXAMPLE_IDX, "tessera .idx differs from the worked example")
+    expect(read("out_text_document.bin") == EXAMPLE_BIN, "tessera .bin differs from the worked example")
 
 
 def random_docs(rng, n, vocab, keys):

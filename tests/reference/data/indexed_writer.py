@@ -1,4 +1,5 @@
-"""A small numpy writer of Megatron's indexed dataset, following megatron.md section 1 only.
+"""A small numpy writer of Megatron's indexed dataset, following
+megatron/core/datasets/indexed_dataset.py only.
 
 It is the independent side of the byte-for-byte tests: tessera's C++ builder must write the
 same .bin/.idx bytes. Kept deliberately plain (Megatron's IndexedDatasetBuilder semantics).

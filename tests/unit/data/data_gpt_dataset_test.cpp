@@ -1,4 +1,5 @@
-// Megatron's GPT dataset (megatron.md §4): the worked example of §4.6 and the MD5 of §4.8;
+// Megatron's GPT dataset (megatron/core/datasets/gpt_dataset.py and helpers.cpp): a worked
+// example whose values were computed with Megatron's own functions, and its cache MD5;
 // MT19937 and PCG64 against numpy; document/sample/shuffle indices, blends and samples
 // against the numpy re-implementation in tests/reference/data/gpt_dataset_reference.py for
 // several sizes, splits, seeds and blends (separate final epoch included); the .npy format;
@@ -128,8 +129,8 @@ class DataGptDataset : public ::testing::Test {
 // ---- numpy-compatible random numbers --------------------------------------------------------
 
 TEST(DataMt19937, MatchesNumpyGoldenValues) {
-  // From numpy 1.24: RandomState(1234).randint(0, 2**32) (megatron.md §4.5), shuffle of
-  // arange(10) and random_sample(3).
+  // From numpy 1.24 (the RandomState that Megatron's gpt_dataset.py seeds with --seed):
+  // RandomState(1234).randint(0, 2**32), shuffle of arange(10) and random_sample(3).
   tessera::Mt19937RandomState rs(1234);
   EXPECT_EQ(rs.next_uint32(), 822569775u);
   tessera::Mt19937RandomState sh(1234);
@@ -232,7 +233,8 @@ TEST_F(DataGptDataset, RandomNumbersAndPythonFormsMatchNumpy) {
 // ---- configuration ----------------------------------------------------------------------------
 
 TEST(DataGptDatasetConfig, SplitBookendsFollowMegatron) {
-  // megatron.md §4.3 table.
+  // Bookends as Megatron's parse_and_normalize_split and convert_split_vector_to_split_matrix
+  // (megatron/core/datasets/blended_megatron_dataset_config.py, utils.py) give them.
   struct Row {
     std::string split;
     int64_t n;
@@ -322,7 +324,7 @@ TEST_F(DataGptDataset, NpyBytesAndValidation) {
   std::string file = path("a.npy");
   td::write_npy(file, td::NpyArray::from_vector(v));
   std::string bytes = slurp(file);
-  ASSERT_EQ(bytes.size(), 128u + 96u);  // megatron.md §4.8: a 128-byte header
+  ASSERT_EQ(bytes.size(), 128u + 96u);  // numpy.save's format 1.0: a 128-byte header here
   EXPECT_EQ(bytes.substr(0, 10), std::string("\x93NUMPY\x01\x00\x76\x00", 10));
   EXPECT_EQ(bytes.substr(10, 58), "{'descr': '<i4', 'fortran_order': False, 'shape': (24,), }");
   EXPECT_EQ(bytes[127], '\n');
@@ -353,9 +355,9 @@ TEST_F(DataGptDataset, NpyBytesAndValidation) {
   }
 }
 
-// ---- the worked example of megatron.md §4.6 ----------------------------------------------------
+// ---- a worked example computed with Megatron's gpt_dataset.py and helpers.cpp ------------------
 
-TEST_F(DataGptDataset, WorkedExampleOfTheFactSheet) {
+TEST_F(DataGptDataset, WorkedExampleComputedWithMegatron) {
   std::string prefix = write_dataset(path("data/tiny_text_document"), {5, 3, 7, 4, 6, 2, 8, 3, 5, 4},
                                      td::IndexDType::UInt16, hundreds);
   td::GPTDatasetConfig c = config("8,1,1", 4, 1234, path("cache"));
@@ -364,7 +366,7 @@ TEST_F(DataGptDataset, WorkedExampleOfTheFactSheet) {
   auto [b, e] = td::split_range(*m[0], 10);
   EXPECT_EQ(b, 0);
   EXPECT_EQ(e, 8);
-  // The dataset path is hashed exactly as given: the fact sheet's "data/tiny_text_document".
+  // The dataset path is hashed exactly as given: the worked example's "data/tiny_text_document".
   td::GPTDataset ds(low, std::string("data/tiny_text_document"), b, e, 20, td::Split::Train, c);
   EXPECT_EQ(ds.plan().tokens_per_epoch, 38);
   EXPECT_EQ(ds.plan().num_epochs, 3);
@@ -385,7 +387,8 @@ TEST_F(DataGptDataset, WorkedExampleOfTheFactSheet) {
   EXPECT_EQ(sample_of(ds, 1), (std::vector<int32_t>{701, 702, 100, 101, 102}));
   EXPECT_EQ(sample_of(ds, 2), (std::vector<int32_t>{405, 600, 601, 602, 603}));
   EXPECT_EQ(ds.sample_sequences(1), (std::vector<int64_t>{7, 1}));
-  // megatron.md §4.8: the description's MD5 and the cache file names.
+  // The description's MD5 and the cache file names (gpt_dataset.py's
+  // _build_document_sample_shuffle_indices).
   EXPECT_EQ(ds.description_hash(), "af001634dc015b1f102ff443df3f2b81");
   for (const char* f : {"description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy", "tessera.json"})
     EXPECT_TRUE(fs::exists(path(std::string("cache/af001634dc015b1f102ff443df3f2b81-GPTDataset-train-") + f))) << f;
@@ -421,7 +424,7 @@ TEST_F(DataGptDataset, EmptySplitIsAnError) {
   }
 }
 
-// ---- masks and position ids (megatron.md §4.7) -------------------------------------------------
+// ---- masks and position ids (gpt_dataset.py's _get_ltor_masks_and_position_ids) ----------------
 
 TEST(DataGptDatasetMasks, ResetPositionsEodMaskAndSegments) {
   const int32_t eod = 9;

@@ -1,4 +1,4 @@
-// Indexed dataset: the worked example of megatron.md §1.5 byte for byte, reading back,
+// Indexed dataset: the worked example of docs/data.md byte for byte, reading back,
 // validation of corrupt and truncated files (always an Error, never a crash), merging,
 // scratch builders, spilling, and atomic outputs.
 #include <gtest/gtest.h>
@@ -48,7 +48,7 @@ class DataIndexedDataset : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // megatron.md §1.5: documents [10, 20, 50256] and [30, 50256], uint16.
+  // docs/data.md's worked example: documents [10, 20, 50256] and [30, 50256], uint16.
   std::string write_example(const std::string& name) {
     std::string prefix = path(name);
     td::IndexedDatasetBuilder b(td::bin_path(prefix), td::IndexDType::UInt16);

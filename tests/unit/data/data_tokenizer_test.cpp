@@ -148,7 +148,7 @@ TEST(DataTokenizer, PretokenizerMatchesPcre2Reference) {
     ++compared;
   }
   EXPECT_GT(compared, 3500);
-  // megatron.md §3.2's vectors.
+  // Pre-tokens of GPT-2's pattern under Python's `regex` module (findall), measured.
   auto pre = [](std::string_view s) {
     std::vector<std::string> out;
     td::gpt2_pretokenize(s, [&](std::string_view p) { out.emplace_back(p); });

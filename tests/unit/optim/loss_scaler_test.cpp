@@ -1,5 +1,5 @@
-// Megatron's DynamicGradScaler and ConstantGradScaler (megatron.md §9), step by step. Each
-// expected row follows from the rule by hand:
+// Megatron's DynamicGradScaler and ConstantGradScaler (megatron/core/optimizer/grad_scaler.py),
+// step by step. Each expected row follows from the rule by hand:
 //   inf:   growth = 0; hysteresis -= 1; if hysteresis <= 0: scale = max(scale * 0.5, min)
 //   clean: growth += 1; if growth == window: growth = 0, hysteresis = H, scale *= 2
 // Scales are powers of two, so every comparison is exact.

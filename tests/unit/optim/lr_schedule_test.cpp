@@ -1,5 +1,5 @@
-// Megatron's LR and weight-decay schedule (megatron.md §7), at points whose values follow
-// from the formulas by hand.
+// Megatron's LR and weight-decay schedule (megatron/core/optimizer_param_scheduler.py), at
+// points whose values follow from the formulas by hand.
 #include <gtest/gtest.h>
 
 #include <cmath>

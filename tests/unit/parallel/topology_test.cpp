@@ -1,6 +1,7 @@
-// Topology against megatron.md §8: the worked example (world 16, TP 2, PP 2, so DP 4) group
-// by group, coordinates, validation errors naming the flags, PP = 1 edge cases, and the
-// communicators create_parallel_groups builds (in-process ranks as threads).
+// Topology against Megatron's rank order (megatron/core/parallel_state.py's RankGenerator,
+// order tp-cp-ep-dp-pp): world 16, TP 2, PP 2, so DP 4, group by group, coordinates,
+// validation errors naming the flags, PP = 1 edge cases, and the communicators
+// create_parallel_groups builds (in-process ranks as threads).
 #include <gtest/gtest.h>
 
 #include "tessera/comm/in_process/in_process_communicator.h"
