@@ -79,8 +79,7 @@ enum class MathMode { F32, BF16, FP16 };
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
 // backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
-// (the same reduction as bias_add_backward). mode: see MathMode (F32: the same bits as
-// before modes existed).
+// (the same reduction as bias_add_backward). mode: see MathMode.
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode = MathMode::F32);
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      MathMode mode = MathMode::F32);
@@ -140,8 +139,8 @@ void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tens
 // losses = logsumexp - target_logit. Keep logsumexp for the backward.
 void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tensor row_max, Tensor target_logit);
 // dlogits[n,j] += (exp(logits[n,j] - logsumexp[n]) - [vocab_start + j == targets[n]]) * dlosses[n],
-// one pass over the local columns; no communication. (vocab_start has no default so that
-// a call written for the old overload taking the losses there does not compile.)
+// one pass over the local columns; no communication. vocab_start has no default so that
+// every call states its shard.
 void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
                             int64_t vocab_start, int64_t vocab_size = 0);
 

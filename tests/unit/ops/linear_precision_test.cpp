@@ -567,7 +567,7 @@ TEST(OpsPrecisionLinear, F32ModeIsTheDefaultBitForBit) {
   ops::linear_forward(a, inp, w, b);
   ops::linear_forward(e, inp, w, b, MathMode::F32);
   EXPECT_TRUE(same_bits(a, e));
-  // ... and is the bias broadcast plus one sgemm with beta = 1, as before modes existed.
+  // ... and is the bias broadcast plus one sgemm with beta = 1.
   for (int n = 0; n < 120; ++n) std::copy(b.f32(), b.f32() + 90, direct.f32() + n * 90);
   ops::cpu::sgemm(false, true, 120, 90, 70, 1.0f, inp.f32(), 70, w.f32(), 70, 1.0f, direct.f32(), 90);
   EXPECT_TRUE(same_bits(a, direct));
