@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 
+#include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -93,6 +94,7 @@ struct Piece {
   size_t file;  // index into the sources
   Shape shape;  // as saved
   TensorPlacement place;
+  size_t id = 0;  // an external piece's index (load_external_pieces)
 };
 
 // One copy: elements [begin, end) along dim of the global tensor, from a saved piece to a
@@ -103,6 +105,7 @@ struct CopyOp {
   int64_t begin = 0, end = 0;
   int64_t src_start = 0, dst_start = 0;  // where the piece and the slice start along dim
   Shape src_shape;
+  size_t piece = 0;  // the piece's id
 };
 
 Error checksum_error(const std::string& path) {
@@ -167,6 +170,15 @@ class PieceIndex {
     }
   }
 
+  // Pieces saved in another format, already located (load_external_pieces); read as F32.
+  PieceIndex(const std::string& it_dir, std::vector<SourceFile> sources, const std::vector<ExternalPiece>& pieces)
+      : it_dir_(it_dir), sources_(std::move(sources)) {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      dtypes_[pieces[i].name] = DType::F32;
+      pieces_[pieces[i].name].push_back({pieces[i].source, pieces[i].shape, pieces[i].place, i});
+    }
+  }
+
   const std::vector<SourceFile>& sources() const { return sources_; }
 
   // The copies that fill `t` (targets[index]), preferring pieces of saved TP rank `preferred`.
@@ -194,7 +206,7 @@ class PieceIndex {
     }
     const Shape& g = t.global_shape;
     if (g.empty()) {  // a scalar: any piece is the whole
-      ops_by_file[pieces.front()->file].push_back({index, -1, 0, 1, 0, 0, pieces.front()->shape});
+      ops_by_file[pieces.front()->file].push_back({index, -1, 0, 1, 0, 0, pieces.front()->shape, pieces.front()->id});
       return;
     }
     // The dimension the slices are taken along: the run's split, else the saved one.
@@ -234,7 +246,7 @@ class PieceIndex {
         todo = std::move(next);
       }
       for (const auto& [x, y] : todo) {
-        ops_by_file[p->file].push_back({index, dim, x, y, pb, need_begin, p->shape});
+        ops_by_file[p->file].push_back({index, dim, x, y, pb, need_begin, p->shape, p->id});
         covered.push_back({x, y});
         covered_len += y - x;
       }
@@ -254,6 +266,25 @@ class PieceIndex {
   std::map<std::string, DType> dtypes_;
 };
 
+// One copy from a saved piece's elements (`from`, laid out as op.src_shape) into its target.
+void copy_piece(const CopyOp& op, const uint8_t* from, const ShardedTensor& t) {
+  uint8_t* to = t.tensor.host<uint8_t>();
+  const size_t es = dtype_size(t.tensor.dtype);
+  if (op.dim < 0) {
+    std::memcpy(to, from, static_cast<size_t>(t.tensor.numel()) * es);
+    return;
+  }
+  const Shape& dst_shape = t.tensor.shape;
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < op.dim; ++d) outer *= dst_shape[d];
+  for (size_t d = op.dim + 1; d < dst_shape.size(); ++d) inner *= dst_shape[d];
+  const int64_t src_rows = op.src_shape[op.dim], dst_rows = dst_shape[op.dim];
+  const size_t count = static_cast<size_t>((op.end - op.begin) * inner) * es;
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(to + static_cast<size_t>((o * dst_rows + op.begin - op.dst_start) * inner) * es,
+                from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
+}
+
 // Reads and verifies each file that `ops_by_file` copies from, then copies.
 void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
              const std::vector<std::vector<CopyOp>>& ops_by_file) {
@@ -269,22 +300,7 @@ void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
       if (!info || info->shape != op.src_shape || info->dtype != t.tensor.dtype)
         throw runtime_error("checkpoint file " + src.path + " changed while it was being loaded (tensor " + t.name +
                             ")");
-      const uint8_t* from = r.bytes(*info).data();
-      uint8_t* to = static_cast<uint8_t*>(t.tensor.ptr);
-      const size_t es = dtype_size(t.tensor.dtype);
-      if (op.dim < 0) {
-        std::memcpy(to, from, static_cast<size_t>(t.tensor.numel()) * es);
-        continue;
-      }
-      const Shape& dst_shape = t.tensor.shape;
-      int64_t outer = 1, inner = 1;
-      for (int d = 0; d < op.dim; ++d) outer *= dst_shape[d];
-      for (size_t d = op.dim + 1; d < dst_shape.size(); ++d) inner *= dst_shape[d];
-      const int64_t src_rows = op.src_shape[op.dim], dst_rows = dst_shape[op.dim];
-      const size_t count = static_cast<size_t>((op.end - op.begin) * inner) * es;
-      for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(to + static_cast<size_t>((o * dst_rows + op.begin - op.dst_start) * inner) * es,
-                    from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
+      copy_piece(op, r.bytes(*info).data(), t);
     }
   }
 }
@@ -449,11 +465,14 @@ void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, 
                {"files", listed}};
   if (!state.grad_scaler.is_null()) meta["grad_scaler"] = state.grad_scaler;
   write_file_synced((fs::path(tmp_dir) / "metadata.json").string(), meta.dump(2));
-  fsync_directory(tmp_dir);
+  commit_checkpoint_folder(dir, tmp_dir, state.iteration);
+}
 
+void commit_checkpoint_folder(const std::string& dir, const std::string& tmp_dir, int64_t iteration) {
+  fsync_directory(tmp_dir);
   // Replace an existing folder of the same iteration only after the new one is complete.
   std::error_code ec;
-  const std::string final_dir = checkpoint_iteration_dir(dir, state.iteration);
+  const std::string final_dir = checkpoint_iteration_dir(dir, iteration);
   const std::string old_dir = final_dir + ".old-" + std::to_string(::getpid());
   const bool replacing = fs::exists(final_dir);
   if (replacing) fs::rename(final_dir, old_dir, ec);
@@ -461,7 +480,7 @@ void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, 
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) throw runtime_error("cannot rename " + tmp_dir + " to " + final_dir + ": " + ec.message());
   fsync_directory(dir);
-  write_file_atomic((fs::path(dir) / kTracker).string(), std::to_string(state.iteration));
+  write_file_atomic((fs::path(dir) / kTracker).string(), std::to_string(iteration));
   if (replacing) fs::remove_all(old_dir, ec);
 }
 
@@ -491,6 +510,7 @@ std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {
 }
 
 CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iteration) {
+  if (is_megatron_checkpoint(dir, iteration)) return read_megatron_metadata(dir, iteration);
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const json meta = read_metadata_json(it_dir);
   try {
@@ -505,6 +525,8 @@ CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iterati
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<ShardedTensor>& model,
                                 const std::vector<ShardedTensor>& optimizer, bool load_optimizer, int tp_rank,
                                 int tp_size) {
+  if (is_megatron_checkpoint(dir, iteration))
+    return load_megatron_checkpoint(dir, iteration, model, optimizer, load_optimizer, tp_rank, tp_size);
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const json meta = read_metadata_json(it_dir);
   CheckpointState s;
@@ -565,6 +587,25 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const
   execute(*model_index, model, model_ops);
   if (load_optimizer) execute(*optimizer_index, optimizer, optimizer_ops);
   return s;
+}
+
+void load_external_pieces(const std::string& it_dir, const std::vector<ExternalSource>& sources,
+                          const std::vector<ExternalPiece>& pieces, const std::vector<ShardedTensor>& targets,
+                          int preferred_tp_rank, const char* what,
+                          const std::function<std::vector<float>(size_t)>& read) {
+  std::vector<SourceFile> files;
+  for (const ExternalSource& src : sources) files.push_back({src.path, src.path, "", 0, src.tp_rank});
+  PieceIndex index(it_dir, std::move(files), pieces);
+  std::vector<std::vector<CopyOp>> ops(sources.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    TESSERA_CHECK(targets[i].tensor.dtype == DType::F32, "external pieces load into F32 tensors");
+    index.plan(targets[i], i, preferred_tp_rank, what, ops);
+  }
+  for (const std::vector<CopyOp>& file_ops : ops)
+    for (const CopyOp& op : file_ops) {
+      const std::vector<float> values = read(op.piece);
+      copy_piece(op, reinterpret_cast<const uint8_t*>(values.data()), targets[op.target]);
+    }
 }
 
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<NamedTensor>& model,

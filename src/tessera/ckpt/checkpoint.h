@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,9 @@ struct CheckpointState {
   nlohmann::json grad_scaler;       // the fp16 loss scaler's state_dict (null without one)
   CheckpointLayout layout;
   int format_version = 0;  // as read (saving writes the current one)
+  // Read from Megatron-LM's own files (megatron_checkpoint.h): `args` is its Namespace's
+  // attributes and `scheduler` its opt_param_scheduler state, under Megatron's keys.
+  bool megatron_format = false;
 };
 
 // A file of a checkpoint folder as metadata.json records it.
@@ -138,5 +142,29 @@ struct TensorPlacement {
   int64_t offset = 0;
 };
 std::optional<TensorPlacement> parse_tensor_placement(const std::string& text, const Shape& local_shape);
+
+// ---- Pieces saved in another format (Megatron-LM's files, megatron_checkpoint.h) -----------
+// They are resharded by the same planning as tessera's own files, with the same checks.
+struct ExternalSource {
+  std::string path;
+  int tp_rank = -1;  // the saved tensor-parallel rank of the file
+};
+struct ExternalPiece {
+  std::string name;  // tessera's name ("<kind>.<parameter name>" for optimizer state)
+  Shape shape;       // as saved
+  TensorPlacement place;
+  size_t source = 0;  // index into the sources
+};
+// Fills every target (F32) from the pieces that overlap it, reading first the pieces of saved
+// TP rank `preferred_tp_rank`; read(i) returns piece i's elements as float. A target no piece
+// covers, or a global shape that differs, is an Error naming the tensor and the file.
+void load_external_pieces(const std::string& it_dir, const std::vector<ExternalSource>& sources,
+                          const std::vector<ExternalPiece>& pieces, const std::vector<ShardedTensor>& targets,
+                          int preferred_tp_rank, const char* what,
+                          const std::function<std::vector<float>(size_t)>& read);
+
+// Step 3 of a save without metadata.json (Megatron's layout): fsyncs, renames TMP to
+// DIR/iter_N (replacing an older folder of that iteration) and then replaces the tracker.
+void commit_checkpoint_folder(const std::string& dir, const std::string& tmp_dir, int64_t iteration);
 
 }  // namespace tessera

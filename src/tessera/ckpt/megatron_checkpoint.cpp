@@ -1,0 +1,720 @@
+#include "tessera/ckpt/megatron_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "tessera/ckpt/torch_file.h"
+#include "tessera/core/dtype.h"
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using pickle::Kind;
+using pickle::Value;
+
+constexpr const char* kDistributedOptimizerFile = "distrib_optim.pt";
+
+// ---- Names ----------------------------------------------------------------------------------
+// Megatron's state-dict names -> tessera's (mcore, local spec). Llama-family checkpoints use
+// the same mcore names (linear_fc1 holds [gate; up]); their extra rules belong here.
+
+struct Rename {
+  const char* from;
+  const char* to;
+};
+
+// Whole names outside the layers.
+constexpr Rename kTopLevel[] = {
+    {"language_model.embedding.word_embeddings.weight", "embedding.word_embeddings.weight"},
+    {"language_model.embedding.position_embeddings.weight", "embedding.position_embeddings.weight"},
+    {"language_model.encoder.final_norm.weight", "decoder.final_layernorm.weight"},
+    {"language_model.encoder.final_norm.bias", "decoder.final_layernorm.bias"},
+    {"language_model.encoder.final_layernorm.weight", "decoder.final_layernorm.weight"},
+    {"language_model.encoder.final_layernorm.bias", "decoder.final_layernorm.bias"},
+    {"language_model.output_layer.weight", "output_layer.weight"},
+    {"word_embeddings_for_head.weight", "output_layer.weight"},
+};
+
+// The part of a layer's name after "layers.N.": exact names first (Transformer Engine's norms
+// fused into the next linear layer), then module prefixes (legacy names).
+constexpr Rename kLayerExact[] = {
+    {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+    {"self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"},
+    {"mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"},
+    {"mlp.linear_fc1.layer_norm_bias", "pre_mlp_layernorm.bias"},
+};
+constexpr Rename kLayerPrefix[] = {
+    {"input_norm.", "input_layernorm."},
+    {"post_attention_norm.", "pre_mlp_layernorm."},
+    {"post_attention_layernorm.", "pre_mlp_layernorm."},
+    {"self_attention.query_key_value.", "self_attention.linear_qkv."},
+    {"self_attention.dense.", "self_attention.linear_proj."},
+    {"mlp.dense_h_to_4h.", "mlp.linear_fc1."},
+    {"mlp.dense_4h_to_h.", "mlp.linear_fc2."},
+};
+constexpr const char* kLayerRoots[] = {"decoder.layers.", "language_model.encoder.layers."};
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
+
+// A state-dict key split into its stage-local layer number (-1 outside the layers) and the
+// tessera name of the rest; nullopt for entries that hold no parameter (_extra_state).
+struct MappedName {
+  int local_layer = -1;
+  std::string rest;  // after "decoder.layers.N." for layers, else the whole tessera name
+};
+
+std::optional<MappedName> map_name(const std::string& key) {
+  if (ends_with(key, "_extra_state")) return std::nullopt;
+  for (const Rename& r : kTopLevel)
+    if (key == r.from) return MappedName{-1, r.to};
+  for (const char* root : kLayerRoots) {
+    if (!starts_with(key, root)) continue;
+    const size_t num_begin = std::strlen(root), dot = key.find('.', num_begin);
+    if (dot == std::string::npos || dot == num_begin || dot - num_begin > 6) return MappedName{-1, key};
+    int layer = 0;
+    for (size_t i = num_begin; i < dot; ++i) {
+      if (key[i] < '0' || key[i] > '9') return MappedName{-1, key};
+      layer = layer * 10 + (key[i] - '0');
+    }
+    std::string rest = key.substr(dot + 1);
+    for (const Rename& r : kLayerExact)
+      if (rest == r.from) return MappedName{layer, r.to};
+    for (const Rename& r : kLayerPrefix)
+      if (starts_with(rest, r.from)) return MappedName{layer, r.to + rest.substr(std::strlen(r.from))};
+    return MappedName{layer, rest};
+  }
+  return MappedName{-1, key};
+}
+
+std::string global_name(const MappedName& m, int first_layer) {
+  return m.local_layer < 0 ? m.rest : "decoder.layers." + std::to_string(first_layer + m.local_layer) + "." + m.rest;
+}
+
+// The dimension a parameter is split along over TP ranks (megatron.md's table of §5.3):
+// column-parallel rows, row-parallel columns, -1 for replicated ones.
+int split_dim_of(const std::string& name) {
+  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return 0;
+  for (const char* column : {"self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+                             "mlp.linear_fc1.weight", "mlp.linear_fc1.bias"})
+    if (ends_with(name, column)) return 0;
+  for (const char* row : {"self_attention.linear_proj.weight", "mlp.linear_fc2.weight"})
+    if (ends_with(name, row)) return 1;
+  return -1;
+}
+
+// ---- Values ---------------------------------------------------------------------------------
+
+json to_json(const Value& v, int depth = 0) {
+  if (depth > 16) return nullptr;
+  switch (v.kind) {
+    case Kind::Bool: return v.boolean;
+    case Kind::Int: return v.integer;
+    case Kind::Float: return v.real;
+    case Kind::Str: return v.text;
+    case Kind::List:
+    case Kind::Tuple: {
+      json a = json::array();
+      for (const Value* x : v.items) a.push_back(to_json(*x, depth + 1));
+      return a;
+    }
+    case Kind::Dict: {
+      json o = json::object();
+      for (const auto& [k, x] : v.entries)
+        if (k->kind == Kind::Str) o[k->text] = to_json(*x, depth + 1);
+      return o;
+    }
+    case Kind::Global: return {{"$global", v.text}};
+    case Kind::Object:
+      if (v.items.size() == 1 && (v.items[0]->kind == Kind::Int || v.items[0]->kind == Kind::Str))
+        return {{"$enum", v.text}, {"value", to_json(*v.items[0], depth + 1)}};
+      return nullptr;
+    default: return nullptr;
+  }
+}
+
+Value* from_json(pickle::Document& doc, const json& j) {
+  if (j.is_null()) return doc.none();
+  if (j.is_boolean()) return doc.boolean(j.get<bool>());
+  if (j.is_number_integer()) return doc.integer(j.get<int64_t>());
+  if (j.is_number()) return doc.real(j.get<double>());
+  if (j.is_string()) return doc.str(j.get<std::string>());
+  if (j.is_array()) {
+    std::vector<Value*> items;
+    for (const json& x : j) items.push_back(from_json(doc, x));
+    return doc.list(std::move(items));
+  }
+  if (j.contains("$global")) return doc.global(j.at("$global").get<std::string>());
+  if (j.contains("$enum")) return doc.object(j.at("$enum").get<std::string>(), {from_json(doc, j.at("value"))});
+  Value* d = doc.dict();
+  for (const auto& [k, x] : j.items()) doc.set(d, k, from_json(doc, x));
+  return d;
+}
+
+int64_t as_int(const Value* v, const TorchFile& f, const std::string& what) {
+  if (v && v->kind == Kind::Int) return v->integer;
+  if (v && v->kind == Kind::Float && v->real == static_cast<double>(static_cast<int64_t>(v->real)))
+    return static_cast<int64_t>(v->real);
+  if (v && v->kind == Kind::Tensor && v->tensor.shape.empty()) {
+    std::vector<float> x = f.f32(v->tensor, what);
+    return static_cast<int64_t>(x[0]);
+  }
+  throw runtime_error(f.path() + ": " + what + " is " + (v ? pickle::describe(*v) : "missing") + ", not an integer",
+                      "the file is not a Megatron-LM checkpoint, or it is damaged");
+}
+
+double as_number(const Value* v, const TorchFile& f, const std::string& what) {
+  if (v && v->kind == Kind::Float) return v->real;
+  if (v && v->kind == Kind::Int) return static_cast<double>(v->integer);
+  if (v && v->kind == Kind::Tensor && v->tensor.shape.empty()) return f.f32(v->tensor, what)[0];
+  throw runtime_error(f.path() + ": " + what + " is " + (v ? pickle::describe(*v) : "missing") + ", not a number");
+}
+
+const Value* need(const Value* parent, std::string_view key, const TorchFile& f, Kind kind) {
+  const Value* v = parent ? parent->get(key) : nullptr;
+  if (!v || v->kind != kind)
+    throw runtime_error(f.path() + ": '" + std::string(key) + "' is " + (v ? pickle::describe(*v) : "missing") +
+                            (kind == Kind::Dict ? ", not a dict" : kind == Kind::List ? ", not a list" : ""),
+                        "the file is not a Megatron-LM checkpoint of GPT, or it is damaged");
+  return v;
+}
+
+// ---- One file -------------------------------------------------------------------------------
+
+struct SavedParam {
+  std::string key;   // as saved
+  MappedName mapped;
+  const Value* tensor;
+  bool weight_decay;
+};
+
+struct RankFile {
+  int tp = 0, pp = 0;
+  std::string rel;
+  TorchFile file;
+  std::vector<SavedParam> params;  // registration order (the optimizer's order)
+  int first_layer = 0;             // of its stage, globally
+};
+
+std::string shard_rel(int tp, int pp, int pp_size) {
+  return checkpoint_shard_folder(tp, pp, pp_size) + "/" + kMegatronFile;
+}
+
+std::vector<SavedParam> saved_params(const TorchFile& f) {
+  const Value* model = f.root().get("model");
+  if (!model && f.root().get("model0"))
+    throw runtime_error(f.path() + " holds virtual pipeline chunks (model0, model1, ...)",
+                        "tessera does not read interleaved-pipeline Megatron checkpoints yet; convert it with "
+                        "Megatron's tools/checkpoint/convert.py to --target-pipeline-parallel-size without virtual stages");
+  model = need(&f.root(), "model", f, Kind::Dict);
+  std::vector<SavedParam> out;
+  for (const auto& [k, v] : model->entries) {
+    if (k->kind != Kind::Str) throw runtime_error(f.path() + ": the model state dict has a non-string key");
+    std::optional<MappedName> m = map_name(k->text);
+    if (!m) continue;
+    if (v->kind != Kind::Tensor)
+      throw runtime_error(f.path() + ": model entry " + k->text + " is " + pickle::describe(*v) + ", not a tensor");
+    const bool wd = !ends_with(k->text, ".bias") && v->tensor.shape.size() != 1;
+    out.push_back({k->text, *m, v, wd});
+  }
+  return out;
+}
+
+json args_json(const TorchFile& f) {
+  const Value* args = f.root().get("args");
+  if (!args || args->kind != Kind::Object)
+    throw runtime_error(f.path() + " has no 'args' Namespace", "the file is not a Megatron-LM training checkpoint");
+  json j = json::object();
+  for (const auto& [k, v] : args->entries)
+    if (k->kind == Kind::Str) j[k->text] = to_json(*v);
+  return j;
+}
+
+int arg_int(const json& args, const char* key, int fallback) {
+  auto it = args.find(key);
+  return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
+}
+
+std::string iteration_folder(const std::string& dir, int64_t iteration) { return checkpoint_iteration_dir(dir, iteration); }
+
+// The sizes of the saved layout, from the first file's args, checked against the folders.
+std::pair<int, int> saved_layout(const std::string& it_dir, const json& args) {
+  const int tp = arg_int(args, "tensor_model_parallel_size", 1), pp = arg_int(args, "pipeline_model_parallel_size", 1);
+  if (tp < 1 || pp < 1 || tp > 4096 || pp > 4096)
+    throw runtime_error(it_dir + ": the checkpoint's args record tensor/pipeline sizes " + std::to_string(tp) + "/" +
+                        std::to_string(pp));
+  for (int p = 0; p < pp; ++p)
+    for (int t = 0; t < tp; ++t)
+      if (!fs::exists(fs::path(it_dir) / shard_rel(t, p, pp)))
+        throw runtime_error("checkpoint " + it_dir + " lacks " + shard_rel(t, p, pp) + " (tensor-parallel rank " +
+                                std::to_string(t) + ", pipeline rank " + std::to_string(p) + " of its TP=" +
+                                std::to_string(tp) + " PP=" + std::to_string(pp) + ")",
+                            "copy the whole " + fs::path(it_dir).filename().string() + " folder");
+  return {tp, pp};
+}
+
+TorchFile open_first(const std::string& it_dir) {
+  for (const char* rel : {"mp_rank_00/model_optim_rng.pt", "mp_rank_00_000/model_optim_rng.pt"})
+    if (fs::exists(fs::path(it_dir) / rel)) return TorchFile::open((fs::path(it_dir) / rel).string());
+  throw runtime_error("checkpoint " + it_dir + " has no mp_rank_00[_000]/model_optim_rng.pt");
+}
+
+// The optimizer dict torch's optimizer wrote (inside Megatron's mixed-precision wrapper).
+const Value* inner_optimizer(const Value* optimizer) {
+  if (!optimizer || optimizer->kind != Kind::Dict) return nullptr;
+  const Value* inner = optimizer->get("optimizer");
+  return inner && inner->kind == Kind::Dict ? inner : optimizer;
+}
+
+CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const json& args) {
+  CheckpointState s;
+  s.megatron_format = true;
+  s.args = args;
+  s.iteration = as_int(f.root().get("iteration"), f, "'iteration'");
+  s.consumed_train_samples = args.value("consumed_train_samples", int64_t{0});
+  s.consumed_valid_samples = args.value("consumed_valid_samples", int64_t{0});
+  const auto [tp, pp] = saved_layout(it_dir, args);
+  s.layout = {tp, pp, arg_int(args, "data_parallel_size", 1), 1, args.value("padded_vocab_size", int64_t{0})};
+  if (const Value* sched = f.root().get("opt_param_scheduler"); sched && sched->kind == Kind::Dict) {
+    s.scheduler = to_json(*sched);
+    s.scheduler_num_steps = as_int(sched->get("num_steps"), f, "opt_param_scheduler.num_steps");
+    s.scheduler.erase("num_steps");
+  }
+  const Value* optimizer = f.root().get("optimizer");
+  if (const Value* inner = inner_optimizer(optimizer)) {
+    // torch's AdamW keeps `step` per parameter, Apex/TE FusedAdam per group.
+    if (const Value* state = inner->get("state"); state && state->kind == Kind::Dict && !state->entries.empty()) {
+      const Value* first = state->entries.front().second;
+      if (first->kind == Kind::Dict && first->get("step")) s.optimizer_steps = as_int(first->get("step"), f, "step");
+    } else if (const Value* groups = inner->get("param_groups"); groups && groups->kind == Kind::List &&
+                                                                  !groups->items.empty() && groups->items[0]->get("step")) {
+      s.optimizer_steps = as_int(groups->items[0]->get("step"), f, "param_groups[0].step");
+    }
+    if (const Value* scaler = optimizer->get("grad_scaler"); scaler && scaler->kind == Kind::Dict)
+      s.grad_scaler = {{"scale", as_number(scaler->get("scale"), f, "grad_scaler.scale")},
+                       {"growth_tracker", as_int(scaler->get("growth_tracker"), f, "grad_scaler.growth_tracker")},
+                       {"hysteresis_tracker",
+                        as_int(scaler->get("hysteresis_tracker"), f, "grad_scaler.hysteresis_tracker")}};
+  }
+  return s;
+}
+
+// Megatron's parameter groups: one per weight-decay class, in order of first appearance.
+std::vector<std::vector<size_t>> param_groups(const std::vector<SavedParam>& params) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<bool> group_wd;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = std::find(group_wd.begin(), group_wd.end(), params[i].weight_decay);
+    if (it == group_wd.end()) {
+      group_wd.push_back(params[i].weight_decay);
+      groups.emplace_back();
+      it = group_wd.end() - 1;
+    }
+    groups[static_cast<size_t>(it - group_wd.begin())].push_back(i);
+  }
+  return groups;
+}
+
+// "exp_avg.decoder.layers.0.mlp.linear_fc1.weight" -> the parameter's name.
+std::string parameter_of(const std::string& name) {
+  for (const char* kind : {"exp_avg.", "exp_avg_sq.", "momentum_buffer."})
+    if (starts_with(name, kind)) return name.substr(std::strlen(kind));
+  return name;
+}
+
+// Every saved piece of the checkpoint, placed in its global tensor, and where its data is.
+struct PieceSet {
+  std::vector<ExternalSource> sources;
+  std::vector<ExternalPiece> pieces;
+  std::vector<std::pair<size_t, const pickle::TensorRef*>> data;  // (file, tensor) per piece
+
+  void add(const RankFile& file, size_t file_index, int tp_size, const std::string& name, const Value* tensor) {
+    const pickle::TensorRef& t = tensor->tensor;
+    const Shape shape(t.shape.begin(), t.shape.end());
+    TensorPlacement place{shape, -1, 0};
+    const int split = split_dim_of(parameter_of(name));
+    if (tp_size > 1 && split >= 0 && split < static_cast<int>(shape.size())) {
+      place.split_dim = split;
+      place.global_shape[split] = shape[split] * tp_size;
+      place.offset = shape[split] * file.tp;
+    }
+    pieces.push_back({name, shape, place, file_index});
+    data.emplace_back(file_index, &t);
+  }
+};
+
+std::vector<RankFile> open_all(const std::string& it_dir, int tp_size, int pp_size) {
+  std::vector<RankFile> files;
+  int first_layer = 0;
+  for (int pp = 0; pp < pp_size; ++pp) {
+    int stage_layers = 0;
+    for (int tp = 0; tp < tp_size; ++tp) {
+      const std::string rel = shard_rel(tp, pp, pp_size);
+      RankFile f{tp, pp, rel, TorchFile::open((fs::path(it_dir) / rel).string()), {}, first_layer};
+      f.params = saved_params(f.file);
+      std::set<int> layers;
+      for (const SavedParam& p : f.params)
+        if (p.mapped.local_layer >= 0) layers.insert(p.mapped.local_layer);
+      if (tp == 0) stage_layers = static_cast<int>(layers.size());
+      files.push_back(std::move(f));
+    }
+    first_layer += stage_layers;
+  }
+  return files;
+}
+
+bool tied_output(const json& args) {
+  auto it = args.find("untie_embeddings_and_output_weights");
+  return !(it != args.end() && it->is_boolean() && it->get<bool>());
+}
+
+// The optimizer state of one file as pieces: torch's state by parameter index, matched to the
+// file's parameters through Megatron's groups; mixed precision's fp32 copies replace the
+// 16-bit model pieces (`masters`: tessera name -> tensor).
+void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, bool tied, PieceSet& set,
+                          std::map<std::string, const Value*>& masters) {
+  const TorchFile& file = f.file;
+  const Value* optimizer = file.root().get("optimizer");
+  const Value* inner = inner_optimizer(optimizer);
+  if (!inner)
+    throw runtime_error("checkpoint file " + file.path() + " has no optimizer state (a converter's checkpoint, or "
+                        "saved with --no-save-optim)",
+                        "pass --no-load-optim or --finetune");
+  const Value* groups = need(inner, "param_groups", file, Kind::List);
+  const Value* state = need(inner, "state", file, Kind::Dict);
+  const std::vector<std::vector<size_t>> mine = param_groups(f.params);
+  const Value* fp32 = optimizer->get("fp32_from_fp16_params");
+  auto mismatch = [&](const std::string& what) {
+    return runtime_error(file.path() + ": the optimizer's parameter groups do not match the model's (" + what + ")",
+                         "load with --no-load-optim (the model loads; the optimizer starts fresh)");
+  };
+  if (groups->items.size() != mine.size())
+    throw mismatch(std::to_string(groups->items.size()) + " groups saved, " + std::to_string(mine.size()) + " expected");
+  for (size_t g = 0; g < mine.size(); ++g) {
+    const Value* indices = need(groups->items[g], "params", file, Kind::List);
+    if (indices->items.size() != mine[g].size())
+      throw mismatch("group " + std::to_string(g) + " holds " + std::to_string(indices->items.size()) +
+                     " parameters, the model " + std::to_string(mine[g].size()));
+    for (size_t k = 0; k < mine[g].size(); ++k) {
+      const SavedParam& p = f.params[mine[g][k]];
+      const std::string name = global_name(p.mapped, f.first_layer);
+      if (tied && name == "output_layer.weight") continue;  // the word embedding's copy
+      if (fp32) {
+        const Value* group = fp32->kind == Kind::List && g < fp32->items.size() ? fp32->items[g] : nullptr;
+        if (!group || group->kind != Kind::List || k >= group->items.size() ||
+            group->items[k]->kind != Kind::Tensor)
+          throw mismatch("fp32_from_fp16_params lacks parameter " + p.key);
+        masters[name] = group->items[k];
+      }
+      const int64_t index = as_int(indices->items[k], file, "a parameter index");
+      const Value* st = nullptr;
+      for (const auto& [key, v] : state->entries)
+        if (key->kind == Kind::Int && key->integer == index) st = v;
+      if (!st) continue;  // no state yet (no step taken): the optimizer's zeros
+      for (const auto& [key, v] : st->entries) {
+        if (key->kind != Kind::Str || v->kind != Kind::Tensor || key->text == "step") continue;
+        set.add(f, file_index, tp_size, key->text + "." + name, v);
+      }
+    }
+  }
+}
+
+void check_no_distributed_optimizer(const std::string& it_dir, const std::vector<RankFile>& files) {
+  for (const RankFile& f : files) {
+    const fs::path path = fs::path(it_dir) / fs::path(f.rel).parent_path() / kDistributedOptimizerFile;
+    if (fs::exists(path))
+      throw runtime_error("checkpoint " + it_dir + " keeps its optimizer state in " + path.string() +
+                              " (Megatron's distributed optimizer), which tessera cannot read yet",
+                          "pass --no-load-optim (the model loads; Adam's moments start from zero)");
+  }
+}
+
+}  // namespace
+
+bool is_megatron_checkpoint(const std::string& dir, int64_t iteration) {
+  const fs::path it_dir = iteration_folder(dir, iteration);
+  if (fs::exists(it_dir / "metadata.json")) return false;
+  return fs::exists(it_dir / "mp_rank_00" / kMegatronFile) || fs::exists(it_dir / "mp_rank_00_000" / kMegatronFile);
+}
+
+CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration) {
+  const std::string it_dir = iteration_folder(dir, iteration);
+  const TorchFile f = open_first(it_dir);
+  return state_of(f, it_dir, args_json(f));
+}
+
+CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
+                                         const std::vector<ShardedTensor>& model,
+                                         const std::vector<ShardedTensor>& optimizer, bool load_optimizer,
+                                         int tp_rank, int tp_size) {
+  const std::string it_dir = iteration_folder(dir, iteration);
+  CheckpointState s = read_megatron_metadata(dir, iteration);
+  if (s.iteration != iteration && iteration != 0)
+    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
+                        "the folder was renamed or copied; restore its name");
+  const int saved_tp = s.layout.tensor_parallel, saved_pp = s.layout.pipeline_parallel;
+  std::vector<RankFile> files = open_all(it_dir, saved_tp, saved_pp);
+  if (load_optimizer) check_no_distributed_optimizer(it_dir, files);
+  const bool tied = tied_output(s.args);
+
+  PieceSet model_set, optimizer_set;
+  // Per file: the fp32 copies of its 16-bit parameters (mixed precision), by name.
+  std::vector<std::map<std::string, const Value*>> file_masters(files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    model_set.sources.push_back({files[i].file.path(), files[i].tp});
+    optimizer_set.sources.push_back({files[i].file.path(), files[i].tp});
+    if (load_optimizer) add_optimizer_pieces(files[i], i, saved_tp, tied, optimizer_set, file_masters[i]);
+    for (const SavedParam& p : files[i].params) {
+      const std::string name = global_name(p.mapped, files[i].first_layer);
+      if (tied && name == "output_layer.weight") continue;
+      auto m = file_masters[i].find(name);
+      model_set.add(files[i], i, saved_tp, name, m != file_masters[i].end() ? m->second : p.tensor);
+    }
+  }
+  auto reader = [&](const PieceSet& set) {
+    return [&set, &files](size_t piece) {
+      const auto& [file, tensor] = set.data[piece];
+      return files[file].file.f32(*tensor, set.pieces[piece].name);
+    };
+  };
+  const int preferred = static_cast<int>(static_cast<int64_t>(tp_rank) * saved_tp / tp_size);
+  load_external_pieces(it_dir, model_set.sources, model_set.pieces, model, preferred, "parameter", reader(model_set));
+  if (load_optimizer)
+    load_external_pieces(it_dir, optimizer_set.sources, optimizer_set.pieces, optimizer, preferred, "optimizer state",
+                         reader(optimizer_set));
+  return s;
+}
+
+std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string& dir, int64_t iteration) {
+  const std::string it_dir = iteration_folder(dir, iteration);
+  const CheckpointState s = read_megatron_metadata(dir, iteration);
+  std::vector<MegatronFileSummary> out;
+  for (int pp = 0; pp < s.layout.pipeline_parallel; ++pp)
+    for (int tp = 0; tp < s.layout.tensor_parallel; ++tp) {
+      MegatronFileSummary sum;
+      sum.rel = shard_rel(tp, pp, s.layout.pipeline_parallel);
+      const TorchFile f = TorchFile::open((fs::path(it_dir) / sum.rel).string());
+      for (const auto& [k, v] : f.root().entries)
+        if (k->kind == Kind::Str) sum.top_level_keys.push_back(k->text);
+      if (const Value* version = f.root().get("checkpoint_version"))
+        sum.checkpoint_version = as_number(version, f, "checkpoint_version");
+      sum.iteration = as_int(f.root().get("iteration"), f, "'iteration'");
+      bool legacy = false, te = false;
+      for (const auto& [k, v] : need(&f.root(), "model", f, Kind::Dict)->entries) {
+        if (k->kind != Kind::Str) continue;
+        legacy = legacy || starts_with(k->text, "language_model.");
+        te = te || ends_with(k->text, "layer_norm_weight");
+        if (v->kind == Kind::Tensor) sum.model.push_back({k->text, v->tensor.storage.type, v->tensor.shape});
+      }
+      sum.names = legacy ? "legacy (language_model.*)" : te ? "mcore (Transformer Engine norms)" : "mcore";
+      const Value* optimizer = f.root().get("optimizer");
+      if (fs::exists(fs::path(it_dir) / fs::path(sum.rel).parent_path() / kDistributedOptimizerFile))
+        sum.optimizer = "distributed optimizer (distrib_optim.pt)";
+      else if (!optimizer)
+        sum.optimizer = "none";
+      else if (optimizer->get("fp32_from_fp16_params"))
+        sum.optimizer = "mixed precision (fp32_from_fp16_params)";
+      else
+        sum.optimizer = "fp32";
+      sum.optimizer += s.grad_scaler.is_null() ? "" : ", grad scaler";
+      out.push_back(std::move(sum));
+    }
+  return out;
+}
+
+// ---- Writing --------------------------------------------------------------------------------
+
+std::string megatron_local_name(const std::string& name, int first_layer) {
+  std::optional<MappedName> m = map_name(name);
+  if (!m || m->local_layer < 0) return name;
+  return "decoder.layers." + std::to_string(m->local_layer - first_layer) + "." + m->rest;
+}
+
+namespace {
+
+const char* storage_type_of(DType t) {
+  switch (t) {
+    case DType::BF16: return "BFloat16Storage";
+    case DType::F16: return "HalfStorage";
+    default: return "FloatStorage";
+  }
+}
+
+// Tensors of one file and their storages.
+class FileTensors {
+ public:
+  explicit FileTensors(pickle::Document& doc) : doc_(doc) {}
+
+  Value* add(const float* data, const Shape& shape, DType dtype) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    TorchStorageBytes s{std::to_string(storages_.size()), {}};
+    s.bytes.resize(static_cast<size_t>(numel) * dtype_size(dtype));
+    for (int64_t i = 0; i < numel; ++i) {
+      if (dtype == DType::BF16) {
+        const uint16_t h = f32_to_bf16(data[i]);
+        std::memcpy(&s.bytes[static_cast<size_t>(i) * 2], &h, 2);
+      } else if (dtype == DType::F16) {
+        const uint16_t h = f32_to_f16(data[i]);
+        std::memcpy(&s.bytes[static_cast<size_t>(i) * 2], &h, 2);
+      } else {
+        std::memcpy(&s.bytes[static_cast<size_t>(i) * 4], &data[i], 4);
+      }
+    }
+    pickle::TensorRef t{{s.key, storage_type_of(dtype), "cpu", numel}, 0, {shape.begin(), shape.end()}, {}};
+    int64_t stride = 1;
+    t.stride.resize(shape.size());
+    for (size_t d = shape.size(); d-- > 0;) {
+      t.stride[d] = stride;
+      stride *= shape[d];
+    }
+    storages_.push_back(std::move(s));
+    return doc_.tensor(std::move(t));
+  }
+  Value* add(const Tensor& t, DType dtype) { return add(t.f32(), t.shape, dtype); }
+  Value* scalar(float v) { return add(&v, {}, DType::F32); }
+  const std::vector<TorchStorageBytes>& storages() const { return storages_; }
+
+ private:
+  pickle::Document& doc_;
+  std::vector<TorchStorageBytes> storages_;
+};
+
+bool is_linear_module(const std::string& module) {
+  for (const char* m : {".linear_qkv", ".linear_proj", ".linear_fc1", ".linear_fc2"})
+    if (ends_with(module, m)) return true;
+  return module == "output_layer";
+}
+
+std::string module_of(const std::string& name) { return name.substr(0, name.rfind('.')); }
+
+Value* model_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
+                  const std::vector<MegatronParam>& params) {
+  Value* model = doc.dict();
+  for (size_t i = 0; i < params.size(); ++i) {
+    doc.set(model, params[i].name, tensors.add(params[i].value, spec.model_dtype));
+    // Linear layers end with their (empty) _extra_state, as Megatron's local spec saves them.
+    const std::string module = module_of(params[i].name);
+    const bool module_ends = i + 1 == params.size() || module_of(params[i + 1].name) != module;
+    if (module_ends && is_linear_module(module) && module != "output_layer")
+      doc.set(model, module + "._extra_state", doc.none());
+  }
+  if (spec.last_stage) doc.set(model, "output_layer._extra_state", doc.none());
+  return model;
+}
+
+Value* param_group(pickle::Document& doc, const MegatronFileSpec& spec, bool weight_decay, std::vector<Value*> indices) {
+  Value* g = doc.dict();
+  const OptimizerConfig& o = spec.optimizer;
+  doc.set(g, "lr", doc.real(spec.lr));
+  if (o.kind == OptimizerKind::Adam) {
+    doc.set(g, "betas", doc.tuple({doc.real(o.adam_beta1), doc.real(o.adam_beta2)}));
+    doc.set(g, "eps", doc.real(o.adam_eps));
+    doc.set(g, "weight_decay", doc.real(weight_decay ? spec.weight_decay : 0.0));
+    doc.set(g, "amsgrad", doc.boolean(false));
+    doc.set(g, "foreach", doc.none());
+    doc.set(g, "maximize", doc.boolean(false));
+    doc.set(g, "capturable", doc.boolean(false));
+    doc.set(g, "differentiable", doc.boolean(false));
+    doc.set(g, "fused", doc.none());
+  } else {
+    doc.set(g, "momentum", doc.real(o.sgd_momentum));
+    doc.set(g, "dampening", doc.integer(0));
+    doc.set(g, "weight_decay", doc.real(weight_decay ? spec.weight_decay : 0.0));
+    doc.set(g, "nesterov", doc.boolean(false));
+    doc.set(g, "maximize", doc.boolean(false));
+    doc.set(g, "foreach", doc.none());
+    doc.set(g, "differentiable", doc.boolean(false));
+  }
+  doc.set(g, "wd_mult", doc.real(weight_decay ? 1.0 : 0.0));
+  doc.set(g, "lr_mult", doc.real(1.0));
+  doc.set(g, "is_expert_parallel", doc.boolean(false));
+  doc.set(g, "is_decoupled_lr", doc.boolean(false));
+  doc.set(g, "params", doc.list(std::move(indices)));
+  return g;
+}
+
+// torch's optimizer state_dict over Megatron's groups, wrapped as Megatron's mixed-precision
+// optimizer wraps it when the model is 16-bit.
+Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
+                      const std::vector<MegatronParam>& params) {
+  std::vector<bool> group_wd;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool wd = params[i].weight_decay;
+    size_t g = std::find(group_wd.begin(), group_wd.end(), wd) - group_wd.begin();
+    if (g == group_wd.size()) {
+      group_wd.push_back(wd);
+      groups.emplace_back();
+    }
+    groups[g].push_back(i);
+  }
+  Value* state = doc.dict();
+  Value* group_list = doc.list();
+  Value* masters = doc.list();
+  int64_t index = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<Value*> indices, group_masters;
+    for (size_t i : groups[g]) {
+      const MegatronParam& p = params[i];
+      if (!p.state.empty()) {
+        Value* st = doc.dict();
+        if (spec.optimizer.kind == OptimizerKind::Adam)
+          doc.set(st, "step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
+        for (const auto& [kind, t] : p.state) doc.set(st, kind, tensors.add(t, DType::F32));
+        doc.set(state, doc.integer(index), st);
+      }
+      if (spec.model_dtype != DType::F32) group_masters.push_back(tensors.add(p.value, DType::F32));
+      indices.push_back(doc.integer(index++));
+    }
+    group_list->items.push_back(param_group(doc, spec, group_wd[g], std::move(indices)));
+    masters->items.push_back(doc.list(std::move(group_masters)));
+  }
+  Value* inner = doc.dict();
+  doc.set(inner, "state", state);
+  doc.set(inner, "param_groups", group_list);
+  if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
+  Value* outer = doc.dict();
+  doc.set(outer, "optimizer", inner);
+  if (!spec.grad_scaler.is_null()) {
+    Value* scaler = doc.dict();
+    doc.set(scaler, "scale", tensors.scalar(spec.grad_scaler.at("scale").get<float>()));
+    doc.set(scaler, "growth_tracker", doc.integer(spec.grad_scaler.at("growth_tracker").get<int64_t>()));
+    doc.set(scaler, "hysteresis_tracker", doc.integer(spec.grad_scaler.at("hysteresis_tracker").get<int64_t>()));
+    doc.set(outer, "grad_scaler", scaler);
+  }
+  if (spec.model_dtype != DType::F32) doc.set(outer, "fp32_from_fp16_params", masters);
+  return outer;
+}
+
+}  // namespace
+
+std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std::vector<MegatronParam>& params) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  Value* root = doc.dict();
+  Value* args = doc.object("argparse.Namespace");
+  for (const auto& [k, v] : spec.args.items()) doc.set(args, k, from_json(doc, v));
+  doc.set(root, "args", args);
+  doc.set(root, "checkpoint_version", doc.real(3.0));
+  doc.set(root, "iteration", doc.integer(spec.iteration));
+  doc.set(root, "model", model_dict(doc, tensors, spec, params));
+  if (spec.with_optimizer) {
+    doc.set(root, "optimizer", optimizer_dict(doc, tensors, spec, params));
+    doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
+  }
+  doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
+  doc.root = root;
+  return torch_file_bytes("model_optim_rng", *root, tensors.storages());
+}
+
+}  // namespace tessera

@@ -1,0 +1,115 @@
+// Megatron-LM's own checkpoints, `--ckpt-format torch` (megatron/training/checkpointing.py),
+// read and written by tessera:
+//
+//   DIR/latest_checkpointed_iteration.txt
+//   DIR/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt     one per (tp, pp) rank
+//   DIR/iter_0000100/mp_rank_TT[_PPP]/distrib_optim.pt       --use-distributed-optimizer
+//
+// model_optim_rng.pt is a PyTorch zip file (torch_file.h) whose pickle holds `args` (an
+// argparse.Namespace), `checkpoint_version` 3.0, `iteration`, `model` (this rank's slices,
+// the stage's layers numbered from 0), `optimizer`, `opt_param_scheduler`, `rng_state`.
+//
+// Reading accepts both state-dict families and maps them onto tessera's (= mcore's local)
+// names, through one table (names.cpp-style rules below, in megatron_checkpoint.cpp):
+//   - mcore: `embedding.*`, `decoder.layers.N.*`, `decoder.final_layernorm.*`, `output_layer.*`;
+//     Transformer Engine's fused norms (`linear_qkv.layer_norm_weight`, `linear_fc1.
+//     layer_norm_bias`, ...) become `input_layernorm.*` / `pre_mlp_layernorm.*`;
+//     `_extra_state` entries are skipped;
+//   - legacy: `language_model.embedding.*`, `language_model.encoder.layers.N.{input_norm,
+//     self_attention.query_key_value, self_attention.dense, post_attention_norm,
+//     mlp.dense_h_to_4h, mlp.dense_4h_to_h}`, `language_model.encoder.final_norm`,
+//     `language_model.output_layer`, `word_embeddings_for_head` (the tied copy).
+// Each stage's layers are renumbered from the layers of the stages before it. Every saved
+// TP/PP layout is resharded into the caller's through checkpoint.h's planning (the pieces
+// of each file, placed by their TP rank along the parameter's split dimension). The tied
+// output layer's copy is not read (the word embedding fills it, as for tessera's files).
+// Optimizer state (torch's, under Megatron's parameter groups: one per weight-decay class,
+// in order of first appearance, megatron/core/optimizer/__init__.py `_get_param_groups`)
+// is mapped back onto parameters by group position; mixed precision's fp32_from_fp16_params
+// are the fp32 parameters when the optimizer is loaded. The distributed optimizer's
+// distrib_optim.pt is detected and refused with an error naming it (not read yet).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/core/tensor.h"
+#include "tessera/optim/optimizer.h"
+
+namespace tessera {
+
+inline constexpr const char* kMegatronFile = "model_optim_rng.pt";
+
+// Whether DIR/iter_N holds Megatron's files (mp_rank_*/model_optim_rng.pt, no metadata.json).
+bool is_megatron_checkpoint(const std::string& dir, int64_t iteration);
+
+// The training state one file of the checkpoint records (its first rank's), without tensors:
+// iteration, consumed samples and layout from `args`, opt_param_scheduler (num_steps and the
+// settings under Megatron's keys), Adam's step, the fp16 grad scaler, the padded vocabulary.
+// `args` is the Namespace's attributes as JSON: a torch dtype is {"$global": "torch.bfloat16"},
+// an enum member {"$enum": "megatron.core.enums.ModelType", "value": 1}.
+CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration);
+
+// load_checkpoint (checkpoint.h) for Megatron's files: fills this rank's slices from any saved
+// TP/PP layout; the optimizer state only when load_optimizer (an Error when the checkpoint has
+// none, or keeps it in distrib_optim.pt).
+CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
+                                         const std::vector<ShardedTensor>& model,
+                                         const std::vector<ShardedTensor>& optimizer, bool load_optimizer,
+                                         int tp_rank, int tp_size);
+
+// What `tessera ckpt inspect` shows of one file.
+struct MegatronFileSummary {
+  std::string rel;      // "mp_rank_00_001/model_optim_rng.pt"
+  std::string names;    // "mcore", "mcore (Transformer Engine norms)", "legacy"
+  std::string optimizer;  // what its optimizer state is
+  double checkpoint_version = 0;
+  int64_t iteration = 0;
+  struct Entry {
+    std::string key, storage_type;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Entry> model;
+  std::vector<std::string> top_level_keys;
+};
+std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string& dir, int64_t iteration);
+
+// ---- Writing --------------------------------------------------------------------------------
+
+// One parameter of a (tp, pp) file, in Megatron's registration order.
+struct MegatronParam {
+  std::string name;  // Megatron's, this stage's layers numbered from 0
+  Tensor value;      // F32: the (main) parameter
+  bool weight_decay = true;
+  // Adam's exp_avg and exp_avg_sq, or SGD's momentum_buffer (F32, shaped like value); empty
+  // without optimizer state.
+  std::vector<std::pair<std::string, Tensor>> state;
+};
+
+struct MegatronFileSpec {
+  nlohmann::json args;  // the Namespace's attributes (the convention of read_megatron_metadata)
+  int64_t iteration = 0;
+  DType model_dtype = DType::F32;  // BF16 / F16: the model tensors rounded, the F32 values as
+                                   // fp32_from_fp16_params
+  bool with_optimizer = false;     // optimizer and opt_param_scheduler
+  OptimizerConfig optimizer;
+  double lr = 0, weight_decay = 0;  // the groups' current values (before multipliers)
+  int64_t optimizer_steps = 0;
+  nlohmann::json grad_scaler;  // null: none
+  nlohmann::json scheduler;    // opt_param_scheduler's state_dict (Megatron's keys)
+  bool last_stage = false;     // adds output_layer._extra_state
+  double floating_point_operations = 0;
+};
+
+// The model_optim_rng.pt bytes of one (tp, pp) rank.
+std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std::vector<MegatronParam>& params);
+
+// "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
+// "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.
+std::string megatron_local_name(const std::string& name, int first_layer);
+
+}  // namespace tessera

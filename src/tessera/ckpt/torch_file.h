@@ -1,0 +1,62 @@
+// PyTorch's checkpoint files (torch.save / torch.load, the zip format): `<archive>/data.pkl`
+// (a pickle, read by the restricted reader of pickle.h), `<archive>/data/<key>` (one raw
+// little-endian storage per key) and `<archive>/version`.
+//
+// Reading executes nothing: tensors are records whose extent (offset, shape, strides) is
+// checked against the bytes their storage really has before any element is read. Writing
+// produces what torch.load of PyTorch 1.13 and later accepts: pickle protocol 2, storages
+// stored 64-byte aligned, format version 3.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/ckpt/pickle.h"
+#include "tessera/ckpt/zip_archive.h"
+
+namespace tessera {
+
+// Bytes per element of a storage type ("FloatStorage": 4); 0 for an unknown one.
+size_t storage_element_size(const std::string& storage_type);
+
+class TorchFile {
+ public:
+  // Maps and parses `path`; errors name the file.
+  static TorchFile open(const std::string& path);
+  static TorchFile from_bytes(std::string label, std::vector<uint8_t> bytes);
+
+  const std::string& path() const { return zip_.label(); }
+  const pickle::Value& root() const { return *doc_.root; }
+  // The tensor's elements, row-major, as float (Float, Half, BFloat16, Double storages) or
+  // int64 (Long, Int, Short, Char, Byte, Bool). Errors name the file and `what`.
+  std::vector<float> f32(const pickle::TensorRef& t, const std::string& what) const;
+  std::vector<int64_t> i64(const pickle::TensorRef& t, const std::string& what) const;
+
+ private:
+  TorchFile(zip::Reader zip);
+  // The storage's bytes, CRC-checked; its extent checked for `t`.
+  std::span<const uint8_t> storage_for(const pickle::TensorRef& t, const std::string& what) const;
+  template <class Out>
+  std::vector<Out> convert(const pickle::TensorRef& t, const std::string& what) const;
+
+  zip::Reader zip_;
+  std::string archive_;  // the folder every entry is in
+  pickle::Document doc_;
+  mutable std::map<std::string, std::vector<uint8_t>> inflated_;  // deflated storages, by key
+  mutable std::map<std::string, bool> crc_checked_;
+};
+
+// A storage to write: `data/<key>`.
+struct TorchStorageBytes {
+  std::string key;
+  std::vector<uint8_t> bytes;
+};
+
+// The file's bytes: `root` pickled (protocol 2) into `<archive>/data.pkl`, the storages, the
+// version record.
+std::vector<uint8_t> torch_file_bytes(const std::string& archive, const pickle::Value& root,
+                                      const std::vector<TorchStorageBytes>& storages);
+
+}  // namespace tessera

@@ -1,0 +1,64 @@
+// The zip container PyTorch's torch.save writes (and torch.load reads): entries stored
+// (method 0) or deflated (method 8, via zlib), ZIP64 records for archives past 4 GiB.
+//
+// The reader treats the bytes as hostile: every offset and size of the end record, the
+// central directory and the local headers is bounds-checked before use, an entry's CRC-32 is
+// checked when it is read, and a deflated entry may not claim more than deflate can produce
+// from its compressed size (no zip bombs). Any problem is a tessera::Error naming the archive
+// and the entry. The writer stores every entry uncompressed with its data aligned to 64
+// bytes, as PyTorch's writer does (so torch can map tensors in place).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tessera::zip {
+
+struct Entry {
+  std::string name;
+  uint16_t method = 0;  // 0 stored, 8 deflated
+  uint32_t crc32 = 0;
+  uint64_t compressed_size = 0, size = 0;
+  uint64_t data_offset = 0;  // of the (compressed) data in the archive
+};
+
+class Reader {
+ public:
+  // Maps `path` read-only and reads its directory.
+  static Reader open(const std::string& path);
+  // An archive in memory; `label` names it in errors.
+  static Reader from_bytes(std::string label, std::vector<uint8_t> bytes);
+
+  const std::string& label() const { return label_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+  const Entry* find(const std::string& name) const;
+  // The entry's bytes, inflated if needed, CRC-checked.
+  std::vector<uint8_t> read(const Entry& e) const;
+  // A stored entry's bytes in place (CRC-checked on first use by the caller through
+  // check_crc); an Error for a deflated one.
+  std::span<const uint8_t> stored(const Entry& e) const;
+  void check_crc(const Entry& e, std::span<const uint8_t> data) const;
+
+ private:
+  struct Storage;
+  void parse();
+  std::string label_;
+  std::shared_ptr<Storage> storage_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::vector<Entry> entries_;
+};
+
+struct WriteEntry {
+  std::string name;
+  std::span<const uint8_t> data;
+};
+
+// The archive's bytes: every entry stored, its data 64-byte aligned, ZIP64 records where a
+// size or offset needs them.
+std::vector<uint8_t> write_stored(const std::vector<WriteEntry>& entries);
+
+}  // namespace tessera::zip
