@@ -17,6 +17,9 @@ packages=(
   libgtest-dev libgmock-dev
   python3-torch python3-numpy python3-regex   # test-only references (run with /usr/bin/python3)
   libisal-dev            # CRC-32C of TensorBoard event files (Debian 12 has no Google crc32c package)
+  opencl-headers ocl-icd-opencl-dev   # the OpenCL backend (--device opencl): Khronos headers, ICD loader
+  libclblast-dev         # its GEMMs
+  pocl-opencl-icd clinfo # PoCL: an OpenCL device on the CPU, what CI runs the OpenCL backend on
   python3-venv           # test-only: the venv of the PyPI step below
 )
 

@@ -1,0 +1,92 @@
+#include "tessera/ops/opencl/cl_launch.h"
+
+#include <string>
+#include <vector>
+
+#include "tessera/device/opencl/opencl_device.h"
+#include "tessera/ops/cpu/vocab_shard.h"
+
+namespace tessera::ops::opencl {
+
+// Generated from kernels/*.cl by cmake/embed_text.cmake (see ops/opencl/CMakeLists.txt).
+extern const char* const kOpsSources[];
+extern const int kOpsSources_count;
+extern const char* const kFp64Sources[];
+extern const int kFp64Sources_count;
+
+namespace {
+
+// Division and sqrt correctly rounded, as on the CPU (OpenCL's default allows 2.5-3 ulp);
+// no fast-math flags, since the kernels rely on inf and NaN.
+constexpr const char* kBuildOptions = "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt";
+
+}  // namespace
+
+ClContext& context_of(const Tensor& t) {
+  TESSERA_CHECK(t.device != nullptr, "OpenCL op given a tensor without a device");
+  return opencl_context(*t.device);
+}
+
+cl_mem cl_buffer(const Tensor& t) { return static_cast<cl_mem>(t.handle); }
+
+uint64_t cl_offset(const Tensor& t) {
+  const size_t size = dtype_size(t.dtype);
+  TESSERA_CHECK(t.offset % size == 0, "OpenCL tensor at byte offset " + std::to_string(t.offset) +
+                                          ", not a multiple of its element size");
+  return t.offset / size;
+}
+
+ClLaunch::ClLaunch(ClContext& cl, const char* kernel)
+    : ClLaunch(cl, cl.kernel("tessera_ops", kOpsSources, kOpsSources_count, kBuildOptions, kernel)) {}
+
+ClLaunch ClLaunch::fp64(ClContext& cl, const char* kernel) {
+  TESSERA_CHECK(cl.info().fp64, std::string(kernel) + " needs cl_khr_fp64, which " + cl.where() + " lacks");
+  return ClLaunch(cl, cl.kernel("tessera_fp64", kFp64Sources, kFp64Sources_count, kBuildOptions, kernel));
+}
+
+ClLaunch::ClLaunch(ClContext& cl, tessera::opencl::ClKernel& k) : cl_(cl), kernel_(k), lock_(k.lock) {}
+
+void ClLaunch::set(size_t size, const void* value) {
+  TESSERA_CL(cl_.where(), clSetKernelArg, kernel_.kernel, next_, size, value);
+  ++next_;
+}
+
+ClLaunch& ClLaunch::tensor(const Tensor& t) {
+  buffer(cl_buffer(t));
+  return scalar<cl_ulong>(t.empty() ? 0 : cl_offset(t));
+}
+
+ClLaunch& ClLaunch::buffer(cl_mem mem) {
+  set(sizeof(cl_mem), &mem);
+  return *this;
+}
+
+ClLaunch& ClLaunch::dropout(const Dropout& d) {
+  const float scale = d.p > 0.0f ? 1.0f / (1.0f - d.p) : 1.0f;
+  return scalar<float>(d.p)
+      .scalar<float>(scale)
+      .scalar<cl_uint>(d.key.seed)
+      .scalar<cl_uint>(d.key.site)
+      .scalar<cl_uint>(d.key.iteration)
+      .scalar<cl_uint>(d.sample0)
+      .scalar<cl_ulong>(d.element_offset);
+}
+
+void ClLaunch::run(size_t global0, size_t global1) {
+  if (global0 == 0 || global1 == 0) return;
+  const size_t global[2] = {global0, global1};
+  TESSERA_CL(cl_.where(), clEnqueueNDRangeKernel, cl_.queue(), kernel_.kernel, global1 == 1 ? 1u : 2u, nullptr,
+             global, nullptr, 0, nullptr, nullptr);
+}
+
+ClScratch::ClScratch(ClContext& cl, size_t bytes) : cl_(cl), mem_(cl.create_buffer(bytes > 0 ? bytes : 4)) {}
+ClScratch::~ClScratch() { cl_.release_buffer(mem_); }
+
+void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what) {
+  ids.check_dtype(DType::I32);
+  std::vector<int32_t> host(static_cast<size_t>(ids.numel()));
+  context_of(ids).read(host.data(), cl_buffer(ids), ids.offset, ids.bytes());
+  cpu::check_ids(host.data(), ids.numel(), limit, what);
+}
+
+}  // namespace tessera::ops::opencl

@@ -1,0 +1,120 @@
+// Shared by every tessera kernel (prepended to each program): the CPU backend's float
+// approximations (ops/cpu/fast_math.h) and 16-bit roundings (ops/cpu/low_precision.h),
+// written op for op so both backends compute the same functions, and the counter-based
+// Philox RNG of core/rng.h with ops.h's dropout mask.
+//
+// Conventions of every kernel: a tensor is passed as (pointer, offset in elements); an
+// absent optional tensor is a null pointer. Sizes are long (64-bit) so no index overflows.
+
+// exp(x): fast_math.h's exp_approx (Cephes' expf polynomial after Cody-Waite reduction),
+// exactly 0 below -87 and +inf above 88.3; NaN propagates.
+float exp_approx(float x) {
+  const bool underflow = x < -87.0f;
+  const bool overflow = x > 88.3f;
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.3f ? 88.3f : xc;
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: rounds x / ln2 to an integer
+  const float t = xc * 1.44269504088896341f + kRound;
+  const float n = t - kRound;
+  const int ni = as_int(t) - as_int(kRound);
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  float y = er * as_float((ni + 127) << 23);
+  y = underflow ? 0.0f : y;
+  y = overflow ? INFINITY : y;
+  return y;
+}
+
+float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+// erf(x) to 1.5e-7 absolute (Abramowitz & Stegun 7.1.26), as fast_math.h's erf_approx.
+float erf_approx(float x) {
+  const float ax = fabs(x);
+  const float t = 1.0f / (0.3275911f * ax + 1.0f);
+  float r = 1.061405429f * t - 1.453152027f;
+  r = r * t + 1.421413741f;
+  r = r * t - 0.284496736f;
+  r = r * t + 0.254829592f;
+  const float y = 1.0f - r * t * exp_approx(-x * x);
+  return copysign(y, x);
+}
+
+// x rounded to the nearest bfloat16 (round-to-nearest-even, NaN quieted), as f32.
+float round_bf16(float x) {
+  uint u = as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 0x40u) << 16);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return as_float((u >> 16) << 16);
+}
+
+// x rounded to the nearest IEEE half (round-to-nearest-even; >= 65520 in magnitude is
+// inf; NaN quieted), as f32: low_precision.h's fp16_bits then fp16_to_f32.
+float round_fp16(float x) {
+  const uint u = as_uint(x);
+  const uint sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+  uint h;
+  if (a > 0x7F800000u) {
+    h = sign | 0x7E00u | ((a >> 13) & 0x3FFu);
+  } else if (a >= 0x477FF000u) {
+    h = sign | 0x7C00u;
+  } else if (a >= 0x38800000u) {
+    const uint r = a - 0x38000000u;
+    h = sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
+  } else if (a <= 0x33000000u) {
+    h = sign;
+  } else {
+    const uint e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
+    uint q = m >> shift;
+    const uint rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+    h = sign | q;
+  }
+  const uint hs = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1F) return as_float(hs | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0u));
+  if (e == 0) {
+    const float v = (float)m * 0x1p-24f;
+    return hs ? -v : v;
+  }
+  return as_float(hs | ((e + 112) << 23) | (m << 13));
+}
+
+// Philox4x32-10 (core/rng.h's philox4x32): the same bits as the CPU for the same key and
+// counter.
+uint4 philox4x32(uint key0, uint key1, uint4 ctr) {
+  for (int round = 0; round < 10; ++round) {
+    const uint hi0 = mul_hi(0xD2511F53u, ctr.x), lo0 = 0xD2511F53u * ctr.x;
+    const uint hi1 = mul_hi(0xCD9E8D57u, ctr.z), lo1 = 0xCD9E8D57u * ctr.z;
+    ctr = (uint4)(hi1 ^ ctr.y ^ key0, lo1, hi0 ^ ctr.w ^ key1, lo0);
+    key0 += 0x9E3779B9u;
+    key1 += 0xBB67AE85u;
+  }
+  return ctr;
+}
+
+float uint_to_unit_float(uint x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+
+// ops.h's Dropout as kernel arguments, in this order (host: push_dropout).
+#define DROPOUT_PARAMS float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration, \
+                       uint drop_sample0, ulong drop_element_offset
+#define RNG_STREAM_DROPOUT 2u  // core/rng.h RngStream::Dropout
+
+// The factor of element `element` (within this shard's per-sample tensor) of batch sample
+// b: 1/(1-p) if kept, 0 if dropped (ops/cpu/dropout_mask.h).
+float dropout_factor(float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration,
+                     uint drop_sample0, ulong drop_element_offset, long b, ulong element) {
+  const ulong index = drop_element_offset + element;
+  const uint4 r = philox4x32(drop_seed, RNG_STREAM_DROPOUT,
+                             (uint4)((uint)(index / 4), drop_sample0 + (uint)b, drop_site, drop_iteration));
+  const uint lane = (uint)(index % 4);
+  const uint bits = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
+  return uint_to_unit_float(bits) >= drop_p ? drop_scale : 0.0f;
+}
+#define DROPOUT_FACTOR(b, element) \
+  dropout_factor(drop_p, drop_scale, drop_seed, drop_site, drop_iteration, drop_sample0, drop_element_offset, b, element)

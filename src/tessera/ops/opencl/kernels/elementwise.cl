@@ -1,0 +1,117 @@
+// Element-wise kernels: residual, GeLU, dropout, bias, scaling (ops/cpu/residual.cpp,
+// gelu.cpp, dropout.cpp, linear.cpp's bias_add, reductions.cpp's scale_inplace). One
+// work-item per element.
+
+__kernel void residual_forward(__global float* out, ulong out_off, __global const float* a, ulong a_off,
+                               __global const float* b, ulong b_off) {
+  const long i = get_global_id(0);
+  out[out_off + i] = a[a_off + i] + b[b_off + i];
+}
+
+// dst += src (the backward of a residual or of a disabled dropout).
+__kernel void accumulate(__global float* dst, ulong dst_off, __global const float* src, ulong src_off) {
+  const long i = get_global_id(0);
+  dst[dst_off + i] += src[src_off + i];
+}
+
+// GeLU (ops/cpu/gelu.cpp): tanh form as x * sigmoid(2u), erf form as x Phi(x).
+#define GELU_K0 0.79788456f
+#define GELU_K1 0.044715f
+#define INV_SQRT2 0.70710678118654752f
+#define INV_SQRT2PI 0.39894228040143268f
+
+__kernel void gelu_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off,
+                           int erf_kind) {
+  const long i = get_global_id(0);
+  const float x = inp[inp_off + i];
+  if (erf_kind) {
+    out[out_off + i] = 0.5f * x * (1.0f + erf_approx(x * INV_SQRT2));
+  } else {
+    const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+    out[out_off + i] = x * sigmoid_approx(2.0f * u);
+  }
+}
+
+__kernel void gelu_backward(__global float* dinp, ulong dinp_off, __global const float* dout, ulong dout_off,
+                            __global const float* inp, ulong inp_off, int erf_kind) {
+  const long i = get_global_id(0);
+  const float x = inp[inp_off + i];
+  float d;
+  if (erf_kind) {
+    const float cdf = 0.5f * (1.0f + erf_approx(x * INV_SQRT2));
+    const float pdf = INV_SQRT2PI * exp_approx(-0.5f * x * x);
+    d = cdf + x * pdf;
+  } else {
+    const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+    const float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+    const float s = sigmoid_approx(2.0f * u);
+    d = s + 2.0f * x * s * (1.0f - s) * du;
+  }
+  dinp[dinp_off + i] += dout[dout_off + i] * d;
+}
+
+// Dropout over [B, S]: work-item (element e, sample b). out may alias inp.
+__kernel void dropout_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off, long S,
+                              DROPOUT_PARAMS) {
+  const long e = get_global_id(0), b = get_global_id(1);
+  const long i = b * S + e;
+  out[out_off + i] = inp[inp_off + i] * DROPOUT_FACTOR(b, (ulong)e);
+}
+
+__kernel void dropout_backward(__global float* dinp, ulong dinp_off, __global const float* dout, ulong dout_off,
+                               long S, DROPOUT_PARAMS) {
+  const long e = get_global_id(0), b = get_global_id(1);
+  const long i = b * S + e;
+  dinp[dinp_off + i] += dout[dout_off + i] * DROPOUT_FACTOR(b, (ulong)e);
+}
+
+// out[n, o] = inp[n, o] + bias[o]; work-item (o, n).
+__kernel void bias_add_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off,
+                               __global const float* bias, ulong bias_off, long OC) {
+  const long o = get_global_id(0), n = get_global_id(1);
+  out[out_off + n * OC + o] = inp[inp_off + n * OC + o] + bias[bias_off + o];
+}
+
+// out[n, o] = bias[o], rounded to half when round_half (the FP16 linear's bias operand).
+__kernel void broadcast_bias(__global float* out, ulong out_off, __global const float* bias, ulong bias_off, long OC,
+                             int round_half) {
+  const long o = get_global_id(0), n = get_global_id(1);
+  const float b = bias[bias_off + o];
+  out[out_off + n * OC + o] = round_half ? round_fp16(b) : b;
+}
+
+// dbias[o] += column sum of dy[N, OC] (rounded to half when round_half: the FP16
+// linear's dbias contribution); one work-item per column, rows in order.
+__kernel void column_sums(__global float* dbias, ulong db_off, __global const float* dy, ulong dy_off, long N,
+                          long OC, int round_half) {
+  const long o = get_global_id(0);
+  float acc = 0.0f;
+  for (long n = 0; n < N; ++n) acc += dy[dy_off + n * OC + o];
+  dbias[db_off + o] += round_half ? round_fp16(acc) : acc;
+}
+
+// The low-precision linear's operands: dst = round(src) for a rows x cols block with
+// leading dimension ld (dst contiguous). mode: 1 bfloat16, 2 half.
+__kernel void round_block(__global float* dst, __global const float* src, ulong src_off, long cols, long ld,
+                          int mode) {
+  const long c = get_global_id(0), r = get_global_id(1);
+  const float v = src[src_off + r * ld + c];
+  dst[r * cols + c] = mode == 1 ? round_bf16(v) : round_fp16(v);
+}
+
+// dst += round_fp16(src): an FP16 contribution accumulated into an f32 gradient.
+__kernel void add_rounded_fp16(__global float* dst, ulong dst_off, __global const float* src) {
+  const long i = get_global_id(0);
+  dst[dst_off + i] += round_fp16(src[i]);
+}
+
+// In-place round to half (the FP16 linear's output).
+__kernel void round_fp16_inplace(__global float* x, ulong x_off) {
+  const long i = get_global_id(0);
+  x[x_off + i] = round_fp16(x[x_off + i]);
+}
+
+__kernel void scale_inplace(__global float* x, ulong x_off, float scale) {
+  const long i = get_global_id(0);
+  x[x_off + i] *= scale;
+}

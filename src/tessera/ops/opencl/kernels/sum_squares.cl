@@ -1,0 +1,20 @@
+// Sum of squares in double (ops/cpu/reductions.cpp), built as its own program because it
+// needs cl_khr_fp64. The CPU sums fixed chunks of 65536 elements, each in 32 double
+// accumulators (element i of a full 32-block to accumulator i % 32, the tail to
+// accumulator 0), then the accumulators and the chunks in order. Work-item (lane, chunk)
+// computes one accumulator; the host adds them in the same order, so the result has the
+// CPU's bits (a float's square is exact in double, so FMA or not does not matter).
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define SQ_CHUNK 65536
+#define SQ_LANES 32
+
+__kernel void sum_squares_lanes(__global double* partial, __global const float* x, ulong x_off, long n) {
+  const long j = get_global_id(0), c = get_global_id(1);
+  const long i0 = c * SQ_CHUNK, i1 = min(n, i0 + SQ_CHUNK);
+  const long full = i0 + (i1 - i0) / SQ_LANES * SQ_LANES;
+  double acc = 0.0;
+  for (long i = i0 + j; i < full; i += SQ_LANES) acc += (double)x[x_off + i] * x[x_off + i];
+  if (j == 0)
+    for (long i = full; i < i1; ++i) acc += (double)x[x_off + i] * x[x_off + i];
+  partial[c * SQ_LANES + j] = acc;
+}
