@@ -4,6 +4,11 @@
 //                                      model.safetensors, tokenizer files when known)
 //   import-hf HF_DIR OUT [train flags] a Hugging Face GPT-2 as a tessera checkpoint
 //                                      (iteration 0, model only) for --load OUT --finetune
+//   convert SRC DST --to torch|tessera  between tessera's format and Megatron-LM's (model only,
+//                                      any target TP/PP)
+// Each reads tessera's and Megatron-LM's (--ckpt-format torch) checkpoints alike.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +20,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
 #include "tessera/ckpt/hf_gpt2.h"
+#include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
@@ -22,6 +28,7 @@
 #include "tessera/core/options.h"
 #include "tessera/core/sha256.h"
 #include "tessera/train/arguments.h"
+#include "tessera/train/megatron_args.h"
 
 namespace tessera::cli {
 namespace {
@@ -43,12 +50,21 @@ void print_help() {
       "  import-hf HF_DIR OUT [train flags]\n"
       "      write HF_DIR's GPT-2 as a tessera checkpoint (iteration 0, model only) for\n"
       "      `tessera train --load OUT --finetune`; the model flags are derived from\n"
-      "      HF_DIR/config.json unless given\n");
+      "      HF_DIR/config.json unless given\n"
+      "  convert SRC DST --to torch|tessera [--target-tensor-parallel-size N]\n"
+      "          [--target-pipeline-parallel-size M] [--iteration N]\n"
+      "      write SRC's model (either format) into DST in Megatron-LM's --ckpt-format torch\n"
+      "      files or tessera's, sharded for the target TP/PP (default: SRC's); the iteration,\n"
+      "      consumed samples and arguments carry over, the optimizer state does not\n"
+      "DIR and SRC may hold tessera's checkpoints or Megatron-LM's (--ckpt-format torch).\n");
 }
 
 const OptionTable& ckpt_option_table() {
   static const OptionTable table("tessera ckpt",
-                                 {{"--iteration", OptKind::Int, nullptr, "the checkpoint's iteration (default: latest)"}},
+                                 {{"--iteration", OptKind::Int, nullptr, "the checkpoint's iteration (default: latest)"},
+                                  {"--to", OptKind::Choice, nullptr, "convert: the target format", "torch|tessera"},
+                                  {"--target-tensor-parallel-size", OptKind::Int, nullptr, "convert: the target TP"},
+                                  {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"}},
                                  {nullptr, false});
   return table;
 }
@@ -153,6 +169,167 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// A checkpoint's model, either format: the flags that describe it, parsed, and its state.
+struct CheckpointModel {
+  std::vector<std::string> flags;
+  TrainArgs args;
+  CheckpointState state;
+};
+
+CheckpointModel checkpoint_model(const std::string& dir, int64_t iteration) {
+  CheckpointModel m;
+  m.state = read_checkpoint_metadata(dir, iteration);
+  const CheckpointLayout& l = m.state.layout;
+  if (m.state.megatron_format) {
+    m.flags = train_flags_from_megatron_args(m.state.args);
+  } else {
+    const std::string it_dir = iteration_dir(dir, iteration);
+    m.flags = recorded_args(read_metadata(it_dir), it_dir);
+  }
+  m.args = model_args(m.flags, l.tensor_parallel * l.pipeline_parallel * l.data_parallel);
+  // The saved padded vocabulary wins, as in Megatron (a converter may pad for another TP).
+  if (l.padded_vocab_size > 0) m.args.model.padded_vocab_size = static_cast<int>(l.padded_vocab_size);
+  return m;
+}
+
+int run_inspect_megatron(const std::string& dir, int64_t iteration, const ParsedOptions& options) {
+  const std::string it_dir = iteration_dir(dir, iteration);
+  const CheckpointState s = read_megatron_metadata(dir, iteration);
+  const std::vector<MegatronFileSummary> files = summarize_megatron_checkpoint(dir, iteration);
+  const CheckpointLayout& l = s.layout;
+  std::printf("checkpoint %s\n", it_dir.c_str());
+  std::printf("  iteration: %lld%s\n", static_cast<long long>(s.iteration), options.given("--iteration") ? "" : " (latest)");
+  std::printf("  format: Megatron-LM torch (%s per rank), checkpoint_version %g\n", kMegatronFile,
+              files.front().checkpoint_version);
+  std::printf("  layout: tensor-parallel %d, pipeline-parallel %d, data-parallel %d; padded vocabulary %lld\n",
+              l.tensor_parallel, l.pipeline_parallel, l.data_parallel, static_cast<long long>(l.padded_vocab_size));
+  std::printf("  consumed samples: train %lld, valid %lld; scheduler steps %lld; optimizer steps %lld\n",
+              static_cast<long long>(s.consumed_train_samples), static_cast<long long>(s.consumed_valid_samples),
+              static_cast<long long>(s.scheduler_num_steps), static_cast<long long>(s.optimizer_steps));
+  std::printf("  model flags: %s\n", join(train_flags_from_megatron_args(s.args)).c_str());
+  for (const MegatronFileSummary& f : files) {
+    std::string keys;
+    for (const std::string& k : f.top_level_keys) keys += (keys.empty() ? "" : ", ") + k;
+    std::printf("%s: iteration %lld, %s names, optimizer: %s\n  keys: %s\n", f.rel.c_str(),
+                static_cast<long long>(f.iteration), f.names.c_str(), f.optimizer.c_str(), keys.c_str());
+    for (const MegatronFileSummary::Entry& e : f.model)
+      std::printf("  %-64s %-16s %s\n", e.key.c_str(), e.storage_type.c_str(), shape_str(e.shape).c_str());
+  }
+  return 0;
+}
+
+// `flags` with `flag`'s value replaced (or appended).
+void set_flag(std::vector<std::string>& flags, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == flag) {
+      flags[i + 1] = value;
+      return;
+    }
+  flags.insert(flags.end(), {flag, value});
+}
+
+// The slice of a whole tensor that one shard holds.
+std::vector<float> slice_of(const std::vector<float>& whole, const ParamShard& s) {
+  std::vector<float> out(static_cast<size_t>(s.numel()));
+  for (int64_t e = 0; e < s.numel(); ++e) out[static_cast<size_t>(e)] = whole[static_cast<size_t>(s.full_index(e))];
+  return out;
+}
+
+int run_convert(const Command& c) {
+  if (c.positional.size() != 2 || !c.options.given("--to"))
+    throw usage_error("convert takes SRC DST --to torch|tessera",
+                      "e.g. tessera ckpt convert megatron-ckpt tessera-ckpt --to tessera");
+  const std::string src = c.positional[0], dst = c.positional[1], to = c.options.get_string("--to");
+  const int64_t iteration = choose_iteration(src, c.options);
+  if (fs::exists(dst) && latest_checkpoint_iteration(dst))
+    throw usage_error(dst + " already holds a checkpoint", "convert into a new folder");
+  CheckpointModel m = checkpoint_model(src, iteration);
+  const CheckpointLayout& from = m.state.layout;
+  const int tp = static_cast<int>(c.options.get_opt_int("--target-tensor-parallel-size").value_or(from.tensor_parallel));
+  const int pp =
+      static_cast<int>(c.options.get_opt_int("--target-pipeline-parallel-size").value_or(from.pipeline_parallel));
+  GPTConfig& config = m.args.model;
+  if (tp < 1 || pp < 1 || config.num_attention_heads % tp != 0 || config.padded_vocab_size % tp != 0 ||
+      config.ffn_hidden_size % tp != 0 || config.num_layers % pp != 0)
+    throw usage_error("--target-tensor-parallel-size " + std::to_string(tp) + " must divide the heads (" +
+                          std::to_string(config.num_attention_heads) + "), the FFN size and the padded vocabulary (" +
+                          std::to_string(config.padded_vocab_size) + "), and --target-pipeline-parallel-size " +
+                          std::to_string(pp) + " the layers (" + std::to_string(config.num_layers) + ")",
+                      "choose sizes that divide them");
+  const std::map<std::string, std::vector<float>> weights = read_checkpoint_model(src, iteration, config);
+
+  nlohmann::json ns;
+  if (to == "torch") {
+    ns = m.state.megatron_format ? m.state.args
+                                 : megatron_namespace(m.args, m.state.consumed_train_samples, m.state.consumed_valid_samples);
+    ns["tensor_model_parallel_size"] = tp;
+    ns["pipeline_model_parallel_size"] = pp;
+    ns["data_parallel_size"] = 1;
+    ns["world_size"] = tp * pp;
+    ns["padded_vocab_size"] = config.padded_vocab_size;
+  }
+  set_flag(m.flags, "--tensor-model-parallel-size", std::to_string(tp));
+  set_flag(m.flags, "--pipeline-model-parallel-size", std::to_string(pp));
+
+  const std::string tmp_dir = prepare_checkpoint_save(dst, m.state.iteration, ::getpid());
+  std::vector<CheckpointFile> files;
+  for (int p = 0; p < pp; ++p)
+    for (int t = 0; t < tp; ++t) {
+      ModelPartition part;
+      part.tp_size = tp;
+      part.tp_rank = t;
+      part.chunks = pipeline_chunks(config.num_layers, PipelineSplit{pp, 1, -1, -1}, p);
+      const std::vector<ParamShard> shards = shard_params(config, part);
+      std::vector<std::vector<float>> slices;
+      for (const ParamShard& s : shards) slices.push_back(slice_of(weights.at(s.spec.name), s));
+      const std::string shard = checkpoint_shard_folder(t, p, pp);
+      if (to == "torch") {
+        const int first_layer = part.chunks.front().first_layer;
+        std::vector<MegatronParam> params;
+        for (size_t i = 0; i < shards.size(); ++i)
+          params.push_back({shards[i].is_embedding_copy ? "output_layer.weight"
+                                                        : megatron_local_name(shards[i].spec.name, first_layer),
+                            Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr), shards[i].spec.weight_decay,
+                            {}});
+        MegatronFileSpec spec;
+        spec.args = ns;
+        spec.iteration = m.state.iteration;
+        spec.last_stage = p == pp - 1;
+        const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
+        fs::create_directories(fs::path(tmp_dir) / shard);
+        write_file_synced((fs::path(tmp_dir) / shard / kMegatronFile).string(),
+                          {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+        fsync_directory((fs::path(tmp_dir) / shard).string());
+      } else {
+        std::vector<ShardedTensor> model;
+        for (size_t i = 0; i < shards.size(); ++i)
+          if (!shards[i].is_embedding_copy)
+            model.push_back({shards[i].spec.name, Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr),
+                             shards[i].spec.shape, shards[i].split_dim, shards[i].offset});
+        const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});
+        files.insert(files.end(), written.begin(), written.end());
+      }
+    }
+  if (to == "torch") {
+    commit_checkpoint_folder(dst, tmp_dir, m.state.iteration);
+  } else {
+    CheckpointState state = m.state;
+    state.args = m.flags;
+    state.scheduler = nullptr;
+    state.grad_scaler = nullptr;
+    state.optimizer_steps = 0;
+    state.megatron_format = false;
+    state.layout = {tp, pp, 1, 1, config.padded_vocab_size};
+    commit_checkpoint_save(dst, tmp_dir, state, files);
+  }
+  std::printf("converted %s (iteration %lld, %s format, TP=%d PP=%d) to %s (%s format, TP=%d PP=%d), model only\n",
+              iteration_dir(src, iteration).c_str(), static_cast<long long>(m.state.iteration),
+              m.state.megatron_format ? "Megatron-LM torch" : "tessera", from.tensor_parallel, from.pipeline_parallel,
+              dst.c_str(), to == "torch" ? "Megatron-LM torch" : "tessera", tp, pp);
+  std::printf("  resume with --no-load-optim (the optimizer starts fresh) or fine-tune with --finetune\n");
+  return 0;
+}
+
 // ------------------------------------------------------------------------------------------
 
 int run_inspect(const Command& c) {
@@ -163,6 +340,7 @@ int run_inspect(const Command& c) {
   const std::string it_dir = iteration_dir(dir, iteration);
   if (!fs::is_directory(it_dir))
     throw runtime_error("checkpoint " + it_dir + " does not exist", "list " + dir + " for the saved iterations");
+  if (is_megatron_checkpoint(dir, iteration)) return run_inspect_megatron(dir, iteration, c.options);
   const json meta = read_metadata(it_dir);
   auto num = [&](const char* key) { return meta.contains(key) ? meta[key].dump() : std::string("?"); };
 
@@ -292,9 +470,7 @@ int run_export_hf(const Command& c) {
   const std::string dir = c.positional[0], out = c.positional[1];
   const int64_t iteration = choose_iteration(dir, c.options);
   const std::string it_dir = iteration_dir(dir, iteration);
-  const json meta = read_metadata(it_dir);
-  const std::vector<std::string> flags = recorded_args(meta, it_dir);
-  const TrainArgs args = model_args(flags, recorded_world_size(meta));
+  const TrainArgs args = checkpoint_model(dir, iteration).args;
   check_gpt2_expressible(args.model);  // before reading any weights
 
   HFExportSpec spec;
@@ -382,7 +558,9 @@ int run_ckpt(int argc, char** argv) {
   }
   if (action == "inspect") return run_inspect(split_args(argc - 1, argv + 1));
   if (action == "export-hf") return run_export_hf(split_args(argc - 1, argv + 1));
-  throw usage_error("unknown action '" + action + "' for tessera ckpt", "actions: inspect, export-hf, import-hf");
+  if (action == "convert") return run_convert(split_args(argc - 1, argv + 1));
+  throw usage_error("unknown action '" + action + "' for tessera ckpt",
+                    "actions: inspect, export-hf, import-hf, convert");
 }
 
 }  // namespace tessera::cli

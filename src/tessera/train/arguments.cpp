@@ -24,10 +24,11 @@ std::vector<OptionDef> train_option_defs() {
       {"--seq-length", K::Int, nullptr, "Sequence length to train on"},
       {"--max-position-embeddings", K::Int, nullptr, "Rows of the position embedding"},
       {"--make-vocab-size-divisible-by", K::Int, "128", "Pad the vocabulary to a multiple of this (times TP)"},
-      {"--normalization", K::Choice, "LayerNorm", "Normalisation layer", "LayerNorm|RMSNorm"},
+      {"--normalization", K::Choice, "LayerNorm", "Normalisation layer", "LayerNorm", OptUse::Implemented, nullptr,
+       "RMSNorm"},
       {"--norm-epsilon", K::Float, "1e-05", "LayerNorm epsilon"},
-      {"--position-embedding-type", K::Choice, "learned_absolute", "Position embedding",
-       "learned_absolute|rope|none"},
+      {"--position-embedding-type", K::Choice, "learned_absolute", "Position embedding", "learned_absolute",
+       OptUse::Implemented, nullptr, "rope|none"},
       {"--init-method-std", K::Float, "0.02", "Standard deviation of the normal initialisation"},
       {"--hidden-dropout", K::Float, "0.1", "Dropout after the embedding, attention and MLP"},
       {"--attention-dropout", K::Float, "0.1", "Dropout on the attention probabilities"},
@@ -40,8 +41,11 @@ std::vector<OptionDef> train_option_defs() {
       {"--seed", K::Int, "1234", "Seed of initialisation, dropout and data"},
       // Tokenizer and data.
       {"--tokenizer-type", K::Choice, nullptr, "Tokenizer (pretrain_gpt's default: GPT2BPETokenizer)",
-       "BertWordPieceLowerCase|BertWordPieceCase|GPT2BPETokenizer|SentencePieceTokenizer|GPTSentencePieceTokenizer|"
-       "HuggingFaceTokenizer|Llama2Tokenizer|TikTokenizer|MultimodalTokenizer|NullTokenizer"},
+       "GPT2BPETokenizer|HuggingFaceTokenizer|Llama2Tokenizer|GPTSentencePieceTokenizer|NullTokenizer",
+       OptUse::Implemented, nullptr,
+       "BertWordPieceLowerCase|BertWordPieceCase|SentencePieceTokenizer|TikTokenizer|MultimodalTokenizer"},
+      {"--tokenizer-model", K::String, nullptr,
+       "HuggingFaceTokenizer: the folder of tokenizer.json; Llama2Tokenizer, GPTSentencePieceTokenizer: the .model file"},
       {"--vocab-size", K::Int, nullptr, "Vocabulary size of the NullTokenizer (EOD = this value)"},
       {"--vocab-file", K::String, nullptr, "GPT-2 vocab.json"},
       {"--merge-file", K::String, nullptr, "GPT-2 merges.txt"},
@@ -163,7 +167,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--finetune", K::StoreTrue, nullptr, "Load only the model; start at iteration 0 with fresh optimizer and data"},
       {"--use-checkpoint-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the checkpoint"},
       {"--override-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the flags"},
-      {"--ckpt-format", K::Choice, "torch_dist", "Megatron's checkpoint formats; tessera writes its own format",
+      {"--ckpt-format", K::Choice, "torch_dist",
+       "torch: --save writes Megatron-LM's model_optim_rng.pt files; torch_dist/zarr: tessera's own format",
        "torch|torch_dist|zarr"},
       // tessera's own.
       {"--no-check-for-nan-in-loss-and-grad", K::StoreFalse, nullptr,
@@ -241,11 +246,6 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (m.seq_length > m.max_position_embeddings)
     throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is longer than --max-position-embeddings " +
                       std::to_string(m.max_position_embeddings));
-  if (p.get_string("--normalization") != "LayerNorm")
-    throw usage_error("--normalization RMSNorm is not supported yet", "use the default LayerNorm");
-  if (p.get_string("--position-embedding-type") != "learned_absolute")
-    throw usage_error("--position-embedding-type " + p.get_string("--position-embedding-type") +
-                      " is not supported yet", "use the default learned_absolute");
   m.norm_epsilon = static_cast<float>(p.get_float("--norm-epsilon"));
   if (!(m.norm_epsilon > 0)) throw usage_error("--norm-epsilon must be > 0");
   m.init_method_std = static_cast<float>(p.get_float("--init-method-std"));
@@ -330,14 +330,12 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.tokenizer.type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
   a.tokenizer.vocab_file = p.get_string("--vocab-file");
   a.tokenizer.merge_file = p.get_string("--merge-file");
+  a.tokenizer.tokenizer_model = p.get_string("--tokenizer-model");
   if (p.raw("--vocab-size")) a.tokenizer.vocab_size = positive(p, "--vocab-size");
   if (a.tokenizer.type == "NullTokenizer" && !a.tokenizer.vocab_size)
     throw usage_error("--tokenizer-type NullTokenizer needs --vocab-size");
   if (a.tokenizer.type == "GPT2BPETokenizer" && (a.tokenizer.vocab_file.empty() || a.tokenizer.merge_file.empty()))
     throw usage_error("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
-  if (a.tokenizer.type != "NullTokenizer" && a.tokenizer.type != "GPT2BPETokenizer")
-    throw usage_error("--tokenizer-type " + a.tokenizer.type + " is not supported yet",
-                      "use GPT2BPETokenizer or NullTokenizer");
   {
     std::unique_ptr<data::Tokenizer> tokenizer = data::build_tokenizer(a.tokenizer);
     m.vocab_size = static_cast<int>(tokenizer->vocab_size());
@@ -552,9 +550,14 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
   if (a.use_checkpoint_scheduler && a.override_scheduler)
     throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
-  if (p.given("--ckpt-format"))
+  a.save_megatron_format = p.get_string("--ckpt-format") == "torch";
+  if (a.save_megatron_format && !a.save.empty() && a.pipeline_split.virtual_stages > 1)
+    throw usage_error("--ckpt-format torch does not save interleaved pipelines (virtual stages) yet",
+                      "save in tessera's format (the default), which any layout loads");
+  if (p.given("--ckpt-format") && !a.save_megatron_format)
     log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
-             "docs/checkpoints.md), which Megatron cannot load", p.get_string("--ckpt-format").c_str());
+             "docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes Megatron's",
+             p.get_string("--ckpt-format").c_str());
   for (int i = 0; i < argc; ++i) a.command_line.push_back(argv[i]);
   a.init_from_hf = p.get_string("--init-from-hf");
   a.log_json = p.get_string("--log-json");

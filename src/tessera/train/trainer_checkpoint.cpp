@@ -6,14 +6,19 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/log.h"
+#include "tessera/train/megatron_args.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera {
@@ -81,14 +86,45 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
   return out;
 }
 
+// This rank's parameters as Megatron's file holds them (--ckpt-format torch): its stage's
+// layers numbered from 0, the tied embedding's copy as output_layer.weight, each with its
+// optimizer state unless `with_state` is false.
+std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimizer& optimizer, bool with_state) {
+  int first_layer = -1;
+  for (const ParamShard& s : model.shards()) {
+    int layer = 0;
+    if (std::sscanf(s.spec.name.c_str(), "decoder.layers.%d.", &layer) == 1 && (first_layer < 0 || layer < first_layer))
+      first_layer = layer;
+  }
+  std::vector<MegatronParam> out;
+  for (size_t i = 0; i < model.shards().size(); ++i) {
+    const ParamShard& s = model.shards()[i];
+    out.push_back({s.is_embedding_copy ? "output_layer.weight" : megatron_local_name(s.spec.name, first_layer),
+                   model.params()[i], s.spec.weight_decay, {}});
+  }
+  if (with_state)
+    for (const Optimizer::StateTensor& t : optimizer.state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
+  return out;
+}
+
+void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, const MegatronFileSpec& spec,
+                          const std::vector<MegatronParam>& params) {
+  const std::filesystem::path folder = std::filesystem::path(tmp_dir) / shard;
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
+  const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
+  write_file_synced((folder / kMegatronFile).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  fsync_directory(folder.string());
+}
+
 // The files every writer wrote, on every rank: fixed-size records (path, SHA-256, size)
 // all-gathered over the world.
 constexpr size_t kPathChars = 64, kFilesPerRank = 2;
 constexpr size_t kRecordWords = (kPathChars + 64) / 8 + 1;  // path, hex digest, bytes
 constexpr size_t kRankWords = 1 + kFilesPerRank * kRecordWords;
 
-std::vector<CheckpointFile> gather_files(Communicator* world, const std::vector<CheckpointFile>& mine,
-                                         Device& device) {
+std::vector<CheckpointFile> gather_files(Communicator* world, const std::vector<CheckpointFile>& mine) {
   if (!world) return mine;
   TESSERA_CHECK(mine.size() <= kFilesPerRank, "too many checkpoint files per rank");
   std::vector<int64_t> record(kRankWords, 0);
@@ -102,8 +138,8 @@ std::vector<CheckpointFile> gather_files(Communicator* world, const std::vector<
   }
   const int n = world->size();
   std::vector<int64_t> all(kRankWords * n);
-  world->all_gather(Tensor(all.data(), DType::I64, {static_cast<int64_t>(all.size())}, &device),
-                    Tensor(record.data(), DType::I64, {static_cast<int64_t>(kRankWords)}, &device));
+  world->all_gather(Tensor(all.data(), DType::I64, {static_cast<int64_t>(all.size())}, nullptr),
+                    Tensor(record.data(), DType::I64, {static_cast<int64_t>(kRankWords)}, nullptr));
   std::vector<CheckpointFile> files;
   for (int r = 0; r < n; ++r) {
     const int64_t* rec = &all[r * kRankWords];
@@ -147,8 +183,35 @@ void Trainer::save_checkpoint(const std::string& dir) {
   // Everyone writes into global rank 0's temporary folder, named by its process id.
   int64_t token = ::getpid();
   if (rank == 0) prepare_checkpoint_save(dir, iteration_, token);
-  if (world) world->broadcast(Tensor(&token, DType::I64, {1}, &device_), 0);
+  if (world) world->broadcast(Tensor(&token, DType::I64, {1}, nullptr), 0);
   const std::string tmp_dir = checkpoint_temp_dir(dir, iteration_, token);
+  if (args_.save_megatron_format) {
+    // Megatron's files record no checksums: the writers finish, then rank 0 commits.
+    if (dp == 0) {
+      MegatronFileSpec spec;
+      spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
+      spec.iteration = iteration_;
+      spec.model_dtype = args_.bf16 ? DType::BF16 : args_.fp16 ? DType::F16 : DType::F32;
+      spec.with_optimizer = !args_.no_save_optim;
+      spec.optimizer = args_.optimizer;
+      spec.lr = scheduler_.lr();
+      spec.weight_decay = scheduler_.weight_decay();
+      spec.optimizer_steps = optimizer_->steps_taken();
+      if (loss_scaler_) spec.grad_scaler = loss_scaler_->state_dict();
+      spec.scheduler = megatron_scheduler_state(args_.lr_schedule, scheduler_.num_steps());
+      spec.last_stage = pp == args_.pipeline_parallel_size - 1;
+      write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
+                           megatron_params(model_, *optimizer_, spec.with_optimizer));
+    }
+    if (world) world->barrier();
+    if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
+    if (world) world->barrier();
+    print_rank_0("  successfully saved checkpoint from iteration %7lld to %s in torch format [ t 1/%d, p 1/%d ] "
+                 "(%.1f s)", static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
+                 args_.pipeline_parallel_size,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return;
+  }
   // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it.
   std::vector<CheckpointFile> mine;
   if (dp == 0)
@@ -157,7 +220,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
                                   args_.no_save_optim ? std::vector<ShardedTensor>{}
                                                       : optimizer_tensors(*optimizer_, model_, false));
   // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
-  const std::vector<CheckpointFile> files = gather_files(world, mine, device_);
+  const std::vector<CheckpointFile> files = gather_files(world, mine);
   if (rank == 0) {
     CheckpointState state;
     state.iteration = iteration_;
@@ -203,13 +266,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   if (world) {
     int32_t failed = failure ? 1 : 0;
-    world->all_reduce(Tensor(&failed, DType::I32, {1}, &device_), ReduceOp::Max);
+    world->all_reduce(Tensor(&failed, DType::I32, {1}, nullptr), ReduceOp::Max);
     if (failed && !failure)
       failure = runtime_error("another rank could not load the checkpoint of iteration " + std::to_string(*latest) +
                               " in " + dir + " (its error is above)");
   }
   if (failure) throw *failure;
-  print_rank_0(" loading checkpoint from %s at iteration %lld", dir.c_str(), static_cast<long long>(*latest));
+  print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(*latest),
+               s.megatron_format ? " (Megatron-LM's torch format)" : "");
   const CheckpointLayout& l = s.layout;
   if (l.tensor_parallel != args_.tensor_parallel_size || l.pipeline_parallel != args_.pipeline_parallel_size ||
       l.data_parallel != args_.data_parallel_size || l.virtual_stages != args_.pipeline_split.virtual_stages)
@@ -232,7 +296,16 @@ void Trainer::load_checkpoint(const std::string& dir) {
       print_rank_0("WARNING: the checkpoint holds no loss-scaler state (it was saved without --fp16 or a "
                    "--loss-scale); the scaler starts from its flags");
   }
-  if (args_.use_checkpoint_scheduler) {
+  if (s.scheduler.is_null()) {
+    // A converted checkpoint records no schedule: the flags' schedule runs on.
+  } else if (s.megatron_format) {
+    if (args_.use_checkpoint_scheduler)
+      scheduler_ = LrScheduler(schedule_from_megatron(s.scheduler, args_.lr_schedule));
+    else if (!args_.override_scheduler && !same_megatron_schedule(s.scheduler, args_.lr_schedule))
+      throw usage_error("the learning-rate schedule of the flags differs from the checkpoint's (" + s.scheduler.dump() +
+                            " vs " + megatron_scheduler_state(args_.lr_schedule, s.scheduler_num_steps).dump() + ")",
+                        "pass --use-checkpoint-opt_param-scheduler or --override-opt_param-scheduler");
+  } else if (args_.use_checkpoint_scheduler) {
     scheduler_ = LrScheduler(schedule_from_json(s.scheduler));
   } else if (!args_.override_scheduler && s.scheduler != schedule_json(args_.lr_schedule)) {
     throw usage_error("the learning-rate schedule of the flags differs from the checkpoint's (" + s.scheduler.dump() +
