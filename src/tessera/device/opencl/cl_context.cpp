@@ -133,6 +133,56 @@ void ClContext::read(void* dst, cl_mem src, size_t offset, size_t bytes) {
   TESSERA_CL(where_, clEnqueueReadBuffer, queue_, src, CL_TRUE, offset, bytes, dst, 0, nullptr, nullptr);
 }
 
+void ClContext::write_async(cl_mem dst, size_t offset, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  TESSERA_CL(where_, clEnqueueWriteBuffer, queue_, dst, CL_FALSE, offset, bytes, src, 0, nullptr, nullptr);
+}
+
+void ClContext::read_async(void* dst, cl_mem src, size_t offset, size_t bytes) {
+  if (bytes == 0) return;
+  TESSERA_CL(where_, clEnqueueReadBuffer, queue_, src, CL_FALSE, offset, bytes, dst, 0, nullptr, nullptr);
+}
+
+cl_event ClContext::marker() {
+  cl_event event = nullptr;
+  TESSERA_CL(where_, clEnqueueMarkerWithWaitList, queue_, 0, nullptr, &event);
+  return event;
+}
+
+void ClContext::wait(cl_event event) {
+  // Commands may still sit in the queue's host-side buffer: flush so the wait can end.
+  TESSERA_CL(where_, clFlush, queue_);
+  TESSERA_CL(where_, clWaitForEvents, 1, &event);
+}
+
+void* ClContext::map_pinned(size_t bytes) {
+  cl_int err = CL_SUCCESS;
+  cl_mem mem = clCreateBuffer(context_, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, nullptr, &err);
+  if (err != CL_SUCCESS) cl_call_failed("clCreateBuffer (pinned host memory)", err, where_);
+  void* host = clEnqueueMapBuffer(queue_, mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0, nullptr, nullptr,
+                                  &err);
+  if (err != CL_SUCCESS) {
+    clReleaseMemObject(mem);
+    cl_call_failed("clEnqueueMapBuffer (pinned host memory)", err, where_);
+  }
+  std::lock_guard<std::mutex> guard(pinned_lock_);
+  pinned_[host] = mem;
+  return host;
+}
+
+void ClContext::unmap_pinned(void* host) {
+  cl_mem mem = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(pinned_lock_);
+    auto it = pinned_.find(host);
+    if (it == pinned_.end()) return;
+    mem = it->second;
+    pinned_.erase(it);
+  }
+  TESSERA_CL(where_, clEnqueueUnmapMemObject, queue_, mem, host, 0, nullptr, nullptr);
+  clReleaseMemObject(mem);  // freed once the unmap has run
+}
+
 void ClContext::copy(cl_mem dst, size_t dst_offset, cl_mem src, size_t src_offset, size_t bytes) {
   if (bytes == 0) return;
   TESSERA_CL(where_, clEnqueueCopyBuffer, queue_, src, dst, src_offset, dst_offset, bytes, 0, nullptr, nullptr);

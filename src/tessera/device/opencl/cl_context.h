@@ -61,11 +61,24 @@ class ClContext {
   // Blocking copies between host memory and [offset, offset+bytes) of a buffer.
   void write(cl_mem dst, size_t offset, const void* src, size_t bytes);
   void read(void* dst, cl_mem src, size_t offset, size_t bytes);
+  // The same, returning once enqueued: the host memory must stay untouched until finish()
+  // or an event recorded after the copy completes.
+  void write_async(cl_mem dst, size_t offset, const void* src, size_t bytes);
+  void read_async(void* dst, cl_mem src, size_t offset, size_t bytes);
   // Device-to-device copy and zero fill, enqueued (ordered after earlier commands).
   void copy(cl_mem dst, size_t dst_offset, cl_mem src, size_t src_offset, size_t bytes);
   void fill_zero(cl_mem dst, size_t offset, size_t bytes);
   // Waits until every enqueued command has finished.
   void finish();
+  // A marker event completing when every command enqueued so far has (the caller releases
+  // it with clReleaseEvent), and waiting for one.
+  cl_event marker();
+  void wait(cl_event event);
+
+  // Host memory the device copies fastest: a CL_MEM_ALLOC_HOST_PTR buffer mapped for the
+  // host (page-locked on drivers that pin). unmap_pinned takes the mapped address back.
+  void* map_pinned(size_t bytes);
+  void unmap_pinned(void* host);
 
   // The kernel `name` of the program `program`, built from `sources` (concatenated in
   // order) with `options` the first time any kernel of it is asked for.
@@ -82,6 +95,8 @@ class ClContext {
   std::mutex cache_lock_;
   std::map<std::string, cl_program> programs_;
   std::map<std::string, std::unique_ptr<ClKernel>> kernels_;  // key: program + "/" + name
+  std::mutex pinned_lock_;
+  std::map<void*, cl_mem> pinned_;  // mapped host address -> its buffer
 };
 
 // The process-wide context of device `ordinal` (created on first use). Throws naming the

@@ -67,8 +67,35 @@ class OpenClDevice final : public Device {
     cl_.copy(mem(dst), dst_offset, mem(src), src_offset, bytes);
   }
   void fill_zero(void* dst, size_t dst_offset, size_t bytes) override { cl_.fill_zero(mem(dst), dst_offset, bytes); }
-  // One in-order queue: every stream is the default stream, so ordering holds by issue
-  // order and events need no work.
+  void copy_to_host_async(void* dst, const void* src, size_t src_offset, size_t bytes, Stream) override {
+    cl_.read_async(dst, mem(src), src_offset, bytes);
+  }
+  void copy_from_host_async(void* dst, size_t dst_offset, const void* src, size_t bytes, Stream) override {
+    cl_.write_async(mem(dst), dst_offset, src, bytes);
+  }
+  void* allocate_pinned(size_t bytes) override { return bytes == 0 ? nullptr : cl_.map_pinned(bytes); }
+  void free_pinned(void* host, size_t) override {
+    if (host) cl_.unmap_pinned(host);
+  }
+
+  // One in-order queue serves every stream: work runs in issue order, so a stream is the
+  // default one and waiting for an event on it needs nothing. An event is a marker: the
+  // point in the queue that synchronize_event waits for.
+  Event create_event() override { return {new cl_event(nullptr)}; }
+  void destroy_event(Event e) override {
+    auto* ev = static_cast<cl_event*>(e.handle);
+    if (ev && *ev) clReleaseEvent(*ev);
+    delete ev;
+  }
+  void record_event(Event e, Stream) override {
+    auto* ev = static_cast<cl_event*>(e.handle);
+    if (*ev) clReleaseEvent(*ev);
+    *ev = cl_.marker();
+  }
+  void synchronize_event(Event e) override {
+    auto* ev = static_cast<cl_event*>(e.handle);
+    if (*ev) cl_.wait(*ev);
+  }
   void synchronize(Stream) override { cl_.finish(); }
 
   opencl::ClContext& cl() const { return cl_; }
@@ -102,6 +129,12 @@ Device& opencl_device(int ordinal) {
 opencl::ClContext& opencl_context(const Device& device) {
   TESSERA_CHECK(device.kind() == DeviceKind::OpenCL, "OpenCL kernel given a tensor on " + device.name());
   return static_cast<const OpenClDevice&>(device).cl();
+}
+
+void build_opencl_program(const Device& device, const std::string& name, const std::string& source,
+                          const std::string& kernel) {
+  const char* sources[] = {source.c_str()};
+  opencl_context(device).kernel(name, sources, 1, "-cl-std=CL1.2", kernel);
 }
 
 }  // namespace tessera

@@ -23,6 +23,11 @@ int opencl_device_count();
 // ordinal first).
 Device& opencl_device(int ordinal);
 
+// Builds the OpenCL C program `source` on the device (once per name, as the kernels'
+// programs are) and throws tessera::Error carrying the compiler's build log when it fails.
+void build_opencl_program(const Device& device, const std::string& name, const std::string& source,
+                          const std::string& kernel);
+
 // The OpenCL state behind a device of kind OpenCL, for ops/opencl. Aborts for any other.
 opencl::ClContext& opencl_context(const Device& device);
 
