@@ -32,3 +32,9 @@ add_test(NAME train_robustness
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/robustness_test.py $<TARGET_FILE:tessera>
                  ${TESSERA_TEST_VENV})
 set_tests_properties(train_robustness PROPERTIES TIMEOUT 300)
+
+# --exit-signal-handler under `tessera launch` (DP=2, TP=2, PP=2): SIGINT/SIGTERM through the
+# launcher and bursts straight to the workers; every rank saves the same iteration and returns.
+add_test(NAME train_exit_signal
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/exit_signal_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_exit_signal PROPERTIES TIMEOUT 600)

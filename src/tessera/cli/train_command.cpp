@@ -60,6 +60,7 @@ int run_train(int argc, char** argv) {
   set_log_rank(id.rank, id.world_size);
   ParsedOptions parsed;
   TrainArgs args = parse_train_args(argc, argv, &parsed, id.world_size);  // before any allocation
+  if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
 
   Device& device = cpu_device();
@@ -122,7 +123,6 @@ int run_train(int argc, char** argv) {
 
   TrainingData data = build_training_data(args);
   if (world) check_datasets_agree(data, *world);
-  if (args.exit_signal_handler) install_exit_signal_handler();
   TrainerGroups trainer_groups{world.get(),           groups.dp.get(), groups.tp.get(), groups.pp.get(),
                                groups.model_parallel.get(), groups.embedding.get()};
   Trainer trainer(args, model, data.sources(), device, trainer_groups);
