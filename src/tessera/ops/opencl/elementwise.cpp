@@ -6,6 +6,11 @@
 namespace tessera::ops::opencl {
 namespace {
 
+// Philox groups of 4 that the elements [element_offset, element_offset + S) touch.
+int64_t dropout_groups(const Dropout& d, int64_t S) {
+  return static_cast<int64_t>((d.element_offset + static_cast<uint64_t>(S) - 1) / 4 - d.element_offset / 4 + 1);
+}
+
 int64_t batch_dim(const Tensor& t) {
   TESSERA_CHECK(t.ndim() >= 1 && t.dim(0) > 0, "dropout needs a leading batch dimension, got " + shape_str(t.shape));
   return t.dim(0);
@@ -69,7 +74,12 @@ void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
   }
   check_dropout(dropout);
   const int64_t B = batch_dim(inp), S = inp.numel() / B;
-  ClLaunch(out, "dropout_forward").tensor(out).tensor(inp).scalar<int64_t>(S).dropout(dropout).run(S, B);
+  ClLaunch(out, "dropout_forward")
+      .tensor(out)
+      .tensor(inp)
+      .scalar<int64_t>(S)
+      .dropout(dropout)
+      .run(dropout_groups(dropout, S), B);
 }
 
 void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
@@ -79,7 +89,12 @@ void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
   if (dropout.p == 0.0f) return accumulate(dinp, dout);
   check_dropout(dropout);
   const int64_t B = batch_dim(dout), S = dout.numel() / B;
-  ClLaunch(dinp, "dropout_backward").tensor(dinp).tensor(dout).scalar<int64_t>(S).dropout(dropout).run(S, B);
+  ClLaunch(dinp, "dropout_backward")
+      .tensor(dinp)
+      .tensor(dout)
+      .scalar<int64_t>(S)
+      .dropout(dropout)
+      .run(dropout_groups(dropout, S), B);
 }
 
 void scale_inplace(Tensor t, float scale) {

@@ -1,10 +1,20 @@
+#include <string>
+
 #include "tessera/ops/opencl/opencl_ops.h"
 
 namespace tessera::ops::opencl {
+namespace {
+
+// CLBlast has no version call; the device's own driver and OpenCL C version are in the
+// device's description (doctor's device row).
+std::string libraries() { return "OpenCL C kernels of tessera, CLBlast GEMMs"; }
+
+}  // namespace
 
 const KernelTable& kernel_table() {
   static const KernelTable table{
       .backend = "opencl",
+      .libraries = libraries,
       .embedding_forward = embedding_forward,
       .embedding_backward = embedding_backward,
       .layernorm_forward = layernorm_forward,

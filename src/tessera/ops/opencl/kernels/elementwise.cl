@@ -50,19 +50,33 @@ __kernel void gelu_backward(__global float* dinp, ulong dinp_off, __global const
   dinp[dinp_off + i] += dout[dout_off + i] * d;
 }
 
-// Dropout over [B, S]: work-item (element e, sample b). out may alias inp.
+// Dropout over [B, S]: work-item (Philox group q, sample b) draws one Philox call and
+// applies its 4 lanes to the (up to 4) elements of this shard it covers: group q holds
+// the per-sample indices [4(g0+q), 4(g0+q)+4), g0 = element_offset / 4 (the CPU's
+// dropout_factors draws the same groups). out may alias inp.
+#define DROPOUT_GROUPS_BODY(apply)                                                             \
+  const long q = get_global_id(0), b = get_global_id(1);                                      \
+  const ulong group = drop_element_offset / 4 + (ulong)q;                                      \
+  const uint4 r = philox4x32(drop_seed, RNG_STREAM_DROPOUT,                                    \
+                             (uint4)((uint)group, drop_sample0 + (uint)b, drop_site, drop_iteration)); \
+  for (int lane = 0; lane < 4; ++lane) {                                                       \
+    const long e = (long)(group * 4 + (ulong)lane - drop_element_offset);                      \
+    if (e >= 0 && e < S) {                                                                     \
+      const uint bits = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;             \
+      const float factor = uint_to_unit_float(bits) >= drop_p ? drop_scale : 0.0f;             \
+      const long i = b * S + e;                                                                \
+      apply;                                                                                   \
+    }                                                                                          \
+  }
+
 __kernel void dropout_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off, long S,
                               DROPOUT_PARAMS) {
-  const long e = get_global_id(0), b = get_global_id(1);
-  const long i = b * S + e;
-  out[out_off + i] = inp[inp_off + i] * DROPOUT_FACTOR(b, (ulong)e);
+  DROPOUT_GROUPS_BODY(out[out_off + i] = inp[inp_off + i] * factor)
 }
 
 __kernel void dropout_backward(__global float* dinp, ulong dinp_off, __global const float* dout, ulong dout_off,
                                long S, DROPOUT_PARAMS) {
-  const long e = get_global_id(0), b = get_global_id(1);
-  const long i = b * S + e;
-  dinp[dinp_off + i] += dout[dout_off + i] * DROPOUT_FACTOR(b, (ulong)e);
+  DROPOUT_GROUPS_BODY(dinp[dinp_off + i] += dout[dout_off + i] * factor)
 }
 
 // out[n, o] = inp[n, o] + bias[o]; work-item (o, n).
