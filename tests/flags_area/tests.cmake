@@ -12,11 +12,11 @@ set_tests_properties(flags.doc PROPERTIES TIMEOUT 60 LABELS flags)
 add_test(NAME flags.example_script
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/flags_area/example_script_test.py
                  $<TARGET_FILE:tessera> ${PROJECT_SOURCE_DIR})
-set_tests_properties(flags.example_script PROPERTIES TIMEOUT 120 LABELS flags)
+set_tests_properties(flags.example_script PROPERTIES TIMEOUT 300 LABELS flags)
 
 # The same script started as node 0 and node 1 of a two-node job on this machine (2 processes
 # each; the script's two-node defaults TP 2 x PP 2); plus the guide's 2 x 8 layout with --dry-run.
 add_test(NAME flags.example_script_two_nodes
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/flags_area/example_script_test.py
                  $<TARGET_FILE:tessera> ${PROJECT_SOURCE_DIR} two-nodes)
-set_tests_properties(flags.example_script_two_nodes PROPERTIES TIMEOUT 120 LABELS flags)
+set_tests_properties(flags.example_script_two_nodes PROPERTIES TIMEOUT 300 LABELS flags)

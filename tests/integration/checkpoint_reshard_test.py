@@ -38,9 +38,7 @@ MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4
 TRAIN = MODEL + ["--micro-batch-size", "1", "--global-batch-size", "8", "--mock-data", "--lr", "1e-3",
                  "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--train-iters", "20", "--log-interval",
                  "1", "--eval-iters", "1", "--eval-interval", "5", "--weight-decay", "0.1", "--clip-grad", "0.5"]
-PORT_BASE = 24000 + (os.getpid() * 13) % 20000
 RTOL = 1e-5
-_port = [0]
 
 
 def env_without_launch():
@@ -53,9 +51,8 @@ def layout(tp, pp):
 
 
 def run(procs, flags, expect_rc=0, timeout=180):
-    _port[0] += 1
-    cmd = [TESSERA, "train"] if procs == 1 else [TESSERA, "launch", "--nproc_per_node", str(procs), "--master_port",
-                                                   str(PORT_BASE + _port[0]), "train"]
+    cmd = [TESSERA, "train"] if procs == 1 else [TESSERA, "launch", "--standalone", "--nproc_per_node", str(procs),
+                                                   "train"]
     env = env_without_launch()
     if procs == 1:
         env["OMP_NUM_THREADS"] = "1"  # as the launcher gives each worker: no oversubscription

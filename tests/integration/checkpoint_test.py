@@ -18,7 +18,6 @@ import tempfile
 import time
 
 TESSERA = os.path.abspath(sys.argv[1])
-PORT = 20000 + (os.getpid() * 7) % 20000
 BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
@@ -27,11 +26,16 @@ BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
 
 
 def env():
-    return {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    # One OpenMP thread per process, as the launcher gives each worker: this tiny model gains
+    # nothing from threads, and threads that wait for each other at every barrier crawl on a
+    # loaded machine (ctest -j3 on two cores).
+    e = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    e["OMP_NUM_THREADS"] = "1"
+    return e
 
 
 def train(args, expect_rc=0, launch=None):
-    cmd = [TESSERA] + (["launch", "--nproc_per_node", str(launch), "--master_port", str(PORT)] if launch else []) + \
+    cmd = [TESSERA] + (["launch", "--standalone", "--nproc_per_node", str(launch)] if launch else []) + \
           ["train"] + BASE + args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
     assert p.returncode == expect_rc, "rc %d (want %d)\n%s\n%s" % (p.returncode, expect_rc, p.stdout[-2500:],
@@ -149,7 +153,7 @@ def test_non_finite_stops_cleanly(tmp):
 
 
 def launch_train(args, log):
-    cmd = [TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(PORT + 1)] + args[0] + ["train"] + BASE + \
+    cmd = [TESSERA, "launch", "--standalone", "--nproc_per_node", "2"] + args[0] + ["train"] + BASE + \
           ["--hidden-size", "128", "--eval-iters", "0", "--train-iters", "300", "--lr-decay-style", "constant",
            "--log-json", log] + args[1]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),

@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_netns_test as netns  # noqa: E402  (namespace set-up and clean-up)
+import ports  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
 TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -25,7 +26,6 @@ TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
          "--lr-warmup-iters", "1", "--train-iters", "6", "--log-interval", "1", "--eval-iters", "2",
          "--eval-interval", "3", "--weight-decay", "0.1", "--clip-grad", "0.5"]
-PORT_BASE = 20000 + os.getpid() % 20000  # loopback ports of this run, away from other tests
 RTOL = 1e-5  # the issue's bar; observed differences are float32 sum-order effects (~1e-7)
 
 
@@ -58,13 +58,14 @@ def validation_lines(out):
 
 def test_loopback(tmp):
     single = os.path.join(tmp, "single.jsonl")
-    out_single = run([TESSERA, "train"] + TRAIN + ["--log-json", single]).stdout
+    one_thread = dict(env_without_launch(), OMP_NUM_THREADS="1")  # as the launcher gives each worker
+    out_single = run([TESSERA, "train"] + TRAIN + ["--log-json", single], env=one_thread).stdout
     reference = records(single)
     assert len(reference) == 6
     for n, extra in ((2, []), (4, ["--overlap-grad-reduce", "--ddp-bucket-size", "3000"])):
         path = os.path.join(tmp, "dp%d.jsonl" % n)
-        p = run([TESSERA, "launch", "--nproc_per_node", str(n), "--master_port", str(PORT_BASE + n), "train"] + TRAIN +
-                extra + ["--log-json", path])
+        p = run([TESSERA, "launch", "--standalone", "--nproc_per_node", str(n), "train"] + TRAIN + extra +
+                ["--log-json", path])
         compare(reference, records(path), "DP=%d" % n)
         # Validation averages over every replica's samples: the same lines as one process.
         assert validation_lines(p.stdout) == validation_lines(out_single), (validation_lines(p.stdout),
@@ -75,14 +76,15 @@ def test_loopback(tmp):
 def test_without_tessera_launch(tmp, reference):
     """torchrun's and Slurm's environment contracts, set by hand (Debian's torch 1.13 torchrun
     does not start under this Python): rank 0 serves tessera's store on MASTER_PORT + 1."""
+    master_port = {"torchrun": ports.claim(2), "slurm": ports.claim(2)}
     contracts = {
         "torchrun": lambda r: {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PORT_BASE + 20),
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port["torchrun"]),
                                "TORCHELASTIC_RUN_ID": "dp-test"},
         "slurm": lambda r: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
                             "SLURM_NODEID": "0", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0",
                             "SLURM_TASKS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
-                            "MASTER_PORT": str(PORT_BASE + 30)},
+                            "MASTER_PORT": str(master_port["slurm"])},
     }
     for name, env_of in contracts.items():
         path = os.path.join(tmp, "%s.jsonl" % name)
@@ -102,8 +104,8 @@ def test_without_tessera_launch(tmp, reference):
 def test_datasets_must_agree(tmp):
     # Rank 1 uses another seed, so its shuffles (and index digests) differ from rank 0's.
     script = 'exec "$0" train "$@" --seed $((1234 + RANK))'
-    p = subprocess.run([TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(PORT_BASE + 9), "sh", "-c",
-                        script, TESSERA] + TRAIN, capture_output=True, text=True, timeout=120,
+    p = subprocess.run([TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "sh", "-c", script, TESSERA] +
+                       TRAIN, capture_output=True, text=True, timeout=120,
                        env=env_without_launch())
     assert p.returncode != 0, p.stdout[-2000:]
     assert "the ranks would train on different samples" in p.stderr and "rank 1 on" in p.stderr, p.stderr[-3000:]

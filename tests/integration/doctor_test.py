@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_netns_test as netns  # noqa: E402  (namespace set-up and clean-up)
+import ports  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,23 +64,6 @@ def expect_fail(label, args, check, text, env=None):
     print("ok  FAIL: %s" % label, flush=True)
 
 
-def free_port_pair():
-    for _ in range(50):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        t = socket.socket()
-        try:
-            t.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            pass
-        finally:
-            t.close()
-    raise RuntimeError("no two free ports")
-
-
 def test_fail_paths(tmp, data):
     base = GPT2 + MODEL + ["--data-cache-path", os.path.join(tmp, "cache")]
     expect_fail("missing data prefix", base + ["--data-path", os.path.join(tmp, "nowhere")], "data: ",
@@ -100,7 +83,7 @@ def test_fail_paths(tmp, data):
     expect_fail("missing vocab", novocab + MODEL + ["--data-path", data], "data: tokenizer", "gpt2-vocab.json")
     expect_fail("wrong GLOO_SOCKET_IFNAME", base + ["--data-path", data], "environment: interface", "nosuchif0",
                 env=clean_env(GLOO_SOCKET_IFNAME="nosuchif0"))
-    port = free_port_pair()  # rank 1 of 2 under torchrun's variables: the store is MASTER_PORT + 1, closed
+    port = ports.claim(2)  # rank 1 of 2 under torchrun's variables: the store is MASTER_PORT + 1, closed
     t0 = time.monotonic()
     expect_fail("unreachable master", base + ["--data-path", data, "--doctor-timeout", "1"], "network: store",
                 "unreachable", env=clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="1",
@@ -165,9 +148,8 @@ def test_clean(tmp, data):
         assert rows["checkpoints"]["status"] == "WARN", out
     print("ok  --save checked (train %s checkpoints)" % ("takes" if train_takes_checkpoints() else "rejects"),
           flush=True)
-    port = free_port_pair()
     rc, out = doctor(args + ["--doctor-timeout", "20"], timeout=90,
-                     prefix=[TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(port), TESSERA])
+                     prefix=[TESSERA, "launch", "--standalone", "--nproc_per_node", "2", TESSERA])
     assert rc == 0 and "0 FAIL" in out, out
     for check in ("collectives: all_reduce", "collectives: p2p", "network: links", "build: same binary"):
         assert row_status(out, check) == ["PASS"], (check, out)
@@ -204,8 +186,7 @@ def test_different_binaries(tmp, data):
         f.write(b"\0")
     args = GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache"), "--doctor-timeout", "20"]
     script = 'if [ "$RANK" = 1 ]; then exec "$0" doctor "$@"; else exec %s doctor "$@"; fi' % TESSERA
-    port = free_port_pair()
-    cmd = [TESSERA, "launch", "--nproc_per_node", "2", "--master_port", str(port), "sh", "-c", script, other] + args
+    cmd = [TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "sh", "-c", script, other] + args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=clean_env())
     out = p.stdout + p.stderr
     assert p.returncode == 1, (p.returncode, out)

@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_netns_test as netns  # noqa: E402  (namespace set-up and clean-up)
+import ports  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
 TRAIN = ["--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -29,7 +30,6 @@ NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 # 4 layers, except for the interleaved schedule, which needs PP 4 x 2 virtual stages (TP runs
 # are latency-bound on loopback: fewer layers keep them short).
 FOUR, EIGHT = ["--num-layers", "4"], ["--num-layers", "8"]
-PORT_BASE = 21000 + os.getpid() % 20000
 RTOL = 1e-5
 
 
@@ -54,12 +54,15 @@ def validation_losses(out):
     return [float(l.split("lm loss value: ")[1].split(" ")[0]) for l in out.splitlines() if "validation loss at" in l]
 
 
-def train(tmp, label, procs, flags, port):
+def train(tmp, label, procs, flags):
     path = os.path.join(tmp, label.replace(" ", "_") + ".jsonl")
-    cmd = [TESSERA, "train"] if procs == 1 else [TESSERA, "launch", "--nproc_per_node", str(procs),
-                                                   "--master_port", str(port), "train"]
+    cmd = [TESSERA, "train"] if procs == 1 else [TESSERA, "launch", "--standalone", "--nproc_per_node", str(procs),
+                                                   "train"]
+    env = env_without_launch()
+    if procs == 1:
+        env["OMP_NUM_THREADS"] = "1"  # as the launcher gives each worker: threads crawl on a loaded machine
     p = subprocess.run(cmd + TRAIN + flags + ["--log-json", path], capture_output=True, text=True, timeout=240,
-                       env=env_without_launch())
+                       env=env)
     assert p.returncode == 0, "%s: rc %d\n%s\n%s" % (label, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return records(path), validation_losses(p.stdout)
 
@@ -92,16 +95,16 @@ def test_layouts(tmp, dropout):
     tag = "dropout" if dropout else "no-dropout"
     references = {}
     for layers in (FOUR, EIGHT):
-        references[layers[1]] = train(tmp, "single %s layers %s" % (layers[1], tag), 1, extra + layers, 0)
+        references[layers[1]] = train(tmp, "single %s layers %s" % (layers[1], tag), 1, extra + layers)
         reference, ref_valid = references[layers[1]]
         assert len(reference) == 10 and len(ref_valid) == 4, (len(reference), ref_valid)  # iterations 5, 10, end, test
-    for i, (label, procs, flags) in enumerate(LAYOUTS):
+    for label, procs, flags in LAYOUTS:
         if dropout and label not in WITH_DROPOUT:
             continue
         layers = EIGHT if "interleaved" in label else FOUR
         reference, ref_valid = references[layers[1]]
         t0 = time.monotonic()
-        got, valid = train(tmp, label + " " + tag, procs, flags + extra + layers, PORT_BASE + 10 * i + dropout)
+        got, valid = train(tmp, label + " " + tag, procs, flags + extra + layers)
         compare(reference, got, label + " " + tag)
         assert len(valid) == len(ref_valid) and all(abs(a - b) <= RTOL * a for a, b in zip(ref_valid, valid)), (
             label, ref_valid, valid)
@@ -111,10 +114,9 @@ def test_layouts(tmp, dropout):
 def test_pipeline_bit_exact(tmp):
     untied = ["--untie-embeddings-and-output-weights"]
     untied += FOUR
-    reference, _ = train(tmp, "single untied", 1, untied, 0)
+    reference, _ = train(tmp, "single untied", 1, untied)
     for pp in (2, 4):
-        got, _ = train(tmp, "pp%d untied" % pp, pp, untied + ["--pipeline-model-parallel-size", str(pp)],
-                       PORT_BASE + 300 + pp)
+        got, _ = train(tmp, "pp%d untied" % pp, pp, untied + ["--pipeline-model-parallel-size", str(pp)])
         compare(reference, got, "pp%d untied" % pp, exact=True)
     print("ok  pure PP of an untied model is bit-exact (PP=2, PP=4)", flush=True)
 
@@ -131,8 +133,7 @@ def test_init_from_hf(tmp):
     args = args + ["--mock-data", "--log-interval", "1", "--make-vocab-size-divisible-by", "64"]
     logs = []
     for label, cmd in (("single", [TESSERA, "train"]),
-                       ("tp2 pp2", [TESSERA, "launch", "--nproc_per_node", "4", "--master_port", str(PORT_BASE + 398),
-                                    "train", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"])):
+                       ("tp2 pp2", [TESSERA, "launch", "--standalone", "--nproc_per_node", "4", "train", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"])):
         path = os.path.join(tmp, "hf_%s.jsonl" % label.replace(" ", "_"))
         p = subprocess.run(cmd + args + ["--log-json", path], capture_output=True, text=True, timeout=240,
                            env=env_without_launch())
@@ -157,7 +158,7 @@ def test_layout_errors(tmp):
         assert p.returncode == 2 and message in p.stderr, (flags, p.returncode, p.stderr[-2000:])
     # 8 layers over PP 3 do not divide: the error names both flags.
     env = env_without_launch()
-    env.update({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PORT_BASE + 399)})
+    env.update({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports.claim(2))})
     p = subprocess.run([TESSERA, "train"] + TRAIN + EIGHT + ["--pipeline-model-parallel-size", "3", "--dry-run"],
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2 and "--num-layers 8 is not divisible by --pipeline-model-parallel-size 3" in p.stderr, (
@@ -170,7 +171,7 @@ def test_two_hosts(tmp):
     network-namespace hosts, against one process."""
     model = NO_DROPOUT + ["--global-batch-size", "16", "--num-layers", "4"]
     flags = model + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
-    reference, _ = train(tmp, "single guide", 1, model, 0)
+    reference, _ = train(tmp, "single guide", 1, model)
     netns.set_up()  # exits 77 without the rights to make namespaces
     try:
         path = os.path.join(tmp, "two_hosts.jsonl")

@@ -328,8 +328,9 @@ TcpStoreServer::TcpStoreServer(int port, std::string job_token) : impl_(std::mak
     if (err == EADDRINUSE)
       throw runtime_error("cannot serve tessera's rendezvous store on " + what_port + ": " + errno_text(err),
                           "another program, another job or a previous run that has not exited holds the port: "
-                          "choose another --master_port (or TESSERA_STORE_PORT), or find the holder with "
-                          "`ss -ltnp 'sport = :" + std::to_string(port) + "'`");
+                          "choose another --master_port (or TESSERA_STORE_PORT); on one node, `tessera launch "
+                          "--standalone` binds a free port itself; find the holder with `ss -ltnp 'sport = :" +
+                              std::to_string(port) + "'`");
     throw runtime_error("cannot serve tessera's rendezvous store on " + what_port + ": " + errno_text(err),
                         err == EACCES ? "ports below 1024 need privileges: choose a port above 1024" : "");
   }

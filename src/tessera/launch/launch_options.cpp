@@ -147,7 +147,9 @@ const Flag kFlags[] = {
        if (v.empty()) throw usage_error(f + " must not be empty", kHelpHint);
        o.master_addr = v;
      }},
-    {"--master-port", nullptr, "PORT", "$MASTER_PORT, else 29500", "TCP port of the rendezvous store on node 0 (workers see it as MASTER_PORT)",
+    {"--master-port", nullptr, "PORT", "$MASTER_PORT, else 29500",
+     "TCP port of the rendezvous store on node 0 (workers see it as MASTER_PORT); 0 (one node only): a free port, "
+     "bound once and passed on",
      [](LaunchOptions& o, const std::string& f, const std::string& v) { o.master_port = to_int(f, v, 0, 65535); }},
     {"--standalone", nullptr, nullptr, nullptr, "one node, the store on 127.0.0.1 at a free port, a random run id: for several jobs on one machine",
      [](LaunchOptions& o, const std::string&, const std::string&) { o.standalone = true; }},
