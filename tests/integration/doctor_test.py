@@ -88,7 +88,8 @@ def test_fail_paths(tmp, data):
     expect_fail("unreachable master", base + ["--data-path", data, "--doctor-timeout", "1"], "network: store",
                 "unreachable", env=clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="1",
                                              WORLD_SIZE="2", LOCAL_RANK="1"))
-    assert time.monotonic() - t0 < 20, "the unreachable master took %.1f s" % (time.monotonic() - t0)
+    # --doctor-timeout 1 is honoured: well under the default 60 s, however loaded the machine.
+    assert time.monotonic() - t0 < 40, "the unreachable master took %.1f s" % (time.monotonic() - t0)
     big = GPT2 + ["--num-layers", "200", "--hidden-size", "8192", "--num-attention-heads", "64", "--seq-length",
                   "2048", "--max-position-embeddings", "2048", "--micro-batch-size", "4", "--global-batch-size", "4",
                   "--lr", "1e-3", "--train-iters", "10", "--data-path", data, "--data-cache-path",
