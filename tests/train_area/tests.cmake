@@ -38,3 +38,9 @@ set_tests_properties(train_robustness PROPERTIES TIMEOUT 300)
 add_test(NAME train_exit_signal
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/exit_signal_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_exit_signal PROPERTIES TIMEOUT 600)
+
+# Saves that fail (a file-size limit standing in for a full disk; 1 process and DP=2) remove
+# their temporary folder; folders left by killed saves are reported, removed when abandoned.
+add_test(NAME train_checkpoint_failures
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_failure_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_checkpoint_failures PROPERTIES TIMEOUT 300)

@@ -12,6 +12,7 @@
 
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
+#include "tessera/ckpt/save_owner.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/sha256.h"
@@ -421,6 +422,12 @@ std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, i
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
   if (ec) throw runtime_error("cannot create " + tmp_dir + ": " + ec.message(), "check that --save is writable");
+  try {
+    ckpt_detail::write_save_owner(tmp_dir);
+  } catch (...) {
+    abandon_checkpoint_save(tmp_dir);
+    throw;
+  }
   return tmp_dir;
 }
 
@@ -469,6 +476,7 @@ void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, 
 }
 
 void commit_checkpoint_folder(const std::string& dir, const std::string& tmp_dir, int64_t iteration) {
+  fs::remove(fs::path(tmp_dir) / ckpt_detail::kSaveOwnerFile);
   fsync_directory(tmp_dir);
   // Replace an existing folder of the same iteration only after the new one is complete.
   std::error_code ec;
@@ -492,9 +500,14 @@ void save_checkpoint(const std::string& dir, const CheckpointState& state, const
     return out;
   };
   const std::string tmp_dir = prepare_checkpoint_save(dir, state.iteration, ::getpid());
-  const std::vector<CheckpointFile> files = write_checkpoint_shard(
-      tmp_dir, checkpoint_shard_folder(0, 0, state.layout.pipeline_parallel), whole(model), whole(optimizer));
-  commit_checkpoint_save(dir, tmp_dir, state, files);
+  try {
+    const std::vector<CheckpointFile> files = write_checkpoint_shard(
+        tmp_dir, checkpoint_shard_folder(0, 0, state.layout.pipeline_parallel), whole(model), whole(optimizer));
+    commit_checkpoint_save(dir, tmp_dir, state, files);
+  } catch (...) {
+    abandon_checkpoint_save(tmp_dir);
+    throw;
+  }
 }
 
 std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {

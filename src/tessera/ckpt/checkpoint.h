@@ -92,8 +92,9 @@ std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration);
 std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size);
 
 // ---- Saving from many ranks: the steps, in order (the caller runs the collectives) ----
-// 1. One rank: creates DIR and a fresh DIR/iter_N.tmp-<token>; returns its path. Every rank
-//    must use the same token (the trainer broadcasts global rank 0's process id).
+// 1. One rank: creates DIR and a fresh DIR/iter_N.tmp-<token> with a record of who made it
+//    (removed again when the folder is committed); returns its path. Every rank must use the
+//    same token (the trainer broadcasts global rank 0's process id).
 std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, int64_t token);
 std::string checkpoint_temp_dir(const std::string& dir, int64_t iteration, int64_t token);
 // 2. Every writer (data-parallel rank 0 of each (tp, pp)): writes TMP/<shard>/model.safetensors
@@ -105,6 +106,23 @@ std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, c
 //    rename to DIR/iter_N (replacing an older folder of that iteration), the tracker.
 void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& state,
                             const std::vector<CheckpointFile>& files);
+
+// A failed save: removes TMP and everything in it (never throws: the save's own error is the
+// one to report, and its partial files must not stay to fill the disk).
+void abandon_checkpoint_save(const std::string& tmp_dir);
+
+// Temporary folders in DIR (iter_N.tmp-<token>) that no running save owns, such as those a
+// kill -9 left. One is provably abandoned, and `removable`, when its owner record says that
+// it was made on this machine, in this boot and PID namespace, by a process that no longer
+// runs (no process of that id, or one that started at another time). Anything else (made on
+// another node of a shared file system, before a reboot, in another container, or with no
+// record) is only reported: its maker may still be writing it.
+struct StaleCheckpointSave {
+  std::string path;
+  bool removable = false;
+  std::string owner;  // who made it and why it is (or is not) known to be abandoned
+};
+std::vector<StaleCheckpointSave> find_stale_checkpoint_saves(const std::string& dir);
 
 // All three steps in one process, as one (tp 0, pp 0) shard of layout `state.layout` (whole
 // tensors: one process, `tessera ckpt import-hf`). optimizer may be empty (--no-save-optim).

@@ -120,6 +120,7 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
     log_json_.reset(std::fopen(args.log_json.c_str(), "a"));
     if (!log_json_) throw runtime_error("--log-json " + args.log_json + " cannot be opened for writing");
   }
+  if (!args.save.empty() && log_rank() == 0) report_stale_checkpoint_saves(args.save);  // rank 0 makes them
 }
 
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and

@@ -45,6 +45,10 @@ struct TrainerGroups {
   Communicator* embedding = nullptr;       // the tied embedding's gradient, first and last stage
 };
 
+// --save's folders that a save left unfinished (ckpt/checkpoint.h, find_stale_checkpoint_saves):
+// each reported, and removed when provably abandoned. Global rank 0 runs it at start-up.
+void report_stale_checkpoint_saves(const std::string& dir);
+
 class Trainer {
  public:
   // The model is this rank's share, initialised (Megatron's init or --init-from-hf) by the
@@ -73,7 +77,8 @@ class Trainer {
   // Collective over the world: a rank that fails makes every rank fail.
   void load_checkpoint(const std::string& dir);
   // --save: writes the checkpoint of the current iteration. Collective over the world:
-  // data-parallel rank 0 of each (tp, pp) writes its shard, global rank 0 commits.
+  // data-parallel rank 0 of each (tp, pp) writes its shard, global rank 0 commits. A failure
+  // on any rank fails every rank and removes the temporary folder.
   void save_checkpoint(const std::string& dir);
 
   int64_t iteration() const { return iteration_; }

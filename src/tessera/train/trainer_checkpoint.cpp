@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -174,7 +175,42 @@ void check_padded_vocab(const TrainArgs& args, const CheckpointState& s, const s
                     hint);
 }
 
+// Runs one step of a collective save or load on every rank (a rank with no part in it passes
+// an empty step) and agrees over the world whether it failed anywhere: a failure stops every
+// rank, each with an Error (those whose step failed with their own, the others with
+// `elsewhere`), so that no rank waits in a collective that a failed one never reaches.
+template <typename Step>
+void on_every_rank(Communicator* world, const std::string& elsewhere, Step step,
+                   const std::function<void()>& on_failure = {}) {
+  std::optional<Error> failure;
+  try {
+    step();
+  } catch (const Error& e) {
+    failure = e;
+  }
+  if (world) {
+    int32_t failed = failure ? 1 : 0;
+    world->all_reduce(Tensor(&failed, DType::I32, {1}, nullptr), ReduceOp::Max);
+    if (failed && !failure) failure = runtime_error(elsewhere);
+  }
+  if (!failure) return;
+  if (on_failure) on_failure();
+  throw *failure;
+}
+
 }  // namespace
+
+void report_stale_checkpoint_saves(const std::string& dir) {
+  for (const StaleCheckpointSave& s : find_stale_checkpoint_saves(dir)) {
+    if (s.removable) {
+      abandon_checkpoint_save(s.path);
+      log_warn("removed %s, a checkpoint save that never finished (%s)", s.path.c_str(), s.owner.c_str());
+    } else {
+      log_warn("%s is a checkpoint save that never finished or is still being written (%s); it is left in place: "
+               "remove it once no run saves to %s", s.path.c_str(), s.owner.c_str(), dir.c_str());
+    }
+  }
+}
 
 void Trainer::save_checkpoint(const std::string& dir) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -182,12 +218,22 @@ void Trainer::save_checkpoint(const std::string& dir) {
   const int rank = rank_in(world), tp = rank_in(groups_.tp), pp = rank_in(groups_.pp), dp = rank_in(groups_.dp);
   // Everyone writes into global rank 0's temporary folder, named by its process id.
   int64_t token = ::getpid();
-  if (rank == 0) prepare_checkpoint_save(dir, iteration_, token);
+  const std::string at = " the checkpoint of iteration " + std::to_string(iteration_) + " in " + dir;
+  on_every_rank(world, "rank 0 could not start" + at + " (its error is above)", [&] {
+    if (rank == 0) prepare_checkpoint_save(dir, iteration_, token);
+  });
   if (world) world->broadcast(Tensor(&token, DType::I64, {1}, nullptr), 0);
   const std::string tmp_dir = checkpoint_temp_dir(dir, iteration_, token);
+  // A failed step removes the temporary folder (rank 0 made it), so a full disk is not left full.
+  auto abandon = [&] {
+    if (rank == 0) abandon_checkpoint_save(tmp_dir);
+  };
+  const std::string write_failed = "another rank could not write its part of" + at + " (its error is above)";
+  const std::string commit_failed = "rank 0 could not commit" + at + " (its error is above)";
   if (args_.save_megatron_format) {
     // Megatron's files record no checksums: the writers finish, then rank 0 commits.
-    if (dp == 0) {
+    on_every_rank(world, write_failed, [&] {
+      if (dp != 0) return;
       MegatronFileSpec spec;
       spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
       spec.iteration = iteration_;
@@ -202,10 +248,10 @@ void Trainer::save_checkpoint(const std::string& dir) {
       spec.last_stage = pp == args_.pipeline_parallel_size - 1;
       write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
                            megatron_params(model_, *optimizer_, spec.with_optimizer));
-    }
-    if (world) world->barrier();
-    if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
-    if (world) world->barrier();
+    }, abandon);
+    on_every_rank(world, commit_failed, [&] {
+      if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
+    }, abandon);
     print_rank_0("  successfully saved checkpoint from iteration %7lld to %s in torch format [ t 1/%d, p 1/%d ] "
                  "(%.1f s)", static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
                  args_.pipeline_parallel_size,
@@ -214,14 +260,18 @@ void Trainer::save_checkpoint(const std::string& dir) {
   }
   // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it.
   std::vector<CheckpointFile> mine;
-  if (dp == 0)
+  on_every_rank(world, write_failed, [&] {
+    if (dp != 0) return;
     mine = write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size),
                                   model_tensors(model_, false),
                                   args_.no_save_optim ? std::vector<ShardedTensor>{}
                                                       : optimizer_tensors(*optimizer_, model_, false));
+  }, abandon);
   // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
   const std::vector<CheckpointFile> files = gather_files(world, mine);
-  if (rank == 0) {
+  // Nobody runs ahead of a save that may yet fail.
+  on_every_rank(world, commit_failed, [&] {
+    if (rank != 0) return;
     CheckpointState state;
     state.iteration = iteration_;
     state.consumed_train_samples = consumed_samples_;
@@ -234,9 +284,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
     state.layout = {args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
     commit_checkpoint_save(dir, tmp_dir, state, files);
-  }
-  // Nobody runs ahead of a save that may yet fail.
-  if (world) world->barrier();
+  }, abandon);
   print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
                static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
                args_.pipeline_parallel_size,
@@ -255,23 +303,13 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Every rank reads the slices it needs; a failure on any rank stops every rank, each with
   // an error (the ranks that failed with theirs).
   CheckpointState s;
-  std::optional<Error> failure;
-  try {
+  on_every_rank(world, "another rank could not load the checkpoint of iteration " + std::to_string(*latest) + " in " +
+                           dir + " (its error is above)", [&] {
     check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
     s = tessera::load_checkpoint(dir, *latest, model_tensors(model_, true),
                                  optimizer_tensors(*optimizer_, model_, true), load_optimizer, rank_in(groups_.tp),
                                  args_.tensor_parallel_size);
-  } catch (const Error& e) {
-    failure = e;
-  }
-  if (world) {
-    int32_t failed = failure ? 1 : 0;
-    world->all_reduce(Tensor(&failed, DType::I32, {1}, nullptr), ReduceOp::Max);
-    if (failed && !failure)
-      failure = runtime_error("another rank could not load the checkpoint of iteration " + std::to_string(*latest) +
-                              " in " + dir + " (its error is above)");
-  }
-  if (failure) throw *failure;
+  });
   print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(*latest),
                s.megatron_format ? " (Megatron-LM's torch format)" : "");
   const CheckpointLayout& l = s.layout;
