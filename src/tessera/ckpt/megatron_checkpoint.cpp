@@ -136,7 +136,7 @@ json to_json(const Value& v, int depth = 0) {
     case Kind::Global: return {{"$global", v.text}};
     case Kind::Object:
       if (v.items.size() == 1 && (v.items[0]->kind == Kind::Int || v.items[0]->kind == Kind::Str))
-        return {{"$enum", v.text}, {"value", to_json(*v.items[0], depth + 1)}};
+        return {{"$enum", v.text}, {v.integer == 1 ? "name" : "value", to_json(*v.items[0], depth + 1)}};
       return nullptr;
     default: return nullptr;
   }
@@ -154,7 +154,12 @@ Value* from_json(pickle::Document& doc, const json& j) {
     return doc.list(std::move(items));
   }
   if (j.contains("$global")) return doc.global(j.at("$global").get<std::string>());
-  if (j.contains("$enum")) return doc.object(j.at("$enum").get<std::string>(), {from_json(doc, j.at("value"))});
+  if (j.contains("$enum")) {
+    const bool by_name = j.contains("name");
+    Value* member = doc.object(j.at("$enum").get<std::string>(), {from_json(doc, j.at(by_name ? "name" : "value"))});
+    member->integer = by_name ? 1 : 0;
+    return member;
+  }
   Value* d = doc.dict();
   for (const auto& [k, x] : j.items()) doc.set(d, k, from_json(doc, x));
   return d;
@@ -209,23 +214,35 @@ std::string shard_rel(int tp, int pp, int pp_size) {
   return checkpoint_shard_folder(tp, pp, pp_size) + "/" + kMegatronFile;
 }
 
+// The legacy model nests its state dict by module ({"language_model": {"embedding": {...}}});
+// the keys are the dotted paths.
+void add_saved_params(const TorchFile& f, const Value& dict, const std::string& prefix, int depth,
+                      std::vector<SavedParam>& out) {
+  if (depth > 8) throw runtime_error(f.path() + ": the model state dict is nested more than 8 deep");
+  for (const auto& [k, v] : dict.entries) {
+    if (k->kind != Kind::Str) throw runtime_error(f.path() + ": the model state dict has a non-string key");
+    const std::string key = prefix + k->text;
+    std::optional<MappedName> m = map_name(key);
+    if (!m) continue;
+    if (v->kind == Kind::Dict) {
+      add_saved_params(f, *v, key + ".", depth + 1, out);
+      continue;
+    }
+    if (v->kind != Kind::Tensor)
+      throw runtime_error(f.path() + ": model entry " + key + " is " + pickle::describe(*v) + ", not a tensor");
+    const bool wd = !ends_with(key, ".bias") && v->tensor.shape.size() != 1;
+    out.push_back({key, *m, v, wd});
+  }
+}
+
 std::vector<SavedParam> saved_params(const TorchFile& f) {
   const Value* model = f.root().get("model");
   if (!model && f.root().get("model0"))
     throw runtime_error(f.path() + " holds virtual pipeline chunks (model0, model1, ...)",
                         "tessera does not read interleaved-pipeline Megatron checkpoints yet; convert it with "
                         "Megatron's tools/checkpoint/convert.py to --target-pipeline-parallel-size without virtual stages");
-  model = need(&f.root(), "model", f, Kind::Dict);
   std::vector<SavedParam> out;
-  for (const auto& [k, v] : model->entries) {
-    if (k->kind != Kind::Str) throw runtime_error(f.path() + ": the model state dict has a non-string key");
-    std::optional<MappedName> m = map_name(k->text);
-    if (!m) continue;
-    if (v->kind != Kind::Tensor)
-      throw runtime_error(f.path() + ": model entry " + k->text + " is " + pickle::describe(*v) + ", not a tensor");
-    const bool wd = !ends_with(k->text, ".bias") && v->tensor.shape.size() != 1;
-    out.push_back({k->text, *m, v, wd});
-  }
+  add_saved_params(f, *need(&f.root(), "model", f, Kind::Dict), "", 0, out);
   return out;
 }
 
@@ -509,11 +526,10 @@ std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string
         sum.checkpoint_version = as_number(version, f, "checkpoint_version");
       sum.iteration = as_int(f.root().get("iteration"), f, "'iteration'");
       bool legacy = false, te = false;
-      for (const auto& [k, v] : need(&f.root(), "model", f, Kind::Dict)->entries) {
-        if (k->kind != Kind::Str) continue;
-        legacy = legacy || starts_with(k->text, "language_model.");
-        te = te || ends_with(k->text, "layer_norm_weight");
-        if (v->kind == Kind::Tensor) sum.model.push_back({k->text, v->tensor.storage.type, v->tensor.shape});
+      for (const SavedParam& p : saved_params(f)) {
+        legacy = legacy || starts_with(p.key, "language_model.") || starts_with(p.key, "word_embeddings_for_head.");
+        te = te || ends_with(p.key, "layer_norm_weight");
+        sum.model.push_back({p.key, p.tensor->tensor.storage.type, p.tensor->tensor.shape});
       }
       sum.names = legacy ? "legacy (language_model.*)" : te ? "mcore (Transformer Engine norms)" : "mcore";
       const Value* optimizer = f.root().get("optimizer");

@@ -10,7 +10,18 @@ namespace tessera::pickle {
 namespace {
 
 // What an allowed global may be used as.
-enum class Role { TensorRebuild, ParameterRebuild, OrderedDict, Namespace, Enum, NumpyData, Dtype, StorageType };
+enum class Role {
+  TensorRebuild,
+  ParameterRebuild,
+  OrderedDict,
+  Namespace,
+  Enum,
+  EnumByName,  // getattr(EnumClass, "member"): how Python 3.11+ pickles enum members
+  Latin1Bytes,  // _codecs.encode(text, "latin1"): how protocol 2 pickles bytes (numpy's RNG state)
+  NumpyData,
+  Dtype,
+  StorageType
+};
 
 Role role_of(const std::string& name, const std::string& label) {
   static const std::map<std::string, Role> kAllowed = [] {
@@ -19,6 +30,9 @@ Role role_of(const std::string& name, const std::string& label) {
         {"torch._utils._rebuild_parameter", Role::ParameterRebuild},
         {"collections.OrderedDict", Role::OrderedDict},
         {"argparse.Namespace", Role::Namespace},
+        {"__builtin__.getattr", Role::EnumByName},
+        {"builtins.getattr", Role::EnumByName},
+        {"_codecs.encode", Role::Latin1Bytes},
         {"megatron.core.enums.ModelType", Role::Enum},
         {"megatron.core.rerun_state_machine.RerunMode", Role::Enum},
         {"megatron.core.rerun_state_machine.RerunState", Role::Enum},
@@ -172,6 +186,21 @@ class Unpickler {
         if (args.size() != 1 || (args[0]->kind != Kind::Int && args[0]->kind != Kind::Str))
           fail(callable->text + " called with " + describe(*args_value));
         return doc_.object(callable->text, args);
+      case Role::EnumByName: {
+        if (args.size() != 2 || args[0]->kind != Kind::Global || role(args[0]) != Role::Enum ||
+            args[1]->kind != Kind::Str)
+          fail("getattr of anything but a Megatron enum's member: " + describe(*args_value));
+        Value* member = doc_.object(args[0]->text, {args[1]});
+        member->integer = 1;
+        return member;
+      }
+      case Role::Latin1Bytes: {
+        if (args.size() != 2 || args[0]->kind != Kind::Str || !args[1]->is_str("latin1"))
+          fail("_codecs.encode other than (text, 'latin1'): " + describe(*args_value));
+        Value* bytes = doc_.make(Kind::Bytes);
+        bytes->text = latin1_of_utf8(args[0]->text);
+        return bytes;
+      }
       case Role::NumpyData:
         return doc_.object(callable->text, args);
       default:
@@ -321,6 +350,22 @@ class Unpickler {
     }
   }
 
+  // The code points (all below 256) of UTF-8 text as bytes.
+  std::string latin1_of_utf8(const std::string& s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c < 0x80) {
+        out += static_cast<char>(c);
+      } else if ((c & 0xE0) == 0xC0 && c <= 0xC3 && i + 1 < s.size() && (s[i + 1] & 0xC0) == 0x80) {
+        out += static_cast<char>(((c & 0x1F) << 6) | (static_cast<unsigned char>(s[++i]) & 0x3F));
+      } else {
+        fail("latin-1 bytes holding a code point above 255");
+      }
+    }
+    return out;
+  }
+
   void push_text(Kind kind, uint64_t n) {
     std::span<const uint8_t> b = take(n);
     Value* v = doc_.make(kind);
@@ -440,6 +485,13 @@ class Pickler {
         return entries(v.entries);
       case Kind::Global: return global(v.text);
       case Kind::Object:
+        if (v.integer == 1) {  // an enum member by name: getattr(Class, name)
+          global("__builtin__.getattr");
+          global(v.text);
+          write(*v.items.at(0));
+          byte(0x86);
+          return byte('R');
+        }
         global(v.text);
         if (v.text == "argparse.Namespace") {  // copyreg.__newobj__: NEWOBJ, then BUILD
           byte(')');

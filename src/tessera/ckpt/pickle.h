@@ -10,9 +10,12 @@
 //     an object holding its attributes;
 //   - torch dtypes (torch.float32, ...) as data, and Megatron's enums as data:
 //     megatron.core.enums.ModelType and megatron.core.rerun_state_machine.RerunMode /
-//     RerunState / RerunDiagnostic (class name and value, nothing constructed);
+//     RerunState / RerunDiagnostic, pickled as Class(value) or (Python 3.11+)
+//     builtins.getattr(Class, "member"): class name and value or member name, nothing
+//     constructed and getattr accepted for nothing else;
 //   - numpy's array reconstruction records of the saved RNG state (numpy.core.multiarray.
-//     _reconstruct, numpy.ndarray, numpy.dtype, numpy.core.multiarray.scalar), as data.
+//     _reconstruct, numpy.ndarray, numpy.dtype, numpy.core.multiarray.scalar), as data, and
+//     _codecs.encode(text, 'latin1'), protocol 2's spelling of bytes, as the bytes.
 // Anything else (os.system, builtins.eval, a class whose __reduce__ would run code, an opcode
 // outside the binary protocols) is a tessera::Error naming the global or opcode and the file.
 // Every length is checked against the input, values live in an arena (no reference cycles
@@ -53,6 +56,7 @@ struct Value {
   std::vector<Value*> items;                       // List, Tuple; Object: its constructor arguments
   std::vector<std::pair<Value*, Value*>> entries;  // Dict; Object: its attributes (BUILD's dict)
   Value* state = nullptr;                          // Object: BUILD's state when it is not a dict
+                                                   // (an enum member: integer 1 when items[0] is its name)
   StorageRef storage;                              // Storage
   TensorRef tensor;                                // Tensor
 

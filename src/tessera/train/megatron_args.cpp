@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 
 #include "tessera/core/error.h"
+#include "tessera/core/python_format.h"
 
 namespace tessera {
 namespace {
@@ -193,9 +193,7 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
     } else if (v.is_number_integer()) {
       flags.insert(flags.end(), {d.flag, std::to_string(v.get<int64_t>())});
     } else if (v.is_number()) {
-      char buf[40];
-      std::snprintf(buf, sizeof buf, "%.17g", v.get<double>());
-      flags.insert(flags.end(), {d.flag, buf});
+      flags.insert(flags.end(), {d.flag, python_float_repr(v.get<double>())});
     } else if (v.is_string()) {
       flags.insert(flags.end(), {d.flag, v.get<std::string>()});
     }
