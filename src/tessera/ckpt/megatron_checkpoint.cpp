@@ -100,8 +100,9 @@ std::string global_name(const MappedName& m, int first_layer) {
   return m.local_layer < 0 ? m.rest : "decoder.layers." + std::to_string(first_layer + m.local_layer) + "." + m.rest;
 }
 
-// The dimension a parameter is split along over TP ranks (megatron.md's table of §5.3):
-// column-parallel rows, row-parallel columns, -1 for replicated ones.
+// The dimension a parameter is split along over TP ranks (megatron/core/tensor_parallel/
+// layers.py: ColumnParallelLinear and VocabParallelEmbedding split rows, RowParallelLinear
+// columns), -1 for replicated ones.
 int split_dim_of(const std::string& name) {
   if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return 0;
   for (const char* column : {"self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
