@@ -13,10 +13,14 @@
 # MASTER_ADDR (docs/distributed.md). The guide's HCCL_IF_IP has no use here.
 #
 # Data (the guide's steps 3-5): the GPT-2 files as gpt-tokenizer/gpt2-vocab.json and
-# gpt2-merges.txt, then
+# gpt2-merges.txt (tessera's copies: tests/data/gpt2/vocab.json and merges.txt), then the
+# guide's alpaca_json.json, one {"text": ...} object per line:
 #   tessera preprocess --input ./alpaca_json.json --output-prefix ./gpt_pretrain_data/alpaca \
 #     --tokenizer-type GPT2BPETokenizer --vocab-file ./gpt-tokenizer/gpt2-vocab.json \
 #     --merge-file ./gpt-tokenizer/gpt2-merges.txt --append-eod --log-interval 1000 --workers 8
+# Records in Alpaca's own shape (instruction/input/output and no "text", like the bundled
+# tests/data/corpora/alpaca_gsm8k_test.json) need their text built: add
+#     --text-template '{instruction}\n{input}\n{output}'
 #
 # Every variable below can be set from the environment; the guide's values are the defaults.
 # TESSERA names the binary (default: `tessera` on PATH). PRECISION_ARGS is the guide's --fp16;

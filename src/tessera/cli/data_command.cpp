@@ -1,16 +1,21 @@
 // `tessera data <action>`: tools for indexed datasets.
 //   merge    Megatron's tools/merge_datasets.py: --input PREFIX|DIR ... --output-prefix P
-//   inspect  validate a dataset and print its header and counts: PREFIX ...
+//   inspect  validate a dataset and print its header, counts and document lengths; decode a
+//            document with the tokenizer flags: PREFIX ... [--decode N <tokenizer flags>]
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/core/options.h"
+#include "tessera/data/dataset_stats.h"
 #include "tessera/data/indexed_dataset.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera::cli {
 namespace {
@@ -22,8 +27,9 @@ void print_help() {
       "  merge --input PREFIX|DIR [...] --output-prefix PREFIX\n"
       "      concatenate indexed datasets in the given order (a folder stands for all the\n"
       "      .bin/.idx pairs in it, sorted by name, as Megatron's tools/merge_datasets.py does)\n"
-      "  inspect PREFIX [...]\n"
-      "      validate <PREFIX>.idx/.bin and print dtype, sequences, documents and tokens\n");
+      "  inspect PREFIX [...] [--decode N --tokenizer-type T --vocab-file V --merge-file M | --vocab-size N]\n"
+      "      validate <PREFIX>.idx/.bin and print dtype, sequences, documents, tokens and the\n"
+      "      document lengths (min, percentiles, mean, max); --decode prints document N as text\n");
 }
 
 // Megatron's tools/merge_datasets.py flags (argparse defaults: unique prefixes accepted).
@@ -65,17 +71,74 @@ int run_merge(int argc, char** argv) {
   return 0;
 }
 
+// `data inspect`'s flags; everything else on its command line is a dataset prefix.
+const OptionTable& inspect_option_table() {
+  static const OptionTable table(
+      "tessera data inspect",
+      {
+          {"--decode", OptKind::Int, nullptr, "print document N of each dataset as text (needs the tokenizer flags)"},
+          {"--tokenizer-type", OptKind::Choice, nullptr, "the tokenizer the data was preprocessed with",
+           "GPT2BPETokenizer|NullTokenizer"},
+          {"--vocab-file", OptKind::String, nullptr, "GPT-2 vocab.json"},
+          {"--merge-file", OptKind::String, nullptr, "GPT-2 merges.txt"},
+          {"--vocab-size", OptKind::Int, nullptr, "NullTokenizer's vocabulary size"},
+      });
+  return table;
+}
+
+void print_document_lengths(const data::IndexedDataset& ds) {
+  const data::DocumentLengthStats s = data::document_length_stats(ds);
+  if (s.documents == 0) return;
+  std::printf("  document lengths (tokens): min %lld, p10 %lld, median %lld, mean %.1f, p90 %lld, p99 %lld, max %lld",
+              static_cast<long long>(s.min), static_cast<long long>(s.p10), static_cast<long long>(s.median), s.mean,
+              static_cast<long long>(s.p90), static_cast<long long>(s.p99), static_cast<long long>(s.max));
+  if (s.empty) std::printf("; %llu empty", static_cast<unsigned long long>(s.empty));
+  std::printf("\n");
+}
+
 int run_inspect(int argc, char** argv) {
-  if (argc == 0) throw usage_error("inspect needs a dataset prefix", "e.g. tessera data inspect my-gpt2_text_document");
+  std::vector<std::string> prefixes;
+  std::vector<char*> flags;
   for (int i = 0; i < argc; ++i) {
-    data::IndexedDataset ds(argv[i]);
-    std::printf("%s: dtype %s, %llu sequences, %llu documents, %llu tokens, .bin %llu bytes%s\n", argv[i],
+    if (std::strncmp(argv[i], "--", 2) != 0) {
+      prefixes.push_back(argv[i]);
+      continue;
+    }
+    flags.push_back(argv[i]);  // every inspect flag takes one value
+    if (!std::strchr(argv[i], '=') && i + 1 < argc) flags.push_back(argv[++i]);
+  }
+  const ParsedOptions p = inspect_option_table().parse(static_cast<int>(flags.size()), flags.data());
+  if (prefixes.empty())
+    throw usage_error("inspect needs a dataset prefix", "e.g. tessera data inspect my-gpt2_text_document");
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  const std::optional<int64_t> decode = p.get_opt_int("--decode");
+  if (decode) {
+    if (!p.given("--tokenizer-type"))
+      throw usage_error("--decode needs the tokenizer the data was preprocessed with",
+                        "add --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt "
+                        "(or NullTokenizer --vocab-size N)");
+    if (*decode < 0) throw usage_error("--decode takes a document number >= 0");
+    data::TokenizerOptions options;
+    options.type = p.get_string("--tokenizer-type");
+    options.vocab_file = p.get_string("--vocab-file");
+    options.merge_file = p.get_string("--merge-file");
+    options.vocab_size = p.get_opt_int("--vocab-size");
+    tokenizer = data::build_tokenizer(options);
+  }
+  for (const std::string& prefix : prefixes) {
+    data::IndexedDataset ds(prefix);
+    std::printf("%s: dtype %s, %llu sequences, %llu documents, %llu tokens, .bin %llu bytes%s\n", prefix.c_str(),
                 std::string(data::dtype_name(ds.dtype())).c_str(),
                 static_cast<unsigned long long>(ds.sequence_count()),
                 static_cast<unsigned long long>(ds.document_count()),
                 static_cast<unsigned long long>(ds.token_count()),
                 static_cast<unsigned long long>(ds.bin_file().size()),
                 ds.index().contiguous ? "" : " (sequences not contiguous)");
+    print_document_lengths(ds);
+    if (!tokenizer) continue;
+    const std::vector<int32_t> ids = data::document_tokens(ds, static_cast<uint64_t>(*decode));
+    std::printf("  document %lld (%zu tokens):\n%s\n", static_cast<long long>(*decode), ids.size(),
+                tokenizer->decode(ids).c_str());
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -266,6 +267,8 @@ FlagStatus train_flag_status(std::string_view flag) {
     } else if (d->kind == OptKind::Choice) {
       for (const std::string& v : split_choices(d->choices))
         if (says_not_supported(probe_train({d->flag, v}))) s.refused_values.push_back(v);
+      if (d->unsupported_choices)
+        for (const std::string& v : split_choices(d->unsupported_choices)) s.refused_values.push_back(v);
     }
   }
   cache.emplace(std::string(flag), s);
@@ -351,8 +354,11 @@ std::vector<const OptionDef*> tessera_only_flags() {
   return out;
 }
 
-void print_text() {
-  auto row = [](const std::string& flag, const FlagStatus& s) {
+// Every flag's row, or only those whose status is `only` ("supported" also lists the flags
+// supported except for some values; "not supported yet" also lists those values).
+void print_text(const std::optional<Status>& only) {
+  auto row = [&](const std::string& flag, const FlagStatus& s) {
+    if (only && s.status != *only && !(*only == Status::NotSupported && !s.refused_values.empty())) return;
     std::string note = s.refusal.empty() ? s.note : s.refusal;
     std::printf("%-48s %-22s %s\n", flag.c_str(), status_text(s).c_str(), note.c_str());
   };
@@ -459,28 +465,43 @@ void print_markdown() {
   }
 }
 
+Status parse_status(std::string_view text) {
+  for (Status s : {Status::Supported, Status::NoEffect, Status::NotSupported})
+    if (text == status_name(s)) return s;
+  throw usage_error("--status takes \"supported\", \"accepted, no effect\" or \"not supported yet\", got \"" +
+                        std::string(text) + "\"",
+                    "e.g. tessera flags --status \"not supported yet\"");
+}
+
 }  // namespace
 
 int run_flags(int argc, char** argv) {
   bool markdown = false;
+  std::optional<Status> only;
   for (int i = 0; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--markdown") {
       markdown = true;
+    } else if (a == "--status") {
+      if (i + 1 >= argc) throw usage_error("--status expects a value", "e.g. tessera flags --status \"not supported yet\"");
+      only = parse_status(argv[++i]);
     } else if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: tessera flags [--markdown]\n\n"
+          "usage: tessera flags [--status STATUS] [--markdown]\n\n"
           "Prints every flag of Megatron-LM core_r0.10.0's pretrain_gpt.py and every tessera train\n"
           "flag of tessera's own with its status in `tessera train` (supported / accepted, no effect /\n"
           "not supported yet), read from the option table that parses it.\n"
+          "  --status S   only the flags with status S: \"supported\", \"accepted, no effect\" or\n"
+          "               \"not supported yet\" (which includes the refused values of supported flags)\n"
           "  --markdown   print docs/megatron-flags.md instead (scripts/gen-megatron-flags-doc.sh)\n");
       return 0;
     } else {
       throw usage_error("unknown flag " + std::string(a), "see `tessera flags --help`");
     }
   }
+  if (markdown && only) throw usage_error("--status filters the text listing, not --markdown");
   if (markdown) print_markdown();
-  else print_text();
+  else print_text(only);
   return 0;
 }
 

@@ -25,6 +25,30 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+bool is_choice(const char* choices, const std::string& v) {
+  return choices && ("|" + std::string(choices) + "|").find("|" + v + "|") != std::string::npos;
+}
+
+std::string comma_list(const char* choices) {
+  std::string s = choices;
+  std::replace(s.begin(), s.end(), '|', ',');
+  return s;
+}
+
+// One error for every flag (or "--flag value") that is Megatron's but not supported yet.
+Error not_supported_error(const std::vector<std::string>& items, const std::string& program) {
+  const std::string hint = "remove them from the command line; `" + program + " --help` lists what is supported";
+  if (items.size() == 1) {
+    const bool value = items[0].find(' ') != std::string::npos;
+    return usage_error(items[0] + " is a Megatron-LM " + (value ? "value" : "flag") +
+                           " that tessera does not support yet",
+                       "remove it from the command line; `" + program + " --help` lists what is supported");
+  }
+  std::string list;
+  for (size_t i = 0; i < items.size(); ++i) list += (i ? ", " : "") + items[i];
+  return usage_error(std::to_string(items.size()) + " Megatron-LM flags are not supported yet: " + list, hint);
+}
+
 void check_number(const OptionDef& d, const std::string& v) {
   char* end = nullptr;
   if (d.kind == OptKind::Int) {
@@ -33,13 +57,8 @@ void check_number(const OptionDef& d, const std::string& v) {
   } else if (d.kind == OptKind::Float) {
     std::strtod(v.c_str(), &end);
     if (v.empty() || *end) throw usage_error(std::string(d.flag) + " expects a number, got '" + v + "'");
-  } else if (d.kind == OptKind::Choice) {
-    std::string choices = d.choices;
-    std::string padded = "|" + choices + "|";
-    if (padded.find("|" + v + "|") == std::string::npos) {
-      std::replace(choices.begin(), choices.end(), '|', ',');
-      throw usage_error(std::string(d.flag) + ": invalid choice '" + v + "' (choose from " + choices + ")");
-    }
+  } else if (d.kind == OptKind::Choice && !is_choice(d.choices, v)) {
+    throw usage_error(std::string(d.flag) + ": invalid choice '" + v + "' (choose from " + comma_list(d.choices) + ")");
   }
 }
 
@@ -128,6 +147,7 @@ const OptionDef* OptionTable::find(std::string_view flag) const {
 
 ParsedOptions OptionTable::parse(int argc, char** argv) const {
   ParsedOptions out;
+  std::vector<std::string> unsupported;
   for (const OptionDef& d : defs_) {
     out.defs_.push_back(&d);
     const char* dflt = d.kind == OptKind::StoreTrue ? "False" : d.kind == OptKind::StoreFalse ? "True" : d.default_value;
@@ -144,10 +164,12 @@ ParsedOptions OptionTable::parse(int argc, char** argv) const {
     }
     const OptionDef* d = find(arg);
     if (!d) {
-      if (settings_.not_supported_yet && settings_.not_supported_yet(arg))
-        throw usage_error(arg + " is a Megatron-LM flag that tessera does not support yet",
-                          "remove it from the command line; `" + program_ + " --help` lists what is supported");
-      throw usage_error("unknown flag " + arg, "did you mean " + closest_flag(arg, defs_) + "?");
+      if (!settings_.not_supported_yet || !settings_.not_supported_yet(arg))
+        throw usage_error("unknown flag " + arg, "did you mean " + closest_flag(arg, defs_) + "?");
+      unsupported.push_back(arg);
+      if (!inline_value)  // its values: everything up to the next flag
+        while (i + 1 < argc && std::string_view(argv[i + 1]).rfind("--", 0) != 0) ++i;
+      continue;
     }
     out.given_.insert(d->flag);
     if (!takes_value(d->kind)) {
@@ -171,11 +193,16 @@ ParsedOptions OptionTable::parse(int argc, char** argv) const {
       if (i + 1 >= argc) throw usage_error(arg + " expects a value");
       value = argv[++i];
     }
+    if (d->kind == OptKind::Choice && is_choice(d->unsupported_choices, value)) {
+      unsupported.push_back(arg + " " + value);
+      continue;
+    }
     check_number(*d, value);
     out.values_[d->flag] = value;
     if (d->use == OptUse::SpeedOnly)
       std::fprintf(stderr, "note: %s only tunes speed on other hardware; tessera accepts and ignores it\n", d->flag);
   }
+  if (!unsupported.empty()) throw not_supported_error(unsupported, program_);
   for (const OptionDef& d : defs_)
     if (d.use == OptUse::SpeedOnly && !takes_value(d.kind) && out.given(d.flag))
       std::fprintf(stderr, "note: %s only tunes speed on other hardware; tessera accepts and ignores it\n", d.flag);
@@ -191,6 +218,8 @@ void OptionTable::print_help() const {
     else if (takes_value(d.kind)) left += " VALUE";
     std::string right = d.help;
     if (d.default_value && takes_value(d.kind)) right += std::string(" (default: ") + d.default_value + ")";
+    if (d.unsupported_choices)
+      right += std::string(" [Megatron's ") + comma_list(d.unsupported_choices) + ": not supported yet]";
     if (d.use == OptUse::SpeedOnly) right += " [accepted, no effect on the CPU backend]";
     std::printf("  %-44s %s\n", left.c_str(), right.c_str());
   }

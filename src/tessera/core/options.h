@@ -34,9 +34,12 @@ struct OptionDef {
   OptKind kind;
   const char* default_value;  // nullptr: None
   const char* help;
-  const char* choices = nullptr;
+  const char* choices = nullptr;  // Choice: the values tessera implements ("a|b")
   OptUse use = OptUse::Implemented;
   const char* dest = nullptr;  // Megatron's attribute name when not derived from the flag
+  // Choice: Megatron's other values ("c|d"), refused as "not supported yet" and named as such
+  // by --help.
+  const char* unsupported_choices = nullptr;
 };
 
 // Megatron's attribute name for a flag: dest, else the flag without dashes, '-' -> '_'.
@@ -78,7 +81,8 @@ class OptionTable {
  public:
   OptionTable(std::string program, std::vector<OptionDef> defs, OptionTableSettings settings = {});
   // Parses `--flag value`, `--flag=value`, switches and lists; throws usage errors naming
-  // the flag. SpeedOnly flags given get one note each on stderr.
+  // the flag. Flags and choice values that are not supported yet are all named in one error
+  // (a Megatron script usually has several). SpeedOnly flags given get one note each on stderr.
   ParsedOptions parse(int argc, char** argv) const;
   void print_help() const;
   // Megatron's "arguments" block (_print_args in megatron/training/arguments.py): dest names

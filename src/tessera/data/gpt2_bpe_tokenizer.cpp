@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <queue>
 #include <unordered_map>
 
 #include "tessera/core/error.h"
-#include "tessera/core/log.h"
 #include "tessera/data/file_util.h"
 #include "tessera/data/gpt2_pretokenizer.h"
 #include "tessera/data/json_util.h"
@@ -144,6 +144,10 @@ struct Gpt2Tables {
   std::vector<uint8_t> id_state;         // 0 unknown id, 1 decodable, 2 piece outside the byte map
   int64_t vocab_size = 0;
   int32_t eod = 0;
+  // Symbols below this index are vocab.json keys (load_vocab interns them first).
+  size_t vocab_symbols = 0;
+
+  bool in_vocab(int32_t symbol) const { return static_cast<size_t>(symbol) < vocab_symbols; }
 
   int32_t intern(std::string s) {
     auto [it, inserted] = symbol_of.emplace(std::move(s), static_cast<int32_t>(symbol_vocab_id.size()));
@@ -320,9 +324,61 @@ namespace {
   throw runtime_error(where + ": " + msg, hint);
 }
 
+std::string in_quotes(std::string_view s) { return "\"" + std::string(s.substr(0, 80)) + "\""; }
+
+// Where a vocab.json key is written (its first quoted occurrence), for error messages.
+TextPosition key_position(std::string_view text, std::string_view key) {
+  size_t off = text.find(in_quotes(key));
+  return off == std::string_view::npos ? TextPosition{} : advance_position(text, off);
+}
+
+constexpr const char* kVocabHint = "--vocab-file must be GPT-2's vocab.json (a JSON object of token -> id)";
+constexpr const char* kMergesHint =
+    "--merge-file must be GPT-2's merges.txt (a \"#version\" header line, then one \"a b\" pair per line) "
+    "and belong to --vocab-file";
+
+// The ids must number the tokens 0..N-1 once each (Megatron sizes the embedding by the token
+// count), and every byte needs its token (byte-level BPE starts from them).
+void check_vocab_ids(const Gpt2Tables& t, const std::string& path, std::string_view text,
+                     const std::vector<std::string>& order, const std::unordered_map<std::string, int64_t>& vocab) {
+  std::vector<const std::string*> token_of_id(vocab.size(), nullptr);
+  for (const std::string& key : order) {
+    const int64_t id = vocab.at(key);
+    if (id >= t.vocab_size)
+      file_error(path, key_position(text, key), true,
+                 "token " + in_quotes(key) + " has id " + std::to_string(id) + ", but the file holds only " +
+                     std::to_string(t.vocab_size) + " tokens (the ids must be 0.." + std::to_string(t.vocab_size - 1) +
+                     ", each once)",
+                 kVocabHint);
+    if (token_of_id[id])
+      file_error(path, key_position(text, key), true,
+                 "token " + in_quotes(key) + " has id " + std::to_string(id) + ", which token " +
+                     in_quotes(*token_of_id[id]) + " has too (the ids must be 0.." + std::to_string(t.vocab_size - 1) +
+                     ", each once)",
+                 kVocabHint);
+    token_of_id[id] = &key;
+  }
+}
+
+void check_byte_tokens(const std::unordered_map<std::string, int64_t>& vocab, const std::string& path,
+                       const std::array<char32_t, 256>& byte_map) {
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    utf8::append(s, byte_map[b]);
+    if (!vocab.count(s)) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", b);
+      throw runtime_error(path + ": has no token for the byte " + hex + " (" + in_quotes(s) +
+                              "): it is not a byte-level BPE vocabulary",
+                          kVocabHint);
+    }
+  }
+}
+
 void load_vocab(Gpt2Tables& t, const std::string& path) {
-  const std::string hint = "--vocab-file must be GPT-2's vocab.json (a JSON object of token -> id)";
   std::string text = read_file(path, "vocab file");
+  std::string hint = kVocabHint;
+  if (text.starts_with("#version")) hint += "; this file looks like merges.txt: are --vocab-file and --merge-file swapped?";
   if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
     file_error(path, advance_position(text, bad), true, "invalid UTF-8", hint);
   simdjson::dom::parser parser;
@@ -339,75 +395,116 @@ void load_vocab(Gpt2Tables& t, const std::string& path) {
   std::vector<std::string> order;
   for (auto field : obj) {
     int64_t id;
-    if (field.value.get_int64().get(id) || id < 0 || id >= (int64_t{1} << 24)) {
-      std::string msg = "the id of token \"" + std::string(field.key) + "\" is not an integer in [0, 2^24)";
-      std::string quoted(1, '"');
-      quoted.append(field.key);
-      quoted += '"';
-      size_t off = text.find(quoted);
-      if (off == std::string::npos) throw runtime_error(path + ": " + msg, hint);
-      file_error(path, advance_position(text, off), true, msg, hint);
-    }
+    if (field.value.get_int64().get(id) || id < 0 || id >= (int64_t{1} << 24))
+      file_error(path, key_position(text, field.key), true,
+                 "the id of token " + in_quotes(field.key) + " is not an integer in [0, 2^24)", hint);
     std::string key(field.key);
     if (vocab.emplace(key, id).second) order.push_back(key);
     else vocab[key] = id;
   }
   t.vocab_size = static_cast<int64_t>(vocab.size());
-  int64_t max_id = -1;
-  for (auto& [k, id] : vocab) max_id = std::max(max_id, id);
-  t.piece_of_id.assign(static_cast<size_t>(max_id + 1), "");
-  t.bytes_of_id.assign(static_cast<size_t>(max_id + 1), "");
-  t.id_state.assign(static_cast<size_t>(max_id + 1), 0);
-  for (const std::string& key : order) {  // decoder = {v: k}: the last key of an id wins
+  check_vocab_ids(t, path, text, order, vocab);
+  check_byte_tokens(vocab, path, bytes_to_unicode());
+  t.piece_of_id.assign(static_cast<size_t>(t.vocab_size), "");
+  t.bytes_of_id.assign(static_cast<size_t>(t.vocab_size), "");
+  t.id_state.assign(static_cast<size_t>(t.vocab_size), 0);
+  for (const std::string& key : order) {
     int64_t id = vocab[key];
     int32_t sym = t.intern(key);
     t.symbol_vocab_id[sym] = static_cast<int32_t>(id);
     t.piece_of_id[id] = key;
   }
+  t.vocab_symbols = t.symbol_vocab_id.size();
   auto it = vocab.find("<|endoftext|>");
   if (it == vocab.end())
     throw runtime_error(path + ": has no \"<|endoftext|>\" token, which GPT-2 uses as EOD", hint);
   t.eod = static_cast<int32_t>(it->second);
 }
 
-void load_merges(Gpt2Tables& t, const std::string& path) {
-  const std::string hint = "--merge-file must be GPT-2's merges.txt (a header line, then one \"a b\" pair per line)";
-  std::string text = read_file(path, "merge file");
-  if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
-    file_error(path, advance_position(text, bad), true, "invalid UTF-8", hint);
-  // Megatron: read().split('\n')[1:-1] -- drop the header and the last element.
+// The lines of a file split at '\n' (Python's split('\n'): a final newline gives an empty last line).
+std::vector<std::string_view> split_lines(std::string_view text) {
   std::vector<std::string_view> lines;
   size_t start = 0;
   while (true) {
     size_t nl = text.find('\n', start);
-    if (nl == std::string::npos) {
-      lines.emplace_back(text.data() + start, text.size() - start);
-      break;
+    if (nl == std::string_view::npos) {
+      lines.push_back(text.substr(start));
+      return lines;
     }
-    lines.emplace_back(text.data() + start, nl - start);
+    lines.push_back(text.substr(start, nl - start));
     start = nl + 1;
   }
+}
+
+// Every vocab token is a byte, a special token ("<|endoftext|>") or made by a merge; one that
+// none of these can produce means merges are missing (a copy truncated at a line boundary)
+// or the merges belong to another vocabulary.
+void check_every_token_made(const Gpt2Tables& t, const std::vector<uint8_t>& made, const std::string& path,
+                            const std::string& vocab_path, size_t lines) {
+  std::vector<uint8_t> reachable = made;
+  for (int32_t sym : t.byte_symbol) reachable[t.symbol_vocab_id[sym]] = 1;
+  int64_t unmade = 0, first = -1;
+  for (int64_t id = 0; id < t.vocab_size; ++id) {
+    const std::string& piece = t.piece_of_id[id];
+    if (reachable[id] || (piece.starts_with("<") && piece.ends_with(">"))) continue;
+    if (first < 0) first = id;
+    ++unmade;
+  }
+  if (unmade > 0)
+    throw runtime_error(path + ": after its " + std::to_string(lines - 1) + " lines, " + std::to_string(unmade) +
+                            " tokens of " + vocab_path + " (the first: " + in_quotes(t.piece_of_id[first]) + ", id " +
+                            std::to_string(first) +
+                            ") are made by no merge: the merges file is truncated or belongs to another vocabulary",
+                        kMergesHint);
+}
+
+// Megatron reads read().split('\n')[1:-1] whatever the lines hold, so a wrong file (the
+// vocab.json, a truncated copy, another tokenizer's merges) would silently apply no or wrong
+// merges: the header, the final newline and every merge's pieces are checked instead.
+void load_merges(Gpt2Tables& t, const std::string& path, const std::string& vocab_path) {
+  std::string text = read_file(path, "merge file");
+  if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
+    file_error(path, advance_position(text, bad), true, "invalid UTF-8", kMergesHint);
+  const std::vector<std::string_view> lines = split_lines(text);
+  if (!lines.front().starts_with("#version")) {
+    std::string hint = kMergesHint;
+    if (text.starts_with("{")) hint += "; this file looks like JSON: are --vocab-file and --merge-file swapped?";
+    file_error(path, TextPosition{1, 1}, false,
+               "expected the \"#version\" header line, found " + in_quotes(lines.front()), hint);
+  }
   if (!lines.back().empty())
-    log_warn("%s does not end with a newline; like Megatron, its last line (\"%.*s\") is not used",
-             path.c_str(), static_cast<int>(std::min<size_t>(lines.back().size(), 60)), lines.back().data());
-  if (lines.size() >= 2 && !lines.front().starts_with("#version"))
-    log_warn("%s: first line \"%.*s\" is discarded as the header, like Megatron does", path.c_str(),
-             static_cast<int>(std::min<size_t>(lines.front().size(), 60)), lines.front().data());
-  size_t count = lines.size() >= 2 ? lines.size() - 2 : 0;
+    file_error(path, TextPosition{lines.size(), 1}, false,
+               "the last line " + in_quotes(lines.back()) +
+                   " does not end with a newline: the file looks truncated (Megatron would drop this line)",
+               "use a complete copy of the merges file");
+  const size_t count = lines.size() - 2;
+  if (count == 0) throw runtime_error(path + ": holds no merges, only the header", kMergesHint);
   t.merges.reserve(count);
+  std::vector<uint8_t> made(static_cast<size_t>(t.vocab_size), 0);  // by vocab id: some merge makes it
   for (size_t r = 0; r < count; ++r) {
-    std::string_view line = lines[r + 1];
+    const std::string_view line = lines[r + 1];
+    const TextPosition at{r + 2, 1};
     auto parts = python_split(line);
     if (parts.size() != 2)
-      file_error(path, TextPosition{r + 2, 1}, false,
-                 "expected two tokens separated by a space, found " + std::to_string(parts.size()) +
-                     " in \"" + std::string(line.substr(0, 80)) + "\"",
-                 hint);
-    int32_t a = t.intern(std::string(parts[0]));
-    int32_t b = t.intern(std::string(parts[1]));
-    int32_t m = t.intern(std::string(parts[0]) + std::string(parts[1]));
-    t.merges.set(a, b, PairTable::Value{static_cast<int32_t>(r), m});  // dict(): last rank wins
+      file_error(path, at, false,
+                 "expected two tokens separated by a space, found " + std::to_string(parts.size()) + " in " +
+                     in_quotes(line),
+                 kMergesHint);
+    const std::string pieces[3] = {std::string(parts[0]), std::string(parts[1]),
+                                   std::string(parts[0]) + std::string(parts[1])};  // a, b, merged
+    int32_t symbol[3];
+    for (int k = 0; k < 3; ++k) {
+      symbol[k] = t.intern(pieces[k]);
+      if (!t.in_vocab(symbol[k]))
+        file_error(path, at, false,
+                   "the merge " + in_quotes(line) + " uses or makes " + in_quotes(pieces[k]) +
+                       ", which is not a token of " + vocab_path,
+                   kMergesHint);
+    }
+    t.merges.set(symbol[0], symbol[1], PairTable::Value{static_cast<int32_t>(r), symbol[2]});  // dict(): last rank wins
+    made[t.symbol_vocab_id[symbol[2]]] = 1;
   }
+  check_every_token_made(t, made, path, vocab_path, lines.size());
 }
 
 }  // namespace
@@ -444,7 +541,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     t->id_state[id] = ok ? 1 : 2;
     if (ok) t->bytes_of_id[id] = std::move(bytes);
   }
-  load_merges(*t, merge_file);
+  load_merges(*t, merge_file, vocab_file);
   tables_ = std::move(t);
   gpt2_char_classes();  // build the class table now rather than inside the first encode
 }

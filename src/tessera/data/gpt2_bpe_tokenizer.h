@@ -1,4 +1,4 @@
-// GPT-2 byte-level BPE exactly as Megatron applies it (megatron.md §3, gpt2_tokenization.py):
+// GPT-2 byte-level BPE exactly as Megatron applies it (megatron/training/tokenizer/gpt2_tokenization.py):
 // vocab.json + merges.txt, GPT-2 pre-tokenization, the byte-to-unicode map, merges applied by
 // rank to every non-overlapping occurrence, unknown tokens as id 0, EOD = <|endoftext|>, and
 // `<|endoftext|>` written in text is ordinary text.
@@ -21,7 +21,11 @@ class PretokenCache;
 class GPT2BPETokenizer final : public Tokenizer {
  public:
   // Reads the files; a missing or malformed file is a tessera::Error naming the file, the
-  // line and (for JSON) the column.
+  // line and (for JSON) the column. Stricter than Megatron, which accepts any text as merges:
+  // vocab ids must be 0..N-1 once each with a token for every byte; merges.txt must start
+  // with its "#version" header, end with a newline and hold at least one merge, and every
+  // merge's two pieces and their concatenation must be vocab tokens, and every vocab token
+  // must be a byte, a special "<...>" token or made by some merge.
   GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file);
   GPT2BPETokenizer(const GPT2BPETokenizer& other);  // shares the tables, fresh cache
   ~GPT2BPETokenizer() override;

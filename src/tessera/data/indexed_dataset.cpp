@@ -295,8 +295,30 @@ std::vector<std::string> dataset_prefixes_in(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+// The output must not be one of the inputs: a second merge over a folder would read the
+// dataset it is replacing. Compared by file identity, so every spelling of a path counts.
+void check_output_is_no_input(const std::vector<std::string>& inputs, const std::string& output_prefix) {
+  for (const std::string& out_path : {bin_path(output_prefix), idx_path(output_prefix)}) {
+    struct stat out{};
+    if (::stat(out_path.c_str(), &out) != 0) continue;
+    for (const auto& p : inputs) {
+      struct stat in{};
+      const std::string in_path = out_path.ends_with(".bin") ? bin_path(p) : idx_path(p);
+      if (::stat(in_path.c_str(), &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+        throw usage_error("--output-prefix " + output_prefix + " is also an input (" + p +
+                              "): the merge would read the dataset it replaces",
+                          "write the merged dataset to a prefix outside the input folders");
+    }
+  }
+}
+
+}  // namespace
+
 MergeResult merge_datasets(const std::vector<std::string>& inputs, const std::string& output_prefix) {
   if (inputs.empty()) throw usage_error("nothing to merge", "give at least one --input prefix or folder");
+  check_output_is_no_input(inputs, output_prefix);
   IndexDType dtype;
   {
     IndexedDataset first(inputs.front());

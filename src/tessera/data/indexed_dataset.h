@@ -176,6 +176,7 @@ class IndexedDatasetBuilder {
 
 // Megatron's tools/merge_datasets.py: the datasets at `input_prefixes`, in order, into
 // `output_prefix`.bin/.idx. Returns the merged builder's counts through the out-parameters.
+// An output that is also an input (the same file, however spelled) is a usage error.
 struct MergeResult {
   uint64_t sequences = 0, documents = 0, tokens = 0;
   IndexDType dtype = IndexDType::UInt16;

@@ -37,6 +37,11 @@ double seconds_since(Clock::time_point t) {
 }
 
 const char* kRecordHint = "fix the record, or pass --skip-bad-records to skip bad records and count them";
+// Alpaca-style records (instruction/input/output) have no "text": they need a template, and
+// skipping them would skip every record.
+const char* kAlpacaHint =
+    "these look like Alpaca records: build each document from their fields with "
+    "--text-template '{instruction}\\n{input}\\n{output}' (docs/data.md)";
 
 // Tokens of one chunk, per output key, with per-record boundaries.
 struct ChunkResult {
@@ -48,7 +53,7 @@ struct ChunkResult {
   std::vector<uint64_t> token_end, length_end;  // [record * keys + k]: end offsets
   std::vector<uint64_t> chars;                  // per record
   std::vector<int32_t> error_of;                // per record: -1, or index into errors
-  std::vector<std::string> errors;
+  std::vector<std::pair<std::string, std::string>> errors;  // message, hint
   std::exception_ptr fatal;                     // a failure that is not the record's fault
 };
 
@@ -118,7 +123,7 @@ class RecordProcessor {
           r.keys[k].lengths.resize(length_mark[k]);
         }
         r.error_of[i] = static_cast<int32_t>(r.errors.size());
-        r.errors.push_back(e.what());
+        r.errors.emplace_back(e.what(), e.hint());
       }
       for (size_t k = 0; k < nkeys_; ++k) {
         r.token_end[i * nkeys_ + k] = r.keys[k].tokens.size();
@@ -140,8 +145,8 @@ class RecordProcessor {
   }
 
   [[noreturn]] void fail(const Record& rec, std::string_view text, std::optional<size_t> offset,
-                         const std::string& msg) const {
-    throw runtime_error(where(rec, text, offset) + ": " + msg, kRecordHint);
+                         const std::string& msg, const char* hint = kRecordHint) const {
+    throw runtime_error(where(rec, text, offset) + ": " + msg, hint);
   }
 
   void process_record(const Record& rec, std::string_view text, ChunkResult& r) {
@@ -254,8 +259,12 @@ class RecordProcessor {
       const std::string what = tmpl_ ? "field" : "key";
       if (fv.kind == FieldValue::Missing) {
         std::string keys = key_list();
-        fail(rec, text, std::nullopt, "record has no " + what + " \"" + wanted_[i] + "\"" +
-                                          (keys.empty() ? " (it is empty)" : " (its keys: " + keys + ")"));
+        const bool alpaca = !tmpl_ && keys.find("\"instruction\"") != std::string::npos &&
+                            keys.find("\"output\"") != std::string::npos;
+        fail(rec, text, std::nullopt,
+             "record has no " + what + " \"" + wanted_[i] + "\"" +
+                 (keys.empty() ? " (it is empty)" : " (its keys: " + keys + ")"),
+             alpaca ? kAlpacaHint : kRecordHint);
       }
       if (fv.kind == FieldValue::Other || (tmpl_ && fv.kind != FieldValue::String))
         fail(rec, text, std::nullopt, "the value of \"" + wanted_[i] + "\" is " +
@@ -554,6 +563,7 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
   const auto proc_start = Clock::now();
   pipeline.start(std::move(processors));
   uint64_t warned = 0;
+  std::pair<std::string, std::string> first_bad;  // message and hint of the first skipped record
   while (true) {
     std::unique_ptr<Pipeline::Done> d = pipeline.next();
     const Chunk& c = *d->chunk;
@@ -563,8 +573,9 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
       const Record& rec = c.records[i];
       ++result.records;
       if (r.error_of[i] >= 0) {
-        const std::string& msg = r.errors[static_cast<size_t>(r.error_of[i])];
-        if (!o.skip_bad_records) throw runtime_error(msg, kRecordHint);
+        const auto& [msg, hint] = r.errors[static_cast<size_t>(r.error_of[i])];
+        if (!o.skip_bad_records) throw runtime_error(msg, hint);
+        if (result.skipped == 0) first_bad = r.errors[static_cast<size_t>(r.error_of[i])];
         ++result.skipped;
         if (warned < 10) {
           bar.clear();
@@ -604,6 +615,10 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
   pipeline.stop();
   bar.clear();
   result.processing_seconds = seconds_since(proc_start);
+  if (result.documents == 0 && result.skipped > 0)  // nothing is written: an empty dataset is no result
+    throw runtime_error("all " + std::to_string(result.skipped) +
+                            " records are bad, so there is no dataset to write; the first: " + first_bad.first,
+                        first_bad.second);
 
   // Megatron merges the partitions' outputs in partition order (add_index).
   for (size_t k = 0; k < nkeys; ++k) {

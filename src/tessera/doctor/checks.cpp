@@ -23,6 +23,7 @@
 #include "tessera/comm/net_interface.h"
 #include "tessera/core/error.h"
 #include "tessera/data/dataset_config.h"
+#include "tessera/data/token_id_range.h"
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/doctor/doctor.h"
@@ -266,7 +267,27 @@ DataPlan data_plan(const ParsedOptions& p) {
   return plan;
 }
 
-std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
+namespace {
+
+// The data's token ids against the model's vocabulary (data/token_id_range.h says what it costs).
+void check_token_ids(const data::IndexedDataset& ds, const VocabularyLimit& vocab, Row& r) {
+  const data::TokenIdRange ids = data::token_id_range(ds, vocab.padded_size);
+  const std::string problem = data::token_id_problem(ds, ids, vocab.padded_size, vocab.description);
+  if (!problem.empty()) {
+    r.status = Status::Fail;
+    r.detail += "; " + problem;
+    r.fix = data::kTokenIdHint;
+  } else if (ids.scanned) {
+    r.detail += "; ids " + std::to_string(ids.min_id) + ".." + std::to_string(ids.max_id) +
+                " fit the padded vocabulary of " + std::to_string(vocab.padded_size);
+  } else {
+    r.detail += "; its dtype keeps the ids below the padded vocabulary of " + std::to_string(vocab.padded_size);
+  }
+}
+
+}  // namespace
+
+std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan, const std::optional<VocabularyLimit>& vocab) {
   std::vector<Row> rows;
   if (plan.prefixes.empty()) {
     if (auto f = p.raw("--per-split-data-args-path")) {
@@ -316,6 +337,7 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan) {
     try {
       data::IndexedDataset ds(prefix);
       r.detail = std::to_string(ds.document_count()) + " documents, " + std::to_string(ds.sequence_count()) +
+      if (vocab) check_token_ids(ds, *vocab, r);
                  " sequences, " + std::to_string(ds.token_count()) + " tokens (" +
                  std::string(data::dtype_name(ds.dtype())) + ")";
       // Every split with a share needs more than one token (train's GPTDataset refuses less).
@@ -446,19 +468,29 @@ Row check_disk(const std::string& label, const std::string& path, uint64_t min_f
   return r;
 }
 
-Row check_memory(const GPTMemoryEstimate& e, int local_processes, const MemoryInfo& memory, uint64_t available,
-                 int micro_batch, int num_layers, int hidden_size) {
+Row check_memory(const std::vector<RankMemory>& ranks, const std::vector<int>& node_ranks, const MemoryInfo& memory,
+                 uint64_t available, int micro_batch, int num_layers, int hidden_size) {
   Row r{"config: memory", Status::Pass, "", "", ""};
-  const double per_rank = static_cast<double>(e.total_bytes());
-  const double node = per_rank * std::max(1, local_processes);
-  char b[400];
+  const RankMemory& top = largest_rank_memory(ranks);
+  const GPTMemoryEstimate& e = top.estimate;
+  double node = 0;
+  for (int rank : node_ranks) node += static_cast<double>(ranks.at(rank).estimate.total_bytes());
+  bool uniform = true;
+  for (const RankMemory& m : ranks) uniform &= m.estimate.total_bytes() == e.total_bytes();
+  const std::string which = uniform ? "per rank" : "per rank up to";
+  const std::string where = uniform ? "" : " (rank " + std::to_string(top.rank) + ": tensor " +
+                                               std::to_string(top.tp_rank) + ", pipeline " +
+                                               std::to_string(top.pp_rank) + ")";
+  const int local = static_cast<int>(node_ranks.size());
+  char b[512];
   std::snprintf(b, sizeof b,
-                "%.3g parameters; per rank %s (parameters %s, gradients %s, Adam %s, activations %s at micro-batch "
-                "%d) x %d process%s on this node = %s; %s total, %s available",
-                static_cast<double>(e.num_parameters), gib(per_rank).c_str(), gib(e.parameter_bytes).c_str(),
-                gib(e.gradient_bytes).c_str(), gib(e.optimizer_bytes).c_str(), gib(e.activation_bytes).c_str(),
-                micro_batch, std::max(1, local_processes), local_processes > 1 ? "es" : "", gib(node).c_str(),
-                gib(static_cast<double>(memory.total_bytes)).c_str(), gib(static_cast<double>(available)).c_str());
+                "%.3g parameters on the largest rank; %s %s%s (parameters %s, gradients %s, Adam %s, activations %s "
+                "at micro-batch %d); %d process%s on this node = %s; %s total, %s available",
+                static_cast<double>(e.num_parameters), which.c_str(), gib(static_cast<double>(e.total_bytes())).c_str(),
+                where.c_str(), gib(e.parameter_bytes).c_str(), gib(e.gradient_bytes).c_str(),
+                gib(e.optimizer_bytes).c_str(), gib(e.activation_bytes).c_str(), micro_batch, local,
+                local > 1 ? "es" : "", gib(node).c_str(), gib(static_cast<double>(memory.total_bytes)).c_str(),
+                gib(static_cast<double>(available)).c_str());
   r.detail = b;
   const std::string help = "lower --micro-batch-size (activations), then --num-layers (" + std::to_string(num_layers) +
                            ") or --hidden-size (" + std::to_string(hidden_size) +

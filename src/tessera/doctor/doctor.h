@@ -18,6 +18,7 @@
 #include "tessera/core/options.h"
 #include "tessera/device/device.h"
 #include "tessera/model/memory_estimate.h"
+#include "tessera/train/rank_memory.h"
 
 namespace tessera::doctor {
 
@@ -73,14 +74,22 @@ struct DataPlan {
   bool mock = false;
 };
 DataPlan data_plan(const ParsedOptions& p);
-std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan);
+// The model's padded vocabulary, which every token id of the data must be below.
+struct VocabularyLimit {
+  int64_t padded_size = 0;
+  std::string description;  // data::describe_vocabulary
+};
+// `vocab`: absent when train's flags did not parse (the ids are then not checked).
+std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan,
+                            const std::optional<VocabularyLimit>& vocab = std::nullopt);
 Row check_tokenizer(const ParsedOptions& p);
 // Free space at `path` (or its nearest existing parent) against `min_free_bytes`.
 Row check_disk(const std::string& label, const std::string& path, uint64_t min_free_bytes);
 // Whether a file can be created in `dir` (or, when it does not exist, its nearest parent).
 Row check_writable(const std::string& label, const std::string& dir);
-// The estimate times the processes on this node against the machine's memory.
-Row check_memory(const GPTMemoryEstimate& estimate, int local_processes, const MemoryInfo& memory,
+// Every rank's estimate from its own layout (train/rank_memory.h): the largest is reported,
+// and the ranks on this node (`node_ranks`, global ranks) together against the machine.
+Row check_memory(const std::vector<RankMemory>& ranks, const std::vector<int>& node_ranks, const MemoryInfo& memory,
                  uint64_t available_bytes, int micro_batch, int num_layers, int hidden_size);
 // --load: a folder whose latest checkpoint loads: every file's checksum, and the parameters'
 // names and shapes against `config` (null: flags did not parse; only the tracker is read).

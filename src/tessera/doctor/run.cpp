@@ -15,6 +15,7 @@
 #include "tessera/comm/gloo/gloo_communicator.h"
 #include "tessera/core/error.h"
 #include "tessera/data/dataset_config.h"
+#include "tessera/data/token_id_range.h"
 #include "tessera/doctor/doctor.h"
 #include "tessera/launch/job_store.h"
 #include "tessera/launch/worker_env.h"
@@ -299,6 +300,16 @@ void world_checks(Communicator& world, const DoctorOptions& opt, const RankInfo&
   (void)local_rows;
 }
 
+// Launchers number a node's processes contiguously (torchrun, tessera launch, Slurm's block
+// distribution): this node holds global ranks rank - local_rank onwards.
+std::vector<int> ranks_on_this_node(const launch::WorkerIdentity& id) {
+  if (id.local_world_size <= 0) return {id.rank};
+  std::vector<int> ranks;
+  for (int r = id.rank - id.local_rank; r < id.rank - id.local_rank + id.local_world_size && r < id.world_size; ++r)
+    ranks.push_back(r);
+  return ranks;
+}
+
 int category_rank(const std::string& check) {
   static const char* order[] = {"devices", "build",       "environment", "network", "collectives",
                                 "data",    "checkpoints", "disk",        "config"};
@@ -468,10 +479,9 @@ int run_doctor(int argc, char** argv) {
     }
   }
   if (args) {
-    rows.push_back(check_memory(estimate_gpt_memory(args->model, static_cast<int>(args->micro_batch_size)),
-                                std::max(1, id.local_world_size), cpu_device().memory_info(), available_memory_bytes(),
-                                static_cast<int>(args->micro_batch_size), args->model.num_layers,
-                                args->model.hidden_size));
+    rows.push_back(check_memory(estimate_memory_per_rank(*args), ranks_on_this_node(id), cpu_device().memory_info(),
+                                available_memory_bytes(), static_cast<int>(args->micro_batch_size),
+                                args->model.num_layers, args->model.hidden_size));
   } else {
     rows.push_back({"config: memory", Status::Warn, "not estimated: the flags did not parse",
                     "fix the flags (config: flags) and run again", ""});
@@ -484,7 +494,12 @@ int run_doctor(int argc, char** argv) {
     try {
       DataPlan plan = data_plan(*table);
       cache_dir = plan.cache_dir;
-      for (Row& r : check_data(*table, plan)) rows.push_back(r);
+      std::optional<VocabularyLimit> vocab;
+      if (args)
+        vocab = VocabularyLimit{args->model.padded_vocab_size,
+                                data::describe_vocabulary(args->tokenizer, args->model.vocab_size,
+                                                          args->model.padded_vocab_size)};
+      for (Row& r : check_data(*table, plan, vocab)) rows.push_back(r);
     } catch (const Error& e) {
       rows.push_back({"data: prefixes", Status::Fail, e.what(), e.hint(), ""});
     }

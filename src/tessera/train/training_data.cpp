@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
+#include "tessera/data/token_id_range.h"
 
 namespace tessera {
 
@@ -20,12 +22,39 @@ void DatasetSamples::fill(int64_t index, int32_t* tokens) {
     for (int64_t i = 0; i < n; ++i) tokens[i] %= vocab_modulo_;
 }
 
+namespace {
+
+// Before any index is built: an id the embedding cannot hold would abort the first step.
+void check_vocabulary_holds_data(const TrainArgs& args, const data::GPTDatasetConfig& config) {
+  const GPTConfig& m = args.model;
+  const std::vector<data::TokenIdRange> ranges = data::check_token_ids_fit(
+      config, m.padded_vocab_size, data::describe_vocabulary(args.tokenizer, m.vocab_size, m.padded_vocab_size));
+  int64_t largest = -1;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  for (const data::TokenIdRange& r : ranges) {
+    if (!r.scanned) continue;
+    largest = std::max(largest, r.max_id);
+    bytes += r.bytes_read;
+    seconds += r.seconds;
+  }
+  if (ranges.empty()) return;
+  if (largest < 0)
+    print_rank_0(" > token ids fit the padded vocabulary (%d): the .idx dtypes bound them", m.padded_vocab_size);
+  else
+    print_rank_0(" > token ids fit the padded vocabulary (%d): largest %lld, %.1f MiB scanned in %.2f s",
+                 m.padded_vocab_size, static_cast<long long>(largest), bytes / 1048576.0, seconds);
+}
+
+}  // namespace
+
 TrainingData build_training_data(const TrainArgs& args) {
   const data::TokenizerIdentity identity =
       args.tokenizer.type == "NullTokenizer"
           ? data::null_tokenizer_identity(*args.tokenizer.vocab_size)
           : data::gpt2_bpe_tokenizer_identity(args.tokenizer.vocab_file, args.tokenizer.merge_file);
   const data::GPTDatasetConfig config = data::make_gpt_dataset_config(args.data, identity, args.eod);
+  check_vocabulary_holds_data(args, config);
   const data::SplitSizes sizes = data::requested_sample_counts(args.train_iters, args.train_samples,
                                                                args.global_batch_size, args.eval_interval,
                                                                args.eval_iters);

@@ -249,7 +249,9 @@ TEST(DataTokenizer, BadFilesNameFileAndLine) {
   std::string bad_id = write_temp("vocab_bad_id.json", "{\"a\": 1,\n \"b\": \"x\"}");
   m = message([&] { td::GPT2BPETokenizer t(bad_id, merges); });
   EXPECT_NE(m.find(bad_id + ":2:2"), std::string::npos) << m;
-  std::string no_eod = write_temp("vocab_no_eod.json", "{\"a\": 1}");
+  std::string vocab_text = slurp(vocab);
+  vocab_text.erase(vocab_text.find(", \"<|endoftext|>\": 50256"), 24);
+  std::string no_eod = write_temp("vocab_no_eod.json", vocab_text);
   m = message([&] { td::GPT2BPETokenizer t(no_eod, merges); });
   EXPECT_NE(m.find("<|endoftext|>"), std::string::npos) << m;
   std::string bad_merges = write_temp("merges_bad.txt", "#version: 0.2\n\xC4\xA0 t\nonlyone\nx y\n");
@@ -258,4 +260,56 @@ TEST(DataTokenizer, BadFilesNameFileAndLine) {
   std::string bad_utf8 = write_temp("merges_utf8.txt", "#version: 0.2\na b\nc \xFF\n");
   m = message([&] { td::GPT2BPETokenizer t(vocab, bad_utf8); });
   EXPECT_NE(m.find(bad_utf8 + ":3:3"), std::string::npos) << m;
+}
+
+// A wrong or damaged vocab/merges pair is refused, naming the file and the line, where
+// Megatron would apply no merges (the vocab.json as --merge-file), fewer merges (a truncated
+// copy) or wrong ones (another vocabulary's merges).
+TEST(DataTokenizer, WrongOrDamagedGpt2FilesAreRefused) {
+  const std::string vocab = kData + "/gpt2/vocab.json";
+  const std::string merges = kData + "/gpt2/merges.txt";
+  const std::string merges_text = slurp(merges);
+  auto message = [](const std::string& v, const std::string& m) {
+    try {
+      td::GPT2BPETokenizer t(v, m);
+    } catch (const tessera::Error& e) {
+      return std::string(e.what()) + " | hint: " + e.hint();
+    }
+    return std::string("no error");
+  };
+  auto expect = [&](const std::string& v, const std::string& m, const std::string& where, const std::string& what) {
+    const std::string msg = message(v, m);
+    EXPECT_NE(msg.find(where), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+  };
+  EXPECT_EQ(message(vocab, merges), "no error");
+  expect(vocab, vocab, vocab + ":1: expected the \"#version\" header", "swapped");
+  expect(merges, merges, merges + ":1:1: malformed JSON", "swapped");
+
+  // Cut in the middle of line 40001 (the header is line 1).
+  size_t line_40001 = 0;
+  for (int n = 0; n < 40000; ++n) line_40001 = merges_text.find('\n', line_40001) + 1;
+  const std::string cut_mid_line = write_temp("merges_cut.txt", merges_text.substr(0, line_40001 + 3));
+  expect(vocab, cut_mid_line, cut_mid_line + ":40001: the last line", "does not end with a newline");
+  const std::string cut_at_line = write_temp("merges_cut_line.txt", merges_text.substr(0, line_40001));
+  expect(vocab, cut_at_line, cut_at_line + ": after its 40000 lines, 10001 tokens", "truncated");
+  expect(vocab, write_temp("merges_header_only.txt", "#version: 0.2\n"), "holds no merges", "");
+
+  // A merge whose result is no token of this vocabulary (line 3 of 4).
+  std::string garbled = merges_text;
+  const size_t line3 = garbled.find('\n', garbled.find('\n') + 1) + 1;
+  garbled.replace(line3, garbled.find('\n', line3) - line3, "zq xj");
+  const std::string garbled_path = write_temp("merges_garbled.txt", garbled);
+  expect(vocab, garbled_path, garbled_path + ":3: the merge \"zq xj\" uses or makes \"zq\"", "not a token of " + vocab);
+
+  // vocab.json: an id beyond the token count, a repeated id, a missing byte token.
+  std::string vocab_text = slurp(vocab);
+  std::string gap = vocab_text;
+  gap.replace(gap.find("\"!\": 0"), 6, "\"!\": 99999");
+  expect(write_temp("vocab_gap.json", gap), merges, "vocab_gap.json:1:2: token \"!\" has id 99999", "0..50256");
+  std::string repeated = vocab_text;
+  repeated.replace(repeated.find("\"\\\"\": 1,"), 8, "\"\\\"\": 0,");
+  expect(write_temp("vocab_repeat.json", repeated), merges, "has id 0, which token \"!\" has too", "");
+  expect(write_temp("vocab_words.json", "{\"hello\": 0, \"<|endoftext|>\": 1}"), merges, "has no token for the byte 0x00",
+         "not a byte-level BPE vocabulary");
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include "tessera/data/indexed_dataset.h"
 #include <fstream>
 
 #include "tessera/doctor/doctor.h"
@@ -152,12 +153,86 @@ TEST(DoctorChecks, ModelTooLargeFailsWithTheFlagsThatHelp) {
   GPTMemoryEstimate e = estimate_gpt_memory(c, 4);
   EXPECT_GT(e.num_parameters, 160'000'000'000LL);
   MemoryInfo m{64ULL << 30, 60ULL << 30};
-  Row r = check_memory(e, 1, m, 60ULL << 30, 4, 200, 8192);
+  Row r = check_memory({RankMemory{0, 0, 0, e}}, {0}, m, 60ULL << 30, 4, 200, 8192);
   EXPECT_EQ(r.status, Status::Fail);
   EXPECT_NE(r.fix.find("--micro-batch-size"), std::string::npos);
+TrainArgs tiny_gpt_args(int world_size, std::vector<std::string> layout) {
+  std::vector<std::string> a = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                                "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
+                                "--global-batch-size", "8", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                "1000", "--mock-data", "--lr", "1e-3", "--train-iters", "1"};
+  a.insert(a.end(), layout.begin(), layout.end());
+  std::vector<char*> v;
+  for (auto& s : a) v.push_back(s.data());
+  return parse_train_args(static_cast<int>(v.size()), v.data(), nullptr, world_size);
+}
+
+// Each rank's own share (a TP slice, a pipeline stage), as train allocates it, not the whole
+// model on every rank; the largest rank is reported and the node's ranks are summed.
+TEST(DoctorChecks, MemoryIsEachRanksOwnLayout) {
+  const MemoryInfo plenty{1ULL << 40, 1ULL << 40};
+  const TrainArgs whole = tiny_gpt_args(1, {});
+  const size_t one_rank = estimate_gpt_memory(whole.model, 2).total_bytes();
+
+  const TrainArgs tp = tiny_gpt_args(2, {"--tensor-model-parallel-size", "2"});
+  const std::vector<RankMemory> tp_ranks = estimate_memory_per_rank(tp);
+  ASSERT_EQ(tp_ranks.size(), 2u);
+  EXPECT_LT(tp_ranks[0].estimate.total_bytes(), one_rank * 6 / 10);
+  Row r = check_memory(tp_ranks, {0, 1}, plenty, 1ULL << 40, 2, 4, 64);
+  char per_rank[64];
+  std::snprintf(per_rank, sizeof per_rank, "; per rank %.1f MiB (", tp_ranks[0].estimate.total_bytes() / 1048576.0);
+  EXPECT_NE(r.detail.find(per_rank), std::string::npos) << r.detail;
+  EXPECT_EQ(r.detail.find("up to"), std::string::npos) << r.detail;  // TP ranks are alike
+
+  const TrainArgs pp = tiny_gpt_args(4, {"--pipeline-model-parallel-size", "2"});
+  const std::vector<RankMemory> pp_ranks = estimate_memory_per_rank(pp);
+  ASSERT_EQ(pp_ranks.size(), 4u);  // DP 2 x PP 2: ranks 0, 1 on the first stage
+  EXPECT_EQ(pp_ranks[0].pp_rank, 0);
+  EXPECT_EQ(pp_ranks[2].pp_rank, 1);
+  EXPECT_NE(pp_ranks[0].estimate.total_bytes(), pp_ranks[2].estimate.total_bytes());
+  for (const RankMemory& m : pp_ranks) {
+    EXPECT_LT(m.estimate.total_bytes(), one_rank);
+    EXPECT_EQ(m.estimate.total_bytes(), estimate_rank_memory(pp, m.tp_rank, m.pp_rank).total_bytes());
+  }
+  const RankMemory& top = largest_rank_memory(pp_ranks);
+  r = check_memory(pp_ranks, {0, 1}, plenty, 1ULL << 40, 2, 4, 64);
+  EXPECT_NE(r.detail.find("per rank up to"), std::string::npos) << r.detail;
+  EXPECT_NE(r.detail.find("(rank " + std::to_string(top.rank) + ": tensor 0, pipeline " + std::to_string(top.pp_rank)),
+            std::string::npos)
+      << r.detail;
+  // Two processes need their two estimates: a machine with room for just one of the largest fails.
+  const uint64_t room = top.estimate.total_bytes() + 1;
+  EXPECT_EQ(check_memory(pp_ranks, {top.rank}, MemoryInfo{room, room}, room, 2, 4, 64).status, Status::Pass);
+  EXPECT_EQ(check_memory(pp_ranks, {0, 1}, MemoryInfo{room, room}, room, 2, 4, 64).status, Status::Fail);
+}
+
+// Data tokenized with a larger vocabulary than the model's is a FAIL naming the id.
+TEST(DoctorChecks, TokenIdsBeyondTheVocabularyFail) {
+  TempDir t;
+  const std::string prefix = (t.path / "gpt2_text_document").string();
+  {
+    data::IndexedDatasetBuilder b(data::bin_path(prefix), data::IndexDType::UInt16);
+    b.add_item(std::vector<int32_t>{464, 15756, 50256});
+    b.end_document();
+    b.finalize(data::idx_path(prefix));
+  }
+  ParsedOptions p = parse({"--data-path", prefix, "--split", "1,0,0"});
+  const DataPlan plan = data_plan(p);
+  std::vector<Row> rows = check_data(p, plan, VocabularyLimit{1024, "1024 ids (NullTokenizer --vocab-size 1000)"});
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows[0].status, Status::Fail) << rows[0].detail;
+  EXPECT_NE(rows[0].detail.find("holds token ids up to 50256"), std::string::npos) << rows[0].detail;
+  EXPECT_NE(rows[0].fix.find("--tokenizer-type"), std::string::npos) << rows[0].fix;
+  rows = check_data(p, plan, VocabularyLimit{50304, "50304 ids"});
+  EXPECT_EQ(rows[0].status, Status::Pass) << rows[0].detail;
+  EXPECT_NE(rows[0].detail.find("ids 464..50256 fit"), std::string::npos) << rows[0].detail;
+}
+
   EXPECT_NE(r.fix.find("--num-layers"), std::string::npos);
   EXPECT_EQ(
-      check_memory(estimate_gpt_memory(c, 1), 1, MemoryInfo{1ULL << 50, 1ULL << 50}, 1ULL << 50, 1, 200, 8192).status,
+      check_memory({RankMemory{0, 0, 0, estimate_gpt_memory(c, 1)}}, {0}, MemoryInfo{1ULL << 50, 1ULL << 50},
+                   1ULL << 50, 1, 200, 8192)
+          .status,
       Status::Pass);
 }
 
