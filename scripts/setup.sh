@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev     # small JSON documents (configs, metadata, logs)
   libpcre2-dev           # the GPT-2 pre-tokenization pattern (reference in tests)
   libicu-dev             # Unicode classes for the GPT-2 pre-tokenizer (ICU 72 = Unicode 15.0)
+  libsentencepiece-dev   # Llama2Tokenizer and GPTSentencePieceTokenizer
   zlib1g-dev             # .gz inputs of tessera preprocess
   clang-14 libclang-rt-14-dev   # libFuzzer for fuzz/idx_fuzz (without it a standalone driver runs)
   libssl-dev             # MD5 / SHA-256
@@ -51,4 +52,15 @@ else
   $SUDO /usr/bin/python3 -m venv "$TEST_VENV"
   $SUDO "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     "tensorboard==$TENSORBOARD_VERSION"
+fi
+# tests/reference/data/model_file_tokenizers_test.py compares tessera's Hugging Face and
+# SentencePiece tokenizers with Megatron's classes on the real libraries.
+TOKENIZER_PACKAGES=("tokenizers==0.21.0" "sentencepiece==0.2.0" "transformers==4.47.1")
+if "$TEST_VENV/bin/python" -c "
+import sys, importlib.metadata as m
+sys.exit(any(m.version(p.split('==')[0]) != p.split('==')[1] for p in sys.argv[1:]))" "${TOKENIZER_PACKAGES[@]}" 2>/dev/null; then
+  echo "setup: ${TOKENIZER_PACKAGES[*]} present in $TEST_VENV (test-only)"
+else
+  echo "setup: installing ${TOKENIZER_PACKAGES[*]} from PyPI into $TEST_VENV (test-only)"
+  $SUDO "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TOKENIZER_PACKAGES[@]}"
 fi

@@ -68,3 +68,22 @@ endif()
 set_tests_properties(data.idx_fuzz PROPERTIES
   TIMEOUT 120 LABELS "fuzz;data" WORKING_DIRECTORY ${TESSERA_IDX_FUZZ_DIR}
   ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1:detect_leaks=1;UBSAN_OPTIONS=print_stacktrace=1")
+
+# Model-file tokenizers (HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer)
+# against Megatron's classes on transformers / tokenizers / sentencepiece, which live in the
+# test venv of scripts/setup.sh (the same cache entry as tests/metrics_area's).
+set(TESSERA_TEST_VENV /opt/tessera/test-venv CACHE PATH
+    "Python venv with the test-only PyPI packages (scripts/setup.sh, TESSERA_TEST_VENV)")
+foreach(family hf sp)
+  add_test(NAME data.model_file_tokenizers_${family}
+           COMMAND ${TESSERA_TEST_VENV}/bin/python ${TESSERA_DATA_REF}/model_file_tokenizers_test.py
+                   --tessera $<TARGET_FILE:tessera> --workdir ${TESSERA_DATA_WORK}/model_file_tokenizers_${family}
+                   -k ${family}_)
+  set_tests_properties(data.model_file_tokenizers_${family} PROPERTIES TIMEOUT 600 LABELS data)
+endforeach()
+# The bad-input cases of the same script.
+add_test(NAME data.model_file_tokenizers_errors
+         COMMAND ${TESSERA_TEST_VENV}/bin/python ${TESSERA_DATA_REF}/model_file_tokenizers_test.py
+                 --tessera $<TARGET_FILE:tessera> --workdir ${TESSERA_DATA_WORK}/model_file_tokenizers_errors
+                 -k error_)
+set_tests_properties(data.model_file_tokenizers_errors PROPERTIES TIMEOUT 300 LABELS data)

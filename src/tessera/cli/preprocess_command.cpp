@@ -30,13 +30,16 @@ const OptionTable& preprocess_option_table() {
           {"--lang", K::String, "english", "accepted (NLTK language for --split-sentences)"},
           {"--text-template", K::String, nullptr,
            "build each document from record fields, e.g. '{instruction}\\n{input}\\n{output}' (tessera)"},
-          {"--tokenizer-type", K::String, nullptr, "GPT2BPETokenizer or NullTokenizer; required"},
+          {"--tokenizer-type", K::String, nullptr,
+           "GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer or NullTokenizer; "
+           "required"},
           {"--vocab-file", K::String, nullptr, "GPT-2 vocab.json"},
           {"--merge-file", K::String, nullptr, "GPT-2 merges.txt"},
           {"--vocab-size", K::Int, nullptr, "vocabulary size for NullTokenizer (EOD is N)"},
           {"--append-eod", K::StoreTrue, nullptr, "append the EOD token to every non-empty document"},
           {"--vocab-extra-ids", K::Int, "0", "accepted (preprocess_data.py forces 0)"},
-          {"--tokenizer-model", K::String, nullptr, "accepted (no model-file tokenizer yet)"},
+          {"--tokenizer-model", K::String, nullptr,
+           "HuggingFaceTokenizer: the folder of tokenizer.json; Llama2Tokenizer, GPTSentencePieceTokenizer: the .model file"},
           {"--tiktoken-pattern", K::String, nullptr, "accepted (TikTokenizer is not supported yet)"},
           {"--tiktoken-num-special-tokens", K::Int, "1000", "accepted"},
           {"--tiktoken-special-tokens", K::List, nullptr, "accepted"},
@@ -83,6 +86,7 @@ data::PreprocessOptions preprocess_options(const ParsedOptions& p) {
   o.tokenizer.type = p.get_string("--tokenizer-type");
   o.tokenizer.vocab_file = p.get_string("--vocab-file");
   o.tokenizer.merge_file = p.get_string("--merge-file");
+  o.tokenizer.tokenizer_model = p.get_string("--tokenizer-model");
   if (p.raw("--vocab-size")) o.tokenizer.vocab_size = p.get_int("--vocab-size");
   o.append_eod = p.get_bool("--append-eod");
   o.output_prefix = p.get_string("--output-prefix");

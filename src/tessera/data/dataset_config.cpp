@@ -352,6 +352,14 @@ TokenizerIdentity null_tokenizer_identity(int64_t vocab_size) {
   return {"_NullTokenizer", {std::nullopt}, {{"vocab_size", std::to_string(vocab_size)}}};
 }
 
+TokenizerIdentity tokenizer_identity(const TokenizerOptions& t) {
+  if (t.type == "NullTokenizer") return null_tokenizer_identity(*t.vocab_size);
+  if (t.type == "GPT2BPETokenizer") return gpt2_bpe_tokenizer_identity(t.vocab_file, t.merge_file);
+  if (t.type == "HuggingFaceTokenizer") return {"_HuggingFaceTokenizer", {t.tokenizer_model}, {}};
+  // _Llama2Tokenizer and _GPTSentencePieceTokenizer pass vocab_extra_ids=0 to their base class.
+  return {"_" + t.type, {t.tokenizer_model}, {{"vocab_extra_ids", "0"}}};
+}
+
 // ---- configuration ------------------------------------------------------------------------
 
 void GPTDatasetConfig::finalize() {

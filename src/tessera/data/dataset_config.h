@@ -29,6 +29,8 @@
 #include <variant>
 #include <vector>
 
+#include "tessera/data/tokenizer.h"
+
 namespace tessera::data {
 
 enum class Split : int { Train = 0, Valid = 1, Test = 2 };
@@ -139,6 +141,10 @@ struct TokenizerIdentity {
 TokenizerIdentity gpt2_bpe_tokenizer_identity(const std::string& vocab_file, const std::string& merge_file);
 // --tokenizer-type NullTokenizer: {"class": "_NullTokenizer", "tokenizer_path": [null], "vocab_size": "N"}.
 TokenizerIdentity null_tokenizer_identity(int64_t vocab_size);
+// Any --tokenizer-type tessera builds. HuggingFaceTokenizer: {"class": "_HuggingFaceTokenizer",
+// "tokenizer_path": [dir]}; Llama2Tokenizer / GPTSentencePieceTokenizer: {"class":
+// "_Llama2Tokenizer" / "_GPTSentencePieceTokenizer", "tokenizer_path": [model], "vocab_extra_ids": "0"}.
+TokenizerIdentity tokenizer_identity(const TokenizerOptions& tokenizer);
 
 // ---- the configuration ---------------------------------------------------------------------
 

@@ -614,7 +614,7 @@ std::string GPT2BPETokenizer::decode(std::span<const int32_t> ids) const {
   return utf8::decode_with_replacement(bytes);
 }
 
-// ---- NullTokenizer and the factory --------------------------------------------------------
+// ---- NullTokenizer --------------------------------------------------------------------
 
 NullTokenizer::NullTokenizer(int64_t vocab_size_without_eod) : vocab_size_without_eod_(vocab_size_without_eod) {
   if (vocab_size_without_eod < 1 || vocab_size_without_eod >= INT32_MAX)
@@ -673,33 +673,6 @@ std::string NullTokenizer::decode(std::span<const int32_t> ids) const {
     out += std::to_string(ids[i]);
   }
   return out;
-}
-
-std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& o) {
-  const std::string& type = o.type;
-  if (type.empty())
-    throw usage_error("--tokenizer-type is required",
-                      "use --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt");
-  if (type == "GPT2BPETokenizer") {
-    if (o.vocab_file.empty() || o.merge_file.empty())
-      throw usage_error("GPT2BPETokenizer needs --vocab-file and --merge-file",
-                        "pass GPT-2's vocab.json and merges.txt");
-    return std::make_unique<GPT2BPETokenizer>(o.vocab_file, o.merge_file);
-  }
-  if (type == "NullTokenizer") {
-    if (!o.vocab_size) throw usage_error("NullTokenizer needs --vocab-size", "e.g. --vocab-size 50257");
-    return std::make_unique<NullTokenizer>(*o.vocab_size);
-  }
-  static const char* kMegatronTypes[] = {"BertWordPieceLowerCase", "BertWordPieceCase",
-                                         "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                                         "HuggingFaceTokenizer", "Llama2Tokenizer",
-                                         "TikTokenizer", "MultimodalTokenizer"};
-  for (const char* t : kMegatronTypes)
-    if (type == t)
-      throw usage_error("--tokenizer-type " + type + " is not supported yet",
-                        "tessera supports GPT2BPETokenizer and NullTokenizer so far");
-  throw usage_error("unknown --tokenizer-type " + type,
-                    "choose GPT2BPETokenizer or NullTokenizer (Megatron's names)");
 }
 
 }  // namespace tessera::data

@@ -42,10 +42,12 @@ struct TokenizerOptions {
   std::string vocab_file;  // --vocab-file
   std::string merge_file;  // --merge-file
   std::optional<int64_t> vocab_size;  // --vocab-size (NullTokenizer)
+  std::string tokenizer_model;  // --tokenizer-model: HuggingFaceTokenizer's folder, a SentencePiece .model
 };
 
-// Builds the tokenizer named by options.type; a usage error names what is missing or
-// unsupported (only GPT2BPETokenizer and NullTokenizer exist so far).
+// Builds the tokenizer named by options.type (GPT2BPETokenizer, HuggingFaceTokenizer,
+// Llama2Tokenizer, GPTSentencePieceTokenizer, NullTokenizer); a usage error names what is
+// missing or unsupported.
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& options);
 
 // Megatron's _NullTokenizer: text is space-separated integer ids; vocab_size is

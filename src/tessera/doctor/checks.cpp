@@ -390,6 +390,7 @@ Row check_tokenizer(const ParsedOptions& p) {
   o.type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
   o.vocab_file = p.get_string("--vocab-file");
   o.merge_file = p.get_string("--merge-file");
+  o.tokenizer_model = p.get_string("--tokenizer-model");
   if (p.raw("--vocab-size")) o.vocab_size = p.get_int("--vocab-size");
   Row r{"data: tokenizer", Status::Pass, "", "", ""};
   std::string missing;

@@ -49,10 +49,7 @@ void check_vocabulary_holds_data(const TrainArgs& args, const data::GPTDatasetCo
 }  // namespace
 
 TrainingData build_training_data(const TrainArgs& args) {
-  const data::TokenizerIdentity identity =
-      args.tokenizer.type == "NullTokenizer"
-          ? data::null_tokenizer_identity(*args.tokenizer.vocab_size)
-          : data::gpt2_bpe_tokenizer_identity(args.tokenizer.vocab_file, args.tokenizer.merge_file);
+  const data::TokenizerIdentity identity = data::tokenizer_identity(args.tokenizer);
   const data::GPTDatasetConfig config = data::make_gpt_dataset_config(args.data, identity, args.eod);
   check_vocabulary_holds_data(args, config);
   const data::SplitSizes sizes = data::requested_sample_counts(args.train_iters, args.train_samples,

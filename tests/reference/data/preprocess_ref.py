@@ -35,6 +35,9 @@ def build_tokenizer(args):
         return GPT2BPE(args.vocab_file, args.merge_file)
     if args.tokenizer_type == "NullTokenizer":
         return NullTokenizer(args.vocab_size)
+    if args.tokenizer_model:  # needs the test venv's transformers / sentencepiece
+        import megatron_tokenizers
+        return megatron_tokenizers.build(args.tokenizer_type, args.tokenizer_model)
     raise SystemExit(f"unsupported tokenizer {args.tokenizer_type}")
 
 
@@ -102,6 +105,7 @@ def main():
     p.add_argument("--vocab-file")
     p.add_argument("--merge-file")
     p.add_argument("--vocab-size", type=int)
+    p.add_argument("--tokenizer-model")
     p.add_argument("--append-eod", action="store_true")
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--partitions", type=int, default=1)
