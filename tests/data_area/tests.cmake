@@ -6,7 +6,7 @@
 set(TESSERA_DATA_REF ${PROJECT_SOURCE_DIR}/tests/reference/data)
 set(TESSERA_DATA_WORK ${PROJECT_BINARY_DIR}/tests/data_work)
 
-foreach(name indexed_bytes oracle cli)
+foreach(name indexed_bytes oracle cli user_errors)
   add_test(NAME data.${name}
            COMMAND /usr/bin/python3 ${TESSERA_DATA_REF}/${name}_test.py
                    --tessera $<TARGET_FILE:tessera> --workdir ${TESSERA_DATA_WORK}/${name})

@@ -6,3 +6,8 @@
 add_test(NAME doctor.end_to_end
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/doctor_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(doctor.end_to_end PROPERTIES TIMEOUT 240 LABELS doctor SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+
+# doctor's memory row equals the largest rank's allocation in `tessera train` (TP 2, PP 2).
+add_test(NAME doctor.memory_per_rank
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/doctor_area/memory_per_rank_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(doctor.memory_per_rank PROPERTIES TIMEOUT 240 LABELS doctor)

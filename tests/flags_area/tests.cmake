@@ -7,6 +7,11 @@ add_test(NAME flags.doc
          COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/gen-megatron-flags-doc.sh --check $<TARGET_FILE:tessera>)
 set_tests_properties(flags.doc PROPERTIES TIMEOUT 60 LABELS flags)
 
+# Unsupported flags all named in one error, --help's choices, `tessera flags --status`.
+add_test(NAME flags.cli
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/flags_area/flags_cli_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(flags.cli PROPERTIES TIMEOUT 120 LABELS flags)
+
 # One node, 4 processes (TP 2 x PP 2) on loopback, the bundled corpus, a checkpoint; plus the
 # guide's full-size single-node configuration with --dry-run.
 add_test(NAME flags.example_script

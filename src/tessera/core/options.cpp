@@ -30,8 +30,8 @@ bool is_choice(const char* choices, const std::string& v) {
 }
 
 std::string comma_list(const char* choices) {
-  std::string s = choices;
-  std::replace(s.begin(), s.end(), '|', ',');
+  std::string s;
+  for (const char* c = choices; *c; ++c) s += *c == '|' ? std::string(", ") : std::string(1, *c);
   return s;
 }
 
