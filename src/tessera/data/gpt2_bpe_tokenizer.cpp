@@ -7,10 +7,10 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <queue>
 #include <unordered_map>
 
 #include "tessera/core/error.h"
+#include "tessera/data/bpe_merge.h"
 #include "tessera/data/file_util.h"
 #include "tessera/data/gpt2_pretokenizer.h"
 #include "tessera/data/json_util.h"
@@ -18,44 +18,6 @@
 
 namespace tessera::data {
 namespace {
-
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  return x;
-}
-
-inline uint64_t hash_bytes(const char* p, size_t n) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    h = mix64(h ^ w);
-    p += 8;
-    n -= 8;
-  }
-  if (n > 0) {
-    uint64_t w = 0;
-    std::memcpy(&w, p, n);
-    h = mix64(h ^ w ^ (uint64_t{n} << 56));
-  }
-  return h | 1;  // 0 marks an empty cache slot
-}
-
-// GPT-2's byte-to-unicode map (bytes_to_unicode in megatron/training/tokenizer/gpt2_tokenization.py).
-std::array<char32_t, 256> bytes_to_unicode() {
-  std::array<char32_t, 256> map{};
-  std::array<bool, 256> printable{};
-  for (int b = 0x21; b <= 0x7E; ++b) printable[b] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
-  char32_t next = 0x100;
-  for (int b = 0; b < 256; ++b) map[b] = printable[b] ? char32_t(b) : next++;
-  return map;
-}
 
 // Python's str.split() separators (str.isspace).
 bool is_python_space(char32_t c) {
@@ -85,51 +47,6 @@ std::vector<std::string_view> python_split(std::string_view s) {
   return parts;
 }
 
-// Merge ranks keyed by the pair of symbol ids; open addressing, linear probing.
-class PairTable {
- public:
-  struct Value {
-    int32_t rank;
-    int32_t merged;
-  };
-  void reserve(size_t n) {
-    size_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    keys_.assign(cap, kEmpty);
-    values_.assign(cap, Value{0, 0});
-    mask_ = cap - 1;
-  }
-  void set(int32_t a, int32_t b, Value v) {
-    uint64_t key = pack(a, b);
-    size_t i = slot(key);
-    while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
-    if (keys_[i] == kEmpty) ++size_;
-    keys_[i] = key;
-    values_[i] = v;
-  }
-  const Value* find(int32_t a, int32_t b) const {
-    uint64_t key = pack(a, b);
-    size_t i = slot(key);
-    while (true) {
-      if (keys_[i] == key) return &values_[i];
-      if (keys_[i] == kEmpty) return nullptr;
-      i = (i + 1) & mask_;
-    }
-  }
-
- private:
-  static constexpr uint64_t kEmpty = ~uint64_t{0};
-  static uint64_t pack(int32_t a, int32_t b) {
-    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
-  }
-  size_t slot(uint64_t key) const { return mix64(key) & mask_; }
-  std::vector<uint64_t> keys_;
-  std::vector<Value> values_;
-  size_t mask_ = 0, size_ = 0;
-};
-
-constexpr size_t kHeapThreshold = 64;  // pre-tokens longer than this use the heap algorithm
-
 }  // namespace
 
 struct Gpt2Tables {
@@ -137,7 +54,7 @@ struct Gpt2Tables {
   std::unordered_map<std::string, int32_t> symbol_of;
   std::vector<int32_t> symbol_vocab_id;  // Megatron: encoder.get(token, 0)
   std::array<int32_t, 256> byte_symbol{};
-  PairTable merges;
+  MergeTable merges;
   // Decoding, by vocab id.
   std::vector<std::string> piece_of_id;  // vocab.json key
   std::vector<std::string> bytes_of_id;  // its bytes through the byte decoder
@@ -154,165 +71,6 @@ struct Gpt2Tables {
     if (inserted) symbol_vocab_id.push_back(0);
     return it->second;
   }
-
-  // Python's round-based merge loop (gpt2_tokenization.py bpe()).
-  void bpe_rounds(std::vector<int32_t>& word) const {
-    while (word.size() > 1) {
-      int32_t best_rank = INT32_MAX, first = 0, second = 0, merged = 0;
-      for (size_t i = 0; i + 1 < word.size(); ++i) {
-        const PairTable::Value* v = merges.find(word[i], word[i + 1]);
-        if (v && v->rank < best_rank) {
-          best_rank = v->rank;
-          first = word[i];
-          second = word[i + 1];
-          merged = v->merged;
-        }
-      }
-      if (best_rank == INT32_MAX) break;
-      size_t w = 0, n = word.size();
-      for (size_t r = 0; r < n;) {
-        if (r + 1 < n && word[r] == first && word[r + 1] == second) {
-          word[w++] = merged;
-          r += 2;
-        } else {
-          word[w++] = word[r++];
-        }
-      }
-      word.resize(w);
-    }
-  }
-
-  // The same rounds with a heap of candidate pairs: each round takes every occurrence of the
-  // lowest-ranked pair and merges them left to right, skipping overlaps, exactly as the
-  // round-based loop does, in O(n log n) instead of O(n * rounds).
-  void bpe_heap(std::vector<int32_t>& word) const {
-    const size_t n = word.size();
-    if (n < 2) return;
-    std::vector<int32_t> sym(word), prev(n), next(n);
-    std::vector<uint8_t> alive(n, 1);
-    for (size_t i = 0; i < n; ++i) {
-      prev[i] = static_cast<int32_t>(i) - 1;
-      next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
-    }
-    struct Cand {
-      int32_t rank, pos, first, second;
-      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-    auto push = [&](int32_t pos) {
-      if (pos < 0 || next[pos] < 0) return;
-      if (const PairTable::Value* v = merges.find(sym[pos], sym[next[pos]]))
-        heap.push(Cand{v->rank, pos, sym[pos], sym[next[pos]]});
-    };
-    auto valid = [&](const Cand& c) {
-      return alive[c.pos] && next[c.pos] >= 0 && sym[c.pos] == c.first && sym[next[c.pos]] == c.second;
-    };
-    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
-    std::vector<Cand> round;
-    std::vector<int32_t> merged_at;
-    while (!heap.empty()) {
-      Cand top = heap.top();
-      heap.pop();
-      if (!valid(top)) continue;
-      round.assign(1, top);
-      while (!heap.empty() && heap.top().rank == top.rank) {
-        round.push_back(heap.top());
-        heap.pop();
-      }
-      std::sort(round.begin(), round.end(), [](const Cand& a, const Cand& b) { return a.pos < b.pos; });
-      int32_t merged = merges.find(top.first, top.second)->merged;
-      merged_at.clear();
-      for (const Cand& c : round) {
-        if (!valid(c)) continue;  // overlapped by the previous merge of this round
-        int32_t right = next[c.pos];
-        sym[c.pos] = merged;
-        alive[right] = 0;
-        next[c.pos] = next[right];
-        if (next[right] >= 0) prev[next[right]] = c.pos;
-        merged_at.push_back(c.pos);
-      }
-      for (int32_t pos : merged_at) {
-        if (!alive[pos]) continue;
-        push(prev[pos]);
-        push(pos);
-      }
-    }
-    word.clear();
-    for (int32_t i = 0; i >= 0; i = next[i]) word.push_back(sym[i]);
-  }
-};
-
-// Results of BPE per pre-token, keyed by its bytes. Bounded: cleared when full.
-class PretokenCache {
- public:
-  PretokenCache() { slots_.assign(kInitialSlots, Slot{}); }
-
-  // The first 8 bytes of a key, zero-padded: most pre-tokens are that short, so a hit rarely
-  // needs the key arena.
-  static uint64_t prefix_of(std::string_view key) {
-    uint64_t p = 0;
-    std::memcpy(&p, key.data(), std::min<size_t>(key.size(), 8));
-    return p;
-  }
-
-  const int32_t* find(std::string_view key, uint64_t h, uint32_t& count) const {
-    const size_t mask = slots_.size() - 1;
-    const uint64_t prefix = prefix_of(key);
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
-      if (s.hash == 0) return nullptr;
-      if (s.hash == h && s.key_len == key.size() && s.prefix == prefix &&
-          (key.size() <= 8 || std::memcmp(keys_.data() + s.key_off + 8, key.data() + 8, key.size() - 8) == 0)) {
-        count = s.ids_len;
-        return ids_.data() + s.ids_off;
-      }
-    }
-  }
-
-  void insert(std::string_view key, uint64_t h, const int32_t* ids, uint32_t count) {
-    if (size_ >= kMaxEntries || keys_.size() + key.size() > kMaxKeyBytes) clear();
-    if (2 * (size_ + 1) > slots_.size()) grow();
-    Slot s{h, prefix_of(key), static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size()),
-           static_cast<uint32_t>(ids_.size()), count};
-    keys_.append(key);
-    ids_.insert(ids_.end(), ids, ids + count);
-    place(s);
-    ++size_;
-  }
-
- private:
-  struct Slot {
-    uint64_t hash = 0;
-    uint64_t prefix = 0;
-    uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
-  };
-  static constexpr size_t kInitialSlots = 1 << 14;
-  static constexpr size_t kMaxEntries = 1 << 20;
-  static constexpr size_t kMaxKeyBytes = size_t{64} << 20;
-
-  void place(const Slot& s) {
-    size_t mask = slots_.size() - 1;
-    size_t i = s.hash & mask;
-    while (slots_[i].hash != 0) i = (i + 1) & mask;
-    slots_[i] = s;
-  }
-  void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
-    old.swap(slots_);
-    for (const Slot& s : old)
-      if (s.hash != 0) place(s);
-  }
-  void clear() {
-    slots_.assign(kInitialSlots, Slot{});
-    keys_.clear();
-    ids_.clear();
-    size_ = 0;
-  }
-
-  std::vector<Slot> slots_;
-  std::string keys_;
-  std::vector<int32_t> ids_;
-  size_t size_ = 0;
 };
 
 namespace {
@@ -404,7 +162,7 @@ void load_vocab(Gpt2Tables& t, const std::string& path) {
   }
   t.vocab_size = static_cast<int64_t>(vocab.size());
   check_vocab_ids(t, path, text, order, vocab);
-  check_byte_tokens(vocab, path, bytes_to_unicode());
+  check_byte_tokens(vocab, path, byte_level_alphabet());
   t.piece_of_id.assign(static_cast<size_t>(t.vocab_size), "");
   t.bytes_of_id.assign(static_cast<size_t>(t.vocab_size), "");
   t.id_state.assign(static_cast<size_t>(t.vocab_size), 0);
@@ -501,7 +259,7 @@ void load_merges(Gpt2Tables& t, const std::string& path, const std::string& voca
                        ", which is not a token of " + vocab_path,
                    kMergesHint);
     }
-    t.merges.set(symbol[0], symbol[1], PairTable::Value{static_cast<int32_t>(r), symbol[2]});  // dict(): last rank wins
+    t.merges.set(symbol[0], symbol[1], MergeTable::Merge{static_cast<int32_t>(r), symbol[2]});  // dict(): last rank wins
     made[t.symbol_vocab_id[symbol[2]]] = 1;
   }
   check_every_token_made(t, made, path, vocab_path, lines.size());
@@ -513,7 +271,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     : cache_(std::make_unique<PretokenCache>()) {
   auto t = std::make_shared<Gpt2Tables>();
   load_vocab(*t, vocab_file);
-  auto byte_map = bytes_to_unicode();
+  auto byte_map = byte_level_alphabet();
   std::array<int, 0x144> byte_of_char;
   byte_of_char.fill(-1);
   for (int b = 0; b < 256; ++b) {
@@ -583,8 +341,7 @@ void GPT2BPETokenizer::encode_piece(std::string_view piece, std::vector<int32_t>
   }
   scratch_.clear();
   for (unsigned char b : piece) scratch_.push_back(t.byte_symbol[b]);
-  if (piece.size() > kHeapThreshold) t.bpe_heap(scratch_);
-  else t.bpe_rounds(scratch_);
+  bpe_merge(t.merges, scratch_);
   for (int32_t& s : scratch_) s = t.symbol_vocab_id[s];
   cache_->insert(piece, h, scratch_.data(), static_cast<uint32_t>(scratch_.size()));
   out.insert(out.end(), scratch_.begin(), scratch_.end());
@@ -594,8 +351,8 @@ std::vector<int32_t> GPT2BPETokenizer::bpe_for_testing(std::string_view pretoken
   const Gpt2Tables& t = *tables_;
   std::vector<int32_t> word;
   for (unsigned char b : pretoken) word.push_back(t.byte_symbol[b]);
-  if (heap) t.bpe_heap(word);
-  else t.bpe_rounds(word);
+  if (heap) bpe_merge_heap(t.merges, word);
+  else bpe_merge_rounds(t.merges, word);
   for (int32_t& s : word) s = t.symbol_vocab_id[s];
   return word;
 }
