@@ -44,3 +44,9 @@ set_tests_properties(train_exit_signal PROPERTIES TIMEOUT 600)
 add_test(NAME train_checkpoint_failures
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_failure_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_checkpoint_failures PROPERTIES TIMEOUT 300)
+
+# A resume that changed --eval-iters gets a validation split as large as it reads; one that
+# kept its flags gets Megatron's count.
+add_test(NAME train_resume_validation
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/resume_validation_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_resume_validation PROPERTIES TIMEOUT 600)

@@ -121,7 +121,7 @@ int run_train(int argc, char** argv) {
     log_info(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", topology.tp_rank(),
             topology.pp_rank(), static_cast<long long>(model.num_parameters()));
 
-  TrainingData data = build_training_data(args);
+  TrainingData data = build_training_data(args, resume_position(args));
   if (world) check_datasets_agree(data, *world);
   TrainerGroups trainer_groups{world.get(),           groups.dp.get(), groups.tp.get(), groups.pp.get(),
                                groups.model_parallel.get(), groups.embedding.get()};

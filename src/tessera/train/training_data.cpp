@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 
+#include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 #include "tessera/data/token_id_range.h"
@@ -48,13 +49,32 @@ void check_vocabulary_holds_data(const TrainArgs& args, const data::GPTDatasetCo
 
 }  // namespace
 
-TrainingData build_training_data(const TrainArgs& args) {
+ResumePosition resume_position(const TrainArgs& args) {
+  if (args.load.empty() || args.finetune) return {};
+  const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
+  if (!latest) return {};
+  const CheckpointState s = read_checkpoint_metadata(args.load, *latest);
+  return {s.iteration, s.consumed_valid_samples};
+}
+
+int64_t validation_samples_read(const TrainArgs& args, const ResumePosition& from) {
+  const int64_t evaluations = args.train_iters / args.eval_interval - from.iteration / args.eval_interval + 1;
+  return from.consumed_valid_samples + evaluations * args.eval_iters * args.global_batch_size;
+}
+
+TrainingData build_training_data(const TrainArgs& args, const ResumePosition& from) {
   const data::TokenizerIdentity identity = data::tokenizer_identity(args.tokenizer);
   const data::GPTDatasetConfig config = data::make_gpt_dataset_config(args.data, identity, args.eod);
   check_vocabulary_holds_data(args, config);
-  const data::SplitSizes sizes = data::requested_sample_counts(args.train_iters, args.train_samples,
+  data::SplitSizes sizes = data::requested_sample_counts(args.train_iters, args.train_samples,
                                                                args.global_batch_size, args.eval_interval,
                                                                args.eval_iters);
+  if (const int64_t read = validation_samples_read(args, from); args.eval_iters > 0 && sizes[1] && read > *sizes[1]) {
+    print_rank_0(" > validation sized for this resumed run: it reads to sample %lld, past the %lld that --eval-iters "
+                 "and --eval-interval give a run from iteration 0 (the checkpoint's run evaluated with others)",
+                 static_cast<long long>(read), static_cast<long long>(*sizes[1]));
+    sizes[1] = read;
+  }
   print_rank_0("%s", data::format_target_sizes(sizes).c_str());
   data::GPTDatasets datasets = data::build_gpt_datasets(config, sizes);
   // Megatron's mock documents count up to 4095; a real dataset's ids come from the same

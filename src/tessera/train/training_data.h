@@ -30,10 +30,25 @@ struct TrainingData {
   DataSources sources() const { return {train.get(), valid.get(), test.get(), masks}; }
 };
 
+// Where a resumed run starts: the checkpoint's iteration and consumed validation samples.
+struct ResumePosition {
+  int64_t iteration = 0;
+  int64_t consumed_valid_samples = 0;
+};
+// --load's latest checkpoint (none, or --finetune: the start).
+ResumePosition resume_position(const TrainArgs& args);
+
+// The validation samples a run reads: from the resumed position, --eval-iters global batches
+// at every --eval-interval up to --train-iters, and once more at the end.
+int64_t validation_samples_read(const TrainArgs& args, const ResumePosition& from);
+
 // Builds (or loads from the cache) every split, sized by Megatron's sample counts
-// (build_train_valid_test_datasets in megatron/training/training.py); prints the target
-// sizes on rank 0.
-TrainingData build_training_data(const TrainArgs& args);
+// (get_train_valid_test_num_samples in megatron/training/training.py); prints the target
+// sizes on rank 0. Megatron sizes validation for a run from iteration 0; a resume that
+// changed --eval-iters or --eval-interval can read past that (Megatron's sampler runs out
+// after training), so the validation split is then built for what this run reads. A run
+// that keeps its flags reads exactly Megatron's count, and keeps Megatron's samples.
+TrainingData build_training_data(const TrainArgs& args, const ResumePosition& from = {});
 
 // Every process builds or loads its own index arrays (nodes need not share storage); this
 // compares their digests across the world before training and throws an Error naming the
