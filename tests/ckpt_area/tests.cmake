@@ -46,3 +46,40 @@ add_test(NAME ckpt.reshard
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_reshard_test.py
                  $<TARGET_FILE:tessera>)
 set_tests_properties(ckpt.reshard PROPERTIES TIMEOUT 900 LABELS ckpt)
+
+# Megatron-LM's checkpoint files: the zip container and the restricted pickle reader under
+# fuzzing (fuzz/torch_checkpoint_fuzz.cpp), built and run as safetensors_fuzz is.
+find_package(ZLIB REQUIRED)
+add_executable(torch_checkpoint_fuzz
+  ${PROJECT_SOURCE_DIR}/fuzz/torch_checkpoint_fuzz.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/zip_archive.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/pickle.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/torch_file.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/error.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp)
+target_compile_options(torch_checkpoint_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS} -O1 -g -fno-omit-frame-pointer)
+target_link_options(torch_checkpoint_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS})
+target_link_libraries(torch_checkpoint_fuzz PRIVATE ZLIB::ZLIB Threads::Threads)
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  target_compile_definitions(torch_checkpoint_fuzz PRIVATE TESSERA_LIBFUZZER)
+  add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz -max_total_time=30 -rss_limit_mb=2048)
+else()
+  add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz --seconds 30)
+endif()
+set_tests_properties(ckpt.torch_checkpoint_fuzz PROPERTIES
+  TIMEOUT 120 LABELS "fuzz;ckpt"
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
+  ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1:detect_leaks=1;UBSAN_OPTIONS=print_stacktrace=1")
+
+# Megatron-LM's --ckpt-format torch end to end (tests/integration/megatron_checkpoint_test.py):
+# torch.load of tessera's saves, bit-exact resume (fp32; bf16 TP=2 PP=2 in 4 processes),
+# ckpt convert both ways, hostile pickles and damaged files.
+add_test(NAME ckpt.megatron_format
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/megatron_checkpoint_test.py
+                 $<TARGET_FILE:tessera>)
+set_tests_properties(ckpt.megatron_format PROPERTIES TIMEOUT 300 LABELS ckpt)
+
+# `ckpt inspect --summary` on a TP 2 checkpoint: parameter count, layout, one line per shard.
+add_test(NAME ckpt.inspect_summary
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/ckpt_area/ckpt_summary_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(ckpt.inspect_summary PROPERTIES TIMEOUT 180 LABELS ckpt)

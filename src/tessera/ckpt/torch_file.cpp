@@ -1,5 +1,6 @@
 #include "tessera/ckpt/torch_file.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "tessera/core/dtype.h"
@@ -76,7 +77,14 @@ std::span<const uint8_t> TorchFile::storage_for(const pickle::TensorRef& t, cons
     if (it == inflated_.end()) it = inflated_.emplace(name, zip_.read(*e)).first;
     data = it->second;
   }
-  // The furthest element the tensor reaches must lie inside the storage's bytes.
+  // The tensor's elements, and the furthest one it reaches, must lie inside the storage's
+  // bytes (a saved tensor never repeats elements through zero strides).
+  unsigned __int128 numel = 1;
+  for (int64_t d : t.shape) numel = std::min<unsigned __int128>(numel * static_cast<uint64_t>(d), uint64_t{1} << 62);
+  if (numel * es > data.size())
+    throw runtime_error(path() + ": tensor " + what + " has more elements than its storage " + t.storage.key +
+                            " holds (" + std::to_string(data.size()) + " bytes)",
+                        "the file is damaged or was not written by PyTorch");
   bool empty = false;
   unsigned __int128 last = static_cast<unsigned __int128>(t.storage_offset);
   for (size_t d = 0; d < t.shape.size(); ++d) {

@@ -54,7 +54,16 @@ GPTConfig reference_config() {
   return c;
 }
 
-class MegatronCheckpoint : public testing::TestWithParam<std::tuple<const char*, int>> {};
+// The reference folder is removed when every test of the program passed.
+class RemoveReferenceOnSuccess : public testing::Environment {
+ public:
+  void TearDown() override {
+    if (!testing::UnitTest::GetInstance()->Failed()) fs::remove_all(reference_dir());
+  }
+};
+const auto* const kCleanup = testing::AddGlobalTestEnvironment(new RemoveReferenceOnSuccess);
+
+class MegatronCheckpoint : public testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
   const auto [names, tp] = GetParam();
@@ -114,7 +123,10 @@ TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NamesAndLayouts, MegatronCheckpoint,
-                         testing::Combine(testing::Values("mcore", "te", "legacy"), testing::Values(1, 4)));
+                         testing::Combine(testing::Values("mcore", "te", "legacy"), testing::Values(1, 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(MegatronCheckpointState, SchedulerOptimizerAndArgsAsMegatronSavedThem) {
   const CheckpointState s = read_checkpoint_metadata((reference_dir() / "mcore").string(), 7);

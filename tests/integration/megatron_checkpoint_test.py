@@ -1,0 +1,244 @@
+"""Megatron-LM's own checkpoint format (--ckpt-format torch) through `tessera train` and
+`tessera ckpt`, read back with PyTorch's torch.load (Megatron's enums from
+tests/reference/megatron_stub; Megatron-LM itself is not needed):
+
+- save: a run saved with --ckpt-format torch holds Megatron's layout and keys, checkpoint_version
+  3.0, the iteration, a complete args Namespace (Megatron's fields, the run's values, consumed
+  samples, params_dtype, model_type), model tensors bit-equal to the same run's tessera-format
+  save, Adam's moments under Megatron's two parameter groups equal to tessera's, and
+  opt_param_scheduler's num_steps; a --bf16 TP=2 PP=2 run saves bf16 model tensors (each the
+  rounding of its fp32 parameter) and the fp32 parameters as fp32_from_fp16_params;
+- resume: 3 iterations + save (torch format) + resume to 6 gives the log records (loss, grad
+  norm, learning rate, consumed samples) of 6 straight iterations bit for bit, in one process
+  (fp32) and in TP=2 PP=2 (--bf16, 4 processes);
+- convert: the torch checkpoint converted to tessera's format at TP=2 exports (export-hf) the
+  same bytes as the run's own tessera save; converted back to torch at TP=1 its model tensors
+  are the original's;
+- hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
+  zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
+  `ckpt inspect` or `train --load`, and nothing is executed.
+usage: megatron_checkpoint_test.py TESSERA_BINARY"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference", "megatron_stub"))
+from megatron.core.enums import ModelType  # noqa: E402
+
+TESSERA = os.path.abspath(sys.argv[1])
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+         "--max-position-embeddings", "16", "--tokenizer-type", "NullTokenizer", "--vocab-size", "60",
+         "--make-vocab-size-divisible-by", "16"]
+TRAIN = MODEL + ["--micro-batch-size", "1", "--global-batch-size", "4", "--mock-data", "--lr", "1e-3",
+                 "--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--train-iters", "6", "--log-interval", "1",
+                 "--eval-iters", "0", "--weight-decay", "0.1"]
+
+
+def env():
+    e = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def run(flags, procs=1, expect_rc=0, cmd="train"):
+    prefix = [TESSERA, cmd] if procs == 1 else [TESSERA, "launch", "--standalone", "--nproc_per_node", str(procs), cmd]
+    p = subprocess.run(prefix + flags, capture_output=True, text=True, timeout=180, env=env())
+    assert p.returncode == expect_rc, "rc %d (want %d): %s\n%s\n%s" % (p.returncode, expect_rc, " ".join(flags),
+                                                                      p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def records(path):
+    return [json.loads(l) for l in open(path)]
+
+
+def same_records(a, b, label):
+    keys = ("iteration", "consumed_samples", "lm_loss", "grad_norm", "learning_rate")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b], (label, a, b)
+
+
+def safetensors_tensors(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def raw(t):
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.dim() else t.reshape(1).view(torch.uint8).numpy().tobytes()
+
+
+def param_groups(names_shapes):
+    """Megatron's groups: weight decay or not, in order of first appearance."""
+    order, groups = [], {}
+    for n, shape in names_shapes:
+        wd = not (n.endswith(".bias") or len(shape) == 1)
+        if wd not in groups:
+            order.append(wd)
+            groups[wd] = []
+        groups[wd].append(n)
+    return [groups[wd] for wd in order]
+
+
+def check_saved_file(sd, tessera_model, tessera_optimizer):
+    assert list(sd)[:4] == ["args", "checkpoint_version", "iteration", "model"], list(sd)
+    assert sd["checkpoint_version"] == 3.0 and sd["iteration"] == 3
+    a = sd["args"]
+    assert isinstance(a, argparse.Namespace) and len(vars(a)) > 300, len(vars(a))
+    assert (a.num_layers, a.hidden_size, a.padded_vocab_size, a.tensor_model_parallel_size) == (2, 32, 64, 1)
+    assert a.consumed_train_samples == 12 and a.consumed_valid_samples == 0 and a.tokenizer_type == "NullTokenizer"
+    assert a.params_dtype is torch.float32 and a.model_type is ModelType.encoder_or_decoder
+    assert a.ckpt_format == "torch" and a.transformer_impl == "local" and a.lr == 1e-3
+    model = sd["model"]
+    tensors = [(k, v) for k, v in model.items() if v is not None]
+    assert [k for k, _ in tensors] == list(tessera_model), ([k for k, _ in tensors], list(tessera_model))
+    for k, v in tensors:
+        assert v.dtype == torch.float32 and raw(v) == tessera_model[k], k
+    assert model["decoder.layers.0.self_attention.linear_qkv._extra_state"] is None
+    assert "output_layer._extra_state" in model
+    opt = sd["optimizer"]
+    groups = param_groups([(k, tuple(v.shape)) for k, v in tensors])
+    assert [len(g["params"]) for g in opt["param_groups"]] == [len(g) for g in groups]
+    assert [g["weight_decay"] for g in opt["param_groups"]] == [0.1, 0.0]
+    index = 0
+    for g, names in zip(opt["param_groups"], groups):
+        for i, n in zip(g["params"], names):
+            assert i == index
+            st = opt["state"][i]
+            assert st["step"].item() == 3.0
+            assert raw(st["exp_avg"]) == tessera_optimizer["exp_avg." + n], n
+            assert raw(st["exp_avg_sq"]) == tessera_optimizer["exp_avg_sq." + n], n
+            index += 1
+    assert sd["opt_param_scheduler"]["num_steps"] == 12
+    assert sd["opt_param_scheduler"]["lr_decay_style"] == "cosine"
+
+
+def check_bf16_file(sd):
+    model, opt = sd["model"], sd["optimizer"]
+    tensors = [(k, v) for k, v in model.items() if v is not None]
+    masters = [t for group in opt["fp32_from_fp16_params"] for t in group]
+    groups = param_groups([(k, tuple(v.shape)) for k, v in tensors])
+    by_name = dict(tensors)
+    ordered = [by_name[n] for g in groups for n in g]
+    assert len(masters) == len(ordered) and "optimizer" in opt and "state" in opt["optimizer"]
+    for m, t in zip(masters, ordered):
+        assert t.dtype == torch.bfloat16 and m.dtype == torch.float32
+        assert torch.equal(m.to(torch.bfloat16), t)
+    assert sd["args"].params_dtype is torch.bfloat16 and sd["args"].bf16
+
+
+def hostile(tmp, good):
+    """Each damaged copy of `good` (a torch-format checkpoint of iteration 3) must fail with an
+    error naming the file; nothing may run."""
+    marker = os.path.join(tmp, "EXECUTED")
+
+    class Shell:
+        def __reduce__(self):
+            return (os.system, ("touch " + marker,))
+
+    def copy_with(name, write):
+        d = os.path.join(tmp, name)
+        shutil.copytree(good, d)
+        path = os.path.join(d, "iter_0000003", "mp_rank_00", "model_optim_rng.pt")
+        write(path)
+        return d, path
+
+    def storage_too_short(path):
+        with zipfile.ZipFile(path) as z:
+            entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+            for n, data in entries:
+                z.writestr(n, data[:4] if n.endswith("/data/0") else data)
+
+    def truncated(path):
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[:len(data) // 2])
+
+    cases = [
+        ("reduce", lambda p: torch.save({"args": argparse.Namespace(), "model": Shell()}, p), "posix.system", "inspect"),
+        ("global", lambda p: torch.save({"args": argparse.Namespace(x=datetime.date(2020, 1, 1))}, p),
+         "datetime.date", "inspect"),
+        ("truncated", truncated, "not a valid zip archive", "inspect"),
+        ("short_storage", storage_too_short, "than its storage", "train"),
+    ]
+    for name, write, message, how in cases:
+        d, path = copy_with(name, write)
+        command = ["ckpt", "inspect", d] if how == "inspect" else ["train"] + TRAIN + ["--load", d, "--no-load-optim"]
+        p = subprocess.run([TESSERA] + command, capture_output=True, text=True, timeout=60, env=env())
+        assert p.returncode == 1, (name, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+        assert "error:" in p.stderr and message in p.stderr and path in p.stderr, (name, p.stderr)
+        assert not os.path.exists(marker), "the hostile pickle ran a command"
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="megatron_ckpt_")
+    try:
+        # 6 straight iterations, tessera's format (checkpoints at 3 and 6).
+        run(TRAIN + ["--save", f"{tmp}/ts", "--save-interval", "3", "--log-json", f"{tmp}/full.jsonl"])
+        full = records(f"{tmp}/full.jsonl")
+        # 3 iterations saved in Megatron's format, then resumed from it to 6.
+        run(TRAIN + ["--save", f"{tmp}/mt", "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch",
+                     "--log-json", f"{tmp}/first.jsonl"])
+        same_records(full[:3], records(f"{tmp}/first.jsonl"), "first 3 iterations")
+        assert sorted(os.listdir(f"{tmp}/mt")) == ["iter_0000003", "latest_checkpointed_iteration.txt"]
+        assert open(f"{tmp}/mt/latest_checkpointed_iteration.txt").read() == "3"
+        assert os.listdir(f"{tmp}/mt/iter_0000003") == ["mp_rank_00"]
+        run(TRAIN + ["--load", f"{tmp}/mt", "--log-json", f"{tmp}/resumed.jsonl"])
+        same_records(full[3:], records(f"{tmp}/resumed.jsonl"), "resumed from the torch checkpoint")
+        print("fp32 resume from --ckpt-format torch: bit-exact")
+
+        sd = torch.load(f"{tmp}/mt/iter_0000003/mp_rank_00/model_optim_rng.pt")
+        check_saved_file(sd, safetensors_tensors(f"{tmp}/ts/iter_0000003/mp_rank_00/model.safetensors"),
+                         safetensors_tensors(f"{tmp}/ts/iter_0000003/mp_rank_00/optimizer.safetensors"))
+        print("torch.load: layout, args, model, optimizer and scheduler as Megatron saves them")
+
+        # Conversions: torch -> tessera (TP=2) exports what the tessera save exports;
+        # -> torch (TP=1) again holds the original's model tensors.
+        run(["convert", f"{tmp}/mt", f"{tmp}/conv", "--to", "tessera", "--target-tensor-parallel-size", "2"], cmd="ckpt")
+        assert sorted(os.listdir(f"{tmp}/conv/iter_0000003")) == ["metadata.json", "mp_rank_00", "mp_rank_01"]
+        run(["export-hf", f"{tmp}/conv", f"{tmp}/hf_conv"], cmd="ckpt")
+        run(["export-hf", f"{tmp}/ts", f"{tmp}/hf_ts", "--iteration", "3"], cmd="ckpt")
+        assert open(f"{tmp}/hf_conv/model.safetensors", "rb").read() == open(f"{tmp}/hf_ts/model.safetensors",
+                                                                              "rb").read()
+        run(["convert", f"{tmp}/conv", f"{tmp}/back", "--to", "torch", "--target-tensor-parallel-size", "1"], cmd="ckpt")
+        back = torch.load(f"{tmp}/back/iter_0000003/mp_rank_00/model_optim_rng.pt")
+        assert "optimizer" not in back and back["iteration"] == 3 and back["args"].consumed_train_samples == 12
+        for k, v in sd["model"].items():
+            assert (v is None and back["model"][k] is None) or torch.equal(v, back["model"][k]), k
+        inspect = run(["inspect", f"{tmp}/mt"], cmd="ckpt").stdout
+        assert "Megatron-LM torch" in inspect and "mcore names, optimizer: fp32" in inspect, inspect
+        print("convert torch -> tessera TP=2 -> torch TP=1: the same tensors")
+
+        # --bf16 in TP=2 PP=2: 16-bit model tensors, fp32 main parameters, bit-exact resume.
+        par = ["--bf16", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+        run(TRAIN + par + ["--log-json", f"{tmp}/bf16_full.jsonl"], procs=4)
+        run(TRAIN + par + ["--save", f"{tmp}/mt16", "--save-interval", "3", "--exit-interval", "3", "--ckpt-format",
+                           "torch"], procs=4)
+        assert sorted(os.listdir(f"{tmp}/mt16/iter_0000003")) == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000",
+                                                                  "mp_rank_01_001"]
+        last = torch.load(f"{tmp}/mt16/iter_0000003/mp_rank_01_001/model_optim_rng.pt")
+        check_bf16_file(last)
+        assert "decoder.layers.0.input_layernorm.weight" in last["model"] and "output_layer.weight" in last["model"]
+        run(TRAIN + par + ["--load", f"{tmp}/mt16", "--log-json", f"{tmp}/bf16_resumed.jsonl"], procs=4)
+        same_records(records(f"{tmp}/bf16_full.jsonl")[3:], records(f"{tmp}/bf16_resumed.jsonl"), "bf16 TP2 PP2 resume")
+        print("bf16 TP=2 PP=2: 16-bit model tensors, fp32_from_fp16_params, bit-exact resume")
+
+        hostile(tmp, f"{tmp}/mt")
+        print("hostile pickles and damaged files: errors naming the file, nothing executed")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
