@@ -1,5 +1,6 @@
 // `tessera ckpt <action>`: tools for tessera checkpoints (docs/checkpoints.md, "Tools").
 //   inspect DIR [--iteration N]        iteration, arguments, layout, tensors, checksum status
+//           [--summary]                (ckpt_summary.h) one line per shard folder
 //   export-hf DIR OUT [--iteration N]  a Hugging Face GPT-2 folder (config.json,
 //                                      model.safetensors, tokenizer files when known)
 //   import-hf HF_DIR OUT [train flags] a Hugging Face GPT-2 as a tessera checkpoint
@@ -22,6 +23,7 @@
 #include "tessera/ckpt/hf_gpt2.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
+#include "tessera/cli/ckpt_summary.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -40,10 +42,11 @@ void print_help() {
   std::printf(
       "usage: tessera ckpt <action> [flags]\n\n"
       "actions:\n"
-      "  inspect DIR [--iteration N]\n"
+      "  inspect DIR [--iteration N] [--summary]\n"
       "      print the iteration (latest unless --iteration), the recorded arguments, the layout,\n"
       "      every tensor (dtype, shape, bytes) and every file's checksum status (OK, MISMATCH,\n"
-      "      MISSING); exits 1 when any check fails\n"
+      "      MISSING); exits 1 when any check fails. --summary: iteration, layout, parameter count,\n"
+      "      dtypes, sizes and one line per shard folder, without verifying checksums\n"
       "  export-hf DIR OUT [--iteration N]\n"
       "      write a Hugging Face GPT-2 folder: OUT/config.json, OUT/model.safetensors (F32) and,\n"
       "      for GPT2BPETokenizer, OUT/vocab.json and OUT/merges.txt\n"
@@ -62,6 +65,7 @@ void print_help() {
 const OptionTable& ckpt_option_table() {
   static const OptionTable table("tessera ckpt",
                                  {{"--iteration", OptKind::Int, nullptr, "the checkpoint's iteration (default: latest)"},
+                                  {"--summary", OptKind::StoreTrue, nullptr, "inspect: one line per shard folder"},
                                   {"--to", OptKind::Choice, nullptr, "convert: the target format", "torch|tessera"},
                                   {"--target-tensor-parallel-size", OptKind::Int, nullptr, "convert: the target TP"},
                                   {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"}},
@@ -69,7 +73,7 @@ const OptionTable& ckpt_option_table() {
   return table;
 }
 
-// Positional arguments and parsed flags (every flag of the table takes a value).
+// Positional arguments and parsed flags.
 struct Command {
   std::vector<std::string> positional;
   ParsedOptions options;
@@ -82,7 +86,7 @@ Command split_args(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
       flags.push_back(argv[i]);
-      if (a.find('=') == std::string::npos && i + 1 < argc) flags.push_back(argv[++i]);
+      if (a.find('=') == std::string::npos && i + 1 < argc && a != "--summary") flags.push_back(argv[++i]);
     } else {
       c.positional.push_back(a);
     }
@@ -342,6 +346,8 @@ int run_inspect(const Command& c) {
     throw runtime_error("checkpoint " + it_dir + " does not exist", "list " + dir + " for the saved iterations");
   if (is_megatron_checkpoint(dir, iteration)) return run_inspect_megatron(dir, iteration, c.options);
   const json meta = read_metadata(it_dir);
+  if (c.options.get_bool("--summary"))
+    return print_checkpoint_summary(it_dir, iteration, !c.options.given("--iteration"), meta);
   auto num = [&](const char* key) { return meta.contains(key) ? meta[key].dump() : std::string("?"); };
 
   std::printf("checkpoint %s\n", it_dir.c_str());
