@@ -12,6 +12,13 @@ add_test(NAME flags.cli
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/flags_area/flags_cli_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(flags.cli PROPERTIES TIMEOUT 120 LABELS flags)
 
+# README.md: the title first, the set-up commands after the first paragraph, links, and its
+# train example valid with the tokenizer files it names.
+add_test(NAME flags.readme
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/flags_area/readme_test.py $<TARGET_FILE:tessera>
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(flags.readme PROPERTIES TIMEOUT 120 LABELS flags)
+
 # One node, 4 processes (TP 2 x PP 2) on loopback, the bundled corpus, a checkpoint; plus the
 # guide's full-size single-node configuration with --dry-run.
 add_test(NAME flags.example_script
