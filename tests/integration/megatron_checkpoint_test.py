@@ -16,7 +16,8 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   are the original's;
 - hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
   zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
-  `ckpt inspect` or `train --load`, and nothing is executed.
+  `ckpt inspect` or `train --load`, and nothing is executed; loading the optimizer of a
+  checkpoint with a distrib_optim.pt is an error naming that file.
 usage: megatron_checkpoint_test.py TESSERA_BINARY"""
 import argparse
 import datetime
@@ -171,13 +172,16 @@ def hostile(tmp, good):
          "datetime.date", "inspect"),
         ("truncated", truncated, "not a valid zip archive", "inspect"),
         ("short_storage", storage_too_short, "than its storage", "train"),
+        ("distributed_optimizer", lambda p: open(os.path.join(os.path.dirname(p), "distrib_optim.pt"), "wb").close(),
+         "distrib_optim.pt", "train_with_optimizer"),
     ]
     for name, write, message, how in cases:
         d, path = copy_with(name, write)
-        command = ["ckpt", "inspect", d] if how == "inspect" else ["train"] + TRAIN + ["--load", d, "--no-load-optim"]
+        command = {"inspect": ["ckpt", "inspect", d], "train": ["train"] + TRAIN + ["--load", d, "--no-load-optim"],
+                   "train_with_optimizer": ["train"] + TRAIN + ["--load", d]}[how]
         p = subprocess.run([TESSERA] + command, capture_output=True, text=True, timeout=60, env=env())
         assert p.returncode == 1, (name, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
-        assert "error:" in p.stderr and message in p.stderr and path in p.stderr, (name, p.stderr)
+        assert "error:" in p.stderr and message in p.stderr and os.path.dirname(path) in p.stderr, (name, p.stderr)
         assert not os.path.exists(marker), "the hostile pickle ran a command"
 
 
