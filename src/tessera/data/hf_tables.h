@@ -66,7 +66,7 @@ struct HfTables {
   int64_t vocab_size = 0;  // len(tokenizer): distinct tokens of the model and the added tokens
   int32_t max_id = 0;
   int32_t eos = 0;
-  std::optional<int32_t> bos;
+  std::optional<int32_t> bos, pad;
 };
 
 // Reads DIR/tokenizer.json (+ tokenizer_config.json, special_tokens_map.json).

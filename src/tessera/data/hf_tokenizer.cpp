@@ -147,6 +147,7 @@ HuggingFaceTokenizer::~HuggingFaceTokenizer() = default;
 
 int64_t HuggingFaceTokenizer::vocab_size() const { return tables_->vocab_size; }
 int32_t HuggingFaceTokenizer::eod() const { return tables_->eos; }
+int32_t HuggingFaceTokenizer::pad() const { return tables_->pad.value_or(-1); }
 std::optional<int32_t> HuggingFaceTokenizer::bos() const { return tables_->bos; }
 int32_t HuggingFaceTokenizer::max_token_id() const { return tables_->max_id; }
 

@@ -37,6 +37,8 @@ class HuggingFaceTokenizer final : public Tokenizer {
   std::string_view type() const override { return "HuggingFaceTokenizer"; }
   int64_t vocab_size() const override;
   int32_t eod() const override;
+  // The pad_token's id (Qwen2's default: <|endoftext|>, its EOD too), else -1.
+  int32_t pad() const override;
   std::optional<int32_t> bos() const;
   // The largest token id (ids need not be dense: vocab_size may be smaller).
   int32_t max_token_id() const;

@@ -415,6 +415,7 @@ std::shared_ptr<const HfTables> load_hf_tables(const std::string& dir) {
   for (const auto& [name, content] : special.named) {
     if (name == "eos_token") t->eos = all_tokens.at(content);
     if (name == "bos_token") t->bos = all_tokens.at(content);
+    if (name == "pad_token") t->pad = all_tokens.at(content);
   }
   if (std::none_of(special.named.begin(), special.named.end(), [](const auto& p) { return p.first == "eos_token"; }))
     throw runtime_error(dir + "/tokenizer_config.json names no eos_token, whose id Megatron's "

@@ -51,6 +51,7 @@ std::string_view SentencePieceTokenizer::type() const {
 
 int64_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 int32_t SentencePieceTokenizer::eod() const { return sp_->eos_id(); }
+int32_t SentencePieceTokenizer::pad() const { return flavor_ == Flavor::GPT ? sp_->pad_id() : -1; }
 
 void SentencePieceTokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
   if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)

@@ -28,6 +28,9 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string_view type() const override;
   int64_t vocab_size() const override;
   int32_t eod() const override;
+  // GPTSentencePieceTokenizer: the model's pad id (-1 without one). Llama2Tokenizer: -1, as in
+  // Megatron, whose _Llama2Tokenizer stores pad_id where its `pad` property does not look.
+  int32_t pad() const override;
   void encode(std::string_view text, std::vector<int32_t>& out) override;
   using Tokenizer::encode;
   std::string decode(std::span<const int32_t> ids) const override;

@@ -24,6 +24,9 @@ class Tokenizer {
   // Megatron's tokenizer.vocab_size: unpadded (GPT-2: 50257; Null: --vocab-size + 1).
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eod() const = 0;
+  // Megatron's tokenizer.pad as its GPTDataset reads it: labels equal to it get no loss and
+  // inputs equal to it become 0. -1 (Megatron's _PAD_TOKEN_ID) when the tokenizer has none.
+  virtual int32_t pad() const { return -1; }
   // Appends the ids of `text` to `out`. Throws tessera::Error for text it cannot encode
   // (invalid UTF-8; for NullTokenizer, a piece that is not an id).
   virtual void encode(std::string_view text, std::vector<int32_t>& out) = 0;

@@ -340,6 +340,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     std::unique_ptr<data::Tokenizer> tokenizer = data::build_tokenizer(a.tokenizer);
     m.vocab_size = static_cast<int>(tokenizer->vocab_size());
     a.eod = tokenizer->eod();
+    a.pad = tokenizer->pad();
   }
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
   for (auto [n, flag] : {std::pair{m.num_attention_heads, "--num-attention-heads"},

@@ -24,6 +24,7 @@ struct TrainArgs {
   int make_vocab_size_divisible_by = 128;
   data::TokenizerOptions tokenizer;
   int32_t eod = 0;           // the tokenizer's end-of-document id
+  int32_t pad = -1;          // the tokenizer's pad id (no loss on it), -1 for none
   data::DataArgs data;       // --data-path, --split, --mock-data, masks, cache
 
   int64_t micro_batch_size = 0;

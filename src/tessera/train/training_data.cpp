@@ -64,7 +64,8 @@ int64_t validation_samples_read(const TrainArgs& args, const ResumePosition& fro
 
 TrainingData build_training_data(const TrainArgs& args, const ResumePosition& from) {
   const data::TokenizerIdentity identity = data::tokenizer_identity(args.tokenizer);
-  const data::GPTDatasetConfig config = data::make_gpt_dataset_config(args.data, identity, args.eod);
+  data::GPTDatasetConfig config = data::make_gpt_dataset_config(args.data, identity, args.eod);
+  config.pad_id = args.pad;
   check_vocabulary_holds_data(args, config);
   data::SplitSizes sizes = data::requested_sample_counts(args.train_iters, args.train_samples,
                                                                args.global_batch_size, args.eval_interval,

@@ -234,6 +234,27 @@ def test_sp_gpt_english_chinese_tricky():
     compare_preprocess(TRICKY + english + chinese, "GPTSentencePieceTokenizer", train_sp())
 
 
+SMALL_MODEL = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
+               "--max-position-embeddings", "16", "--micro-batch-size", "2", "--lr", "1e-3"]
+
+
+def test_hf_train_and_doctor_read_the_tokenizer():
+    """train runs on data preprocessed with the tokenizer (vocabulary 3002 padded to 3072), and
+    doctor's tokenizer row names it."""
+    folder = llama3()
+    english, _ = corpus_texts()
+    write_jsonl("in.jsonl", english[:400])
+    tok = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", folder]
+    tessera("preprocess", "--input", "in.jsonl", "--output-prefix", "d", *tok, "--append-eod", "--no-progress-bar")
+    p = tessera("train", *SMALL_MODEL, "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "1",
+                "--eval-interval", "2", "--log-interval", "1", *tok, "--data-path", "d_text_document",
+                "--split", "90,10,0", "--data-cache-path", "cache", timeout=300)
+    expect("padded vocab (size: 3002) with 70 dummy tokens (new size: 3072)" in p.stdout + p.stderr,
+           p.stdout[-2000:])
+    p = tessera("doctor", *SMALL_MODEL, "--train-iters", "2", *tok, "--mock-data", check=False, timeout=300)
+    expect("HuggingFaceTokenizer, 3002 tokens, EOD 1" in p.stdout, p.stdout)
+
+
 def edited_copy(folder, name, edit):
     """A copy of a tokenizer folder whose tokenizer.json `edit` changes."""
     out = os.path.join(os.getcwd(), name)
