@@ -390,8 +390,10 @@ void print_markdown() {
       "- **accepted, no effect**: parsed, then ignored with a one-line note, because it only tunes\n"
       "  speed on other hardware; the reason follows.\n"
       "- **not supported yet**: `tessera train` stops before doing anything, with exit status 2 and\n"
-      "  `error: --flag is a Megatron-LM flag that tessera does not support yet`.\n\n"
-      "`tessera flags` prints the same statuses as plain text. Of the %zu Megatron flags, %d are\n"
+      "  `error: --flag is a Megatron-LM flag that tessera does not support yet`; a command line\n"
+      "  with several such flags or values gets one error naming them all.\n\n"
+      "`tessera flags` prints the same statuses as plain text (`--status \"not supported yet\"`\n"
+      "lists only those flags and the refused values). Of the %zu Megatron flags, %d are\n"
       "supported, %d accepted with no effect and %d not supported yet; tessera adds %zu of its own.\n"
       "docs/flags.md describes the supported ones by group.\n\n",
       flags.size(), flags.size(), counts[Status::Supported], counts[Status::NoEffect], counts[Status::NotSupported],
