@@ -139,6 +139,22 @@ def check_bf16_file(sd):
     assert sd["args"].params_dtype is torch.bfloat16 and sd["args"].bf16
 
 
+def deflated(tmp, good, converted):
+    """torch.save stores its records; a re-zipped (deflated) copy must read the same."""
+    d = os.path.join(tmp, "deflated")
+    shutil.copytree(good, d)
+    path = os.path.join(d, "iter_0000003", "mp_rank_00", "model_optim_rng.pt")
+    with zipfile.ZipFile(path) as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, data in entries:
+            z.writestr(n, data)
+    run(["convert", d, f"{tmp}/conv_deflated", "--to", "tessera", "--target-tensor-parallel-size", "2"], cmd="ckpt")
+    for shard in ("mp_rank_00", "mp_rank_01"):
+        a = safetensors_tensors(f"{tmp}/conv_deflated/iter_0000003/{shard}/model.safetensors")
+        assert a == safetensors_tensors(f"{converted}/iter_0000003/{shard}/model.safetensors"), shard
+
+
 def hostile(tmp, good):
     """Each damaged copy of `good` (a torch-format checkpoint of iteration 3) must fail with an
     error naming the file; nothing may run."""
@@ -171,7 +187,7 @@ def hostile(tmp, good):
         ("global", lambda p: torch.save({"args": argparse.Namespace(x=datetime.date(2020, 1, 1))}, p),
          "datetime.date", "inspect"),
         ("truncated", truncated, "not a valid zip archive", "inspect"),
-        ("short_storage", storage_too_short, "than its storage", "train"),
+        ("short_storage", storage_too_short, "than its storage", "inspect"),
         ("distributed_optimizer", lambda p: open(os.path.join(os.path.dirname(p), "distrib_optim.pt"), "wb").close(),
          "distrib_optim.pt", "train_with_optimizer"),
     ]
@@ -238,6 +254,8 @@ def main():
         same_records(records(f"{tmp}/bf16_full.jsonl")[3:], records(f"{tmp}/bf16_resumed.jsonl"), "bf16 TP2 PP2 resume")
         print("bf16 TP=2 PP=2: 16-bit model tensors, fp32_from_fp16_params, bit-exact resume")
 
+        deflated(tmp, f"{tmp}/mt", f"{tmp}/conv")
+        print("a checkpoint whose zip records are deflated reads the same")
         hostile(tmp, f"{tmp}/mt")
         print("hostile pickles and damaged files: errors naming the file, nothing executed")
     finally:

@@ -262,8 +262,6 @@ int arg_int(const json& args, const char* key, int fallback) {
   return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
 }
 
-std::string iteration_folder(const std::string& dir, int64_t iteration) { return checkpoint_iteration_dir(dir, iteration); }
-
 // The sizes of the saved layout, from the first file's args, checked against the folders.
 std::pair<int, int> saved_layout(const std::string& it_dir, const json& args) {
   const int tp = arg_int(args, "tensor_model_parallel_size", 1), pp = arg_int(args, "pipeline_model_parallel_size", 1);
@@ -459,13 +457,13 @@ void check_no_distributed_optimizer(const std::string& it_dir, const std::vector
 }  // namespace
 
 bool is_megatron_checkpoint(const std::string& dir, int64_t iteration) {
-  const fs::path it_dir = iteration_folder(dir, iteration);
+  const fs::path it_dir = checkpoint_iteration_dir(dir, iteration);
   if (fs::exists(it_dir / "metadata.json")) return false;
   return fs::exists(it_dir / "mp_rank_00" / kMegatronFile) || fs::exists(it_dir / "mp_rank_00_000" / kMegatronFile);
 }
 
 CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration) {
-  const std::string it_dir = iteration_folder(dir, iteration);
+  const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const TorchFile f = open_first(it_dir);
   return state_of(f, it_dir, args_json(f));
 }
@@ -474,9 +472,9 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
                                          const std::vector<ShardedTensor>& model,
                                          const std::vector<ShardedTensor>& optimizer, bool load_optimizer,
                                          int tp_rank, int tp_size) {
-  const std::string it_dir = iteration_folder(dir, iteration);
+  const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_megatron_metadata(dir, iteration);
-  if (s.iteration != iteration && iteration != 0)
+  if (s.iteration != iteration)
     throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
                         "the folder was renamed or copied; restore its name");
   const int saved_tp = s.layout.tensor_parallel, saved_pp = s.layout.pipeline_parallel;
@@ -513,7 +511,7 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
 }
 
 std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string& dir, int64_t iteration) {
-  const std::string it_dir = iteration_folder(dir, iteration);
+  const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const CheckpointState s = read_megatron_metadata(dir, iteration);
   std::vector<MegatronFileSummary> out;
   for (int pp = 0; pp < s.layout.pipeline_parallel; ++pp)
@@ -530,6 +528,7 @@ std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string
       for (const SavedParam& p : saved_params(f)) {
         legacy = legacy || starts_with(p.key, "language_model.") || starts_with(p.key, "word_embeddings_for_head.");
         te = te || ends_with(p.key, "layer_norm_weight");
+        f.check(p.tensor->tensor, p.key);  // its storage's extent and CRC-32
         sum.model.push_back({p.key, p.tensor->tensor.storage.type, p.tensor->tensor.shape});
       }
       sum.names = legacy ? "legacy (language_model.*)" : te ? "mcore (Transformer Engine norms)" : "mcore";

@@ -10,7 +10,7 @@
 // the stage's layers numbered from 0), `optimizer`, `opt_param_scheduler`, `rng_state`.
 //
 // Reading accepts both state-dict families and maps them onto tessera's (= mcore's local)
-// names, through one table (names.cpp-style rules below, in megatron_checkpoint.cpp):
+// names, through one table of renames in megatron_checkpoint.cpp:
 //   - mcore: `embedding.*`, `decoder.layers.N.*`, `decoder.final_layernorm.*`, `output_layer.*`;
 //     Transformer Engine's fused norms (`linear_qkv.layer_norm_weight`, `linear_fc1.
 //     layer_norm_bias`, ...) become `input_layernorm.*` / `pre_mlp_layernorm.*`;
@@ -62,7 +62,8 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
                                          const std::vector<ShardedTensor>& optimizer, bool load_optimizer,
                                          int tp_rank, int tp_size);
 
-// What `tessera ckpt inspect` shows of one file.
+// What `tessera ckpt inspect` shows of one file; every model tensor's storage is checked
+// (extent, CRC-32), so a damaged file is an Error naming it.
 struct MegatronFileSummary {
   std::string rel;      // "mp_rank_00_001/model_optim_rng.pt"
   std::string names;    // "mcore", "mcore (Transformer Engine norms)", "legacy"

@@ -33,6 +33,8 @@ class TorchFile {
   // int64 (Long, Int, Short, Char, Byte, Bool). Errors name the file and `what`.
   std::vector<float> f32(const pickle::TensorRef& t, const std::string& what) const;
   std::vector<int64_t> i64(const pickle::TensorRef& t, const std::string& what) const;
+  // Checks the tensor's storage (present, CRC-32, the tensor inside it) without converting.
+  void check(const pickle::TensorRef& t, const std::string& what) const { storage_for(t, what); }
 
  private:
   TorchFile(zip::Reader zip);
