@@ -50,3 +50,10 @@ set_tests_properties(train_checkpoint_failures PROPERTIES TIMEOUT 300)
 add_test(NAME train_resume_validation
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/resume_validation_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_resume_validation PROPERTIES TIMEOUT 600)
+
+# Messages for a new user's mistakes: a schedule that differs from the checkpoint's (each
+# setting, both values, its flag), --load at an iter_N folder, --data-path suffix hints
+# (train and doctor).
+add_test(NAME train_messages
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/train_messages_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_messages PROPERTIES TIMEOUT 300)

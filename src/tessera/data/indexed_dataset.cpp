@@ -18,6 +18,31 @@ namespace tessera::data {
 std::string idx_path(const std::string& prefix) { return prefix + ".idx"; }
 std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
 
+std::string dataset_prefix_hint(const std::string& prefix) {
+  for (const std::string ext : {".bin", ".idx"})
+    if (prefix.ends_with(ext))
+      return "--data-path takes the prefix without " + ext + ": pass " + prefix.substr(0, prefix.size() - ext.size());
+  struct stat st{};
+  if (::stat(idx_path(prefix + "_text_document").c_str(), &st) == 0)
+    return "pass " + prefix + "_text_document: `tessera preprocess` (as Megatron's tools/preprocess_data.py) adds "
+           "_text_document to its --output-prefix";
+  return "--data-path takes the prefix of a .bin/.idx pair, without the suffix: the --output-prefix of "
+         "`tessera preprocess` plus _text_document";
+}
+
+namespace {
+
+// The index of `prefix`; a missing one is an Error saying what a prefix is.
+MappedFile open_index(const std::string& prefix) {
+  struct stat st{};
+  if (::stat(idx_path(prefix).c_str(), &st) != 0 && errno == ENOENT)
+    throw runtime_error("no dataset at " + prefix + ": " + idx_path(prefix) + " does not exist",
+                        dataset_prefix_hint(prefix));
+  return MappedFile(idx_path(prefix));
+}
+
+}  // namespace
+
 // ---- MappedFile -------------------------------------------------------------------------
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
@@ -74,7 +99,7 @@ int64_t TokenSpan::operator[](uint64_t i) const {
 }
 
 IndexedDataset::IndexedDataset(const std::string& prefix, IndexParseOptions options)
-    : prefix_(prefix), idx_(idx_path(prefix)), bin_(bin_path(prefix)) {
+    : prefix_(prefix), idx_(open_index(prefix)), bin_(bin_path(prefix)) {
   view_ = parse_index(idx_.bytes(), bin_.size(), idx_.path(), bin_.path(), options);
 }
 

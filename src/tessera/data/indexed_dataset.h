@@ -23,6 +23,10 @@ namespace tessera::data {
 
 std::string idx_path(const std::string& prefix);  // prefix + ".idx"
 std::string bin_path(const std::string& prefix);  // prefix + ".bin"
+// What to pass instead of a dataset prefix that has no .idx: the prefix without a .bin/.idx
+// suffix, with the _text_document that preprocess adds, or what a prefix is. Shared by every
+// command that takes --data-path, and doctor's data check.
+std::string dataset_prefix_hint(const std::string& prefix);
 
 // A read-only memory map of a whole file (an empty file maps to nothing).
 class MappedFile {

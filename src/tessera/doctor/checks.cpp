@@ -328,9 +328,7 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan, const 
     if (!problem.empty()) {
       r.status = Status::Fail;
       r.detail = problem;
-      r.fix =
-          "--data-path takes the prefix without .bin/.idx (the --output-prefix of `tessera preprocess` plus "
-          "_text_document); copy the files to this node or fix the path";
+      r.fix = data::dataset_prefix_hint(prefix) + "; or copy the files to this node";
       rows.push_back(r);
       continue;
     }

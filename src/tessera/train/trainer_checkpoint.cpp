@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -60,6 +61,45 @@ LrScheduleConfig schedule_from_json(const nlohmann::json& j) {
 }
 
 int rank_in(const Communicator* group) { return group ? group->rank() : 0; }
+
+// Every setting where the checkpoint's schedule and the flags' differ, each with both values
+// and the flags behind it ("" when they agree). Lengths are in samples, as the schedule counts.
+std::string schedule_differences(const LrScheduleConfig& saved, const LrScheduleConfig& flags) {
+  static const char* const kDecay[] = {"constant", "linear", "cosine", "inverse-square-root", "WSD"};
+  static const char* const kWsd[] = {"linear", "cosine", "exponential"};
+  static const char* const kWdIncr[] = {"constant", "linear", "cosine"};
+  std::string out;
+  auto field = [&](const char* what, const char* flag, const std::string& a, const std::string& b, bool differs) {
+    if (differs) out += std::string(out.empty() ? "" : "; ") + what + " " + a + " in the checkpoint, " + b + " from " + flag;
+  };
+  auto number = [&](const char* what, const char* flag, double a, double b) {
+    char x[32], y[32];
+    std::snprintf(x, sizeof x, "%.9g", a);
+    std::snprintf(y, sizeof y, "%.9g", b);
+    field(what, flag, x, y, a != b);
+  };
+  auto samples = [&](const char* what, const char* flag, int64_t a, int64_t b) {
+    field(what, flag, std::to_string(a) + " samples", std::to_string(b) + " samples", a != b);
+  };
+  auto style = [&](const char* what, const char* flag, const char* const* names, auto a, auto b) {
+    field(what, flag, names[static_cast<int>(a)], names[static_cast<int>(b)], a != b);
+  };
+  number("peak learning rate", "--lr", saved.max_lr, flags.max_lr);
+  number("minimum learning rate", "--min-lr", saved.min_lr, flags.min_lr);
+  number("warm-up initial learning rate", "--lr-warmup-init", saved.init_lr, flags.init_lr);
+  samples("warm-up", "--lr-warmup-iters/-samples/-fraction", saved.warmup_steps, flags.warmup_steps);
+  samples("decay", "--lr-decay-iters/-samples (default: the run's length, --train-iters x --global-batch-size)",
+          saved.decay_steps, flags.decay_steps);
+  style("decay style", "--lr-decay-style", kDecay, saved.decay_style, flags.decay_style);
+  samples("WSD decay", "--lr-wsd-decay-iters/-samples", saved.wsd_decay_steps, flags.wsd_decay_steps);
+  style("WSD decay style", "--lr-wsd-decay-style", kWsd, saved.wsd_style, flags.wsd_style);
+  number("initial weight decay", "--start-weight-decay (or --weight-decay)", saved.start_wd, flags.start_wd);
+  number("final weight decay", "--end-weight-decay (or --weight-decay)", saved.end_wd, flags.end_wd);
+  samples("weight-decay increment", "--train-iters x --global-batch-size (or --train-samples)", saved.wd_incr_steps,
+          flags.wd_incr_steps);
+  style("weight-decay increment style", "--weight-decay-incr-style", kWdIncr, saved.wd_style, flags.wd_style);
+  return out;
+}
 
 // This rank's parameters as checkpoint tensors: the global name, shape and where the slice
 // sits. The tied embedding's copy on the last pipeline stage is left out of saves (it equals
@@ -173,6 +213,27 @@ void check_padded_vocab(const TrainArgs& args, const CheckpointState& s, const s
                         std::to_string(args.make_vocab_size_divisible_by) + " x --tensor-model-parallel-size " +
                         std::to_string(tp) + ")",
                     hint);
+}
+
+// DIR without a trailing separator ("ckpt/iter_0000100/" -> "ckpt/iter_0000100").
+std::filesystem::path folder_path(const std::string& dir) {
+  const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();
+}
+
+// DIR/iter_0000100 of a tessera or Megatron checkpoint (its name, or what it holds).
+bool is_iteration_folder(const std::string& dir) {
+  static const std::regex kName(R"(iter_\d{7})");
+  std::error_code ec;
+  return std::regex_match(folder_path(dir).filename().string(), kName) ||
+         std::filesystem::exists(folder_path(dir) / "metadata.json", ec);
+}
+
+Error schedule_mismatch(const LrScheduleConfig& saved, const LrScheduleConfig& flags) {
+  return usage_error("the learning-rate schedule of the flags differs from the checkpoint's: " +
+                         schedule_differences(saved, flags),
+                     "pass the checkpoint's values, or --use-checkpoint-opt_param-scheduler to take its schedule, or "
+                     "--override-opt_param-scheduler to take the flags'");
 }
 
 // Runs one step of a collective save or load on every rank (a rank with no part in it passes
@@ -293,6 +354,12 @@ void Trainer::save_checkpoint(const std::string& dir) {
 
 void Trainer::load_checkpoint(const std::string& dir) {
   const std::optional<int64_t> latest = latest_checkpoint_iteration(dir);
+  if (!latest && is_iteration_folder(dir)) {
+    const std::string parent = folder_path(dir).parent_path().string();
+    throw usage_error("--load " + dir + " is the folder of one checkpoint; --load takes the folder that holds them",
+                      "pass --load " + (parent.empty() ? std::string(".") : parent) +
+                          " (it resumes the iteration its latest_checkpointed_iteration.txt names)");
+  }
   if (!latest) {
     log_warn("could not find a checkpoint in --load %s (no latest_checkpointed_iteration.txt); starting from "
              "random initialisation", dir.c_str());
@@ -340,15 +407,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     if (args_.use_checkpoint_scheduler)
       scheduler_ = LrScheduler(schedule_from_megatron(s.scheduler, args_.lr_schedule));
     else if (!args_.override_scheduler && !same_megatron_schedule(s.scheduler, args_.lr_schedule))
-      throw usage_error("the learning-rate schedule of the flags differs from the checkpoint's (" + s.scheduler.dump() +
-                            " vs " + megatron_scheduler_state(args_.lr_schedule, s.scheduler_num_steps).dump() + ")",
-                        "pass --use-checkpoint-opt_param-scheduler or --override-opt_param-scheduler");
+      throw schedule_mismatch(schedule_from_megatron(s.scheduler, args_.lr_schedule), args_.lr_schedule);
   } else if (args_.use_checkpoint_scheduler) {
     scheduler_ = LrScheduler(schedule_from_json(s.scheduler));
   } else if (!args_.override_scheduler && s.scheduler != schedule_json(args_.lr_schedule)) {
-    throw usage_error("the learning-rate schedule of the flags differs from the checkpoint's (" + s.scheduler.dump() +
-                          " vs " + schedule_json(args_.lr_schedule).dump() + ")",
-                      "pass --use-checkpoint-opt_param-scheduler or --override-opt_param-scheduler");
+    throw schedule_mismatch(schedule_from_json(s.scheduler), args_.lr_schedule);
   }
   scheduler_.set_num_steps(s.scheduler_num_steps);
 }
