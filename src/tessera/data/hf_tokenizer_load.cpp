@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <set>
-#include <unicode/normalizer2.h>
 
 #include "tessera/core/error.h"
 #include "tessera/data/file_util.h"
@@ -57,6 +55,11 @@ struct JsonFile {
     if (!node.is_object() || !node.contains(key) || node[key].is_null()) return fallback;
     if (!node[key].is_boolean()) fail(at + "." + key, "expected true or false");
     return node[key].get<bool>();
+  }
+  int32_t id_at(const Json& v, const std::string& at) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= (int64_t{1} << 30))
+      fail(at, "expected a token id in [0, 2^30)");
+    return v.get<int32_t>();
   }
   static std::string type_of(const Json& node) {
     return node.is_object() && node.contains("type") && node["type"].is_string() ? node["type"].get<std::string>()
@@ -112,9 +115,7 @@ void read_bpe_model(const JsonFile& f, HfTables& t, std::unordered_map<std::stri
   const Json& vocab_json = f.member(model, "model", "vocab");
   if (!vocab_json.is_object()) f.fail("model.vocab", "expected an object of token -> id");
   for (auto it = vocab_json.begin(); it != vocab_json.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (1 << 30))
-      f.fail("model.vocab[\"" + it.key() + "\"]", "expected an id in [0, 2^30)");
-    vocab[it.key()] = it.value().get<int32_t>();
+    vocab[it.key()] = f.id_at(it.value(), "model.vocab[\"" + it.key() + "\"]");
   }
 
   const std::array<char32_t, 256> alphabet = byte_level_alphabet();
@@ -246,7 +247,7 @@ void read_post_processor(const JsonFile& f, const Json& node, const std::string&
       const std::string name = f.string_at(f.member(item, item_at, "SpecialToken"), item_at + ".SpecialToken", "id");
       if (!specials.contains(name)) f.fail(item_at, "names \"" + name + "\", which special_tokens does not define");
       const Json& ids = f.member(specials[name], at + ".special_tokens[\"" + name + "\"]", "ids");
-      for (const Json& id : ids) (seen_sequence ? after : before).push_back(id.get<int32_t>());
+      for (const Json& id : ids) (seen_sequence ? after : before).push_back(f.id_at(id, at + ".special_tokens"));
     }
     if (!seen_sequence) f.fail(at + ".single", "has no {\"Sequence\": {\"id\": \"A\"}}");
     t.prefix_ids.insert(t.prefix_ids.begin(), before.begin(), before.end());
@@ -254,8 +255,10 @@ void read_post_processor(const JsonFile& f, const Json& node, const std::string&
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     const Json& cls = f.member(node, at, "cls");
     const Json& sep = f.member(node, at, "sep");
-    t.prefix_ids.insert(t.prefix_ids.begin(), cls[1].get<int32_t>());
-    t.suffix_ids.push_back(sep[1].get<int32_t>());
+    if (!cls.is_array() || cls.size() != 2 || !sep.is_array() || sep.size() != 2)
+      f.fail(at, "cls and sep must be [token, id]");
+    t.prefix_ids.insert(t.prefix_ids.begin(), f.id_at(cls[1], at + ".cls"));
+    t.suffix_ids.push_back(f.id_at(sep[1], at + ".sep"));
   } else {
     f.unsupported(at + ".type", node);
   }
@@ -272,7 +275,7 @@ void read_added_tokens(const JsonFile& f, HfTables& t, std::unordered_map<std::s
     if (f.flag(a, at, "single_word", false)) f.fail(at + ".single_word", "true is not supported");
     HfAddedToken tok;
     tok.content = f.string_at(a, at, "content");
-    tok.id = f.member(a, at, "id").get<int32_t>();
+    tok.id = f.id_at(f.member(a, at, "id"), at + ".id");
     tok.lstrip = f.flag(a, at, "lstrip", false);
     tok.rstrip = f.flag(a, at, "rstrip", false);
     tok.normalized = f.flag(a, at, "normalized", !f.flag(a, at, "special", false));
@@ -373,6 +376,12 @@ void fill_decoding(HfTables& t, const std::unordered_map<std::string, int32_t>& 
     }
 }
 
+void check_template_id(const HfTables& t, int32_t id, const std::string& path) {
+  if (id > t.max_id || !t.has_id[id])
+    throw runtime_error(path + ": post_processor: token id " + std::to_string(id) + " is not in the vocabulary",
+                        "the template's special tokens must be tokens of model.vocab or added_tokens");
+}
+
 }  // namespace
 
 void AddedTokenSet::index() {
@@ -398,16 +407,21 @@ std::shared_ptr<const HfTables> load_hf_tables(const std::string& dir) {
   const JsonFile f = read_json(json_path, "tokenizer.json");
   auto t = std::make_shared<HfTables>();
   std::unordered_map<std::string, int32_t> all_tokens;  // model vocabulary and added tokens
-  read_bpe_model(f, *t, all_tokens);
-  const int32_t model_vocab_size = static_cast<int32_t>(all_tokens.size());
-  read_normalizer(f, f.root.value("normalizer", Json()), "normalizer", *t);
-  bool byte_level = false;
-  if (!f.root.contains("pre_tokenizer") || f.root["pre_tokenizer"].is_null())
-    f.fail("pre_tokenizer", "is null; a byte-level BPE needs the ByteLevel pre-tokenizer");
-  read_pretokenizer(f, f.root["pre_tokenizer"], "pre_tokenizer", *t, byte_level);
-  if (!byte_level) f.fail("pre_tokenizer", "has no ByteLevel step; tessera implements byte-level BPE only");
-  read_post_processor(f, f.root.value("post_processor", Json()), "post_processor", *t);
-  read_added_tokens(f, *t, all_tokens);
+  int32_t model_vocab_size = 0;
+  try {
+    read_bpe_model(f, *t, all_tokens);
+    model_vocab_size = static_cast<int32_t>(all_tokens.size());
+    read_normalizer(f, f.root.value("normalizer", Json()), "normalizer", *t);
+    bool byte_level = false;
+    if (!f.root.contains("pre_tokenizer") || f.root["pre_tokenizer"].is_null())
+      f.fail("pre_tokenizer", "is null; a byte-level BPE needs the ByteLevel pre-tokenizer");
+    read_pretokenizer(f, f.root["pre_tokenizer"], "pre_tokenizer", *t, byte_level);
+    if (!byte_level) f.fail("pre_tokenizer", "has no ByteLevel step; tessera implements byte-level BPE only");
+    read_post_processor(f, f.root.value("post_processor", Json()), "post_processor", *t);
+    read_added_tokens(f, *t, all_tokens);
+  } catch (const Json::exception& e) {  // a value of the wrong JSON type somewhere the checks above do not look
+    throw runtime_error(json_path + ": unexpected JSON structure (" + e.what() + ")", kSupported);
+  }
 
   const SpecialTokens special = read_special_tokens(dir);
   for (const auto& [name, content] : special.named) add_missing_token(*t, all_tokens, content, model_vocab_size);
@@ -425,6 +439,8 @@ std::shared_ptr<const HfTables> load_hf_tables(const std::string& dir) {
   t->normalized_added.index();
   t->vocab_size = static_cast<int64_t>(all_tokens.size());
   fill_decoding(*t, all_tokens);
+  for (int32_t id : t->prefix_ids) check_template_id(*t, id, json_path);
+  for (int32_t id : t->suffix_ids) check_template_id(*t, id, json_path);
   if (t->max_id >= t->vocab_size)
     throw runtime_error(json_path + ": token id " + std::to_string(t->max_id) + " is not below the vocabulary size " +
                             std::to_string(t->vocab_size) +

@@ -76,10 +76,11 @@ bool RegexMatcher::find(std::string_view text, size_t from, size_t& begin, size_
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   while (from < text.size()) {
     // The text is valid UTF-8 (checked once by the tokenizer), so PCRE2 need not check it.
-    const int rc = state_->code->jit
-                       ? pcre2_jit_match(state_->code->re, subject, text.size(), from, 0, state_->md, nullptr)
-                       : pcre2_match(state_->code->re, subject, text.size(), from, PCRE2_NO_UTF_CHECK, state_->md,
-                                     nullptr);
+    int rc = state_->code->jit
+                 ? pcre2_jit_match(state_->code->re, subject, text.size(), from, 0, state_->md, nullptr)
+                 : PCRE2_ERROR_JIT_STACKLIMIT;
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // no JIT, or a match deeper than its stack: the interpreter
+      rc = pcre2_match(state_->code->re, subject, text.size(), from, PCRE2_NO_UTF_CHECK, state_->md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];

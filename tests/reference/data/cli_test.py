@@ -142,7 +142,7 @@ def test_flags():
     expect_error(run_bad("in.jsonl", "--bogus"), 2, "unknown flag --bogus")
     expect_error(run_bad("in.jsonl", "--workers", "x"), 2, "--workers expects an integer")
     expect_error(tessera("preprocess", "--input", "in.jsonl", check=False), 2, "--output-prefix", "--tokenizer-type")
-    expect_error(run_bad("in.jsonl", tokenizer=["--tokenizer-type", "Llama2Tokenizer"]), 2, "not supported yet")
+    expect_error(run_bad("in.jsonl", tokenizer=["--tokenizer-type", "TikTokenizer"]), 2, "not supported yet")
     expect_error(run_bad("in.jsonl", "--text-template", "{a:>3}"), 2, "not a plain field name")
     # argparse-style abbreviations and --flag=value.
     p = tessera("preprocess", "--inp=in.jsonl", "--output-prefix=abbrev", "--tokenizer-t", "NullTokenizer",

@@ -294,6 +294,9 @@ def test_error_unsupported_components_are_named():
             0, {"type": "Metaspace", "replacement": "_"}), "pre_tokenizer.pretokenizers[0].type", "\"Metaspace\""),
         ("post", lambda j: j.__setitem__("post_processor", {"type": "Dummy"}), "post_processor.type", "\"Dummy\""),
         ("dropout", lambda j: j["model"].__setitem__("dropout", 0.1), "model.dropout"),
+        ("badid", lambda j: j["added_tokens"][0].__setitem__("id", "x"), "added_tokens[0].id",
+         "expected a token id"),
+        ("wrongtype", lambda j: j["post_processor"].__setitem__("processors", 3), "unexpected JSON structure"),
     ]
     for name, edit, *needles in cases:
         expect_error(preprocess_args("HuggingFaceTokenizer", edited_copy(folder, name, edit)), "tokenizer.json",
