@@ -5,7 +5,9 @@
 - --load at one checkpoint's iter_N folder is an error pointing at its parent (a missing
   folder still warns and trains from scratch, as Megatron does);
 - a --data-path without _text_document, or ending in .bin/.idx, is an error whose hint gives
-  the prefix to pass, in train and in doctor (one shared function).
+  the prefix to pass, in train and in doctor (one shared function);
+- --dry-run checks the data files and the memory of the ranks on this node against the
+  machine's, and the theoretical-memory line is the largest rank's.
 usage: train_messages_test.py TESSERA_BINARY"""
 import json
 import os
@@ -68,9 +70,28 @@ def test_data_path_hints(tmp):
         assert hint in out, (path, out)
 
 
+def test_dry_run(tmp):
+    dry = ["--mock-data", "--train-iters", "1", "--dry-run"]
+    out = run(dry, 0).stdout
+    assert "--dry-run: the 1 rank(s) on this node need" in out and "GiB free" in out, out[-2000:]
+    # A model no machine of this kind holds (~1 TB for its one rank).
+    huge = ["--num-layers", "48", "--hidden-size", "8192", "--num-attention-heads", "64"]
+    err = run(dry + huge, 1).stderr
+    assert "the 1 rank(s) on this node need" in err and "more than this machine's" in err, err
+    err = run(["--data-path", os.path.join(tmp, "corpus"), "--train-iters", "1", "--dry-run"], 1).stderr
+    assert "no dataset at" in err and "_text_document" in err, err
+    # Two pipeline stages: the line is the largest rank's, and says so.
+    p = subprocess.run([TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "train"] + TRAIN + dry +
+                       ["--num-layers", "2", "--pipeline-model-parallel-size", "2"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "the largest of 2 ranks)" in p.stdout and "the 2 rank(s) on this node need" in p.stdout, p.stdout[-2000:]
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         test_schedule_mismatch(tmp)
         test_load_folders(tmp)
         test_data_path_hints(tmp)
+        test_dry_run(tmp)
     print("ok")

@@ -2,6 +2,7 @@
 // `tessera launch`, torchrun or Slurm (launch/worker_env.h says how each is recognised).
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,10 +17,10 @@
 #include "tessera/launch/job_store.h"
 #include "tessera/launch/worker_env.h"
 #include "tessera/model/gpt.h"
-#include "tessera/model/memory_estimate.h"
 #include "tessera/parallel/topology.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/exit_signal.h"
+#include "tessera/train/memory_plan.h"
 #include "tessera/train/trainer.h"
 #include "tessera/train/training_data.h"
 
@@ -93,18 +94,12 @@ int run_train(int argc, char** argv) {
   partition.sequence_parallel = args.sequence_parallel;
   partition.chunks = pipeline_chunks(c.num_layers, args.pipeline_split, topology.pp_rank());
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, topology.pp_rank());
-  // Megatron's theoretical-memory line, from the same layouts the model and optimizer
-  // allocate (model/memory_estimate.h), before anything large is allocated.
-  const GPTMemoryEstimate estimate =
-      estimate_gpt_memory(c, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots);
-  const double mib = 1024.0 * 1024.0;
-  print_rank_0("Theoretical memory footprints: weight and optimizer=%.2f MB, activation=%.2f MB, total=%.2f MB "
-               "(parameters %.2f, gradients %.2f, optimizer %.2f; per rank)",
-               (estimate.parameter_bytes + estimate.gradient_bytes + estimate.optimizer_bytes) / mib,
-               estimate.activation_bytes / mib, estimate.total_bytes() / mib, estimate.parameter_bytes / mib,
-               estimate.gradient_bytes / mib, estimate.optimizer_bytes / mib);
+  print_theoretical_memory(args);
   if (args.dry_run) {
-    print_rank_0("--dry-run: flags and layout are valid; not training");
+    check_data_files(args);
+    if (id.local_rank == 0)  // one report per node
+      check_node_memory(args, id.rank, std::max(id.local_world_size, 1), device.memory_info());
+    print_rank_0("--dry-run: flags, layout, data files and memory are valid; not training");
     return 0;
   }
   print_rank_0(" > padded vocab (size: %d) with %d dummy tokens (new size: %d)", c.vocab_size,

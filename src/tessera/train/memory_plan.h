@@ -1,0 +1,23 @@
+// Before anything large is allocated: Megatron's theoretical-memory line and --dry-run's
+// checks against this machine, from every rank's own layout (rank_memory.h).
+#pragma once
+
+#include "tessera/device/device.h"
+#include "tessera/train/arguments.h"
+
+namespace tessera {
+
+// Megatron's "Theoretical memory footprints" line (rank 0 prints it) for the rank that needs
+// the most: with TP/PP the ranks hold different shares, and the largest is the one that must fit.
+void print_theoretical_memory(const TrainArgs& args);
+
+// --dry-run: the `local_ranks` ranks this node runs (global ranks from `first_rank`) must fit
+// the machine: more than its memory is an Error naming the figures, more than is free now a
+// warning.
+void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, const MemoryInfo& machine);
+
+// --dry-run: every dataset prefix of the data flags opens (.idx and .bin present and
+// consistent); a missing one is an Error whose hint says what to pass.
+void check_data_files(const TrainArgs& args);
+
+}  // namespace tessera
