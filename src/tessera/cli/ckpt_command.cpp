@@ -214,8 +214,10 @@ int run_inspect_megatron(const std::string& dir, int64_t iteration, const Parsed
   for (const MegatronFileSummary& f : files) {
     std::string keys;
     for (const std::string& k : f.top_level_keys) keys += (keys.empty() ? "" : ", ") + k;
-    std::printf("%s: iteration %lld, %s names, optimizer: %s\n  keys: %s\n", f.rel.c_str(),
-                static_cast<long long>(f.iteration), f.names.c_str(), f.optimizer.c_str(), keys.c_str());
+    std::printf("%s: iteration %lld, %s names, optimizer: %s, %zu tensors\n", f.rel.c_str(),
+                static_cast<long long>(f.iteration), f.names.c_str(), f.optimizer.c_str(), f.model.size());
+    if (options.get_bool("--summary")) continue;  // one line per shard folder
+    std::printf("  keys: %s\n", keys.c_str());
     for (const MegatronFileSummary::Entry& e : f.model)
       std::printf("  %-64s %-16s %s\n", e.key.c_str(), e.storage_type.c_str(), shape_str(e.shape).c_str());
   }
