@@ -22,7 +22,7 @@ sys.path.insert(0, %r)
 import ports
 ports.claimable_range = lambda: (%d, %d)
 got = []
-for count in (1, 2, 1, 1):  # 5 ports each
+for count in %r:
     first = ports.claim(count)
     got += range(first, first + count)
 print(" ".join(map(str, got)), flush=True)
@@ -30,15 +30,21 @@ sys.stdin.read()  # hold the claims until the parent has every process's
 """
 
 
-def claimers(n, first, env):
-    code = CLAIMER % (HERE, first, first + WINDOW - 1)
+def claimers(n, first, env, counts=(1, 1, 1, 1, 1)):
+    """n processes, each claiming `counts` ports from the window at once."""
+    code = CLAIMER % (HERE, first, first + WINDOW - 1, tuple(counts))
     return [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(n)]
 
 
+def claimed_by(procs):
+    return [int(p) for proc in procs for p in proc.stdout.readline().split()]
+
+
 def test_concurrent_claims_are_distinct(first, env):
+    # Single ports, so that the window fills exactly whatever order the claims come in.
     procs = claimers(8, first, env)  # 8 x 5 ports: the whole window
-    claimed = [int(p) for proc in procs for p in proc.stdout.readline().split()]
+    claimed = claimed_by(procs)
     try:
         assert len(claimed) == WINDOW, claimed
         assert sorted(claimed) == list(range(first, first + WINDOW)), sorted(claimed)
@@ -53,14 +59,18 @@ def test_concurrent_claims_are_distinct(first, env):
 
 def test_dead_claims_and_listeners(first, env):
     # The claimers above have exited: their claims are free. A listener inside the window is
-    # never handed out.
+    # never handed out. Pairs first, into the empty window (later, free ports may all be
+    # isolated), then single ports from processes claiming at once.
     with socket.socket() as s:
         s.bind(("127.0.0.1", first))
         s.listen()
-        procs = claimers(7, first, env)  # 35 ports of the 39 free ones
+        procs = claimers(1, first, env, counts=(2, 2, 2))
         try:
-            claimed = [int(p) for proc in procs for p in proc.stdout.readline().split()]
-            assert len(claimed) == 35 and len(set(claimed)) == 35 and first not in claimed, claimed
+            pairs = claimed_by(procs)
+            assert len(pairs) == 6 and all(pairs[i] + 1 == pairs[i + 1] for i in (0, 2, 4)), pairs
+            procs += claimers(6, first, env)  # 30 more: 36 of the 39 free ports
+            claimed = pairs + claimed_by(procs[1:])
+            assert len(claimed) == 36 and len(set(claimed)) == 36 and first not in claimed, claimed
         finally:
             for proc in procs:
                 proc.communicate(timeout=60)
