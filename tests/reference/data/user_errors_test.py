@@ -6,8 +6,9 @@ garbage; data tokenized with a larger vocabulary than the model is an error befo
 where every record is bad writes nothing; `data merge` refuses its own output as an input,
 however spelled; `data inspect` prints document-length statistics and decodes a document."""
 import glob
+import math
 import os
-import shutil
+import struct
 
 import harness
 from harness import GPT2, MERGES, VOCAB, expect, run_module, tessera
@@ -108,12 +109,25 @@ def test_merge_refuses_its_own_output():
     expect(os.path.getsize("parts/all_text_document.bin") == size, "the refused merge changed its output")
 
 
+def document_lengths(prefix):
+    """Each document's tokens, read from the .idx as Megatron's format lays it out."""
+    with open(prefix + ".idx", "rb") as f:
+        idx = f.read()
+    sequences, documents = struct.unpack_from("<QQ", idx, 18)
+    lengths = struct.unpack_from("<%di" % sequences, idx, 34)
+    bounds = struct.unpack_from("<%dq" % documents, idx, 34 + 12 * sequences)
+    return [sum(lengths[bounds[d]:bounds[d + 1]]) for d in range(documents - 1)]
+
+
 def test_inspect_lengths_and_decode():
     preprocess("gsm", *GPT2)
     p = tessera("data", "inspect", "gsm_text_document")
     expect("1319 documents" in p.stdout, p.stdout)
-    expect("document lengths (tokens): min 59, p10 93, median 148, mean 156.6, p90 231, p99 324, max 402"
-           in p.stdout, p.stdout)
+    lengths = sorted(document_lengths("gsm_text_document"))
+    rank = lambda q: lengths[max(1, math.ceil(q / 100 * len(lengths))) - 1]  # nearest-rank percentile
+    want = "document lengths (tokens): min %d, p10 %d, median %d, mean %.1f, p90 %d, p99 %d, max %d" % (
+        lengths[0], rank(10), rank(50), sum(lengths) / len(lengths), rank(90), rank(99), lengths[-1])
+    expect(want in p.stdout, want + "\n" + p.stdout)
     p = tessera("data", "inspect", "gsm_text_document", "--decode", 3, *GPT2)
     expect("document 3 (69 tokens):\nJames decides to run 3 sprints 3 times a week." in p.stdout, p.stdout)
     expect(p.stdout.rstrip().endswith("#### 540<|endoftext|>"), p.stdout)
