@@ -15,6 +15,7 @@
 
 #include "tessera/comm/store.h"
 #include "tessera/core/error.h"
+#include "../test_ports.h"
 
 using namespace tessera;
 using namespace std::chrono_literals;
@@ -24,18 +25,6 @@ namespace {
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
-// A port nobody listens on (bound then released).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Expects `f` to throw a tessera::Error and returns "what\nhint".
 template <typename F>
@@ -114,8 +103,8 @@ TEST(Store, TokenMismatchIsRejectedOnBothSides) {
   TcpStoreServer server(0, "job-A");
   testing::internal::CaptureStderr();
   std::string e = error_of([&] { connect_tcp_store("127.0.0.1", server.port(), "job-B", 2s); });
-  // the server logs from its connection thread; give it a moment
-  std::this_thread::sleep_for(200ms);
+  // The server logs the rejection before it replies, so the line is there once the client
+  // has the refusal.
   std::string server_log = testing::internal::GetCapturedStderr();
   EXPECT_NE(e.find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << e;
   EXPECT_NE(e.find("job token mismatch"), std::string::npos) << e;
@@ -128,7 +117,7 @@ TEST(Store, TokenMismatchIsRejectedOnBothSides) {
 }
 
 TEST(Store, UnreachableStoreTimesOutWithAddressAndWhatToCheck) {
-  const int port = free_port();
+  const int port = test_ports::claim();  // nobody listens on it until this test does
   auto t0 = std::chrono::steady_clock::now();
   std::string e = error_of([&] { connect_tcp_store("127.0.0.1", port, "t", 400ms); });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
@@ -142,7 +131,7 @@ TEST(Store, UnreachableStoreTimesOutWithAddressAndWhatToCheck) {
 }
 
 TEST(Store, ConnectRetriesUntilTheServerStarts) {
-  const int port = free_port();
+  const int port = test_ports::claim();  // nobody listens on it until this test does
   std::unique_ptr<TcpStoreServer> server;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);
@@ -160,6 +149,7 @@ TEST(Store, PortInUseSaysSo) {
   EXPECT_NE(e.find("port " + std::to_string(first.port())), std::string::npos) << e;
   EXPECT_NE(e.find("in use"), std::string::npos) << e;
   EXPECT_NE(e.find("--master_port"), std::string::npos) << e;
+  EXPECT_NE(e.find("--standalone"), std::string::npos) << e;  // one node: let the launcher pick
 }
 
 TEST(Store, ManyClientsAddAndWaitForEachOther) {

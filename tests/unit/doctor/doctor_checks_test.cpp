@@ -1,18 +1,17 @@
 // The doctor's single-process checks and its output, each FAIL path on its own.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include "tessera/data/indexed_dataset.h"
 #include <fstream>
 
+#include "tessera/data/indexed_dataset.h"
 #include "tessera/doctor/doctor.h"
 #include "tessera/train/arguments.h"
+#include "../test_ports.h"
 
 namespace tessera::doctor {
 namespace {
@@ -116,16 +115,9 @@ TEST(DoctorChecks, WrongInterfaceNameFails) {
 }
 
 TEST(DoctorChecks, ClosedPortFailsWithinTheTimeout) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);  // bind then close: a port nobody listens on
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
+  const int port = test_ports::claim();  // nobody listens on it
   const auto t0 = std::chrono::steady_clock::now();
-  Row r = probe_tcp("network: store", "127.0.0.1", ntohs(a.sin_port), 0.5);
+  Row r = probe_tcp("network: store", "127.0.0.1", port, 0.5);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
   EXPECT_EQ(r.status, Status::Fail);
   EXPECT_NE(r.detail.find("unreachable"), std::string::npos) << r.detail;
@@ -156,6 +148,14 @@ TEST(DoctorChecks, ModelTooLargeFailsWithTheFlagsThatHelp) {
   Row r = check_memory({RankMemory{0, 0, 0, e}}, {0}, m, 60ULL << 30, 4, 200, 8192);
   EXPECT_EQ(r.status, Status::Fail);
   EXPECT_NE(r.fix.find("--micro-batch-size"), std::string::npos);
+  EXPECT_NE(r.fix.find("--num-layers"), std::string::npos);
+  EXPECT_EQ(
+      check_memory({RankMemory{0, 0, 0, estimate_gpt_memory(c, 1)}}, {0}, MemoryInfo{1ULL << 50, 1ULL << 50},
+                   1ULL << 50, 1, 200, 8192)
+          .status,
+      Status::Pass);
+}
+
 TrainArgs tiny_gpt_args(int world_size, std::vector<std::string> layout) {
   std::vector<std::string> a = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
                                 "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
@@ -226,14 +226,6 @@ TEST(DoctorChecks, TokenIdsBeyondTheVocabularyFail) {
   rows = check_data(p, plan, VocabularyLimit{50304, "50304 ids"});
   EXPECT_EQ(rows[0].status, Status::Pass) << rows[0].detail;
   EXPECT_NE(rows[0].detail.find("ids 464..50256 fit"), std::string::npos) << rows[0].detail;
-}
-
-  EXPECT_NE(r.fix.find("--num-layers"), std::string::npos);
-  EXPECT_EQ(
-      check_memory({RankMemory{0, 0, 0, estimate_gpt_memory(c, 1)}}, {0}, MemoryInfo{1ULL << 50, 1ULL << 50},
-                   1ULL << 50, 1, 200, 8192)
-          .status,
-      Status::Pass);
 }
 
 }  // namespace

@@ -1,11 +1,7 @@
 // open_job_store (launch/job_store.h): under torchrun's variables rank 0 serves tessera's
 // store on MASTER_PORT + 1 and rank 1 reaches it with the derived token; one process gets
 // an in-process store.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -13,28 +9,12 @@
 #include <string>
 
 #include "tessera/launch/job_store.h"
+#include "../test_ports.h"
 
 namespace tessera::launch {
 namespace {
 
 using std::chrono::milliseconds;
-
-// A port that was free a moment ago, with the one above it (MASTER_PORT + 1) free too.
-int free_port_pair() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    int port = ntohs(a.sin_port);
-    if (port < 65535) return port;
-  }
-  return 29400;
-}
 
 WorkerIdentity torchrun_rank(int rank, int master_port) {
   std::map<std::string, std::string> env = {{"RANK", std::to_string(rank)},
@@ -50,7 +30,7 @@ WorkerIdentity torchrun_rank(int rank, int master_port) {
 }
 
 TEST(LaunchJobStore, RankZeroServesUnderTorchrun) {
-  int master_port = free_port_pair();
+  const int master_port = test_ports::claim(2);  // rank 0 serves the store on MASTER_PORT + 1
   WorkerIdentity r0 = torchrun_rank(0, master_port), r1 = torchrun_rank(1, master_port);
   ASSERT_TRUE(r0.serve_store);
   ASSERT_FALSE(r1.serve_store);

@@ -179,13 +179,20 @@ TEST(LaunchRendezvous, StopNoticesAndDecisions) {
 }
 
 TEST(LaunchRendezvous, SilentNodeIsReportedLost) {
+  // A beat every 500 ms, lost after 1.5 s of silence: far above any scheduling delay of a
+  // loaded machine, so only the real silence below can look like a lost node.
+  auto beating = [](int node_rank, bool is_host) {
+    RendezvousConfig c = config(node_rank, 2, is_host);
+    c.keep_alive_interval = milliseconds(500);
+    return c;
+  };
   auto store = make_local_store(milliseconds(5000));
   auto node1 = std::async(std::launch::async, [&] {
-    auto r = std::make_unique<NodeRendezvous>(*store, config(1, 2, false));
+    auto r = std::make_unique<NodeRendezvous>(*store, beating(1, false));
     r->join(always);
     return r;
   });
-  NodeRendezvous n0(*store, config(0, 2, true));
+  NodeRendezvous n0(*store, beating(0, true));
   n0.join(always);
   auto n1 = node1.get();
   // Both beat for a while: nobody is lost.
@@ -194,10 +201,10 @@ TEST(LaunchRendezvous, SilentNodeIsReportedLost) {
     EXPECT_FALSE(n1->heartbeat().has_value());
     std::this_thread::sleep_for(milliseconds(30));
   }
-  // Node 1 goes silent: after 3 x 50 ms node 0 says so.
+  // Node 1 goes silent: after 3 x 500 ms node 0 says so (30 s only guards against a hang).
   std::optional<NodeInfo> lost;
   auto start = std::chrono::steady_clock::now();
-  while (!lost && std::chrono::steady_clock::now() - start < milliseconds(3000)) {
+  while (!lost && std::chrono::steady_clock::now() - start < milliseconds(30000)) {
     lost = n0.heartbeat();
     std::this_thread::sleep_for(milliseconds(10));
   }
