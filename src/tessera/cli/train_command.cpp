@@ -21,6 +21,7 @@
 #include "tessera/train/arguments.h"
 #include "tessera/train/exit_signal.h"
 #include "tessera/train/memory_plan.h"
+#include "tessera/train/run_device.h"
 #include "tessera/train/trainer.h"
 #include "tessera/train/training_data.h"
 
@@ -82,8 +83,9 @@ int run_train(int argc, char** argv) {
     world = create_gloo_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size,
                                      options);
     groups = create_parallel_groups(*world, topology);
-    print_rank_0("> %s", topology.describe().c_str());
   }
+  print_rank_0("> %s", topology.describe().c_str());
+  print_rank_0("> %s", run_device_line(device).c_str());
   print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
 
   keep_checkpoint_padded_vocab(args);

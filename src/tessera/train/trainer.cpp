@@ -423,7 +423,11 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
   const double tflops_per_device =
       megatron_flops_per_iteration(args_, last.global_batch) / (ms_per_iter / 1000.0 * 1e12) / log_world_size();
   if (args_.log_throughput) {
-    std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.1f |", tflops_per_device);
+    // Megatron's one decimal reads 0.0 on a CPU: below 10, three significant digits.
+    if (tflops_per_device >= 10)
+      std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.1f |", tflops_per_device);
+    else
+      std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.3g |", tflops_per_device);
     line += buf;
   }
   std::snprintf(buf, sizeof(buf), " learning rate: %.6E |", lr_next);
@@ -449,8 +453,10 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
       std::snprintf(buf, sizeof(buf), " MFU: %.1f%% of %s |", 100.0 * tflops_per_device / peak->tflops,
                     peak->label.c_str());
       line += buf;
-    } else {
-      line += " MFU: unknown peak for device " + device_.name() + " (set --peak-tflops-per-device) |";
+    } else if (!unknown_peak_noted_) {
+      unknown_peak_noted_ = true;
+      print_rank_last("MFU: unknown peak for device %s (set --peak-tflops-per-device to have MFU on every line)",
+                      device_.name().c_str());
     }
   }
   print_rank_last("%s", line.c_str());

@@ -118,6 +118,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::optional<LossScaler> loss_scaler_;  // --fp16, or --loss-scale with --bf16
   std::unique_ptr<metrics::TensorBoardWriter> tensorboard_;  // --tensorboard-dir, on the logging rank
+  bool unknown_peak_noted_ = false;  // --log-throughput without a known peak: said once, not on every line
   LrScheduler scheduler_;
   Buffer batch_slab_;
   std::vector<MicroBatch> batches_;  // this rank's micro-batches of the current global batch
