@@ -101,7 +101,7 @@ int run_train(int argc, char** argv) {
     check_data_files(args);
     if (id.local_rank == 0)  // one report per node
       check_node_memory(args, id.rank, std::max(id.local_world_size, 1), device.memory_info());
-    print_rank_0("--dry-run: flags, layout, data files and memory are valid; not training");
+    print_rank_0("--dry-run: flags and layout are valid, and the data files are there; not training");
     return 0;
   }
   print_rank_0(" > padded vocab (size: %d) with %d dummy tokens (new size: %d)", c.vocab_size,

@@ -48,12 +48,11 @@ void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, c
                            " (the theoretical memory of ranks " + std::to_string(first_rank) + "-" +
                            std::to_string(end - 1) + ")";
   if (need > static_cast<double>(machine.total_bytes))
-    throw runtime_error("--dry-run: " + what + ", more than this machine's " +
-                            gib(static_cast<double>(machine.total_bytes)),
-                        "spread the model over more processes or nodes (--tensor-model-parallel-size, "
-                        "--pipeline-model-parallel-size), lower --micro-batch-size, recompute activations "
-                        "(--recompute-activations), or start fewer processes per node");
-  if (need > static_cast<double>(machine.free_bytes))
+    log_warn("--dry-run: %s, more than this machine's %s: training here would fail. Spread the model over more "
+             "processes or nodes (--tensor-model-parallel-size, --pipeline-model-parallel-size), lower "
+             "--micro-batch-size, recompute activations (--recompute-activations), or start fewer processes per "
+             "node", what.c_str(), gib(static_cast<double>(machine.total_bytes)).c_str());
+  else if (need > static_cast<double>(machine.free_bytes))
     log_warn("--dry-run: %s, more than the %s free now (of %s)", what.c_str(),
              gib(static_cast<double>(machine.free_bytes)).c_str(), gib(static_cast<double>(machine.total_bytes)).c_str());
   else

@@ -11,9 +11,9 @@ namespace tessera {
 // the most: with TP/PP the ranks hold different shares, and the largest is the one that must fit.
 void print_theoretical_memory(const TrainArgs& args);
 
-// --dry-run: the `local_ranks` ranks this node runs (global ranks from `first_rank`) must fit
-// the machine: more than its memory is an Error naming the figures, more than is free now a
-// warning.
+// --dry-run: whether the `local_ranks` ranks this node runs (global ranks from `first_rank`)
+// fit the machine. More than its memory, or than is free now, is a warning naming the figures,
+// not an error: a dry run also validates a configuration meant for larger machines.
 void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, const MemoryInfo& machine);
 
 // --dry-run: every dataset prefix of the data flags opens (.idx and .bin present and
