@@ -50,11 +50,11 @@ std::optional<std::string> process_start_time(int64_t pid) {
   const std::string stat = first_line("/proc/" + std::to_string(pid) + "/stat");
   const size_t close = stat.rfind(')');
   if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(stat.substr(close + 1));
+  std::istringstream fields(stat.substr(close + 1));  // from field 3 on
   std::string field;
-  for (int i = 0; i < 20 && fields >> field; ++i) {
-  }
-  return fields ? std::optional<std::string>(field) : std::nullopt;
+  for (int n = 3; n <= 22; ++n)
+    if (!(fields >> field)) return std::nullopt;
+  return field;
 }
 
 std::optional<json> read_owner(const fs::path& folder) {
