@@ -52,9 +52,9 @@ def test_failed_save(tmp, launch):
                 launch=launch,
                 limited=True).stderr
     assert "iter_0000004.tmp-" in err and "model.safetensors failed: File too large" in err, err[-3000:]
-    if launch:  # DP rank 1 writes nothing: it stops because rank 0 could not write
-        assert "[rank1]: error: another rank could not write its part of the checkpoint of iteration 4" in err, \
-            err[-3000:]
+    if launch:  # DP rank 1 writes nothing: it stops with rank 0's reason (either may be the one shown)
+        assert "[rank1]: error: rank 0 could not write its part of the checkpoint of iteration 4" in err or \
+            "[rank0]: error: writing" in err, err[-3000:]
     assert glob.glob(os.path.join(ckpt, "*.tmp-*")) == [], os.listdir(ckpt)
     assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read() == "2"
     assert sorted(os.listdir(ckpt)) == ["iter_0000002", "latest_checkpointed_iteration.txt"], os.listdir(ckpt)

@@ -12,6 +12,8 @@
 #include <functional>
 #include <optional>
 #include <regex>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -236,12 +238,38 @@ Error schedule_mismatch(const LrScheduleConfig& saved, const LrScheduleConfig& f
                      "--override-opt_param-scheduler to take the flags'");
 }
 
+// The first failed rank's error, from every rank's (world-gathered, fixed-size records: the
+// message and the hint, cut to a record's length); nullopt when no rank failed.
+struct RankError {
+  int rank = 0;
+  std::string what, hint;
+};
+std::optional<RankError> first_rank_error(Communicator& world, const std::optional<Error>& mine) {
+  constexpr size_t kField = 1024;
+  std::vector<char> record(2 * kField, 0);
+  if (mine) {
+    std::strncpy(record.data(), mine->what(), kField - 1);
+    std::strncpy(record.data() + kField, mine->hint().c_str(), kField - 1);
+  }
+  std::vector<char> all(record.size() * world.size());
+  world.all_gather(Tensor(all.data(), DType::U8, {static_cast<int64_t>(all.size())}, nullptr),
+                   Tensor(record.data(), DType::U8, {static_cast<int64_t>(record.size())}, nullptr));
+  for (int r = 0; r < world.size(); ++r) {
+    const char* rec = all.data() + r * record.size();
+    if (rec[0]) return RankError{r, std::string(rec, strnlen(rec, kField)), 
+                                 std::string(rec + kField, strnlen(rec + kField, kField))};
+  }
+  return std::nullopt;
+}
+
 // Runs one step of a collective save or load on every rank (a rank with no part in it passes
-// an empty step) and agrees over the world whether it failed anywhere: a failure stops every
-// rank, each with an Error (those whose step failed with their own, the others with
-// `elsewhere`), so that no rank waits in a collective that a failed one never reaches.
+// an empty step) and agrees over the world whether it failed anywhere, so that no rank waits
+// in a collective that a failed one never reaches. A failure stops every rank with an Error:
+// those whose step failed with their own, the others with "rank R could not <step>: " and
+// rank R's message (the launcher may show any rank's last lines). `on_failure` (the clean-up)
+// runs, and every rank waits for it, before any rank throws.
 template <typename Step>
-void on_every_rank(Communicator* world, const std::string& elsewhere, Step step,
+void on_every_rank(Communicator* world, const std::string& what_step, Step step,
                    const std::function<void()>& on_failure = {}) {
   std::optional<Error> failure;
   try {
@@ -250,12 +278,14 @@ void on_every_rank(Communicator* world, const std::string& elsewhere, Step step,
     failure = e;
   }
   if (world) {
-    int32_t failed = failure ? 1 : 0;
-    world->all_reduce(Tensor(&failed, DType::I32, {1}, nullptr), ReduceOp::Max);
-    if (failed && !failure) failure = runtime_error(elsewhere);
+    const std::optional<RankError> first = first_rank_error(*world, failure);
+    if (first && !failure)
+      failure = runtime_error("rank " + std::to_string(first->rank) + " could not " + what_step + ": " + first->what,
+                              first->hint);
   }
   if (!failure) return;
   if (on_failure) on_failure();
+  if (world) world->barrier();
   throw *failure;
 }
 
@@ -280,7 +310,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   // Everyone writes into global rank 0's temporary folder, named by its process id.
   int64_t token = ::getpid();
   const std::string at = " the checkpoint of iteration " + std::to_string(iteration_) + " in " + dir;
-  on_every_rank(world, "rank 0 could not start" + at + " (its error is above)", [&] {
+  on_every_rank(world, "start" + at, [&] {
     if (rank == 0) prepare_checkpoint_save(dir, iteration_, token);
   });
   if (world) world->broadcast(Tensor(&token, DType::I64, {1}, nullptr), 0);
@@ -289,8 +319,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
   auto abandon = [&] {
     if (rank == 0) abandon_checkpoint_save(tmp_dir);
   };
-  const std::string write_failed = "another rank could not write its part of" + at + " (its error is above)";
-  const std::string commit_failed = "rank 0 could not commit" + at + " (its error is above)";
+  const std::string write_failed = "write its part of" + at;
+  const std::string commit_failed = "commit" + at;
   if (args_.save_megatron_format) {
     // Megatron's files record no checksums: the writers finish, then rank 0 commits.
     on_every_rank(world, write_failed, [&] {
@@ -370,8 +400,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Every rank reads the slices it needs; a failure on any rank stops every rank, each with
   // an error (the ranks that failed with theirs).
   CheckpointState s;
-  on_every_rank(world, "another rank could not load the checkpoint of iteration " + std::to_string(*latest) + " in " +
-                           dir + " (its error is above)", [&] {
+  on_every_rank(world, "load the checkpoint of iteration " + std::to_string(*latest) + " in " + dir, [&] {
     check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
     s = tessera::load_checkpoint(dir, *latest, model_tensors(model_, true),
                                  optimizer_tensors(*optimizer_, model_, true), load_optimizer, rank_in(groups_.tp),
