@@ -1,0 +1,152 @@
+// The restricted pickle reader and the protocol-2 writer (ckpt/pickle.h), and the zip
+// container (ckpt/zip_archive.h): what the writer emits reads back as the same values; the
+// reader refuses, with an Error naming the file, every global and opcode a Megatron
+// checkpoint does not hold, cycles, truncation, and a storage-less persistent id; the zip
+// reader refuses a damaged CRC and a truncated archive. (PyTorch reading the writer's files is
+// tests/integration/megatron_checkpoint_test.py.)
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tessera/ckpt/pickle.h"
+#include "tessera/ckpt/torch_file.h"
+#include "tessera/ckpt/zip_archive.h"
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+using pickle::Kind;
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// A string literal with its NUL bytes (pickles hold them).
+template <size_t N>
+std::string raw(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
+// The Error's message of unpickling `data`, or "" when it reads.
+std::string error_of(const std::string& data) {
+  try {
+    pickle::unpickle(bytes(data), "test.pkl");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Pickle, WhatTheWriterEmitsReadsBackAsTheSameValues) {
+  pickle::Document doc;
+  pickle::Value* root = doc.dict();
+  pickle::Value* args = doc.object("argparse.Namespace");
+  doc.set(args, "num_layers", doc.integer(24));
+  doc.set(args, "big", doc.integer(int64_t{1} << 40));
+  doc.set(args, "negative", doc.integer(-3));
+  doc.set(args, "lr", doc.real(6e-4));
+  doc.set(args, "params_dtype", doc.global("torch.bfloat16"));
+  doc.set(args, "model_type", doc.object("megatron.core.enums.ModelType", {doc.integer(1)}));
+  pickle::Value* mode = doc.object("megatron.core.rerun_state_machine.RerunMode", {doc.str("DISABLED")});
+  mode->integer = 1;  // by name
+  doc.set(args, "mode", mode);
+  doc.set(args, "paths", doc.list({doc.str("a"), doc.str("b")}));
+  doc.set(args, "nothing", doc.none());
+  doc.set(root, "args", args);
+  doc.set(root, "betas", doc.tuple({doc.real(0.9), doc.real(0.95)}));
+  doc.set(root, "w", doc.tensor({{"0", "FloatStorage", "cpu", 6}, 0, {2, 3}, {3, 1}}));
+  doc.set(doc.dict(), "unused", doc.none());
+
+  const pickle::Document back = pickle::unpickle(pickle::dump(*root), "round-trip");
+  const pickle::Value& r = *back.root;
+  const pickle::Value* a = r.get("args");
+  ASSERT_TRUE(a && a->kind == Kind::Object && a->text == "argparse.Namespace");
+  EXPECT_EQ(a->get("num_layers")->integer, 24);
+  EXPECT_EQ(a->get("big")->integer, int64_t{1} << 40);
+  EXPECT_EQ(a->get("negative")->integer, -3);
+  EXPECT_EQ(a->get("lr")->real, 6e-4);
+  EXPECT_EQ(a->get("params_dtype")->text, "torch.bfloat16");
+  EXPECT_EQ(pickle::describe(*a->get("model_type")), "megatron.core.enums.ModelType(1)");
+  EXPECT_EQ(a->get("mode")->integer, 1);
+  EXPECT_TRUE(a->get("mode")->items.at(0)->is_str("DISABLED"));
+  EXPECT_EQ(a->get("paths")->items.size(), 2u);
+  EXPECT_EQ(a->get("nothing")->kind, Kind::None);
+  EXPECT_EQ(r.get("betas")->kind, Kind::Tuple);
+  const pickle::Value* w = r.get("w");
+  ASSERT_TRUE(w && w->kind == Kind::Tensor);
+  EXPECT_EQ(w->tensor.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(w->tensor.stride, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(w->tensor.storage.type, "FloatStorage");
+}
+
+TEST(Pickle, RefusesWhatAMegatronCheckpointNeverHolds) {
+  // os.system as a hostile __reduce__ pickles it (protocol 2): GLOBAL 'posix system'.
+  const std::string system_call = raw("\x80\x02" "cposix\nsystem\nX\x05\x00\x00\x00touch\x85R.");
+  EXPECT_NE(error_of(system_call).find("'posix.system'"), std::string::npos) << error_of(system_call);
+  EXPECT_NE(error_of(system_call).find("test.pkl"), std::string::npos);
+  EXPECT_NE(error_of("\x80\x02" "cbuiltins\neval\n.").find("'builtins.eval'"), std::string::npos);
+  // getattr only as an enum member's spelling.
+  EXPECT_NE(error_of(raw("\x80\x02" "cbuiltins\ngetattr\ncos\npath\nX\x04\x00\x00\x00join\x86R.")).find("'os.path'"),
+            std::string::npos);
+  // An allowed class in a role it never has: a storage type called as a function.
+  EXPECT_NE(error_of("\x80\x02" "ctorch\nFloatStorage\n)R.").find("called as a function"), std::string::npos);
+  // Protocol 0's INST and text opcodes.
+  EXPECT_NE(error_of("(ios\nsystem\nS'x'\ni.").find("opcode"), std::string::npos);
+  // A list that contains itself: EMPTY_LIST, BINPUT 0, BINGET 0, APPEND.
+  EXPECT_NE(error_of(raw("\x80\x02]q\x00h\x00" "a.")).find("contains itself"), std::string::npos);
+  // Truncated inside a string, and a stack that does not end with one value.
+  EXPECT_NE(error_of(raw("\x80\x02X\xff\x00\x00\x00ab")).find("ends early"), std::string::npos);
+  EXPECT_NE(error_of("\x80\x02NN.").find("exactly one value"), std::string::npos);
+  // A persistent id that is not a storage.
+  EXPECT_NE(error_of(raw("\x80\x02X\x01\x00\x00\x00xQ.")).find("persistent id"), std::string::npos);
+  // A memo entry read before it is written.
+  EXPECT_NE(error_of("\x80\x02h\x07.").find("memo entry 7"), std::string::npos);
+}
+
+TEST(Pickle, DeepNestingIsRefusedNotACrash) {
+  std::string deep = "\x80\x02" "N";
+  for (int i = 0; i < 100000; ++i) deep += "\x85";  // TUPLE1, 100000 deep
+  deep += ".";
+  EXPECT_NE(error_of(deep).find("nested"), std::string::npos);
+}
+
+TEST(Zip, StoredRecordsReadBackAlignedAndADamagedRecordFailsItsCrc) {
+  const std::vector<uint8_t> a = bytes("hello"), b(1000, 7);
+  std::vector<uint8_t> archive = zip::write_stored({{"x/data.pkl", a}, {"x/data/0", b}});
+  const zip::Reader r = zip::Reader::from_bytes("test.zip", archive);
+  ASSERT_EQ(r.entries().size(), 2u);
+  EXPECT_EQ(r.read(*r.find("x/data.pkl")), a);
+  EXPECT_EQ(r.read(*r.find("x/data/0")), b);
+  EXPECT_EQ(r.find("x/data/0")->data_offset % 64, 0u);  // PyTorch's alignment
+
+  archive[r.find("x/data/0")->data_offset + 10] ^= 1;
+  const zip::Reader damaged = zip::Reader::from_bytes("test.zip", archive);
+  try {
+    damaged.read(*damaged.find("x/data/0"));
+    ADD_FAILURE() << "a flipped byte passed the CRC check";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CRC-32"), std::string::npos) << e.what();
+  }
+  for (size_t keep : {archive.size() / 2, size_t{21}, size_t{0}}) {
+    std::vector<uint8_t> cut(archive.begin(), archive.begin() + static_cast<std::ptrdiff_t>(keep));
+    EXPECT_THROW(zip::Reader::from_bytes("test.zip", cut), Error) << keep;
+  }
+}
+
+TEST(TorchFile, ATensorPastItsStorageIsAnErrorBeforeAnyElementIsRead) {
+  pickle::Document doc;
+  pickle::Value* root = doc.dict();
+  doc.set(root, "ok", doc.tensor({{"0", "FloatStorage", "cpu", 4}, 1, {3}, {1}}));
+  doc.set(root, "past_end", doc.tensor({{"0", "FloatStorage", "cpu", 4}, 2, {3}, {1}}));
+  doc.set(root, "repeated", doc.tensor({{"0", "FloatStorage", "cpu", 4}, 0, {1000000000}, {0}}));
+  const float values[4] = {1, 2, 3, 4};
+  const std::vector<uint8_t> storage(reinterpret_cast<const uint8_t*>(values),
+                                     reinterpret_cast<const uint8_t*>(values) + sizeof values);
+  const TorchFile f = TorchFile::from_bytes("test.pt", torch_file_bytes("test", *root, {{"0", storage}}));
+  EXPECT_EQ(f.f32(f.root().get("ok")->tensor, "ok"), (std::vector<float>{2, 3, 4}));
+  EXPECT_THROW(f.f32(f.root().get("past_end")->tensor, "past_end"), Error);
+  EXPECT_THROW(f.f32(f.root().get("repeated")->tensor, "repeated"), Error);
+}
+
+}  // namespace
+}  // namespace tessera
