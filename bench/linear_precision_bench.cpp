@@ -37,7 +37,7 @@ struct Owned {
   Buffer buffer;
   Tensor t;
   Owned(Shape s, float stddev, uint32_t seed) : buffer(cpu_device(), static_cast<size_t>(numel(s)) * 4) {
-    t = Tensor(buffer.data(), DType::F32, std::move(s), &cpu_device());
+    t = tensor_at(buffer, 0, DType::F32, std::move(s));
     std::mt19937 gen(seed);
     std::normal_distribution<float> dist(0.0f, stddev);
     for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = stddev == 0.0f ? 0.0f : dist(gen);
@@ -117,8 +117,8 @@ int main(int argc, char** argv) {
           double t0 = now();
           ops::linear_forward(out.t, inp.t, w.t, bias, kModes[m]);
           const double tf = now() - t0;
-          std::memset(dinp.t.ptr, 0, dinp.t.bytes());
-          std::memset(dw.t.ptr, 0, dw.t.bytes());
+          std::memset(dinp.t.host<void>(), 0, dinp.t.bytes());
+          std::memset(dw.t.host<void>(), 0, dw.t.bytes());
           t0 = now();
           ops::linear_backward(dinp.t, dw.t, dbias, dout.t, inp.t, w.t, kModes[m]);
           const double tb = now() - t0;

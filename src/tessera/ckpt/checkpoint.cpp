@@ -42,7 +42,7 @@ std::vector<uint8_t> serialize_tensors(const std::vector<ShardedTensor>& tensors
   std::vector<safetensors::WriteEntry> entries;
   std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
   for (const ShardedTensor& t : tensors) {
-    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, t.tensor.ptr});
+    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, t.tensor.host<uint8_t>()});
     metadata[t.name] = placement_text(t);
   }
   return safetensors::serialize(entries, metadata);

@@ -66,7 +66,7 @@ int run_train(int argc, char** argv) {
   if (id.rank == 0) train_option_table().print_arguments(parsed);
 
   Device& device = cpu_device();
-  const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.type());
+  const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.kind());
   const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);
   launch::JobStore job_store;
   std::unique_ptr<Communicator> world;

@@ -4,10 +4,10 @@
 
 namespace tessera {
 
-CommBackendChoice choose_comm_backend(const std::string& requested, DeviceType device) {
+CommBackendChoice choose_comm_backend(const std::string& requested, DeviceKind device) {
   if (requested == "gloo") return {"gloo", "distributed backend: gloo (--distributed-backend gloo)"};
   if (requested == "nccl") {
-    if (device == DeviceType::CUDA)
+    if (device == DeviceKind::CUDA)
       return {"nccl", "distributed backend: nccl (--distributed-backend nccl on a CUDA device)"};
     return {"gloo",
             "distributed backend: gloo (--distributed-backend nccl means the device's native collective library; "

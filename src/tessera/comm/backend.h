@@ -15,6 +15,6 @@ struct CommBackendChoice {
 };
 
 // Throws tessera::Error (usage) for a name other than nccl or gloo (Megatron's choices).
-CommBackendChoice choose_comm_backend(const std::string& requested, DeviceType device);
+CommBackendChoice choose_comm_backend(const std::string& requested, DeviceKind device);
 
 }  // namespace tessera

@@ -2,14 +2,14 @@
 
 #include <algorithm>
 
-#include "tessera/device/device.h"
+#include "tessera/device/cpu/cpu_device.h"
 
 namespace tessera::comm_detail {
 
 void check_host(const Tensor& t, const char* op) {
-  TESSERA_CHECK(t.device == nullptr || t.device->type() == DeviceType::CPU,
+  TESSERA_CHECK(t.device == nullptr || holds_host_memory(*t.device),
                 std::string(op) + ": the tensor is not in host memory (device " + t.device->name() + ")");
-  TESSERA_CHECK(t.numel() == 0 || t.ptr != nullptr, std::string(op) + ": the tensor has no memory");
+  TESSERA_CHECK(t.numel() == 0 || t.handle != nullptr, std::string(op) + ": the tensor has no memory");
 }
 
 void check_reducible(const Tensor& t, const char* op) {

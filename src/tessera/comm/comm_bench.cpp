@@ -21,6 +21,7 @@
 #include "tessera/comm/store.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
+#include "tessera/device/cpu/cpu_device.h"
 
 namespace tessera {
 
@@ -377,13 +378,13 @@ class Bench {
         using Fn = void (*)(void*, const void*, const void*, size_t);
         const bool sum = o_.op == ReduceOp::Sum;
         if (o_.dtype == DType::F32) {
-          opts.setOutput(static_cast<float*>(a.ptr), count);
+          opts.setOutput(reinterpret_cast<float*>(cpu_memory(a)), count);
           opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<float>) : static_cast<Fn>(&gloo::max<float>));
         } else if (o_.dtype == DType::I32) {
-          opts.setOutput(static_cast<int32_t*>(a.ptr), count);
+          opts.setOutput(reinterpret_cast<int32_t*>(cpu_memory(a)), count);
           opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<int32_t>) : static_cast<Fn>(&gloo::max<int32_t>));
         } else {
-          opts.setOutput(static_cast<int64_t*>(a.ptr), count);
+          opts.setOutput(reinterpret_cast<int64_t*>(cpu_memory(a)), count);
           opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<int64_t>) : static_cast<Fn>(&gloo::max<int64_t>));
         }
         opts.setTag(tag);
@@ -392,15 +393,15 @@ class Bench {
       }
       case Coll::AllGather: {
         gloo::AllgatherOptions opts(raw_);
-        opts.setInput(static_cast<uint8_t*>(a.ptr), a.bytes());
-        opts.setOutput(static_cast<uint8_t*>(b.ptr), b.bytes());
+        opts.setInput(reinterpret_cast<uint8_t*>(cpu_memory(a)), a.bytes());
+        opts.setOutput(reinterpret_cast<uint8_t*>(cpu_memory(b)), b.bytes());
         opts.setTag(tag);
         gloo::allgather(opts);
         break;
       }
       case Coll::Broadcast: {
         gloo::BroadcastOptions opts(raw_);
-        opts.setOutput(static_cast<uint8_t*>(a.ptr), a.bytes());
+        opts.setOutput(reinterpret_cast<uint8_t*>(cpu_memory(a)), a.bytes());
         opts.setRoot(0);
         opts.setTag(tag);
         gloo::broadcast(opts);
@@ -436,36 +437,36 @@ class Bench {
     Tensor b(b_buf.ptr, o_.dtype, {b_count}, nullptr);
     // Timing runs on a buffer of ones (repeated sums stay finite for a long time and never
     // become subnormal).
-    fill(o_.dtype, a.ptr, a_count, 0, false);
+    fill(o_.dtype, cpu_memory(a), a_count, 0, false);
     Row row;
     for (int round = 0; round < o_.rounds; ++round) {
       const double us = time_calls([&] { ours(a, b); });
       row.us = round == 0 ? us : std::min(row.us, us);
       if (raw) {
-        fill(o_.dtype, a.ptr, a_count, 0, false);
+        fill(o_.dtype, cpu_memory(a), a_count, 0, false);
         const double raw_us = time_calls([&] { raw_call(a, b); });
         row.raw_us = round == 0 ? raw_us : std::min(row.raw_us, raw_us);
       }
     }
     if (o_.check) {
       const bool move = o_.coll == Coll::AllGather || o_.coll == Coll::Broadcast;
-      fill(o_.dtype, a.ptr, a_count, w_.rank, move);
+      fill(o_.dtype, cpu_memory(a), a_count, w_.rank, move);
       ours(a, b);
       int64_t wrong = 0;
       switch (o_.coll) {
         case Coll::AllReduce:
-          for (int64_t i = 0; i < a_count; ++i) wrong += value_at(o_.dtype, a.ptr, i) != reduced(o_.op, n, i);
+          for (int64_t i = 0; i < a_count; ++i) wrong += value_at(o_.dtype, cpu_memory(a), i) != reduced(o_.op, n, i);
           break;
         case Coll::AllGather:
           for (int64_t i = 0; i < b_count; ++i)
-            wrong += value_at(o_.dtype, b.ptr, i) != move_pattern(static_cast<int>(i / a_count), i % a_count);
+            wrong += value_at(o_.dtype, cpu_memory(b), i) != move_pattern(static_cast<int>(i / a_count), i % a_count);
           break;
         case Coll::ReduceScatter:
           for (int64_t i = 0; i < b_count; ++i)
-            wrong += value_at(o_.dtype, b.ptr, i) != reduced(o_.op, n, w_.rank * b_count + i);
+            wrong += value_at(o_.dtype, cpu_memory(b), i) != reduced(o_.op, n, w_.rank * b_count + i);
           break;
         case Coll::Broadcast:
-          for (int64_t i = 0; i < a_count; ++i) wrong += value_at(o_.dtype, a.ptr, i) != move_pattern(0, i);
+          for (int64_t i = 0; i < a_count; ++i) wrong += value_at(o_.dtype, cpu_memory(a), i) != move_pattern(0, i);
           break;
       }
       comm_->all_reduce(Tensor(&wrong, DType::I64, {1}, nullptr), ReduceOp::Sum);

@@ -5,28 +5,28 @@
 namespace tessera {
 
 Buffer::Buffer(Device& device, size_t bytes) : device_(&device), bytes_(bytes) {
-  data_ = device.allocate(bytes);
-  if (data_) device.fill_zero(data_, bytes);
+  handle_ = device.allocate(bytes);
+  if (handle_) device.fill_zero(handle_, 0, bytes);
 }
 Buffer::~Buffer() { release(); }
-Buffer::Buffer(Buffer&& o) noexcept : device_(o.device_), data_(o.data_), bytes_(o.bytes_) {
-  o.data_ = nullptr;
+Buffer::Buffer(Buffer&& o) noexcept : device_(o.device_), handle_(o.handle_), bytes_(o.bytes_) {
+  o.handle_ = nullptr;
   o.bytes_ = 0;
 }
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     release();
     device_ = o.device_;
-    data_ = o.data_;
+    handle_ = o.handle_;
     bytes_ = o.bytes_;
-    o.data_ = nullptr;
+    o.handle_ = nullptr;
     o.bytes_ = 0;
   }
   return *this;
 }
 void Buffer::release() {
-  if (data_) device_->free(data_, bytes_);
-  data_ = nullptr;
+  if (handle_) device_->free(handle_, bytes_);
+  handle_ = nullptr;
   bytes_ = 0;
 }
 
@@ -44,8 +44,23 @@ int64_t shape_numel(const Shape& s) {
 
 int64_t Tensor::numel() const { return shape_numel(shape); }
 
+void* Tensor::host_address(Where where) const {
+  if (handle == nullptr) return nullptr;
+  if (device != nullptr && !device->is_host())
+    check_failed("device->is_host()", where.file_name(), static_cast<int>(where.line()),
+                 "host access to a " + shape_str(shape) + " tensor on device " +
+                     (device ? device->name() : std::string("(none)")) +
+                     ", which is not host memory: copy it with copy_to_host / copy_from_host (device/device.h) "
+                     "or do the work in an op");
+  return static_cast<char*>(handle) + offset;
+}
+
+bool Tensor::same_memory(const Tensor& o) const {
+  return device == o.device && handle == o.handle && offset == o.offset && bytes() == o.bytes();
+}
+
 Tensor Tensor::view(Shape s) const {
-  Tensor t(ptr, dtype, std::move(s), device);
+  Tensor t(handle, offset, dtype, std::move(s), device);
   TESSERA_CHECK(t.numel() == numel(), "view " + shape_str(t.shape) + " of " + shape_str(shape));
   return t;
 }
@@ -55,7 +70,7 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
   Shape s = shape;
   s[0] = count;
   int64_t row = numel() / shape[0];
-  return Tensor(static_cast<char*>(ptr) + begin * row * dtype_size(dtype), dtype, s, device);
+  return Tensor(handle, offset + static_cast<size_t>(begin * row) * dtype_size(dtype), dtype, s, device);
 }
 
 size_t SlabBuilder::reserve(DType t, const Shape& s) {

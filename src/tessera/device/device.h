@@ -1,51 +1,121 @@
-// The Device interface: what model and parallel code may ask of an accelerator.
-// A backend implements allocation, copies, fills, memory info and ordering (streams and
-// events are no-ops on the CPU). Kernels live in ops/, collectives in comm/.
+// The Device interface: what model, optimizer, parallel and checkpoint code may ask of an
+// accelerator, shaped after ggml-backend (ggml/src/ggml-backend-impl.h: registry -> device
+// -> buffer/stream). Kernels live in ops/ (one kernel table per backend, reached from the
+// device's kind), collectives in comm/.
+//
+// Decisions every backend follows:
+// - Memory is an opaque handle plus a byte offset. allocate() returns the handle: a host
+//   address on the CPU, a device pointer on CUDA, a cl_mem on OpenCL. Code outside a
+//   backend never does arithmetic on a handle; it moves the offset (Tensor does this).
+// - is_host() says whether code outside the backend may read the memory by address. Only
+//   the CPU device says yes; the strict test device keeps host memory but says no, so a
+//   stray host access fails a test. Tensor's host accessors check it.
+// - Every device has a default stream on which ops and copies run in issue order. The
+//   synchronous copies return when the data has arrived; the *_async copies return at
+//   once and the host buffer must stay untouched until the stream is synchronized (use
+//   pinned buffers for them). Streams and events are opaque; on the CPU they are inline
+//   no-ops (every call completes before it returns).
+// - Errors are tessera::Error naming the call, the device and the sizes involved.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "tessera/core/tensor.h"
+
 namespace tessera {
 
-enum class DeviceType { CPU, CUDA };
+// The backend a device belongs to; ops/ keys its kernel tables by it.
+enum class DeviceKind { CPU, Strict, OpenCL, CUDA };
+const char* device_kind_name(DeviceKind kind);
 
 struct MemoryInfo {
   size_t total_bytes = 0;
   size_t free_bytes = 0;
 };
 
+// Opaque per-backend objects; a null handle is the default stream / an unused event.
+struct Stream {
+  void* handle = nullptr;
+};
+struct Event {
+  void* handle = nullptr;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
-  virtual DeviceType type() const = 0;
+
+  // Identity.
+  virtual DeviceKind kind() const = 0;
+  virtual int ordinal() const { return 0; }
+  // Short name as --device spells it: "cpu", "strict", "opencl:1".
   virtual std::string name() const = 0;
-  // Throws tessera::Error naming the size and what is in use when the allocation fails.
-  virtual void* allocate(size_t bytes) = 0;
-  virtual void free(void* ptr, size_t bytes) = 0;
-  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  virtual void fill_zero(void* ptr, size_t bytes) = 0;
+  // What the hardware and driver say about themselves (for the log and doctor).
+  virtual std::string description() const { return name(); }
+  virtual bool is_host() const = 0;
   virtual MemoryInfo memory_info() const = 0;
-  virtual void synchronize() = 0;
-  // Bytes currently allocated through this device, and the high-water mark.
-  size_t allocated_bytes() const { return allocated_; }
-  size_t peak_allocated_bytes() const { return peak_; }
+  // Every handle from allocate() is aligned to this many bytes on the device.
+  virtual size_t alignment() const { return 64; }
+
+  // Device memory. allocate(0) returns nullptr. Throws tessera::Error naming the size and
+  // what is in use when the allocation fails.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void free(void* handle, size_t bytes) = 0;
+  // Host memory the device copies to and from fastest (page-locked where the backend can);
+  // what the *_async copies want.
+  virtual void* allocate_pinned(size_t bytes);
+  virtual void free_pinned(void* host, size_t bytes);
+
+  // Synchronous copies between host memory and (handle, offset).
+  virtual void copy_to_host(void* dst, const void* src, size_t src_offset, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, size_t dst_offset, const void* src, size_t bytes) = 0;
+  // Device to device on this device; the ranges may overlap.
+  virtual void copy(void* dst, size_t dst_offset, const void* src, size_t src_offset, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t dst_offset, size_t bytes) = 0;
+  // Stream-ordered copies; the defaults are the synchronous ones (complete on return).
+  virtual void copy_to_host_async(void* dst, const void* src, size_t src_offset, size_t bytes, Stream stream);
+  virtual void copy_from_host_async(void* dst, size_t dst_offset, const void* src, size_t bytes, Stream stream);
+
+  // Ordering. The defaults are the CPU's inline no-ops.
+  virtual Stream create_stream() { return {}; }
+  virtual void destroy_stream(Stream) {}
+  virtual Event create_event() { return {}; }
+  virtual void destroy_event(Event) {}
+  // Marks the point in `stream` that wait_event / synchronize_event wait for.
+  virtual void record_event(Event, Stream) {}
+  // Work enqueued on `stream` after this call starts after the event's point.
+  virtual void wait_event(Stream, Event) {}
+  virtual void synchronize_event(Event) {}
+  // Blocks the host until everything enqueued on `stream` has finished.
+  virtual void synchronize(Stream stream = {}) = 0;
+
+  // Bytes currently allocated through this device, and the high-water mark. Safe to call
+  // from the threads of in-process ranks that share the device.
+  size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
+  size_t peak_allocated_bytes() const { return peak_.load(std::memory_order_relaxed); }
 
  protected:
-  void account(ptrdiff_t delta) {
-    allocated_ += delta;
-    if (allocated_ > peak_) peak_ = allocated_;
-  }
+  void account(ptrdiff_t delta);
 
  private:
-  size_t allocated_ = 0;
-  size_t peak_ = 0;
+  std::atomic<size_t> allocated_{0};
+  std::atomic<size_t> peak_{0};
 };
 
-// The process-wide CPU device.
+// Whole-tensor transfers, through the tensor's device.
+// Copies src to host memory of dst_capacity bytes (the capacity is checked, as CANN's
+// destMax is).
+void copy_to_host(void* dst, size_t dst_capacity, Tensor src);
+// Copies src_bytes (== dst.bytes()) of host memory into dst.
+void copy_from_host(Tensor dst, const void* src, size_t src_bytes);
+// dst = src; same device, same byte size.
+void copy_tensor(Tensor dst, Tensor src);
+void fill_zero(Tensor t);
+
+// The process-wide CPU device (the host; present in every build).
 Device& cpu_device();
 
 }  // namespace tessera

@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -23,10 +22,11 @@
 #include "tessera/comm/net_interface.h"
 #include "tessera/core/error.h"
 #include "tessera/data/dataset_config.h"
-#include "tessera/data/token_id_range.h"
 #include "tessera/data/indexed_dataset.h"
+#include "tessera/data/token_id_range.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/doctor/doctor.h"
+#include "tessera/ops/kernel_table.h"
 
 #ifndef TESSERA_VERSION
 #define TESSERA_VERSION "unknown"
@@ -101,11 +101,9 @@ std::vector<Row> check_devices_and_build(uint64_t build_hash) {
                       gib(static_cast<double>(available_memory_bytes())) + " available",
                   "", ""});
   rows.push_back({"devices: gpu", Status::Info, "CPU build: no CUDA device backend yet", "", ""});
-  const dnnl_version_t* v = dnnl_version();
-  char versions[200];
-  std::snprintf(versions, sizeof versions,
-                "tessera %s, oneDNN %d.%d.%d (%s), Gloo (libgloo, linked), NCCL/CUDA: not built", TESSERA_VERSION,
-                v->major, v->minor, v->patch, v->hash);
+  const std::string versions = std::string("tessera ") + TESSERA_VERSION + ", " +
+                               ops::kernels_for(cpu_device()).libraries() +
+                               ", Gloo (libgloo, linked), NCCL/CUDA: not built";
   rows.push_back({"build: versions", Status::Pass, versions, "", ""});
   char hash[40];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(build_hash));
@@ -335,9 +333,9 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan, const 
     try {
       data::IndexedDataset ds(prefix);
       r.detail = std::to_string(ds.document_count()) + " documents, " + std::to_string(ds.sequence_count()) +
-      if (vocab) check_token_ids(ds, *vocab, r);
                  " sequences, " + std::to_string(ds.token_count()) + " tokens (" +
                  std::string(data::dtype_name(ds.dtype())) + ")";
+      if (vocab) check_token_ids(ds, *vocab, r);
       // Every split with a share needs more than one token (train's GPTDataset refuses less).
       if (k < plan.split_prefixes && splits) {
         for (data::Split sp : data::kAllSplits) {

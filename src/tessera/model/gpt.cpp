@@ -396,11 +396,11 @@ void GPTModel::load_weights(const std::map<std::string, std::vector<float>>& wei
                           " elements, the model expects " + shape_str(spec.shape));
     local.resize(static_cast<size_t>(params_[i].numel()));
     extract_shard(local.data(), it->second.data(), shards_[i]);
-    device_.copy_from_host(params_[i].ptr, local.data(), params_[i].bytes());
+    copy_from_host(params_[i], local.data(), local.size() * sizeof(float));
   }
 }
 
-void GPTModel::zero_grads() { device_.fill_zero(grads_slab_.data(), grads_slab_.bytes()); }
+void GPTModel::zero_grads() { device_.fill_zero(grads_slab_.handle(), 0, grads_slab_.bytes()); }
 
 GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const {
   auto get = [&](const char* suffix) -> Tensor {
@@ -450,7 +450,7 @@ void GPTModel::embedding_forward(Tensor out, const MicroBatch& batch, const Step
 void GPTModel::embedding_backward(const MicroBatch& batch, const StepContext& step) {
   const Chunk& ch = chunks_.front();
   Workspace& ws = *ws_;
-  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  auto zero = [](const Tensor& t) { fill_zero(t); };
   Tensor d_whole = ws.d_residual;
   if (tp_.sequence_parallel()) {
     zero(ws.d_C_whole);
@@ -474,7 +474,7 @@ void GPTModel::norm_in_forward(Tensor ln, Tensor ln_whole, Tensor mean, Tensor r
 // ws.d_residual and the LayerNorm's gradients.
 void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd) {
   Workspace& ws = *ws_;
-  if (tp_.sequence_parallel()) device_.fill_zero(ws.d_ln.ptr, ws.d_ln.bytes());
+  if (tp_.sequence_parallel()) fill_zero(ws.d_ln);
   tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
   ops::layernorm_backward(rows(ws.d_residual), d_weight, d_bias, rows(ws.d_ln), rows(in), weight, flat_rows(mean),
                           flat_rows(rstd));
@@ -497,7 +497,7 @@ void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor w
 void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
                                 const ops::Dropout& drop) {
   Workspace& ws = *ws_;
-  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  auto zero = [](const Tensor& t) { fill_zero(t); };
   zero(ws.d_C);
   ops::dropout_backward(ws.d_C, ws.d_residual, drop);
   if (!d_bias.empty()) ops::bias_add_backward(d_bias, rows(ws.d_C));
@@ -531,7 +531,7 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
 void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                               const StepContext& step) {
   Workspace& ws = *ws_;
-  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  auto zero = [](const Tensor& t) { fill_zero(t); };
   const int64_t T = config_.seq_length;
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
@@ -583,7 +583,7 @@ double GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Mic
 // Leaves dL/d(head input) in ws.d_residual (overwritten).
 void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight) {
   Workspace& ws = *ws_;
-  auto zero = [&](const Tensor& t) { device_.fill_zero(t.ptr, t.bytes()); };
+  auto zero = [](const Tensor& t) { fill_zero(t); };
   const int64_t N = batch.labels.numel();
   // Loss: d(sum(loss * mask) * weight) / d loss = mask * weight.
   float* dl = ws.d_losses.f32();
@@ -640,7 +640,7 @@ void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const 
     head_backward(ch, acts.head, io.output, batch, loss_weight);
     ready(ch.layers_end_param, ch.end_param);
   } else {
-    device_.copy(ws.d_residual.ptr, io.output_grad.ptr, io.output_grad.bytes());
+    copy_tensor(ws.d_residual, io.output_grad);
   }
   for (int gi = static_cast<int>(ch.groups.size()) - 1; gi >= 0; --gi) {
     const LayerGroup& g = ch.groups[gi];
@@ -661,7 +661,7 @@ void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const 
     embedding_backward(batch, step);
     ready(ch.first_param, ch.layers_first_param);
   } else {
-    device_.copy(io.input_grad.ptr, ws.d_residual.ptr, ws.d_residual.bytes());
+    copy_tensor(io.input_grad, ws.d_residual);
   }
 }
 

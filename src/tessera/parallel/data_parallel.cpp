@@ -9,16 +9,16 @@ GradBuckets::GradBuckets(std::vector<Tensor> grads, Communicator& dp, int64_t bu
     : grads_(std::move(grads)), dp_(dp), overlap_(overlap), bucket_of_(grads_.size()) {
   auto close = [&](size_t first, size_t end) {
     // Parameters [first, end) are adjacent in the slab: the bucket is the byte range from
-    // the first one's start to the last one's end.
-    const char* lo = static_cast<const char*>(grads_[first].ptr);
-    const char* hi = static_cast<const char*>(grads_[end - 1].ptr) + grads_[end - 1].bytes();
+    // the first one's start to the last one's end, in the same device buffer.
+    const Tensor& head = grads_[first];
+    const size_t lo = head.offset, hi = grads_[end - 1].offset + grads_[end - 1].bytes();
     for (size_t i = first; i < end; ++i) {
-      TESSERA_CHECK(grads_[i].ptr >= lo && static_cast<const char*>(grads_[i].ptr) + grads_[i].bytes() <= hi,
+      TESSERA_CHECK(grads_[i].handle == head.handle && grads_[i].offset >= lo && grads_[i].offset + grads_[i].bytes() <= hi,
                     "gradients are not laid out in registration order in one slab");
       bucket_of_[i] = buckets_.size();
     }
-    const int64_t n = (hi - lo) / static_cast<int64_t>(sizeof(float));
-    buckets_.push_back({first, end, Tensor(const_cast<char*>(lo), DType::F32, {n}, grads_[first].device), 0, nullptr});
+    const int64_t n = static_cast<int64_t>((hi - lo) / sizeof(float));
+    buckets_.push_back({first, end, Tensor(head.handle, lo, DType::F32, {n}, head.device), 0, nullptr});
   };
   // Backward produces the last parameters first, so buckets are cut from the end.
   size_t end = grads_.size();

@@ -7,10 +7,10 @@
 namespace tessera {
 namespace {
 
-Tensor flat(const Buffer& b, int64_t n, Device& device) { return Tensor(b.data(), DType::F32, {n}, &device); }
+Tensor flat(const Buffer& b, int64_t n) { return tensor_at(b, 0, DType::F32, {n}); }
 
 void check_same(const Tensor& a, const Tensor& b, const char* what) {
-  TESSERA_CHECK(a.ptr == b.ptr, std::string(what) + ": without sequence parallelism both sides are one tensor");
+  TESSERA_CHECK(a.same_memory(b), std::string(what) + ": without sequence parallelism both sides are one tensor");
 }
 
 }  // namespace
@@ -34,26 +34,26 @@ void TensorParallelRegion::all_reduce(Tensor t, ReduceOp op) {
 // whole [B,T,C] (= or +=) the slices of every rank, each [B,T/TP,C].
 void TensorParallelRegion::gather_sequence(Tensor whole, Tensor outside, bool accumulate) {
   const int64_t n = whole.numel();
-  Tensor staged = flat(staging_, n, *whole.device);
+  Tensor staged = flat(staging_, n);
   tp_->all_gather(staged, outside.view({outside.numel()}));
   if (!accumulate) {
     ops::rank_major_to_sequence(whole, staged.view(whole.shape), size_);
     return;
   }
-  Tensor tmp = flat(slice_, n, *whole.device).view(whole.shape);
+  Tensor tmp = flat(slice_, n).view(whole.shape);
   ops::rank_major_to_sequence(tmp, staged.view(whole.shape), size_);
   ops::residual_forward(whole, whole, tmp);
 }
 
 // outside [B,T/TP,C] (= or +=) this rank's slice of the sum over ranks of whole [B,T,C].
 void TensorParallelRegion::reduce_scatter_sequence(Tensor outside, Tensor whole, bool accumulate) {
-  Tensor staged = flat(staging_, whole.numel(), *whole.device);
+  Tensor staged = flat(staging_, whole.numel());
   ops::sequence_to_rank_major(staged.view(whole.shape), whole, size_);
   if (!accumulate) {
     tp_->reduce_scatter(outside.view({outside.numel()}), staged, ReduceOp::Sum);
     return;
   }
-  Tensor tmp = flat(slice_, outside.numel(), *whole.device);
+  Tensor tmp = flat(slice_, outside.numel());
   tp_->reduce_scatter(tmp, staged, ReduceOp::Sum);
   ops::residual_forward(outside, outside, tmp.view(outside.shape));
 }
@@ -82,10 +82,10 @@ void TensorParallelRegion::leave_backward(Tensor d_partial, Tensor d_outside) {
 
 void TensorParallelRegion::scatter_forward(Tensor outside, Tensor whole) {
   TESSERA_CHECK(sequence_parallel_, "scatter_forward is for sequence parallelism");
-  Tensor staged = flat(staging_, whole.numel(), *whole.device);
+  Tensor staged = flat(staging_, whole.numel());
   ops::sequence_to_rank_major(staged.view(whole.shape), whole, size_);
   const int64_t n = outside.numel();
-  whole.device->copy(outside.ptr, staged.f32() + rank_ * n, static_cast<size_t>(n) * sizeof(float));
+  copy_tensor(outside, staged.slice_rows(rank_ * n, n).view(outside.shape));
 }
 
 void TensorParallelRegion::scatter_backward(Tensor d_whole, Tensor d_outside) {

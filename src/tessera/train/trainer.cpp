@@ -35,11 +35,11 @@ Communicator* if_split(Communicator* c) { return c && c->size() > 1 ? c : nullpt
 // Sums each value over a group in rank order: the values travel as raw 64-bit patterns and
 // every rank adds them in the same order, so the result is exact-to-order and bitwise the
 // same on every rank (a float all-reduce is not).
-void sum_in_rank_order(Communicator* group, std::vector<double>& values, Device& device) {
+void sum_in_rank_order(Communicator* group, std::vector<double>& values) {
   if (!group) return;
   const int n = group->size(), k = static_cast<int>(values.size());
   std::vector<double> all(static_cast<size_t>(n * k));
-  group->all_gather(Tensor(all.data(), DType::I64, {n * k}, &device), Tensor(values.data(), DType::I64, {k}, &device));
+  group->all_gather(Tensor(all.data(), DType::I64, {n * k}, nullptr), Tensor(values.data(), DType::I64, {k}, nullptr));
   std::fill(values.begin(), values.end(), 0.0);
   for (int r = 0; r < n; ++r)
     for (int i = 0; i < k; ++i) values[i] += all[r * k + i];
@@ -182,9 +182,9 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
   (training ? training_pipeline(num_micro) : eval_pipeline_).run(model_, if_split(groups_.pp), compute);
   if (training) finalize_grads();
   // Loss sums over the replicas, then from the last stage to every stage.
-  sum_in_rank_order(dp_, sums, device_);
+  sum_in_rank_order(dp_, sums);
   if (Communicator* pp = if_split(groups_.pp))
-    pp->broadcast(Tensor(sums.data(), DType::I64, {2}, &device_), pp->size() - 1);
+    pp->broadcast(Tensor(sums.data(), DType::I64, {2}, nullptr), pp->size() - 1);
   return {sums[0], sums[1]};
 }
 
@@ -215,7 +215,7 @@ double Trainer::global_grad_norm() {
     if (s.counts_in_norm) slots[s.spec.id * tp + tp_rank] = ops::sum_squares(model_.grads()[i]);
   }
   if (Communicator* mp = if_split(groups_.model_parallel))
-    mp->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, &device_), ReduceOp::Sum);
+    mp->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, nullptr), ReduceOp::Sum);
   double sum = 0.0;
   for (double v : slots) sum += v;
   return std::sqrt(sum);
@@ -346,7 +346,7 @@ const char* Trainer::exit_reason(std::chrono::steady_clock::time_point start) {
   int32_t flags[2] = {args_.exit_duration_minutes > 0 && minutes >= args_.exit_duration_minutes,
                       args_.exit_signal_handler && exit_signal_received()};
   if (Communicator* world = if_split(groups_.world))
-    world->all_reduce(Tensor(flags, DType::I32, {2}, &device_), ReduceOp::Max);
+    world->all_reduce(Tensor(flags, DType::I32, {2}, nullptr), ReduceOp::Max);
   if (flags[1]) return "--exit-signal-handler: signal received";
   if (flags[0]) return "--exit-duration-in-mins";
   return nullptr;

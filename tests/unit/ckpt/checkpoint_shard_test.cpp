@@ -181,7 +181,7 @@ TEST_F(CheckpointShardTest, ErrorsNameTheFileTensorOrShard) {
   // A tensor the checkpoint lacks.
   Slice other = rows;
   other.t.name = "decoder.layers.9.mlp.linear_fc1.weight";
-  other.t.tensor.ptr = other.data.data();
+  other.t.tensor.handle = other.data.data();
   EXPECT_NE(load_error(dir, {other.t}).find("lacks parameter decoder.layers.9.mlp.linear_fc1.weight"),
             std::string::npos);
   // Another global shape: the file, the tensor and both shapes.

@@ -125,7 +125,7 @@ void write_tessera_logits(const fs::path& ckpt, const fs::path& out) {
   Tensor logits = model.logits();
   ASSERT_EQ(logits.shape, (Shape{B, T, c.padded_vocab_size}));
   tessera::safetensors::write(out.string(), {{"tokens", DType::I32, {B, T}, tokens.data()},
-                                             {"logits", DType::F32, logits.shape, logits.ptr}});
+                                             {"logits", DType::F32, logits.shape, logits.host<void>()}});
 }
 
 void expect_export_matches_tessera(const fs::path& dir, const fs::path& ckpt) {

@@ -401,12 +401,12 @@ TEST(GlooComm, SingleProcessWorldNeedsNoNetwork) {
 }
 
 TEST(CommBackend, NcclMeansTheDevicesNativeLibrary) {
-  auto cpu = choose_comm_backend("nccl", DeviceType::CPU);
+  auto cpu = choose_comm_backend("nccl", DeviceKind::CPU);
   EXPECT_EQ(cpu.backend, "gloo");
   EXPECT_NE(cpu.log_line.find("native collective library"), std::string::npos);
-  EXPECT_EQ(choose_comm_backend("gloo", DeviceType::CPU).backend, "gloo");
-  EXPECT_EQ(choose_comm_backend("gloo", DeviceType::CUDA).backend, "gloo");
-  EXPECT_EQ(choose_comm_backend("nccl", DeviceType::CUDA).backend, "nccl");
-  std::string e = error_of([] { choose_comm_backend("mpi", DeviceType::CPU); });
+  EXPECT_EQ(choose_comm_backend("gloo", DeviceKind::CPU).backend, "gloo");
+  EXPECT_EQ(choose_comm_backend("gloo", DeviceKind::CUDA).backend, "gloo");
+  EXPECT_EQ(choose_comm_backend("nccl", DeviceKind::CUDA).backend, "nccl");
+  std::string e = error_of([] { choose_comm_backend("mpi", DeviceKind::CPU); });
   EXPECT_NE(e.find("--distributed-backend must be nccl or gloo, got 'mpi'"), std::string::npos) << e;
 }

@@ -130,7 +130,7 @@ TEST(PipelineChunks, StageByStageEqualsTheWholeModelBitwise) {
     for (int r = 0; r < pp; ++r) {
       if (r > 0) {
         const Tensor from = stages[r - 1]->chunk_output(0, 0), to = stages[r]->chunk_input(0, 0);
-        std::memcpy(to.ptr, from.ptr, from.bytes());
+        std::memcpy(to.host<void>(), from.host<void>(), from.bytes());
       }
       loss = stages[r]->forward(0, {}, batch.view(), kStep);
     }
@@ -138,7 +138,7 @@ TEST(PipelineChunks, StageByStageEqualsTheWholeModelBitwise) {
     for (int r = pp - 1; r >= 0; --r) {
       if (r < pp - 1) {
         const Tensor from = stages[r + 1]->chunk_input_grad(0, 0), to = stages[r]->chunk_output_grad(0, 0);
-        std::memcpy(to.ptr, from.ptr, from.bytes());
+        std::memcpy(to.host<void>(), from.host<void>(), from.bytes());
       }
       stages[r]->backward(0, {}, batch.view(), kStep, 0.1f);
     }
@@ -146,7 +146,7 @@ TEST(PipelineChunks, StageByStageEqualsTheWholeModelBitwise) {
     for (auto& stage : stages)
       for (size_t i = 0; i < stage->shards().size(); ++i, ++seen) {
         const std::vector<float>& want = whole.grads.at(stage->shards()[i].spec.name);
-        EXPECT_EQ(0, std::memcmp(stage->grads()[i].ptr, want.data(), want.size() * sizeof(float)))
+        EXPECT_EQ(0, std::memcmp(stage->grads()[i].host<void>(), want.data(), want.size() * sizeof(float)))
             << "pp " << pp << " " << stage->shards()[i].spec.name;
       }
     EXPECT_EQ(seen, whole.grads.size());

@@ -83,8 +83,8 @@ TEST(GPTInit, MegatronInitialisation) {
             model.param("decoder.layers.1.mlp.linear_fc1.weight").f32()[0]);
   GPTModel again(a.model, cpu_device(), 3);
   again.init_weights();
-  EXPECT_EQ(0, std::memcmp(again.param("decoder.layers.1.mlp.linear_fc1.weight").ptr,
-                           model.param("decoder.layers.1.mlp.linear_fc1.weight").ptr, fc1.bytes()));
+  EXPECT_EQ(0, std::memcmp(again.param("decoder.layers.1.mlp.linear_fc1.weight").host<void>(),
+                           model.param("decoder.layers.1.mlp.linear_fc1.weight").host<void>(), fc1.bytes()));
 }
 
 TEST(GPTTraining, LearnsARepeatingPattern) {

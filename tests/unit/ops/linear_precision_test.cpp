@@ -46,7 +46,7 @@ class Arena {
   Tensor f32(Shape s) {
     Tensor t(nullptr, DType::F32, std::move(s), &cpu_device());
     buffers_.emplace_back(cpu_device(), std::max<size_t>(t.bytes(), 1));
-    t.ptr = buffers_.back().data();
+    t.handle = buffers_.back().handle();
     return t;
   }
   Tensor normal(Shape s, uint32_t seed, float std = 1.0f) {
@@ -64,12 +64,12 @@ class Arena {
   }
   Tensor copy(const Tensor& src) {
     Tensor t = f32(src.shape);
-    std::memcpy(t.ptr, src.ptr, src.bytes());
+    std::memcpy(t.host<void>(), src.host<void>(), src.bytes());
     return t;
   }
   Tensor zeros_like(const Tensor& src) {
     Tensor t = f32(src.shape);
-    std::memset(t.ptr, 0, t.bytes());
+    std::memset(t.host<void>(), 0, t.bytes());
     return t;
   }
 
@@ -78,7 +78,7 @@ class Arena {
 };
 
 uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
-bool same_bits(const Tensor& a, const Tensor& b) { return std::memcmp(a.ptr, b.ptr, a.bytes()) == 0; }
+bool same_bits(const Tensor& a, const Tensor& b) { return std::memcmp(a.host<void>(), b.host<void>(), a.bytes()) == 0; }
 
 // The operand values a mode multiplies, by the scalar routines.
 float rounded(float x, MathMode mode) {

@@ -58,12 +58,12 @@ class Arena {
   Tensor ints(Shape s, const std::vector<int32_t>& values) {
     Tensor t = i32(std::move(s));
     EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-    std::memcpy(t.ptr, values.data(), values.size() * sizeof(int32_t));
+    std::memcpy(t.host<void>(), values.data(), values.size() * sizeof(int32_t));
     return t;
   }
   Tensor copy(const Tensor& src) {
     Tensor t = make(src.dtype, src.shape);
-    std::memcpy(t.ptr, src.ptr, src.bytes());
+    std::memcpy(t.host<void>(), src.host<void>(), src.bytes());
     return t;
   }
 
@@ -71,7 +71,7 @@ class Arena {
   Tensor make(DType type, Shape s) {
     Tensor t(nullptr, type, std::move(s), &cpu_device());
     buffers_.emplace_back(cpu_device(), std::max<size_t>(t.bytes(), 1));
-    t.ptr = buffers_.back().data();
+    t.handle = buffers_.back().handle();
     return t;
   }
   std::vector<Buffer> buffers_;
@@ -474,8 +474,8 @@ TEST(OpsLayerNorm, WeightGradientsIndependentOfThreadCount) {
   omp_set_num_threads(3);
   ops::layernorm_backward(dx2, dw2, Tensor(), R, inp, w, mean, rstd);
   omp_set_num_threads(saved);
-  EXPECT_EQ(std::memcmp(dw1.ptr, dw2.ptr, dw1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(dx1.ptr, dx2.ptr, dx1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(dw1.host<void>(), dw2.host<void>(), dw1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(dx1.host<void>(), dx2.host<void>(), dx1.bytes()), 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -539,7 +539,7 @@ TEST(OpsBiasAdd, ForwardInPlaceAndGradient) {
   for (int64_t i = 0; i < inp.numel(); ++i) ASSERT_EQ(out.f32()[i], inp.f32()[i] + bias.f32()[i % 5]);
   Tensor inplace = arena.copy(inp);
   ops::bias_add_forward(inplace, inplace, bias);
-  EXPECT_EQ(std::memcmp(inplace.ptr, out.ptr, out.bytes()), 0);
+  EXPECT_EQ(std::memcmp(inplace.host<void>(), out.host<void>(), out.bytes()), 0);
 
   Tensor R = arena.normal({2, 3, 5}, 4);
   Grad db(arena, bias, 5);
@@ -563,7 +563,7 @@ TEST(OpsBiasAdd, BackwardIsLinearsBiasGradient) {
   ops::bias_add_backward(from_bias_add.t, dout);
   ops::linear_backward(Tensor(), Tensor(), from_linear, dout, inp, w);
   // One reduction: the same bits.
-  EXPECT_EQ(std::memcmp(from_bias_add.t.ptr, from_linear.ptr, from_linear.bytes()), 0);
+  EXPECT_EQ(std::memcmp(from_bias_add.t.host<void>(), from_linear.host<void>(), from_linear.bytes()), 0);
   // ... and that reduction is the column sum (70 float terms of N(0,1): error ~1e-6).
   std::vector<double> g = from_bias_add.analytic();
   for (int64_t o = 0; o < OC; ++o) {
@@ -752,7 +752,7 @@ TEST(OpsAttention, HeadShardMatchesFullComputation) {
   // And the shard must differ from the unshifted draw (else element_offset is ignored).
   Tensor out_wrong = arena.f32({B, T, NHs * HD});
   ops::attention_forward(out_wrong, att_s, qkv_s, d);
-  EXPECT_NE(std::memcmp(out_wrong.ptr, out_s.ptr, out_s.bytes()), 0);
+  EXPECT_NE(std::memcmp(out_wrong.host<void>(), out_s.host<void>(), out_s.bytes()), 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -850,7 +850,7 @@ TEST(OpsDropout, KeyProperties) {
     return y;
   };
   Tensor base = draw(d), again = draw(d);
-  EXPECT_EQ(std::memcmp(base.ptr, again.ptr, base.bytes()), 0) << "same key, different mask";
+  EXPECT_EQ(std::memcmp(base.host<void>(), again.host<void>(), base.bytes()), 0) << "same key, different mask";
   // Keep fraction: binomial with n = 2^20, std = sqrt(p(1-p)/n) = 2.9e-4; 5 sigma = 1.5e-3.
   int64_t kept_count = 0;
   for (int64_t i = 0; i < base.numel(); ++i) kept_count += base.f32()[i] != 0.0f;
@@ -891,7 +891,7 @@ TEST(OpsDropout, ShardsDrawTheFullTensorsMask) {
   ops::Dropout db = d;
   db.sample0 += 1;
   ops::dropout_forward(yb, x.slice_rows(1, 2), db);
-  EXPECT_EQ(std::memcmp(yb.ptr, y.slice_rows(1, 2).ptr, yb.bytes()), 0);
+  EXPECT_EQ(std::memcmp(yb.host<void>(), y.slice_rows(1, 2).host<void>(), yb.bytes()), 0);
 }
 
 TEST(OpsDropout, GradientsInPlaceAndDisabled) {
@@ -911,13 +911,13 @@ TEST(OpsDropout, GradientsInPlaceAndDisabled) {
   ops::dropout_forward(y, x, d);
   Tensor z = arena.copy(x);
   ops::dropout_forward(z, z, d);
-  EXPECT_EQ(std::memcmp(z.ptr, y.ptr, y.bytes()), 0);
+  EXPECT_EQ(std::memcmp(z.host<void>(), y.host<void>(), y.bytes()), 0);
 
   // p = 0: identity forward, plain accumulation backward.
   ops::Dropout off = d;
   off.p = 0.0f;
   ops::dropout_forward(y, x, off);
-  EXPECT_EQ(std::memcmp(y.ptr, x.ptr, x.bytes()), 0);
+  EXPECT_EQ(std::memcmp(y.host<void>(), x.host<void>(), x.bytes()), 0);
   Grad g(arena, x, 4);
   ops::dropout_backward(g.t, R, off);
   for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(g.t.f32()[i], g.prefill[i] + R.f32()[i]);
@@ -975,11 +975,11 @@ TEST(OpsSequenceRegroup, RowsWhereDescribedAndRoundTrip) {
             ASSERT_EQ(rm.f32()[((r * B + b) * Ts + t) * C + c], seq.f32()[(b * T + r * Ts + t) * C + c])
                 << "parts " << parts << " r " << r << " b " << b << " t " << t;
     ops::rank_major_to_sequence(back, rm, parts);
-    EXPECT_EQ(std::memcmp(back.ptr, seq.ptr, seq.bytes()), 0) << "parts " << parts;
+    EXPECT_EQ(std::memcmp(back.host<void>(), seq.host<void>(), seq.bytes()), 0) << "parts " << parts;
     // The inverse the other way round too: rank-major -> sequence -> rank-major.
     Tensor rm2 = arena.f32({parts, B, Ts, C});
     ops::sequence_to_rank_major(rm2, back, parts);
-    EXPECT_EQ(std::memcmp(rm2.ptr, rm.ptr, rm.bytes()), 0) << "parts " << parts;
+    EXPECT_EQ(std::memcmp(rm2.host<void>(), rm.host<void>(), rm.bytes()), 0) << "parts " << parts;
   }
 }
 
@@ -998,9 +998,9 @@ TEST(OpsSequenceRegroup, GatheredShardsAreTheRankMajorLayout) {
       std::memcpy(gathered.i32() + (r * B + b) * Ts * C, seq.i32() + (b * T + r * Ts) * C, Ts * C * sizeof(int32_t));
   Tensor rm = arena.i32({parts * B * Ts * C}), back = arena.i32({B, T, C});
   ops::sequence_to_rank_major(rm, seq, parts);
-  EXPECT_EQ(std::memcmp(rm.ptr, gathered.ptr, rm.bytes()), 0);
+  EXPECT_EQ(std::memcmp(rm.host<void>(), gathered.host<void>(), rm.bytes()), 0);
   ops::rank_major_to_sequence(back, gathered, parts);
-  EXPECT_EQ(std::memcmp(back.ptr, seq.ptr, seq.bytes()), 0);
+  EXPECT_EQ(std::memcmp(back.host<void>(), seq.host<void>(), seq.bytes()), 0);
 }
 
 TEST(OpsSequenceRegroupDeathTest, RejectsBadParts) {
@@ -1063,8 +1063,8 @@ struct ShardedCrossEntropy {
       ops::cross_entropy_max(row_max[s], logits[s]);
       for (int64_t n = 0; n < N; ++n) g_max.f32()[n] = std::max(g_max.f32()[n], row_max[s].f32()[n]);
     }
-    std::memset(g_sum.ptr, 0, g_sum.bytes());
-    std::memset(g_target.ptr, 0, g_target.bytes());
+    std::memset(g_sum.host<void>(), 0, g_sum.bytes());
+    std::memset(g_target.host<void>(), 0, g_target.bytes());
     for (size_t s = 0; s < logits.size(); ++s) {
       ops::cross_entropy_sums(sum_exp[s], target_logit[s], logits[s], targets, g_max, start[s], vocab_size());
       for (int64_t n = 0; n < N; ++n) {
@@ -1280,10 +1280,10 @@ TEST(OpsOptimizers, MatchTorchNumbers) {
   Arena arena;
   Tensor p = arena.f32({3}), m = arena.f32({3}), v = arena.f32({3}), g = arena.f32({3});
   Tensor q = arena.f32({3}), buf = arena.f32({3});
-  std::memcpy(p.ptr, p0, 12);
-  std::memcpy(q.ptr, p0, 12);
+  std::memcpy(p.host<void>(), p0, 12);
+  std::memcpy(q.host<void>(), p0, 12);
   for (int step = 1; step <= 2; ++step) {
-    std::memcpy(g.ptr, step == 1 ? g1 : g2, 12);
+    std::memcpy(g.host<void>(), step == 1 ? g1 : g2, 12);
     ops::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step);
     ops::sgd_update(q, g, buf, 0.1f, 0.9f, 0.01f, step);
     for (int i = 0; i < 3; ++i) {
@@ -1328,14 +1328,14 @@ TEST(OpsOptimizers, GradScaleEqualsScalingTheGradientFirst) {
   ops::adamw_update(p2, g, m2, v2, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, coeff);
   ops::sgd_update(p3, g_scaled, b3, 0.1f, 0.9f, 0.01f, 2);
   ops::sgd_update(p4, g, b4, 0.1f, 0.9f, 0.01f, 2, coeff);
-  EXPECT_EQ(std::memcmp(p1.ptr, p2.ptr, p1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(m1.ptr, m2.ptr, m1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(v1.ptr, v2.ptr, v1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(p3.ptr, p4.ptr, p3.bytes()), 0);
-  EXPECT_EQ(std::memcmp(b3.ptr, b4.ptr, b3.bytes()), 0);
+  EXPECT_EQ(std::memcmp(p1.host<void>(), p2.host<void>(), p1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(m1.host<void>(), m2.host<void>(), m1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(v1.host<void>(), v2.host<void>(), v1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(p3.host<void>(), p4.host<void>(), p3.bytes()), 0);
+  EXPECT_EQ(std::memcmp(b3.host<void>(), b4.host<void>(), b3.bytes()), 0);
   // ... and the gradient itself is left alone.
   Tensor g_orig = arena.normal({n}, 1);
-  EXPECT_EQ(std::memcmp(g.ptr, g_orig.ptr, g.bytes()), 0);
+  EXPECT_EQ(std::memcmp(g.host<void>(), g_orig.host<void>(), g.bytes()), 0);
 }
 
 // ---------------------------------------------------------------------------------------

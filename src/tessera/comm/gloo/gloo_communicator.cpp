@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "tessera/comm/async_queue.h"
+#include "tessera/device/cpu/cpu_device.h"
 #include "tessera/comm/collective_util.h"
 #include "tessera/comm/gloo/gloo_context.h"
 #include "tessera/core/error.h"
@@ -239,13 +240,13 @@ class GlooCommunicator final : public Communicator {
     Call c = next_call(call_text("all_gather", in));
     if (in.bytes() == 0) return;
     if (size() == 1) {
-      std::memmove(out.ptr, in.ptr, in.bytes());
+      std::memmove(cpu_memory(out), cpu_memory(in), in.bytes());
       return;
     }
     guarded(c, [&] {
       gloo::AllgatherOptions opts(ctx_);
-      opts.setInput(static_cast<uint8_t*>(in.ptr), in.bytes());
-      opts.setOutput(static_cast<uint8_t*>(out.ptr), out.bytes());
+      opts.setInput(reinterpret_cast<uint8_t*>(cpu_memory(in)), in.bytes());
+      opts.setOutput(reinterpret_cast<uint8_t*>(cpu_memory(out)), out.bytes());
       opts.setTag(c.tag);
       opts.setTimeout(timeout());
       gloo::allgather(opts);
@@ -264,7 +265,7 @@ class GlooCommunicator final : public Communicator {
     Call c = next_call(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in));
     if (out.bytes() == 0) return;
     if (size() == 1) {
-      std::memmove(out.ptr, in.ptr, out.bytes());
+      std::memmove(cpu_memory(out), cpu_memory(in), out.bytes());
       return;
     }
     guarded(c, [&] { ring_reduce_scatter(out, in, op, c.tag); });
@@ -279,7 +280,7 @@ class GlooCommunicator final : public Communicator {
     if (size() == 1 || t.bytes() == 0) return;
     guarded(c, [&] {
       gloo::BroadcastOptions opts(ctx_);
-      opts.setOutput(static_cast<uint8_t*>(t.ptr), t.bytes());
+      opts.setOutput(reinterpret_cast<uint8_t*>(cpu_memory(t)), t.bytes());
       opts.setRoot(root);
       opts.setTag(c.tag);
       opts.setTimeout(timeout());
@@ -360,7 +361,7 @@ class GlooCommunicator final : public Communicator {
     P2PCall call{p2p_text(op, t, is_send, k, name_, world_ranks_, rank_, peer), timeout()};
     const uint64_t slot = kP2PSlot | (k & kP2PSequenceMask);
     try {
-      auto buf = ctx_->createUnboundBuffer(t.ptr, t.bytes());
+      auto buf = ctx_->createUnboundBuffer(cpu_memory(t), t.bytes());
       if (is_send) buf->send(peer, slot);
       else buf->recv(peer, slot);
       return std::make_unique<GlooP2PWork>(std::move(buf), is_send, std::move(call));
@@ -387,9 +388,9 @@ class GlooCommunicator final : public Communicator {
   static void set_typed_output(gloo::AllreduceOptions& opts, const Tensor& t) {
     const size_t n = static_cast<size_t>(t.numel());
     switch (t.dtype) {
-      case DType::F32: opts.setOutput(static_cast<float*>(t.ptr), n); break;
-      case DType::I32: opts.setOutput(static_cast<int32_t*>(t.ptr), n); break;
-      case DType::I64: opts.setOutput(static_cast<int64_t*>(t.ptr), n); break;
+      case DType::F32: opts.setOutput(reinterpret_cast<float*>(cpu_memory(t)), n); break;
+      case DType::I32: opts.setOutput(reinterpret_cast<int32_t*>(cpu_memory(t)), n); break;
+      case DType::I64: opts.setOutput(reinterpret_cast<int64_t*>(cpu_memory(t)), n); break;
       default: TESSERA_CHECK(false, "all_reduce: unsupported dtype");
     }
   }
@@ -412,8 +413,8 @@ class GlooCommunicator final : public Communicator {
       scratch_buf_ = ctx_->createUnboundBuffer(scratch_.get(), scratch_size_);
     }
     uint8_t* scratch = scratch_.get();
-    const auto* in_bytes = static_cast<const uint8_t*>(in.ptr);
-    auto in_buf = ctx_->createUnboundBuffer(const_cast<void*>(in.ptr), in.bytes());
+    const auto* in_bytes = reinterpret_cast<const uint8_t*>(cpu_memory(in));
+    auto in_buf = ctx_->createUnboundBuffer(cpu_memory(in), in.bytes());
     const int left = (rank_ - 1 + n) % n;
     const int right = (rank_ + 1) % n;
     const auto deadline = Clock::now() + timeout();
@@ -434,7 +435,7 @@ class GlooCommunicator final : public Communicator {
         scratch_buf_->recv(left, slot, 2 * bytes + off, len);
         send_buf->send(right, slot, send_base + off, len);
       }
-      uint8_t* dst = (s + 2 == n) ? static_cast<uint8_t*>(out.ptr) : scratch + (s % 2) * bytes;
+      uint8_t* dst = (s + 2 == n) ? reinterpret_cast<uint8_t*>(cpu_memory(out)) : scratch + (s % 2) * bytes;
       for (size_t k = 0; k < segments; ++k) {
         const size_t off = k * segment, len = std::min(segment, bytes - off);
         scratch_buf_->waitRecv(left_ms());

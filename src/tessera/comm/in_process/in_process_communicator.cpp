@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tessera/comm/async_queue.h"
+#include "tessera/device/cpu/cpu_device.h"
 #include "tessera/comm/collective_util.h"
 #include "tessera/core/error.h"
 
@@ -130,7 +131,7 @@ class InProcessP2PWork final : public Work {
  public:
   InProcessP2PWork(std::shared_ptr<InProcessGroup> g, std::pair<int, int> pair, bool is_send, const Tensor& t,
                    P2PText text)
-      : g_(std::move(g)), pair_(pair), is_send_(is_send), op_{t.ptr, t.bytes()}, text_(std::move(text)) {}
+      : g_(std::move(g)), pair_(pair), is_send_(is_send), op_{cpu_memory(t), t.bytes()}, text_(std::move(text)) {}
 
   // The mailbox points at op_: an unwaited Work waits here, then unlinks it.
   ~InProcessP2PWork() override {
@@ -217,7 +218,7 @@ class InProcessCommunicator final : public Communicator {
                                                           " elements, expected size x in = " +
                                                           std::to_string(in.numel() * size()));
     const size_t bytes = in.bytes();
-    collective(call_text("all_gather", in), in.ptr, out.ptr, [&](std::vector<uint8_t>& result) {
+    collective(call_text("all_gather", in), cpu_memory(in), cpu_memory(out), [&](std::vector<uint8_t>& result) {
       result.resize(bytes * size());
       for (int r = 0; r < size(); ++r) std::memcpy(result.data() + r * bytes, g_->in[r], bytes);
     });
@@ -234,7 +235,7 @@ class InProcessCommunicator final : public Communicator {
                                                           std::to_string(out.numel() * size()));
     const size_t bytes = out.bytes();
     const size_t n = static_cast<size_t>(out.numel());
-    collective(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in), in.ptr, out.ptr,
+    collective(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in), cpu_memory(in), cpu_memory(out),
                [&](std::vector<uint8_t>& result) {
                  result.resize(bytes);
                  const size_t offset = static_cast<size_t>(rank_) * bytes;
@@ -250,7 +251,7 @@ class InProcessCommunicator final : public Communicator {
     TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root " + std::to_string(root) + " is not a rank of " +
                                                   g_->where());
     const size_t bytes = t.bytes();
-    collective(call_text("broadcast(root " + std::to_string(root) + ")", t), t.ptr, t.ptr,
+    collective(call_text("broadcast(root " + std::to_string(root) + ")", t), cpu_memory(t), cpu_memory(t),
                [&](std::vector<uint8_t>& result) {
                  const auto* src = static_cast<const uint8_t*>(g_->in[root]);
                  result.assign(src, src + bytes);
@@ -315,7 +316,7 @@ class InProcessCommunicator final : public Communicator {
     check_reducible(t, "all_reduce");
     const size_t bytes = t.bytes();
     const size_t n = static_cast<size_t>(t.numel());
-    collective(call_text(std::string("all_reduce(") + reduce_op_name(op) + ")", t), t.ptr, t.ptr,
+    collective(call_text(std::string("all_reduce(") + reduce_op_name(op) + ")", t), cpu_memory(t), cpu_memory(t),
                [&](std::vector<uint8_t>& result) {
                  const auto* first = static_cast<const uint8_t*>(g_->in[0]);
                  result.assign(first, first + bytes);

@@ -1,4 +1,5 @@
-// CPU backend of the Device interface: 64-byte aligned host memory.
+// The host-memory devices: 64-byte aligned host memory; every copy completes on return,
+// so streams and events keep Device's no-op defaults.
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -8,16 +9,13 @@
 #include <string>
 
 #include "tessera/core/error.h"
-#include "tessera/device/device.h"
+#include "tessera/device/cpu/cpu_device.h"
 
 namespace tessera {
 namespace {
 
-class CpuDevice final : public Device {
+class HostMemoryDevice : public Device {
  public:
-  DeviceType type() const override { return DeviceType::CPU; }
-  std::string name() const override { return "cpu"; }
-
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
     size_t rounded = (bytes + 63) / 64 * 64;
@@ -40,17 +38,24 @@ class CpuDevice final : public Device {
     std::free(ptr);
     account(-static_cast<ptrdiff_t>(bytes));
   }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t src_offset, size_t bytes) override {
+    std::memcpy(dst, static_cast<const char*>(src) + src_offset, bytes);
+  }
+  void copy_from_host(void* dst, size_t dst_offset, const void* src, size_t bytes) override {
+    std::memcpy(static_cast<char*>(dst) + dst_offset, src, bytes);
+  }
+  void copy(void* dst, size_t dst_offset, const void* src, size_t src_offset, size_t bytes) override {
+    std::memmove(static_cast<char*>(dst) + dst_offset, static_cast<const char*>(src) + src_offset, bytes);
+  }
   // Gradient slabs are hundreds of MB: one memset per thread keeps both memory channels busy.
-  void fill_zero(void* ptr, size_t bytes) override {
+  void fill_zero(void* dst, size_t dst_offset, size_t bytes) override {
+    char* ptr = static_cast<char*>(dst) + dst_offset;
     constexpr size_t kChunk = size_t(1) << 20;
     const int64_t chunks = static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
 #pragma omp parallel for schedule(static) if (chunks > 4)
     for (int64_t c = 0; c < chunks; ++c) {
       const size_t begin = static_cast<size_t>(c) * kChunk;
-      std::memset(static_cast<char*>(ptr) + begin, 0, std::min(kChunk, bytes - begin));
+      std::memset(ptr + begin, 0, std::min(kChunk, bytes - begin));
     }
   }
   MemoryInfo memory_info() const override {
@@ -59,13 +64,33 @@ class CpuDevice final : public Device {
     return {static_cast<size_t>(si.totalram) * si.mem_unit,
             static_cast<size_t>(si.freeram + si.bufferram) * si.mem_unit};
   }
-  void synchronize() override {}
+  void synchronize(Stream) override {}
+};
+
+class CpuDevice final : public HostMemoryDevice {
+ public:
+  DeviceKind kind() const override { return DeviceKind::CPU; }
+  std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+};
+
+class StrictDevice final : public HostMemoryDevice {
+ public:
+  DeviceKind kind() const override { return DeviceKind::Strict; }
+  std::string name() const override { return "strict"; }
+  std::string description() const override { return "strict (host memory that refuses host access; a test device)"; }
+  bool is_host() const override { return false; }
 };
 
 }  // namespace
 
 Device& cpu_device() {
   static CpuDevice device;
+  return device;
+}
+
+Device& strict_device() {
+  static StrictDevice device;
   return device;
 }
 

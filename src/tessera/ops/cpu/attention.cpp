@@ -131,9 +131,9 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropou
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
   if (drop) dropout_scale(dropout);  // checks p
-  const float* x = qkv.f32();
-  float* probs = att.f32();
-  float* y = out.f32();
+  const float* x = f32(qkv);
+  float* probs = f32(att);
+  float* y = f32(out);
 #pragma omp parallel
   {
     std::vector<float> kT(static_cast<size_t>(HD * Tp)), s(static_cast<size_t>(Tp)), w(static_cast<size_t>(T));
@@ -192,11 +192,11 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
   if (drop) dropout_scale(dropout);
-  const float* x = qkv.f32();
-  const float* probs = att.f32();
-  const float* dy = dout.f32();
-  float* dx = dqkv.f32();
-  float* dscores = scratch.f32();
+  const float* x = f32(qkv);
+  const float* probs = f32(att);
+  const float* dy = f32(dout);
+  float* dx = f32(dqkv);
+  float* dscores = f32(scratch);
 #pragma omp parallel
   {
     // With dropout, the dropped-out probabilities a' = a * factor of this (b, h), which

@@ -1,10 +1,15 @@
 // The CPU backend of ops.h: same names, argument order and conventions (see ops.h).
-// dispatch.cpp calls these for tensors on the CPU device; tests may call them directly.
+// Its kernel table (cpu/kernel_table.cpp) serves the CPU and strict devices; tests may
+// call these directly.
 #pragma once
 
+#include "tessera/ops/cpu/cpu_tensor.h"
+#include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
 
 namespace tessera::ops::cpu {
+
+const KernelTable& kernel_table();
 
 void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe, int64_t vocab_start,
                        int64_t vocab_size);

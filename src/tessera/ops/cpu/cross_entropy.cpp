@@ -51,8 +51,8 @@ float row_sum_exp(const float* x, int64_t V, float m) {
 
 void cross_entropy_max(Tensor row_max, Tensor logits) {
   const int64_t N = check_rows(logits, {&row_max}, "cross_entropy_max"), V = logits.dim(-1);
-  const float* x = logits.f32();
-  float* m = row_max.f32();
+  const float* x = f32(logits);
+  float* m = f32(row_max);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xn = x + n * V;
@@ -68,12 +68,12 @@ void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tens
   const int64_t N = check_rows(logits, {&sum_exp, &target_logit, &targets, &row_max}, "cross_entropy_sums");
   const int64_t V = logits.dim(-1);
   const VocabShard shard = vocab_shard(vocab_start, V, vocab_size, "cross_entropy_sums");
-  const int32_t* tgt = targets.i32();
+  const int32_t* tgt = i32(targets);
   check_ids(tgt, N, shard.total, "cross-entropy target");
-  const float* x = logits.f32();
-  const float* m = row_max.f32();
-  float* se = sum_exp.f32();
-  float* tl = target_logit.f32();
+  const float* x = f32(logits);
+  const float* m = f32(row_max);
+  float* se = f32(sum_exp);
+  float* tl = f32(target_logit);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xn = x + n * V;
@@ -88,11 +88,11 @@ void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tenso
   for (const Tensor* t : {&logsumexp, &sum_exp, &row_max, &target_logit})
     TESSERA_CHECK(t->numel() == N, "cross_entropy_finish: losses " + shape_str(losses.shape) + " vs " +
                                        shape_str(t->shape));
-  const float* se = sum_exp.f32();
-  const float* m = row_max.f32();
-  const float* tl = target_logit.f32();
-  float* lse = logsumexp.f32();
-  float* loss = losses.f32();
+  const float* se = f32(sum_exp);
+  const float* m = f32(row_max);
+  const float* tl = f32(target_logit);
+  float* lse = f32(logsumexp);
+  float* loss = f32(losses);
   for (int64_t n = 0; n < N; ++n) {
     lse[n] = m[n] + std::log(se[n]);
     loss[n] = lse[n] - tl[n];
@@ -107,12 +107,12 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
                 "cross_entropy_backward: dlogits " + shape_str(dlogits.shape) + " vs logits " +
                     shape_str(logits.shape));
   const VocabShard shard = vocab_shard(vocab_start, V, vocab_size, "cross_entropy_backward");
-  const int32_t* tgt = targets.i32();
+  const int32_t* tgt = i32(targets);
   check_ids(tgt, N, shard.total, "cross-entropy target");
-  const float* x = logits.f32();
-  const float* dl = dlosses.f32();
-  const float* lse = logsumexp.f32();
-  float* dx = dlogits.f32();
+  const float* x = f32(logits);
+  const float* dl = f32(dlosses);
+  const float* lse = f32(logsumexp);
+  float* dx = f32(dlogits);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xn = x + n * V;

@@ -92,8 +92,8 @@ void dropout_factors(const Dropout& dropout, int64_t b, uint64_t first, int64_t 
 void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
   TESSERA_CHECK(out.numel() == inp.numel(), "dropout: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape));
   const int64_t n = inp.numel();
-  const float* x = inp.f32();
-  float* y = out.f32();
+  const float* x = f32(inp);
+  float* y = f32(out);
   if (dropout.p == 0.0f) {  // disabled (evaluation, or --*-dropout 0): out = inp
     if (y != x) std::memmove(y, x, static_cast<size_t>(n) * sizeof(float));
     return;
@@ -117,8 +117,8 @@ void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
   if (dinp.empty()) return;
   TESSERA_CHECK(dinp.numel() == dout.numel(), "dropout: dinp " + shape_str(dinp.shape) + " vs dout " + shape_str(dout.shape));
   const int64_t n = dout.numel();
-  const float* dy = dout.f32();
-  float* dx = dinp.f32();
+  const float* dy = f32(dout);
+  float* dx = f32(dinp);
   if (dropout.p == 0.0f) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];

@@ -22,9 +22,9 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, 
                   "embedding: out " + shape_str(out.shape) + ", wte " + shape_str(wte.shape) + ", tokens " +
                       shape_str(tokens.shape));
     shard = vocab_shard(vocab_start, wte.dim(0), vocab_size, "embedding");
-    tok = tokens.i32();
+    tok = i32(tokens);
     check_ids(tok, N, shard.total, "token id");
-    te = wte.f32();
+    te = f32(wte);
   }
   const int32_t* pos = nullptr;
   const float* pe = nullptr;
@@ -32,11 +32,11 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, 
     TESSERA_CHECK(wpe.ndim() == 2 && wpe.dim(1) == C && positions.numel() == N,
                   "embedding: out " + shape_str(out.shape) + ", wpe " + shape_str(wpe.shape) + ", positions " +
                       shape_str(positions.shape));
-    pos = positions.i32();
+    pos = i32(positions);
     check_ids(pos, N, wpe.dim(0), "position id");
-    pe = wpe.f32();
+    pe = f32(wpe);
   }
-  float* y = out.f32();
+  float* y = f32(out);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* a = te && shard.holds(tok[n]) ? te + (tok[n] - shard.start) * C : nullptr;
@@ -57,7 +57,7 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
                         int64_t vocab_size) {
   TESSERA_CHECK(dout.ndim() >= 1 && dout.dim(-1) > 0, "embedding backward: dout " + shape_str(dout.shape));
   const int64_t C = dout.dim(-1), N = dout.numel() / C;
-  const float* dy = dout.f32();
+  const float* dy = f32(dout);
   const int32_t* tok = nullptr;
   float* dte = nullptr;
   VocabShard shard;
@@ -66,9 +66,9 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
                   "embedding backward: dout " + shape_str(dout.shape) + ", dwte " + shape_str(dwte.shape) +
                       ", tokens " + shape_str(tokens.shape));
     shard = vocab_shard(vocab_start, dwte.dim(0), vocab_size, "embedding backward");
-    tok = tokens.i32();
+    tok = i32(tokens);
     check_ids(tok, N, shard.total, "token id");
-    dte = dwte.f32();
+    dte = f32(dwte);
   }
   const int32_t* pos = nullptr;
   float* dpe = nullptr;
@@ -76,9 +76,9 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
     TESSERA_CHECK(dwpe.ndim() == 2 && dwpe.dim(1) == C && positions.numel() == N,
                   "embedding backward: dout " + shape_str(dout.shape) + ", dwpe " + shape_str(dwpe.shape) +
                       ", positions " + shape_str(positions.shape));
-    pos = positions.i32();
+    pos = i32(positions);
     check_ids(pos, N, dwpe.dim(0), "position id");
-    dpe = dwpe.f32();
+    dpe = f32(dwpe);
   }
   // Several rows may hit the same token (or position), so threads split the channels, not
   // the rows: each thread owns a column block of both tables, no two threads ever add to

@@ -24,8 +24,8 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind) {
   const int64_t n = inp.numel();
   TESSERA_CHECK(out.numel() == n, "gelu: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape));
-  const float* x = inp.f32();
-  float* y = out.f32();
+  const float* x = f32(inp);
+  float* y = f32(out);
   if (kind == GeluKind::Tanh) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -44,9 +44,9 @@ void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind) {
   const int64_t n = inp.numel();
   TESSERA_CHECK(dinp.numel() == n && dout.numel() == n, "gelu backward: dinp " + shape_str(dinp.shape) + ", dout " +
                                                             shape_str(dout.shape) + ", inp " + shape_str(inp.shape));
-  const float* x = inp.f32();
-  const float* dy = dout.f32();
-  float* dx = dinp.f32();
+  const float* x = f32(inp);
+  const float* dy = f32(dout);
+  float* dx = f32(dinp);
   if (kind == GeluKind::Tanh) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {

@@ -15,12 +15,12 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
                     shape_str(weight.shape));
   TESSERA_CHECK((mean.empty() || mean.numel() == N) && (rstd.empty() || rstd.numel() == N),
                 "layernorm: mean/rstd must have one entry per row (" + std::to_string(N) + ")");
-  const float* x = inp.f32();
-  const float* w = weight.f32();
-  const float* b = bias.empty() ? nullptr : bias.f32();
-  float* y = out.f32();
-  float* m_out = mean.empty() ? nullptr : mean.f32();
-  float* r_out = rstd.empty() ? nullptr : rstd.f32();
+  const float* x = f32(inp);
+  const float* w = f32(weight);
+  const float* b = bias.empty() ? nullptr : f32(bias);
+  float* y = f32(out);
+  float* m_out = mean.empty() ? nullptr : f32(mean);
+  float* r_out = rstd.empty() ? nullptr : f32(rstd);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xn = x + n * C;
@@ -58,17 +58,17 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
   TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == C) &&
                     (dbias.empty() || dbias.numel() == C),
                 "layernorm backward: gradient shapes");
-  const float* x = inp.f32();
-  const float* w = weight.f32();
-  const float* dy = dout.f32();
-  const float* mu = mean.f32();
-  const float* rs = rstd.f32();
+  const float* x = f32(inp);
+  const float* w = f32(weight);
+  const float* dy = f32(dout);
+  const float* mu = f32(mean);
+  const float* rs = f32(rstd);
 
   // dinp, row by row. With xhat = (x - mean) * rstd and g = dout * weight (the gradient
   // w.r.t. xhat), differentiating through mean and rstd gives
   //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
   if (!dinp.empty()) {
-    float* dx = dinp.f32();
+    float* dx = f32(dinp);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* xn = x + n * C;
@@ -95,8 +95,8 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
   // threads split the channels (each owns a column block and sums its rows in order): no
   // atomics, and the same bits for any thread count.
   if (dweight.empty() && dbias.empty()) return;
-  float* dw = dweight.empty() ? nullptr : dweight.f32();
-  float* db = dbias.empty() ? nullptr : dbias.f32();
+  float* dw = dweight.empty() ? nullptr : f32(dweight);
+  float* db = dbias.empty() ? nullptr : f32(dbias);
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (C + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)

@@ -113,7 +113,7 @@ void linear_forward_lowp(Tensor out, Tensor inp, Tensor weight, Tensor bias, Mat
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (N == 0 || OC == 0) return;
   const Lowp lp(mode);
-  float* y = out.f32();
+  float* y = f32(out);
   const int64_t tile = tile_rows(OC, C, N);
   void* x = lp.buffer(Workspace::Input, N * C);
   void* w = lp.buffer(Workspace::Weight, tile * C);
@@ -122,12 +122,12 @@ void linear_forward_lowp(Tensor out, Tensor inp, Tensor weight, Tensor bias, Mat
   // The bias is broadcast into out (rounded to half for FP16) and the GEMMs add onto it
   // (beta = 1), as in F32 mode.
   if (!bias.empty())
-    jobs[count++] = {lp.fp16() ? Conversion::Fp16Round : Conversion::Copy, y, bias.f32(), N, OC, 0};
-  jobs[count++] = lp.operand(x, inp.f32(), N, C, C);
+    jobs[count++] = {lp.fp16() ? Conversion::Fp16Round : Conversion::Copy, y, f32(bias), N, OC, 0};
+  jobs[count++] = lp.operand(x, f32(inp), N, C, C);
   const float beta = bias.empty() ? 0.0f : 1.0f;
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
     const int64_t len = std::min(tile, OC - o0);
-    jobs[count++] = lp.operand(w, weight.f32() + o0 * C, len, C, C);
+    jobs[count++] = lp.operand(w, f32(weight) + o0 * C, len, C, C);
     convert_all(jobs, count);
     count = 0;
     lp.gemm(false, true, N, len, C, x, C, w, C, beta, y + o0, OC);
@@ -150,13 +150,13 @@ void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout
   void* x = nullptr;  // the converted input, for dW
   if (!dweight.empty()) {
     x = lp.buffer(Workspace::Input, N * C);
-    jobs[count++] = lp.operand(x, inp.f32(), N, C, C);
+    jobs[count++] = lp.operand(x, f32(inp), N, C, C);
   }
   // FP16: the dinp contribution is summed over the tiles here, rounded to half at the end;
   // BF16 accumulates straight into dinp (beta = 1).
   float* dx = dinp.empty() ? nullptr
               : lp.fp16()  ? static_cast<float*>(workspace(Workspace::Out, static_cast<size_t>(N * C) * 4))
-                           : dinp.f32();
+                           : f32(dinp);
   float* dw_tile = lp.fp16() && !dweight.empty()
                        ? static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(tile * C) * 4))
                        : nullptr;
@@ -164,25 +164,25 @@ void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout
   void* w = dinp.empty() ? nullptr : lp.buffer(Workspace::Weight, tile * C);
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
     const int64_t len = std::min(tile, OC - o0);
-    jobs[count++] = lp.operand(g, dout.f32() + o0, N, len, OC);  // dout[:, o0:o0+len] as a contiguous [N, len]
-    if (!dinp.empty()) jobs[count++] = lp.operand(w, weight.f32() + o0 * C, len, C, C);
+    jobs[count++] = lp.operand(g, f32(dout) + o0, N, len, OC);  // dout[:, o0:o0+len] as a contiguous [N, len]
+    if (!dinp.empty()) jobs[count++] = lp.operand(w, f32(weight) + o0 * C, len, C, C);
     convert_all(jobs, count);
     count = 0;
     if (!dinp.empty()) lp.gemm(false, false, N, C, len, g, len, w, C, lp.fp16() && o0 == 0 ? 0.0f : 1.0f, dx, C);
     if (!dweight.empty()) {
       if (lp.fp16()) {
         lp.gemm(true, false, len, C, N, g, len, x, C, 0.0f, dw_tile, C);
-        add_rounded_fp16(dweight.f32() + o0 * C, dw_tile, len * C);
+        add_rounded_fp16(f32(dweight) + o0 * C, dw_tile, len * C);
       } else {
-        lp.gemm(true, false, len, C, N, g, len, x, C, 1.0f, dweight.f32() + o0 * C, C);
+        lp.gemm(true, false, len, C, N, g, len, x, C, 1.0f, f32(dweight) + o0 * C, C);
       }
     }
     if (want_db) {
-      float* db = dbias.f32() + o0;
+      float* db = f32(dbias) + o0;
       column_sums(static_cast<const float*>(g), N, len, [db](int64_t o, float sum) { db[o] += round_fp16(sum); });
     }
   }
-  if (lp.fp16() && !dinp.empty()) add_rounded_fp16(dinp.f32(), dx, N * C);
+  if (lp.fp16() && !dinp.empty()) add_rounded_fp16(f32(dinp), dx, N * C);
 }
 
 }  // namespace
@@ -191,17 +191,17 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode
   check_forward(out, inp, weight, bias);
   if (mode != MathMode::F32) return linear_forward_lowp(out, inp, weight, bias, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  float* y = out.f32();
+  float* y = f32(out);
   float beta = 0.0f;
   if (!bias.empty()) {
     // Broadcast the bias into out and let the GEMM add onto it (beta = 1): one pass over
     // out instead of a GEMM pass plus a bias pass.
-    const float* b = bias.f32();
+    const float* b = f32(bias);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + OC, y + n * OC);
     beta = 1.0f;
   }
-  sgemm(false, true, N, OC, C, 1.0f, inp.f32(), C, weight.f32(), C, beta, y, OC);
+  sgemm(false, true, N, OC, C, 1.0f, f32(inp), C, f32(weight), C, beta, y, OC);
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
@@ -209,9 +209,9 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   check_backward(dinp, dweight, dbias, dout, inp, weight);
   if (mode != MathMode::F32) return linear_backward_lowp(dinp, dweight, dbias, dout, inp, weight, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  const float* dy = dout.f32();
-  if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, weight.f32(), C, 1.0f, dinp.f32(), C);
-  if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, inp.f32(), C, 1.0f, dweight.f32(), C);
+  const float* dy = f32(dout);
+  if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, 1.0f, f32(dinp), C);
+  if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, f32(inp), C, 1.0f, f32(dweight), C);
   if (!dbias.empty()) bias_add_backward(dbias, dout);
 }
 
@@ -222,9 +222,9 @@ void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
                 "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
                     shape_str(bias.shape));
   const int64_t N = out.numel() / OC;
-  const float* x = inp.f32();
-  const float* b = bias.f32();
-  float* y = out.f32();
+  const float* x = f32(inp);
+  const float* b = f32(bias);
+  float* y = f32(out);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
 #pragma omp simd
@@ -237,8 +237,8 @@ void bias_add_backward(Tensor dbias, Tensor dout) {
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
   const int64_t N = dout.numel() / OC;
-  float* db = dbias.f32();
-  column_sums(dout.f32(), N, OC, [db](int64_t o, float sum) { db[o] += sum; });
+  float* db = f32(dbias);
+  column_sums(f32(dout), N, OC, [db](int64_t o, float sum) { db[o] += sum; });
 }
 
 }  // namespace tessera::ops::cpu

@@ -30,10 +30,10 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
   const float step_size = static_cast<float>(lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  float* p = param.f32();
-  const float* g = grad.f32();
-  float* mm = m.f32();
-  float* vv = v.f32();
+  float* p = f32(param);
+  const float* g = f32(grad);
+  float* mm = f32(m);
+  float* vv = f32(v);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * grad_scale;  // exact when grad_scale == 1
@@ -53,15 +53,15 @@ void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float 
   const int64_t n = param.numel();
   TESSERA_CHECK(grad.numel() == n, "sgd: param " + shape_str(param.shape) + ", grad " + shape_str(grad.shape));
   TESSERA_CHECK(step >= 1, "sgd: step is 1-based");
-  float* p = param.f32();
-  const float* g = grad.f32();
+  float* p = f32(param);
+  const float* g = f32(grad);
   if (momentum == 0.0f) {  // torch keeps no buffer: p -= lr * (g + wd p)
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] = p[i] - lr * (g[i] * grad_scale + weight_decay * p[i]);
     return;
   }
   TESSERA_CHECK(momentum_buf.numel() == n, "sgd: momentum buffer " + shape_str(momentum_buf.shape));
-  float* buf = momentum_buf.f32();
+  float* buf = f32(momentum_buf);
   // torch: d_p = g + wd p; buf = clone(d_p) on the first step, else buf = momentum buf + d_p
   // (dampening 0); p -= lr buf.
   const bool first = step == 1;

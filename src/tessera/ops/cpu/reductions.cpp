@@ -8,7 +8,7 @@ namespace tessera::ops::cpu {
 
 double sum_squares(Tensor t) {
   const int64_t n = t.numel();
-  const float* x = t.f32();
+  const float* x = f32(t);
   // Fixed chunks, each summed in double, then the chunk sums added in order: the result
   // depends only on the data, never on the thread count or schedule.
   constexpr int64_t kChunk = 1 << 16;
@@ -38,7 +38,7 @@ double sum_squares(Tensor t) {
 
 void scale_inplace(Tensor t, float scale) {
   const int64_t n = t.numel();
-  float* x = t.f32();
+  float* x = f32(t);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }

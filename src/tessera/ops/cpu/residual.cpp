@@ -8,18 +8,18 @@ void residual_forward(Tensor out, Tensor a, Tensor b) {
   const int64_t n = out.numel();
   TESSERA_CHECK(a.numel() == n && b.numel() == n, "residual: out " + shape_str(out.shape) + ", a " +
                                                       shape_str(a.shape) + ", b " + shape_str(b.shape));
-  const float* x = a.f32();
-  const float* y = b.f32();
-  float* o = out.f32();
+  const float* x = f32(a);
+  const float* y = f32(b);
+  float* o = f32(out);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
 }
 
 void residual_backward(Tensor da, Tensor db, Tensor dout) {
   const int64_t n = dout.numel();
-  const float* g = dout.f32();
-  float* ga = da.empty() ? nullptr : da.f32();
-  float* gb = db.empty() ? nullptr : db.f32();
+  const float* g = f32(dout);
+  float* ga = da.empty() ? nullptr : f32(da);
+  float* gb = db.empty() ? nullptr : f32(db);
   // Accumulating a buffer into itself would double it; a caller whose gradient already
   // lives in dout (the residual stream) simply does not pass it.
   TESSERA_CHECK(ga != g && gb != g, "residual backward: a gradient output aliases dout");

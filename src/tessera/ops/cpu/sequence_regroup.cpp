@@ -20,8 +20,8 @@ void regroup(const Tensor& out, const Tensor& inp, int parts, bool to_rank_major
                 std::string(op) + ": " + std::to_string(parts) + " parts do not divide T = " + std::to_string(T));
   TESSERA_CHECK(rm.numel() == seq.numel() && rm.dtype == seq.dtype,
                 std::string(op) + ": out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape));
-  const char* src = static_cast<const char*>(inp.ptr);
-  char* dst = static_cast<char*>(out.ptr);
+  const char* src = cpu_memory(inp);
+  char* dst = cpu_memory(out);
   const size_t bytes = seq.bytes();
   TESSERA_CHECK(bytes == 0 || dst + bytes <= src || src + bytes <= dst, std::string(op) + ": out overlaps inp");
   const int64_t Ts = T / parts;

@@ -1,46 +1,80 @@
-// Routes each op to the backend of its tensors' device. Every non-empty tensor of a call
-// must live on the same kind of device (an op never copies between devices).
+// Routes each op to the kernel table of its tensors' device. Every non-empty tensor of a
+// call must live on the same device (an op never copies between devices).
 #include <initializer_list>
 #include <string>
 
 #include "tessera/device/device.h"
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
+#ifdef TESSERA_WITH_OPENCL
+#include "tessera/ops/opencl/opencl_ops.h"
+#endif
 
 namespace tessera::ops {
 namespace {
 
-DeviceType backend_of(const char* op, std::initializer_list<const Tensor*> tensors) {
+const Device& device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
   const Device* first = nullptr;
   for (const Tensor* t : tensors) {
     if (t->empty()) continue;
     TESSERA_CHECK(t->device != nullptr, std::string(op) + ": tensor without a device");
     if (!first) first = t->device;
-    TESSERA_CHECK(t->device->type() == first->type(),
+    TESSERA_CHECK(t->device == first,
                   std::string(op) + ": tensors on different devices (" + first->name() + ", " + t->device->name() + ")");
   }
   TESSERA_CHECK(first != nullptr, std::string(op) + ": no tensors");
-  return first->type();
+  return *first;
 }
 
-[[noreturn]] void no_backend(const char* op, DeviceType type) {
-  TESSERA_CHECK(false, std::string(op) + ": no kernel for device type " + std::to_string(static_cast<int>(type)) +
-                           " in this build");
-  __builtin_unreachable();
+[[noreturn]] void unsupported(const char* op, const Device& device) {
+  throw runtime_error(std::string("op ") + op + " has no kernel on device " + device.name(),
+                      "run on --device cpu, or add the kernel to the " + std::string(device_kind_name(device.kind())) +
+                          " backend (docs/backends.md)");
+}
+
+// The kernel of `Entry` for the tensors' device.
+template <auto Entry>
+auto kernel(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Device& device = device_of(op, tensors);
+  auto fn = kernels_for(device).*Entry;
+  if (fn == nullptr) unsupported(op, device);
+  return fn;
 }
 
 }  // namespace
 
-// One line per op: pick the backend from the listed tensors, call its kernel.
-#define TESSERA_DISPATCH(op, tensors, ...)                          \
-  do {                                                              \
-    const DeviceType type_ = backend_of(#op, tensors);              \
-    if (type_ == DeviceType::CPU) return cpu::op(__VA_ARGS__);      \
-    no_backend(#op, type_);                                         \
-  } while (0)
+const KernelTable& kernels_for(const Device& device) {
+  switch (device.kind()) {
+    case DeviceKind::CPU:
+    case DeviceKind::Strict: return cpu::kernel_table();
+#ifdef TESSERA_WITH_OPENCL
+    case DeviceKind::OpenCL: return opencl::kernel_table();
+#endif
+    default: break;
+  }
+  static const KernelTable none{.backend = "none"};
+  return none;
+}
+
+bool supports(const Device& device, std::string_view op) {
+  const KernelTable& k = kernels_for(device);
+#define TESSERA_SUPPORTS(name) \
+  if (op == #name) return k.name != nullptr;
+  TESSERA_OPS(TESSERA_SUPPORTS)
+#undef TESSERA_SUPPORTS
+  return false;
+}
+
+void check_supported(const Device& device, const std::vector<std::string_view>& ops) {
+  for (std::string_view op : ops)
+    if (!supports(device, op)) unsupported(std::string(op).c_str(), device);
+}
+
+// One line per op: the tensors that pick the device, then the call.
+#define TESSERA_DISPATCH(op, tensors, ...) return kernel<&KernelTable::op>(#op, tensors)(__VA_ARGS__)
 #define T_(...) \
   { __VA_ARGS__ }
-
 void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe, int64_t vocab_start,
                        int64_t vocab_size) {
   TESSERA_DISPATCH(embedding_forward, T_(&out, &tokens, &positions, &wte, &wpe), out, tokens, positions, wte, wpe,

@@ -1,0 +1,68 @@
+// What every backend shares: the memory accounting, pinned-buffer and async-copy defaults,
+// and the whole-tensor transfers.
+#include "tessera/device/device.h"
+
+#include <cstdlib>
+
+namespace tessera {
+
+const char* device_kind_name(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::CPU: return "cpu";
+    case DeviceKind::Strict: return "strict";
+    case DeviceKind::OpenCL: return "opencl";
+    case DeviceKind::CUDA: return "cuda";
+  }
+  return "?";
+}
+
+void Device::account(ptrdiff_t delta) {
+  const size_t now = allocated_.fetch_add(static_cast<size_t>(delta), std::memory_order_relaxed) + delta;
+  size_t peak = peak_.load(std::memory_order_relaxed);
+  while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void* Device::allocate_pinned(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) throw runtime_error("out of host memory: " + name() + " asked for " + std::to_string(bytes >> 20) +
+                              " MiB of pinned staging memory");
+  return p;
+}
+void Device::free_pinned(void* host, size_t) { std::free(host); }
+
+void Device::copy_to_host_async(void* dst, const void* src, size_t src_offset, size_t bytes, Stream) {
+  copy_to_host(dst, src, src_offset, bytes);
+}
+void Device::copy_from_host_async(void* dst, size_t dst_offset, const void* src, size_t bytes, Stream) {
+  copy_from_host(dst, dst_offset, src, bytes);
+}
+
+void copy_to_host(void* dst, size_t dst_capacity, Tensor src) {
+  TESSERA_CHECK(src.bytes() <= dst_capacity, "copy_to_host: " + std::to_string(src.bytes()) +
+                                                 " bytes into a host buffer of " + std::to_string(dst_capacity));
+  if (src.bytes() == 0) return;
+  src.device->copy_to_host(dst, src.handle, src.offset, src.bytes());
+}
+
+void copy_from_host(Tensor dst, const void* src, size_t src_bytes) {
+  TESSERA_CHECK(src_bytes == dst.bytes(), "copy_from_host: " + std::to_string(src_bytes) + " bytes into a " +
+                                              shape_str(dst.shape) + " tensor");
+  if (src_bytes == 0) return;
+  dst.device->copy_from_host(dst.handle, dst.offset, src, src_bytes);
+}
+
+void copy_tensor(Tensor dst, Tensor src) {
+  TESSERA_CHECK(dst.device == src.device && dst.bytes() == src.bytes(),
+                "copy_tensor: " + shape_str(src.shape) + " into " + shape_str(dst.shape) + " (same device and size)");
+  if (dst.bytes() == 0) return;
+  dst.device->copy(dst.handle, dst.offset, src.handle, src.offset, src.bytes());
+}
+
+void fill_zero(Tensor t) {
+  if (t.bytes() == 0) return;
+  t.device->fill_zero(t.handle, t.offset, t.bytes());
+}
+
+}  // namespace tessera

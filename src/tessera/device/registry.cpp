@@ -1,0 +1,73 @@
+// One entry per backend: a new backend adds its name, count and device here, behind its
+// CMake option.
+#include "tessera/device/registry.h"
+
+#include <cstdlib>
+
+#include "tessera/device/cpu/cpu_device.h"
+#ifdef TESSERA_WITH_OPENCL
+#include "tessera/device/opencl/opencl_device.h"
+#endif
+
+namespace tessera {
+namespace {
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string r;
+  for (const std::string& n : names) r += (r.empty() ? "" : ", ") + n;
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> device_backends() {
+#ifdef TESSERA_WITH_OPENCL
+  return {"cpu", "opencl"};
+#else
+  return {"cpu"};
+#endif
+}
+
+DeviceSpec parse_device_spec(const std::string& spec) {
+  DeviceSpec r;
+  const size_t colon = spec.find(':');
+  r.backend = spec.substr(0, colon);
+  if (colon != std::string::npos) {
+    const std::string n = spec.substr(colon + 1);
+    char* end = nullptr;
+    const long v = std::strtol(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || v < 0)
+      throw usage_error("--device " + spec + ": the ordinal after ':' must be a number >= 0",
+                        "write e.g. --device opencl:0");
+    r.ordinal = static_cast<int>(v);
+  }
+  return r;
+}
+
+int device_count(const std::string& backend) {
+  if (backend == "cpu" || backend == "strict") return 1;
+#ifdef TESSERA_WITH_OPENCL
+  if (backend == "opencl") return opencl_device_count();
+#endif
+  return 0;
+}
+
+Device& open_device(const std::string& spec_text) {
+  const DeviceSpec spec = parse_device_spec(spec_text);
+  const int count = device_count(spec.backend);
+  if (count == 0)
+    throw usage_error("--device " + spec_text + ": no backend '" + spec.backend + "' in this build",
+                      "built backends: " + joined(device_backends()) +
+                          " (OpenCL needs -DTESSERA_OPENCL=ON and the OpenCL headers; see docs/backends.md)");
+  if (spec.ordinal >= count)
+    throw usage_error("--device " + spec_text + ": " + spec.backend + " has " + std::to_string(count) +
+                          " device(s), numbered from 0",
+                      "run `tessera doctor --device " + spec.backend + "` to list them");
+  if (spec.backend == "strict") return strict_device();
+#ifdef TESSERA_WITH_OPENCL
+  if (spec.backend == "opencl") return opencl_device(spec.ordinal);
+#endif
+  return cpu_device();
+}
+
+}  // namespace tessera

@@ -1,0 +1,20 @@
+// How the CPU kernels reach tensor memory: through the host-memory backend's accessor, so
+// they run on the CPU device and on the strict test device alike.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/device/cpu/cpu_device.h"
+
+namespace tessera::ops::cpu {
+
+inline float* f32(const Tensor& t) {
+  t.check_dtype(DType::F32);
+  return reinterpret_cast<float*>(cpu_memory(t));
+}
+inline int32_t* i32(const Tensor& t) {
+  t.check_dtype(DType::I32);
+  return reinterpret_cast<int32_t*>(cpu_memory(t));
+}
+
+}  // namespace tessera::ops::cpu

@@ -1,0 +1,46 @@
+// One kernel table per backend: a struct of function pointers with exactly the signatures
+// of the ops in ops.h, reached from the tensors' device (ops.cpp). A backend fills one
+// line per op it implements; a null entry means "not supported", which
+// check_supported() reports at start-up naming the op and the device.
+//
+// Adding an op: its contract in ops.h, its name in TESSERA_OPS below, one kernel per
+// backend and that backend's table line.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/ops/ops.h"
+
+namespace tessera {
+class Device;
+}
+
+namespace tessera::ops {
+
+#define TESSERA_OPS(X)                                                                              \
+  X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
+  X(linear_forward) X(linear_backward) X(bias_add_forward) X(bias_add_backward)                    \
+  X(attention_forward) X(attention_backward) X(gelu_forward) X(gelu_backward) X(dropout_forward)   \
+  X(dropout_backward) X(residual_forward) X(residual_backward) X(cross_entropy_max)                \
+  X(cross_entropy_sums) X(cross_entropy_finish) X(cross_entropy_backward) X(sequence_to_rank_major) \
+  X(rank_major_to_sequence) X(adamw_update) X(sgd_update) X(sum_squares) X(scale_inplace)
+
+struct KernelTable {
+  const char* backend = "";
+  // The libraries the kernels run on, with versions ("oneDNN 2.6.3"), for doctor.
+  std::string (*libraries)() = nullptr;
+#define TESSERA_KERNEL_ENTRY(op) decltype(&ops::op) op = nullptr;
+  TESSERA_OPS(TESSERA_KERNEL_ENTRY)
+#undef TESSERA_KERNEL_ENTRY
+};
+
+// The table of the backend `device` belongs to.
+const KernelTable& kernels_for(const Device& device);
+// Whether `device` has a kernel for the op named `op` (as in ops.h); false for unknown names.
+bool supports(const Device& device, std::string_view op);
+// Throws a runtime Error naming the first op of `ops` that `device` lacks, and the device.
+void check_supported(const Device& device, const std::vector<std::string_view>& ops);
+
+}  // namespace tessera::ops
