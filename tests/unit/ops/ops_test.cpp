@@ -306,49 +306,6 @@ TEST(OpsEmbedding, ForwardAndGradients) {
   }
 }
 
-TEST(OpsEmbedding, VocabShardsSumToFullEmbedding) {
-  // Two tensor-parallel ranks hold wte rows [0, 3) and [3, 7); rank 0 also adds wpe. The
-  // sum of their outputs (the all-reduce) is the unsharded embedding bit for bit: for each
-  // row exactly one rank contributes the token row, so the sum is a+b either way. Tokens
-  // sit on both sides of the boundary (2, 3) and at the ends (0, 6).
-  Arena arena;
-  const int64_t B = 2, T = 4, C = 5, V = 7, P = 4, split = 3;
-  Tensor tokens = arena.ints({B, T}, {2, 3, 0, 6, 3, 3, 5, 2});
-  Tensor positions = arena.ints({B, T}, {0, 1, 2, 3, 0, 1, 2, 3});
-  Tensor wte = arena.normal({V, C}, 1), wpe = arena.normal({P, C}, 2);
-  Tensor full = arena.f32({B, T, C});
-  ops::embedding_forward(full, tokens, positions, wte, wpe);
-  const Tensor shard_w[2] = {arena.copy(wte.slice_rows(0, split)), arena.copy(wte.slice_rows(split, V - split))};
-  const int64_t start[2] = {0, split};
-  Tensor part[2] = {arena.normal({B, T, C}, 3), arena.normal({B, T, C}, 4)};  // garbage: must be overwritten
-  for (int r = 0; r < 2; ++r)
-    ops::embedding_forward(part[r], tokens, positions, shard_w[r], r == 0 ? wpe : Tensor(), start[r], V);
-  for (int64_t i = 0; i < full.numel(); ++i)
-    ASSERT_EQ(part[0].f32()[i] + part[1].f32()[i], full.f32()[i]) << "element " << i;
-  // Rank 1 alone holds exactly the rows of tokens >= 3 (else zeros): the range test is right.
-  for (int64_t n = 0; n < B * T; ++n)
-    for (int64_t c = 0; c < C; ++c) {
-      const int32_t t = tokens.i32()[n];
-      ASSERT_EQ(part[1].f32()[n * C + c], t >= split ? wte.f32()[t * C + c] : 0.0f) << "row " << n;
-    }
-
-  // Backward: each shard's gradient gets exactly its rows of the unsharded gradient (the
-  // same rows added in the same order), wpe's gradient only where it is passed.
-  Tensor R = arena.normal({B, T, C}, 5);
-  Grad dfull(arena, wte, 6), dpe(arena, wpe, 7);
-  ops::embedding_backward(dfull.t, dpe.t, R, tokens, positions);
-  std::vector<double> full_grad = dfull.analytic();
-  for (int r = 0; r < 2; ++r) {
-    Grad dshard(arena, shard_w[r], 8 + r);
-    ops::embedding_backward(dshard.t, Tensor(), R, tokens, positions, start[r], V);
-    std::vector<double> g = dshard.analytic();
-    for (int64_t i = 0; i < shard_w[r].numel(); ++i)
-      ASSERT_NEAR(g[i], full_grad[start[r] * C + i], 1e-6) << "shard " << r << " element " << i;
-  }
-  // Rows of token 1 and 4 (no such token) keep exactly their pre-filled gradient.
-  for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dfull.t.f32()[1 * C + c], dfull.prefill[1 * C + c]);
-}
-
 TEST(OpsEmbedding, ShardGradientsAndAbsentTables) {
   Arena arena;
   const int64_t B = 2, T = 3, C = 4, V = 9, P = 3, start = 3, rows = 4;  // shard [3, 7) of 9
@@ -728,33 +685,6 @@ TEST(OpsAttention, Gradients) {
   }
 }
 
-TEST(OpsAttention, HeadShardMatchesFullComputation) {
-  // A tensor-parallel rank holding heads [2, 4) of 4 computes exactly that slice of the
-  // full result, dropout included, when element_offset places its heads: 2 * T * T.
-  Arena arena;
-  const int64_t B = 2, T = 5, NH = 4, HD = 3, h0 = 2, NHs = 2;
-  Tensor qkv = arena.normal({B, T, NH * 3 * HD}, 1);
-  Tensor out = arena.f32({B, T, NH * HD}), att = arena.f32({B, NH, T, T});
-  ops::Dropout d = attention_dropout(0.4f);
-  ops::attention_forward(out, att, qkv, d);
-  Tensor qkv_s = arena.f32({B, T, NHs * 3 * HD}), out_s = arena.f32({B, T, NHs * HD}), att_s = arena.f32({B, NHs, T, T});
-  for (int64_t bt = 0; bt < B * T; ++bt)
-    std::memcpy(qkv_s.f32() + bt * NHs * 3 * HD, qkv.f32() + bt * NH * 3 * HD + h0 * 3 * HD,
-                NHs * 3 * HD * sizeof(float));
-  ops::Dropout ds = d;
-  ds.element_offset = static_cast<uint64_t>(h0 * T * T);
-  ops::attention_forward(out_s, att_s, qkv_s, ds);
-  for (int64_t bt = 0; bt < B * T; ++bt)
-    EXPECT_EQ(std::memcmp(out_s.f32() + bt * NHs * HD, out.f32() + bt * NH * HD + h0 * HD, NHs * HD * sizeof(float)), 0);
-  for (int64_t b = 0; b < B; ++b)
-    EXPECT_EQ(std::memcmp(att_s.f32() + b * NHs * T * T, att.f32() + (b * NH + h0) * T * T, NHs * T * T * sizeof(float)),
-              0);
-  // And the shard must differ from the unshifted draw (else element_offset is ignored).
-  Tensor out_wrong = arena.f32({B, T, NHs * HD});
-  ops::attention_forward(out_wrong, att_s, qkv_s, d);
-  EXPECT_NE(std::memcmp(out_wrong.host<void>(), out_s.host<void>(), out_s.bytes()), 0);
-}
-
 // ---------------------------------------------------------------------------------------
 // GELU
 
@@ -866,32 +796,6 @@ TEST(OpsDropout, KeyProperties) {
   // Within one batch, sample b's mask differs from sample b+1's.
   Tensor s0 = base.slice_rows(0, 1), s1 = base.slice_rows(1, 1);
   EXPECT_NEAR(mask_difference(s0, s1), 2 * p * (1 - p), 1e-2);
-}
-
-TEST(OpsDropout, ShardsDrawTheFullTensorsMask) {
-  // A sequence-parallel rank holding rows [r0, r0+Rs) of each sample's [R, C] tensor, and a
-  // data-parallel rank holding samples [1, 3) of the batch, both reproduce their slice of
-  // the full computation bit for bit. C = 5 so the shard starts mid Philox group.
-  Arena arena;
-  const int64_t B = 3, R = 8, C = 5, r0 = 3, Rs = 4;
-  Tensor x = arena.normal({B, R, C}, 1), y = arena.f32({B, R, C});
-  ops::Dropout d = hidden_dropout(0.5f);
-  ops::dropout_forward(y, x, d);
-
-  Tensor xs = arena.f32({B, Rs, C}), ys = arena.f32({B, Rs, C});
-  for (int64_t b = 0; b < B; ++b)
-    std::memcpy(xs.f32() + b * Rs * C, x.f32() + (b * R + r0) * C, Rs * C * sizeof(float));
-  ops::Dropout ds = d;
-  ds.element_offset = static_cast<uint64_t>(r0 * C);
-  ops::dropout_forward(ys, xs, ds);
-  for (int64_t b = 0; b < B; ++b)
-    EXPECT_EQ(std::memcmp(ys.f32() + b * Rs * C, y.f32() + (b * R + r0) * C, Rs * C * sizeof(float)), 0);
-
-  Tensor yb = arena.f32({2, R, C});
-  ops::Dropout db = d;
-  db.sample0 += 1;
-  ops::dropout_forward(yb, x.slice_rows(1, 2), db);
-  EXPECT_EQ(std::memcmp(yb.host<void>(), y.slice_rows(1, 2).host<void>(), yb.bytes()), 0);
 }
 
 TEST(OpsDropout, GradientsInPlaceAndDisabled) {
@@ -1312,30 +1216,6 @@ TEST(OpsSgd, MatchesTorchRuleInDouble) {
       for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(p.f32()[i], pd[i], 1e-6) << "step " << step << " i " << i;
     }
   }
-}
-
-TEST(OpsOptimizers, GradScaleEqualsScalingTheGradientFirst) {
-  // Clipping folded into the update must give the bits of clipping first.
-  Arena arena;
-  const int64_t n = 1000;
-  const float coeff = 0.37f;
-  Tensor g = arena.normal({n}, 1), g_scaled = arena.copy(g);
-  ops::scale_inplace(g_scaled, coeff);
-  Tensor p1 = arena.normal({n}, 2), p2 = arena.copy(p1), p3 = arena.copy(p1), p4 = arena.copy(p1);
-  Tensor m1 = arena.normal({n}, 3), m2 = arena.copy(m1), v1 = arena.uniform({n}, 4, 0.0f, 1.0f), v2 = arena.copy(v1);
-  Tensor b3 = arena.normal({n}, 5), b4 = arena.copy(b3);
-  ops::adamw_update(p1, g_scaled, m1, v1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
-  ops::adamw_update(p2, g, m2, v2, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, coeff);
-  ops::sgd_update(p3, g_scaled, b3, 0.1f, 0.9f, 0.01f, 2);
-  ops::sgd_update(p4, g, b4, 0.1f, 0.9f, 0.01f, 2, coeff);
-  EXPECT_EQ(std::memcmp(p1.host<void>(), p2.host<void>(), p1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(m1.host<void>(), m2.host<void>(), m1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(v1.host<void>(), v2.host<void>(), v1.bytes()), 0);
-  EXPECT_EQ(std::memcmp(p3.host<void>(), p4.host<void>(), p3.bytes()), 0);
-  EXPECT_EQ(std::memcmp(b3.host<void>(), b4.host<void>(), b3.bytes()), 0);
-  // ... and the gradient itself is left alone.
-  Tensor g_orig = arena.normal({n}, 1);
-  EXPECT_EQ(std::memcmp(g.host<void>(), g_orig.host<void>(), g.bytes()), 0);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,654 @@
+// Every op of ops.h, forward and backward, on every backend this binary was built with,
+// against the CPU backend: the idea of ggml's tests/test-backend-ops.cpp. Each case builds
+// random inputs once, runs the op through ops.h on the CPU device and on the device under
+// test (same inputs, uploaded), and compares every output. Gradient outputs start from
+// random values on both sides, so a kernel that sets instead of accumulating (+=) fails.
+//
+// Each tolerance sits next to its case with the reason for its size. Where the two
+// backends do the same float operations in the same order (copies, element-wise maps with
+// the CPU's own formulas, the Philox masks, the optimizer updates built to round as
+// written, sums laid out as the CPU lays them out) the tolerance is 0: bit-identical.
+// Sums whose order differs between backends get a relative bound from their length.
+//
+// The backends: "strict" (the CPU kernels on host memory that refuses host access, which
+// proves the kernels reach memory only through their backend) and every OpenCL device
+// (opencl:N) when the OpenCL backend is built and a device is present. The CPU itself is
+// the reference, so it is not a case.
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessera/core/tensor.h"
+#include "tessera/device/device.h"
+#include "tessera/device/registry.h"
+#include "tessera/ops/ops.h"
+
+using namespace tessera;
+
+namespace {
+
+std::vector<std::string> backends_under_test() {
+  std::vector<std::string> specs = {"strict"};
+  for (const std::string& backend : device_backends()) {
+    if (backend == "cpu") continue;
+    for (int i = 0; i < device_count(backend); ++i) specs.push_back(backend + ":" + std::to_string(i));
+  }
+  return specs;
+}
+
+enum Side { kCpu = 0, kDev = 1 };
+
+// One tensor on the CPU and the same contents on the device under test.
+struct Twin {
+  Buffer buffers[2];
+  Tensor t[2];
+  const Tensor& operator[](Side s) const { return t[s]; }
+};
+
+class BackendOps : public ::testing::TestWithParam<std::string> {
+ protected:
+  Device& device() { return open_device(GetParam()); }
+
+  Twin& make(DType dtype, const Shape& shape, const void* host) {
+    auto twin = std::make_unique<Twin>();
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    Device* devices[2] = {&cpu_device(), &device()};
+    for (int s = 0; s < 2; ++s) {
+      twin->buffers[s] = Buffer(*devices[s], bytes);
+      twin->t[s] = tensor_at(twin->buffers[s], 0, dtype, shape);
+      if (host != nullptr) copy_from_host(twin->t[s], host, bytes);
+    }
+    twins_.push_back(std::move(twin));
+    return *twins_.back();
+  }
+  Twin& values(const Shape& shape, const std::vector<float>& v) {
+    EXPECT_EQ(static_cast<int64_t>(v.size()), shape_numel(shape));
+    return make(DType::F32, shape, v.data());
+  }
+  Twin& ids(const Shape& shape, const std::vector<int32_t>& v) {
+    EXPECT_EQ(static_cast<int64_t>(v.size()), shape_numel(shape));
+    return make(DType::I32, shape, v.data());
+  }
+  // N(mean, std) values; each call draws from its own stream.
+  Twin& normal(const Shape& shape, float std = 1.0f, float mean = 0.0f) {
+    std::normal_distribution<float> dist(mean, std);
+    std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+    for (float& x : v) x = dist(gen_);
+    return values(shape, v);
+  }
+  Twin& zeros(const Shape& shape) { return make(DType::F32, shape, nullptr); }
+  std::vector<int32_t> random_ids(int64_t n, int32_t limit) {
+    std::uniform_int_distribution<int32_t> dist(0, limit - 1);
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& x : v) x = dist(gen_);
+    return v;
+  }
+
+  // Runs op on the CPU tensors, then on the device's.
+  void run(const std::function<void(Side)>& op) {
+    op(kCpu);
+    op(kDev);
+  }
+
+  static std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    copy_to_host(v.data(), v.size() * sizeof(float), t);
+    return v;
+  }
+
+  // |dev - cpu| <= abs_tol + rel_tol * |cpu| for every element (0, 0: the same bits;
+  // inf and NaN must match in kind). Reports the worst element.
+  void expect_close(const char* what, const Twin& twin, double rel_tol, double abs_tol = 0.0) {
+    const std::vector<float> ref = read(twin[kCpu]), got = read(twin[kDev]);
+    ASSERT_EQ(ref.size(), got.size());
+    double worst = 0.0;
+    size_t worst_i = 0, bad = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float r = ref[i], g = got[i];
+      if (std::isnan(r) || std::isinf(r)) {
+        if (!(std::isnan(r) ? std::isnan(g) : g == r)) ++bad, worst_i = i;
+        continue;
+      }
+      const double err = std::fabs(static_cast<double>(g) - r);
+      const double excess = err - (abs_tol + rel_tol * std::fabs(r));
+      if (excess > 0 || std::isnan(g)) {
+        ++bad;
+        if (excess > worst || std::isnan(g)) worst = excess, worst_i = i;
+      }
+    }
+    EXPECT_EQ(bad, 0u) << what << " on " << GetParam() << ": " << bad << " of " << ref.size()
+                       << " elements differ from the CPU beyond rel " << rel_tol << " abs " << abs_tol
+                       << "; worst at " << worst_i << ": cpu " << ref[worst_i] << ", device " << got[worst_i];
+  }
+
+  std::mt19937 gen_{1234};
+  std::vector<std::unique_ptr<Twin>> twins_;
+};
+
+// ---- embedding -----------------------------------------------------------------------
+
+TEST_P(BackendOps, Embedding) {
+  const int64_t B = 2, T = 5, C = 24, V = 11, P = 7;
+  Twin& tokens = ids({B, T}, random_ids(B * T, V));
+  Twin& positions = ids({B, T}, random_ids(B * T, P));
+  Twin& wte = normal({V, C});
+  Twin& wpe = normal({P, C});
+  Twin& out = zeros({B, T, C});
+  run([&](Side s) { ops::embedding_forward(out[s], tokens[s], positions[s], wte[s], wpe[s]); });
+  expect_close("out", out, 0);  // one add per element, the same on both
+  Twin& dout = normal({B, T, C});
+  Twin& dwte = normal({V, C});
+  Twin& dwpe = normal({P, C});
+  run([&](Side s) { ops::embedding_backward(dwte[s], dwpe[s], dout[s], tokens[s], positions[s]); });
+  // Both backends add each table row's contributions in row order n = 0, 1, ...
+  expect_close("dwte", dwte, 0);
+  expect_close("dwpe", dwpe, 0);
+}
+
+TEST_P(BackendOps, EmbeddingVocabShardAndAbsentTable) {
+  const int64_t B = 2, T = 6, C = 16, V = 12, shard_start = 4, shard_rows = 5;
+  Twin& tokens = ids({B, T}, random_ids(B * T, V));
+  Twin& wte = normal({shard_rows, C});
+  Twin& out = normal({B, T, C});
+  run([&](Side s) { ops::embedding_forward(out[s], tokens[s], Tensor(), wte[s], Tensor(), shard_start, V); });
+  expect_close("out (shard, no positions)", out, 0);
+  Twin& dout = normal({B, T, C});
+  Twin& dwte = normal({shard_rows, C});
+  run([&](Side s) { ops::embedding_backward(dwte[s], Tensor(), dout[s], tokens[s], Tensor(), shard_start, V); });
+  expect_close("dwte (shard)", dwte, 0);
+}
+
+// ---- layernorm -----------------------------------------------------------------------
+
+TEST_P(BackendOps, LayerNorm) {
+  const int64_t N = 9, C = 48;
+  Twin& inp = normal({N, C}, 2.0f, 3.0f);
+  Twin& weight = normal({C});
+  Twin& bias = normal({C});
+  Twin& out = zeros({N, C});
+  Twin& mean = zeros({N});
+  Twin& rstd = zeros({N});
+  run([&](Side s) { ops::layernorm_forward(out[s], mean[s], rstd[s], inp[s], weight[s], bias[s], 1e-5f); });
+  // The row sums run in a different order (the CPU's vector lanes, the device's one
+  // loop): a few ulp on sums of 48 terms.
+  expect_close("mean", mean, 1e-6, 1e-6);
+  expect_close("rstd", rstd, 1e-5);
+  expect_close("out", out, 1e-5, 1e-5);
+  Twin& dout = normal({N, C});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({C});
+  Twin& dbias = normal({C});
+  run([&](Side s) {
+    ops::layernorm_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], mean[s],
+                            rstd[s]);
+  });
+  // The same row reductions as the forward; dweight/dbias sum rows in order on both.
+  expect_close("dinp", dinp, 1e-5, 1e-5);
+  expect_close("dweight", dweight, 1e-5, 1e-5);
+  expect_close("dbias", dbias, 0);
+}
+
+// ---- linear and bias -----------------------------------------------------------------
+
+TEST_P(BackendOps, LinearF32) {
+  const int64_t N = 6, C = 40, OC = 33;
+  Twin& inp = normal({N, C});
+  Twin& weight = normal({OC, C}, 0.3f);
+  Twin& bias = normal({OC});
+  Twin& out = zeros({N, OC});
+  run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], bias[s], ops::MathMode::F32); });
+  expect_close("out", out, 1e-5, 1e-5);  // K = 40 products summed in another order
+  Twin& dout = normal({N, OC});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({OC, C});
+  Twin& dbias = normal({OC});
+  run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], ops::MathMode::F32); });
+  expect_close("dinp", dinp, 1e-5, 1e-5);        // K = OC = 33
+  expect_close("dweight", dweight, 1e-5, 1e-5);  // K = N = 6
+  expect_close("dbias", dbias, 0);                // column sums, rows in order on both
+}
+
+TEST_P(BackendOps, LinearBf16) {
+  const int64_t N = 6, C = 40, OC = 33;
+  Twin& inp = normal({N, C});
+  Twin& weight = normal({OC, C}, 0.3f);
+  Twin& bias = normal({OC});
+  Twin& out = zeros({N, OC});
+  run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], bias[s], ops::MathMode::BF16); });
+  // The operands are rounded to bfloat16 the same way (round-to-nearest-even); their
+  // products are exact in f32, so only the summation order differs: as for F32.
+  expect_close("out", out, 1e-5, 1e-5);
+  Twin& dout = normal({N, OC});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({OC, C});
+  Twin& dbias = normal({OC});
+  run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], ops::MathMode::BF16); });
+  expect_close("dinp", dinp, 1e-5, 1e-5);
+  expect_close("dweight", dweight, 1e-5, 1e-5);
+  expect_close("dbias", dbias, 0);  // f32 column sums of dout, as in F32
+}
+
+TEST_P(BackendOps, LinearFp16) {
+  const int64_t N = 6, C = 40, OC = 33;
+  Twin& inp = normal({N, C});
+  Twin& weight = normal({OC, C}, 0.3f);
+  Twin& bias = normal({OC});
+  Twin& out = zeros({N, OC});
+  run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], bias[s], ops::MathMode::FP16); });
+  // Every output is rounded to half: a sum within the reordering error of a half rounding
+  // boundary may round the other way, one half ulp (2^-10 relative at most) apart.
+  expect_close("out", out, 1e-3, 1e-5);
+  Twin& dout = normal({N, OC});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({OC, C});
+  Twin& dbias = normal({OC});
+  run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], ops::MathMode::FP16); });
+  // Each contribution is rounded to half before it is added to the (random, O(1)) f32
+  // gradient: one half ulp of the contribution at most, 1e-3 of its size.
+  expect_close("dinp", dinp, 1e-3, 2e-3);
+  expect_close("dweight", dweight, 1e-3, 2e-3);
+  expect_close("dbias", dbias, 1e-3, 2e-3);
+}
+
+TEST_P(BackendOps, LinearFp16OverflowIsInf) {
+  // The FP16 contract: a result beyond the half range is inf on every backend.
+  const int64_t N = 2, C = 4, OC = 3;
+  Twin& inp = values({N, C}, std::vector<float>(N * C, 200.0f));
+  Twin& weight = values({OC, C}, std::vector<float>(OC * C, 100.0f));
+  Twin& out = zeros({N, OC});
+  run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], Tensor(), ops::MathMode::FP16); });
+  expect_close("out (80000 -> inf)", out, 0);
+  EXPECT_TRUE(std::isinf(read(out[kDev])[0]));
+}
+
+TEST_P(BackendOps, BiasAdd) {
+  const int64_t N = 7, OC = 13;
+  Twin& inp = normal({N, OC});
+  Twin& bias = normal({OC});
+  Twin& out = zeros({N, OC});
+  run([&](Side s) { ops::bias_add_forward(out[s], inp[s], bias[s]); });
+  expect_close("out", out, 0);
+  run([&](Side s) { ops::bias_add_forward(inp[s], inp[s], bias[s]); });  // in place
+  expect_close("out (in place)", inp, 0);
+  Twin& dbias = normal({OC});
+  run([&](Side s) { ops::bias_add_backward(dbias[s], out[s]); });
+  expect_close("dbias", dbias, 0);
+}
+
+// ---- attention -----------------------------------------------------------------------
+
+ops::Dropout dropout_of(float p, uint32_t site, uint64_t element_offset = 0) {
+  ops::Dropout d;
+  d.p = p;
+  d.key = {.seed = 42, .iteration = 3, .site = site};
+  d.sample0 = 5;
+  d.element_offset = element_offset;
+  return d;
+}
+
+TEST_P(BackendOps, Attention) {
+  for (float p : {0.0f, 0.25f}) {
+    SCOPED_TRACE("dropout " + std::to_string(p));
+    const int64_t B = 2, T = 19, NH = 3, HD = 8;
+    // Head offset 1 of 4: the shard's dropout elements start at element_offset.
+    const ops::Dropout drop = dropout_of(p, 7, static_cast<uint64_t>(1 * T * T));
+    Twin& qkv = normal({B, T, NH * 3 * HD});
+    Twin& att = zeros({B, NH, T, T});
+    Twin& out = zeros({B, T, NH * HD});
+    run([&](Side s) { ops::attention_forward(out[s], att[s], qkv[s], drop); });
+    // Dot products of HD = 8 and softmax sums of up to T = 19 terms in another order;
+    // exp is the same polynomial on both. A few ulp.
+    expect_close("att", att, 1e-5, 1e-7);
+    expect_close("out", out, 1e-5, 1e-6);
+    Twin& dout = normal({B, T, NH * HD});
+    Twin& dqkv = normal({B, T, NH * 3 * HD});
+    Twin& scratch = zeros({B, NH, T, T});
+    run([&](Side s) { ops::attention_backward(dqkv[s], scratch[s], dout[s], qkv[s], att[s], drop); });
+    // Chains of two such reductions (dp, then the weighted sums over T) into O(1) gradients.
+    expect_close("dqkv", dqkv, 1e-4, 1e-5);
+  }
+}
+
+// ---- element-wise --------------------------------------------------------------------
+
+TEST_P(BackendOps, Gelu) {
+  for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
+    SCOPED_TRACE(kind == ops::GeluKind::Tanh ? "tanh" : "erf");
+    Twin& inp = normal({3, 50}, 3.0f);
+    Twin& out = zeros({3, 50});
+    run([&](Side s) { ops::gelu_forward(out[s], inp[s], kind); });
+    // The same formulas and polynomial approximations; compilers may contract a*b+c into
+    // FMAs differently (the CPU build allows it, OpenCL C's default too): a few ulp.
+    expect_close("out", out, 1e-6, 1e-7);
+    Twin& dout = normal({3, 50});
+    Twin& dinp = normal({3, 50});
+    run([&](Side s) { ops::gelu_backward(dinp[s], dout[s], inp[s], kind); });
+    expect_close("dinp", dinp, 1e-6, 1e-6);
+  }
+}
+
+TEST_P(BackendOps, Dropout) {
+  // Odd sizes and an element offset that is not a multiple of 4, so samples and shards
+  // start mid-way through a Philox group.
+  const ops::Dropout drop = dropout_of(0.3f, 4, 6);
+  Twin& inp = normal({3, 37});
+  Twin& out = zeros({3, 37});
+  run([&](Side s) { ops::dropout_forward(out[s], inp[s], drop); });
+  // The same Philox bits decide the mask and x * 1/(1-p) rounds once: identical.
+  expect_close("out", out, 0);
+  run([&](Side s) { ops::dropout_forward(inp[s], inp[s], drop); });
+  expect_close("out (in place)", inp, 0);
+  Twin& dout = normal({3, 37});
+  Twin& dinp = normal({3, 37});
+  run([&](Side s) { ops::dropout_backward(dinp[s], dout[s], drop); });
+  expect_close("dinp", dinp, 0);
+  const ops::Dropout off = dropout_of(0.0f, 4);
+  Twin& copy = zeros({3, 37});
+  run([&](Side s) { ops::dropout_forward(copy[s], dout[s], off); });
+  expect_close("out (p = 0)", copy, 0);
+  run([&](Side s) { ops::dropout_backward(dinp[s], dout[s], off); });
+  expect_close("dinp (p = 0)", dinp, 0);
+}
+
+TEST_P(BackendOps, Residual) {
+  Twin& a = normal({4, 21});
+  Twin& b = normal({4, 21});
+  Twin& out = zeros({4, 21});
+  run([&](Side s) { ops::residual_forward(out[s], a[s], b[s]); });
+  expect_close("out", out, 0);
+  Twin& dout = normal({4, 21});
+  run([&](Side s) { ops::residual_backward(a[s], b[s], dout[s]); });
+  expect_close("da", a, 0);
+  expect_close("db", b, 0);
+  run([&](Side s) { ops::residual_backward(Tensor(), b[s], dout[s]); });
+  expect_close("db (da absent)", b, 0);
+}
+
+// ---- cross-entropy -------------------------------------------------------------------
+
+TEST_P(BackendOps, CrossEntropy) {
+  // V = 75: two full blocks of the 32 partial sums and a tail; a shard [50, 125) of 150.
+  const int64_t N = 6, V = 75, vocab_start = 50, vocab_size = 150;
+  Twin& logits = normal({N, V}, 3.0f);
+  std::vector<int32_t> tgt = random_ids(N, static_cast<int32_t>(vocab_size));
+  tgt[0] = 60;  // at least one target in the shard and one outside
+  tgt[1] = 10;
+  Twin& targets = ids({N}, tgt);
+  Twin& row_max = zeros({N});
+  Twin& sum_exp = zeros({N});
+  Twin& target_logit = zeros({N});
+  run([&](Side s) { ops::cross_entropy_max(row_max[s], logits[s]); });
+  expect_close("row_max", row_max, 0);
+  run([&](Side s) {
+    ops::cross_entropy_sums(sum_exp[s], target_logit[s], logits[s], targets[s], row_max[s], vocab_start, vocab_size);
+  });
+  // The device sums into the CPU's 32 partials in the CPU's order; exp's polynomial may
+  // contract into FMAs differently: an ulp or two per term.
+  expect_close("sum_exp", sum_exp, 1e-6);
+  expect_close("target_logit", target_logit, 0);
+  Twin& losses = zeros({N});
+  Twin& lse = zeros({N});
+  run([&](Side s) { ops::cross_entropy_finish(losses[s], lse[s], sum_exp[s], row_max[s], target_logit[s]); });
+  // OpenCL's log may be 3 ulp from glibc's correctly rounded one.
+  expect_close("logsumexp", lse, 1e-6, 1e-6);
+  expect_close("losses", losses, 1e-6, 1e-6);
+  Twin& dlosses = normal({N});
+  Twin& dlogits = normal({N, V});
+  run([&](Side s) {
+    ops::cross_entropy_backward(dlogits[s], dlosses[s], logits[s], targets[s], lse[s], vocab_start, vocab_size);
+  });
+  expect_close("dlogits", dlogits, 1e-5, 1e-6);  // exp of the same arguments, then one FMA
+}
+
+// ---- sequence regrouping -------------------------------------------------------------
+
+TEST_P(BackendOps, SequenceRegroup) {
+  const int64_t B = 3, T = 8, C = 5;
+  Twin& seq = normal({B, T, C});
+  Twin& rank_major = zeros({4, B * T / 4, C});
+  Twin& back = zeros({B, T, C});
+  run([&](Side s) { ops::sequence_to_rank_major(rank_major[s], seq[s], 4); });
+  expect_close("rank-major", rank_major, 0);  // copies
+  run([&](Side s) { ops::rank_major_to_sequence(back[s], rank_major[s], 4); });
+  expect_close("sequence", back, 0);
+}
+
+// ---- optimizers and reductions ---------------------------------------------------------
+
+TEST_P(BackendOps, AdamW) {
+  const int64_t n = 1000;
+  Twin& param = normal({n});
+  Twin& grad = normal({n}, 0.1f);
+  Twin& m = normal({n}, 0.01f);
+  Twin& v = zeros({n});
+  for (int64_t step = 1; step <= 3; ++step)
+    run([&](Side s) { ops::adamw_update(param[s], grad[s], m[s], v[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f); });
+  // Written to round every operation as written on both (no FMA contraction, correctly
+  // rounded division and sqrt), with the step's scalars computed once on the host: the
+  // same bits.
+  expect_close("param", param, 0);
+  expect_close("m", m, 0);
+  expect_close("v", v, 0);
+}
+
+TEST_P(BackendOps, Sgd) {
+  const int64_t n = 777;
+  Twin& param = normal({n});
+  Twin& grad = normal({n}, 0.1f);
+  Twin& buf = zeros({n});
+  for (int64_t step = 1; step <= 3; ++step)
+    run([&](Side s) { ops::sgd_update(param[s], grad[s], buf[s], 0.01f, 0.9f, 1e-4f, step, 2.0f); });
+  expect_close("param (momentum)", param, 0);  // as for AdamW: the same bits
+  expect_close("momentum buffer", buf, 0);
+  run([&](Side s) { ops::sgd_update(param[s], grad[s], Tensor(), 0.01f, 0.0f, 1e-4f, 1, 1.0f); });
+  expect_close("param (no momentum)", param, 0);
+}
+
+TEST_P(BackendOps, SumSquaresAndScale) {
+  // Two chunks of 65536 and a tail that is not a multiple of 32.
+  const int64_t n = 65536 + 1000 + 7;
+  Twin& x = normal({n});
+  double result[2];
+  for (int s = 0; s < 2; ++s) result[s] = ops::sum_squares(x[static_cast<Side>(s)]);
+  EXPECT_EQ(result[kCpu], result[kDev]) << "the device sums the CPU's partial sums in the CPU's order";
+  run([&](Side s) { ops::scale_inplace(x[s], 0.37f); });
+  expect_close("scaled", x, 0);
+}
+
+// The harness itself: a device result one ulp off in one element fails a tolerance-0
+// comparison (so the exact cases above can fail).
+TEST_P(BackendOps, HarnessDetectsDifferences) {
+  Twin& x = normal({5});
+  std::vector<float> host = read(x[kDev]);
+  host[3] = std::nextafter(host[3], 10.0f);
+  copy_from_host(x[kDev], host.data(), host.size() * sizeof(float));
+  EXPECT_NONFATAL_FAILURE(expect_close("x", x, 0), "1 of 5 elements differ");
+}
+
+std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& c : name)
+    if (c == ':') c = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendOps, ::testing::ValuesIn(backends_under_test()), test_name);
+
+// ---- contract properties, on every backend (the CPU included) ---------------------------
+// What ops.h promises about layouts holds on each backend by itself: a tensor-parallel or
+// sequence-parallel shard computes, bit for bit, its slice of the unsharded result on the
+// same backend, and grad_scale is a prior scale_inplace. (Moved here from ops_test.cpp,
+// which keeps the CPU kernels' checks against formulas and finite differences.)
+
+class OpContract : public ::testing::TestWithParam<std::string> {
+ protected:
+  Device& device() { return open_device(GetParam()); }
+  Tensor upload(DType dtype, const Shape& shape, const void* host) {
+    buffers_.emplace_back(device(), std::max<size_t>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), 1));
+    Tensor t = tensor_at(buffers_.back(), 0, dtype, shape);
+    if (host) copy_from_host(t, host, t.bytes());
+    return t;
+  }
+  Tensor f32(const Shape& shape, const std::vector<float>& v) { return upload(DType::F32, shape, v.data()); }
+  Tensor zeros(const Shape& shape) { return upload(DType::F32, shape, nullptr); }
+  Tensor ids(const Shape& shape, const std::vector<int32_t>& v) { return upload(DType::I32, shape, v.data()); }
+  std::vector<float> normal_values(int64_t n, float std = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, std);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = dist(gen_);
+    return v;
+  }
+  Tensor normal(const Shape& shape, float std = 1.0f) { return f32(shape, normal_values(shape_numel(shape), std)); }
+  static std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    copy_to_host(v.data(), v.size() * sizeof(float), t);
+    return v;
+  }
+
+  std::mt19937 gen_{99};
+  std::vector<Buffer> buffers_;
+};
+
+std::vector<std::string> all_backends() {
+  std::vector<std::string> specs = backends_under_test();
+  specs.insert(specs.begin(), "cpu");
+  return specs;
+}
+
+TEST_P(OpContract, EmbeddingVocabShardsSumToFullEmbedding) {
+  // Two tensor-parallel ranks hold wte rows [0, 3) and [3, 7); rank 0 also adds wpe. The
+  // sum of their outputs (the all-reduce) is the unsharded embedding bit for bit: for each
+  // row exactly one rank contributes the token row, so the sum is a+b either way. Tokens
+  // sit on both sides of the boundary (2, 3) and at the ends (0, 6).
+  const int64_t B = 2, T = 4, C = 5, V = 7, P = 4, split = 3;
+  const Tensor tokens = ids({B, T}, {2, 3, 0, 6, 3, 3, 5, 2});
+  const Tensor positions = ids({B, T}, {0, 1, 2, 3, 0, 1, 2, 3});
+  const std::vector<float> wte_v = normal_values(V * C);
+  const Tensor wte = f32({V, C}, wte_v), wpe = normal({P, C});
+  const Tensor full = zeros({B, T, C});
+  ops::embedding_forward(full, tokens, positions, wte, wpe);
+  const Tensor shard_w[2] = {f32({split, C}, std::vector<float>(wte_v.begin(), wte_v.begin() + split * C)),
+                             f32({V - split, C}, std::vector<float>(wte_v.begin() + split * C, wte_v.end()))};
+  const int64_t start[2] = {0, split};
+  const Tensor part[2] = {normal({B, T, C}), normal({B, T, C})};  // garbage: must be overwritten
+  for (int r = 0; r < 2; ++r)
+    ops::embedding_forward(part[r], tokens, positions, shard_w[r], r == 0 ? wpe : Tensor(), start[r], V);
+  const Tensor sum = zeros({B, T, C});
+  ops::residual_forward(sum, part[0], part[1]);
+  EXPECT_EQ(read(sum), read(full));
+  // Backward: each shard's gradient gets exactly its rows of the unsharded gradient (the
+  // same rows added in the same order from the same start).
+  const Tensor R = normal({B, T, C});
+  const std::vector<float> prefill = normal_values(V * C);
+  const Tensor dfull = f32({V, C}, prefill);
+  ops::embedding_backward(dfull, Tensor(), R, tokens, positions);
+  const std::vector<float> full_grad = read(dfull);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t rows = r == 0 ? split : V - split;
+    const Tensor dshard =
+        f32({rows, C}, std::vector<float>(prefill.begin() + start[r] * C, prefill.begin() + (start[r] + rows) * C));
+    ops::embedding_backward(dshard, Tensor(), R, tokens, positions, start[r], V);
+    EXPECT_EQ(read(dshard), std::vector<float>(full_grad.begin() + start[r] * C,
+                                               full_grad.begin() + (start[r] + rows) * C))
+        << "shard " << r;
+  }
+}
+
+TEST_P(OpContract, AttentionHeadShardMatchesFullComputation) {
+  // A tensor-parallel rank holding heads [2, 4) of 4 computes exactly that slice of the
+  // full result, dropout included, when element_offset places its heads: 2 * T * T.
+  const int64_t B = 2, T = 5, NH = 4, HD = 3, h0 = 2, NHs = 2;
+  const std::vector<float> qkv_v = normal_values(B * T * NH * 3 * HD);
+  const Tensor qkv = f32({B, T, NH * 3 * HD}, qkv_v), out = zeros({B, T, NH * HD}), att = zeros({B, NH, T, T});
+  ops::Dropout d;
+  d.p = 0.4f;
+  d.key = {.seed = 7, .iteration = 2, .site = 3};
+  d.sample0 = 4;
+  ops::attention_forward(out, att, qkv, d);
+  std::vector<float> shard_v;
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    shard_v.insert(shard_v.end(), qkv_v.begin() + bt * NH * 3 * HD + h0 * 3 * HD,
+                   qkv_v.begin() + bt * NH * 3 * HD + (h0 + NHs) * 3 * HD);
+  const Tensor qkv_s = f32({B, T, NHs * 3 * HD}, shard_v), out_s = zeros({B, T, NHs * HD}),
+               att_s = zeros({B, NHs, T, T});
+  ops::Dropout ds = d;
+  ds.element_offset = static_cast<uint64_t>(h0 * T * T);
+  ops::attention_forward(out_s, att_s, qkv_s, ds);
+  const std::vector<float> full_out = read(out), full_att = read(att), got_out = read(out_s), got_att = read(att_s);
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t i = 0; i < NHs * HD; ++i)
+      ASSERT_EQ(got_out[bt * NHs * HD + i], full_out[bt * NH * HD + h0 * HD + i]) << "row " << bt << " col " << i;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < NHs * T * T; ++i)
+      ASSERT_EQ(got_att[b * NHs * T * T + i], full_att[(b * NH + h0) * T * T + i]) << "sample " << b;
+  // And the shard must differ from the unshifted draw (else element_offset is ignored).
+  const Tensor out_wrong = zeros({B, T, NHs * HD});
+  ops::attention_forward(out_wrong, att_s, qkv_s, d);
+  EXPECT_NE(read(out_wrong), got_out);
+}
+
+TEST_P(OpContract, DropoutShardsDrawTheFullTensorsMask) {
+  // A sequence-parallel rank holding rows [r0, r0+Rs) of each sample's [R, C] tensor, and a
+  // data-parallel rank holding samples [1, 3) of the batch, both reproduce their slice of
+  // the full computation bit for bit. C = 5 so the shard starts mid Philox group.
+  const int64_t B = 3, R = 8, C = 5, r0 = 3, Rs = 4;
+  const std::vector<float> x_v = normal_values(B * R * C);
+  const Tensor x = f32({B, R, C}, x_v), y = zeros({B, R, C});
+  ops::Dropout d;
+  d.p = 0.5f;
+  d.key = {.seed = 11, .iteration = 5, .site = 1};
+  ops::dropout_forward(y, x, d);
+  const std::vector<float> full = read(y);
+  std::vector<float> xs_v, want;
+  for (int64_t b = 0; b < B; ++b) {
+    xs_v.insert(xs_v.end(), x_v.begin() + (b * R + r0) * C, x_v.begin() + (b * R + r0 + Rs) * C);
+    want.insert(want.end(), full.begin() + (b * R + r0) * C, full.begin() + (b * R + r0 + Rs) * C);
+  }
+  const Tensor xs = f32({B, Rs, C}, xs_v), ys = zeros({B, Rs, C});
+  ops::Dropout ds = d;
+  ds.element_offset = static_cast<uint64_t>(r0 * C);
+  ops::dropout_forward(ys, xs, ds);
+  EXPECT_EQ(read(ys), want);
+  const Tensor yb = zeros({2, R, C});
+  ops::Dropout db = d;
+  db.sample0 += 1;
+  ops::dropout_forward(yb, x.slice_rows(1, 2), db);
+  EXPECT_EQ(read(yb), std::vector<float>(full.begin() + R * C, full.end()));
+}
+
+TEST_P(OpContract, GradScaleEqualsScalingTheGradientFirst) {
+  // Clipping folded into the update must give the bits of clipping first.
+  const int64_t n = 1000;
+  const float coeff = 0.37f;
+  const std::vector<float> g_v = normal_values(n), p_v = normal_values(n), m_v = normal_values(n),
+                           b_v = normal_values(n);
+  std::vector<float> v_v = normal_values(n);
+  for (float& v : v_v) v = std::fabs(v);
+  const Tensor g = f32({n}, g_v), g_scaled = f32({n}, g_v);
+  ops::scale_inplace(g_scaled, coeff);
+  const Tensor p1 = f32({n}, p_v), p2 = f32({n}, p_v), p3 = f32({n}, p_v), p4 = f32({n}, p_v);
+  const Tensor m1 = f32({n}, m_v), m2 = f32({n}, m_v), v1 = f32({n}, v_v), v2 = f32({n}, v_v);
+  const Tensor b3 = f32({n}, b_v), b4 = f32({n}, b_v);
+  ops::adamw_update(p1, g_scaled, m1, v1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
+  ops::adamw_update(p2, g, m2, v2, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, coeff);
+  ops::sgd_update(p3, g_scaled, b3, 0.1f, 0.9f, 0.01f, 2);
+  ops::sgd_update(p4, g, b4, 0.1f, 0.9f, 0.01f, 2, coeff);
+  EXPECT_EQ(read(p1), read(p2));
+  EXPECT_EQ(read(m1), read(m2));
+  EXPECT_EQ(read(v1), read(v2));
+  EXPECT_EQ(read(p3), read(p4));
+  EXPECT_EQ(read(b3), read(b4));
+  EXPECT_EQ(read(g), g_v) << "the gradient itself is left alone";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpContract, ::testing::ValuesIn(all_backends()), test_name);
+
+}  // namespace
