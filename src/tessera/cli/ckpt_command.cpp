@@ -153,17 +153,6 @@ TrainArgs model_args(std::vector<std::string> flags, int world_size = 1) {
   return parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr, world_size);
 }
 
-// The recorded run's world size: TP x PP x DP of metadata.json (1 when not recorded).
-int recorded_world_size(const json& meta) {
-  int world = 1;
-  for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size"}) {
-    auto it = meta.find(key);
-    if (it != meta.end() && it->is_number_integer() && it->get<int64_t>() >= 1 && it->get<int64_t>() <= 1 << 20)
-      world *= it->get<int>();
-  }
-  return world;
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const std::string& a : v) {
