@@ -92,7 +92,7 @@ echo "node $NODE_RANK of $NNODES: $GPUS_PER_NODE processes, world size $WORLD_SI
   "master $MASTER_ADDR:$MASTER_PORT, GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-<route to master>}"
 
 # --distributed-backend nccl stays, as in the guide: it means the device's collective library
-# (Gloo on the CPU). tessera writes its own checkpoint format; --ckpt-format torch is accepted
-# with a warning saying so.
+# (Gloo on the CPU). --ckpt-format torch writes Megatron-LM's own checkpoint files, which
+# Megatron loads (with --no-load-rng: see docs/checkpoints.md) and tessera resumes.
 "$TESSERA" launch $DISTRIBUTED_ARGS "$TESSERA" train $GPT_ARGS $DATA_ARGS $OUTPUT_ARGS \
   --distributed-backend nccl --save "$CHECKPOINT_PATH" --ckpt-format torch "$@"

@@ -76,8 +76,11 @@ def check_trained(out, tmp):
     ckpt = os.path.join(tmp, "ckpt")
     with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")) as f:
         assert f.read().strip() == str(ITERS)
-    files = glob.glob(os.path.join(ckpt, "iter_%07d" % ITERS, "**", "*.safetensors"), recursive=True)
-    assert files, "no checkpoint files under %s: %s" % (ckpt, os.listdir(ckpt))
+    # The guide's --ckpt-format torch: Megatron's own files, one in every mp_rank folder.
+    folders = glob.glob(os.path.join(ckpt, "iter_%07d" % ITERS, "mp_rank_*"))
+    files = glob.glob(os.path.join(ckpt, "iter_%07d" % ITERS, "mp_rank_*", "model_optim_rng.pt"))
+    assert folders and len(files) == len(folders), "Megatron's model_optim_rng.pt missing under %s: %s" % (
+        ckpt, sorted(os.listdir(os.path.join(ckpt, "iter_%07d" % ITERS))))
     return losses
 
 

@@ -29,5 +29,5 @@ for flag in ("--vocab-file", "--merge-file"):
     path = argv[argv.index(flag) + 1]
     assert os.path.isfile(os.path.join(SOURCE, path)), "%s %s is not in the repository" % (flag, path)
 p = subprocess.run([TESSERA] + argv[1:] + ["--dry-run"], cwd=SOURCE, capture_output=True, text=True, timeout=60)
-assert p.returncode == 0 and re.search(r"--dry-run: .* valid; not training", p.stdout), p.stdout[-2000:] + p.stderr[-2000:]
+assert p.returncode == 0 and re.search(r"--dry-run: flags and layout are valid\b.*; not training", p.stdout), p.stdout[-2000:] + p.stderr[-2000:]
 print("ok: README's title, set-up commands, links and its train example (--dry-run)")
