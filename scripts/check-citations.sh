@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when the repository cites a document its users never get: a folder outside the
-# repository (../shared), or a fact sheet or map that only the team had, or its section
-# numbers (§4.2). Code, tests and docs
+# repository, a fact sheet or map that only the team had, or its section numbers (the
+# pattern below lists them). Code, tests and docs
 # cite Megatron-LM's own source paths (megatron/core/..., megatron/training/..., tools/...)
 # or docs/ of this repository. Run by CTest as suite.citations.
 set -euo pipefail
