@@ -2,15 +2,9 @@
 
 #include <algorithm>
 
-#include "tessera/device/cpu/cpu_device.h"
+#include "tessera/core/error.h"
 
 namespace tessera::comm_detail {
-
-void check_host(const Tensor& t, const char* op) {
-  TESSERA_CHECK(t.device == nullptr || holds_host_memory(*t.device),
-                std::string(op) + ": the tensor is not in host memory (device " + t.device->name() + ")");
-  TESSERA_CHECK(t.numel() == 0 || t.handle != nullptr, std::string(op) + ": the tensor has no memory");
-}
 
 void check_reducible(const Tensor& t, const char* op) {
   TESSERA_CHECK(t.dtype == DType::F32 || t.dtype == DType::I32 || t.dtype == DType::I64,

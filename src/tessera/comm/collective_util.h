@@ -10,8 +10,6 @@
 
 namespace tessera::comm_detail {
 
-// A tensor handed to a collective must live in host memory.
-void check_host(const Tensor& t, const char* op);
 // Reductions take f32, i32 and i64.
 void check_reducible(const Tensor& t, const char* op);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);

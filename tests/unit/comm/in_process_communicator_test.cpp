@@ -176,7 +176,7 @@ TEST(InProcessComm, TimeoutNamesTheRankThatDidNotArrive) {
     EXPECT_NE(errors[r].find("group 'world'"), std::string::npos) << errors[r];
   }
   const std::string& named = errors[0].find("had not called") != std::string::npos ? errors[0] : errors[1];
-  EXPECT_NE(named.find("timed out after 300 ms: world rank(s) 2 had not called it"), std::string::npos) << named;
+  EXPECT_NE(named.find("timed out after 0.3 s: world rank(s) 2 had not called it"), std::string::npos) << named;
 }
 
 TEST(InProcessComm, MismatchedCollectivesAreNamed) {
@@ -307,7 +307,7 @@ TEST(InProcessComm, AsyncWaitIsBoundedAndNamesThePeer) {
       200ms);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   EXPECT_NE(errors[0].find("send_async of 4 f32 to world rank 1 (message 1 from world rank 0 to world rank 1 on "
-                           "group 'world' (world ranks 0, 1), this is world rank 0) timed out after 200 ms: world "
+                           "group 'world' (world ranks 0, 1), this is world rank 0) timed out after 0.2 s: world "
                            "rank 1 did not post the matching recv in time"),
             std::string::npos)
       << errors[0];

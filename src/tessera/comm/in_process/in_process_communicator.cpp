@@ -9,9 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "tessera/comm/async_queue.h"
-#include "tessera/device/cpu/cpu_device.h"
-#include "tessera/comm/collective_util.h"
+#include "tessera/comm/group_communicator.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -115,10 +113,8 @@ struct InProcessGroup {
     broken = true;
     broken_reason = call + " timed out";
     cv.notify_all();
-    throw runtime_error(call + " on " + where() + " timed out after " + std::to_string(timeout.count()) +
-                            " ms: world rank(s) " + ranks_text(missing) + " had not called it",
-                        "a rank that does not reach a collective is stuck elsewhere or has failed: look at its "
-                        "output; raise --distributed-timeout-minutes only if it is merely slow");
+    throw collective_timeout(call + " on " + where(), timeout,
+                             ": world rank(s) " + ranks_text(missing) + " had not called it");
   }
 };
 
@@ -129,9 +125,9 @@ namespace {
 // One posted send or recv; its op sits in the pair's mailbox until the other side matches it.
 class InProcessP2PWork final : public Work {
  public:
-  InProcessP2PWork(std::shared_ptr<InProcessGroup> g, std::pair<int, int> pair, bool is_send, const Tensor& t,
-                   P2PText text)
-      : g_(std::move(g)), pair_(pair), is_send_(is_send), op_{cpu_memory(t), t.bytes()}, text_(std::move(text)) {}
+  InProcessP2PWork(std::shared_ptr<InProcessGroup> g, std::pair<int, int> pair, bool is_send, void* data,
+                   size_t bytes, P2PText text)
+      : g_(std::move(g)), pair_(pair), is_send_(is_send), op_{data, bytes}, text_(std::move(text)) {}
 
   // The mailbox points at op_: an unwaited Work waits here, then unlinks it.
   ~InProcessP2PWork() override {
@@ -173,9 +169,7 @@ class InProcessP2PWork final : public Work {
     auto& mine = is_send_ ? box.sends : box.recvs;
     if (auto it = std::find(mine.begin(), mine.end(), &op_); it != mine.end()) mine.erase(it);
     if (g_->broken) g_->throw_broken();
-    throw runtime_error(text_.what + " " + text_.where + " timed out after " + std::to_string(g_->timeout.count()) +
-                            " ms: " + text_.absent,
-                        kP2PTimeoutHint);
+    throw p2p_timeout(text_, g_->timeout);
   }
 
  private:
@@ -187,180 +181,108 @@ class InProcessP2PWork final : public Work {
   bool waited_ = true;  // until posted
 };
 
-class InProcessCommunicator final : public Communicator {
+class InProcessTransport final : public Transport {
  public:
-  InProcessCommunicator(std::shared_ptr<InProcessGroup> group, int rank) : g_(std::move(group)), rank_(rank) {}
+  InProcessTransport(std::shared_ptr<InProcessGroup> g, int rank)
+      : Transport(Group{"in-process", g->name, g->world_ranks, rank, g->timeout}), g_(std::move(g)) {}
 
-  int rank() const override { return rank_; }
-  int size() const override { return g_->size; }
-  std::string backend_name() const override { return "in-process"; }
-  std::string group_name() const override { return g_->name; }
-  std::vector<int> world_ranks() const override { return g_->world_ranks; }
-
-  void all_reduce(Tensor t, ReduceOp op) override {
-    queue_.drain();
-    all_reduce_now(t, op);
-  }
-
-  std::unique_ptr<Work> all_reduce_async(Tensor t, ReduceOp op) override {
-    check_host(t, "all_reduce_async");
-    check_reducible(t, "all_reduce_async");
-    return queue_.submit(call_text(std::string("all_reduce(") + reduce_op_name(op) + ")", t),
-                         [this, t, op] { all_reduce_now(t, op); });
-  }
-
-  void all_gather(Tensor out, Tensor in) override {
-    queue_.drain();
-    check_host(out, "all_gather");
-    check_host(in, "all_gather");
-    check_same_dtype(out, in, "all_gather");
-    TESSERA_CHECK(out.numel() == in.numel() * size(), "all_gather: out has " + std::to_string(out.numel()) +
-                                                          " elements, expected size x in = " +
-                                                          std::to_string(in.numel() * size()));
-    const size_t bytes = in.bytes();
-    collective(call_text("all_gather", in), cpu_memory(in), cpu_memory(out), [&](std::vector<uint8_t>& result) {
-      result.resize(bytes * size());
-      for (int r = 0; r < size(); ++r) std::memcpy(result.data() + r * bytes, g_->in[r], bytes);
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op, const Call& c) override {
+    const size_t bytes = count * dtype_size(dtype);
+    collective(c.what, data, data, [&](std::vector<uint8_t>& result) {
+      const auto* first = static_cast<const uint8_t*>(g_->in[0]);
+      result.assign(first, first + bytes);
+      for (int r = 1; r < g_->size; ++r) reduce_into(dtype, op, result.data(), g_->in[r], count);
     });
   }
 
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    queue_.drain();
-    check_host(out, "reduce_scatter");
-    check_host(in, "reduce_scatter");
-    check_same_dtype(out, in, "reduce_scatter");
-    check_reducible(in, "reduce_scatter");
-    TESSERA_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: in has " + std::to_string(in.numel()) +
-                                                          " elements, expected size x out = " +
-                                                          std::to_string(out.numel() * size()));
-    const size_t bytes = out.bytes();
-    const size_t n = static_cast<size_t>(out.numel());
-    collective(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in), cpu_memory(in), cpu_memory(out),
-               [&](std::vector<uint8_t>& result) {
-                 result.resize(bytes);
-                 const size_t offset = static_cast<size_t>(rank_) * bytes;
-                 std::memcpy(result.data(), static_cast<const uint8_t*>(g_->in[0]) + offset, bytes);
-                 for (int r = 1; r < size(); ++r)
-                   reduce_into(in.dtype, op, result.data(), static_cast<const uint8_t*>(g_->in[r]) + offset, n);
-               });
+  void all_gather(void* out, const void* in, size_t bytes, const Call& c) override {
+    collective(c.what, in, out, [&](std::vector<uint8_t>& result) {
+      result.resize(bytes * g_->size);
+      for (int r = 0; r < g_->size; ++r) std::memcpy(result.data() + r * bytes, g_->in[r], bytes);
+    });
   }
 
-  void broadcast(Tensor t, int root) override {
-    queue_.drain();
-    check_host(t, "broadcast");
-    TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root " + std::to_string(root) + " is not a rank of " +
-                                                  g_->where());
-    const size_t bytes = t.bytes();
-    collective(call_text("broadcast(root " + std::to_string(root) + ")", t), cpu_memory(t), cpu_memory(t),
-               [&](std::vector<uint8_t>& result) {
-                 const auto* src = static_cast<const uint8_t*>(g_->in[root]);
-                 result.assign(src, src + bytes);
-               });
+  void reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, const Call& c) override {
+    const size_t bytes = count * dtype_size(dtype);
+    const size_t offset = static_cast<size_t>(rank()) * bytes;
+    collective(c.what, in, out, [&](std::vector<uint8_t>& result) {
+      result.resize(bytes);
+      std::memcpy(result.data(), static_cast<const uint8_t*>(g_->in[0]) + offset, bytes);
+      for (int r = 1; r < g_->size; ++r)
+        reduce_into(dtype, op, result.data(), static_cast<const uint8_t*>(g_->in[r]) + offset, count);
+    });
   }
 
-  void send(Tensor t, int dst) override {
-    queue_.drain();
-    post_p2p(t, dst, /*is_send=*/true, "send")->wait();
+  void broadcast(void* data, size_t bytes, int root, const Call& c) override {
+    collective(c.what, data, data, [&](std::vector<uint8_t>& result) {
+      const auto* src = static_cast<const uint8_t*>(g_->in[root]);
+      result.assign(src, src + bytes);
+    });
   }
 
-  void recv(Tensor t, int src) override {
-    queue_.drain();
-    post_p2p(t, src, /*is_send=*/false, "recv")->wait();
-  }
-
-  std::unique_ptr<Work> send_async(Tensor t, int dst) override { return post_p2p(t, dst, true, "send_async"); }
-  std::unique_ptr<Work> recv_async(Tensor t, int src) override { return post_p2p(t, src, false, "recv_async"); }
-
-  void barrier() override {
-    queue_.drain();
+  void barrier(const Call& c) override {
     std::unique_lock<std::mutex> lock(g_->mu);
-    g_->barrier(rank_, "barrier", lock);
+    g_->barrier(rank(), c.what, lock);
   }
 
-  std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups, const std::string& name) override {
-    queue_.drain();
-    const int mine = find_split_group(groups, size(), rank_);
-    const int seq = splits_++;
-    std::shared_ptr<InProcessGroup> sub;
-    int sub_rank = -1;
-    {
-      std::unique_lock<std::mutex> lock(g_->mu);
-      auto& st = g_->splits[seq];
-      if (st.subgroups.empty()) {
-        st.groups = groups;
-        for (size_t i = 0; i < groups.size(); ++i) {
-          std::vector<int> world;
-          for (int r : groups[i]) world.push_back(g_->world_ranks[r]);
-          std::string sub_name = name.empty() ? g_->name + "/split" + std::to_string(seq) : name;
-          st.subgroups.push_back(std::make_shared<InProcessGroup>(sub_name, std::move(world), g_->timeout));
-        }
-      } else if (st.groups != groups) {
-        throw runtime_error("split on " + g_->where() + ": the ranks passed different lists of groups",
-                            "every rank must call split with the same lists");
-      }
-      if (mine >= 0) {
-        sub = st.subgroups[mine];
-        for (size_t i = 0; i < groups[mine].size(); ++i)
-          if (groups[mine][i] == rank_) sub_rank = static_cast<int>(i);
-      }
-      if (++st.fetched == size()) g_->splits.erase(seq);
-      g_->barrier(rank_, "split", lock);
-    }
-    if (!sub) return nullptr;
-    return std::make_unique<InProcessCommunicator>(std::move(sub), sub_rank);
-  }
-
- private:
-  void all_reduce_now(Tensor t, ReduceOp op) {
-    check_host(t, "all_reduce");
-    check_reducible(t, "all_reduce");
-    const size_t bytes = t.bytes();
-    const size_t n = static_cast<size_t>(t.numel());
-    collective(call_text(std::string("all_reduce(") + reduce_op_name(op) + ")", t), cpu_memory(t), cpu_memory(t),
-               [&](std::vector<uint8_t>& result) {
-                 const auto* first = static_cast<const uint8_t*>(g_->in[0]);
-                 result.assign(first, first + bytes);
-                 for (int r = 1; r < size(); ++r) reduce_into(t.dtype, op, result.data(), g_->in[r], n);
-               });
-  }
-
-  // Publishes in/out, waits for everyone, computes this rank's result from all inputs into
-  // a private buffer, waits again (so nobody reads an input that is being overwritten), then
-  // writes the result to out.
-  std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op) {
-    check_host(t, op);
-    TESSERA_CHECK(peer >= 0 && peer < size() && peer != rank_,
-                  std::string(op) + ": bad " + (is_send ? "destination" : "source") + " rank " +
-                      std::to_string(peer) + " in " + g_->where());
-    if (sent_to_.empty()) sent_to_.assign(size(), 0), received_from_.assign(size(), 0);
-    const uint64_t k = is_send ? sent_to_[peer]++ : received_from_[peer]++;
+  std::unique_ptr<Work> post(void* data, size_t bytes, int peer, bool is_send, uint64_t, const P2PText& text) override {
     auto work = std::make_unique<InProcessP2PWork>(
-        g_, is_send ? std::pair(rank_, peer) : std::pair(peer, rank_), is_send, t,
-        p2p_text(op, t, is_send, k, g_->name, g_->world_ranks, rank_, peer));
+        g_, is_send ? std::pair(rank(), peer) : std::pair(peer, rank()), is_send, data, bytes, text);
     work->post();
     return work;
   }
 
+  // The first rank to get here builds every subgroup of split `plan.seq`; the others check
+  // they were given the same lists and take theirs.
+  std::unique_ptr<Transport> split(const SplitPlan& plan) override {
+    std::shared_ptr<InProcessGroup> sub;
+    int sub_rank = -1;
+    {
+      std::unique_lock<std::mutex> lock(g_->mu);
+      auto& st = g_->splits[plan.seq];
+      if (st.subgroups.empty()) {
+        st.groups = plan.groups;
+        for (size_t i = 0; i < plan.groups.size(); ++i) {
+          Group s = plan.subgroup(group(), static_cast<int>(i), rank());
+          st.subgroups.push_back(std::make_shared<InProcessGroup>(s.name, std::move(s.world_ranks), g_->timeout));
+        }
+      } else if (st.groups != plan.groups) {
+        throw runtime_error("split on " + g_->where() + ": the ranks passed different lists of groups",
+                            "every rank must call split with the same lists");
+      }
+      if (plan.mine >= 0) {
+        sub = st.subgroups[plan.mine];
+        sub_rank = plan.subgroup(group(), plan.mine, rank()).rank;
+      }
+      if (++st.fetched == g_->size) g_->splits.erase(plan.seq);
+      g_->barrier(rank(), "split", lock);
+    }
+    if (!sub) return nullptr;
+    return std::make_unique<InProcessTransport>(std::move(sub), sub_rank);
+  }
+
+ private:
+  int rank() const { return group().rank; }
+
+  // Publishes in/out, waits for everyone, computes this rank's result from all inputs into
+  // a private buffer, waits again (so nobody reads an input that is being overwritten), then
+  // writes the result to out.
   template <typename Compute>
   void collective(const std::string& call, const void* in, void* out, Compute compute) {
     std::vector<uint8_t> result;
     {
       std::unique_lock<std::mutex> lock(g_->mu);
       if (g_->broken) g_->throw_broken();
-      g_->in[rank_] = in;
-      g_->out[rank_] = out;
-      g_->barrier(rank_, call, lock);
+      g_->in[rank()] = in;
+      g_->out[rank()] = out;
+      g_->barrier(rank(), call, lock);
       compute(result);
-      g_->barrier(rank_, call + " (end)", lock);
+      g_->barrier(rank(), call + " (end)", lock);
     }
     if (!result.empty()) std::memcpy(out, result.data(), result.size());
   }
 
   std::shared_ptr<InProcessGroup> g_;
-  int rank_;
-  int splits_ = 0;
-  std::vector<uint64_t> sent_to_, received_from_;  // p2p messages posted, per peer (for errors)
-  AsyncQueue queue_;  // last: destroyed first, while the group is alive
 };
 
 }  // namespace
@@ -378,7 +300,7 @@ int InProcessWorld::size() const { return group_->size; }
 
 std::unique_ptr<Communicator> InProcessWorld::communicator(int rank) {
   TESSERA_CHECK(rank >= 0 && rank < group_->size, "InProcessWorld: rank out of range");
-  return std::make_unique<InProcessCommunicator>(group_, rank);
+  return std::make_unique<GroupCommunicator>(std::make_unique<InProcessTransport>(group_, rank));
 }
 
 void run_in_process_ranks(int size, const std::function<void(Communicator&)>& body, milliseconds timeout) {

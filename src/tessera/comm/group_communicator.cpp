@@ -1,0 +1,247 @@
+#include "tessera/comm/group_communicator.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "tessera/device/device.h"
+
+namespace tessera::comm_detail {
+
+using std::chrono::milliseconds;
+
+std::string Call::where(const Group& g) const {
+  return what + " (call " + std::to_string(seq) + " on " + g.text() + ", this is world rank " +
+         std::to_string(g.world_ranks[g.rank]) + ")";
+}
+
+namespace {
+
+std::string seconds_text(milliseconds timeout) {
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%g s", static_cast<double>(timeout.count()) / 1000.0);
+  return secs;
+}
+
+const char* const kCollectiveTimeoutHint =
+    "a rank that does not reach a collective is stuck elsewhere or has failed: look at its output; raise "
+    "--distributed-timeout-minutes only if it is merely slow";
+
+}  // namespace
+
+Error collective_timeout(const std::string& where, milliseconds timeout, const std::string& detail) {
+  return runtime_error(where + " timed out after " + seconds_text(timeout) + detail, kCollectiveTimeoutHint);
+}
+
+Error p2p_timeout(const P2PText& text, milliseconds timeout, const std::string& detail) {
+  return runtime_error(text.what + " " + text.where + " timed out after " + seconds_text(timeout) + ": " +
+                           text.absent + detail,
+                       kP2PTimeoutHint);
+}
+
+Group SplitPlan::subgroup(const Group& parent, int index, int parent_rank) const {
+  Group g{parent.backend, name, {}, 0, parent.timeout};
+  const std::vector<int>& members = groups[index];
+  for (size_t i = 0; i < members.size(); ++i) {
+    g.world_ranks.push_back(parent.world_ranks[members[i]]);
+    if (members[i] == parent_rank) g.rank = static_cast<int>(i);
+  }
+  return g;
+}
+
+// ---- host staging ---------------------------------------------------------------------------------
+
+StagingBuffer::~StagingBuffer() {
+  if (data_) device_->free_pinned(data_, bytes_);
+}
+
+void* StagingBuffer::reserve(Device& device, size_t bytes) {
+  if (device_ == &device && bytes_ >= bytes) return data_;
+  if (data_) device_->free_pinned(data_, bytes_);
+  data_ = nullptr;  // allocate_pinned may throw: never free twice
+  data_ = device.allocate_pinned(bytes);
+  device_ = &device;
+  bytes_ = bytes;
+  return data_;
+}
+
+namespace {
+
+// Whether the transport may use the tensor's memory in place; otherwise it goes through a
+// host copy (the host-staged path: device -> pinned host -> transport -> device).
+bool host_addressable(const Tensor& t) { return t.device == nullptr || t.device->is_host(); }
+
+// Host memory holding t's bytes: t itself, or `stage` filled from the device when `load`.
+// The synchronous device copy is ordered after the work already issued on the device's
+// stream, so a collective sees the values the preceding ops produced.
+char* host_bytes(const Tensor& t, StagingBuffer& stage, bool load) {
+  if (host_addressable(t)) return t.host<char>();
+  auto* p = static_cast<char*>(stage.reserve(*t.device, t.bytes()));
+  if (load && t.bytes()) copy_to_host(p, t.bytes(), t);
+  return p;
+}
+
+// Puts a result computed in host memory `p` back into a staged t.
+void unstage(const Tensor& t, const void* p) {
+  if (!host_addressable(t) && t.bytes()) copy_from_host(t, p, t.bytes());
+}
+
+void check_memory(const Tensor& t, const char* op) {
+  TESSERA_CHECK(t.numel() == 0 || t.handle != nullptr, std::string(op) + ": the tensor has no memory");
+}
+
+// An asynchronous call on a staged tensor: the transport's Work, then the copy of the result
+// into the tensor, on the thread that waits (device calls stay on the caller's thread).
+class StagedWork final : public Work {
+ public:
+  StagedWork(std::shared_ptr<StagingBuffer> stage, std::unique_ptr<Work> inner, Tensor result, const void* host)
+      : stage_(std::move(stage)), inner_(std::move(inner)), result_(std::move(result)), host_(host) {}
+
+  void wait() override {
+    inner_->wait();
+    if (copied_) return;
+    copied_ = true;
+    if (!result_.empty()) unstage(result_, host_);
+  }
+
+ private:
+  std::shared_ptr<StagingBuffer> stage_;  // first: outlives inner_, which may wait in its destructor
+  std::unique_ptr<Work> inner_;
+  Tensor result_;  // empty for a send
+  const void* host_;
+  bool copied_ = false;
+};
+
+}  // namespace
+
+// ---- the communicator -----------------------------------------------------------------------------
+
+GroupCommunicator::GroupCommunicator(std::unique_ptr<Transport> transport) : transport_(std::move(transport)) {}
+
+GroupCommunicator::~GroupCommunicator() = default;
+
+void GroupCommunicator::all_reduce(Tensor t, ReduceOp op) {
+  queue_.drain();
+  check_memory(t, "all_reduce");
+  check_reducible(t, "all_reduce");
+  const Call c = next_call(call_text(std::string("all_reduce(") + reduce_op_name(op) + ")", t));
+  if (size() == 1 || t.bytes() == 0) return;
+  char* p = host_bytes(t, stage_in_, /*load=*/true);
+  transport_->all_reduce(p, static_cast<size_t>(t.numel()), t.dtype, op, c);
+  unstage(t, p);
+}
+
+std::unique_ptr<Work> GroupCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
+  check_memory(t, "all_reduce_async");
+  check_reducible(t, "all_reduce_async");
+  const Call c = next_call(call_text(std::string("all_reduce_async(") + reduce_op_name(op) + ")", t));
+  if (size() == 1 || t.bytes() == 0) return queue_.submit(c.what, [] {});
+  // Each call stages into its own buffer: several may be queued at once (gradient buckets).
+  auto stage = std::make_shared<StagingBuffer>();
+  char* p = host_bytes(t, *stage, /*load=*/true);
+  const size_t n = static_cast<size_t>(t.numel());
+  auto work = queue_.submit(c.what, [this, stage, p, n, dtype = t.dtype, op, c] {
+    transport_->all_reduce(p, n, dtype, op, c);
+  });
+  if (host_addressable(t)) return work;
+  return std::make_unique<StagedWork>(std::move(stage), std::move(work), t, p);
+}
+
+void GroupCommunicator::all_gather(Tensor out, Tensor in) {
+  queue_.drain();
+  check_memory(out, "all_gather");
+  check_memory(in, "all_gather");
+  check_same_dtype(out, in, "all_gather");
+  TESSERA_CHECK(out.numel() == in.numel() * size(), "all_gather: out has " + std::to_string(out.numel()) +
+                                                        " elements, expected size x in = " +
+                                                        std::to_string(in.numel() * size()));
+  const Call c = next_call(call_text("all_gather", in));
+  if (in.bytes() == 0) return;
+  const char* src = host_bytes(in, stage_in_, /*load=*/true);
+  char* dst = host_bytes(out, stage_out_, /*load=*/false);
+  if (size() == 1) std::memmove(dst, src, in.bytes());
+  else transport_->all_gather(dst, src, in.bytes(), c);
+  unstage(out, dst);
+}
+
+void GroupCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
+  queue_.drain();
+  check_memory(out, "reduce_scatter");
+  check_memory(in, "reduce_scatter");
+  check_same_dtype(out, in, "reduce_scatter");
+  check_reducible(in, "reduce_scatter");
+  TESSERA_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: in has " + std::to_string(in.numel()) +
+                                                        " elements, expected size x out = " +
+                                                        std::to_string(out.numel() * size()));
+  const Call c = next_call(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in));
+  if (out.bytes() == 0) return;
+  const char* src = host_bytes(in, stage_in_, /*load=*/true);
+  char* dst = host_bytes(out, stage_out_, /*load=*/false);
+  if (size() == 1) std::memmove(dst, src, out.bytes());
+  else transport_->reduce_scatter(dst, src, static_cast<size_t>(out.numel()), in.dtype, op, c);
+  unstage(out, dst);
+}
+
+void GroupCommunicator::broadcast(Tensor t, int root) {
+  queue_.drain();
+  check_memory(t, "broadcast");
+  TESSERA_CHECK(root >= 0 && root < size(),
+                "broadcast: root " + std::to_string(root) + " is not a rank of " + group().text());
+  const Call c = next_call(call_text("broadcast(root " + std::to_string(root) + ")", t));
+  if (size() == 1 || t.bytes() == 0) return;
+  // Only the root's bytes matter: the others need not copy theirs off the device.
+  char* p = host_bytes(t, stage_in_, /*load=*/rank() == root);
+  transport_->broadcast(p, t.bytes(), root, c);
+  if (rank() != root) unstage(t, p);
+}
+
+void GroupCommunicator::send(Tensor t, int dst) {
+  queue_.drain();
+  post_p2p(t, dst, /*is_send=*/true, "send")->wait();
+}
+
+void GroupCommunicator::recv(Tensor t, int src) {
+  queue_.drain();
+  post_p2p(t, src, /*is_send=*/false, "recv")->wait();
+}
+
+std::unique_ptr<Work> GroupCommunicator::send_async(Tensor t, int dst) { return post_p2p(t, dst, true, "send_async"); }
+std::unique_ptr<Work> GroupCommunicator::recv_async(Tensor t, int src) { return post_p2p(t, src, false, "recv_async"); }
+
+void GroupCommunicator::barrier() {
+  queue_.drain();
+  const Call c = next_call("barrier");
+  if (size() > 1) transport_->barrier(c);
+}
+
+std::unique_ptr<Communicator> GroupCommunicator::split(const std::vector<std::vector<int>>& groups,
+                                                       const std::string& name) {
+  queue_.drain();
+  SplitPlan plan;
+  plan.groups = groups;
+  plan.mine = find_split_group(groups, size(), rank());
+  plan.seq = splits_++;
+  plan.name = name.empty() ? group().name + "/split" + std::to_string(plan.seq) : name;
+  std::unique_ptr<Transport> sub = transport_->split(plan);
+  if (!sub) return nullptr;
+  return std::make_unique<GroupCommunicator>(std::move(sub));
+}
+
+// p2p calls take no collective number: only two ranks make them, and the collective
+// numbers must stay equal on every rank. Messages are numbered per pair and direction.
+std::unique_ptr<Work> GroupCommunicator::post_p2p(const Tensor& t, int peer, bool is_send, const char* op) {
+  check_memory(t, op);
+  TESSERA_CHECK(peer >= 0 && peer < size() && peer != rank(),
+                std::string(op) + ": bad " + (is_send ? "destination" : "source") + " rank " +
+                    std::to_string(peer) + " in " + group().text());
+  if (sent_to_.empty()) sent_to_.assign(size(), 0), received_from_.assign(size(), 0);
+  const uint64_t k = is_send ? sent_to_[peer]++ : received_from_[peer]++;
+  const P2PText text = p2p_text(op, t, is_send, k, group().name, group().world_ranks, rank(), peer);
+  if (host_addressable(t)) return transport_->post(t.host<char>(), t.bytes(), peer, is_send, k, text);
+  // A staged message has its own buffer: any number may be outstanding.
+  auto stage = std::make_shared<StagingBuffer>();
+  char* p = host_bytes(t, *stage, /*load=*/is_send);
+  auto work = transport_->post(p, t.bytes(), peer, is_send, k, text);
+  return std::make_unique<StagedWork>(std::move(stage), std::move(work), is_send ? Tensor() : t, p);
+}
+
+}  // namespace tessera::comm_detail

@@ -1,0 +1,152 @@
+// What every Communicator backend shares (internal to comm/): one GroupCommunicator class
+// does the group's bookkeeping (names and world ranks, call numbers, argument checks, split,
+// the queue that runs asynchronous all-reduces in issue order, p2p message numbers) and the
+// host-staged path for tensors of a device the transport cannot address; a backend supplies
+// only a Transport, the primitives that move bytes between the ranks of one group.
+//
+//   class GlooTransport final : public Transport { ...primitives on host memory... };
+//   std::unique_ptr<Communicator> world = std::make_unique<GroupCommunicator>(std::move(t));
+//
+// The primitives see memory the transport addresses (host memory for Gloo and in-process),
+// arguments already checked, more than one rank and at least one byte. A native device
+// library (NCCL, HCCL) derives from GroupCommunicator, overrides the calls for its device's
+// tensors (stream-ordered, communicator.h) and passes host tensors to this class, whose
+// transport is then a host group over the same store.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/async_queue.h"
+#include "tessera/comm/collective_util.h"
+#include "tessera/comm/communicator.h"
+
+namespace tessera::comm_detail {
+
+// One group as seen from one of its ranks.
+struct Group {
+  std::string backend;           // "gloo", "in-process"
+  std::string name;              // "world", or the name given to split
+  std::vector<int> world_ranks;  // of each member, in group-rank order
+  int rank = 0;                  // this rank's index in world_ranks
+  std::chrono::milliseconds timeout{0};
+
+  int size() const { return static_cast<int>(world_ranks.size()); }
+  // "group 'dp' (world ranks 0, 2)"
+  std::string text() const { return group_text(name, world_ranks); }
+};
+
+// One collective call, for the transport's tags and messages.
+struct Call {
+  std::string what;  // "all_reduce(sum) of 1024 f32"
+  uint64_t seq = 0;  // 1, 2, ... per group; equal on every rank for the same call
+
+  // "all_reduce(sum) of 1024 f32 (call 2 on group 'world' (world ranks 0, 1), this is world rank 0)"
+  std::string where(const Group& g) const;
+};
+
+// What a timeout says, the same in every backend: "<where> timed out after 1.5 s<detail>",
+// with the hint for collectives or for p2p.
+Error collective_timeout(const std::string& where, std::chrono::milliseconds timeout, const std::string& detail);
+Error p2p_timeout(const P2PText& text, std::chrono::milliseconds timeout, const std::string& detail = "");
+
+// A split as every rank of the parent group computed it.
+struct SplitPlan {
+  std::vector<std::vector<int>> groups;  // parent group ranks, as passed to split
+  int mine = -1;                         // the index of the list holding this rank, or -1
+  int seq = 0;                           // split number on the parent: 0, 1, ...
+  std::string name;                      // the subgroups' name
+
+  // The subgroup `index` as seen from its member `parent_rank` (any member when the
+  // transport builds all of them).
+  Group subgroup(const Group& parent, int index, int parent_rank) const;
+};
+
+class Transport {
+ public:
+  explicit Transport(Group group) : group_(std::move(group)) {}
+  virtual ~Transport() = default;
+  const Group& group() const { return group_; }
+
+  // In place; `count` elements of a reducible dtype.
+  virtual void all_reduce(void* data, size_t count, DType dtype, ReduceOp op, const Call& call) = 0;
+  // out: size x bytes, in rank order.
+  virtual void all_gather(void* out, const void* in, size_t bytes, const Call& call) = 0;
+  // in: size x count elements; out: this rank's count, reduced.
+  virtual void reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
+                              const Call& call) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root, const Call& call) = 0;
+  virtual void barrier(const Call& call) = 0;
+  // Posts message number `message` (from 0, per pair and direction) to or from group rank
+  // `peer` (communicator.h's p2p rules); the Work waits at most the timeout, and waits in
+  // its destructor when never waited.
+  virtual std::unique_ptr<Work> post(void* data, size_t bytes, int peer, bool is_send, uint64_t message,
+                                     const P2PText& text) = 0;
+  // Collective over the parent: the transport of this rank's subgroup, or nullptr.
+  virtual std::unique_ptr<Transport> split(const SplitPlan& plan) = 0;
+
+ private:
+  Group group_;
+};
+
+// Host memory for a tensor the transport cannot address, kept between calls and grown on
+// demand (pinned through the tensor's device, as the async copies want).
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  ~StagingBuffer();
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  // At least `bytes` of host memory pinned for `device`.
+  void* reserve(Device& device, size_t bytes);
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class GroupCommunicator : public Communicator {
+ public:
+  explicit GroupCommunicator(std::unique_ptr<Transport> transport);
+  ~GroupCommunicator() override;
+
+  int rank() const override { return group().rank; }
+  int size() const override { return group().size(); }
+  std::string backend_name() const override { return group().backend; }
+  std::string group_name() const override { return group().name; }
+  std::vector<int> world_ranks() const override { return group().world_ranks; }
+
+  void all_reduce(Tensor t, ReduceOp op) override;
+  std::unique_ptr<Work> all_reduce_async(Tensor t, ReduceOp op) override;
+  void all_gather(Tensor out, Tensor in) override;
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override;
+  void broadcast(Tensor t, int root) override;
+  void send(Tensor t, int dst) override;
+  void recv(Tensor t, int src) override;
+  std::unique_ptr<Work> send_async(Tensor t, int dst) override;
+  std::unique_ptr<Work> recv_async(Tensor t, int src) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups,
+                                      const std::string& name = "") override;
+
+ protected:
+  const Group& group() const { return transport_->group(); }
+  Call next_call(std::string what) { return Call{std::move(what), ++seq_}; }
+
+ private:
+  std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op);
+
+  std::unique_ptr<Transport> transport_;
+  uint64_t seq_ = 0;
+  int splits_ = 0;
+  std::vector<uint64_t> sent_to_, received_from_;  // p2p messages posted, per peer
+  StagingBuffer stage_in_, stage_out_;             // the synchronous calls' host copies
+  AsyncQueue queue_;  // last: destroyed first, while the transport is alive
+};
+
+}  // namespace tessera::comm_detail
