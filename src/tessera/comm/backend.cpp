@@ -1,5 +1,6 @@
 #include "tessera/comm/backend.h"
 
+#include "tessera/comm/gloo/gloo_communicator.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -15,6 +16,14 @@ CommBackendChoice choose_comm_backend(const std::string& requested, DeviceKind d
   }
   throw usage_error("--distributed-backend must be nccl or gloo, got '" + requested + "'",
                     "nccl (Megatron's default) picks the device's native library: Gloo on the CPU, NCCL on CUDA");
+}
+
+std::unique_ptr<Communicator> create_communicator(std::shared_ptr<Store> store, int rank, int world_size,
+                                                  const CommOptions& options) {
+  if (options.backend == "gloo") return create_gloo_communicator(std::move(store), rank, world_size, options);
+  throw runtime_error("this build has no '" + options.backend + "' communicator",
+                      "pass --distributed-backend gloo: every device's tensors then go through host memory (the "
+                      "host-staged path), or build tessera with the backend's library");
 }
 
 }  // namespace tessera

@@ -1,10 +1,5 @@
 #include "tessera/comm/comm_bench.h"
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/broadcast.h>
-#include <gloo/math.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,7 +11,7 @@
 #include <vector>
 
 #include "tessera/comm/gloo/gloo_communicator.h"
-#include "tessera/comm/gloo/gloo_context.h"
+#include "tessera/comm/gloo/raw_gloo.h"
 #include "tessera/comm/local_ranks.h"
 #include "tessera/comm/store.h"
 #include "tessera/core/error.h"
@@ -265,14 +260,8 @@ class Bench {
     gopt.key_prefix = "bench/";
     comm_ = create_gloo_communicator(store, w_.rank, w_.world_size, gopt);
     const bool raw = o_.raw && w_.world_size > 1 && o_.coll != Coll::ReduceScatter;
-    if (raw) {
-      iface_ = gloo_interface(gopt);
-      auto device = gloo_backend::create_device(iface_);
-      raw_ = gloo_backend::connect_context(*store, "bench/raw", "group 'raw'", w_.rank, w_.world_size, device, iface_,
-                                           timeout);
-    } else if (w_.world_size > 1) {
-      iface_ = gloo_interface(gopt);
-    }
+    if (w_.world_size > 1) iface_ = gloo_interface(gopt);
+    if (raw) raw_ = std::make_unique<RawGlooGroup>(*store, "bench/raw", w_.rank, w_.world_size, gopt);
     header(raw);
 
     const int n = w_.world_size;
@@ -370,43 +359,10 @@ class Bench {
 
   // The same collective as a raw Gloo call.
   void raw_call(const Tensor& a, const Tensor& b) {
-    const uint32_t tag = raw_tag_++;
-    const size_t count = static_cast<size_t>(a.numel());
     switch (o_.coll) {
-      case Coll::AllReduce: {
-        gloo::AllreduceOptions opts(raw_);
-        using Fn = void (*)(void*, const void*, const void*, size_t);
-        const bool sum = o_.op == ReduceOp::Sum;
-        if (o_.dtype == DType::F32) {
-          opts.setOutput(reinterpret_cast<float*>(cpu_memory(a)), count);
-          opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<float>) : static_cast<Fn>(&gloo::max<float>));
-        } else if (o_.dtype == DType::I32) {
-          opts.setOutput(reinterpret_cast<int32_t*>(cpu_memory(a)), count);
-          opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<int32_t>) : static_cast<Fn>(&gloo::max<int32_t>));
-        } else {
-          opts.setOutput(reinterpret_cast<int64_t*>(cpu_memory(a)), count);
-          opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<int64_t>) : static_cast<Fn>(&gloo::max<int64_t>));
-        }
-        opts.setTag(tag);
-        gloo::allreduce(opts);
-        break;
-      }
-      case Coll::AllGather: {
-        gloo::AllgatherOptions opts(raw_);
-        opts.setInput(reinterpret_cast<uint8_t*>(cpu_memory(a)), a.bytes());
-        opts.setOutput(reinterpret_cast<uint8_t*>(cpu_memory(b)), b.bytes());
-        opts.setTag(tag);
-        gloo::allgather(opts);
-        break;
-      }
-      case Coll::Broadcast: {
-        gloo::BroadcastOptions opts(raw_);
-        opts.setOutput(reinterpret_cast<uint8_t*>(cpu_memory(a)), a.bytes());
-        opts.setRoot(0);
-        opts.setTag(tag);
-        gloo::broadcast(opts);
-        break;
-      }
+      case Coll::AllReduce: raw_->all_reduce(a, o_.op); break;
+      case Coll::AllGather: raw_->all_gather(b, a); break;
+      case Coll::Broadcast: raw_->broadcast(a, 0); break;
       case Coll::ReduceScatter: break;
     }
   }
@@ -479,8 +435,7 @@ class Bench {
   BenchWorld w_;
   InterfaceChoice iface_;
   std::unique_ptr<Communicator> comm_;
-  std::shared_ptr<gloo::Context> raw_;
-  uint32_t raw_tag_ = 1;
+  std::unique_ptr<RawGlooGroup> raw_;
 };
 
 }  // namespace

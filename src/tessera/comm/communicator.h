@@ -1,18 +1,37 @@
 // The Communicator: collectives over a group of ranks, the only way ranks exchange tensors.
-// Backends: gloo/ (CPU tensors over TCP), in-process (ranks as threads, for unit tests),
-// later nccl/ (CUDA). Calls are collective over the group: every member calls them in the
-// same order. Asynchronous variants return a Work handle to wait on.
+// Backends: gloo/ (host memory over TCP), in_process/ (ranks as threads, for unit tests),
+// next nccl/ (CUDA) and hccl/ (Ascend). Every backend is a GroupCommunicator over its own
+// Transport (group_communicator.h). Calls are collective over the group: every member calls
+// them in the same order. Asynchronous variants return a Work handle to wait on.
 //
 // Semantics shared by every backend (tests/unit/comm hold them to it):
-// - Tensors are host memory (device CPU or none). Reductions take f32, i32 and i64; the
-//   data-moving calls (all_gather, broadcast, send/recv) take any dtype.
-// - Every call is bounded by the communicator's timeout (--distributed-timeout-minutes);
-//   a timeout is a tessera::Error naming the call, the group (its name and world ranks) and,
-//   where it can be known, the ranks that had not arrived. After a timeout or a lost peer
-//   the communicator is broken: the job is expected to exit.
+// - Tensors live on any device, or on none (host memory). Reductions take f32, i32 and i64;
+//   the data-moving calls (all_gather, broadcast, send/recv) take any dtype.
+// - Ordering (stream-ordered): a call sees the values that the work issued before it on the
+//   tensor's device produced (ops run in issue order on the device's default stream), and
+//   work issued after a synchronous call, or after Work::wait(), sees its result.
+//   * Host memory, and device tensors on a backend without a native collective library
+//     (the host-staged path: device -> pinned host -> transport -> device): the calls run
+//     on the host, and wait() blocks the host. Inline on the CPU. This path serves every
+//     device under Gloo and in-process ranks (--device opencl and strict under launch).
+//   * A native device library (NCCL, HCCL) runs the call on a communication stream that
+//     waits on an event recorded on the compute stream; wait() makes the compute stream wait
+//     for the call's event and returns without blocking the host.
+// - Control scalars (the log's losses, the grad-norm slots, exit agreement) are host tensors
+//   (no device) and always work: a native device backend carries them over a host group on
+//   the same store, so they never round-trip through device memory.
+// - Every call is bounded by the backend's timeout (Gloo: --distributed-timeout-minutes; a
+//   native library has its own connect and execution timeouts); a timeout is a
+//   tessera::Error naming the call, the group (its name and world ranks) and, where it can
+//   be known, the ranks that had not arrived. After a timeout or a lost peer the
+//   communicator is broken: the job is expected to exit.
 // - An asynchronous call must keep its tensor alive and untouched until Work::wait()
-//   returns; a later synchronous call on the same communicator first waits for the
-//   asynchronous collectives issued before it.
+//   returns, and its result is defined only once wait() has returned; a later synchronous
+//   call on the same communicator first waits for the asynchronous collectives issued
+//   before it.
+// - Backends are created from the job's store by create_communicator (backend.h); a native
+//   library's opaque unique id, of whatever size it has, travels through the store
+//   (unique_id.h); sub-groups come from a parent and rank lists (split).
 //
 // Point-to-point (send/recv are not collective: only the two ranks take part):
 // - Messages are matched per ordered pair: the k-th send from rank a to rank b fills the

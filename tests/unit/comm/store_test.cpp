@@ -1,7 +1,8 @@
 // The TCP rendezvous store: set/get/add/check/wait between clients, waits that time out with
 // the keys and the address in the message, job tokens that keep other jobs out (an error on
 // both sides), unreachable and busy ports, many concurrent clients, a server that survives
-// garbage, and the default job token rule. Every test finishes in well under 10 s: timeouts
+// garbage, the default job token rule, and a native library's unique-id blob (HCCL's 4,108-byte
+// root info, NCCL's 128 bytes) shared by its root through the store. Every test finishes in well under 10 s: timeouts
 // here are a few hundred milliseconds.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "tessera/comm/store.h"
+#include "tessera/comm/unique_id.h"
 #include "tessera/core/error.h"
 #include "../test_ports.h"
 
@@ -247,4 +249,33 @@ TEST(Store, DefaultJobTokenRule) {
   EXPECT_EQ(default_job_token(), "explicit");
   for (const char* n : names) ::unsetenv(n);
   for (const auto& [n, v] : saved) ::setenv(n.c_str(), v.c_str(), 1);
+}
+
+// HcclGetRootInfo's blob is 4,108 bytes, ncclGetUniqueId's 128: both reach every rank bytes
+// unchanged, zeros included, whichever rank gets there first.
+TEST(Store, UniqueIdBlobOfAnySizeReachesEveryRank) {
+  TcpStoreServer server(0, "job-id");
+  for (size_t size : {size_t(4108), size_t(128)}) {
+    std::vector<uint8_t> blob(size);
+    for (size_t i = 0; i < size; ++i) blob[i] = static_cast<uint8_t>(i * 31 + 7);
+    blob[0] = blob[size - 1] = 0;
+    const std::string key = "job/hccl/world/" + std::to_string(size);
+    constexpr int kRanks = 4;
+    std::vector<std::vector<uint8_t>> got(kRanks);
+    std::vector<std::thread> ranks;
+    for (int r = kRanks - 1; r >= 0; --r)  // the root starts last: the others wait for it
+      ranks.emplace_back([&, r] {
+        auto store = connect_tcp_store("127.0.0.1", server.port(), "job-id", 2s);
+        got[r] = share_unique_id(*store, key, r == 0, [&] { return blob; }, 2s);
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(got[r], blob) << "rank " << r << ", " << size << " bytes";
+  }
+}
+
+TEST(Store, UniqueIdThatNeverArrivesNamesTheKey) {
+  TcpStoreServer server(0, "job-id");
+  auto store = connect_tcp_store("127.0.0.1", server.port(), "job-id", 2s);
+  const std::string e = error_of([&] { share_unique_id(*store, "job/nccl/tp", false, {}, 200ms); });
+  EXPECT_NE(e.find("unique id 'job/nccl/tp' never arrived from its root rank"), std::string::npos) << e;
 }

@@ -83,6 +83,26 @@ std::shared_ptr<gloo::Context> connect_context(tessera::Store& store, const std:
   return ctx;
 }
 
+void set_all_reduce_data(gloo::AllreduceOptions& opts, void* data, size_t count, DType dtype, ReduceOp op) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  const bool sum = op == ReduceOp::Sum;
+  switch (dtype) {
+    case DType::F32:
+      opts.setOutput(static_cast<float*>(data), count);
+      opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<float>) : static_cast<Fn>(&gloo::max<float>));
+      break;
+    case DType::I32:
+      opts.setOutput(static_cast<int32_t*>(data), count);
+      opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<int32_t>) : static_cast<Fn>(&gloo::max<int32_t>));
+      break;
+    case DType::I64:
+      opts.setOutput(static_cast<int64_t*>(data), count);
+      opts.setReduceFunction(sum ? static_cast<Fn>(&gloo::sum<int64_t>) : static_cast<Fn>(&gloo::max<int64_t>));
+      break;
+    default: TESSERA_CHECK(false, "gloo: no reduction for dtype " + std::string(dtype_name(dtype)));
+  }
+}
+
 }  // namespace gloo_backend
 
 InterfaceChoice gloo_interface(const GlooOptions& options) {
@@ -118,19 +138,6 @@ struct GlooShared {
     });
   }
 };
-
-// Gloo's reduction functions for our dtypes.
-gloo::AllreduceOptions::Func gloo_reduce_fn(DType t, ReduceOp op) {
-  using Fn = void (*)(void*, const void*, const void*, size_t);
-  const bool sum = op == ReduceOp::Sum;
-  switch (t) {
-    case DType::F32: return sum ? static_cast<Fn>(&gloo::sum<float>) : static_cast<Fn>(&gloo::max<float>);
-    case DType::I32: return sum ? static_cast<Fn>(&gloo::sum<int32_t>) : static_cast<Fn>(&gloo::max<int32_t>);
-    case DType::I64: return sum ? static_cast<Fn>(&gloo::sum<int64_t>) : static_cast<Fn>(&gloo::max<int64_t>);
-    default: TESSERA_CHECK(false, "gloo: no reduction for dtype " + std::string(dtype_name(t)));
-  }
-  return nullptr;
-}
 
 // Slots of the operations we build on unbound buffers, away from Gloo's prefixes (0x01-0x08).
 constexpr uint64_t kReduceScatterSlot = 0x40ull << 56;
@@ -200,8 +207,7 @@ class GlooTransport final : public Transport {
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op, const Call& c) override {
     guarded(c, [&] {
       gloo::AllreduceOptions opts(ctx_);
-      set_typed_output(opts, data, count, dtype);  // in place: the output is also the input
-      opts.setReduceFunction(gloo_reduce_fn(dtype, op));
+      gloo_backend::set_all_reduce_data(opts, data, count, dtype, op);
       opts.setTag(tag(c));
       opts.setTimeout(timeout());
       gloo::allreduce(opts);
@@ -276,15 +282,6 @@ class GlooTransport final : public Transport {
  private:
   milliseconds timeout() const { return group().timeout; }
   static uint32_t tag(const Call& c) { return static_cast<uint32_t>(c.seq); }
-
-  static void set_typed_output(gloo::AllreduceOptions& opts, void* data, size_t n, DType dtype) {
-    switch (dtype) {
-      case DType::F32: opts.setOutput(static_cast<float*>(data), n); break;
-      case DType::I32: opts.setOutput(static_cast<int32_t*>(data), n); break;
-      case DType::I64: opts.setOutput(static_cast<int64_t*>(data), n); break;
-      default: TESSERA_CHECK(false, "all_reduce: unsupported dtype");
-    }
-  }
 
   // Ring reduce-scatter: in step s (0..n-2) rank r sends its partial reduction of chunk
   // (r - s - 1) mod n to rank r + 1 and receives chunk (r - s - 2) mod n from rank r - 1,

@@ -1,9 +1,11 @@
-// The Gloo backend: collectives on CPU tensors over TCP (Debian's libgloo).
+// The Gloo backend: collectives on host memory over TCP (Debian's libgloo); device tensors
+// reach it through the host-staged path of GroupCommunicator.
 //
-// A process creates its world communicator from the job's store:
+// Code outside comm/ goes through create_communicator (backend.h); inside, a process creates
+// its world communicator from the job's store:
 //
 //   auto store = std::shared_ptr<Store>(connect_tcp_store(host, port, token, timeout));
-//   GlooOptions opt;
+//   GlooOptions opt;                                 // CommOptions (backend.h)
 //   opt.timeout = std::chrono::minutes(args.distributed_timeout_minutes);
 //   opt.master_addr = id.master_addr;  opt.master_port = id.master_port;
 //   opt.key_prefix = id.key_prefix;    // keys of this run and restart attempt
@@ -25,29 +27,15 @@
 // few seconds for the others' records; the ranks without one are named.
 #pragma once
 
-#include <chrono>
 #include <memory>
-#include <optional>
-#include <string>
 
-#include "tessera/comm/communicator.h"
+#include "tessera/comm/backend.h"
 #include "tessera/comm/net_interface.h"
-#include "tessera/comm/store.h"
 
 namespace tessera {
 
-struct GlooOptions {
-  // Bounds connecting and every collective (--distributed-timeout-minutes; Megatron's
-  // default is 10 minutes).
-  std::chrono::milliseconds timeout = std::chrono::minutes(10);
-  // For choosing the interface by the route to MASTER_ADDR; empty for a single process.
-  std::string master_addr;
-  int master_port = 0;
-  // GLOO_SOCKET_IFNAME; unset reads the environment variable.
-  std::optional<std::string> socket_ifname;
-  // Prefix of every store key (e.g. launch::WorkerIdentity::key_prefix).
-  std::string key_prefix;
-};
+// The factory's options; `backend` is not read here.
+using GlooOptions = CommOptions;
 
 std::unique_ptr<Communicator> create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                                        const GlooOptions& options);

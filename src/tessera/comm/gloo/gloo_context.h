@@ -1,8 +1,9 @@
-// Raw Gloo plumbing under GlooCommunicator, also used by `tessera bench comm` to time Gloo's
-// own calls next to ours: a TCP transport device bound to an interface, and a full-mesh
-// gloo::Context bootstrapped through our Store.
+// Raw Gloo plumbing under the Gloo transport and RawGlooGroup (internal to comm/gloo): a TCP
+// transport device bound to an interface, a full-mesh gloo::Context bootstrapped through our
+// Store, and the typed in-place buffer of Gloo's all-reduce.
 #pragma once
 
+#include <gloo/allreduce.h>
 #include <gloo/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/comm/communicator.h"
 #include "tessera/comm/net_interface.h"
 #include "tessera/comm/store.h"
 
@@ -41,5 +43,9 @@ std::shared_ptr<gloo::Context> connect_context(tessera::Store& store, const std:
                                                const std::string& group, int rank, int size,
                                                std::shared_ptr<gloo::transport::Device> device,
                                                const InterfaceChoice& iface, std::chrono::milliseconds timeout);
+
+// `count` elements of `dtype` at `data` as the all-reduce's input and output, reduced by `op`
+// (f32, i32, i64).
+void set_all_reduce_data(gloo::AllreduceOptions& opts, void* data, size_t count, DType dtype, ReduceOp op);
 
 }  // namespace tessera::gloo_backend
