@@ -11,7 +11,6 @@
 #include "tessera/ckpt/hf_gpt2.h"
 #include "tessera/cli/commands.h"
 #include "tessera/comm/backend.h"
-#include "tessera/comm/gloo/gloo_communicator.h"
 #include "tessera/core/log.h"
 #include "tessera/device/device.h"
 #include "tessera/launch/job_store.h"
@@ -75,13 +74,13 @@ int run_train(int argc, char** argv) {
   if (id.distributed()) {
     print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
     job_store = launch::open_job_store(id, timeout);
-    GlooOptions options;
+    CommOptions options;
+    options.backend = backend.backend;
     options.timeout = timeout;
     options.master_addr = id.master_addr;
     options.master_port = id.master_port;
     options.key_prefix = id.key_prefix;
-    world = create_gloo_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size,
-                                     options);
+    world = create_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size, options);
     groups = create_parallel_groups(*world, topology);
   }
   print_rank_0("> %s", topology.describe().c_str());

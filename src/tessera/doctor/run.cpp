@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <map>
 
-#include "tessera/comm/gloo/gloo_communicator.h"
+#include "tessera/comm/backend.h"
 #include "tessera/core/error.h"
 #include "tessera/data/dataset_config.h"
 #include "tessera/data/token_id_range.h"
@@ -585,12 +585,12 @@ std::unique_ptr<Communicator> connect_world(const DoctorOptions& opt, const laun
     if (id.serve_store)
       rows.push_back({"network: store", Status::Pass, "served by this rank on port " + std::to_string(id.store_port),
                       "", ""});
-    GlooOptions g;
+    CommOptions g;  // gloo: the doctor's checks move host memory
     g.timeout = timeout;
     g.master_addr = id.master_addr;
     g.master_port = id.master_port;
     g.key_prefix = id.key_prefix + "doctor/";
-    return create_gloo_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size, g);
+    return create_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size, g);
   } catch (const Error& e) {
     rows.push_back({"collectives: connect", Status::Fail, e.what(),
                     "every rank must reach every other: check `network: store`, GLOO_SOCKET_IFNAME and the "
