@@ -7,3 +7,12 @@ set_tests_properties(suite.ports PROPERTIES TIMEOUT 120 LABELS suite)
 
 add_test(NAME suite.citations COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/check-citations.sh)
 set_tests_properties(suite.citations PROPERTIES TIMEOUT 60 LABELS suite)
+
+# The device seam: no backend library header (Gloo, oneDNN, OpenCL, CUDA, NCCL, HCCL, ...)
+# outside device/<backend>, ops/<backend>, comm/<backend>; model, train, doctor and cli reach
+# backends only through the seam. The self-test proves on a scratch tree that a violation fails.
+add_test(NAME suite.backend_includes COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/check-backend-includes.sh)
+set_tests_properties(suite.backend_includes PROPERTIES TIMEOUT 60 LABELS suite)
+add_test(NAME suite.backend_includes_self_test
+         COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/check-backend-includes.sh --self-test)
+set_tests_properties(suite.backend_includes_self_test PROPERTIES TIMEOUT 60 LABELS suite)
