@@ -136,7 +136,7 @@ std::unique_ptr<Work> GroupCommunicator::all_reduce_async(Tensor t, ReduceOp op)
   const Call c = next_call(call_text(std::string("all_reduce_async(") + reduce_op_name(op) + ")", t));
   if (size() == 1 || t.bytes() == 0) return queue_.submit(c.what, [] {});
   // Each call stages into its own buffer: several may be queued at once (gradient buckets).
-  auto stage = std::make_shared<StagingBuffer>();
+  std::shared_ptr<StagingBuffer> stage = idle_stage();
   char* p = host_bytes(t, *stage, /*load=*/true);
   const size_t n = static_cast<size_t>(t.numel());
   auto work = queue_.submit(c.what, [this, stage, p, n, dtype = t.dtype, op, c] {
@@ -238,10 +238,20 @@ std::unique_ptr<Work> GroupCommunicator::post_p2p(const Tensor& t, int peer, boo
   const P2PText text = p2p_text(op, t, is_send, k, group().name, group().world_ranks, rank(), peer);
   if (host_addressable(t)) return transport_->post(t.host<char>(), t.bytes(), peer, is_send, k, text);
   // A staged message has its own buffer: any number may be outstanding.
-  auto stage = std::make_shared<StagingBuffer>();
+  std::shared_ptr<StagingBuffer> stage = idle_stage();
   char* p = host_bytes(t, *stage, /*load=*/is_send);
   auto work = transport_->post(p, t.bytes(), peer, is_send, k, text);
   return std::make_unique<StagedWork>(std::move(stage), std::move(work), is_send ? Tensor() : t, p);
+}
+
+// A staging buffer no outstanding call holds. Pinned allocations are slow (an OpenCL mapped
+// buffer, cudaMallocHost), so each step's buckets and messages reuse the previous step's.
+// Only this thread hands out references; other threads only drop theirs, so a count of one
+// stays one.
+std::shared_ptr<StagingBuffer> GroupCommunicator::idle_stage() {
+  for (const auto& s : async_stages_)
+    if (s.use_count() == 1) return s;
+  return async_stages_.emplace_back(std::make_shared<StagingBuffer>());
 }
 
 }  // namespace tessera::comm_detail

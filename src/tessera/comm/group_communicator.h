@@ -140,12 +140,14 @@ class GroupCommunicator : public Communicator {
 
  private:
   std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op);
+  std::shared_ptr<StagingBuffer> idle_stage();
 
   std::unique_ptr<Transport> transport_;
   uint64_t seq_ = 0;
   int splits_ = 0;
   std::vector<uint64_t> sent_to_, received_from_;  // p2p messages posted, per peer
   StagingBuffer stage_in_, stage_out_;             // the synchronous calls' host copies
+  std::vector<std::shared_ptr<StagingBuffer>> async_stages_;  // the asynchronous calls', reused
   AsyncQueue queue_;  // last: destroyed first, while the transport is alive
 };
 
