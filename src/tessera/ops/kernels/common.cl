@@ -8,7 +8,7 @@
 
 // exp(x): fast_math.h's exp_approx (Cephes' expf polynomial after Cody-Waite reduction),
 // exactly 0 below -87 and +inf above 88.3; NaN propagates.
-float exp_approx(float x) {
+DEVICE_FN float exp_approx(float x) {
   const bool underflow = x < -87.0f;
   const bool overflow = x > 88.3f;
   float xc = x < -87.0f ? -87.0f : x;
@@ -32,10 +32,10 @@ float exp_approx(float x) {
   return y;
 }
 
-float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+DEVICE_FN float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
 // erf(x) to 1.5e-7 absolute (Abramowitz & Stegun 7.1.26), as fast_math.h's erf_approx.
-float erf_approx(float x) {
+DEVICE_FN float erf_approx(float x) {
   const float ax = fabs(x);
   const float t = 1.0f / (0.3275911f * ax + 1.0f);
   float r = 1.061405429f * t - 1.453152027f;
@@ -47,35 +47,34 @@ float erf_approx(float x) {
 }
 
 // x rounded to the nearest bfloat16 (round-to-nearest-even, NaN quieted), as f32.
-float round_bf16(float x) {
+DEVICE_FN float round_bf16(float x) {
   uint u = as_uint(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 0x40u) << 16);
   u += 0x7fffu + ((u >> 16) & 1u);
   return as_float((u >> 16) << 16);
 }
 
-// x rounded to the nearest IEEE half (round-to-nearest-even; >= 65520 in magnitude is
-// inf; NaN quieted), as f32: low_precision.h's fp16_bits then fp16_to_f32.
-float round_fp16(float x) {
+// The IEEE half nearest to x (round-to-nearest-even; >= 65520 in magnitude is inf; NaN
+// quieted), as its 16 bits: low_precision.h's fp16_bits.
+DEVICE_FN uint fp16_bits(float x) {
   const uint u = as_uint(x);
   const uint sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
-  uint h;
-  if (a > 0x7F800000u) {
-    h = sign | 0x7E00u | ((a >> 13) & 0x3FFu);
-  } else if (a >= 0x477FF000u) {
-    h = sign | 0x7C00u;
-  } else if (a >= 0x38800000u) {
+  if (a > 0x7F800000u) return sign | 0x7E00u | ((a >> 13) & 0x3FFu);
+  if (a >= 0x477FF000u) return sign | 0x7C00u;
+  if (a >= 0x38800000u) {
     const uint r = a - 0x38000000u;
-    h = sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
-  } else if (a <= 0x33000000u) {
-    h = sign;
-  } else {
-    const uint e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
-    uint q = m >> shift;
-    const uint rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
-    h = sign | q;
+    return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
   }
+  if (a <= 0x33000000u) return sign;
+  const uint e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
+  uint q = m >> shift;
+  const uint rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+  return sign | q;
+}
+
+// The value of the half with bits h, as f32 (exact): low_precision.h's fp16_to_f32.
+DEVICE_FN float fp16_to_f32(uint h) {
   const uint hs = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0x1F) return as_float(hs | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0u));
   if (e == 0) {
@@ -85,20 +84,23 @@ float round_fp16(float x) {
   return as_float(hs | ((e + 112) << 23) | (m << 13));
 }
 
+// x rounded to the nearest IEEE half, as f32.
+DEVICE_FN float round_fp16(float x) { return fp16_to_f32(fp16_bits(x)); }
+
 // Philox4x32-10 (core/rng.h's philox4x32): the same bits as the CPU for the same key and
 // counter.
-uint4 philox4x32(uint key0, uint key1, uint4 ctr) {
+DEVICE_FN uint4 philox4x32(uint key0, uint key1, uint4 ctr) {
   for (int round = 0; round < 10; ++round) {
     const uint hi0 = mul_hi(0xD2511F53u, ctr.x), lo0 = 0xD2511F53u * ctr.x;
     const uint hi1 = mul_hi(0xCD9E8D57u, ctr.z), lo1 = 0xCD9E8D57u * ctr.z;
-    ctr = (uint4)(hi1 ^ ctr.y ^ key0, lo1, hi0 ^ ctr.w ^ key1, lo0);
+    ctr = make_uint4(hi1 ^ ctr.y ^ key0, lo1, hi0 ^ ctr.w ^ key1, lo0);
     key0 += 0x9E3779B9u;
     key1 += 0xBB67AE85u;
   }
   return ctr;
 }
 
-float uint_to_unit_float(uint x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+DEVICE_FN float uint_to_unit_float(uint x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
 
 // ops.h's Dropout as kernel arguments, in this order (host: push_dropout).
 #define DROPOUT_PARAMS float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration, \
@@ -107,11 +109,11 @@ float uint_to_unit_float(uint x) { return (float)(x >> 8) * (1.0f / 16777216.0f)
 
 // The factor of element `element` (within this shard's per-sample tensor) of batch sample
 // b: 1/(1-p) if kept, 0 if dropped (ops/cpu/dropout_mask.h).
-float dropout_factor(float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration,
+DEVICE_FN float dropout_factor(float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration,
                      uint drop_sample0, ulong drop_element_offset, long b, ulong element) {
   const ulong index = drop_element_offset + element;
   const uint4 r = philox4x32(drop_seed, RNG_STREAM_DROPOUT,
-                             (uint4)((uint)(index / 4), drop_sample0 + (uint)b, drop_site, drop_iteration));
+                             make_uint4((uint)(index / 4), drop_sample0 + (uint)b, drop_site, drop_iteration));
   const uint lane = (uint)(index % 4);
   const uint bits = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
   return uint_to_unit_float(bits) >= drop_p ? drop_scale : 0.0f;
