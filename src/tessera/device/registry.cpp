@@ -8,6 +8,9 @@
 #ifdef TESSERA_WITH_OPENCL
 #include "tessera/device/opencl/opencl_device.h"
 #endif
+#ifdef TESSERA_WITH_CUDA
+#include "tessera/device/cuda/cuda_device.h"
+#endif
 
 namespace tessera {
 namespace {
@@ -21,11 +24,14 @@ std::string joined(const std::vector<std::string>& names) {
 }  // namespace
 
 std::vector<std::string> device_backends() {
+  std::vector<std::string> names{"cpu"};
 #ifdef TESSERA_WITH_OPENCL
-  return {"cpu", "opencl"};
-#else
-  return {"cpu"};
+  names.push_back("opencl");
 #endif
+#ifdef TESSERA_WITH_CUDA
+  names.push_back("cuda");
+#endif
+  return names;
 }
 
 DeviceSpec parse_device_spec(const std::string& spec) {
@@ -49,16 +55,27 @@ int device_count(const std::string& backend) {
 #ifdef TESSERA_WITH_OPENCL
   if (backend == "opencl") return opencl_device_count();
 #endif
+#ifdef TESSERA_WITH_CUDA
+  if (backend == "cuda") return cuda_device_count();
+#endif
   return 0;
 }
 
 Device& open_device(const std::string& spec_text) {
   const DeviceSpec spec = parse_device_spec(spec_text);
+#ifdef TESSERA_WITH_CUDA
+  // Built with CUDA but no GPU here: say so, rather than "no backend".
+  std::string why;
+  if (spec.backend == "cuda" && cuda_device_count(&why) == 0)
+    throw runtime_error("--device " + spec_text + ": no CUDA device is visible to this process (" + why + ")",
+                        "nvidia-smi shows the GPUs and driver; check CUDA_VISIBLE_DEVICES, or run on --device cpu");
+#endif
   const int count = device_count(spec.backend);
   if (count == 0)
     throw usage_error("--device " + spec_text + ": no backend '" + spec.backend + "' in this build",
                       "built backends: " + joined(device_backends()) +
-                          " (OpenCL needs -DTESSERA_OPENCL=ON and the OpenCL headers; see docs/backends.md)");
+                          " (OpenCL needs -DTESSERA_OPENCL=ON and the OpenCL headers, CUDA -DTESSERA_CUDA=ON and "
+                          "the CUDA toolkit; see docs/backends.md)");
   if (spec.ordinal >= count)
     throw usage_error("--device " + spec_text + ": " + spec.backend + " has " + std::to_string(count) +
                           " device(s), numbered from 0",
@@ -66,6 +83,9 @@ Device& open_device(const std::string& spec_text) {
   if (spec.backend == "strict") return strict_device();
 #ifdef TESSERA_WITH_OPENCL
   if (spec.backend == "opencl") return opencl_device(spec.ordinal);
+#endif
+#ifdef TESSERA_WITH_CUDA
+  if (spec.backend == "cuda") return cuda_device(spec.ordinal);
 #endif
   return cpu_device();
 }
