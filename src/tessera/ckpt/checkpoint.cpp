@@ -16,6 +16,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/sha256.h"
+#include "tessera/device/device.h"
 
 namespace tessera {
 namespace {
@@ -37,15 +38,27 @@ std::string placement_text(const ShardedTensor& t) {
          ";offset=" + shape_str(offset);
 }
 
-// Safetensors bytes of `tensors`, each with its placement in the metadata.
+Device& device_of(const Tensor& t) { return t.device ? *t.device : cpu_device(); }
+
+// Safetensors bytes of `tensors`, each with its placement in the metadata; each tensor is
+// copied from its device straight into its place in the file's bytes.
 std::vector<uint8_t> serialize_tensors(const std::vector<ShardedTensor>& tensors) {
   std::vector<safetensors::WriteEntry> entries;
   std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
+  size_t data_bytes = 0;
   for (const ShardedTensor& t : tensors) {
-    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, t.tensor.host<uint8_t>()});
+    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, nullptr});
     metadata[t.name] = placement_text(t);
+    data_bytes += t.tensor.bytes();
   }
-  return safetensors::serialize(entries, metadata);
+  std::vector<uint8_t> out = safetensors::serialize_header(entries, metadata);
+  size_t at = out.size();
+  out.resize(at + data_bytes);
+  for (const ShardedTensor& t : tensors) {
+    read_tensor_bytes(t.tensor, out.data() + at);
+    at += t.tensor.bytes();
+  }
+  return out;
 }
 
 // "[64, 32]" -> {64, 32}; nullopt unless it is exactly a bracketed list of integers >= 0.
@@ -268,11 +281,11 @@ class PieceIndex {
 };
 
 // One copy from a saved piece's elements (`from`, laid out as op.src_shape) into its target.
+// The rows of a split copy go to the device one contiguous run at a time.
 void copy_piece(const CopyOp& op, const uint8_t* from, const ShardedTensor& t) {
-  uint8_t* to = t.tensor.host<uint8_t>();
   const size_t es = dtype_size(t.tensor.dtype);
   if (op.dim < 0) {
-    std::memcpy(to, from, static_cast<size_t>(t.tensor.numel()) * es);
+    write_tensor_bytes(t.tensor, 0, from, t.tensor.bytes());
     return;
   }
   const Shape& dst_shape = t.tensor.shape;
@@ -282,8 +295,8 @@ void copy_piece(const CopyOp& op, const uint8_t* from, const ShardedTensor& t) {
   const int64_t src_rows = op.src_shape[op.dim], dst_rows = dst_shape[op.dim];
   const size_t count = static_cast<size_t>((op.end - op.begin) * inner) * es;
   for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(to + static_cast<size_t>((o * dst_rows + op.begin - op.dst_start) * inner) * es,
-                from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
+    write_tensor_bytes(t.tensor, static_cast<size_t>((o * dst_rows + op.begin - op.dst_start) * inner) * es,
+                       from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
 }
 
 // Reads and verifies each file that `ops_by_file` copies from, then copies.
@@ -354,6 +367,17 @@ std::vector<SourceFile> source_files(const json& files, const std::string& it_di
 }
 
 }  // namespace
+
+void read_tensor_bytes(const Tensor& t, void* dst) {
+  if (t.bytes() > 0) device_of(t).copy_to_host(dst, t.handle, t.offset, t.bytes());
+}
+
+void write_tensor_bytes(const Tensor& t, size_t offset, const void* src, size_t bytes) {
+  TESSERA_CHECK(offset + bytes <= t.bytes(), "write_tensor_bytes: bytes [" + std::to_string(offset) + ", " +
+                                                 std::to_string(offset + bytes) + ") of a " + shape_str(t.shape) +
+                                                 " tensor");
+  if (bytes > 0) device_of(t).copy_from_host(t.handle, t.offset + offset, src, bytes);
+}
 
 std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration) {
   char name[32];

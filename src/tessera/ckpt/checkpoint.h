@@ -37,6 +37,12 @@
 
 namespace tessera {
 
+// A checkpoint tensor's bytes to and from host memory through its device's copies, one
+// tensor or one contiguous piece at a time; a tensor without a device is host memory (the
+// converters' own buffers). `offset` and `bytes` are within the tensor.
+void read_tensor_bytes(const Tensor& t, void* dst);
+void write_tensor_bytes(const Tensor& t, size_t offset, const void* src, size_t bytes);
+
 // A whole tensor (tools that work on full parameters).
 struct NamedTensor {
   std::string name;

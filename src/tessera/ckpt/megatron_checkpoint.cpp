@@ -596,7 +596,13 @@ class FileTensors {
     storages_.push_back(std::move(s));
     return doc_.tensor(std::move(t));
   }
-  Value* add(const Tensor& t, DType dtype) { return add(t.f32(), t.shape, dtype); }
+  // One tensor at a time through the host: the file's storage is built from the copy.
+  Value* add(const Tensor& t, DType dtype) {
+    t.check_dtype(DType::F32);
+    std::vector<float> host(static_cast<size_t>(t.numel()));
+    read_tensor_bytes(t, host.data());
+    return add(host.data(), t.shape, dtype);
+  }
   Value* scalar(float v) { return add(&v, {}, DType::F32); }
   const std::vector<TorchStorageBytes>& storages() const { return storages_; }
 

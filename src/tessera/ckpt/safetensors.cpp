@@ -362,10 +362,10 @@ std::vector<int64_t> Reader::read_i64(const TensorInfo& t) const {
 namespace {
 
 // The header bytes (length prefix included, padded with spaces to a multiple of 8) and the
-// data-section size for `entries`.
+// data-section size for `entries`; `with_data`: each entry must point at its bytes.
 std::vector<uint8_t> build_header(const std::vector<WriteEntry>& entries,
                                   const std::map<std::string, std::string>& metadata,
-                                  uint64_t* data_size) {
+                                  uint64_t* data_size, bool with_data = true) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -389,7 +389,7 @@ std::vector<uint8_t> build_header(const std::vector<WriteEntry>& entries,
       shape.push_back(static_cast<uint64_t>(d));
     }
     uint64_t nbytes = numel * dtype_size(e.dtype);
-    if (nbytes > 0 && e.data == nullptr)
+    if (with_data && nbytes > 0 && e.data == nullptr)
       throw usage_error("safetensors: tensor " + quote_name(e.name) + " has no data");
     nlohmann::ordered_json t = nlohmann::ordered_json::object();
     t["dtype"] = std::string(dtype_to_name(e.dtype));
@@ -446,6 +446,12 @@ std::vector<uint8_t> serialize(const std::vector<WriteEntry>& entries,
     out.insert(out.end(), p, p + entry_bytes(e));
   }
   return out;
+}
+
+std::vector<uint8_t> serialize_header(const std::vector<WriteEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata) {
+  uint64_t data_size = 0;
+  return build_header(entries, metadata, &data_size, false);
 }
 
 void write(const std::string& path, const std::vector<WriteEntry>& entries,

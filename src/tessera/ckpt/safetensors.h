@@ -93,6 +93,10 @@ struct WriteEntry {
 // Throws tessera::Error on duplicate or reserved names and negative dimensions.
 std::vector<uint8_t> serialize(const std::vector<WriteEntry>& entries,
                                const std::map<std::string, std::string>& metadata = {});
+// The 8-byte length and the padded JSON header alone (entries' data is not read): the
+// caller appends each tensor's bytes in the entries' order, e.g. copied from a device.
+std::vector<uint8_t> serialize_header(const std::vector<WriteEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata = {});
 // Writes serialize(...) to `path` atomically: `path`.tmp.<pid>, fsync, rename, fsync of the
 // directory. Throws tessera::Error naming the file on any I/O failure.
 void write(const std::string& path, const std::vector<WriteEntry>& entries,

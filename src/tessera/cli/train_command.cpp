@@ -12,10 +12,11 @@
 #include "tessera/cli/commands.h"
 #include "tessera/comm/backend.h"
 #include "tessera/core/log.h"
-#include "tessera/device/device.h"
+#include "tessera/device/registry.h"
 #include "tessera/launch/job_store.h"
 #include "tessera/launch/worker_env.h"
 #include "tessera/model/gpt.h"
+#include "tessera/ops/kernel_table.h"
 #include "tessera/parallel/topology.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/exit_signal.h"
@@ -64,7 +65,8 @@ int run_train(int argc, char** argv) {
   if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
 
-  Device& device = cpu_device();
+  Device& device = open_device(args.device);
+  ops::check_supported(device, training_ops(args));  // before any rank connects or allocates
   const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.kind());
   const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);
   launch::JobStore job_store;

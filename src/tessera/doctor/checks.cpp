@@ -25,6 +25,7 @@
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/token_id_range.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/device/registry.h"
 #include "tessera/doctor/doctor.h"
 #include "tessera/ops/kernel_table.h"
 
@@ -100,7 +101,9 @@ std::vector<Row> check_devices_and_build(uint64_t build_hash) {
                   gib(static_cast<double>(m.total_bytes)) + " total, " +
                       gib(static_cast<double>(available_memory_bytes())) + " available",
                   "", ""});
-  rows.push_back({"devices: gpu", Status::Info, "CPU build: no CUDA device backend yet", "", ""});
+  std::string backends;
+  for (const std::string& b : device_backends()) backends += (backends.empty() ? "" : ", ") + b;
+  rows.push_back({"devices: backends", Status::Info, "built: " + backends + " (--device chooses)", "", ""});
   const std::string versions = std::string("tessera ") + TESSERA_VERSION + ", " +
                                ops::kernels_for(cpu_device()).libraries() +
                                ", Gloo (libgloo, linked), NCCL/CUDA: not built";

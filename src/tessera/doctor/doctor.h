@@ -58,6 +58,10 @@ DoctorOptions parse_doctor_options(int argc, char** argv);
 
 // ---- checks one process makes ---------------------------------------------------------------
 std::vector<Row> check_devices_and_build(uint64_t build_hash);
+// The device --device names (other than the CPU, which check_devices_and_build covers): its
+// description, driver and memory, and a small linear + GELU on it against the CPU backend.
+// One FAIL row when it cannot be opened.
+std::vector<Row> check_compute_device(const std::string& spec);
 // FNV-1a 64 of a file (the running binary: /proc/self/exe); 0 when unreadable.
 uint64_t file_hash(const std::string& path);
 // GLOO_SOCKET_IFNAME (or the route to MASTER_ADDR) and NCCL_SOCKET_IFNAME.

@@ -4,6 +4,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
+#include "tessera/device/registry.h"
 
 namespace tessera {
 namespace {
@@ -179,6 +180,9 @@ std::vector<OptionDef> train_option_defs() {
       {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
       {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
+      {"--device", K::String, "cpu",
+       "Compute device: cpu, or opencl[:N] (the N-th OpenCL device); strict is the test device that refuses host "
+       "access"},
   };
 }
 
@@ -562,6 +566,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   for (int i = 0; i < argc; ++i) a.command_line.push_back(argv[i]);
   a.init_from_hf = p.get_string("--init-from-hf");
   a.log_json = p.get_string("--log-json");
+  a.device = p.get_string("--device");
+  parse_device_spec(a.device);  // the spelling now; whether this build has it when the device opens
   // Megatron's argument dump shows values after its validate_args.
   p.set_derived("--kv-channels", std::to_string(m.kv_channels));
   p.set_derived("--ffn-hidden-size", std::to_string(m.ffn_hidden_size));

@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <cstdio>
 #include <fstream>
+
+#include "tessera/train/arguments.h"
 
 namespace tessera {
 namespace {
@@ -25,9 +28,26 @@ const char* widest_isa() {
 }  // namespace
 
 std::string run_device_line(const Device& device) {
-  if (device.name() != "cpu") return "device: " + device.name();  // the host's figures are not its
+  if (device.kind() != DeviceKind::CPU) {  // the host's figures are not its
+    char memory[48];
+    std::snprintf(memory, sizeof memory, "%.1f GiB memory", device.memory_info().total_bytes / 1073741824.0);
+    return "device: " + device.name() + ", " + device.description() + ", " + memory;
+  }
   return "device: " + device.name() + " (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) +
          " OpenMP threads per process, " + widest_isa() + ")";
+}
+
+std::vector<std::string_view> training_ops(const TrainArgs& args) {
+  std::vector<std::string_view> ops = {
+      "embedding_forward",  "embedding_backward", "layernorm_forward",  "layernorm_backward",
+      "linear_forward",     "linear_backward",    "bias_add_forward",   "bias_add_backward",
+      "attention_forward",  "attention_backward", "gelu_forward",       "gelu_backward",
+      "dropout_forward",    "dropout_backward",   "residual_forward",   "cross_entropy_max",
+      "cross_entropy_sums", "cross_entropy_finish", "cross_entropy_backward", "sum_squares",
+      "scale_inplace"};
+  ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "sgd_update" : "adamw_update");
+  if (args.sequence_parallel) ops.insert(ops.end(), {"sequence_to_rank_major", "rank_major_to_sequence"});
+  return ops;
 }
 
 }  // namespace tessera

@@ -1,15 +1,24 @@
 // The start-up line that says what a run computes on: the device, and for the CPU its model,
 // the OpenMP threads each process uses and the widest vector ISA (what the throughput and
-// MFU figures depend on).
+// MFU figures depend on); and the ops a run needs from the device's backend.
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tessera/device/device.h"
 
 namespace tessera {
 
-// "device: cpu (AMD EPYC 7B13, 2 OpenMP threads per process, AVX2)".
+struct TrainArgs;
+
+// "device: cpu (AMD EPYC 7B13, 2 OpenMP threads per process, AVX2)"; another device by its
+// own description and memory: "device: opencl:0, pthread-haswell-AMD EPYC (CPU, Portable
+// Computing Language, driver 3.1+debian, OpenCL 3.0 ...), 11.8 GiB memory".
 std::string run_device_line(const Device& device);
+// The ops (ops/kernel_table.h's names) a training run with these flags calls: what
+// ops::check_supported tests at start-up, so a backend that lacks one fails before training.
+std::vector<std::string_view> training_ops(const TrainArgs& args);
 
 }  // namespace tessera

@@ -2,7 +2,7 @@
 // through the save steps (prepare, write_checkpoint_shard, commit), and every slice of other
 // layouts loads the right elements (row splits, column splits, replicated tensors, slices
 // that straddle saved pieces, whole tensors); the placement record's parser; and the errors
-// that name the file, tensor or shard.
+// that name the file, tensor or shard; tensors on devices that are not host memory.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +14,7 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
+#include "tessera/device/registry.h"
 
 namespace fs = std::filesystem;
 using tessera::CheckpointFile;
@@ -65,6 +66,23 @@ Slice make_slice(const Global& g, int64_t offset, int64_t length, bool fill, con
   return s;
 }
 
+// A slice moved onto a device: its tensor points into `buffer`; read_back() refreshes the
+// slice's host data from it.
+struct DeviceCopy {
+  tessera::Buffer buffer;
+  Slice* slice;
+  void read_back() const {
+    tessera::copy_to_host(slice->data.data(), slice->data.size() * sizeof(float), slice->t.tensor);
+  }
+};
+
+DeviceCopy to_device(tessera::Device& device, Slice& s) {
+  DeviceCopy c{tessera::Buffer(device, s.data.size() * sizeof(float)), &s};
+  s.t.tensor = tessera::tensor_at(c.buffer, 0, DType::F32, s.t.tensor.shape);
+  tessera::copy_from_host(s.t.tensor, s.data.data(), s.data.size() * sizeof(float));
+  return c;
+}
+
 void expect_slice(const Slice& s, const Global& g, int64_t offset) {
   const Slice want = make_slice(g, offset, s.t.tensor.shape[g.split >= 0 ? g.split : 0], true);
   EXPECT_EQ(s.data, want.data) << g.name << " at " << offset;
@@ -83,10 +101,12 @@ class CheckpointShardTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // Saves iteration `iteration` as TP `tp` (PP 1): each TP rank writes its shard, with
-  // optimizer state "exp_avg.<name>" holding the same values.
-  std::string save(int tp, int64_t iteration = 5) {
-    const std::string dir = (dir_ / "ckpt").string();
+  // Saves iteration `iteration` as TP `tp` (PP 1) into dir_/`folder`: each TP rank writes its
+  // shard, with optimizer state "exp_avg.<name>" holding the same values; the tensors live on
+  // `device` when given.
+  std::string save(int tp, int64_t iteration = 5, tessera::Device* device = nullptr,
+                   const std::string& folder = "ckpt") {
+    const std::string dir = (dir_ / folder).string();
     const std::string tmp = tessera::prepare_checkpoint_save(dir, iteration, 4242);
     std::vector<CheckpointFile> files;
     for (int r = 0; r < tp; ++r) {
@@ -96,6 +116,10 @@ class CheckpointShardTest : public ::testing::Test {
         model.push_back(make_slice(g, r * len, len, true));
         optimizer.push_back(make_slice(g, r * len, len, true, "exp_avg."));
       }
+      std::vector<DeviceCopy> on_device;
+      if (device)
+        for (auto* slices : {&model, &optimizer})
+          for (Slice& s : *slices) on_device.push_back(to_device(*device, s));
       std::vector<ShardedTensor> m, o;
       for (auto& s : model) m.push_back(s.t);
       for (auto& s : optimizer) o.push_back(s.t);
@@ -154,6 +178,39 @@ TEST_F(CheckpointShardTest, EverySliceOfAnotherLayoutLoads) {
     Global g = kGlobals[i];
     const Slice want = make_slice(g, 0, g.split >= 0 ? g.shape[g.split] : 0, true);
     EXPECT_EQ(whole[i], want.data) << g.name;
+  }
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Tensors on devices that are not host memory (the strict test device, which refuses host
+// access, and every OpenCL device of the build) go through the device's copies: the files
+// are byte for byte those of host tensors, and slices that straddle saved pieces, split
+// along rows and columns, load back.
+TEST_F(CheckpointShardTest, DeviceTensorsSaveTheSameBytesAndLoad) {
+  std::vector<std::string> specs = {"strict"};
+  for (int i = 0; i < tessera::device_count("opencl"); ++i) specs.push_back("opencl:" + std::to_string(i));
+  const std::string host_dir = save(2);
+  for (const std::string& spec : specs) {
+    tessera::Device& device = tessera::open_device(spec);
+    const std::string dir = save(2, 5, &device, spec);
+    for (const char* file : {"mp_rank_00/model.safetensors", "mp_rank_01/optimizer.safetensors"})
+      EXPECT_EQ(file_bytes(dir + "/iter_0000005/" + file), file_bytes(host_dir + "/iter_0000005/" + file))
+          << spec << " " << file;
+    std::vector<Slice> model = {make_slice(kGlobals[0], 1, 6, false), make_slice(kGlobals[1], 5, 6, false),
+                                make_slice(kGlobals[2], 0, 0, false)};
+    std::vector<DeviceCopy> on_device;
+    std::vector<ShardedTensor> m;
+    for (Slice& s : model) on_device.push_back(to_device(device, s));
+    for (Slice& s : model) m.push_back(s.t);
+    tessera::load_checkpoint(dir, 5, m, {}, false, 0, 1);
+    for (size_t i = 0; i < model.size(); ++i) {
+      on_device[i].read_back();
+      expect_slice(model[i], kGlobals[i], m[i].offset);
+    }
   }
 }
 
