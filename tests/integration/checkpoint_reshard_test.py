@@ -20,7 +20,8 @@ is no RNG state to save and every layout draws the same masks):
   the file, on every rank, without waiting for a timeout.
 The model is model_parallel_test.py's: 8 layers, hidden 32, 4 heads, seq 16, vocabulary 60 +
 eod padded to 64 (--make-vocab-size-divisible-by 16) for TP 1, 2 and 4.
-usage: checkpoint_reshard_test.py TESSERA_BINARY"""
+With --device D: a TP=2 save resumed into PP=2 only, on device D.
+usage: checkpoint_reshard_test.py TESSERA_BINARY [--device D]"""
 import json
 import os
 import shutil
@@ -107,9 +108,27 @@ class Timer:
             print("ok  %-58s %5.1f s" % (self.label, time.monotonic() - self.t0), flush=True)
 
 
+def test_device(tmp, device):
+    """CI's strict-device run: a checkpoint saved by TP=2 (both halves of every split tensor)
+    resumes into PP=2 and continues as one uninterrupted process on the CPU does."""
+    on_device = ["--device", device]
+    with Timer("one process on the CPU, 20 iterations"):
+        run(1, ["--log-json", f"{tmp}/straight.jsonl"])
+        straight = records(f"{tmp}/straight.jsonl")
+    with Timer("TP=2 on %s: 10 + save, resumed into PP=2" % device):
+        run(2, on_device + layout(2, 1) + ["--save", f"{tmp}/ckpt", "--save-interval", "10", "--exit-interval", "10",
+                                           "--log-json", f"{tmp}/resharded.jsonl"])
+        out = run(2, on_device + layout(1, 2) + ["--load", f"{tmp}/ckpt", "--log-json", f"{tmp}/resharded.jsonl"])
+        assert "resharded: saved with TP=2 PP=1 DP=1" in out.stdout, out.stdout[-2000:]
+        compare(straight, records(f"{tmp}/resharded.jsonl"), "TP=2 saved, PP=2 resumed on " + device)
+
+
 def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     with tempfile.TemporaryDirectory() as tmp:
+        if sys.argv[2:3] == ["--device"]:
+            test_device(tmp, sys.argv[3])
+            return
         ckpt = f"{tmp}/ckpt3d"
         with Timer("3D straight, 20 iterations (TP=2 PP=2 DP=2)"):
             straight_out = run(8, layout(2, 2) + ["--log-json", f"{tmp}/straight.jsonl"]).stdout

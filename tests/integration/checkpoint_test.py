@@ -6,7 +6,8 @@ kill -9 at random moments of a run that saves every iteration always leaves a lo
 checkpoint; corrupt, truncated or missing files and a different model are errors naming the
 file or tensor; --no-save-optim / --no-load-optim / --finetune and the schedule check behave
 as Megatron's.
-usage: checkpoint_test.py TESSERA_BINARY"""
+With --device D: the 1-process bit-exact resumes only (both formats), on device D.
+usage: checkpoint_test.py TESSERA_BINARY [--device D]"""
 import glob
 import json
 import os
@@ -234,21 +235,31 @@ def test_exits_that_keep_work(tmp):
     same_run(reference, last_per_iteration(log), "kill -9, restart")
 
 
+def device_cases(tmp, device):
+    """CI's strict-device run: bit-exact resume in tessera's format and in Megatron's, 1 process."""
+    on_device = ["--device", device]
+    return (("bit-exact resume on " + device, lambda: test_bit_exact_resume(tmp, extra=on_device, tag=device)),
+            ("bit-exact resume on %s, --ckpt-format torch" % device,
+             lambda: test_bit_exact_resume(tmp, extra=on_device + ["--ckpt-format", "torch"], tag=device + "_torch")))
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fn in (("bit-exact resume, 1 process", lambda: test_bit_exact_resume(tmp)),
-                         ("bit-exact resume, DP=2", lambda: test_bit_exact_resume(tmp, launch=2)),
-                         # The loss scaler's state (scale, growth and hysteresis trackers) resumes:
-                         # a window of 4 grows the scale across the save.
-                         ("bit-exact resume, --fp16", lambda: test_bit_exact_resume(
-                             tmp, extra=["--fp16", "--loss-scale-window", "4", "--initial-loss-scale", "65536"],
-                             tag="fp16")),
-                         ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
-                         ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
-                         ("flags", lambda: test_flags(tmp)),
-                         ("non-finite loss stops cleanly", lambda: test_non_finite_stops_cleanly(tmp)),
-                         ("--exit-duration-in-mins", lambda: test_exit_duration(tmp)),
-                         ("exits that keep work", lambda: test_exits_that_keep_work(tmp))):
+        cases = device_cases(tmp, sys.argv[3]) if sys.argv[2:3] == ["--device"] else (
+            ("bit-exact resume, 1 process", lambda: test_bit_exact_resume(tmp)),
+            ("bit-exact resume, DP=2", lambda: test_bit_exact_resume(tmp, launch=2)),
+            # The loss scaler's state (scale, growth and hysteresis trackers) resumes:
+            # a window of 4 grows the scale across the save.
+            ("bit-exact resume, --fp16", lambda: test_bit_exact_resume(
+                tmp, extra=["--fp16", "--loss-scale-window", "4", "--initial-loss-scale", "65536"],
+                tag="fp16")),
+            ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
+            ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
+            ("flags", lambda: test_flags(tmp)),
+            ("non-finite loss stops cleanly", lambda: test_non_finite_stops_cleanly(tmp)),
+            ("--exit-duration-in-mins", lambda: test_exit_duration(tmp)),
+            ("exits that keep work", lambda: test_exits_that_keep_work(tmp)))
+        for name, fn in cases:
             t0 = time.monotonic()
             fn()
             print("ok  %-30s %.1f s" % (name, time.monotonic() - t0), flush=True)

@@ -7,7 +7,8 @@ and again on (weights and dropout masks are drawn from counters keyed by full-te
 and global sample, so every layout draws the same ones). Pure pipeline parallelism of an
 untied model gives the single process's numbers to the bit. The padded vocabulary is 64 for
 every TP here (--vocab-size 60 + eod, --make-vocab-size-divisible-by 16).
-usage: model_parallel_test.py TESSERA_BINARY [two-hosts]"""
+With --device D: the smallest layouts only, every run on device D (test_device).
+usage: model_parallel_test.py TESSERA_BINARY [two-hosts | --device D]"""
 import json
 import os
 import signal
@@ -201,11 +202,30 @@ def test_two_hosts(tmp):
     print("ok  two hosts x 8 processes, TP=2 PP=2 DP=4", flush=True)
 
 
+def test_device(tmp, device):
+    """The smallest layout of each kind on `device` (CI: the strict test device, on which any
+    host access outside a backend fails naming the place): one process equals the CPU's
+    bit for bit (the same kernels), TP=2 x DP=2 and PP=2 equal it within 1e-5; dropout on."""
+    on_device = ["--device", device] + FOUR
+    reference, _ = train(tmp, "single reference", 1, FOUR)
+    single, _ = train(tmp, "single " + device, 1, on_device)
+    compare(reference, single, "single " + device, exact=device == "strict")
+    for label, procs, flags in LAYOUTS:
+        if label in ("tp2 dp2", "pp2"):
+            t0 = time.monotonic()
+            got, _ = train(tmp, label + " " + device, procs, flags + on_device)
+            compare(reference, got, label + " " + device)
+            print("ok  %-22s %-10s %d processes  %.1f s" % (label, device, procs, time.monotonic() - t0), flush=True)
+
+
 def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # still runs the clean-ups
     with tempfile.TemporaryDirectory() as tmp:
         if sys.argv[2:] == ["two-hosts"]:
             test_two_hosts(tmp)
+            return
+        if sys.argv[2:3] == ["--device"]:
+            test_device(tmp, sys.argv[3])
             return
         test_layout_errors(tmp)
         test_init_from_hf(tmp)

@@ -58,3 +58,15 @@ set_tests_properties(train_resume_validation PROPERTIES TIMEOUT 600)
 add_test(NAME train_messages
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/train_messages_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_messages PROPERTIES TIMEOUT 300)
+
+# The smallest cases of the train scripts again on the strict test device (host memory that
+# refuses host access outside a backend, naming the file and line): one process against the
+# CPU bit for bit, TP=2 x DP=2 and PP=2, DP=2 with overlapped buckets, and 1-process
+# bit-exact resumes in both checkpoint formats. Labelled "strict":  ctest -L strict
+foreach(script model_parallel data_parallel checkpoint)
+  add_test(NAME train_${script}.strict
+           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/${script}_test.py $<TARGET_FILE:tessera>
+                   --device strict)
+  # Hang guards: 18 s, 6 s and 11 s unloaded on the CPU; four times that under ctest -j3.
+  set_tests_properties(train_${script}.strict PROPERTIES TIMEOUT 120 LABELS strict)
+endforeach()
