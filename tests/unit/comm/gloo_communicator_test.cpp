@@ -401,12 +401,24 @@ TEST(GlooComm, SingleProcessWorldNeedsNoNetwork) {
 }
 
 TEST(CommBackend, NcclMeansTheDevicesNativeLibrary) {
+  std::string e;
   auto cpu = choose_comm_backend("nccl", DeviceKind::CPU);
   EXPECT_EQ(cpu.backend, "gloo");
   EXPECT_NE(cpu.log_line.find("native collective library"), std::string::npos);
   EXPECT_EQ(choose_comm_backend("gloo", DeviceKind::CPU).backend, "gloo");
   EXPECT_EQ(choose_comm_backend("gloo", DeviceKind::CUDA).backend, "gloo");
   EXPECT_EQ(choose_comm_backend("nccl", DeviceKind::CUDA).backend, "nccl");
-  std::string e = error_of([] { choose_comm_backend("mpi", DeviceKind::CPU); });
+  // A device without a native library: Gloo on host copies, and the log says so.
+  auto opencl = choose_comm_backend("nccl", DeviceKind::OpenCL);
+  EXPECT_EQ(opencl.backend, "gloo");
+  EXPECT_NE(opencl.log_line.find("opencl has none, so collectives are staged through host memory"), std::string::npos)
+      << opencl.log_line;
+  // The factory names what this build lacks and the way out.
+  CommOptions o;
+  o.backend = "hccl";
+  e = error_of([&] { create_communicator(std::shared_ptr<Store>(make_local_store(1s)), 0, 1, o); });
+  EXPECT_NE(e.find("this build has no 'hccl' communicator"), std::string::npos) << e;
+  EXPECT_NE(e.find("--distributed-backend gloo"), std::string::npos) << e;
+  e = error_of([] { choose_comm_backend("mpi", DeviceKind::CPU); });
   EXPECT_NE(e.find("--distributed-backend must be nccl or gloo, got 'mpi'"), std::string::npos) << e;
 }
