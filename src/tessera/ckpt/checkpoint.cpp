@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
@@ -16,7 +17,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/sha256.h"
-#include "tessera/device/device.h"
+#include "tessera/device/host_staging.h"
 
 namespace tessera {
 namespace {
@@ -38,27 +39,50 @@ std::string placement_text(const ShardedTensor& t) {
          ";offset=" + shape_str(offset);
 }
 
-Device& device_of(const Tensor& t) { return t.device ? *t.device : cpu_device(); }
+// A tensor without a device is host memory: the CPU device's (its handle is the address).
+Tensor on_a_device(Tensor t) {
+  if (!t.device) t.device = &cpu_device();
+  return t;
+}
 
-// Safetensors bytes of `tensors`, each with its placement in the metadata; each tensor is
-// copied from its device straight into its place in the file's bytes.
-std::vector<uint8_t> serialize_tensors(const std::vector<ShardedTensor>& tensors) {
+// Writes the safetensors file of `tensors`, each with its placement in the metadata, to
+// `path`: each tensor staged from its device through one bounded host buffer, so no host copy
+// of the whole file is ever made. Returns the file's checksum and size (path relative to the
+// iteration folder: `rel`).
+CheckpointFile write_tensors_file(const std::string& path, const std::string& rel,
+                                  const std::vector<ShardedTensor>& tensors) {
   std::vector<safetensors::WriteEntry> entries;
   std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
-  size_t data_bytes = 0;
+  size_t largest = 1;
   for (const ShardedTensor& t : tensors) {
     entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, nullptr});
     metadata[t.name] = placement_text(t);
-    data_bytes += t.tensor.bytes();
+    largest = std::max(largest, t.tensor.bytes());
   }
-  std::vector<uint8_t> out = safetensors::serialize_header(entries, metadata);
-  size_t at = out.size();
-  out.resize(at + data_bytes);
+  SyncedFileWriter file(path);
+  Sha256 sha;
+  CheckpointFile written{rel, "", 0};
+  auto append = [&](const void* piece, size_t bytes) {
+    file.append({static_cast<const char*>(piece), bytes});
+    sha.update({static_cast<const unsigned char*>(piece), bytes});
+    written.bytes += bytes;
+  };
+  const std::vector<uint8_t> header = safetensors::serialize_header(entries, metadata);
+  append(header.data(), header.size());
+  std::unique_ptr<HostStaging> stage;  // for the device of the tensors (in practice one)
+  Device* staged_device = nullptr;
   for (const ShardedTensor& t : tensors) {
-    read_tensor_bytes(t.tensor, out.data() + at);
-    at += t.tensor.bytes();
+    const Tensor src = on_a_device(t.tensor);
+    if (src.device != staged_device) {
+      stage.reset();  // one pinned buffer at a time
+      stage = std::make_unique<HostStaging>(*src.device, std::min(largest, HostStaging::kDefaultBytes));
+      staged_device = src.device;
+    }
+    if (src.bytes() > 0) stage->read(src, append);
   }
-  return out;
+  file.finish();
+  written.sha256 = sha.hex();
+  return written;
 }
 
 // "[64, 32]" -> {64, 32}; nullopt unless it is exactly a bracketed list of integers >= 0.
@@ -369,14 +393,14 @@ std::vector<SourceFile> source_files(const json& files, const std::string& it_di
 }  // namespace
 
 void read_tensor_bytes(const Tensor& t, void* dst) {
-  if (t.bytes() > 0) device_of(t).copy_to_host(dst, t.handle, t.offset, t.bytes());
+  copy_to_host(dst, t.bytes(), on_a_device(t));
 }
 
 void write_tensor_bytes(const Tensor& t, size_t offset, const void* src, size_t bytes) {
   TESSERA_CHECK(offset + bytes <= t.bytes(), "write_tensor_bytes: bytes [" + std::to_string(offset) + ", " +
                                                  std::to_string(offset + bytes) + ") of a " + shape_str(t.shape) +
                                                  " tensor");
-  if (bytes > 0) device_of(t).copy_from_host(t.handle, t.offset + offset, src, bytes);
+  if (bytes > 0) on_a_device(t).device->copy_from_host(t.handle, t.offset + offset, src, bytes);
 }
 
 std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration) {
@@ -464,9 +488,7 @@ std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, c
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
   std::vector<CheckpointFile> files;
   auto write = [&](const char* file, const std::vector<ShardedTensor>& tensors) {
-    std::vector<uint8_t> bytes = serialize_tensors(tensors);
-    write_file_synced((folder / file).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-    files.push_back({shard + "/" + file, sha256_hex(bytes), bytes.size()});
+    files.push_back(write_tensors_file((folder / file).string(), shard + "/" + file, tensors));
   };
   write(kModelFile, model);
   if (!optimizer.empty()) write(kOptimizerFile, optimizer);

@@ -26,28 +26,38 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-void write_file_synced(const std::string& path, std::span<const char> bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw runtime_error("cannot write " + path + ": " + errno_text(), "check that the folder is writable");
+SyncedFileWriter::SyncedFileWriter(const std::string& path)
+    : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+  if (fd_ < 0) throw runtime_error("cannot write " + path + ": " + errno_text(), "check that the folder is writable");
+}
+
+SyncedFileWriter::~SyncedFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SyncedFileWriter::append(std::span<const char> bytes) {
   const char* p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
+    const ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      throw runtime_error("writing " + path + " failed: " + why, "check free disk space");
-    }
+    if (n <= 0) throw runtime_error("writing " + path_ + " failed: " + errno_text(), "check free disk space");
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
-    const std::string why = errno_text();
-    ::close(fd);
-    throw runtime_error("fsync of " + path + " failed: " + why, "check the disk");
-  }
-  if (::close(fd) != 0) throw runtime_error("closing " + path + " failed: " + errno_text());
+}
+
+void SyncedFileWriter::finish() {
+  if (::fsync(fd_) != 0) throw runtime_error("fsync of " + path_ + " failed: " + errno_text(), "check the disk");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) throw runtime_error("closing " + path_ + " failed: " + errno_text());
+}
+
+void write_file_synced(const std::string& path, std::span<const char> bytes) {
+  SyncedFileWriter file(path);
+  file.append(bytes);
+  file.finish();
 }
 
 void fsync_directory(const std::string& path) {

@@ -13,6 +13,23 @@ std::string read_file(const std::string& path);
 // Writes `bytes` to `path` (created or truncated) and fsyncs it.
 void write_file_synced(const std::string& path, std::span<const char> bytes);
 
+// write_file_synced in pieces, for files assembled from bounded buffers (checkpoints staged
+// from a device): append() each piece, then finish() fsyncs and closes. A writer destroyed
+// unfinished closes the file and leaves it as written so far.
+class SyncedFileWriter {
+ public:
+  explicit SyncedFileWriter(const std::string& path);  // created or truncated
+  ~SyncedFileWriter();
+  SyncedFileWriter(const SyncedFileWriter&) = delete;
+  SyncedFileWriter& operator=(const SyncedFileWriter&) = delete;
+  void append(std::span<const char> bytes);
+  void finish();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 // Replaces `path` atomically: writes `<path>.tmp.<pid>`, fsyncs it, renames it over `path`
 // and fsyncs the folder. On failure the temporary is removed and `path` is untouched.
 void write_file_atomic(const std::string& path, std::span<const char> bytes);
