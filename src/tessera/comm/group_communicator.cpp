@@ -221,9 +221,13 @@ std::unique_ptr<Communicator> GroupCommunicator::split(const std::vector<std::ve
   plan.mine = find_split_group(groups, size(), rank());
   plan.seq = splits_++;
   plan.name = name.empty() ? group().name + "/split" + std::to_string(plan.seq) : name;
-  std::unique_ptr<Transport> sub = transport_->split(plan);
-  if (!sub) return nullptr;
-  return std::make_unique<GroupCommunicator>(std::move(sub));
+  return make_subgroup(transport_->split(plan), plan);
+}
+
+std::unique_ptr<Communicator> GroupCommunicator::make_subgroup(std::unique_ptr<Transport> transport,
+                                                               const SplitPlan&) {
+  if (!transport) return nullptr;
+  return std::make_unique<GroupCommunicator>(std::move(transport));
 }
 
 // p2p calls take no collective number: only two ranks make them, and the collective

@@ -9,9 +9,10 @@
 //
 // The primitives see memory the transport addresses (host memory for Gloo and in-process),
 // arguments already checked, more than one rank and at least one byte. A native device
-// library (NCCL, HCCL) derives from GroupCommunicator, overrides the calls for its device's
-// tensors (stream-ordered, communicator.h) and passes host tensors to this class, whose
-// transport is then a host group over the same store.
+// library (NCCL, HCCL) derives from GroupCommunicator over a Gloo transport of the same
+// store (create_gloo_transport), overrides the calls for its device's tensors
+// (stream-ordered, communicator.h) and make_subgroup, and passes host tensors (the control
+// scalars) to this class.
 #pragma once
 
 #include <chrono>
@@ -137,6 +138,11 @@ class GroupCommunicator : public Communicator {
  protected:
   const Group& group() const { return transport_->group(); }
   Call next_call(std::string what) { return Call{std::move(what), ++seq_}; }
+  // The communicator of this rank's subgroup over `transport` (the host group's split), or
+  // nullptr; called on every rank of the parent, with a null transport on a rank in none of
+  // the lists. A native library overrides it to split its own communicator alongside
+  // (ncclCommSplit, which every rank of the parent calls; HcclCreateSubCommConfig).
+  virtual std::unique_ptr<Communicator> make_subgroup(std::unique_ptr<Transport> transport, const SplitPlan& plan);
 
  private:
   std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op);

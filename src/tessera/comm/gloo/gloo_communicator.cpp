@@ -394,11 +394,11 @@ class GlooTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Communicator> create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
-                                                       const GlooOptions& options) {
+std::unique_ptr<comm_detail::Transport> create_gloo_transport(std::shared_ptr<Store> store, int rank,
+                                                              int world_size, const GlooOptions& options) {
   TESSERA_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
-                "create_gloo_communicator: rank " + std::to_string(rank) + " of " + std::to_string(world_size));
-  TESSERA_CHECK(store != nullptr, "create_gloo_communicator: no store");
+                "create_gloo_transport: rank " + std::to_string(rank) + " of " + std::to_string(world_size));
+  TESSERA_CHECK(store != nullptr, "create_gloo_transport: no store");
   auto shared = std::make_shared<GlooShared>();
   shared->store = std::move(store);
   shared->options = options;
@@ -412,8 +412,12 @@ std::unique_ptr<Communicator> create_gloo_communicator(std::shared_ptr<Store> st
   }
   Group world{"gloo", "world", std::vector<int>(world_size), rank, options.timeout};
   for (int r = 0; r < world_size; ++r) world.world_ranks[r] = r;
-  return std::make_unique<GroupCommunicator>(
-      std::make_unique<GlooTransport>(std::move(world), std::move(shared), std::move(ctx), prefix));
+  return std::make_unique<GlooTransport>(std::move(world), std::move(shared), std::move(ctx), prefix);
+}
+
+std::unique_ptr<Communicator> create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
+                                                       const GlooOptions& options) {
+  return std::make_unique<GroupCommunicator>(create_gloo_transport(std::move(store), rank, world_size, options));
 }
 
 }  // namespace tessera

@@ -30,6 +30,7 @@
 #include <memory>
 
 #include "tessera/comm/backend.h"
+#include "tessera/comm/group_communicator.h"
 #include "tessera/comm/net_interface.h"
 
 namespace tessera {
@@ -39,6 +40,11 @@ using GlooOptions = CommOptions;
 
 std::unique_ptr<Communicator> create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                                        const GlooOptions& options);
+
+// The same group as a bare Transport: a native device library's communicator (NCCL, HCCL)
+// hands it to its GroupCommunicator base as the host group that carries host tensors.
+std::unique_ptr<comm_detail::Transport> create_gloo_transport(std::shared_ptr<Store> store, int rank,
+                                                              int world_size, const GlooOptions& options);
 
 // The interface the options choose (what create_gloo_communicator logs).
 InterfaceChoice gloo_interface(const GlooOptions& options);
