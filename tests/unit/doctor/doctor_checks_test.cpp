@@ -114,6 +114,25 @@ TEST(DoctorChecks, WrongInterfaceNameFails) {
   EXPECT_EQ(lo[1].status, Status::Warn);  // NCCL_SOCKET_IFNAME matches nothing
 }
 
+TEST(DoctorChecks, ComputeDeviceRowsAndAKernelRun) {
+  EXPECT_TRUE(check_compute_device("cpu").empty());  // the devices: cpu row covers it
+  const std::vector<Row> strict = check_compute_device("strict");
+  ASSERT_EQ(strict.size(), 2u);
+  EXPECT_EQ(strict[0].check, "devices: strict");
+  EXPECT_NE(strict[0].detail.find(" MiB memory, "), std::string::npos) << strict[0].detail;
+  EXPECT_EQ(strict[1].check, "devices: strict kernels");
+  EXPECT_EQ(strict[1].status, Status::Pass) << strict[1].detail;
+  EXPECT_NE(strict[1].detail.find("max |device - cpu| = 0"), std::string::npos) << strict[1].detail;
+  for (const char* spec : {"nosuchbackend", "strict:7", "strict:x"}) {
+    const std::vector<Row> bad = check_compute_device(spec);
+    ASSERT_EQ(bad.size(), 1u) << spec;
+    EXPECT_EQ(bad[0].check, std::string("devices: --device ") + spec);
+    EXPECT_EQ(bad[0].status, Status::Fail);
+    EXPECT_NE(bad[0].detail.find(spec), std::string::npos) << bad[0].detail;
+    EXPECT_FALSE(bad[0].fix.empty()) << spec;
+  }
+}
+
 TEST(DoctorChecks, ClosedPortFailsWithinTheTimeout) {
   const int port = test_ports::claim();  // nobody listens on it
   const auto t0 = std::chrono::steady_clock::now();
