@@ -181,8 +181,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
       {"--device", K::String, "cpu",
-       "Compute device: cpu, or opencl[:N] (the N-th OpenCL device); strict is the test device that refuses host "
-       "access"},
+       "Compute device: cpu, opencl[:N], cuda[:N] (the N-th device of a backend this build has; `tessera doctor` "
+       "names them); strict is the test device that refuses host access"},
   };
 }
 
