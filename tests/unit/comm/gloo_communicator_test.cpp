@@ -17,6 +17,8 @@
 #include "tessera/comm/local_ranks.h"
 #include "tessera/comm/net_interface.h"
 #include "tessera/core/error.h"
+#include "tessera/device/cpu/cpu_device.h"
+#include "tessera/device/device.h"
 #include "tessera/parallel/topology.h"
 
 using namespace tessera;
@@ -381,6 +383,43 @@ TEST(GlooComm, InterfaceFollowsTheRouteToMasterAddr) {
   EXPECT_EQ(named.reason, "GLOO_SOCKET_IFNAME=lo");
   auto single = choose_interface("", "", 0);
   EXPECT_EQ(single.ipv4, "127.0.0.1");
+}
+
+// The host-staged path over real processes: tensors of the strict device (host memory that
+// refuses host access) go through pinned copies and leave the values the host path gives
+// (host_staged_test.cpp covers every call and OpenCL with in-process ranks).
+TEST(GlooComm, StrictDeviceTensorsAreStagedThroughHostMemory) {
+  constexpr int N = 2;
+  run_ranks(N, [](int) {
+    auto c = world_from_env(20s);
+    const int r = c->rank();
+    Device& dev = strict_device();
+    auto on_device = [&](Buffer& b, const std::vector<float>& v) {
+      b = Buffer(dev, v.size() * sizeof(float));
+      Tensor t(b.handle(), 0, DType::F32, {static_cast<int64_t>(v.size())}, &dev);
+      copy_from_host(t, v.data(), t.bytes());
+      return t;
+    };
+    Buffer xb, gb, pb;
+    std::vector<float> x(1000);
+    for (int i = 0; i < 1000; ++i) x[i] = float((r + 1) * (i % 5));
+    Tensor xd = on_device(xb, x), gd = on_device(gb, std::vector<float>(2000)), pd = on_device(pb, x);
+    c->all_reduce_async(xd, ReduceOp::Sum)->wait();
+    c->all_gather(gd, pd);
+    auto sent = c->send_async(pd, 1 - r);
+    auto got = c->recv_async(gd.slice_rows(0, 1000), 1 - r);
+    sent->wait();
+    got->wait();
+    std::vector<float> xs(1000), gs(2000);
+    copy_to_host(xs.data(), xs.size() * 4, xd);
+    copy_to_host(gs.data(), gs.size() * 4, gd);
+    for (int i = 0; i < 1000; ++i) {
+      CHILD_CHECK(xs[i] == float(3 * (i % 5)), "all_reduce at " + std::to_string(i));
+      CHILD_CHECK(gs[i] == float((2 - r) * (i % 5)), "recv at " + std::to_string(i));  // the peer's x
+      CHILD_CHECK(gs[1000 + i] == float(2 * (i % 5)), "all_gather at " + std::to_string(1000 + i));
+    }
+    return 0;
+  });
 }
 
 TEST(GlooComm, SingleProcessWorldNeedsNoNetwork) {
