@@ -22,3 +22,10 @@ set_tests_properties(comm.bench_all_reduce_i64_max PROPERTIES TIMEOUT 90 LABELS 
 add_test(NAME comm.bench_bad_flag COMMAND $<TARGET_FILE:tessera> bench comm -d float16)
 set_tests_properties(comm.bench_bad_flag PROPERTIES TIMEOUT 30 LABELS comm
                      PASS_REGULAR_EXPRESSION "-d takes float, int32 or int64, got 'float16'")
+# The host-staged path (tessera's buffers on the strict device, copied through pinned host
+# memory around every call) checked the same way.
+add_test(NAME comm.bench_all_reduce_staged
+         COMMAND $<TARGET_FILE:tessera> bench comm --spawn 2 --device strict -b 4K -e 4M -f 32 -n 2 -w 1 -c 1
+                 --timeout-minutes 0.5)
+set_tests_properties(comm.bench_all_reduce_staged PROPERTIES TIMEOUT 90 LABELS comm
+                     PASS_REGULAR_EXPRESSION "Out of bounds values : 0 OK")

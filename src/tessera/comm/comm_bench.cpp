@@ -17,6 +17,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 #include "tessera/device/cpu/cpu_device.h"
+#include "tessera/device/registry.h"
 
 namespace tessera {
 
@@ -40,19 +41,21 @@ struct BenchOptions {
   bool raw = true;
   int spawn = 0;
   double timeout_minutes = 5;
+  std::string device;  // empty: host memory; else the buffers live there (the host-staged path)
 };
 
 const char* kUsage =
     "usage: tessera bench comm [-b MINBYTES] [-e MAXBYTES] [-f STEPFACTOR] [-n ITERS] [-w WARMUP] [-R ROUNDS]\n"
     "                          [-c 0|1] [-d float|int32|int64] [-o sum|max]\n"
     "                          [-C all_reduce|all_gather|reduce_scatter|broadcast] [--raw 0|1]\n"
-    "                          [--spawn N] [--timeout-minutes M]\n"
+    "                          [--spawn N] [--timeout-minutes M] [--device SPEC]\n"
     "\n"
     "An nccl-tests-style sweep of one collective through tessera's Communicator (Gloo), next to\n"
     "the same call on a raw Gloo context. Run it as N processes: --spawn N forks them here, or\n"
     "start it under `tessera launch` / torchrun. Sizes take K, M, G (powers of 1024).\n"
     "Each size runs ROUNDS rounds of ITERS calls, alternating tessera and raw Gloo, and reports\n"
-    "the best round of each (shared machines are noisy).\n"
+    "the best round of each (shared machines are noisy). --device strict|opencl[:N] keeps tessera's\n"
+    "buffers on that device, so its columns time the host-staged path against raw Gloo on host memory.\n"
     "Defaults: -b 32M -e 32M -f 2 -n 20 -w 5 -R 3 -c 1 -d float -o sum -C all_reduce --raw 1.\n";
 
 int64_t parse_size(const std::string& flag, const std::string& v) {
@@ -104,6 +107,7 @@ BenchOptions parse(int argc, char** argv, bool* help) {
     else if (a == "-c" || a == "--check") o.check = parse_int(a, value, 0) != 0;
     else if (a == "--raw") o.raw = parse_int(a, value, 0) != 0;
     else if (a == "--spawn") o.spawn = parse_int(a, value, 1);
+    else if (a == "--device") o.device = value;
     else if (a == "--timeout-minutes") {
       o.timeout_minutes = std::strtod(value.c_str(), nullptr);
       if (!(o.timeout_minutes > 0)) throw usage_error(a + " must be positive, got '" + value + "'");
@@ -201,6 +205,25 @@ BenchWorld bench_world_from_env() {
   w.token = default_job_token();
   return w;
 }
+
+// A host tensor and, with a device spec, its copy on that device (t: what tessera's calls get).
+struct Twin {
+  Twin(const Tensor& host, const std::string& spec) : host(host), t(host) {
+    if (spec.empty()) return;
+    Device& device = open_device(spec);
+    buffer = Buffer(device, host.bytes());
+    t = Tensor(buffer.handle(), 0, host.dtype, host.shape, &device);
+  }
+  void upload() {
+    if (buffer.bytes()) copy_from_host(t, cpu_memory(host), host.bytes());
+  }
+  void download() {
+    if (buffer.bytes()) copy_to_host(cpu_memory(host), host.bytes(), t);
+  }
+  Tensor host;
+  Buffer buffer;
+  Tensor t;
+};
 
 struct AlignedBuffer {
   explicit AlignedBuffer(size_t bytes) : bytes(bytes) {
@@ -330,8 +353,8 @@ class Bench {
     if (w_.rank != 0) return;
     std::printf("# tessera bench comm: %s, %d rank(s), gloo", coll_name(o_.coll), w_.world_size);
     if (w_.world_size > 1) std::printf(" over %s (%s)", iface_.name.c_str(), iface_.ipv4.c_str());
-    std::printf(", %s, %d iterations after %d warm-up, check %s\n", dtype_label(o_.dtype), o_.iters, o_.warmup,
-                o_.check ? "on" : "off");
+    std::printf(", %s, %d iterations after %d warm-up, check %s, tessera's buffers on %s\n", dtype_label(o_.dtype),
+                o_.iters, o_.warmup, o_.check ? "on" : "off", o_.device.empty() ? "the host" : o_.device.c_str());
     std::printf("# time: mean per call on the slowest rank, best of %d alternating rounds; busbw factor %s\n",
                 o_.rounds,
                 o_.coll == Coll::AllReduce ? "2(n-1)/n" : o_.coll == Coll::Broadcast ? "1" : "(n-1)/n");
@@ -391,12 +414,16 @@ class Bench {
     AlignedBuffer a_buf(a_count * esize), b_buf(b_count * esize);
     Tensor a(a_buf.ptr, o_.dtype, {a_count}, nullptr);
     Tensor b(b_buf.ptr, o_.dtype, {b_count}, nullptr);
+    // With --device, tessera's calls run on copies of a and b on that device; raw Gloo keeps
+    // the host buffers.
+    Twin ta(a, o_.device), tb(b, o_.device);
     // Timing runs on a buffer of ones (repeated sums stay finite for a long time and never
     // become subnormal).
     fill(o_.dtype, cpu_memory(a), a_count, 0, false);
+    ta.upload();
     Row row;
     for (int round = 0; round < o_.rounds; ++round) {
-      const double us = time_calls([&] { ours(a, b); });
+      const double us = time_calls([&] { ours(ta.t, tb.t); });
       row.us = round == 0 ? us : std::min(row.us, us);
       if (raw) {
         fill(o_.dtype, cpu_memory(a), a_count, 0, false);
@@ -407,7 +434,10 @@ class Bench {
     if (o_.check) {
       const bool move = o_.coll == Coll::AllGather || o_.coll == Coll::Broadcast;
       fill(o_.dtype, cpu_memory(a), a_count, w_.rank, move);
-      ours(a, b);
+      ta.upload();
+      ours(ta.t, tb.t);
+      ta.download();
+      tb.download();
       int64_t wrong = 0;
       switch (o_.coll) {
         case Coll::AllReduce:

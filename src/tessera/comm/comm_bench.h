@@ -9,7 +9,8 @@
 // Flags (nccl-tests' names): -b/--minbytes, -e/--maxbytes, -f/--stepfactor, -n/--iters,
 // -w/--warmup_iters, -R/--rounds, -c/--check 0|1, -d/--datatype float|int32|int64, -o/--op sum|max,
 // -C/--coll all_reduce|all_gather|reduce_scatter|broadcast, --raw 0|1, --spawn N,
-// --timeout-minutes M. Sizes take K/M/G suffixes (powers of 1024).
+// --timeout-minutes M, --device SPEC (tessera's buffers on that device: the host-staged
+// path, timed against raw Gloo on host memory). Sizes take K/M/G suffixes (powers of 1024).
 //
 // Columns: size (bytes of the whole buffer), count (elements), time (us per call: the
 // slowest rank's mean over -n calls, best of -R rounds that alternate tessera and raw Gloo), algbw = size / time, busbw = algbw x the collective's factor
