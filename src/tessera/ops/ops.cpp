@@ -10,6 +10,9 @@
 #ifdef TESSERA_WITH_OPENCL
 #include "tessera/ops/opencl/opencl_ops.h"
 #endif
+#ifdef TESSERA_WITH_CUDA
+#include "tessera/ops/cuda/cuda_ops.h"
+#endif
 
 namespace tessera::ops {
 namespace {
@@ -50,6 +53,9 @@ const KernelTable& kernels_for(const Device& device) {
     case DeviceKind::Strict: return cpu::kernel_table();
 #ifdef TESSERA_WITH_OPENCL
     case DeviceKind::OpenCL: return opencl::kernel_table();
+#endif
+#ifdef TESSERA_WITH_CUDA
+    case DeviceKind::CUDA: return cuda::kernel_table();
 #endif
     default: break;
   }

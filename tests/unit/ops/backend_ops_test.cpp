@@ -12,8 +12,8 @@
 //
 // The backends: "strict" (the CPU kernels on host memory that refuses host access, which
 // proves the kernels reach memory only through their backend) and every OpenCL device
-// (opencl:N) when the OpenCL backend is built and a device is present. The CPU itself is
-// the reference, so it is not a case.
+// (opencl:N) and CUDA device (cuda:N) when that backend is built and a device is present.
+// The CPU itself is the reference, so it is not a case.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 

@@ -1,0 +1,76 @@
+// Launching the CUDA backend's kernels (kernels.cu: the shared sources of ops/kernels and
+// the CUDA-only ones, compiled into one fatbin) from the host functions of ops/cuda:
+//
+//   CudaLaunch(out, "residual_forward").tensor(out).tensor(a).tensor(b).run(n);
+//
+// The OpenCL backend's ClLaunch, argument for argument: each tensor becomes its device
+// pointer (null when the tensor is empty: "absent") and its offset in elements; scalars
+// must have the exact C++ type of the kernel's parameter (int64_t for long, uint32_t for
+// uint, ...). run(global0, global1) is OpenCL's NDRange, mapped exactly (prelude_cuda.cuh).
+// Kernels go on the device's default stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "tessera/core/tensor.h"
+#include "tessera/device/device.h"
+#include "tessera/ops/ops.h"
+
+namespace tessera::ops::cuda {
+
+// A tensor's offset in elements (the byte offset must be a multiple of the element size).
+uint64_t element_offset(const Tensor& t);
+
+class CudaLaunch {
+ public:
+  // Makes the tensor's device current and looks `kernel` up (loading the fatbin once).
+  CudaLaunch(const Tensor& on, const char* kernel);
+
+  CudaLaunch& tensor(const Tensor& t);
+  CudaLaunch& pointer(const void* p);  // a scratch buffer (no offset argument)
+  template <typename T>
+  CudaLaunch& scalar(T value) {
+    static_assert(sizeof(T) <= sizeof(uint64_t), "kernel arguments are at most 8 bytes");
+    set(&value, sizeof(T));
+    return *this;
+  }
+  // ops.h's Dropout as the kernels' DROPOUT_PARAMS (common.cl).
+  CudaLaunch& dropout(const Dropout& d);
+
+  // Launches over global0 x global1 work-items (nothing when either is 0).
+  void run(int64_t global0, int64_t global1 = 1);
+
+ private:
+  void set(const void* value, size_t size);
+  static constexpr int kMaxArgs = 32;
+  const Device& device_;
+  const char* name_;
+  const void* kernel_;
+  uint64_t values_[kMaxArgs];
+  void* args_[kMaxArgs];
+  int count_ = 0;
+};
+
+// A device buffer reused by the ops of one device (16-bit GEMM operands, partial sums),
+// grown when a call needs more. The lease holds the device's scratch lock until it goes
+// out of scope: work on one stream runs in issue order, so the buffer is free again for
+// the next op once this op's work is enqueued, but in-process ranks are threads that
+// enqueue on the same device.
+class ScratchLease {
+ public:
+  ScratchLease(Device& device, size_t bytes);
+  void* data() const { return data_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  void* data_;
+};
+
+// Index tensors (tokens, positions, targets) must lie in [0, limit): checked on the host,
+// as the CPU backend does, which costs one read-back of the (small) index tensor.
+void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what);
+
+}  // namespace tessera::ops::cuda

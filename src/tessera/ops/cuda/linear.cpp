@@ -1,0 +1,303 @@
+// Linear layer on CUDA: the GEMMs through cuBLASLt, the bias and its gradient through
+// ops/kernels/elementwise.cl. Shapes and the MathMode contract as ops/cpu/linear.cpp:
+//   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
+//   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
+// F32 multiplies f32 operands with f32 accumulation (CUBLAS_COMPUTE_32F: exact f32, no
+// TF32). BF16 and FP16 pack each GEMM's operands into 16-bit scratch (pack_16bit, rounded
+// as the other backends round) and run cuBLASLt's 16-bit GEMM with f32 accumulation and
+// an f32 output, which accumulates straight into the f32 gradients (beta = 1). FP16 also
+// rounds each result to half before it lands in its f32 output or gradient, as the OpenCL
+// backend does. The F32/BF16 forward adds the bias in cuBLASLt's epilogue.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tessera/device/cuda/cuda_stream.h"
+#include "tessera/ops/cuda/cuda_launch.h"
+#include "tessera/ops/cuda/cuda_ops.h"
+
+namespace tessera::ops::cuda {
+namespace {
+
+[[noreturn]] void cublaslt_failed(const char* call, cublasStatus_t status, const std::string& where) {
+  throw runtime_error(std::string(call) + " failed with " + cublasLtGetStatusName(status) + " (" +
+                          cublasLtGetStatusString(status) + ") for " + where,
+                      "`tessera doctor --device cuda` runs a GEMM; CUDA_LAUNCH_BLOCKING=1 makes a failing kernel "
+                      "report its own error");
+}
+#define TESSERA_CUBLASLT(where, fn, ...)                                           \
+  do {                                                                             \
+    const cublasStatus_t tessera_lt_status_ = fn(__VA_ARGS__);                     \
+    if (tessera_lt_status_ != CUBLAS_STATUS_SUCCESS)                               \
+      cublaslt_failed(#fn, tessera_lt_status_, (where));                           \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLASLt's Hopper kernels ask for
+
+// Per device: the cuBLASLt handle and its workspace (allocated once, kept for the process).
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+const Lt& lt_of(Device& device) {
+  static std::mutex lock;
+  static auto* states = new std::map<const Device*, Lt>();  // leaked: see cuda_device.cpp
+  std::lock_guard<std::mutex> guard(lock);
+  Lt& lt = (*states)[&device];
+  if (!lt.handle) {
+    TESSERA_CUBLASLT(device.name(), cublasLtCreate, &lt.handle);
+    lt.workspace = device.allocate(kWorkspaceBytes);
+  }
+  return lt;
+}
+
+// The largest power of two up to 256 dividing the address: the alignment cuBLASLt may
+// assume (it assumes 256 bytes unless told).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & -a));
+}
+
+// Owning wrappers of the descriptors of one call.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
+};
+struct Layout {
+  cublasLtMatrixLayout_t l = nullptr;
+  ~Layout() { cublasLtMatrixLayoutDestroy(l); }
+};
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+};
+
+// Row-major C[M,N] (f32, leading dimension ldc) = op(A)[M,K] @ op(B)[K,N] + beta * C
+// (+ bias[N] when given), A and B of type ab (leading dimensions lda, ldb as stored).
+// cuBLASLt is column-major, so it computes C^T = op(B)^T @ op(A)^T: a row-major matrix is
+// its transpose in column-major order, with the same leading dimension.
+void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
+          int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr) {
+  if (M == 0 || N == 0) return;
+  const std::string where = "a " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                            " GEMM on " + device.name();
+  const Lt& lt = lt_of(device);
+  MatmulDesc op;
+  TESSERA_CUBLASLT(where, cublasLtMatmulDescCreate, &op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasOperation_t first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TESSERA_CUBLASLT(where, cublasLtMatmulDescSetAttribute, op.d, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof(first));
+  TESSERA_CUBLASLT(where, cublasLtMatmulDescSetAttribute, op.d, CUBLASLT_MATMUL_DESC_TRANSB, &second,
+                   sizeof(second));
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    TESSERA_CUBLASLT(where, cublasLtMatmulDescSetAttribute, op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                     sizeof(epilogue));
+    TESSERA_CUBLASLT(where, cublasLtMatmulDescSetAttribute, op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                     sizeof(bias));
+  }
+  // The first operand is B as stored: [K,N] row-major (N x K column-major), or [N,K] if tb.
+  Layout b_layout, a_layout, c_layout;
+  TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &b_layout.l, ab, tb ? K : N, tb ? N : K, ldb);
+  TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &a_layout.l, ab, ta ? M : K, ta ? K : M, lda);
+  TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &c_layout.l, CUDA_R_32F, N, M, ldc);
+  Preference pref;
+  TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceCreate, &pref.p);
+  const uint64_t workspace = kWorkspaceBytes;
+  TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceSetAttribute, pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                   &workspace, sizeof(workspace));
+  const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
+  TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceSetAttribute, pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                   &align_first, sizeof(align_first));
+  TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceSetAttribute, pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                   &align_second, sizeof(align_second));
+  TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceSetAttribute, pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                   &align_c, sizeof(align_c));
+  TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceSetAttribute, pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                   &align_c, sizeof(align_c));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  TESSERA_CUBLASLT(where, cublasLtMatmulAlgoGetHeuristic, lt.handle, op.d, b_layout.l, a_layout.l, c_layout.l,
+                   c_layout.l, pref.p, 1, &heuristic, &found);
+  if (found == 0)
+    throw runtime_error("cuBLASLt has no algorithm for " + where, "`tessera doctor --device cuda` runs a GEMM");
+  const float alpha = 1.0f;
+  TESSERA_CUBLASLT(where, cublasLtMatmul, lt.handle, op.d, &alpha, B, b_layout.l, A, a_layout.l, &beta, C,
+                   c_layout.l, C, c_layout.l, &heuristic.algo, lt.workspace, kWorkspaceBytes,
+                   tessera::cuda::stream_of(device));
+}
+
+float* f32(const Tensor& t) { return t.empty() ? nullptr : static_cast<float*>(t.handle) + element_offset(t); }
+
+// One op's 16-bit operands and f32 temporaries, carved out of the device's scratch.
+class Pieces {
+ public:
+  Pieces(Device& device, std::initializer_list<size_t> bytes) : offsets_(offsets(bytes)), lease_(device, offsets_.back()) {}
+  void* operator[](size_t i) const { return static_cast<char*>(lease_.data()) + offsets_[i]; }
+
+ private:
+  // Where each piece starts (256-byte aligned, as cuBLASLt likes), then the total.
+  static std::vector<size_t> offsets(std::initializer_list<size_t> bytes) {
+    std::vector<size_t> r{0};
+    for (size_t b : bytes) r.push_back(r.back() + (b + 255) / 256 * 256);
+    return r;
+  }
+  std::vector<size_t> offsets_;
+  ScratchLease lease_;
+};
+
+enum Rounding : int32_t { kBf16 = 1, kFp16 = 2 };
+
+// dst = the 16-bit bits of a rows x cols block of src (leading dimension ld), contiguous.
+void pack(void* dst, const Tensor& src, int64_t rows, int64_t cols, int64_t ld, MathMode mode) {
+  CudaLaunch(src, "pack_16bit")
+      .pointer(dst)
+      .tensor(src)
+      .scalar<int64_t>(cols)
+      .scalar<int64_t>(ld)
+      .scalar<int32_t>(mode == MathMode::BF16 ? kBf16 : kFp16)
+      .run(cols, rows);
+}
+
+cudaDataType_t type_of(MathMode mode) { return mode == MathMode::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+// dst += round_fp16(src[0 .. n)).
+void add_rounded_fp16(const Tensor& dst, const void* src, int64_t n) {
+  CudaLaunch(dst, "add_rounded_fp16").tensor(dst).pointer(src).run(n);
+}
+
+void column_sums(const Tensor& dbias, const Tensor& dout, bool round_half) {
+  const int64_t OC = dbias.numel(), N = dout.numel() / OC;
+  CudaLaunch(dout, "column_sums")
+      .tensor(dbias)
+      .tensor(dout)
+      .scalar<int64_t>(N)
+      .scalar<int64_t>(OC)
+      .scalar<int32_t>(round_half ? 1 : 0)
+      .run(OC);
+}
+
+void check_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && out.numel() == N * OC && out.dim(-1) == OC &&
+                    (bias.empty() || bias.numel() == OC),
+                "linear: inp " + shape_str(inp.shape) + ", weight " + shape_str(weight.shape) + ", out " +
+                    shape_str(out.shape));
+}
+
+void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                    const Tensor& inp, const Tensor& weight) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && dout.numel() == N * OC && dout.dim(-1) == OC,
+                "linear backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape) + ", weight " +
+                    shape_str(weight.shape));
+  TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == OC * C) &&
+                    (dbias.empty() || dbias.numel() == OC),
+                "linear backward: gradient shapes");
+}
+
+}  // namespace
+
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
+  check_forward(out, inp, weight, bias);
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  Device& device = *out.device;
+  if (C == 0) {  // an empty product: out is the bias, or zeros
+    if (bias.empty()) return fill_zero(out);
+    CudaLaunch(out, "broadcast_bias").tensor(out).tensor(bias).scalar<int64_t>(OC).scalar<int32_t>(0).run(OC, N);
+    return;
+  }
+  if (mode == MathMode::F32) {
+    gemm(device, CUDA_R_32F, false, true, N, OC, C, f32(inp), C, f32(weight), C, 0.0f, f32(out), OC, f32(bias));
+    return;
+  }
+  const Pieces scratch(device, {size_t(N * C) * 2, size_t(OC * C) * 2});
+  void* x = scratch[0];
+  void* w = scratch[1];
+  pack(x, inp, N, C, C, mode);
+  pack(w, weight, OC, C, C, mode);
+  if (mode == MathMode::BF16) {
+    gemm(device, CUDA_R_16BF, false, true, N, OC, C, x, C, w, C, 0.0f, f32(out), OC, f32(bias));
+    return;
+  }
+  // FP16: the bias rounded to half first, the product added onto it, the sum rounded.
+  if (!bias.empty())
+    CudaLaunch(out, "broadcast_bias").tensor(out).tensor(bias).scalar<int64_t>(OC).scalar<int32_t>(1).run(OC, N);
+  gemm(device, CUDA_R_16F, false, true, N, OC, C, x, C, w, C, bias.empty() ? 0.0f : 1.0f, f32(out), OC);
+  CudaLaunch(out, "round_fp16_inplace").tensor(out).run(N * OC);
+}
+
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     MathMode mode) {
+  check_backward(dinp, dweight, dbias, dout, inp, weight);
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  Device& device = *dout.device;
+  if (mode == MathMode::F32) {
+    if (!dinp.empty()) gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, 1.0f, f32(dinp), C);
+    if (!dweight.empty())
+      gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, 1.0f, f32(dweight), C);
+    if (!dbias.empty()) column_sums(dbias, dout, false);
+    return;
+  }
+  const bool fp16 = mode == MathMode::FP16;
+  // BF16: the bias gradient is the f32 column sum of dout, as in F32.
+  if (!fp16 && !dbias.empty()) column_sums(dbias, dout, false);
+  if (dinp.empty() && dweight.empty() && !(fp16 && !dbias.empty())) return;
+  // 16-bit dout, W and inp; for FP16 an f32 product to round before accumulating, and
+  // dout rounded to half as f32 for the bias gradient.
+  const size_t product = fp16 ? size_t(std::max(N * C, OC * C)) * 4 : 0;
+  const size_t rounded_dout = fp16 && !dbias.empty() ? size_t(N * OC) * 4 : 0;
+  const Pieces scratch(device, {size_t(N * OC) * 2, size_t(OC * C) * 2, size_t(N * C) * 2, product, rounded_dout});
+  void* g = scratch[0];
+  pack(g, dout, N, OC, OC, mode);
+  float* tmp = static_cast<float*>(scratch[3]);
+  if (!dinp.empty()) {
+    void* w = scratch[1];
+    pack(w, weight, OC, C, C, mode);
+    gemm(device, type_of(mode), false, false, N, C, OC, g, OC, w, C, fp16 ? 0.0f : 1.0f, fp16 ? tmp : f32(dinp), C);
+    if (fp16) add_rounded_fp16(dinp, tmp, N * C);
+  }
+  if (!dweight.empty()) {
+    void* x = scratch[2];
+    pack(x, inp, N, C, C, mode);
+    gemm(device, type_of(mode), true, false, OC, C, N, g, OC, x, C, fp16 ? 0.0f : 1.0f, fp16 ? tmp : f32(dweight), C);
+    if (fp16) add_rounded_fp16(dweight, tmp, OC * C);
+  }
+  if (fp16 && !dbias.empty()) {
+    // The column sums of the half-rounded dout, each rounded to half (ops/cpu/linear.cpp).
+    const Tensor g_f32(scratch[4], 0, DType::F32, {N, OC}, dout.device);
+    CudaLaunch(dout, "round_block")
+        .pointer(g_f32.handle)
+        .tensor(dout)
+        .scalar<int64_t>(OC)
+        .scalar<int64_t>(OC)
+        .scalar<int32_t>(kFp16)
+        .run(OC, N);
+    column_sums(dbias, g_f32, true);
+  }
+}
+
+void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
+  const int64_t OC = bias.numel();
+  TESSERA_CHECK(OC > 0 && out.ndim() >= 1 && out.dim(-1) == OC && inp.numel() == out.numel() && inp.dim(-1) == OC,
+                "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
+                    shape_str(bias.shape));
+  CudaLaunch(out, "bias_add_forward")
+      .tensor(out)
+      .tensor(inp)
+      .tensor(bias)
+      .scalar<int64_t>(OC)
+      .run(OC, out.numel() / OC);
+}
+
+void bias_add_backward(Tensor dbias, Tensor dout) {
+  const int64_t OC = dbias.numel();
+  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
+                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  column_sums(dbias, dout, false);
+}
+
+}  // namespace tessera::ops::cuda
