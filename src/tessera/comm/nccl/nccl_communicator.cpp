@@ -1,0 +1,390 @@
+#include "tessera/comm/nccl/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tessera/comm/collective_util.h"
+#include "tessera/comm/gloo/gloo_communicator.h"
+#include "tessera/comm/unique_id.h"
+#include "tessera/device/cuda/cuda_check.h"
+#include "tessera/device/cuda/cuda_device.h"
+#include "tessera/device/cuda/cuda_stream.h"
+
+namespace tessera {
+namespace {
+
+using comm_detail::group_text;
+using comm_detail::reduce_op_name;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kHint =
+    "every rank must make the same calls in the same order; NCCL_DEBUG=WARN shows NCCL's own view "
+    "(NCCL_DEBUG=INFO for the transports it chose)";
+
+[[noreturn]] void nccl_failed(const char* call, ncclResult_t result, const std::string& where) {
+  throw runtime_error(std::string(call) + " failed with " + ncclGetErrorString(result) + " on " + where, kHint);
+}
+#define TESSERA_NCCL(where, fn, ...)                                        \
+  do {                                                                      \
+    const ncclResult_t tessera_nccl_result_ = fn(__VA_ARGS__);              \
+    if (tessera_nccl_result_ != ncclSuccess)                                \
+      nccl_failed(#fn, tessera_nccl_result_, (where));                      \
+  } while (0)
+
+// One call enqueued on a communication stream, until its completion event fires.
+struct InFlight {
+  std::string what;  // "all_reduce(sum) of 1024 f32", "send of 4096 bytes to group rank 1 (world rank 3)"
+  Clock::time_point start;
+  cudaEvent_t done;
+};
+
+// What the watchdog sees of one communicator.
+struct Watched {
+  ncclComm_t comm = nullptr;
+  std::string group;  // "group 'dp' (world ranks 0, 2)"
+  int ordinal = 0;    // its GPU
+  std::mutex lock;
+  std::deque<InFlight> calls;
+};
+
+// One thread per process, polling every communicator: NCCL's asynchronous errors, and
+// the oldest unfinished call against the timeout. Either ends the process (see the header).
+class Watchdog {
+ public:
+  static Watchdog& instance() {
+    static auto* dog = new Watchdog();  // leaked: its thread runs until the process ends
+    return *dog;
+  }
+  void add(const std::shared_ptr<Watched>& w, std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> guard(lock_);
+    if (timeout < timeout_) timeout_ = timeout;
+    watched_.push_back(w);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  void remove(const std::shared_ptr<Watched>& w) {
+    std::lock_guard<std::mutex> guard(lock_);
+    std::erase(watched_, w);
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::vector<std::shared_ptr<Watched>> now;
+      std::chrono::milliseconds timeout;
+      {
+        std::lock_guard<std::mutex> guard(lock_);
+        now = watched_;
+        timeout = timeout_;
+      }
+      for (const auto& w : now) check(*w, timeout);
+    }
+  }
+
+  static void check(Watched& w, std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> guard(w.lock);
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(w.comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+      fail(w, w.calls.empty() ? "a call" : w.calls.front().what,
+           std::string(ncclGetErrorString(async)) + ": " + ncclGetLastError(w.comm));
+    cudaSetDevice(w.ordinal);
+    while (!w.calls.empty()) {
+      const cudaError_t state = cudaEventQuery(w.calls.front().done);
+      if (state == cudaErrorNotReady) break;
+      if (state != cudaSuccess)
+        fail(w, w.calls.front().what, std::string("the GPU reported ") + cudaGetErrorName(state) + " (" +
+                                          cudaGetErrorString(state) + ")");
+      cudaEventDestroy(w.calls.front().done);
+      w.calls.pop_front();
+    }
+    if (!w.calls.empty() && Clock::now() - w.calls.front().start > timeout)
+      fail(w, w.calls.front().what,
+           "not finished after " + std::to_string(timeout.count() / 1000) +
+               " s (--distributed-timeout-minutes): a rank of the group did not reach this call, or the "
+               "network stalled");
+  }
+
+  [[noreturn]] static void fail(Watched& w, const std::string& what, const std::string& reason) {
+    std::fprintf(stderr, "error: NCCL %s on %s: %s\nhint: %s\n", what.c_str(), w.group.c_str(), reason.c_str(),
+                 kHint);
+    std::fflush(stderr);
+    ncclCommAbort(w.comm);
+    std::_Exit(1);  // the GPU work cannot be recovered; the launcher stops the other ranks
+  }
+
+  std::mutex lock_;
+  std::vector<std::shared_ptr<Watched>> watched_;
+  std::chrono::milliseconds timeout_ = std::chrono::milliseconds::max();
+  std::thread thread_;
+};
+
+ncclDataType_t reduce_type(DType d, const std::string& what) {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    default: throw runtime_error(what + ": NCCL reductions take f32, i32 or i64, not " + std::string(dtype_name(d)));
+  }
+}
+
+bool on_gpu(const Tensor& t) { return t.device != nullptr && t.device->kind() == DeviceKind::CUDA; }
+
+void* address(const Tensor& t) { return static_cast<char*>(t.handle) + t.offset; }
+
+class NcclCommunicator;
+
+// The sends and receives posted since the last flush, launched together in one NCCL group.
+struct P2PBatch {
+  std::vector<std::function<ncclResult_t(cudaStream_t)>> posts;
+  std::string what;
+  cudaEvent_t done = nullptr;  // set when launched
+  ~P2PBatch() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, Device& gpu,
+                   std::chrono::milliseconds timeout)
+      : host_(std::move(host)),
+        gpu_(gpu),
+        stream_(gpu.create_stream()),
+        watched_(std::make_shared<Watched>()),
+        timeout_(timeout) {
+    watched_->comm = comm;
+    watched_->group = group_text(host_->group_name(), host_->world_ranks());
+    watched_->ordinal = gpu.ordinal();
+    Watchdog::instance().add(watched_, timeout);
+  }
+  ~NcclCommunicator() override {
+    flush();
+    gpu_.synchronize(stream_);
+    Watchdog::instance().remove(watched_);
+    for (InFlight& c : watched_->calls) cudaEventDestroy(c.done);
+    ncclCommDestroy(watched_->comm);
+    gpu_.destroy_stream(stream_);
+  }
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  std::string backend_name() const override { return "nccl"; }
+  std::string group_name() const override { return host_->group_name(); }
+  std::vector<int> world_ranks() const override { return host_->world_ranks(); }
+
+  void all_reduce(Tensor t, ReduceOp op) override {
+    if (!on_gpu(t)) return host_->all_reduce(t, op);
+    join(reduce(t, op));
+  }
+  std::unique_ptr<Work> all_reduce_async(Tensor t, ReduceOp op) override {
+    if (!on_gpu(t)) return host_->all_reduce_async(t, op);
+    return std::make_unique<EventWork>(*this, reduce(t, op));
+  }
+  void all_gather(Tensor out, Tensor in) override {
+    if (!on_gpu(in)) return host_->all_gather(out, in);
+    check(out.bytes() == in.bytes() * static_cast<size_t>(size()), "all_gather: out must be size x in");
+    join(enqueue("all_gather of " + std::to_string(in.bytes()) + " bytes", [&](cudaStream_t s) {
+      return ncclAllGather(address(in), address(out), in.bytes(), ncclUint8, comm(), s);
+    }));
+  }
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
+    if (!on_gpu(in)) return host_->reduce_scatter(out, in, op);
+    const std::string what = std::string("reduce_scatter(") + reduce_op_name(op) + ") of " +
+                             std::to_string(in.numel()) + " " + std::string(dtype_name(in.dtype));
+    check(in.numel() == out.numel() * size() && in.dtype == out.dtype, what + ": in must be size x out");
+    const ncclDataType_t type = reduce_type(in.dtype, what);
+    join(enqueue(what, [&](cudaStream_t s) {
+      return ncclReduceScatter(address(in), address(out), static_cast<size_t>(out.numel()), type, nccl_op(op),
+                               comm(), s);
+    }));
+  }
+  void broadcast(Tensor t, int root) override {
+    if (!on_gpu(t)) return host_->broadcast(t, root);
+    join(enqueue("broadcast of " + std::to_string(t.bytes()) + " bytes from group rank " + std::to_string(root),
+                 [&](cudaStream_t s) {
+                   return ncclBroadcast(address(t), address(t), t.bytes(), ncclUint8, root, comm(), s);
+                 }));
+  }
+  void send(Tensor t, int dst) override { send_async(t, dst)->wait(); }
+  void recv(Tensor t, int src) override { recv_async(t, src)->wait(); }
+  std::unique_ptr<Work> send_async(Tensor t, int dst) override {
+    if (!on_gpu(t)) return host_->send_async(t, dst);
+    return post(t, dst, true);
+  }
+  std::unique_ptr<Work> recv_async(Tensor t, int src) override {
+    if (!on_gpu(t)) return host_->recv_async(t, src);
+    return post(t, src, false);
+  }
+  void barrier() override {
+    flush();
+    host_->barrier();
+  }
+  std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups, const std::string& name) override {
+    flush();
+    std::unique_ptr<Communicator> host = host_->split(groups, name);
+    int colour = NCCL_SPLIT_NOCOLOR, key = 0;
+    for (size_t i = 0; i < groups.size(); ++i)
+      for (size_t j = 0; j < groups[i].size(); ++j)
+        if (groups[i][j] == rank()) colour = static_cast<int>(i), key = static_cast<int>(j);
+    tessera::cuda::activate(gpu_);
+    ncclComm_t sub = nullptr;
+    TESSERA_NCCL("split '" + name + "' of " + watched_->group, ncclCommSplit, comm(), colour, key, &sub, nullptr);
+    if (!host) return nullptr;
+    return std::make_unique<NcclCommunicator>(std::move(host), sub, gpu_, timeout_);
+  }
+
+  // Launches the posted sends and receives as one NCCL group.
+  void flush() {
+    if (batch_->posts.empty()) return;
+    const std::shared_ptr<P2PBatch> batch = std::move(batch_);
+    batch_ = std::make_shared<P2PBatch>();
+    batch->done = enqueue(batch->what, [&](cudaStream_t s) {
+      TESSERA_NCCL(watched_->group, ncclGroupStart);
+      for (const auto& post : batch->posts) TESSERA_NCCL(batch->what + " on " + watched_->group, post, s);
+      return ncclGroupEnd();
+    });
+  }
+  // Work enqueued on the GPU's default stream from now on starts after `done`.
+  void join(cudaEvent_t done, bool destroy = true) {
+    tessera::cuda::activate(gpu_);
+    TESSERA_CUDA_CALL(watched_->group, cudaStreamWaitEvent, tessera::cuda::stream_of(gpu_), done, 0);
+    if (destroy) cudaEventDestroy(done);
+  }
+
+ private:
+  // A call's completion as a Work: wait() orders the default stream after it.
+  class EventWork final : public Work {
+   public:
+    EventWork(NcclCommunicator& c, cudaEvent_t done) : c_(c), done_(done) {}
+    ~EventWork() override {
+      if (done_) cudaEventDestroy(done_);
+    }
+    void wait() override {
+      if (!done_) return;
+      c_.join(done_);
+      done_ = nullptr;
+    }
+
+   private:
+    NcclCommunicator& c_;
+    cudaEvent_t done_;
+  };
+  // A posted send or receive: wait() launches its batch if still held, then joins it.
+  class P2PWork final : public Work {
+   public:
+    P2PWork(NcclCommunicator& c, std::shared_ptr<P2PBatch> batch) : c_(c), batch_(std::move(batch)) {}
+    ~P2PWork() override {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    void wait() override {
+      if (!batch_) return;
+      if (!batch_->done) c_.flush();
+      c_.join(batch_->done, false);
+      batch_.reset();
+    }
+
+   private:
+    NcclCommunicator& c_;
+    std::shared_ptr<P2PBatch> batch_;
+  };
+
+  ncclComm_t comm() const { return watched_->comm; }
+  static void check(bool ok, const std::string& what) {
+    if (!ok) throw runtime_error("NCCL " + what, "a caller bug: see comm/communicator.h for the shapes");
+  }
+  static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+
+  cudaEvent_t reduce(const Tensor& t, ReduceOp op) {
+    const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ") of " + std::to_string(t.numel()) +
+                             " " + std::string(dtype_name(t.dtype));
+    const ncclDataType_t type = reduce_type(t.dtype, what);
+    return enqueue(what, [&](cudaStream_t s) {
+      return ncclAllReduce(address(t), address(t), static_cast<size_t>(t.numel()), type, nccl_op(op), comm(), s);
+    });
+  }
+
+  std::unique_ptr<Work> post(const Tensor& t, int peer, bool is_send) {
+    check(peer >= 0 && peer < size() && peer != rank(), "p2p with group rank " + std::to_string(peer));
+    const std::string what = std::string(is_send ? "send of " : "recv of ") + std::to_string(t.bytes()) +
+                             " bytes " + (is_send ? "to" : "from") + " group rank " + std::to_string(peer) +
+                             " (world rank " + std::to_string(world_ranks()[static_cast<size_t>(peer)]) + ")";
+    batch_->what += (batch_->what.empty() ? "" : ", ") + what;
+    void* data = address(t);
+    const size_t bytes = t.bytes();
+    ncclComm_t c = comm();
+    batch_->posts.push_back([=](cudaStream_t s) {
+      return is_send ? ncclSend(data, bytes, ncclUint8, peer, c, s) : ncclRecv(data, bytes, ncclUint8, peer, c, s);
+    });
+    return std::make_unique<P2PWork>(*this, batch_);
+  }
+
+  // Runs `call` on the communication stream after the work issued so far on the default
+  // stream; returns its completion event (the caller's) and hands a second one to the
+  // watchdog.
+  cudaEvent_t enqueue(const std::string& what, const std::function<ncclResult_t(cudaStream_t)>& call) {
+    flush();  // held sends and receives go first (a no-op inside flush: the batch is already taken)
+    tessera::cuda::activate(gpu_);
+    const cudaStream_t comm_stream = tessera::cuda::stream_of(gpu_, stream_);
+    cudaEvent_t ready = nullptr, done = nullptr, watched = nullptr;
+    const std::string where = what + " on " + watched_->group;
+    TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &ready, cudaEventDisableTiming);
+    TESSERA_CUDA_CALL(where, cudaEventRecord, ready, tessera::cuda::stream_of(gpu_));
+    TESSERA_CUDA_CALL(where, cudaStreamWaitEvent, comm_stream, ready, 0);
+    cudaEventDestroy(ready);  // released once it has fired
+    TESSERA_NCCL(where, call, comm_stream);
+    TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &done, cudaEventDisableTiming);
+    TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &watched, cudaEventDisableTiming);
+    TESSERA_CUDA_CALL(where, cudaEventRecord, done, comm_stream);
+    TESSERA_CUDA_CALL(where, cudaEventRecord, watched, comm_stream);
+    std::lock_guard<std::mutex> guard(watched_->lock);
+    watched_->calls.push_back({what, Clock::now(), watched});
+    return done;
+  }
+
+  std::unique_ptr<Communicator> host_;
+  Device& gpu_;
+  Stream stream_;
+  std::shared_ptr<Watched> watched_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<P2PBatch> batch_ = std::make_shared<P2PBatch>();
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size,
+                                                       const CommOptions& options) {
+  int ordinal = 0;
+  TESSERA_CUDA_CALL("the NCCL communicator (its GPU is the current one: open --device cuda first)", cudaGetDevice,
+                    &ordinal);
+  Device& gpu = cuda_device(ordinal);
+  std::unique_ptr<Communicator> host = create_gloo_communicator(store, rank, world_size, options);
+  const std::vector<uint8_t> id = share_unique_id(
+      *store, options.key_prefix + "nccl/world", rank == 0,
+      [] {
+        ncclUniqueId uid;
+        TESSERA_NCCL("world rank 0", ncclGetUniqueId, &uid);
+        return std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&uid), reinterpret_cast<uint8_t*>(&uid) + sizeof uid);
+      },
+      options.timeout);
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.data(), sizeof uid);
+  tessera::cuda::activate(gpu);
+  ncclComm_t comm = nullptr;
+  TESSERA_NCCL("world rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (" + gpu.name() + ")",
+               ncclCommInitRank, &comm, world_size, uid, rank);
+  return std::make_unique<NcclCommunicator>(std::move(host), comm, gpu, options.timeout);
+}
+
+}  // namespace tessera
