@@ -85,6 +85,10 @@ Device& open_device(const std::string& spec_text) {
   if (spec.backend == "opencl") return opencl_device(spec.ordinal);
 #endif
 #ifdef TESSERA_WITH_CUDA
+  // Plain `cuda` under a launcher is this node's LOCAL_RANK-th GPU, as Megatron's
+  // torch.cuda.set_device(local_rank): one GPU per rank.
+  if (spec.backend == "cuda" && spec_text == "cuda" && std::getenv("LOCAL_RANK"))
+    return cuda_device(std::atoi(std::getenv("LOCAL_RANK")) % count);
   if (spec.backend == "cuda") return cuda_device(spec.ordinal);
 #endif
   return cpu_device();
