@@ -68,6 +68,9 @@ std::vector<Timed> layer_ops(Tensors& m, const Shape4& s) {
   Tensor tokens = m.ids({s.B, s.T}, static_cast<int32_t>(s.V)), per_row[4] = {m.f32({N}), m.f32({N}), m.f32({N}), m.f32({N})};
   Tensor lse = m.f32({N}, 1.0f), dlosses = m.f32({N});
   Tensor param = m.f32({4 * C * C}), grad = m.f32({4 * C * C}), m1 = m.f32({4 * C * C}), v1 = m.f32({4 * C * C});
+  Tensor norm_sums = m.f32({2});  // one double (ops.h: I64 elements holding doubles)
+  norm_sums.dtype = DType::I64;
+  norm_sums.shape = {1};
   (void)HD;
   return {
       {"layernorm fwd", [=] { ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f); }},
@@ -91,7 +94,7 @@ std::vector<Timed> layer_ops(Tensors& m, const Shape4& s) {
        }},
       {"cross-entropy bwd", [=] { ops::cross_entropy_backward(dlogits, dlosses, logits, tokens.view({N}), lse, 0); }},
       {"adamw (4 C^2)", [=] { ops::adamw_update(param, grad, m1, v1, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1); }},
-      {"sum_squares (4 C^2)", [=] { ops::sum_squares(grad); }},
+      {"sum_squares (4 C^2)", [=] { ops::sum_squares(norm_sums, 0, grad); }},
   };
 }
 

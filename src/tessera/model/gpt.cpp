@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "tessera/core/error.h"
-#include "tessera/core/rng.h"
 #include "tessera/device/device.h"
 #include "tessera/ops/ops.h"
 
@@ -30,7 +29,7 @@ struct LayerGroup {
 struct GPTModel::LayerActs {
   Tensor ln1, ln1_whole, ln1_mean, ln1_rstd;  // [B,Tl,C], [B,T,C] (= ln1 without SP), [B,Tl], [B,Tl]
   Tensor qkv;                                 // [B,T,3Al]
-  Tensor att;                                 // [B,NHl,T,T]
+  Tensor att;                                 // attention's saved state (ops::attention_buffers)
   Tensor ctx;                                 // [B,T,Al]
   Tensor residual_mid;                        // [B,Tl,C] after attention + residual
   Tensor ln2, ln2_whole, ln2_mean, ln2_rstd;
@@ -63,8 +62,9 @@ struct GPTModel::Workspace {
   Tensor d_residual, d_C, d_ln;      // [B,Tl,C]
   Tensor d_C_whole, d_ln_whole;      // [B,T,C] (= d_C, d_ln without SP)
   Tensor d_ctx, d_qkv, d_att, d_F, d_gelu, d_logits, d_losses;
-  // Recomputation: the attention probabilities of one layer (selective), the activations of
-  // one recomputed group of layers (full).
+  Tensor loss_sums;  // I64 [2] of doubles: the single-slot forward's masked loss and mask sums
+  // Recomputation: the attention state of one layer (selective), the activations of one
+  // recomputed group of layers (full).
   Tensor att;
   std::vector<LayerActs> recomputed;
 };
@@ -132,7 +132,7 @@ struct GPTModel::Layout {
     reserve(a.ln1_mean, {B, Tl});
     reserve(a.ln1_rstd, {B, Tl});
     reserve(a.qkv, {B, T, 3 * Al});
-    if (!selective) reserve(a.att, {B, NHl, T, T});
+    if (!selective) reserve(a.att, att_buffers.saved);
     reserve(a.ctx, {B, T, Al});
     reserve(a.residual_mid, {B, Tl, C});
     reserve(a.ln2, {B, Tl, C});
@@ -146,15 +146,18 @@ struct GPTModel::Layout {
 
   bool sp = false, selective = false;
   int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, Fl = 0, Vl = 0, NHl = 0;
+  ops::AttentionBuffers att_buffers;  // sized by the device's backend
 
-  Layout(const GPTConfig& c, int micro_batch, const ModelPartition& part, const std::vector<int>& act_slots,
-         const std::vector<int>& io_slots, std::vector<Chunk>& chunks, Workspace& ws) {
+  Layout(const Device& device, const GPTConfig& c, int micro_batch, const ModelPartition& part,
+         const std::vector<int>& act_slots, const std::vector<int>& io_slots, std::vector<Chunk>& chunks,
+         Workspace& ws) {
     const int tp = part.tp_size;
     sp = part.sequence_parallel && tp > 1;
     selective = c.recompute == Recompute::Selective;
     B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
     Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
+    att_buffers = ops::attention_buffers(device, B, NHl, T);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -202,7 +205,7 @@ struct GPTModel::Layout {
     }
     reserve(ws.partial, {B, T, C});
     if (sp) reserve(ws.reduced, {B, Tl, C});
-    if (selective) reserve(ws.att, {B, NHl, T, T});
+    if (selective) reserve(ws.att, att_buffers.saved);
     ws.recomputed.resize(max_recomputed);
     for (LayerActs& a : ws.recomputed) reserve_layer(a, true);
     if (any_embedding) reserve(ws.pos_emb, {B, T, C});
@@ -211,6 +214,7 @@ struct GPTModel::Layout {
       reserve(ws.ce_sums, {2, B * T});
       reserve(ws.d_logits, {B, T, Vl});
       reserve(ws.d_losses, {B, T});
+      reserve(ws.loss_sums, {2}, DType::I64);
     }
     reserve(ws.d_residual, {B, Tl, C});
     reserve(ws.d_C, {B, Tl, C});
@@ -219,7 +223,7 @@ struct GPTModel::Layout {
     reserve_whole(ws.d_ln_whole, {B, T, C});
     reserve(ws.d_ctx, {B, T, Al});
     reserve(ws.d_qkv, {B, T, 3 * Al});
-    reserve(ws.d_att, {B, NHl, T, T});
+    reserve(ws.d_att, att_buffers.scratch);
     reserve(ws.d_F, {B, T, Fl});
     reserve(ws.d_gelu, {B, T, Fl});
   }
@@ -260,7 +264,9 @@ GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size,
   sizes.params = params.total_bytes();
   std::vector<Chunk> chunks;
   Workspace ws;
-  sizes.activations = Layout(config, micro_batch_size, partition, act_slots, io_slots, chunks, ws).builder.total_bytes();
+  // Attention's state as the CPU backend keeps it (the OpenCL backend keeps the same).
+  sizes.activations =
+      Layout(cpu_device(), config, micro_batch_size, partition, act_slots, io_slots, chunks, ws).builder.total_bytes();
   return sizes;
 }
 
@@ -293,7 +299,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
     index_.emplace(shards_[i].spec.name, i);
   }
 
-  Layout layout(config, micro_batch_size, partition, act_slots, io_slots, chunks_, *ws_);
+  Layout layout(device, config, micro_batch_size, partition, act_slots, io_slots, chunks_, *ws_);
   acts_slab_ = Buffer(device, layout.builder.total_bytes());
   layout.bind(acts_slab_, chunks_, *ws_);
 
@@ -358,28 +364,29 @@ Tensor GPTModel::chunk_output(int chunk, int io_slot) const { return chunks_.at(
 Tensor GPTModel::chunk_output_grad(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).output_grad; }
 Tensor GPTModel::chunk_input_grad(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).input_grad; }
 
+namespace {
+
+// Where a shard's elements sit in its full parameter (ParamShard::full_index as a formula).
+ops::ShardIndex shard_index(const ParamShard& s) {
+  if (s.split_dim <= 0) return {s.full_index(0), s.numel(), s.numel()};
+  return {s.offset, s.shape[1], s.spec.shape[1]};
+}
+
+}  // namespace
+
 void GPTModel::init_weights() {
   const float std_normal = config_.init_method_std;
   const float std_scaled = config_.init_method_std / std::sqrt(2.0f * config_.num_layers);
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ParamShard& s = shards_[i];
-    float* p = params_[i].f32();
-    const int64_t n = params_[i].numel();
     switch (s.spec.init) {
-      case ParamInit::Zeros:
-        std::fill(p, p + n, 0.0f);
-        break;
-      case ParamInit::Ones:
-        std::fill(p, p + n, 1.0f);
-        break;
+      case ParamInit::Zeros: ops::fill(params_[i], 0.0f); break;
+      case ParamInit::Ones: ops::fill(params_[i], 1.0f); break;
       case ParamInit::Normal:
-      case ParamInit::ScaledNormal: {
-        const float std = s.spec.init == ParamInit::Normal ? std_normal : std_scaled;
-#pragma omp parallel for schedule(static)
-        for (int64_t e = 0; e < n; ++e)
-          p[e] = std * philox_normal(config_.seed, s.spec.id, static_cast<uint64_t>(s.full_index(e)));
+      case ParamInit::ScaledNormal:
+        ops::init_normal(params_[i], s.spec.init == ParamInit::Normal ? std_normal : std_scaled, config_.seed,
+                         s.spec.id, shard_index(s));
         break;
-      }
     }
   }
 }
@@ -560,7 +567,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
 // Final LayerNorm, the vocabulary-parallel output layer and cross-entropy: the logits stay
 // split over TP ranks; only per-row maxima and sums cross ranks (Megatron's
 // vocab_parallel_cross_entropy).
-double GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch) {
+void GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, Tensor loss_sums) {
   Workspace& ws = *ws_;
   const int64_t N = batch.labels.numel();
   norm_in_forward(h.lnf, h.lnf_whole, h.lnf_mean, h.lnf_rstd, in, params_[ch.lnf_w], params_[ch.lnf_b]);
@@ -572,23 +579,15 @@ double GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Mic
                           config_.padded_vocab_size);
   tp_.all_reduce(ws.ce_sums, ReduceOp::Sum);
   ops::cross_entropy_finish(flat_rows(h.losses), flat_rows(h.logsumexp), sum_exp, ws.row_max, target_logit);
-
-  const float* loss = h.losses.f32();
-  const float* mask = batch.loss_mask.f32();
-  double sum = 0.0;
-  for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(loss[i]) * mask[i];
-  return sum;
+  ops::masked_loss_sums(loss_sums, flat_rows(h.losses), flat_rows(batch.loss_mask));
 }
 
 // Leaves dL/d(head input) in ws.d_residual (overwritten).
 void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight) {
   Workspace& ws = *ws_;
   auto zero = [](const Tensor& t) { fill_zero(t); };
-  const int64_t N = batch.labels.numel();
-  // Loss: d(sum(loss * mask) * weight) / d loss = mask * weight.
-  float* dl = ws.d_losses.f32();
-  const float* mask = batch.loss_mask.f32();
-  for (int64_t i = 0; i < N; ++i) dl[i] = mask[i] * loss_weight;
+  zero(ws.d_losses);
+  ops::masked_loss_backward(flat_rows(ws.d_losses), flat_rows(batch.loss_mask), loss_weight);
   zero(ws.d_logits);
   ops::cross_entropy_backward(rows(ws.d_logits), flat_rows(ws.d_losses), rows(h.logits), flat_rows(batch.labels),
                               flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size);
@@ -613,7 +612,17 @@ GPTModel::LayerIo GPTModel::layer_io(Chunk& ch, ActSlot& acts, IoSlot& io, int i
   return {&a, i == 0 ? io.input : out_of(i - 1), out_of(i)};
 }
 
-double GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step) {
+double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
+  const Tensor sums = ws_->loss_sums;
+  TESSERA_CHECK(!sums.empty(), "the single-slot forward needs the whole model (this rank holds no output layer)");
+  fill_zero(sums);
+  forward(0, {}, batch, step, sums);
+  double host[2];
+  copy_to_host(host, sizeof(host), sums);
+  return host[0];
+}
+
+void GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, Tensor loss_sums) {
   TESSERA_CHECK(batch.tokens.numel() == int64_t{micro_batch_} * config_.seq_length,
                 "micro-batch shape " + shape_str(batch.tokens.shape));
   Chunk& ch = chunks_.at(chunk);
@@ -624,7 +633,7 @@ double GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const
     const LayerIo l = layer_io(ch, acts, io, i);
     layer_forward(ch.range.first_layer + i, ch.w[i], *l.acts, l.in, l.out, step);
   }
-  return ch.range.has_head ? head_forward(ch, acts.head, io.output, batch) : 0.0;
+  if (ch.range.has_head) head_forward(ch, acts.head, io.output, batch, loss_sums);
 }
 
 void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, float loss_weight,

@@ -103,10 +103,11 @@ class GPTModel {
   Tensor chunk_input_grad(int chunk, int io_slot) const;
 
   // Forward of one micro-batch through a chunk. A chunk with the embedding reads the batch's
-  // tokens; others read chunk_input. A chunk with the head returns the sum of masked
-  // per-token losses (the caller divides by the mask sum); others return 0 and leave their
-  // result in chunk_output.
-  double forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step);
+  // tokens; others read chunk_input. A chunk with the head adds the sum of masked per-token
+  // losses and the mask's sum into loss_sums (I64 [2] holding doubles on the model's device,
+  // ops::masked_loss_sums; the caller divides); others leave their result in chunk_output
+  // and loss_sums untouched. Nothing is read back to the host.
+  void forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, Tensor loss_sums);
   // Called during backward with a range [first, end) of parameter indices whose gradients
   // this backward will not touch again (data parallelism starts reducing them).
   using GradsReady = std::function<void(size_t first, size_t end)>;
@@ -117,8 +118,9 @@ class GPTModel {
   void backward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, float loss_weight,
                 const GradsReady& grads_ready = nullptr);
 
-  // The whole model's single-slot forward/backward (chunk 0, slot 0).
-  double forward(const MicroBatch& batch, const StepContext& step) { return forward(0, {}, batch, step); }
+  // The whole model's single-slot forward/backward (chunk 0, slot 0). This forward returns
+  // the masked loss sum, read back at once (tests and tools; training reads once a step).
+  double forward(const MicroBatch& batch, const StepContext& step);
   void backward(const MicroBatch& batch, const StepContext& step, float loss_weight,
                 const GradsReady& grads_ready = nullptr) {
     backward(0, {}, batch, step, loss_weight, grads_ready);
@@ -155,7 +157,7 @@ class GPTModel {
                       const StepContext& step);
   void embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step);
   void embedding_backward(const MicroBatch& batch, const StepContext& step);
-  double head_forward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch);
+  void head_forward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, Tensor loss_sums);
   void head_backward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight);
 
   GPTConfig config_;

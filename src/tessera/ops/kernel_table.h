@@ -22,10 +22,11 @@ namespace tessera::ops {
 #define TESSERA_OPS(X)                                                                              \
   X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
   X(linear_forward) X(linear_backward) X(bias_add_forward) X(bias_add_backward)                    \
-  X(attention_forward) X(attention_backward) X(gelu_forward) X(gelu_backward) X(dropout_forward)   \
+  X(attention_forward) X(attention_backward) X(attention_buffers) X(gelu_forward) X(gelu_backward) X(dropout_forward)   \
   X(dropout_backward) X(residual_forward) X(residual_backward) X(cross_entropy_max)                \
   X(cross_entropy_sums) X(cross_entropy_finish) X(cross_entropy_backward) X(sequence_to_rank_major) \
-  X(rank_major_to_sequence) X(adamw_update) X(sgd_update) X(sum_squares) X(scale_inplace)
+  X(rank_major_to_sequence) X(adamw_update) X(sgd_update) X(sum_squares) X(scale_inplace)      \
+  X(masked_loss_sums) X(masked_loss_backward) X(init_normal) X(fill)
 
 struct KernelTable {
   const char* backend = "";

@@ -125,6 +125,12 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
                    dropout);
 }
 
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T) {
+  auto fn = kernels_for(device).attention_buffers;
+  if (fn == nullptr) unsupported("attention_buffers", device);
+  return fn(device, B, NH, T);
+}
+
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind) {
   TESSERA_DISPATCH(gelu_forward, T_(&out, &inp), out, inp, kind);
 }
@@ -182,11 +188,25 @@ void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float 
                    weight_decay, step, grad_scale);
 }
 
-double sum_squares(Tensor t) {
-  TESSERA_DISPATCH(sum_squares, T_(&t), t);
+void sum_squares(Tensor sums, int64_t slot, Tensor t) {
+  TESSERA_DISPATCH(sum_squares, T_(&sums, &t), sums, slot, t);
 }
 void scale_inplace(Tensor t, float scale) {
   TESSERA_DISPATCH(scale_inplace, T_(&t), t, scale);
+}
+
+void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
+  TESSERA_DISPATCH(masked_loss_sums, T_(&sums, &losses, &mask), sums, losses, mask);
+}
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale) {
+  TESSERA_DISPATCH(masked_loss_backward, T_(&dlosses, &mask), dlosses, mask, scale);
+}
+
+void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where) {
+  TESSERA_DISPATCH(init_normal, T_(&out), out, std, seed, tensor_id, where);
+}
+void fill(Tensor out, float value) {
+  TESSERA_DISPATCH(fill, T_(&out), out, value);
 }
 
 }  // namespace tessera::ops

@@ -21,6 +21,10 @@
 #include "tessera/core/rng.h"
 #include "tessera/core/tensor.h"
 
+namespace tessera {
+class Device;
+}
+
 namespace tessera::ops {
 
 // Where a dropout's random draws come from. Element e of sample b is kept iff the Philox
@@ -94,13 +98,22 @@ void bias_add_backward(Tensor dbias, Tensor dout);
 
 // Causal self-attention. qkv: [B,T,NH*3*HD] in Megatron's per-head [q;k;v] layout (for
 // head h, q = qkv[..., h*3*HD : h*3*HD+HD], then k, then v). Scores are scaled by
-// 1/sqrt(HD); att: [B,NH,T,T] saves the softmax probabilities (before dropout, zeros above
-// the diagonal); out: [B,T,NH*HD]. Attention dropout acts on the probabilities; its
+// 1/sqrt(HD); out: [B,T,NH*HD]. att: what the forward saves for the backward, shaped as
+// the backend's attention_buffers says: the CPU and OpenCL backends keep the softmax
+// probabilities [B,NH,T,T] (before dropout, zeros above the diagonal); a flash-style
+// kernel keeps a log-sum-exp [B,NH,T] and recomputes the rest. Attention dropout acts on the probabilities; its
 // per-sample element index is (head*T + query)*T + key over the full head count.
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
-// scratch: [B,NH,T,T] workspace (no meaning outside the call).
+// scratch: workspace of attention_buffers' scratch shape (no meaning outside the call).
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const Dropout& dropout);
+// The shapes (f32) of attention's saved state and backward workspace on `device` for B
+// samples, NH heads and T positions: the backend's choice, which the model allocates.
+struct AttentionBuffers {
+  Shape saved;
+  Shape scratch;
+};
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T);
 
 enum class GeluKind { Tanh, Erf };  // Megatron: tanh with bias-gelu fusion / --openai-gelu, erf otherwise
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
@@ -154,6 +167,29 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
 void sequence_to_rank_major(Tensor out, Tensor inp, int parts);
 void rank_major_to_sequence(Tensor out, Tensor inp, int parts);
 
+// The masked language-model loss (Megatron's loss_func in pretrain_gpt.py: the sum of
+// loss * mask and the token count, which the caller divides): sums: I64 [2] holding
+// doubles; sums[0] += sum_i losses[i] * mask[i], sums[1] += sum_i mask[i], each summed in
+// double in index order first. losses, mask: f32 of the same element count.
+void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask);
+// The gradient of sum(losses * mask) * scale: dlosses[i] += mask[i] * scale.
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale);
+
+// Where a parameter shard sits in its full tensor: local element e (row-major, rows of
+// `cols` elements) is element first + (e / cols) * full_cols + e % cols of the full one.
+// A shard of whole rows is {first row * row size, numel, numel}.
+struct ShardIndex {
+  int64_t first = 0;
+  int64_t cols = 1;
+  int64_t full_cols = 1;
+};
+// Megatron's normal initialisation: out[e] = std * a standard normal drawn by
+// core/philox.h's tessera_philox_normal(seed, tensor_id, full index of e), so every
+// backend and every parallel layout holds the same weights.
+void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
+// out[:] = value (f32).
+void fill(Tensor out, float value);
+
 // Decoupled-weight-decay Adam (torch.optim.AdamW / Apex FusedAdam adam_w_mode) on one
 // tensor: p -= lr*wd*p; m, v moments; bias-corrected with step t (1-based).
 // grad_scale multiplies the gradient as it is read (grad itself is left as is): the same
@@ -166,8 +202,15 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum,
                 float weight_decay, int64_t step, float grad_scale = 1.0f);
 
-// Sum of squares in double (a partial of the global gradient norm).
-double sum_squares(Tensor t);
+// Tensors of doubles: tessera has no f64 dtype, so these are I64 tensors whose 8-byte
+// elements hold IEEE doubles (the host reads them back as double).
+//
+// sums[slot] += the sum of squares of t, in double (a partial of the global gradient
+// norm). sums: I64 [S] holding doubles. The CPU's order (fixed chunks of 65536 elements,
+// each in 32 double accumulators, then the accumulators and chunks in order) is the
+// contract, so every backend gives the same bits. A step fills one slot per parameter
+// and reads the buffer back once.
+void sum_squares(Tensor sums, int64_t slot, Tensor t);
 // t *= scale.
 void scale_inplace(Tensor t, float scale);
 

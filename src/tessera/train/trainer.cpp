@@ -87,17 +87,24 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
       scheduler_(args.lr_schedule) {
   const int64_t B = args.micro_batch_size, T = args.model.seq_length, M = args.num_microbatches();
   SlabBuilder layout;
-  std::vector<size_t> offsets;
   for (int64_t m = 0; m < M; ++m)
-    for (DType t : {DType::I32, DType::I32, DType::I32, DType::F32}) offsets.push_back(layout.reserve(t, {B, T}));
+    for (DType t : {DType::I32, DType::I32, DType::I32, DType::F32}) batch_offsets_.push_back(layout.reserve(t, {B, T}));
   batch_slab_ = Buffer(device, layout.total_bytes());
+  batch_staging_ = {device.allocate_pinned(layout.total_bytes()),
+                    [&device, bytes = layout.total_bytes()](void* p) { device.free_pinned(p, bytes); }};
   for (int64_t m = 0; m < M; ++m) {
-    const size_t* o = &offsets[4 * m];
+    const size_t* o = &batch_offsets_[4 * m];
     batches_.push_back({tensor_at(batch_slab_, o[0], DType::I32, {B, T}), tensor_at(batch_slab_, o[1], DType::I32, {B, T}),
                         tensor_at(batch_slab_, o[2], DType::I32, {B, T}), tensor_at(batch_slab_, o[3], DType::F32, {B, T})});
   }
   mask_sums_.resize(M);
   norm_slots_.resize(gpt_param_specs(args.model).size() * args.tensor_parallel_size);
+  SlabBuilder scalars;
+  const size_t loss_at = scalars.reserve(DType::I64, {2});
+  const size_t norm_at = scalars.reserve(DType::I64, {static_cast<int64_t>(norm_slots_.size())});
+  scalars_slab_ = Buffer(device, scalars.total_bytes());
+  loss_sums_ = tensor_at(scalars_slab_, loss_at, DType::I64, {2});
+  norm_sums_ = tensor_at(scalars_slab_, norm_at, DType::I64, {static_cast<int64_t>(norm_slots_.size())});
   TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_size, "data-parallel group size differs from the args");
   layout_ = {B, M, args.data_parallel_size, dp_ ? dp_->rank() : 0};
   if (dp_) {
@@ -126,23 +133,30 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and
 // position ids of gpt_dataset.py's _get_ltor_masks_and_position_ids. Every stage loads the
 // whole micro-batch: the first needs tokens and positions, the last labels and mask, and the
-// copy is small.
+// copy is small. Assembled in the pinned staging, then uploaded in one copy.
 void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro) {
   const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
-  MicroBatch& mb = batches_[micro];
+  const size_t* o = &batch_offsets_[4 * micro];
+  char* staging = static_cast<char*>(batch_staging_.get());
+  int32_t* tokens = reinterpret_cast<int32_t*>(staging + o[0]);
+  int32_t* positions = reinterpret_cast<int32_t*>(staging + o[1]);
+  int32_t* labels = reinterpret_cast<int32_t*>(staging + o[2]);
+  float* loss_mask = reinterpret_cast<float*>(staging + o[3]);
   double mask_sum = 0.0;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* text = global_batch.data() + (micro * B + b) * (T + 1);
     data::make_ltor_sample({text, static_cast<size_t>(T + 1)}, masks_, sample_);
     for (int64_t t = 0; t < T; ++t) {
-      mb.tokens.i32()[b * T + t] = sample_.tokens[t];
-      mb.labels.i32()[b * T + t] = sample_.labels[t];
-      mb.positions.i32()[b * T + t] = static_cast<int32_t>(sample_.position_ids[t]);
-      mb.loss_mask.f32()[b * T + t] = sample_.loss_mask[t];
+      tokens[b * T + t] = sample_.tokens[t];
+      labels[b * T + t] = sample_.labels[t];
+      positions[b * T + t] = static_cast<int32_t>(sample_.position_ids[t]);
+      loss_mask[b * T + t] = sample_.loss_mask[t];
       mask_sum += sample_.loss_mask[t];
     }
   }
   mask_sums_[micro] = mask_sum;
+  const size_t bytes = o[3] + batches_[micro].loss_mask.bytes() - o[0];
+  device_.copy_from_host(batch_slab_.handle(), o[0], staging + o[0], bytes);
 }
 
 const PipelineExecutor& Trainer::training_pipeline(int64_t num_micro) {
@@ -158,16 +172,14 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
   const int64_t num_micro = training ? args_.num_microbatches_at(consumed) : layout_.num_microbatches;
   const std::vector<int32_t>& samples = loader.global_batch(consumed);
   for (int64_t m = 0; m < num_micro; ++m) load_micro_batch(samples, m);
-  std::vector<double> sums = {0.0, 0.0};  // masked loss, mask (on the stage with the loss)
+  fill_zero(loss_sums_);
   auto compute = [&](const PipeAction& a, SlotRef slot) {
     const MicroBatch& mb = batches_[a.micro];
     // Dropout masks are keyed by the sample's index within the global batch.
     const StepContext step{static_cast<uint32_t>(iteration_),
                            static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training};
-    const bool head = model_.partition().chunks[a.chunk].has_head;
     if (a.op == PipeOp::Forward) {
-      const double loss = model_.forward(a.chunk, slot, mb, step);
-      if (head) sums[0] += loss, sums[1] += mask_sums_[a.micro];
+      model_.forward(a.chunk, slot, mb, step, loss_sums_);
       return;
     }
     // Megatron's default: the gradient of the mean over micro-batches of each micro-batch's
@@ -181,6 +193,10 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
   };
   (training ? training_pipeline(num_micro) : eval_pipeline_).run(model_, if_split(groups_.pp), compute);
   if (training) finalize_grads();
+  // Masked loss and mask sums (zero but on the stage with the loss): the step's one read-back
+  // of the loss.
+  std::vector<double> sums(2);
+  copy_to_host(sums.data(), sums.size() * sizeof(double), loss_sums_);
   // Loss sums over the replicas, then from the last stage to every stage.
   sum_in_rank_order(dp_, sums);
   if (Communicator* pp = if_split(groups_.pp))
@@ -205,15 +221,17 @@ void Trainer::finalize_grads() {
 // Each parameter's sum of squares goes into its own slot (parameter id, TP rank), so the
 // total is added in parameter order whatever the layout: pure pipeline parallelism gives
 // the single process's norm to the bit. Exactly one rank fills each slot, so summing the
-// slots' 64-bit patterns as integers over the group moves them without rounding.
+// slots' 64-bit patterns as integers over the group moves them without rounding. The slots
+// are summed on the device and read back once.
 double Trainer::global_grad_norm() {
   const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
-  std::vector<double>& slots = norm_slots_;
-  std::fill(slots.begin(), slots.end(), 0.0);
+  fill_zero(norm_sums_);
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const ParamShard& s = model_.shards()[i];
-    if (s.counts_in_norm) slots[s.spec.id * tp + tp_rank] = ops::sum_squares(model_.grads()[i]);
+    if (s.counts_in_norm) ops::sum_squares(norm_sums_, s.spec.id * tp + tp_rank, model_.grads()[i]);
   }
+  std::vector<double>& slots = norm_slots_;
+  copy_to_host(slots.data(), slots.size() * sizeof(double), norm_sums_);
   if (Communicator* mp = if_split(groups_.model_parallel))
     mp->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, nullptr), ReduceOp::Sum);
   double sum = 0.0;
@@ -265,11 +283,14 @@ IterationResult Trainer::train_step() {
 }
 
 // Stops the run before the update touches the weights (and before any save), naming the
-// iteration, the rank and the first parameter whose gradient is not finite.
+// iteration, the rank and the first parameter whose gradient is not finite (by its slot of
+// this step's norm, which only this rank filled).
 void Trainer::report_non_finite(const IterationResult& r) const {
   std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
+  const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
   for (size_t i = 0; i < model_.shards().size(); ++i) {
-    if (!std::isfinite(ops::sum_squares(model_.grads()[i]))) {
+    const ParamShard& s = model_.shards()[i];
+    if (s.counts_in_norm && !std::isfinite(norm_slots_[s.spec.id * tp + tp_rank])) {
       what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
       what += model_.shards()[i].spec.name;
       break;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,8 +123,17 @@ class Trainer {
   LrScheduler scheduler_;
   Buffer batch_slab_;
   std::vector<MicroBatch> batches_;  // this rank's micro-batches of the current global batch
-  std::vector<double> mask_sums_;    // per micro-batch
-  std::vector<double> norm_slots_;   // squared gradient norm per (parameter, TP rank)
+  // Host staging of batch_slab_ (the same layout, pinned): a micro-batch is assembled here
+  // and uploaded in one copy.
+  std::unique_ptr<void, std::function<void(void*)>> batch_staging_;
+  std::vector<size_t> batch_offsets_;  // in both, per micro-batch: MicroBatch's four tensors in order
+  std::vector<double> mask_sums_;    // per micro-batch, from the host staging
+  // Doubles on the device (ops.h: I64 tensors holding doubles), each read back once a step:
+  // the masked loss and mask sums of a global batch, and the squared gradient norm per
+  // (parameter, TP rank).
+  Buffer scalars_slab_;
+  Tensor loss_sums_, norm_sums_;
+  std::vector<double> norm_slots_;   // norm_sums_ read back
   ZScoreWindow loss_window_, grad_norm_window_;  // --skip-spikes
   SamplerLayout layout_;
   data::LtorOptions masks_;

@@ -103,6 +103,12 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
     copy_to_host(v.data(), v.size() * sizeof(float), t);
     return v;
   }
+  // An I64 tensor holding doubles (ops.h).
+  static std::vector<double> doubles(const Tensor& t) {
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    copy_to_host(v.data(), v.size() * sizeof(double), t);
+    return v;
+  }
 
   // |dev - cpu| <= abs_tol + rel_tol * |cpu| for every element (0, 0: the same bits;
   // inf and NaN must match in kind). Reports the worst element.
@@ -453,14 +459,76 @@ TEST_P(BackendOps, Sgd) {
 }
 
 TEST_P(BackendOps, SumSquaresAndScale) {
-  // Two chunks of 65536 and a tail that is not a multiple of 32.
+  // Two chunks of 65536 and a tail that is not a multiple of 32, into slot 1 of three
+  // slots that start from values of their own (the op adds).
   const int64_t n = 65536 + 1000 + 7;
   Twin& x = normal({n});
-  double result[2];
-  for (int s = 0; s < 2; ++s) result[s] = ops::sum_squares(x[static_cast<Side>(s)]);
-  EXPECT_EQ(result[kCpu], result[kDev]) << "the device sums the CPU's partial sums in the CPU's order";
+  const double start[3] = {0.5, 2.0, -1.0};
+  Twin& sums = make(DType::I64, {3}, start);
+  run([&](Side s) { ops::sum_squares(sums[s], 1, x[s]); });
+  const std::vector<double> cpu = doubles(sums[kCpu]), dev = doubles(sums[kDev]);
+  EXPECT_EQ(cpu, dev) << "the device sums the CPU's partial sums in the CPU's order, on " << GetParam();
+  EXPECT_EQ(cpu[0], 0.5);
+  EXPECT_EQ(cpu[2], -1.0);
   run([&](Side s) { ops::scale_inplace(x[s], 0.37f); });
   expect_close("scaled", x, 0);
+}
+
+TEST_P(BackendOps, MaskedLoss) {
+  const int64_t N = 37;
+  Twin& losses = normal({N}, 2.0f, 5.0f);
+  std::vector<float> m(N);
+  for (int64_t i = 0; i < N; ++i) m[i] = i % 3 == 2 ? 0.0f : 1.0f;
+  Twin& mask = values({N}, m);
+  const double start[2] = {1.25, 3.0};  // a previous micro-batch's sums: the op adds
+  Twin& sums = make(DType::I64, {2}, start);
+  run([&](Side s) { ops::masked_loss_sums(sums[s], losses[s], mask[s]); });
+  // The same products summed in index order, in double: the same bits.
+  EXPECT_EQ(doubles(sums[kCpu]), doubles(sums[kDev])) << GetParam();
+  double loss_sum = 0.0, mask_sum = 0.0;
+  const std::vector<float> l = read(losses[kCpu]);
+  for (int64_t i = 0; i < N; ++i) loss_sum += static_cast<double>(l[i]) * m[i], mask_sum += m[i];
+  EXPECT_EQ(doubles(sums[kCpu]), (std::vector<double>{1.25 + loss_sum, 3.0 + mask_sum}));
+
+  Twin& dlosses = normal({N});  // accumulates
+  run([&](Side s) { ops::masked_loss_backward(dlosses[s], mask[s], 0.125f); });
+  expect_close("dlosses", dlosses, 0);  // one product and one add per element: the same bits
+}
+
+// Megatron's normal init from the shared Philox source: a shard of whole rows and a shard
+// of columns, each equal to its slice of the full tensor drawn on the CPU.
+TEST_P(BackendOps, InitNormalAndFill) {
+  const int64_t rows = 6, cols = 10;
+  Twin& full = zeros({rows, cols});
+  run([&](Side s) { ops::init_normal(full[s], 0.02f, 1234, 7, {0, rows * cols, rows * cols}); });
+  // Box-Muller in double through each device's log and cos, rounded to float: the same
+  // bits unless a device's libm differs by an ulp of double at a rounding boundary.
+  expect_close("full", full, 0);
+  Twin& row_shard = zeros({2, cols});
+  Twin& col_shard = zeros({rows, 4});
+  run([&](Side s) {
+    ops::init_normal(row_shard[s], 0.02f, 1234, 7, {3 * cols, 2 * cols, 2 * cols});
+    ops::init_normal(col_shard[s], 0.02f, 1234, 7, {5, 4, cols});
+  });
+  expect_close("row shard", row_shard, 0);
+  expect_close("column shard", col_shard, 0);
+  const std::vector<float> f = read(full[kCpu]), r = read(row_shard[kDev]), c = read(col_shard[kDev]);
+  for (int64_t i = 0; i < 2 * cols; ++i) EXPECT_EQ(r[i], f[3 * cols + i]) << "row shard element " << i;
+  for (int64_t i = 0; i < rows * 4; ++i) EXPECT_EQ(c[i], f[(i / 4) * cols + 5 + i % 4]) << "column shard element " << i;
+
+  Twin& x = normal({9});
+  run([&](Side s) { ops::fill(x[s], 1.0f); });
+  expect_close("filled", x, 0);
+  EXPECT_EQ(read(x[kDev]), std::vector<float>(9, 1.0f));
+}
+
+// The backend sizes attention's saved state; the kernels above run on what it asks for.
+TEST_P(BackendOps, AttentionBuffers) {
+  const ops::AttentionBuffers b = ops::attention_buffers(device(), 2, 3, 5);
+  EXPECT_FALSE(b.saved.empty());
+  EXPECT_EQ(b.saved[0], 2);
+  EXPECT_EQ(b.saved[1], 3);
+  EXPECT_EQ(b.scratch.empty() ? 2 : b.scratch[0], 2);
 }
 
 // The harness itself: a device result one ulp off in one element fails a tolerance-0

@@ -16,5 +16,10 @@ inline int32_t* i32(const Tensor& t) {
   t.check_dtype(DType::I32);
   return reinterpret_cast<int32_t*>(cpu_memory(t));
 }
+// Doubles, stored as I64 (ops.h: tessera has no f64 dtype; 8-byte slots hold them).
+inline double* f64(const Tensor& t) {
+  t.check_dtype(DType::I64);
+  return reinterpret_cast<double*>(cpu_memory(t));
+}
 
 }  // namespace tessera::ops::cpu

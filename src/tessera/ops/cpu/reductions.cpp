@@ -6,7 +6,10 @@
 
 namespace tessera::ops::cpu {
 
-double sum_squares(Tensor t) {
+void sum_squares(Tensor sums, int64_t slot, Tensor t) {
+  TESSERA_CHECK(slot >= 0 && slot < sums.numel(),
+                "sum_squares: slot " + std::to_string(slot) + " outside sums " + shape_str(sums.shape));
+  double* out = f64(sums);
   const int64_t n = t.numel();
   const float* x = f32(t);
   // Fixed chunks, each summed in double, then the chunk sums added in order: the result
@@ -33,7 +36,7 @@ double sum_squares(Tensor t) {
   }
   double total = 0.0;
   for (double s : partial) total += s;
-  return total;
+  out[slot] += total;
 }
 
 void scale_inplace(Tensor t, float scale) {

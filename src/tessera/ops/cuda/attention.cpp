@@ -81,4 +81,9 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
       .run(d.T, d.B * d.NH);
 }
 
+// The shared kernels save the probabilities; the scratch holds their gradient.
+AttentionBuffers attention_buffers(const Device&, int64_t B, int64_t NH, int64_t T) {
+  return {{B, NH, T, T}, {B, NH, T, T}};
+}
+
 }  // namespace tessera::ops::cuda

@@ -29,6 +29,7 @@ void bias_add_backward(Tensor dbias, Tensor dout);
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, const Dropout& dropout);
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T);
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
 void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind);
@@ -54,7 +55,7 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum, float weight_decay,
                 int64_t step, float grad_scale);
 
-double sum_squares(Tensor t);
+void sum_squares(Tensor sums, int64_t slot, Tensor t);
 void scale_inplace(Tensor t, float scale);
 
 }  // namespace tessera::ops::cuda

@@ -11,8 +11,8 @@ namespace {
 std::string libraries() {
   const size_t v = cublasLtGetVersion();
   return "tessera's kernels (ops/kernels, built with CUDA " + std::to_string(CUDART_VERSION / 1000) + "." +
-         std::to_string(CUDART_VERSION % 1000 / 10) + "), cuBLASLt " + std::to_string(v / 10000) + "." +
-         std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) + " GEMMs";
+         std::to_string(CUDART_VERSION % 1000 / 10) + "), cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100) + " GEMMs";
 }
 
 }  // namespace
@@ -31,6 +31,7 @@ const KernelTable& kernel_table() {
       .bias_add_backward = bias_add_backward,
       .attention_forward = attention_forward,
       .attention_backward = attention_backward,
+      .attention_buffers = attention_buffers,
       .gelu_forward = gelu_forward,
       .gelu_backward = gelu_backward,
       .dropout_forward = dropout_forward,

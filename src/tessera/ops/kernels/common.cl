@@ -87,25 +87,27 @@ DEVICE_FN float fp16_to_f32(uint h) {
 // x rounded to the nearest IEEE half, as f32.
 DEVICE_FN float round_fp16(float x) { return fp16_to_f32(fp16_bits(x)); }
 
-// Philox4x32-10 (core/rng.h's philox4x32): the same bits as the CPU for the same key and
-// counter.
+// Philox4x32-10 from core/philox.h, the source the CPU kernels compile (the OpenCL program
+// has it prepended; CUDA includes it here), on uint4 counters.
+#ifdef __CUDACC__
+#include "tessera/core/philox.h"
+#endif
 DEVICE_FN uint4 philox4x32(uint key0, uint key1, uint4 ctr) {
-  for (int round = 0; round < 10; ++round) {
-    const uint hi0 = mul_hi(0xD2511F53u, ctr.x), lo0 = 0xD2511F53u * ctr.x;
-    const uint hi1 = mul_hi(0xCD9E8D57u, ctr.z), lo1 = 0xCD9E8D57u * ctr.z;
-    ctr = make_uint4(hi1 ^ ctr.y ^ key0, lo1, hi0 ^ ctr.w ^ key1, lo0);
-    key0 += 0x9E3779B9u;
-    key1 += 0xBB67AE85u;
-  }
-  return ctr;
+  tessera_philox4 c;
+  c.v[0] = ctr.x;
+  c.v[1] = ctr.y;
+  c.v[2] = ctr.z;
+  c.v[3] = ctr.w;
+  const tessera_philox4 r = tessera_philox4x32(key0, key1, c);
+  return make_uint4(r.v[0], r.v[1], r.v[2], r.v[3]);
 }
 
-DEVICE_FN float uint_to_unit_float(uint x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+DEVICE_FN float uint_to_unit_float(uint x) { return tessera_uint_to_unit_float(x); }
 
 // ops.h's Dropout as kernel arguments, in this order (host: push_dropout).
 #define DROPOUT_PARAMS float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration, \
                        uint drop_sample0, ulong drop_element_offset
-#define RNG_STREAM_DROPOUT 2u  // core/rng.h RngStream::Dropout
+#define RNG_STREAM_DROPOUT TESSERA_RNG_STREAM_DROPOUT
 
 // The factor of element `element` (within this shard's per-sample tensor) of batch sample
 // b: 1/(1-p) if kept, 0 if dropped (ops/cpu/dropout_mask.h).

@@ -129,3 +129,12 @@ __kernel void scale_inplace(__global float* x, ulong x_off, float scale) {
   const long i = get_global_id(0);
   x[x_off + i] *= scale;
 }
+
+__kernel void fill(__global float* out, ulong out_off, float value) { out[out_off + get_global_id(0)] = value; }
+
+// ops.h masked_loss_backward: dlosses += mask * scale.
+__kernel void masked_loss_backward(__global float* dl, ulong dl_off, __global const float* mask, ulong mask_off,
+                                   float scale) {
+  const long i = get_global_id(0);
+  dl[dl_off + i] += mask[mask_off + i] * scale;
+}

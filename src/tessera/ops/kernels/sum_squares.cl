@@ -2,8 +2,8 @@
 // needs cl_khr_fp64. The CPU sums fixed chunks of 65536 elements, each in 32 double
 // accumulators (element i of a full 32-block to accumulator i % 32, the tail to
 // accumulator 0), then the accumulators and the chunks in order. Work-item (lane, chunk)
-// computes one accumulator; the host adds them in the same order, so the result has the
-// CPU's bits (a float's square is exact in double, so FMA or not does not matter).
+// computes one accumulator; sum_squares_add adds them in the same order, so the result has
+// the CPU's bits (a float's square is exact in double, so FMA or not does not matter).
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define SQ_CHUNK 65536
 #define SQ_LANES 32
@@ -17,4 +17,17 @@ __kernel void sum_squares_lanes(__global double* partial, __global const float* 
   if (j == 0)
     for (long i = full; i < i1; ++i) acc += (double)x[x_off + i] * x[x_off + i];
   partial[c * SQ_LANES + j] = acc;
+}
+
+// sums[slot] += the chunk sums of sum_squares_lanes, added as the CPU adds them: the 32
+// accumulators of each chunk in order, then the chunks in order. One work-item.
+__kernel void sum_squares_add(__global double* sums, ulong sums_off, long slot, __global const double* partial,
+                              long chunks) {
+  double total = 0.0;
+  for (long c = 0; c < chunks; ++c) {
+    double s = 0.0;
+    for (long j = 0; j < SQ_LANES; ++j) s += partial[c * SQ_LANES + j];
+    total += s;
+  }
+  sums[sums_off + slot] += total;
 }

@@ -25,6 +25,7 @@ const KernelTable& kernel_table() {
       .bias_add_backward = bias_add_backward,
       .attention_forward = attention_forward,
       .attention_backward = attention_backward,
+      .attention_buffers = attention_buffers,
       .gelu_forward = gelu_forward,
       .gelu_backward = gelu_backward,
       .dropout_forward = dropout_forward,
@@ -41,6 +42,10 @@ const KernelTable& kernel_table() {
       .sgd_update = sgd_update,
       .sum_squares = sum_squares,
       .scale_inplace = scale_inplace,
+      .masked_loss_sums = masked_loss_sums,
+      .masked_loss_backward = masked_loss_backward,
+      .init_normal = init_normal,
+      .fill = fill,
   };
   return table;
 }

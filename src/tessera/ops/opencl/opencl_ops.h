@@ -30,6 +30,7 @@ void bias_add_backward(Tensor dbias, Tensor dout);
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, const Dropout& dropout);
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T);
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
 void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind);
@@ -55,7 +56,13 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum, float weight_decay,
                 int64_t step, float grad_scale);
 
-double sum_squares(Tensor t);
+void sum_squares(Tensor sums, int64_t slot, Tensor t);
 void scale_inplace(Tensor t, float scale);
+
+void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask);
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale);
+
+void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
+void fill(Tensor out, float value);
 
 }  // namespace tessera::ops::opencl

@@ -1,7 +1,7 @@
-// Sum of squares on OpenCL (kernels/sum_squares.cl): the device computes the CPU's 32
-// double accumulators of every 65536-element chunk, the host adds them in the CPU's order
-// (ops/cpu/reductions.cpp), so the result has the CPU's bits. One read-back per call.
-// Devices without cl_khr_fp64 fall back to the CPU backend on a host copy.
+// The reductions and initialisation that need doubles (kernels/sum_squares.cl, fp64.cl):
+// each reproduces its CPU kernel's order of operations, so the results have the CPU's bits,
+// and each writes device memory (no read-back). Devices without cl_khr_fp64 run the CPU
+// kernel on host copies instead, which costs the transfers but gives the same bits.
 #include <vector>
 
 #include "tessera/ops/opencl/cl_launch.h"
@@ -13,32 +13,76 @@ namespace {
 constexpr int64_t kChunk = 65536;  // SQ_CHUNK
 constexpr int64_t kLanes = 32;     // SQ_LANES
 
+// A host copy of t, as a tensor of the CPU device.
+struct HostCopy {
+  std::vector<char> bytes;
+  Tensor tensor;
+  explicit HostCopy(const Tensor& t) : bytes(t.bytes()) {
+    if (!t.empty()) context_of(t).read(bytes.data(), cl_buffer(t), t.offset, t.bytes());
+    tensor = Tensor(bytes.data(), t.dtype, t.shape, &cpu_device());
+  }
+  void write_back(const Tensor& t) const { context_of(t).write(cl_buffer(t), t.offset, bytes.data(), t.bytes()); }
+};
+
+void check_sums(const Tensor& sums, int64_t count, const char* op) {
+  sums.check_dtype(DType::I64);
+  TESSERA_CHECK(sums.numel() >= count, std::string(op) + ": sums " + shape_str(sums.shape) + " too small");
+}
+
 }  // namespace
 
-double sum_squares(Tensor t) {
-  const int64_t n = t.numel();
-  if (n == 0) return 0.0;
+void sum_squares(Tensor sums, int64_t slot, Tensor t) {
+  check_sums(sums, slot + 1, "sum_squares");
+  TESSERA_CHECK(slot >= 0, "sum_squares: negative slot");
   t.check_dtype(DType::F32);
+  const int64_t n = t.numel();
+  if (n == 0) return;
   ClContext& cl = context_of(t);
   if (!cl.info().fp64) {
-    // No doubles on this device (cl_khr_fp64): the CPU backend sums a host copy, which
-    // costs a read-back of the whole tensor but gives the same bits.
-    std::vector<float> host(static_cast<size_t>(n));
-    cl.read(host.data(), cl_buffer(t), t.offset, t.bytes());
-    return ops::sum_squares(Tensor(host.data(), DType::F32, {n}, &cpu_device()));
+    HostCopy host_sums(sums), host_t(t);
+    ops::sum_squares(host_sums.tensor, slot, host_t.tensor);
+    host_sums.write_back(sums);
+    return;
   }
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   const ClScratch partial(cl, static_cast<size_t>(chunks * kLanes) * sizeof(double));
   ClLaunch::fp64(cl, "sum_squares_lanes").buffer(partial.mem()).tensor(t).scalar<int64_t>(n).run(kLanes, chunks);
-  std::vector<double> lanes(static_cast<size_t>(chunks * kLanes));
-  cl.read(lanes.data(), partial.mem(), 0, lanes.size() * sizeof(double));
-  double total = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    double s = 0.0;
-    for (int64_t j = 0; j < kLanes; ++j) s += lanes[static_cast<size_t>(c * kLanes + j)];
-    total += s;
+  ClLaunch::fp64(cl, "sum_squares_add").tensor(sums).scalar<int64_t>(slot).buffer(partial.mem()).scalar<int64_t>(chunks).run(1);
+}
+
+void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
+  check_sums(sums, 2, "masked_loss_sums");
+  TESSERA_CHECK(losses.numel() == mask.numel(), "masked_loss_sums: losses " + shape_str(losses.shape) + ", mask " +
+                                                    shape_str(mask.shape));
+  ClContext& cl = context_of(losses);
+  if (!cl.info().fp64) {
+    HostCopy host_sums(sums), host_losses(losses), host_mask(mask);
+    ops::masked_loss_sums(host_sums.tensor, host_losses.tensor, host_mask.tensor);
+    host_sums.write_back(sums);
+    return;
   }
-  return total;
+  ClLaunch::fp64(cl, "masked_loss_sums").tensor(sums).tensor(losses).tensor(mask).scalar<int64_t>(losses.numel()).run(1);
+}
+
+void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where) {
+  out.check_dtype(DType::F32);
+  TESSERA_CHECK(where.cols > 0, "init_normal: ShardIndex.cols must be positive");
+  ClContext& cl = context_of(out);
+  if (!cl.info().fp64) {
+    HostCopy host(out);
+    ops::init_normal(host.tensor, std, seed, tensor_id, where);
+    host.write_back(out);
+    return;
+  }
+  ClLaunch::fp64(cl, "init_normal")
+      .tensor(out)
+      .scalar<float>(std)
+      .scalar<uint32_t>(seed)
+      .scalar<uint32_t>(tensor_id)
+      .scalar<int64_t>(where.first)
+      .scalar<int64_t>(where.cols)
+      .scalar<int64_t>(where.full_cols)
+      .run(static_cast<size_t>(out.numel()));
 }
 
 }  // namespace tessera::ops::opencl
