@@ -76,8 +76,9 @@ def opencl_device_present():
 def test_one_process(tmp, cpu):
     ocl, out = train(tmp, "opencl", ["--device", "opencl"])
     compare(cpu, ocl, "opencl, 1 process")
-    head = "\n".join(out.splitlines()[:60])
-    assert "> device: opencl:0, " in head, "the first log lines do not name the device:\n" + head
+    # Start-up names the device (after Megatron's argument block, before training starts).
+    startup = out.split("training ...")[0].split("end of arguments")[-1]
+    assert "> device: opencl:0, " in startup, "start-up does not name the device:\n" + startup
 
 
 def test_launch(tmp, cpu):
