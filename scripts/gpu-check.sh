@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# The CUDA backend on one GPU in one prepared run, for a machine that has a GPU, the CUDA 13
+# driver, Python 3 with torch and pip's nvidia-* libraries, but no Debian development
+# packages (so tessera cannot be built there: oneDNN, ICU, Gloo... are missing).
+#
+#   scripts/gpu-check.sh bundle [BUILD_DIR]
+#       On the build machine, after a CUDA build (default build dir: build-cuda): packs
+#       BUILD_DIR/gpu-bundle.tar.xz with the tessera binary, backend_ops_test and every
+#       shared library they load that is neither glibc nor a CUDA library (oneDNN, ICU,
+#       Gloo, ...), xz-compressed to fit a 64 MiB transfer. Carry that file to the GPU
+#       machine with the source tree.
+#   scripts/gpu-check.sh run [BUNDLE]
+#       On the GPU machine (default bundle: build-cuda/gpu-bundle.tar.xz): unpacks it, finds
+#       the CUDA 13 libraries (cuBLASLt, NCCL) among pip's nvidia-* packages, runs the gpu
+#       tests (every op against the CPU backend, 10 training iterations against the CPU),
+#       then the benchmark (GPT-2 124M and the 350M model at sequence 1024 in bf16:
+#       tokens/s and MFU against 989 TFLOP/s; an 8192^3 bf16 GEMM; PyTorch eager and
+#       torch.compile of the same models), and writes $OUT/gpu-check/summary.md with every
+#       log beside it. Each part has a time limit; the whole run stays under 8 minutes,
+#       and a part that fails or times out is recorded and the run goes on.
+set -uo pipefail
+
+die() {
+  echo "gpu-check: $*" >&2
+  exit 1
+}
+
+# ---------------------------------------------------------------------------------------
+bundle() {
+  local build=${1:-build-cuda}
+  local tessera=$build/src/tessera/cli/tessera ops_test=$build/tests/backend_ops_test
+  [[ -x $tessera && -x $ops_test ]] || die "no $tessera or $ops_test: build with CUDA first"
+  grep -q 'TESSERA_WITH_CUDA:INTERNAL=ON\|TESSERA_CUDA:STRING=\(ON\|AUTO\)' "$build/CMakeCache.txt" ||
+    die "$build is not a CUDA build"
+  local stage
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' RETURN
+  mkdir -p "$stage/tessera-gpu/bin" "$stage/tessera-gpu/lib"
+  cp "$tessera" "$ops_test" "$stage/tessera-gpu/bin/"
+  # Every library the two load, but glibc's (the GPU machine's own must match its loader)
+  # and CUDA's (the GPU machine's driver and pip packages provide them).
+  ldd "$tessera" "$ops_test" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/lib(cuda|cudart|cublas|cublasLt|nccl|cudnn[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$stage/tessera-gpu/lib/"; done
+  tar -C "$stage" -cf - tessera-gpu | xz -T2 -6 >"$build/gpu-bundle.tar.xz"
+  local size
+  size=$(stat -c %s "$build/gpu-bundle.tar.xz")
+  echo "gpu-check: $build/gpu-bundle.tar.xz: $((size >> 20)) MiB ($(find "$stage/tessera-gpu/lib" -type f | wc -l) libraries)"
+  ((size < 60 << 20)) || die "the bundle is over 60 MiB: too big to carry"
+}
+
+# ---------------------------------------------------------------------------------------
+START=$SECONDS
+BUDGET=450  # seconds for everything after unpacking: under 8 minutes with the start-up
+
+# limit SECONDS_WANTED: what a part may take, never past the budget.
+limit() {
+  local left=$((BUDGET - (SECONDS - START)))
+  ((left < $1)) && echo $((left > 5 ? left : 5)) || echo "$1"
+}
+
+# part NAME SECONDS COMMAND...: runs one part with its log in $RESULTS/NAME.log and a row
+# in the summary.
+part() {
+  local name=$1 seconds
+  seconds=$(limit "$2")
+  shift 2
+  local t0=$SECONDS rc=0
+  # A fresh bash that knows this script's bench functions, so timeout can run them too.
+  timeout -k 10 "$seconds" bash -c "$(declare -f tessera_bench torch_bench)"'; "$@"' part "$@" \
+    >"$RESULTS/$name.log" 2>&1 || rc=$?
+  local verdict=passed
+  ((rc == 124 || rc == 137)) && verdict="timed out after ${seconds} s"
+  ((rc == 77)) && verdict=skipped
+  ((rc != 0 && rc != 124 && rc != 137 && rc != 77)) && verdict="FAILED (exit $rc)"
+  echo "| $name | $verdict | $((SECONDS - t0)) s |" >>"$RESULTS/parts.md"
+  echo "gpu-check: $name: $verdict ($((SECONDS - t0)) s)"
+  return 0
+}
+
+# Where pip's nvidia-* packages keep their libraries (cuBLASLt, NCCL, cuDNN, runtime).
+nvidia_library_path() {
+  python3 - <<'EOF'
+import glob, os, site
+dirs = []
+for root in site.getsitepackages() + [site.getusersitepackages()]:
+    dirs += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib")))
+dirs += [d for d in ("/usr/local/cuda/lib64", "/usr/local/cuda/lib") if os.path.isdir(d)]
+print(":".join(dirs))
+EOF
+}
+
+# tessera's benchmark run: MODEL (124m|350m) -> $RESULTS/tessera_MODEL.jsonl
+tessera_bench() {
+  local model=$1 shape
+  case $model in
+    124m) shape="--num-layers 12 --hidden-size 768 --num-attention-heads 12" ;;
+    350m) shape="--num-layers 24 --hidden-size 1024 --num-attention-heads 16" ;;
+  esac
+  # shellcheck disable=SC2086  # shape is a list of flags
+  "$TESSERA" train $shape --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
+    --global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 50257 --mock-data \
+    --lr 6e-4 --lr-warmup-iters 2 --train-iters 12 --log-interval 4 --eval-iters 1 --eval-interval 1000 \
+    --weight-decay 0.1 --clip-grad 1.0 --device cuda --log-json "$RESULTS/tessera_$model.jsonl"
+}
+
+# PyTorch's side: the same GPT (pre-LN, GeLU, tied embeddings, causal SDPA) in bf16 autocast
+# with fused AdamW, eager or torch.compile; prints one JSON line. Also the 8192^3 GEMM.
+torch_bench() {
+  python3 - "$@" <<'EOF'
+import json, sys, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+what = sys.argv[1]
+torch.backends.cuda.matmul.allow_tf32 = False
+if what == "gemm":
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / reps
+    print(json.dumps({"gemm": n, "tflops": 2 * n**3 / dt / 1e12}))
+    sys.exit(0)
+
+model, mode = what, sys.argv[2]
+L, H, NH = {"124m": (12, 768, 12), "350m": (24, 1024, 16)}[model]
+T, B, V = 1024, 8, 50304
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(H), nn.LayerNorm(H)
+        self.qkv, self.proj = nn.Linear(H, 3 * H), nn.Linear(H, H)
+        self.fc1, self.fc2 = nn.Linear(H, 4 * H), nn.Linear(4 * H, H)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, NH, H // NH).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, H))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, H), nn.Embedding(T, H)
+        self.blocks = nn.ModuleList(Block() for _ in range(L))
+        self.ln_f = nn.LayerNorm(H)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+
+
+net = GPT().cuda()
+opt = torch.optim.AdamW(net.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
+step_fn = torch.compile(net) if mode == "compile" else net
+x = torch.randint(0, V, (B, T), device="cuda")
+y = torch.randint(0, V, (B, T), device="cuda")
+
+
+def step():
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = step_fn(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+t0 = time.perf_counter()
+for _ in range(3):
+    step()
+torch.cuda.synchronize()
+warmup = time.perf_counter() - t0
+t0, reps = time.perf_counter(), 10
+for _ in range(reps):
+    step()
+torch.cuda.synchronize()
+dt = (time.perf_counter() - t0) / reps
+print(json.dumps({"model": model, "mode": mode, "tokens_per_second": B * T / dt, "warmup_s": warmup,
+                  "torch": torch.__version__}))
+EOF
+}
+
+# The summary: what ran, and the benchmark table with MFU by Megatron's formula
+# (num_floating_point_operations, without recomputation) against 989 TFLOP/s.
+summarize() {
+  python3 - "$RESULTS" <<'EOF'
+import glob, json, os, sys
+res = sys.argv[1]
+PEAK = 989e12
+SHAPES = {"124m": (12, 768), "350m": (24, 1024)}
+
+
+def flops_per_token(model, s=1024, V=50304):
+    l, h = SHAPES[model]
+    return 72 * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))  # fwd + bwd, no recompute
+
+
+def last_json(path, key):
+    try:
+        rows = [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+        rows = [r for r in rows if key in r]
+        return rows[-1] if rows else None
+    except OSError:
+        return None
+
+
+out = ["# gpu-check summary", "", open(os.path.join(res, "machine.md")).read(), "## Parts", "",
+       "| part | result | time |", "| --- | --- | --- |", open(os.path.join(res, "parts.md")).read(), "",
+       "## Benchmark (bf16, sequence 1024, micro-batch 8)", ""]
+gemm = last_json(os.path.join(res, "gemm_8192.log"), "tflops")
+out.append("8192^3 bf16 GEMM (torch.matmul, cuBLAS): %s TFLOP/s" % ("%.0f" % gemm["tflops"] if gemm else "n/a"))
+out += ["", "| model | run | tokens/s | MFU (989 TFLOP/s) |", "| --- | --- | --- | --- |"]
+for model in ("124m", "350m"):
+    runs = [("tessera", last_json(os.path.join(res, "tessera_%s.jsonl" % model), "tokens_per_second"))]
+    for mode in ("eager", "compile"):
+        runs.append(("PyTorch " + mode, last_json(os.path.join(res, "torch_%s_%s.log" % (model, mode)),
+                                                  "tokens_per_second")))
+    for name, r in runs:
+        if r:
+            tps = r["tokens_per_second"]
+            out.append("| %s | %s | %.0f | %.1f %% |" % (model, name, tps, 100 * tps * flops_per_token(model) / PEAK))
+        else:
+            out.append("| %s | %s | n/a | n/a |" % (model, name))
+text = "\n".join(out) + "\n"
+open(os.path.join(res, "summary.md"), "w").write(text)
+print(text)
+EOF
+}
+
+run() {
+  local bundle=${1:-build-cuda/gpu-bundle.tar.xz}
+  [[ -f $bundle ]] || die "no $bundle: run '$0 bundle' on the build machine and carry the file"
+  RESULTS=${OUT:-/tmp}/gpu-check
+  mkdir -p "$RESULTS"
+  : >"$RESULTS/parts.md"
+  local work
+  work=$(mktemp -d)
+  xz -dc "$bundle" | tar -C "$work" -xf - || die "cannot unpack $bundle"
+  local bin=$work/tessera-gpu/bin nvidia libpath
+  nvidia=$(nvidia_library_path)
+  libpath="$work/tessera-gpu/lib:$nvidia${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The bundled libraries (an older libstdc++ among them) only for tessera's own binaries:
+  # each becomes a wrapper that sets the path, so python3 and torch keep the machine's own.
+  for b in tessera backend_ops_test; do
+    mv "$bin/$b" "$bin/$b.bin"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libpath" "$bin/$b.bin" >"$bin/$b"
+    chmod +x "$bin/$b"
+  done
+  export TESSERA=$bin/tessera RESULTS
+  local ops_test=$bin/backend_ops_test
+  {
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
+    echo
+    echo '```'
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
+    python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1
+    echo "tessera's LD_LIBRARY_PATH=$libpath"
+    LD_LIBRARY_PATH=$libpath ldd "$bin/tessera.bin" | grep -E 'not found|cublas|nccl|cudart' || true
+    echo '```'
+    echo
+  } >"$RESULTS/machine.md"
+  local missing
+  missing=$(LD_LIBRARY_PATH=$libpath ldd "$bin/tessera.bin" | awk '/not found/ {print $1}' | tr '\n' ' ')
+  if [[ -n $missing ]]; then
+    echo "| libraries | FAILED: ${missing}not found (pip's nvidia-* packages for CUDA 13?) |  |" >>"$RESULTS/parts.md"
+    summarize
+    return 1
+  fi
+  part doctor 30 "$TESSERA" doctor --device cuda
+  part test_backend_ops 90 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
+  part test_train_parity 60 python3 tests/integration/cuda_test.py "$TESSERA" train
+  part gemm_8192 20 torch_bench gemm
+  part tessera_124m 60 tessera_bench 124m
+  part torch_124m_eager 30 torch_bench 124m eager
+  part tessera_350m 70 tessera_bench 350m
+  part torch_350m_eager 30 torch_bench 350m eager
+  part torch_124m_compile 60 torch_bench 124m compile
+  part torch_350m_compile 60 torch_bench 350m compile
+  summarize
+}
+
+case ${1:-} in
+  bundle) bundle "${@:2}" ;;
+  run) run "${@:2}" ;;
+  *) die "usage: $0 bundle [BUILD_DIR] | run [BUNDLE]" ;;
+esac
