@@ -56,6 +56,10 @@ void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float 
                 int64_t step, float grad_scale);
 
 void sum_squares(Tensor sums, int64_t slot, Tensor t);
+void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask);
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale);
+void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
+void fill(Tensor out, float value);
 void scale_inplace(Tensor t, float scale);
 
 }  // namespace tessera::ops::cuda

@@ -101,4 +101,15 @@ void scale_inplace(Tensor t, float scale) {
   CudaLaunch(t, "scale_inplace").tensor(t).scalar<float>(scale).run(t.numel());
 }
 
+void fill(Tensor out, float value) {
+  out.check_dtype(DType::F32);
+  CudaLaunch(out, "fill").tensor(out).scalar<float>(value).run(out.numel());
+}
+
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale) {
+  TESSERA_CHECK(dlosses.numel() == mask.numel(), "masked_loss_backward: dlosses " + shape_str(dlosses.shape) +
+                                                     ", mask " + shape_str(mask.shape));
+  CudaLaunch(dlosses, "masked_loss_backward").tensor(dlosses).tensor(mask).scalar<float>(scale).run(dlosses.numel());
+}
+
 }  // namespace tessera::ops::cuda

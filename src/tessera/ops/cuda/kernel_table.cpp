@@ -48,6 +48,10 @@ const KernelTable& kernel_table() {
       .sgd_update = sgd_update,
       .sum_squares = sum_squares,
       .scale_inplace = scale_inplace,
+      .masked_loss_sums = masked_loss_sums,
+      .masked_loss_backward = masked_loss_backward,
+      .init_normal = init_normal,
+      .fill = fill,
   };
   return table;
 }

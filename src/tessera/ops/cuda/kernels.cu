@@ -12,6 +12,7 @@
 #include "tessera/ops/kernels/cross_entropy.cl"
 #include "tessera/ops/kernels/optimizer.cl"
 #include "tessera/ops/kernels/sum_squares.cl"
+#include "tessera/ops/kernels/fp64.cl"
 
 // The 16-bit GEMM operands of cuBLASLt: dst = the bfloat16 (mode 1) or half (mode 2) bits
 // of a rows x cols block of src with leading dimension ld (dst contiguous), rounded as

@@ -31,4 +31,27 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
       .run(1);
 }
 
+// ops/kernels/fp64.cl, as on OpenCL: the CPU's order of operations, into device memory.
+void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
+  sums.check_dtype(DType::I64);
+  TESSERA_CHECK(sums.numel() == 2 && losses.numel() == mask.numel(),
+                "masked_loss_sums: sums " + shape_str(sums.shape) + ", losses " + shape_str(losses.shape) +
+                    ", mask " + shape_str(mask.shape));
+  CudaLaunch(losses, "masked_loss_sums").tensor(sums).tensor(losses).tensor(mask).scalar<int64_t>(losses.numel()).run(1);
+}
+
+void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where) {
+  out.check_dtype(DType::F32);
+  TESSERA_CHECK(where.cols > 0, "init_normal: ShardIndex.cols must be positive");
+  CudaLaunch(out, "init_normal")
+      .tensor(out)
+      .scalar<float>(std)
+      .scalar<uint32_t>(seed)
+      .scalar<uint32_t>(tensor_id)
+      .scalar<int64_t>(where.first)
+      .scalar<int64_t>(where.cols)
+      .scalar<int64_t>(where.full_cols)
+      .run(static_cast<size_t>(out.numel()));
+}
+
 }  // namespace tessera::ops::cuda

@@ -3,7 +3,9 @@
 // (ops/cpu/reductions.cpp, loss.cpp, init.cpp), so the results have the CPU's bits. The
 // tensors of doubles are ops.h's I64 tensors holding doubles. No contraction into FMAs:
 // the CPU kernels round every product as written.
-#pragma OPENCL FP_CONTRACT OFF
+#ifdef __OPENCL_VERSION__
+#pragma OPENCL FP_CONTRACT OFF  // nvcc: --fmad=false (ops/cuda/CMakeLists.txt)
+#endif
 
 // ops.h masked_loss_sums: one work-item, in index order (N is a micro-batch's tokens).
 __kernel void masked_loss_sums(__global double* sums, ulong sums_off, __global const float* losses, ulong losses_off,
