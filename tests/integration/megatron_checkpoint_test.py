@@ -6,7 +6,8 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   3.0, the iteration, a complete args Namespace (Megatron's fields, the run's values, consumed
   samples, params_dtype, model_type), model tensors bit-equal to the same run's tessera-format
   save, Adam's moments under Megatron's two parameter groups equal to tessera's, and
-  opt_param_scheduler's num_steps; a --bf16 TP=2 PP=2 run saves bf16 model tensors (each the
+  opt_param_scheduler's num_steps, rng_state as Megatron's seeding leaves each rank's
+  generators (restored with random/numpy/torch's own setters), none with --no-save-rng; a --bf16 TP=2 PP=2 run saves bf16 model tensors (each the
   rounding of its fp32 parameter) and the fp32 parameters as fp32_from_fp16_params;
 - resume: 3 iterations + save (torch format) + resume to 6 gives the log records (loss, grad
   norm, learning rate, consumed samples) of 6 straight iterations bit for bit, in one process
@@ -23,6 +24,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import zipfile
 
+import numpy
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,6 +126,36 @@ def check_saved_file(sd, tessera_model, tessera_optimizer):
             index += 1
     assert sd["opt_param_scheduler"]["num_steps"] == 12
     assert sd["opt_param_scheduler"]["lr_decay_style"] == "cosine"
+
+
+def check_rng_state(sd, seed, tp, pp):
+    """rng_state as Megatron's loader restores it, with the libraries' own setters: each generator
+    is where Megatron's seeding leaves it (seed + 100 * pipeline rank; CUDA tracker seeds + 2718 +
+    TP rank for model-parallel-rng, + 1024 + TP rank for expert-parallel-rng, offsets 0)."""
+    (st,) = sd["rng_state"]
+    s = seed + 100 * pp
+    random.setstate(st["random_rng_state"])
+    got = random.random()
+    random.seed(s)
+    assert got == random.random(), "random_rng_state"
+    numpy.random.set_state(st["np_rng_state"])
+    got = numpy.random.random_sample(3)
+    numpy.random.seed(s)
+    assert (got == numpy.random.random_sample(3)).all(), "np_rng_state"
+    torch.manual_seed(s)
+    assert torch.equal(st["torch_rng_state"], torch.get_rng_state()), "torch_rng_state"
+    torch.set_rng_state(st["torch_rng_state"])
+    got = torch.rand(3)
+    torch.manual_seed(s)
+    assert torch.equal(got, torch.rand(3)), "torch_rng_state draws"
+
+    def cuda(seed):
+        return torch.tensor(list(struct.pack("<QQ", seed, 0)), dtype=torch.uint8)
+    assert torch.equal(st["cuda_rng_state"], cuda(s)), "cuda_rng_state"
+    tracker = st["rng_tracker_states"]
+    assert list(tracker) == ["data-parallel-rng", "model-parallel-rng", "expert-parallel-rng"], list(tracker)
+    for name, want in zip(tracker, [s, s + 2718 + tp, s + 1024 + tp]):
+        assert torch.equal(tracker[name], cuda(want)), name
 
 
 def check_bf16_file(sd):
@@ -221,7 +254,11 @@ def main():
         sd = torch.load(f"{tmp}/mt/iter_0000003/mp_rank_00/model_optim_rng.pt")
         check_saved_file(sd, safetensors_tensors(f"{tmp}/ts/iter_0000003/mp_rank_00/model.safetensors"),
                          safetensors_tensors(f"{tmp}/ts/iter_0000003/mp_rank_00/optimizer.safetensors"))
-        print("torch.load: layout, args, model, optimizer and scheduler as Megatron saves them")
+        check_rng_state(sd, 1234, 0, 0)
+        run(TRAIN + ["--save", f"{tmp}/norng", "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch",
+                     "--no-save-rng", "--seed", "77"])
+        assert "rng_state" not in torch.load(f"{tmp}/norng/iter_0000003/mp_rank_00/model_optim_rng.pt")
+        print("torch.load: layout, args, model, optimizer, scheduler and rng_state as Megatron saves them")
 
         # Conversions: torch -> tessera (TP=2) exports what the tessera save exports;
         # -> torch (TP=1) again holds the original's model tensors.
@@ -233,6 +270,7 @@ def main():
                                                                               "rb").read()
         run(["convert", f"{tmp}/conv", f"{tmp}/back", "--to", "torch", "--target-tensor-parallel-size", "1"], cmd="ckpt")
         back = torch.load(f"{tmp}/back/iter_0000003/mp_rank_00/model_optim_rng.pt")
+        check_rng_state(back, 1234, 0, 0)
         assert "optimizer" not in back and back["iteration"] == 3 and back["args"].consumed_train_samples == 12
         for k, v in sd["model"].items():
             assert (v is None and back["model"][k] is None) or torch.equal(v, back["model"][k]), k
@@ -249,6 +287,7 @@ def main():
                                                                   "mp_rank_01_001"]
         last = torch.load(f"{tmp}/mt16/iter_0000003/mp_rank_01_001/model_optim_rng.pt")
         check_bf16_file(last)
+        check_rng_state(last, 1234, 1, 1)
         assert "decoder.layers.0.input_layernorm.weight" in last["model"] and "output_layer.weight" in last["model"]
         run(TRAIN + par + ["--load", f"{tmp}/mt16", "--log-json", f"{tmp}/bf16_resumed.jsonl"], procs=4)
         same_records(records(f"{tmp}/bf16_full.jsonl")[3:], records(f"{tmp}/bf16_resumed.jsonl"), "bf16 TP2 PP2 resume")

@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "tessera/ckpt/megatron_rng_state.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
@@ -604,6 +605,12 @@ class FileTensors {
     return add(host.data(), t.shape, dtype);
   }
   Value* scalar(float v) { return add(&v, {}, DType::F32); }
+  // A 1-D torch.ByteTensor (a generator's state).
+  Value* add_bytes(const std::vector<uint8_t>& bytes) {
+    const int64_t n = static_cast<int64_t>(bytes.size());
+    storages_.push_back({std::to_string(storages_.size()), bytes});
+    return doc_.tensor({{storages_.back().key, "ByteStorage", "cpu", n}, 0, {n}, {1}});
+  }
   const std::vector<TorchStorageBytes>& storages() const { return storages_; }
 
  private:
@@ -718,6 +725,24 @@ Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const Megatro
   return outer;
 }
 
+// Megatron's `rng_state`: a list with this rank's one dict of generator states.
+Value* rng_state_list(pickle::Document& doc, FileTensors& tensors, const MegatronRngState& rng) {
+  std::vector<Value*> python, numpy;
+  for (uint32_t w : rng.python_words) python.push_back(doc.integer(w));
+  for (uint32_t w : rng.numpy_words) numpy.push_back(doc.integer(w));
+  Value* state = doc.dict();
+  doc.set(state, "random_rng_state", doc.tuple({doc.integer(3), doc.tuple(std::move(python)), doc.none()}));
+  doc.set(state, "np_rng_state",
+          doc.tuple({doc.str("MT19937"), doc.list(std::move(numpy)), doc.integer(rng.numpy_position), doc.integer(0),
+                     doc.real(0.0)}));
+  doc.set(state, "torch_rng_state", tensors.add_bytes(rng.torch_cpu));
+  doc.set(state, "cuda_rng_state", tensors.add_bytes(rng.cuda));
+  Value* tracker = doc.dict();
+  for (const auto& [name, bytes] : rng.tracker) doc.set(tracker, name, tensors.add_bytes(bytes));
+  doc.set(state, "rng_tracker_states", tracker);
+  return doc.list({state});
+}
+
 }  // namespace
 
 std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std::vector<MegatronParam>& params) {
@@ -733,6 +758,10 @@ std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std
   if (spec.with_optimizer) {
     doc.set(root, "optimizer", optimizer_dict(doc, tensors, spec, params));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
+  }
+  if (spec.with_rng) {
+    const int64_t seed = spec.args.value("seed", int64_t{1234});
+    doc.set(root, "rng_state", rng_state_list(doc, tensors, megatron_rng_state(seed, spec.tp_rank, spec.pp_rank)));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
   doc.root = root;

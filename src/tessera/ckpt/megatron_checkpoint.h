@@ -103,6 +103,8 @@ struct MegatronFileSpec {
   nlohmann::json grad_scaler;  // null: none
   nlohmann::json scheduler;    // opt_param_scheduler's state_dict (Megatron's keys)
   bool last_stage = false;     // adds output_layer._extra_state
+  bool with_rng = true;        // rng_state (megatron_rng_state.h); false with --no-save-rng
+  int tp_rank = 0, pp_rank = 0;
   double floating_point_operations = 0;
 };
 

@@ -290,6 +290,8 @@ int run_convert(const Command& c) {
         spec.args = ns;
         spec.iteration = m.state.iteration;
         spec.last_stage = p == pp - 1;
+        spec.tp_rank = t;
+        spec.pp_rank = p;
         const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
         fs::create_directories(fs::path(tmp_dir) / shard);
         write_file_synced((fs::path(tmp_dir) / shard / kMegatronFile).string(),

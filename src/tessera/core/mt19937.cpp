@@ -1,5 +1,6 @@
 #include "tessera/core/mt19937.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace tessera {
@@ -18,6 +19,31 @@ void Mt19937RandomState::seed(uint32_t s) {
     key_[i] = s;
     s = 1812433253U * (s ^ (s >> 30)) + static_cast<uint32_t>(i + 1);
   }
+  pos_ = kStateSize;
+}
+
+void Mt19937RandomState::seed_by_array(std::span<const uint32_t> words) {
+  seed(19650218U);
+  const size_t n = std::max<size_t>(words.size(), 1);
+  auto word = [&](size_t j) { return words.empty() ? 0U : words[j]; };
+  int i = 1;
+  size_t j = 0;
+  for (size_t k = std::max<size_t>(kStateSize, n); k > 0; --k) {
+    key_[i] = (key_[i] ^ ((key_[i - 1] ^ (key_[i - 1] >> 30)) * 1664525U)) + word(j) + static_cast<uint32_t>(j);
+    if (++i >= kStateSize) {
+      key_[0] = key_[kStateSize - 1];
+      i = 1;
+    }
+    if (++j >= n) j = 0;
+  }
+  for (int k = kStateSize - 1; k > 0; --k) {
+    key_[i] = (key_[i] ^ ((key_[i - 1] ^ (key_[i - 1] >> 30)) * 1566083941U)) - static_cast<uint32_t>(i);
+    if (++i >= kStateSize) {
+      key_[0] = key_[kStateSize - 1];
+      i = 1;
+    }
+  }
+  key_[0] = 0x80000000U;  // non-zero initial state
   pos_ = kStateSize;
 }
 

@@ -31,6 +31,13 @@ class Mt19937RandomState {
 
   explicit Mt19937RandomState(uint32_t seed);
   void seed(uint32_t seed);
+  // CPython's random.seed(n) for an int n: init_by_array over |n|'s 32-bit words, least
+  // significant first (Modules/_randommodule.c random_seed / init_by_array).
+  void seed_by_array(std::span<const uint32_t> words);
+
+  // The state as getstate() functions show it: the 624 words and the next word's position.
+  const std::array<uint32_t, kStateSize>& key() const { return key_; }
+  int position() const { return pos_; }
 
   uint32_t next_uint32();
   uint64_t next_uint64();

@@ -162,7 +162,8 @@ std::vector<OptionDef> train_option_defs() {
        "Exit (saving first with --save) after this many minutes (tessera also takes fractions)"},
       {"--exit-signal-handler", K::StoreTrue, nullptr, "On SIGTERM/SIGINT, save (with --save) and exit 0"},
       {"--no-save-optim", K::StoreTrue, nullptr, "Do not save the optimizer state"},
-      {"--no-save-rng", K::StoreTrue, nullptr, "Do not save RNG states (tessera's RNG is counter-based: none to save)"},
+      {"--no-save-rng", K::StoreTrue, nullptr,
+       "Leave out rng_state (--ckpt-format torch; tessera's own RNG is counter-based and needs none)"},
       {"--no-load-optim", K::StoreTrue, nullptr, "Do not load the optimizer state"},
       {"--no-load-rng", K::StoreTrue, nullptr, "Do not load RNG states (none are needed)"},
       {"--finetune", K::StoreTrue, nullptr, "Load only the model; start at iteration 0 with fresh optimizer and data"},
@@ -549,6 +550,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (!a.save.empty() && a.save_interval == 0)
     throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
   a.no_save_optim = p.get_bool("--no-save-optim");
+  a.no_save_rng = p.get_bool("--no-save-rng");
   a.no_load_optim = p.get_bool("--no-load-optim");
   a.finetune = p.get_bool("--finetune");
   a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");

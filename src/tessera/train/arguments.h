@@ -64,6 +64,7 @@ struct TrainArgs {
   bool dry_run = false;              // --dry-run: validate, print the memory estimate, stop
   double skip_spikes = 0;            // --skip-spikes Z (0: off)
   bool no_save_optim = false, no_load_optim = false, finetune = false;
+  bool no_save_rng = false;  // --ckpt-format torch leaves out Megatron's rng_state
   // --ckpt-format torch: --save writes Megatron-LM's own files (ckpt/megatron_checkpoint.h);
   // otherwise tessera's. --load reads either, whatever this says.
   bool save_megatron_format = false;

@@ -337,6 +337,9 @@ void Trainer::save_checkpoint(const std::string& dir) {
       if (loss_scaler_) spec.grad_scaler = loss_scaler_->state_dict();
       spec.scheduler = megatron_scheduler_state(args_.lr_schedule, scheduler_.num_steps());
       spec.last_stage = pp == args_.pipeline_parallel_size - 1;
+      spec.with_rng = !args_.no_save_rng;
+      spec.tp_rank = tp;
+      spec.pp_rank = pp;
       write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
                            megatron_params(model_, *optimizer_, spec.with_optimizer));
     }, abandon);
