@@ -39,12 +39,13 @@ std::string run_device_line(const Device& device) {
 
 std::vector<std::string_view> training_ops(const TrainArgs& args) {
   std::vector<std::string_view> ops = {
-      "embedding_forward",  "embedding_backward", "layernorm_forward",  "layernorm_backward",
-      "linear_forward",     "linear_backward",    "bias_add_forward",   "bias_add_backward",
-      "attention_forward",  "attention_backward", "gelu_forward",       "gelu_backward",
-      "dropout_forward",    "dropout_backward",   "residual_forward",   "cross_entropy_max",
-      "cross_entropy_sums", "cross_entropy_finish", "cross_entropy_backward", "sum_squares",
-      "scale_inplace"};
+      "init_normal",        "fill",                 "embedding_forward",      "embedding_backward",
+      "layernorm_forward",  "layernorm_backward",   "linear_forward",         "linear_backward",
+      "bias_add_forward",   "bias_add_backward",    "attention_buffers",      "attention_forward",
+      "attention_backward", "gelu_forward",         "gelu_backward",          "dropout_forward",
+      "dropout_backward",   "residual_forward",     "cross_entropy_max",      "cross_entropy_sums",
+      "cross_entropy_finish", "cross_entropy_backward", "masked_loss_sums",   "masked_loss_backward",
+      "sum_squares",        "scale_inplace"};
   ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "sgd_update" : "adamw_update");
   if (args.sequence_parallel) ops.insert(ops.end(), {"sequence_to_rank_major", "rank_major_to_sequence"});
   return ops;
