@@ -15,6 +15,8 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
 - convert: the torch checkpoint converted to tessera's format at TP=2 exports (export-hf) the
   same bytes as the run's own tessera save; converted back to torch at TP=1 its model tensors
   are the original's;
+- interleaved pipelines: PP=4 x 2 virtual stages saves model0/model1 per file (Megatron's
+  numbering), resumes bit-exactly and loads into one process;
 - hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
   zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
   `ckpt inspect` or `train --load`, and nothing is executed; loading the optimizer of a
@@ -69,6 +71,48 @@ def records(path):
 def same_records(a, b, label):
     keys = ("iteration", "consumed_samples", "lm_loss", "grad_norm", "learning_rate")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b], (label, a, b)
+
+
+def close_records(a, b, label, rtol=1e-5):
+    assert [r["iteration"] for r in a] == [r["iteration"] for r in b], (label, a, b)
+    for x, y in zip(a, b):
+        for k in ("lm_loss", "grad_norm"):
+            assert abs(x[k] - y[k]) <= rtol * abs(y[k]), (label, k, x, y)
+
+
+def with_flag(flags, name, value):
+    i = flags.index(name)
+    return flags[:i + 1] + [value] + flags[i + 2:]
+
+
+def check_interleaved(tmp):
+    """PP=4 with 2 virtual stages: each file holds model0 and model1, each chunk's layers from 0
+    (chunk v of stage p is virtual stage 4v + p: one layer each here), args record the virtual
+    stages; the run resumes bit-exactly, and one process loading it continues within 1e-5."""
+    one = with_flag(TRAIN, "--num-layers", "8")
+    vp = one + ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1"]
+    run(vp + ["--log-json", f"{tmp}/vp_full.jsonl"], procs=4)
+    run(vp + ["--save", f"{tmp}/mtvp", "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"],
+        procs=4)
+    files = [torch.load(f"{tmp}/mtvp/iter_0000003/mp_rank_00_{p:03d}/model_optim_rng.pt") for p in range(4)]
+    for p, sd in enumerate(files):
+        assert "model" not in sd and [k for k in sd if k.startswith("model")] == ["model0", "model1"], (p, list(sd))
+        assert sd["args"].virtual_pipeline_model_parallel_size == 2
+        for chunk in ("model0", "model1"):
+            layers = {k.split(".")[2] for k in sd[chunk] if k.startswith("decoder.layers.")}
+            assert layers == {"0"}, (p, chunk, layers)
+    assert "embedding.word_embeddings.weight" in files[0]["model0"]
+    assert "embedding.word_embeddings.weight" not in files[0]["model1"]
+    assert "decoder.final_layernorm.weight" in files[3]["model1"] and "output_layer._extra_state" in files[3]["model1"]
+    assert "decoder.final_layernorm.weight" not in files[3]["model0"]
+    # The optimizer numbers the parameters through both chunks (model0's first).
+    n = sum(v is not None for v in files[1]["model0"].values()) + sum(v is not None for v in files[1]["model1"].values())
+    assert sorted(i for g in files[1]["optimizer"]["param_groups"] for i in g["params"]) == list(range(n))
+    run(vp + ["--load", f"{tmp}/mtvp", "--log-json", f"{tmp}/vp_resumed.jsonl"], procs=4)
+    full = records(f"{tmp}/vp_full.jsonl")
+    same_records(full[3:], records(f"{tmp}/vp_resumed.jsonl"), "interleaved resume")
+    run(one + ["--load", f"{tmp}/mtvp", "--log-json", f"{tmp}/vp_one.jsonl"])
+    close_records(records(f"{tmp}/vp_one.jsonl"), full[3:], "interleaved checkpoint in one process")
 
 
 def safetensors_tensors(path):
@@ -292,6 +336,9 @@ def main():
         run(TRAIN + par + ["--load", f"{tmp}/mt16", "--log-json", f"{tmp}/bf16_resumed.jsonl"], procs=4)
         same_records(records(f"{tmp}/bf16_full.jsonl")[3:], records(f"{tmp}/bf16_resumed.jsonl"), "bf16 TP2 PP2 resume")
         print("bf16 TP=2 PP=2: 16-bit model tensors, fp32_from_fp16_params, bit-exact resume")
+
+        check_interleaved(tmp)
+        print("PP=4 x 2 virtual stages: model0/model1, bit-exact resume, read by one process")
 
         deflated(tmp, f"{tmp}/mt", f"{tmp}/conv")
         print("a checkpoint whose zip records are deflated reads the same")

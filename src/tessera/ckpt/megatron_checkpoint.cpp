@@ -202,14 +202,15 @@ struct SavedParam {
   MappedName mapped;
   const Value* tensor;
   bool weight_decay;
+  int chunk = 0;  // its virtual pipeline chunk (`model<chunk>`); 0 for `model`
 };
 
 struct RankFile {
   int tp = 0, pp = 0;
   std::string rel;
   TorchFile file;
-  std::vector<SavedParam> params;  // registration order (the optimizer's order)
-  int first_layer = 0;             // of its stage, globally
+  std::vector<SavedParam> params;  // registration order, chunk by chunk (the optimizer's order)
+  std::vector<int> first_layer;    // of each of its chunks, globally
 };
 
 std::string shard_rel(int tp, int pp, int pp_size) {
@@ -233,19 +234,37 @@ void add_saved_params(const TorchFile& f, const Value& dict, const std::string& 
     if (v->kind != Kind::Tensor)
       throw runtime_error(f.path() + ": model entry " + key + " is " + pickle::describe(*v) + ", not a tensor");
     const bool wd = !ends_with(key, ".bias") && v->tensor.shape.size() != 1;
-    out.push_back({key, *m, v, wd});
+    out.push_back({key, *m, v, wd, 0});
   }
 }
 
+// The model's state dict, `model`, or one per virtual pipeline chunk (`model0`, `model1`, ...,
+// each chunk's layers numbered from 0).
 std::vector<SavedParam> saved_params(const TorchFile& f) {
-  const Value* model = f.root().get("model");
-  if (!model && f.root().get("model0"))
-    throw runtime_error(f.path() + " holds virtual pipeline chunks (model0, model1, ...)",
-                        "tessera does not read interleaved-pipeline Megatron checkpoints yet; convert it with "
-                        "Megatron's tools/checkpoint/convert.py to --target-pipeline-parallel-size without virtual stages");
   std::vector<SavedParam> out;
-  add_saved_params(f, *need(&f.root(), "model", f, Kind::Dict), "", 0, out);
+  if (!f.root().get("model0")) {
+    add_saved_params(f, *need(&f.root(), "model", f, Kind::Dict), "", 0, out);
+    return out;
+  }
+  for (int chunk = 0; f.root().get("model" + std::to_string(chunk)); ++chunk) {
+    const size_t first = out.size();
+    add_saved_params(f, *need(&f.root(), "model" + std::to_string(chunk), f, Kind::Dict), "", 0, out);
+    for (size_t i = first; i < out.size(); ++i) out[i].chunk = chunk;
+  }
   return out;
+}
+
+// The number of layers in each chunk of a file.
+std::vector<int> chunk_layer_counts(const std::vector<SavedParam>& params) {
+  std::vector<std::set<int>> layers;
+  for (const SavedParam& p : params) {
+    if (static_cast<size_t>(p.chunk) >= layers.size()) layers.resize(p.chunk + 1);
+    if (p.mapped.local_layer >= 0) layers[p.chunk].insert(p.mapped.local_layer);
+  }
+  std::vector<int> counts;
+  for (const auto& l : layers) counts.push_back(static_cast<int>(l.size()));
+  if (counts.empty()) counts.push_back(0);
+  return counts;
 }
 
 json args_json(const TorchFile& f) {
@@ -300,7 +319,8 @@ CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const js
   s.consumed_train_samples = args.value("consumed_train_samples", int64_t{0});
   s.consumed_valid_samples = args.value("consumed_valid_samples", int64_t{0});
   const auto [tp, pp] = saved_layout(it_dir, args);
-  s.layout = {tp, pp, arg_int(args, "data_parallel_size", 1), 1, args.value("padded_vocab_size", int64_t{0})};
+  s.layout = {tp, pp, arg_int(args, "data_parallel_size", 1), arg_int(args, "virtual_pipeline_model_parallel_size", 1),
+              args.value("padded_vocab_size", int64_t{0})};
   if (const Value* sched = f.root().get("opt_param_scheduler"); sched && sched->kind == Kind::Dict) {
     s.scheduler = to_json(*sched);
     s.scheduler_num_steps = as_int(sched->get("num_steps"), f, "opt_param_scheduler.num_steps");
@@ -371,21 +391,30 @@ struct PieceSet {
 
 std::vector<RankFile> open_all(const std::string& it_dir, int tp_size, int pp_size) {
   std::vector<RankFile> files;
-  int first_layer = 0;
-  for (int pp = 0; pp < pp_size; ++pp) {
-    int stage_layers = 0;
+  std::vector<std::vector<int>> stage_chunk_layers(pp_size);  // from each stage's TP rank 0
+  for (int pp = 0; pp < pp_size; ++pp)
     for (int tp = 0; tp < tp_size; ++tp) {
       const std::string rel = shard_rel(tp, pp, pp_size);
-      RankFile f{tp, pp, rel, TorchFile::open((fs::path(it_dir) / rel).string()), {}, first_layer};
+      RankFile f{tp, pp, rel, TorchFile::open((fs::path(it_dir) / rel).string()), {}, {}};
       f.params = saved_params(f.file);
-      std::set<int> layers;
-      for (const SavedParam& p : f.params)
-        if (p.mapped.local_layer >= 0) layers.insert(p.mapped.local_layer);
-      if (tp == 0) stage_layers = static_cast<int>(layers.size());
+      if (tp == 0) stage_chunk_layers[pp] = chunk_layer_counts(f.params);
       files.push_back(std::move(f));
     }
-    first_layer += stage_layers;
-  }
+  // The layers run through the virtual stages in order; chunk v of stage p is virtual stage
+  // v * PP + p (megatron/core/transformer/transformer_block.py get_transformer_layer_offset).
+  const size_t chunks = stage_chunk_layers[0].size();
+  std::vector<std::vector<int>> first_layer(pp_size, std::vector<int>(chunks, 0));
+  int next = 0;
+  for (size_t v = 0; v < chunks; ++v)
+    for (int pp = 0; pp < pp_size; ++pp) {
+      if (stage_chunk_layers[pp].size() != chunks)
+        throw runtime_error("checkpoint " + it_dir + ": " + shard_rel(0, pp, pp_size) + " holds " +
+                            std::to_string(stage_chunk_layers[pp].size()) + " model chunks, " + shard_rel(0, 0, pp_size) +
+                            " " + std::to_string(chunks), "copy the whole folder from one save");
+      first_layer[pp][v] = next;
+      next += stage_chunk_layers[pp][v];
+    }
+  for (RankFile& f : files) f.first_layer = first_layer[f.pp];
   return files;
 }
 
@@ -423,7 +452,7 @@ void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, boo
                      " parameters, the model " + std::to_string(mine[g].size()));
     for (size_t k = 0; k < mine[g].size(); ++k) {
       const SavedParam& p = f.params[mine[g][k]];
-      const std::string name = global_name(p.mapped, f.first_layer);
+      const std::string name = global_name(p.mapped, f.first_layer.at(p.chunk));
       if (tied && name == "output_layer.weight") continue;  // the word embedding's copy
       if (fp32) {
         const Value* group = fp32->kind == Kind::List && g < fp32->items.size() ? fp32->items[g] : nullptr;
@@ -491,7 +520,7 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
     optimizer_set.sources.push_back({files[i].file.path(), files[i].tp});
     if (load_optimizer) add_optimizer_pieces(files[i], i, saved_tp, tied, optimizer_set, file_masters[i]);
     for (const SavedParam& p : files[i].params) {
-      const std::string name = global_name(p.mapped, files[i].first_layer);
+      const std::string name = global_name(p.mapped, files[i].first_layer.at(p.chunk));
       if (tied && name == "output_layer.weight") continue;
       auto m = file_masters[i].find(name);
       model_set.add(files[i], i, saved_tp, name, m != file_masters[i].end() ? m->second : p.tensor);
@@ -626,18 +655,22 @@ bool is_linear_module(const std::string& module) {
 
 std::string module_of(const std::string& name) { return name.substr(0, name.rfind('.')); }
 
+// The state dict of one model chunk; the last stage's last chunk ends with the output layer's.
 Value* model_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
-                  const std::vector<MegatronParam>& params) {
+                  const std::vector<MegatronParam>& params, int chunk, bool last_chunk) {
+  std::vector<const MegatronParam*> mine;
+  for (const MegatronParam& p : params)
+    if (p.chunk == chunk) mine.push_back(&p);
   Value* model = doc.dict();
-  for (size_t i = 0; i < params.size(); ++i) {
-    doc.set(model, params[i].name, tensors.add(params[i].value, spec.model_dtype));
+  for (size_t i = 0; i < mine.size(); ++i) {
+    doc.set(model, mine[i]->name, tensors.add(mine[i]->value, spec.model_dtype));
     // Linear layers end with their (empty) _extra_state, as Megatron's local spec saves them.
-    const std::string module = module_of(params[i].name);
-    const bool module_ends = i + 1 == params.size() || module_of(params[i + 1].name) != module;
+    const std::string module = module_of(mine[i]->name);
+    const bool module_ends = i + 1 == mine.size() || module_of(mine[i + 1]->name) != module;
     if (module_ends && is_linear_module(module) && module != "output_layer")
       doc.set(model, module + "._extra_state", doc.none());
   }
-  if (spec.last_stage) doc.set(model, "output_layer._extra_state", doc.none());
+  if (spec.last_stage && last_chunk) doc.set(model, "output_layer._extra_state", doc.none());
   return model;
 }
 
@@ -754,7 +787,11 @@ std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std
   doc.set(root, "args", args);
   doc.set(root, "checkpoint_version", doc.real(3.0));
   doc.set(root, "iteration", doc.integer(spec.iteration));
-  doc.set(root, "model", model_dict(doc, tensors, spec, params));
+  int chunks = 1;
+  for (const MegatronParam& p : params) chunks = std::max(chunks, p.chunk + 1);
+  if (chunks == 1) doc.set(root, "model", model_dict(doc, tensors, spec, params, 0, true));
+  for (int c = 0; chunks > 1 && c < chunks; ++c)
+    doc.set(root, "model" + std::to_string(c), model_dict(doc, tensors, spec, params, c, c == chunks - 1));
   if (spec.with_optimizer) {
     doc.set(root, "optimizer", optimizer_dict(doc, tensors, spec, params));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));

@@ -89,6 +89,8 @@ struct MegatronParam {
   // Adam's exp_avg and exp_avg_sq, or SGD's momentum_buffer (F32, shaped like value); empty
   // without optimizer state.
   std::vector<std::pair<std::string, Tensor>> state;
+  int chunk = 0;  // the virtual pipeline chunk holding it: saved under `model<chunk>` when a
+                  // rank has more than one, else under `model`
 };
 
 struct MegatronFileSpec {

@@ -558,9 +558,6 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (a.use_checkpoint_scheduler && a.override_scheduler)
     throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
   a.save_megatron_format = p.get_string("--ckpt-format") == "torch";
-  if (a.save_megatron_format && !a.save.empty() && a.pipeline_split.virtual_stages > 1)
-    throw usage_error("--ckpt-format torch does not save interleaved pipelines (virtual stages) yet",
-                      "save in tessera's format (the default), which any layout loads");
   if (p.given("--ckpt-format") && !a.save_megatron_format)
     log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
              "docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes Megatron's",

@@ -106,7 +106,10 @@ json megatron_namespace(const TrainArgs& a, int64_t consumed_train_samples, int6
   ns["add_position_embedding"] = true;
   ns["tensor_model_parallel_size"] = a.tensor_parallel_size;
   ns["pipeline_model_parallel_size"] = a.pipeline_parallel_size;
-  ns["virtual_pipeline_model_parallel_size"] = nullptr;
+  const int virtual_stages = a.pipeline_split.virtual_stages;
+  ns["virtual_pipeline_model_parallel_size"] = virtual_stages > 1 ? json(virtual_stages) : json(nullptr);
+  ns["num_layers_per_virtual_pipeline_stage"] =
+      virtual_stages > 1 ? json(m.num_layers / (a.pipeline_parallel_size * virtual_stages)) : json(nullptr);
   ns["data_parallel_size"] = a.data_parallel_size;
   ns["world_size"] = a.world_size;
   ns["rank"] = 0;

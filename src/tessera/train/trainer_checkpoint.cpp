@@ -5,6 +5,7 @@
 // rank, the slices of whatever layout was saved.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -129,24 +130,38 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
   return out;
 }
 
-// This rank's parameters as Megatron's file holds them (--ckpt-format torch): its stage's
-// layers numbered from 0, the tied embedding's copy as output_layer.weight, each with its
-// optimizer state unless `with_state` is false.
-std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimizer& optimizer, bool with_state) {
-  int first_layer = -1;
-  for (const ParamShard& s : model.shards()) {
-    int layer = 0;
-    if (std::sscanf(s.spec.name.c_str(), "decoder.layers.%d.", &layer) == 1 && (first_layer < 0 || layer < first_layer))
-      first_layer = layer;
+// The chunk of this rank that holds a parameter: its layer's; the first virtual stage's for
+// the embedding; the last's for the final norm, the output layer and the tied embedding's copy.
+int chunk_of(const std::vector<ModelChunk>& chunks, const ParamShard& s) {
+  int layer = 0;
+  const bool in_layer = std::sscanf(s.spec.name.c_str(), "decoder.layers.%d.", &layer) == 1;
+  const bool embedding = s.spec.name.rfind("embedding.", 0) == 0 && !s.is_embedding_copy;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const ModelChunk& k = chunks[c];
+    if (in_layer ? layer >= k.first_layer && layer < k.end_layer : embedding ? k.has_embedding : k.has_head)
+      return static_cast<int>(c);
   }
+  TESSERA_CHECK(false, "no model chunk of this rank holds " + s.spec.name);
+  return 0;
+}
+
+// This rank's parameters as Megatron's file holds them (--ckpt-format torch): chunk by chunk,
+// each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight, each
+// with its optimizer state unless `with_state` is false.
+std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimizer& optimizer, bool with_state) {
+  const std::vector<ModelChunk>& chunks = model.partition().chunks;
   std::vector<MegatronParam> out;
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
-    out.push_back({s.is_embedding_copy ? "output_layer.weight" : megatron_local_name(s.spec.name, first_layer),
-                   model.params()[i], s.spec.weight_decay, {}});
+    const int chunk = chunk_of(chunks, s);
+    out.push_back({s.is_embedding_copy ? "output_layer.weight"
+                                       : megatron_local_name(s.spec.name, chunks[chunk].first_layer),
+                   model.params()[i], s.spec.weight_decay, {}, chunk});
   }
   if (with_state)
     for (const Optimizer::StateTensor& t : optimizer.state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
+  // Megatron's optimizer takes the chunks' parameters in chunk order.
+  std::stable_sort(out.begin(), out.end(), [](const MegatronParam& a, const MegatronParam& b) { return a.chunk < b.chunk; });
   return out;
 }
 
