@@ -1,5 +1,5 @@
 // The kernels of the GPT model, each an explicit forward and backward on Tensors,
-// dispatched by the tensor's device (only the CPU backend exists so far).
+// dispatched by the tensors' device to its backend's kernel table (kernel_table.h).
 //
 // Conventions, identical on every backend:
 // - Arguments: outputs first, then inputs, then sizes and settings.
