@@ -151,27 +151,22 @@ Error checksum_error(const std::string& path) {
                        "load an earlier iteration (edit " + std::string(kTracker) + ") or re-save");
 }
 
-// The whole file (one copy in memory: it is hashed and parsed in place).
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw runtime_error("cannot read checkpoint file " + path + ": " + std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  std::error_code ec;
-  bytes.resize(static_cast<size_t>(fs::file_size(path, ec)));
-  size_t got = ec ? 0 : std::fread(bytes.data(), 1, bytes.size(), f);
-  bytes.resize(got);
-  uint8_t more[4096];  // a file that grew since its size was taken
-  while (size_t n = std::fread(more, 1, sizeof more, f)) bytes.insert(bytes.end(), more, more + n);
+// Whether the file has its recorded size and SHA-256, read through one 1 MiB block.
+bool checksum_ok(const SourceFile& src) {
+  std::FILE* f = std::fopen(src.path.c_str(), "rb");
+  if (!f) throw runtime_error("cannot read checkpoint file " + src.path + ": " + std::strerror(errno));
+  Sha256 sha;
+  std::vector<unsigned char> block(size_t{1} << 20);
+  uint64_t total = 0;
+  while (size_t n = std::fread(block.data(), 1, block.size(), f)) {
+    sha.update({block.data(), n});
+    total += n;
+  }
   const bool failed = std::ferror(f);
   std::fclose(f);
-  if (failed) throw runtime_error("reading checkpoint file " + path + " failed");
-  return bytes;
+  if (failed) throw runtime_error("reading checkpoint file " + src.path + " failed");
+  return total == src.bytes && sha.hex() == src.sha256;
 }
-
-bool checksum_ok(const SourceFile& src, const std::vector<uint8_t>& bytes) {
-  return bytes.size() == src.bytes && sha256_hex(bytes) == src.sha256;
-}
-bool checksum_ok(const SourceFile& src) { return checksum_ok(src, read_bytes(src.path)); }
 
 // The pieces of every tensor of a kind of file (model or optimizer), by name, from the
 // (unverified, bounds-checked) headers; the data is read and verified only when copied.
@@ -323,15 +318,16 @@ void copy_piece(const CopyOp& op, const uint8_t* from, const ShardedTensor& t) {
                        from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
 }
 
-// Reads and verifies each file that `ops_by_file` copies from, then copies.
+// Verifies each file that `ops_by_file` copies from, then copies from the file mapped
+// (safetensors::Reader::open): a load holds no host copy of a file, only the page cache
+// (committed checkpoint files are never rewritten in place).
 void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
              const std::vector<std::vector<CopyOp>>& ops_by_file) {
   for (size_t f = 0; f < ops_by_file.size(); ++f) {
     if (ops_by_file[f].empty()) continue;
     const SourceFile& src = index.sources()[f];
-    std::vector<uint8_t> bytes = read_bytes(src.path);
-    if (!checksum_ok(src, bytes)) throw checksum_error(src.path);
-    const safetensors::Reader r = safetensors::Reader::from_bytes(src.path, std::move(bytes));
+    if (!checksum_ok(src)) throw checksum_error(src.path);
+    const safetensors::Reader r = safetensors::Reader::open(src.path);
     for (const CopyOp& op : ops_by_file[f]) {
       const ShardedTensor& t = targets[op.target];
       const safetensors::TensorInfo* info = r.find(t.name);
