@@ -27,6 +27,8 @@ uint64_t element_offset(const Tensor& t);
 class CudaLaunch {
  public:
   // Makes the tensor's device current and looks `kernel` up (loading the fatbin once).
+  static constexpr const char* kBackend = "CUDA";  // for messages
+
   CudaLaunch(const Tensor& on, const char* kernel);
 
   CudaLaunch& tensor(const Tensor& t);
@@ -72,5 +74,8 @@ class ScratchLease {
 // Index tensors (tokens, positions, targets) must lie in [0, limit): checked on the host,
 // as the CPU backend does, which costs one read-back of the (small) index tensor.
 void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what);
+
+// The launcher the shared host code (ops/kernels/*_host.inc) calls.
+using Launch = CudaLaunch;
 
 }  // namespace tessera::ops::cuda

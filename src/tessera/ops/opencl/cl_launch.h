@@ -32,6 +32,8 @@ uint64_t cl_offset(const Tensor& t);
 
 class ClLaunch {
  public:
+  static constexpr const char* kBackend = "OpenCL";  // for messages
+
   // `kernel` of the program of all kernels but sum_squares (built on first use).
   ClLaunch(ClContext& cl, const char* kernel);
   ClLaunch(const Tensor& on, const char* kernel) : ClLaunch(context_of(on), kernel) {}
@@ -80,5 +82,8 @@ class ClScratch {
 // Index tensors (tokens, positions, targets) must lie in [0, limit): checked on the host,
 // as the CPU backend does, which costs one read-back of the (small) index tensor.
 void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what);
+
+// The launcher the shared host code (ops/kernels/*_host.inc) calls.
+using Launch = ClLaunch;
 
 }  // namespace tessera::ops::opencl
