@@ -37,6 +37,18 @@ struct KernelTable {
 #undef TESSERA_KERNEL_ENTRY
 };
 
+// The table of a backend with a kernel for every op: the functions of the ops' names in the
+// namespace where it expands (ops/<backend>/kernel_table.cpp), plus its name and libraries.
+#define TESSERA_KERNEL_TABLE_ASSIGN(op) table.op = op;
+#define TESSERA_COMPLETE_KERNEL_TABLE(backend_name, libraries_fn) \
+  [] {                                                           \
+    ::tessera::ops::KernelTable table;                           \
+    table.backend = backend_name;                                \
+    table.libraries = libraries_fn;                              \
+    TESSERA_OPS(TESSERA_KERNEL_TABLE_ASSIGN)                     \
+    return table;                                                \
+  }()
+
 // The table of the backend `device` belongs to.
 const KernelTable& kernels_for(const Device& device);
 // Whether `device` has a kernel for the op named `op` (as in ops.h); false for unknown names.
