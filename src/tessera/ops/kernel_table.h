@@ -1,10 +1,10 @@
 // One kernel table per backend: a struct of function pointers with exactly the signatures
-// of the ops in ops.h, reached from the tensors' device (ops.cpp). A backend fills one
-// line per op it implements; a null entry means "not supported", which
-// check_supported() reports at start-up naming the op and the device.
+// of the ops in ops.h, reached from the tensors' device (ops.cpp). A backend with every op
+// builds its table with TESSERA_COMPLETE_KERNEL_TABLE; a null entry means "not supported",
+// which check_supported() reports at start-up naming the op and the device.
 //
-// Adding an op: its contract in ops.h, its name in TESSERA_OPS below, one kernel per
-// backend and that backend's table line.
+// Adding an op: its contract in ops.h, its name in TESSERA_OPS below, and one kernel per
+// backend (declared in that backend's <backend>_ops.h).
 #pragma once
 
 #include <string>
