@@ -125,6 +125,10 @@ ParallelGroups create_parallel_groups(Communicator& world, const Topology& topol
   g.model_parallel = world.split(topology.model_parallel_groups(), "mp");
   g.embedding = world.split(topology.embedding_groups(), "embd");
   g.position_embedding = world.split(topology.position_embedding_groups(), "pos_embd");
+  // A rank's side of a Gloo pair can be connected before its peer's side has read the handshake; a rank
+  // that leaves right after (a --dry-run) would close the socket under its peer. Nobody leaves until
+  // every rank holds every group.
+  world.barrier();
   return g;
 }
 
