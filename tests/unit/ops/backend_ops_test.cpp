@@ -103,6 +103,15 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
     copy_to_host(v.data(), v.size() * sizeof(float), t);
     return v;
   }
+  static std::vector<uint8_t> bytes_of(const Tensor& t) {
+    std::vector<uint8_t> v(t.bytes());
+    copy_to_host(v.data(), v.size(), t);
+    return v;
+  }
+  // The device's result has the CPU's bits exactly (any dtype).
+  void expect_same_bits(const char* what, const Twin& twin) {
+    EXPECT_EQ(bytes_of(twin[kCpu]), bytes_of(twin[kDev])) << what << " on " << GetParam();
+  }
   // An I64 tensor holding doubles (ops.h).
   static std::vector<double> doubles(const Tensor& t) {
     std::vector<double> v(static_cast<size_t>(t.numel()));
@@ -520,6 +529,59 @@ TEST_P(BackendOps, InitNormalAndFill) {
   run([&](Side s) { ops::fill(x[s], 1.0f); });
   expect_close("filled", x, 0);
   EXPECT_EQ(read(x[kDev]), std::vector<float>(9, 1.0f));
+}
+
+// ---- convert ----------------------------------------------------------------------------
+
+// Values that exercise every branch of the roundings: ties to even in both 16-bit formats,
+// the half overflow threshold (65504 stays, 65520 and above are inf), half subnormals and
+// the values that flush to zero, f32 subnormals, values near FLT_MAX (bfloat16 inf), inf,
+// NaN; then random values over a wide range of scales.
+std::vector<float> conversion_inputs(std::mt19937& gen) {
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -2.5f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, 1.0f + 0x1p-11f,
+                          1.0f + 0x3p-11f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 0x1p-14f, 0x1p-24f,
+                          0x1.8p-24f, 0x1p-25f, 0x1.000002p-25f, 1e-30f, 1e-40f, 3.39e38f, -3.4028235e38f,
+                          INFINITY, -INFINITY, NAN, -NAN};
+  std::uniform_real_distribution<float> exponent(-30.0f, 30.0f), mantissa(-1.0f, 1.0f);
+  while (v.size() < 1000) v.push_back(mantissa(gen) * std::exp2(exponent(gen)));
+  return v;
+}
+
+// Every pair of float dtypes, against the CPU bit for bit, and the CPU's F32 -> 16-bit
+// roundings against core/dtype.h's (bfloat16, and half through GCC's _Float16: a
+// reference independent of the kernels).
+TEST_P(BackendOps, Convert) {
+  const std::vector<float> x = conversion_inputs(gen_);
+  const int64_t n = static_cast<int64_t>(x.size());
+  Twin& src = values({n}, x);
+  const DType floats[3] = {DType::F32, DType::BF16, DType::F16};
+  for (DType from : floats) {
+    Twin& narrow = make(from, {n}, nullptr);
+    run([&](Side s) { ops::convert(narrow[s], src[s]); });
+    expect_same_bits(("F32 -> " + std::string(dtype_name(from))).c_str(), narrow);
+    for (DType to : floats) {
+      Twin& out = make(to, {n}, nullptr);
+      run([&](Side s) { ops::convert(out[s], narrow[s]); });
+      expect_same_bits((std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to))).c_str(), out);
+    }
+    if (from == DType::F32) continue;
+    std::vector<uint16_t> got(static_cast<size_t>(n));
+    copy_to_host(got.data(), got.size() * 2, narrow[kCpu]);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = from == DType::BF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+      if (std::isnan(x[i]))  // NaN stays NaN (the quieted payload is the backends' choice)
+        EXPECT_TRUE(from == DType::BF16 ? std::isnan(bf16_to_f32(got[i])) : std::isnan(f16_to_f32(got[i])));
+      else
+        EXPECT_EQ(got[i], want) << dtype_name(from) << " of " << x[i];
+    }
+  }
+}
+
+TEST_P(BackendOps, ConvertRejectsIntegerTensors) {
+  Twin& f = normal({4});
+  Twin& i = ids({4}, {1, 2, 3, 4});
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the device's driver runs threads
+  for (Side s : {kCpu, kDev}) EXPECT_DEATH(ops::convert(i[s], f[s]), "convert: out has dtype i32");
 }
 
 // The backend sizes attention's saved state; the kernels above run on what it asks for.

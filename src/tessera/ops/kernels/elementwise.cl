@@ -132,6 +132,12 @@ __kernel void scale_inplace(__global float* x, ulong x_off, float scale) {
 
 __kernel void fill(__global float* out, ulong out_off, float value) { out[out_off + get_global_id(0)] = value; }
 
+// ops.h convert: out = inp, widened on load and rounded once to out's dtype.
+__kernel void convert(FLOATS(out), CONST_FLOATS(inp)) {
+  const long i = get_global_id(0);
+  STORE(out, i, LOAD(inp, i));
+}
+
 // ops.h masked_loss_backward: dlosses += mask * scale.
 __kernel void masked_loss_backward(__global float* dl, ulong dl_off, __global const float* mask, ulong mask_off,
                                    float scale) {
