@@ -157,7 +157,7 @@ struct GPTModel::Layout {
     B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
     Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
-    att_buffers = ops::attention_buffers(device, B, NHl, T);
+    att_buffers = ops::attention_buffers(device, B, NHl, T, DType::F32);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");

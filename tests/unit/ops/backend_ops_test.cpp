@@ -586,7 +586,7 @@ TEST_P(BackendOps, ConvertRejectsIntegerTensors) {
 
 // The backend sizes attention's saved state; the kernels above run on what it asks for.
 TEST_P(BackendOps, AttentionBuffers) {
-  const ops::AttentionBuffers b = ops::attention_buffers(device(), 2, 3, 5);
+  const ops::AttentionBuffers b = ops::attention_buffers(device(), 2, 3, 5, DType::F32);
   EXPECT_FALSE(b.saved.empty());
   EXPECT_EQ(b.saved[0], 2);
   EXPECT_EQ(b.saved[1], 3);
