@@ -14,8 +14,8 @@ DEVICE_FN float attention_score(CONST_FLOATS(qkv), long base, long t, long t2, l
 #define SCORE(t2) attention_score(qkv, qkv_off, qkv_dt, base, t, (t2), C3, HD, scale)
 
 // One work-item per (query t, bh = b*NH + h). An f32 probabilities row doubles as the
-// score buffer; a 16-bit one cannot hold scores unrounded, so there the scores are
-// recomputed (the same f32 operations, so the same values and the same probabilities).
+// score buffer; a 16-bit one cannot hold scores or probabilities unrounded, so there the
+// scores are recomputed in each pass (the same f32 operations, so the same values).
 __kernel void attention_forward(FLOATS(out), FLOATS(att), CONST_FLOATS(qkv), long T, long NH, long HD, float scale,
                                 DROPOUT_PARAMS) {
   const long t = get_global_id(0), bh = get_global_id(1);
@@ -38,12 +38,13 @@ __kernel void attention_forward(FLOATS(out), FLOATS(att), CONST_FLOATS(qkv), lon
   const float inv = 1.0f / sum;
   for (long t2 = 0; t2 < T; ++t2)
     STORE(att, a + t2, t2 <= t ? (keep ? LOAD(att, a + t2) : exp_approx(SCORE(t2) - mx)) * inv : 0.0f);
-  // out_t = sum over keys of a[t2] (as saved) * dropout factor * v_t2; the dropout element
-  // of (h, t, t2) in the sample's full [heads, T, T] is (h*T + t)*T + t2 (+ element_offset).
+  // out_t = sum over keys of the f32 probability * dropout factor * v_t2 (ops.h); the
+  // dropout element of (h, t, t2) in the sample's full [heads, T, T] is (h*T + t)*T + t2
+  // (+ element_offset).
   float acc[MAX_HD];
   for (long i = 0; i < HD; ++i) acc[i] = 0.0f;
   for (long t2 = 0; t2 <= t; ++t2) {
-    float w = LOAD(att, a + t2);
+    float w = keep ? LOAD(att, a + t2) : exp_approx(SCORE(t2) - mx) * inv;
     if (drop_p > 0.0f) w *= DROPOUT_FACTOR(b, (ulong)((h * T + t) * T + t2));
     for (long i = 0; i < HD; ++i) acc[i] += w * LOAD(qkv, base + t2 * C3 + 2 * HD + i);
   }
