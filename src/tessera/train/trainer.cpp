@@ -128,6 +128,9 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   optimizer_ = std::make_unique<Optimizer>(args.optimizer,
                                            optimizer_params(model, distributed_optimizer() ? dp_buckets_.get() : nullptr),
                                            device);
+  // What sharding divides: Adam's moments (and fp32 main copies), per rank.
+  log_info(" > optimizer state on rank %d: %zu bytes (%s)", log_rank(), optimizer_->state_bytes(),
+           distributed_optimizer() ? "distributed optimizer: this data-parallel rank's shard" : "whole");
   main_grads_ = model.grads();
   if (distributed_optimizer()) {
     main_grads_.assign(model.grads().size(), Tensor());
@@ -240,16 +243,17 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
 // replicated gradients summed over TP, then the tied embedding's two copies summed.
 // With the distributed optimizer the sums run on the owned pieces: every TP rank lays out
 // its buffer alike, and the shared embedding sits in a bucket of its own on both stages, so
-// the ranks of each group own the same piece.
+// the ranks of each group own the same piece (or all none, and skip the call alike).
 void Trainer::finalize_grads() {
   if (dp_buckets_) dp_buckets_->finish();
   const std::vector<ParamShard>& shards = model_.shards();
   if (Communicator* tp = if_split(groups_.tp))
     for (size_t i = 0; i < shards.size(); ++i)
-      if (shards[i].grad_sums_over_tp) tp->all_reduce(main_grads_[i], ReduceOp::Sum);
+      if (shards[i].grad_sums_over_tp && !main_grads_[i].empty()) tp->all_reduce(main_grads_[i], ReduceOp::Sum);
   if (Communicator* emb = if_split(groups_.embedding))
     for (size_t i = 0; i < shards.size(); ++i)
-      if (shards[i].spec.name == "embedding.word_embeddings.weight" && !args_.model.untie_embeddings_and_output_weights)
+      if (shards[i].spec.name == "embedding.word_embeddings.weight" && !args_.model.untie_embeddings_and_output_weights &&
+          !main_grads_[i].empty())
         emb->all_reduce(main_grads_[i], ReduceOp::Sum);
 }
 
