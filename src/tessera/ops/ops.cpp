@@ -208,5 +208,8 @@ void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, Shard
 void fill(Tensor out, float value) {
   TESSERA_DISPATCH(fill, T_(&out), out, value);
 }
+void convert(Tensor out, Tensor inp) {
+  TESSERA_DISPATCH(convert, T_(&out, &inp), out, inp);
+}
 
 }  // namespace tessera::ops

@@ -219,6 +219,12 @@ struct ShardIndex {
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
 // out[:] = value, rounded once to out's dtype.
 void fill(Tensor out, float value);
+// out = inp converted to out's dtype: any of F32, BF16, F16 on either side, the same
+// element count; each element widened exactly and rounded once to out's dtype
+// (round-to-nearest-even; a half overflows to +-inf; NaN stays NaN). It copies the fp32
+// main parameters back into the 16-bit parameters after each optimizer step. out may be
+// inp only when the dtypes match (then nothing happens).
+void convert(Tensor out, Tensor inp);
 
 // Decoupled-weight-decay Adam (torch.optim.AdamW / Apex FusedAdam adam_w_mode) on one
 // tensor: p -= lr*wd*p; m, v moments; bias-corrected with step t (1-based).

@@ -64,5 +64,6 @@ void masked_loss_backward(Tensor dlosses, Tensor mask, float scale);
 
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
 void fill(Tensor out, float value);
+void convert(Tensor out, Tensor inp);
 
 }  // namespace tessera::ops::cpu

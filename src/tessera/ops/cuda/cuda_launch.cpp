@@ -8,6 +8,7 @@
 #include "tessera/device/cuda/cuda_check.h"
 #include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cpu/vocab_shard.h"
+#include "tessera/ops/kernels/float_args.h"
 
 // The fatbin of kernels.cu, linked in as data by fatbin_data.cpp.
 extern "C" const unsigned char tessera_cuda_fatbin[];
@@ -73,6 +74,12 @@ void CudaLaunch::set(const void* value, size_t size) {
 CudaLaunch& CudaLaunch::tensor(const Tensor& t) {
   pointer(t.empty() ? nullptr : t.handle);
   return scalar<uint64_t>(t.empty() ? 0 : element_offset(t));
+}
+
+CudaLaunch& CudaLaunch::floats(const Tensor& t) {
+  TESSERA_CHECK(t.empty() || is_floating(t.dtype), std::string(name_) + " given a tensor of dtype " +
+                                                       std::string(dtype_name(t.dtype)) + " for a floating argument");
+  return tensor(t).scalar<int32_t>(float_code(t));
 }
 
 CudaLaunch& CudaLaunch::pointer(const void* p) { return scalar<const void*>(p); }

@@ -4,7 +4,8 @@
 //   CudaLaunch(out, "residual_forward").tensor(out).tensor(a).tensor(b).run(n);
 //
 // The OpenCL backend's ClLaunch, argument for argument: each tensor becomes its device
-// pointer (null when the tensor is empty: "absent") and its offset in elements; scalars
+// pointer (null when the tensor is empty: "absent") and its offset in elements, a
+// floating one (floats()) a third, its dtype code; scalars
 // must have the exact C++ type of the kernel's parameter (int64_t for long, uint32_t for
 // uint, ...). run(global0, global1) is OpenCL's NDRange, mapped exactly (prelude_cuda.cuh).
 // Kernels go on the device's default stream.
@@ -32,6 +33,8 @@ class CudaLaunch {
   CudaLaunch(const Tensor& on, const char* kernel);
 
   CudaLaunch& tensor(const Tensor& t);
+  // A floating tensor (kernels/dtype.cl's FLOATS): tensor(t), then its dtype code.
+  CudaLaunch& floats(const Tensor& t);
   CudaLaunch& pointer(const void* p);  // a scratch buffer (no offset argument)
   template <typename T>
   CudaLaunch& scalar(T value) {

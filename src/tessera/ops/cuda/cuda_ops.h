@@ -60,6 +60,7 @@ void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask);
 void masked_loss_backward(Tensor dlosses, Tensor mask, float scale);
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
 void fill(Tensor out, float value);
+void convert(Tensor out, Tensor inp);
 void scale_inplace(Tensor t, float scale);
 
 }  // namespace tessera::ops::cuda

@@ -1,10 +1,11 @@
-// Shared by every tessera kernel (prepended to each program): the CPU backend's float
-// approximations (ops/cpu/fast_math.h) and 16-bit roundings (ops/cpu/low_precision.h),
-// written op for op so both backends compute the same functions, and the counter-based
-// Philox RNG of core/rng.h with ops.h's dropout mask.
+// Shared by every tessera kernel (prepended to each program, after dtype.cl): the CPU
+// backend's float approximations (ops/cpu/fast_math.h), written op for op so both
+// backends compute the same functions, and the counter-based Philox RNG of core/rng.h
+// with ops.h's dropout mask.
 //
-// Conventions of every kernel: a tensor is passed as (pointer, offset in elements); an
-// absent optional tensor is a null pointer. Sizes are long (64-bit) so no index overflows.
+// Conventions of every kernel: a tensor is passed as (pointer, offset in elements), a
+// floating one also with its dtype code (dtype.cl); an absent optional tensor is a null
+// pointer. Sizes are long (64-bit) so no index overflows.
 
 // exp(x): fast_math.h's exp_approx (Cephes' expf polynomial after Cody-Waite reduction),
 // exactly 0 below -87 and +inf above 88.3; NaN propagates.
@@ -45,47 +46,6 @@ DEVICE_FN float erf_approx(float x) {
   const float y = 1.0f - r * t * exp_approx(-x * x);
   return copysign(y, x);
 }
-
-// x rounded to the nearest bfloat16 (round-to-nearest-even, NaN quieted), as f32.
-DEVICE_FN float round_bf16(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 0x40u) << 16);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return as_float((u >> 16) << 16);
-}
-
-// The IEEE half nearest to x (round-to-nearest-even; >= 65520 in magnitude is inf; NaN
-// quieted), as its 16 bits: low_precision.h's fp16_bits.
-DEVICE_FN uint fp16_bits(float x) {
-  const uint u = as_uint(x);
-  const uint sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | 0x7E00u | ((a >> 13) & 0x3FFu);
-  if (a >= 0x477FF000u) return sign | 0x7C00u;
-  if (a >= 0x38800000u) {
-    const uint r = a - 0x38000000u;
-    return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
-  }
-  if (a <= 0x33000000u) return sign;
-  const uint e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
-  uint q = m >> shift;
-  const uint rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
-  return sign | q;
-}
-
-// The value of the half with bits h, as f32 (exact): low_precision.h's fp16_to_f32.
-DEVICE_FN float fp16_to_f32(uint h) {
-  const uint hs = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1F) return as_float(hs | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0u));
-  if (e == 0) {
-    const float v = (float)m * 0x1p-24f;
-    return hs ? -v : v;
-  }
-  return as_float(hs | ((e + 112) << 23) | (m << 13));
-}
-
-// x rounded to the nearest IEEE half, as f32.
-DEVICE_FN float round_fp16(float x) { return fp16_to_f32(fp16_bits(x)); }
 
 // Philox4x32-10 from core/philox.h, the source the CPU kernels compile (the OpenCL program
 // has it prepended; CUDA includes it here), on uint4 counters.

@@ -13,6 +13,7 @@
 
 #include <math.h>  // INFINITY (nvcc includes the CUDA runtime itself)
 
+typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
 

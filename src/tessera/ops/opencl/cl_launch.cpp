@@ -5,6 +5,7 @@
 
 #include "tessera/device/opencl/opencl_device.h"
 #include "tessera/ops/cpu/vocab_shard.h"
+#include "tessera/ops/kernels/float_args.h"
 
 namespace tessera::ops::opencl {
 
@@ -54,6 +55,12 @@ void ClLaunch::set(size_t size, const void* value) {
 ClLaunch& ClLaunch::tensor(const Tensor& t) {
   buffer(cl_buffer(t));
   return scalar<cl_ulong>(t.empty() ? 0 : cl_offset(t));
+}
+
+ClLaunch& ClLaunch::floats(const Tensor& t) {
+  TESSERA_CHECK(t.empty() || is_floating(t.dtype), "an OpenCL kernel given a tensor of dtype " +
+                                                       std::string(dtype_name(t.dtype)) + " for a floating argument");
+  return tensor(t).scalar<cl_int>(float_code(t));
 }
 
 ClLaunch& ClLaunch::buffer(cl_mem mem) {

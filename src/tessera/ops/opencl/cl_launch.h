@@ -4,7 +4,8 @@
 //   ClLaunch(out, "residual_forward").tensor(out).tensor(a).tensor(b).run(n);
 //
 // Each tensor becomes two kernel arguments, its cl_mem (null when the tensor is empty:
-// "absent") and its offset in elements; scalars must have the exact C++ type of the
+// "absent") and its offset in elements, a floating one (floats()) a third, its dtype
+// code; scalars must have the exact C++ type of the
 // kernel's parameter (int64_t for long, uint32_t for uint, ...). The kernel's arguments
 // are locked from construction to run(), since in-process ranks share the kernels.
 #pragma once
@@ -41,6 +42,8 @@ class ClLaunch {
   static ClLaunch fp64(ClContext& cl, const char* kernel);
 
   ClLaunch& tensor(const Tensor& t);
+  // A floating tensor (kernels/dtype.cl's FLOATS): tensor(t), then its dtype code.
+  ClLaunch& floats(const Tensor& t);
   ClLaunch& buffer(cl_mem mem);  // a scratch buffer (no offset argument)
   template <typename T>
   ClLaunch& scalar(T value) {
