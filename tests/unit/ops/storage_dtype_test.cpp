@@ -11,6 +11,9 @@
 // Gradient outputs are pre-filled with random values, so a kernel that sets instead of
 // accumulating, or rounds the old value separately, fails too. The parameter gradients
 // the model keeps in fp32 (Megatron's main grads) are F32 in the "model mix" cases.
+// No finite differences here: a 16-bit forward is a step function at the scale of its
+// rounding, and the exact equality with the F32 backward (finite-difference checked in
+// ops_test.cpp) is the stronger statement.
 // Then the dtype errors (ops.h: an Error naming the op, the argument and the dtype).
 #include <gtest/gtest.h>
 
@@ -20,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/core/tensor.h"
@@ -377,9 +381,13 @@ TEST_P(StorageOps, EmbeddingWithRepeatedTokens) {
 }
 
 TEST_P(StorageOps, CrossEntropy) {
-  const int64_t N = 5, V = 300;
-  const Tensor targets = arena.ints({N}, {0, 299, 17, 150, 3});
-  const Pair logits = arena.normal(act(), {N, V}, 1, 3.0f), dlogits = arena.normal(act(), {N, V}, 2, 1e-3f);
+  // 64 rows, pre-filled dlogits of size ~1: a kernel that rounded a row before adding the
+  // target's -dloss (two roundings of the target element) differs in many rows.
+  const int64_t N = 64, V = 300;
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[static_cast<size_t>(n)] = static_cast<int32_t>((n * 37) % V);
+  const Tensor targets = arena.ints({N}, ids);
+  const Pair logits = arena.normal(act(), {N, V}, 1, 3.0f), dlogits = arena.normal(act(), {N, V}, 2);
   const Pair row_max = arena.zeros(DType::F32, {N}), sum_exp = arena.zeros(DType::F32, {N});
   const Pair target_logit = arena.zeros(DType::F32, {N}), lse = arena.zeros(DType::F32, {N});
   const Pair losses = arena.zeros(DType::F32, {N}), dlosses = arena.normal(DType::F32, {N}, 3);
@@ -395,6 +403,39 @@ TEST_P(StorageOps, CrossEntropy) {
   expect_rounded(target_logit, "target_logit");
   expect_rounded(losses, "losses");
   expect_rounded(dlogits, "dlogits");
+}
+
+// In-process ranks are threads that call ops concurrently; each stages into its own
+// thread-local workspaces (and so does each OpenMP worker). Two threads running the same
+// 16-bit attention and LayerNorm calls on their own tensors get the single-thread bits.
+TEST(StorageOpsThreads, ConcurrentCallersStageIntoTheirOwnWorkspaces) {
+  const int64_t B = 2, T = 40, NH = 2, HD = 24, C = NH * HD;
+  struct Run {
+    Arena arena;
+    Pair qkv, out, att, x, y, mean, rstd, w;
+    Run() {
+      qkv = arena.normal(DType::BF16, {B, T, 3 * C}, 1), out = arena.zeros(DType::BF16, {B, T, C});
+      att = arena.zeros(DType::BF16, {B, NH, T, T}), x = arena.normal(DType::F16, {B * T, C}, 2);
+      y = arena.zeros(DType::F16, {B * T, C}), mean = arena.zeros(DType::F32, {B * T});
+      rstd = arena.zeros(DType::F32, {B * T}), w = arena.normal(DType::F16, {C}, 3);
+    }
+    void go() {
+      for (int i = 0; i < 20; ++i) {
+        ops::attention_forward(out.lo, att.lo, qkv.lo, {});
+        ops::layernorm_forward(y.lo, mean.lo, rstd.lo, x.lo, w.lo, Tensor{}, 1e-5f);
+      }
+    }
+  };
+  Run serial, a, b;
+  serial.go();
+  std::thread ta([&] { a.go(); }), tb([&] { b.go(); });
+  ta.join();
+  tb.join();
+  for (const Run* r : {&a, &b}) {
+    EXPECT_EQ(std::memcmp(r->out.lo.host<void>(), serial.out.lo.host<void>(), serial.out.lo.bytes()), 0);
+    EXPECT_EQ(std::memcmp(r->att.lo.host<void>(), serial.att.lo.host<void>(), serial.att.lo.bytes()), 0);
+    EXPECT_EQ(std::memcmp(r->y.lo.host<void>(), serial.y.lo.host<void>(), serial.y.lo.bytes()), 0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -3,8 +3,11 @@
 // Tokens outside the shard contribute nothing here: another tensor-parallel rank holds
 // them and the caller's all-reduce adds its rows. Tables, out and dout may be of any float
 // dtype (staged by rows, storage.h).
+#include <omp.h>
+
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"
@@ -14,42 +17,42 @@
 namespace tessera::ops::cpu {
 namespace {
 
-// Channels per column block of the backward.
-constexpr int64_t kBlock = 64;
+// The backward splits the channels between threads in multiples of this (a vector width).
+constexpr int64_t kBlock = 16;
 
-// The rows of dout that add into each row of a table gradient, each row's list in row
-// order: first[k] is the first row n with index k (-1: none), next[n] the following row
-// with the same index (-1: the last). used lists the table rows with any.
-struct Chains {
-  std::vector<int64_t> first, next, used;
+// The rows of dout that add into a table gradient, as (table row, row of dout) sorted:
+// each table row's rows form one run, in row order. starts: where each run begins, plus
+// the end.
+struct Runs {
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  std::vector<size_t> starts;
 };
 
 // index(n) is row n's table row, or -1 when row n adds nothing to this table.
 template <typename Index>
-Chains chains(int64_t rows, int64_t N, Index index) {
-  Chains c{std::vector<int64_t>(static_cast<size_t>(rows), -1), std::vector<int64_t>(static_cast<size_t>(N), -1), {}};
-  for (int64_t n = N - 1; n >= 0; --n) {
-    const int64_t k = index(n);
-    if (k < 0) continue;
-    if (c.first[k] < 0) c.used.push_back(k);
-    c.next[n] = c.first[k];
-    c.first[k] = n;
-  }
-  return c;
+Runs runs(int64_t N, Index index) {
+  Runs r;
+  for (int64_t n = 0; n < N; ++n)
+    if (const int64_t k = index(n); k >= 0) r.rows.emplace_back(k, n);
+  std::sort(r.rows.begin(), r.rows.end());
+  for (size_t i = 0; i < r.rows.size(); ++i)
+    if (i == 0 || r.rows[i].first != r.rows[i - 1].first) r.starts.push_back(i);
+  r.starts.push_back(r.rows.size());
+  return r;
 }
 
-// table[k, c0:c0+len] += dout[n, c0:c0+len] for the rows n of k's chain, in row order (the
-// order of a plain loop over the rows), then rounded once into the table.
-void add_chain(const Tensor& table, const Tensor& dout, const Chains& c, int64_t k, int64_t C, int64_t c0,
-               int64_t len) {
-  TESSERA_CHECK(len <= kBlock, "embedding backward: column block too wide");
+// table[k, c0:c0+len] += dout[n, c0:c0+len] for the rows n of run i (table row k), in
+// row order (the order of a plain loop over the rows), then rounded once into the table.
+// buf: len floats for a 16-bit dout row.
+void add_run(const Tensor& table, const Tensor& dout, const Runs& r, size_t i, int64_t C, int64_t c0, int64_t len,
+             float* buf) {
+  const int64_t k = r.rows[r.starts[i]].first;
   Stage s;
   float* t = s.inout(table, k * C + c0, len);
-  float buf[kBlock];
-  for (int64_t n = c.first[k]; n >= 0; n = c.next[n]) {
-    const float* g = read(dout, n * C + c0, len, buf);
+  for (size_t j = r.starts[i]; j < r.starts[i + 1]; ++j) {
+    const float* g = read(dout, r.rows[j].second * C + c0, len, buf);
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) t[i] += g[i];
+    for (int64_t c = 0; c < len; ++c) t[c] += g[c];
   }
   s.done(table, k * C + c0, len, t);
 }
@@ -103,7 +106,7 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
   for (auto [t, name] : {std::pair{&dout, "dout"}, {&dwte, "dwte"}, {&dwpe, "dwpe"}})
     check_float(*t, "embedding_backward", name);
   const int64_t C = dout.dim(-1), N = dout.numel() / C;
-  Chains by_token, by_position;
+  Runs by_token, by_position;
   if (!dwte.empty()) {
     TESSERA_CHECK(dwte.ndim() == 2 && dwte.dim(1) == C && tokens.numel() == N,
                   "embedding backward: dout " + shape_str(dout.shape) + ", dwte " + shape_str(dwte.shape) +
@@ -111,7 +114,7 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
     const VocabShard shard = vocab_shard(vocab_start, dwte.dim(0), vocab_size, "embedding backward");
     const int32_t* tok = i32(tokens);
     check_ids(tok, N, shard.total, "token id");
-    by_token = chains(dwte.dim(0), N, [&](int64_t n) { return shard.holds(tok[n]) ? tok[n] - shard.start : -1; });
+    by_token = runs(N, [&](int64_t n) { return shard.holds(tok[n]) ? int64_t{tok[n] - shard.start} : -1; });
   }
   if (!dwpe.empty()) {
     TESSERA_CHECK(dwpe.ndim() == 2 && dwpe.dim(1) == C && positions.numel() == N,
@@ -119,18 +122,21 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
                       ", positions " + shape_str(positions.shape));
     const int32_t* pos = i32(positions);
     check_ids(pos, N, dwpe.dim(0), "position id");
-    by_position = chains(dwpe.dim(0), N, [&](int64_t n) { return static_cast<int64_t>(pos[n]); });
+    by_position = runs(N, [&](int64_t n) { return static_cast<int64_t>(pos[n]); });
   }
   // Several rows may hit the same token (or position), so threads split the channels, not
-  // the rows: each thread owns a column block of both tables, no two threads ever add to
-  // the same element, and every element sums its rows in order n = 0, 1, ... (bitwise the
-  // same result for any thread count), rounding a 16-bit table once.
-  const int64_t blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kBlock, len = std::min(kBlock, C - c0);
-    for (int64_t k : by_token.used) add_chain(dwte, dout, by_token, k, C, c0, len);
-    for (int64_t k : by_position.used) add_chain(dwpe, dout, by_position, k, C, c0, len);
+  // the rows: each thread owns a range of channels of both tables, no two threads ever add
+  // to the same element, and every element sums its rows in order n = 0, 1, ... (bitwise
+  // the same result for any thread count), rounding a 16-bit table once.
+#pragma omp parallel
+  {
+    const int64_t blocks = (C + kBlock - 1) / kBlock, threads = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t c0 = std::min(C, blocks * id / threads * kBlock), c1 = std::min(C, blocks * (id + 1) / threads * kBlock);
+    std::vector<float> buf(static_cast<size_t>(c1 - c0));
+    for (size_t i = 0; c1 > c0 && i + 1 < by_token.starts.size(); ++i)
+      add_run(dwte, dout, by_token, i, C, c0, c1 - c0, buf.data());
+    for (size_t i = 0; c1 > c0 && i + 1 < by_position.starts.size(); ++i)
+      add_run(dwpe, dout, by_position, i, C, c0, c1 - c0, buf.data());
   }
 }
 

@@ -100,33 +100,16 @@ void narrow_parallel(const Tensor& t, int64_t off, int64_t ld, const float* src,
   for (int64_t r = 0; r < rows; ++r) narrow(t, off + r * ld, ld, src + r * src_ld, src_ld, 1, cols);
 }
 
-const float* read(const Tensor& t, int64_t off, int64_t n, float* buf) {
-  if (t.dtype == DType::F32) return reinterpret_cast<const float*>(element(t, off));
-  widen(buf, t, off, 1, n, n);
-  return buf;
-}
-
 float* Stage::scratch(int64_t elements) {
   TESSERA_CHECK(used_ < kMaxBlocks, "Stage: more than kMaxBlocks 16-bit blocks in one work item");
   const auto slot = static_cast<Workspace>(static_cast<int>(Workspace::Stage0) + first_ + used_++);
   return static_cast<float*>(workspace(slot, static_cast<size_t>(elements) * sizeof(float)));
 }
 
-Block Stage::in(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
-  if (t.dtype == DType::F32) return {reinterpret_cast<float*>(element(t, off)), ld};
+Block Stage::widened(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
   float* p = scratch(rows * cols);
   widen(p, t, off, rows, cols, ld);
   return {p, cols};
-}
-
-Block Stage::out(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
-  if (t.dtype == DType::F32) return {reinterpret_cast<float*>(element(t, off)), ld};
-  return {scratch(rows * cols), cols};
-}
-
-void Stage::done(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld, Block b) {
-  if (t.dtype == DType::F32 && b.p == reinterpret_cast<float*>(element(t, off))) return;
-  narrow(t, off, ld, b.p, b.ld, rows, cols);
 }
 
 }  // namespace tessera::ops::cpu

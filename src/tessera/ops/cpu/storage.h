@@ -25,6 +25,11 @@ void check_float(const Tensor& t, const char* op, const char* arg);
 // its memory (nullptr when empty).
 float* f32_arg(const Tensor& t, const char* op, const char* arg);
 
+// dst[r * cols + c] = element off + r * ld + c of t, widened exactly (any float dtype).
+void widen(float* dst, const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld);
+// Element off + r * ld + c of t = src[r * src_ld + c] rounded once to t's dtype.
+void narrow(const Tensor& t, int64_t off, int64_t ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols);
+
 // A rows x cols block of f32 values: element (r, c) at p[r * ld + c].
 struct Block {
   float* p;
@@ -46,32 +51,42 @@ class Stage {
 
   // For reading.
   const float* in(const Tensor& t, int64_t off, int64_t n) { return in(t, off, 1, n, n).p; }
-  Block in(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld);
+  Block in(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
+    return t.dtype == DType::F32 ? own(t, off, ld) : widened(t, off, rows, cols, ld);
+  }
   // For writing every element (contents undefined), then done().
   float* out(const Tensor& t, int64_t off, int64_t n) { return out(t, off, 1, n, n).p; }
-  Block out(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld);
+  Block out(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
+    return t.dtype == DType::F32 ? own(t, off, ld) : Block{scratch(rows * cols), cols};
+  }
   // For accumulating into (holds the current values), then done().
   float* inout(const Tensor& t, int64_t off, int64_t n) { return in(t, off, 1, n, n).p; }
   Block inout(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
     return in(t, off, rows, cols, ld);
   }
   // Rounds a written block into t (nothing to do for F32: it was written in place).
-  void done(const Tensor& t, int64_t off, int64_t n, const float* p) { done(t, off, 1, n, n, {const_cast<float*>(p), n}); }
-  void done(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld, Block b);
+  void done(const Tensor& t, int64_t off, int64_t n, float* p) { done(t, off, 1, n, n, {p, n}); }
+  void done(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld, Block b) {
+    if (t.dtype != DType::F32 || b.p != own(t, off, ld).p) narrow(t, off, ld, b.p, b.ld, rows, cols);
+  }
 
  private:
+  // The F32 path, inline: the tensor's memory.
+  static Block own(const Tensor& t, int64_t off, int64_t ld) {
+    return {reinterpret_cast<float*>(cpu_memory(t)) + off, ld};
+  }
+  Block widened(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld);
   float* scratch(int64_t elements);
   int first_;
   int used_ = 0;
 };
 
 // Elements [off, off+n) of t as f32: t's own memory when F32, else widened into buf[n].
-const float* read(const Tensor& t, int64_t off, int64_t n, float* buf);
-
-// dst[r * cols + c] = element off + r * ld + c of t, widened exactly (any float dtype).
-void widen(float* dst, const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld);
-// Element off + r * ld + c of t = src[r * src_ld + c] rounded once to t's dtype.
-void narrow(const Tensor& t, int64_t off, int64_t ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols);
+inline const float* read(const Tensor& t, int64_t off, int64_t n, float* buf) {
+  if (t.dtype == DType::F32) return reinterpret_cast<const float*>(cpu_memory(t)) + off;
+  widen(buf, t, off, 1, n, n);
+  return buf;
+}
 
 // The same, split over OpenMP threads by rows for large blocks (the linear layer's GEMM
 // operands); for callers outside a parallel region.
