@@ -850,7 +850,9 @@ TEST_P(BackendOps, Storage16OptimizerAndNorm) {
     Twin& m = normal({n}, 0.01f);
     Twin& v = zeros({n});
     for (int64_t step = 1; step <= 2; ++step)
-      run([&](Side s) { ops::adamw_update(param[s], grad[s], m[s], v[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f); });
+      run([&](Side s) {
+        ops::adamw_update(param[s], grad[s], m[s], v[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+      });
     expect_close("param", param, 0);  // as AdamW: the same bits
     expect_close("m", m, 0);
     expect_close("v", v, 0);

@@ -124,7 +124,9 @@ Tensor from(const Tensor& t, int64_t first, Shape shape) {
 
 // Weight rows per tile of the 16-bit path: each converted block (W's rows, dout's columns,
 // the forward's result) holds at most about 4M f32 (16 MB), at least 64 rows.
-int64_t tile_rows(int64_t N, int64_t C) { return std::max<int64_t>(64, (int64_t{1} << 22) / std::max<int64_t>({N, C, 1})); }
+int64_t tile_rows(int64_t N, int64_t C) {
+  return std::max<int64_t>(64, (int64_t{1} << 22) / std::max<int64_t>({N, C, 1}));
+}
 
 // An f32 block for the GEMMs: the rows x cols block of t at element `first` (leading
 // dimension ld) in place when t is F32, else widened into `copy` (contiguous).
