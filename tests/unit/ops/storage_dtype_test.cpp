@@ -11,6 +11,9 @@
 // Gradient outputs are pre-filled with random values, so a kernel that sets instead of
 // accumulating, or rounds the old value separately, fails too. The parameter gradients
 // the model keeps in fp32 (Megatron's main grads) are F32 in the "model mix" cases.
+// No finite differences here: a 16-bit forward is a step function at the scale of its
+// rounding, and the exact equality with the F32 backward (finite-difference checked in
+// ops_test.cpp) is the stronger statement.
 // Then the dtype errors (ops.h: an Error naming the op, the argument and the dtype).
 #include <gtest/gtest.h>
 

@@ -13,6 +13,7 @@
 // probabilities or score gradients vectorise along the head dim.
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"

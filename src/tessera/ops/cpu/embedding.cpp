@@ -5,6 +5,7 @@
 // dtype (staged by rows, storage.h).
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"

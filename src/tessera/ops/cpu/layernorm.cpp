@@ -4,6 +4,7 @@
 // row groups, storage.h); mean and rstd are f32.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/storage.h"

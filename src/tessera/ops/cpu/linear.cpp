@@ -25,6 +25,7 @@
 // The weight-row dimension OC is processed in tiles (lowp_tile_elements) so a 50k-row LM
 // head does not need a converted copy of the whole weight, logits or their gradient.
 #include <algorithm>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>

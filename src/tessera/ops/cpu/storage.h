@@ -56,7 +56,7 @@ class Stage {
     return in(t, off, rows, cols, ld);
   }
   // Rounds a written block into t (nothing to do for F32: it was written in place).
-  void done(const Tensor& t, int64_t off, int64_t n, const float* p) { done(t, off, 1, n, n, {const_cast<float*>(p), n}); }
+  void done(const Tensor& t, int64_t off, int64_t n, float* p) { done(t, off, 1, n, n, {p, n}); }
   void done(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld, Block b);
 
  private:
