@@ -70,3 +70,11 @@ foreach(script model_parallel data_parallel checkpoint)
   # Hang guards: 37 s, 13 s and 22 s under ctest -j2 on a shared 2-core machine.
   set_tests_properties(train_${script}.strict PROPERTIES TIMEOUT 300 LABELS strict)
 endforeach()
+
+# The distributed optimizer (ZeRO-1) against the single-process run: DP=2, DP=4, TP=2 x DP=2
+# and PP=2 x DP=2 with its overlaps off and on, the optimizer state per rank as 1/DP, and
+# checkpoints resharded between DP sizes, TP, and to and from the non-distributed optimizer.
+add_test(NAME train_distributed_optimizer
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/distributed_optimizer_test.py
+                 $<TARGET_FILE:tessera>)
+set_tests_properties(train_distributed_optimizer PROPERTIES TIMEOUT 600)

@@ -107,7 +107,9 @@ int run_train(int argc, char** argv) {
   }
   print_rank_0(" > padded vocab (size: %d) with %d dummy tokens (new size: %d)", c.vocab_size,
                c.padded_vocab_size - c.vocab_size, c.padded_vocab_size);
-  GPTModel model(c, device, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots, groups.tp.get());
+  const GradBufferLayout buffer_layout = grad_buffer_layout(args, partition, topology.pp_rank());
+  GPTModel model(c, device, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots, groups.tp.get(),
+                 &buffer_layout);
   if (args.init_from_hf.empty()) {
     model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
   } else {

@@ -83,6 +83,11 @@ class Communicator {
   virtual void all_gather(Tensor out, Tensor in) = 0;
   // in: [size * n] reduced; this rank receives its chunk out: [n].
   virtual void reduce_scatter(Tensor out, Tensor in, ReduceOp op) = 0;
+  // Asynchronous all_gather and reduce_scatter (the distributed optimizer's buckets), under
+  // all_reduce_async's rules; out and in on the same device. A backend that does not
+  // override them runs the synchronous call and returns finished work (correct, not overlapped).
+  virtual std::unique_ptr<Work> all_gather_async(Tensor out, Tensor in);
+  virtual std::unique_ptr<Work> reduce_scatter_async(Tensor out, Tensor in, ReduceOp op);
   virtual void broadcast(Tensor t, int root) = 0;
   // Point-to-point; dst/src are ranks of this group other than this one.
   virtual void send(Tensor t, int dst) = 0;
@@ -98,5 +103,22 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups,
                                               const std::string& name = "") = 0;
 };
+
+namespace comm_detail {
+class FinishedWork final : public Work {
+ public:
+  void wait() override {}
+};
+}  // namespace comm_detail
+
+inline std::unique_ptr<Work> Communicator::all_gather_async(Tensor out, Tensor in) {
+  all_gather(out, in);
+  return std::make_unique<comm_detail::FinishedWork>();
+}
+
+inline std::unique_ptr<Work> Communicator::reduce_scatter_async(Tensor out, Tensor in, ReduceOp op) {
+  reduce_scatter(out, in, op);
+  return std::make_unique<comm_detail::FinishedWork>();
+}
 
 }  // namespace tessera

@@ -146,14 +146,32 @@ std::unique_ptr<Work> GroupCommunicator::all_reduce_async(Tensor t, ReduceOp op)
   return std::make_unique<StagedWork>(std::move(stage), std::move(work), t, p);
 }
 
+namespace {
+
+void check_gather(const Tensor& out, const Tensor& in, int size, const char* op) {
+  check_memory(out, op);
+  check_memory(in, op);
+  check_same_dtype(out, in, op);
+  TESSERA_CHECK(out.numel() == in.numel() * size, std::string(op) + ": out has " + std::to_string(out.numel()) +
+                                                      " elements, expected size x in = " +
+                                                      std::to_string(in.numel() * size));
+}
+
+void check_scatter(const Tensor& out, const Tensor& in, int size, const char* op) {
+  check_memory(out, op);
+  check_memory(in, op);
+  check_same_dtype(out, in, op);
+  check_reducible(in, op);
+  TESSERA_CHECK(in.numel() == out.numel() * size, std::string(op) + ": in has " + std::to_string(in.numel()) +
+                                                      " elements, expected size x out = " +
+                                                      std::to_string(out.numel() * size));
+}
+
+}  // namespace
+
 void GroupCommunicator::all_gather(Tensor out, Tensor in) {
   queue_.drain();
-  check_memory(out, "all_gather");
-  check_memory(in, "all_gather");
-  check_same_dtype(out, in, "all_gather");
-  TESSERA_CHECK(out.numel() == in.numel() * size(), "all_gather: out has " + std::to_string(out.numel()) +
-                                                        " elements, expected size x in = " +
-                                                        std::to_string(in.numel() * size()));
+  check_gather(out, in, size(), "all_gather");
   const Call c = next_call(call_text("all_gather", in));
   if (in.bytes() == 0) return;
   const char* src = host_bytes(in, stage_in_, /*load=*/true);
@@ -165,13 +183,7 @@ void GroupCommunicator::all_gather(Tensor out, Tensor in) {
 
 void GroupCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   queue_.drain();
-  check_memory(out, "reduce_scatter");
-  check_memory(in, "reduce_scatter");
-  check_same_dtype(out, in, "reduce_scatter");
-  check_reducible(in, "reduce_scatter");
-  TESSERA_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: in has " + std::to_string(in.numel()) +
-                                                        " elements, expected size x out = " +
-                                                        std::to_string(out.numel() * size()));
+  check_scatter(out, in, size(), "reduce_scatter");
   const Call c = next_call(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in));
   if (out.bytes() == 0) return;
   const char* src = host_bytes(in, stage_in_, /*load=*/true);
@@ -179,6 +191,44 @@ void GroupCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   if (size() == 1) std::memmove(dst, src, out.bytes());
   else transport_->reduce_scatter(dst, src, static_cast<size_t>(out.numel()), in.dtype, op, c);
   unstage(out, dst);
+}
+
+std::unique_ptr<Work> GroupCommunicator::post_pair(const Call& c, const Tensor& out, const Tensor& in,
+                                                   std::function<void(char* dst, const char* src)> run) {
+  if (out.bytes() == 0) return queue_.submit(c.what, [] {});
+  const bool staged = !host_addressable(in) || !host_addressable(out);
+  TESSERA_CHECK(!staged || (in.device == out.device && in.device), c.what + ": out and in are on different devices");
+  std::shared_ptr<StagingBuffer> stage = idle_stage();
+  char* src = host_addressable(in) ? in.host<char>() : nullptr;
+  char* dst = host_addressable(out) ? out.host<char>() : nullptr;
+  if (staged) {
+    src = static_cast<char*>(stage->reserve(*in.device, in.bytes() + out.bytes()));
+    dst = src + in.bytes();
+    if (in.bytes()) copy_to_host(src, in.bytes(), in);
+  }
+  auto work = queue_.submit(c.what, [stage, src, dst, run = std::move(run)] { run(dst, src); });
+  if (!staged) return work;
+  return std::make_unique<StagedWork>(std::move(stage), std::move(work), out, dst);
+}
+
+std::unique_ptr<Work> GroupCommunicator::all_gather_async(Tensor out, Tensor in) {
+  check_gather(out, in, size(), "all_gather_async");
+  const Call c = next_call(call_text("all_gather_async", in));
+  const size_t bytes = in.bytes();
+  return post_pair(c, out, in, [this, bytes, c](char* dst, const char* src) {
+    if (size() == 1) std::memmove(dst, src, bytes);
+    else transport_->all_gather(dst, src, bytes, c);
+  });
+}
+
+std::unique_ptr<Work> GroupCommunicator::reduce_scatter_async(Tensor out, Tensor in, ReduceOp op) {
+  check_scatter(out, in, size(), "reduce_scatter_async");
+  const Call c = next_call(call_text(std::string("reduce_scatter_async(") + reduce_op_name(op) + ")", in));
+  const size_t n = static_cast<size_t>(out.numel()), bytes = out.bytes();
+  return post_pair(c, out, in, [this, n, bytes, dtype = in.dtype, op, c](char* dst, const char* src) {
+    if (size() == 1) std::memmove(dst, src, bytes);
+    else transport_->reduce_scatter(dst, src, n, dtype, op, c);
+  });
 }
 
 void GroupCommunicator::broadcast(Tensor t, int root) {

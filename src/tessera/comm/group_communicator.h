@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -126,6 +127,8 @@ class GroupCommunicator : public Communicator {
   std::unique_ptr<Work> all_reduce_async(Tensor t, ReduceOp op) override;
   void all_gather(Tensor out, Tensor in) override;
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override;
+  std::unique_ptr<Work> all_gather_async(Tensor out, Tensor in) override;
+  std::unique_ptr<Work> reduce_scatter_async(Tensor out, Tensor in, ReduceOp op) override;
   void broadcast(Tensor t, int root) override;
   void send(Tensor t, int dst) override;
   void recv(Tensor t, int src) override;
@@ -146,6 +149,10 @@ class GroupCommunicator : public Communicator {
 
  private:
   std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op);
+  // The asynchronous all_gather / reduce_scatter: `in` staged (loaded) and `out` staged
+  // behind it in one buffer when they are device memory; run(dst, src) on the queue.
+  std::unique_ptr<Work> post_pair(const Call& c, const Tensor& out, const Tensor& in,
+                                  std::function<void(char* dst, const char* src)> run);
   std::shared_ptr<StagingBuffer> idle_stage();
 
   std::unique_ptr<Transport> transport_;

@@ -256,12 +256,8 @@ GPTModel::~GPTModel() = default;
 GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                   const std::vector<int>& act_slots, const std::vector<int>& io_slots) {
   GPTSlabSizes sizes;
-  SlabBuilder params;
-  for (const ParamShard& s : shard_params(config, partition)) {
-    params.reserve(DType::F32, s.shape);
-    sizes.num_parameters += s.numel();
-  }
-  sizes.params = params.total_bytes();
+  for (const ParamShard& s : shard_params(config, partition)) sizes.num_parameters += s.numel();
+  sizes.params = static_cast<size_t>(buffer_layout_for(config, partition, {}).numel) * sizeof(float);
   std::vector<Chunk> chunks;
   Workspace ws;
   // Attention's state as the CPU backend keeps it (the OpenCL backend keeps the same).
@@ -270,13 +266,34 @@ GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size,
   return sizes;
 }
 
+GradBufferLayout GPTModel::buffer_layout_for(const GPTConfig& config, const ModelPartition& partition,
+                                             const GradBufferOptions& options) {
+  // Megatron's shared_embedding: the tied word embedding when the first and last pipeline
+  // stages each hold a copy (this rank holds the embedding or the head, not both).
+  bool has_embedding = false, has_head = false;
+  for (const ModelChunk& c : partition.chunks) {
+    has_embedding |= c.has_embedding;
+    has_head |= c.has_head;
+  }
+  const bool shared = !config.untie_embeddings_and_output_weights && has_embedding != has_head;
+  std::vector<int64_t> numels;
+  std::vector<bool> own_bucket;
+  for (const ParamShard& s : shard_params(config, partition)) {
+    numels.push_back(s.numel());
+    own_bucket.push_back(shared && (s.is_embedding_copy || s.spec.name == "embedding.word_embeddings.weight"));
+  }
+  return build_grad_buffer_layout(numels, options, own_bucket);
+}
+
 GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
-                   const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp)
+                   const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp,
+                   const GradBufferLayout* buffer_layout)
     : config_(config),
       device_(device),
       micro_batch_(micro_batch_size),
       partition_(partition),
       shards_(shard_params(config, partition)),
+      buffer_layout_(buffer_layout ? *buffer_layout : buffer_layout_for(config, partition, {})),
       ws_(std::make_unique<Workspace>()),
       tp_(tp, partition.sequence_parallel, device,
           int64_t{micro_batch_size} * config.seq_length * config.hidden_size) {
@@ -287,15 +304,16 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   vocab_start_ = int64_t{partition.tp_rank} * (config.padded_vocab_size / partition.tp_size);
   head_start_ = int64_t{partition.tp_rank} * (config.num_attention_heads / partition.tp_size);
 
-  // Parameters and gradients: one slab each, same offsets.
-  SlabBuilder param_layout;
-  std::vector<size_t> offsets;
-  for (const ParamShard& s : shards_) offsets.push_back(param_layout.reserve(DType::F32, s.shape));
-  params_slab_ = Buffer(device, param_layout.total_bytes());
-  grads_slab_ = Buffer(device, param_layout.total_bytes());
+  // Parameters and gradients: one slab each, at the same element offsets.
+  TESSERA_CHECK(buffer_layout_.params.size() == shards_.size(), "the buffer layout is not for this model's parameters");
+  const size_t slab_bytes = static_cast<size_t>(buffer_layout_.numel) * sizeof(float);
+  params_slab_ = Buffer(device, slab_bytes);
+  grads_slab_ = Buffer(device, slab_bytes);
   for (size_t i = 0; i < shards_.size(); ++i) {
-    params_.push_back(tensor_at(params_slab_, offsets[i], DType::F32, shards_[i].shape));
-    grads_.push_back(tensor_at(grads_slab_, offsets[i], DType::F32, shards_[i].shape));
+    TESSERA_CHECK(buffer_layout_.params[i].numel == shards_[i].numel(), "the buffer layout is not for this model's parameters");
+    const size_t offset = static_cast<size_t>(buffer_layout_.params[i].start) * sizeof(float);
+    params_.push_back(tensor_at(params_slab_, offset, DType::F32, shards_[i].shape));
+    grads_.push_back(tensor_at(grads_slab_, offset, DType::F32, shards_[i].shape));
     index_.emplace(shards_[i].spec.name, i);
   }
 
@@ -352,6 +370,9 @@ int64_t GPTModel::num_parameters() const {
 }
 
 size_t GPTModel::activation_bytes() const { return acts_slab_.bytes(); }
+
+Tensor GPTModel::param_buffer() const { return tensor_at(params_slab_, 0, DType::F32, {buffer_layout_.numel}); }
+Tensor GPTModel::grad_buffer() const { return tensor_at(grads_slab_, 0, DType::F32, {buffer_layout_.numel}); }
 
 Tensor GPTModel::logits() const {
   for (const Chunk& ch : chunks_)
@@ -628,12 +649,19 @@ void GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const S
   Chunk& ch = chunks_.at(chunk);
   ActSlot& acts = ch.acts.at(slot.act);
   IoSlot& io = ch.io.at(slot.io);
-  if (ch.range.has_embedding) embedding_forward(io.input, batch, step);
+  if (ch.range.has_embedding) {
+    need_params(ch.first_param, ch.layers_first_param);
+    embedding_forward(io.input, batch, step);
+  }
   for (int i = 0; i < static_cast<int>(ch.w.size()); ++i) {
     const LayerIo l = layer_io(ch, acts, io, i);
+    need_params(ch.layer_ranges[i].first, ch.layer_ranges[i].second);
     layer_forward(ch.range.first_layer + i, ch.w[i], *l.acts, l.in, l.out, step);
   }
-  if (ch.range.has_head) head_forward(ch, acts.head, io.output, batch, loss_sums);
+  if (ch.range.has_head) {
+    need_params(ch.layers_end_param, ch.end_param);
+    head_forward(ch, acts.head, io.output, batch, loss_sums);
+  }
 }
 
 void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, float loss_weight,

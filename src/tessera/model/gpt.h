@@ -25,6 +25,7 @@
 #include "tessera/core/tensor.h"
 #include "tessera/model/gpt_config.h"
 #include "tessera/model/model_partition.h"
+#include "tessera/parallel/grad_buffer_layout.h"
 #include "tessera/parallel/tensor_parallel.h"
 
 namespace tessera {
@@ -66,9 +67,17 @@ class GPTModel {
   // The whole model on one rank, one micro-batch in flight.
   GPTModel(const GPTConfig& config, Device& device, int micro_batch_size);
   // This rank's share. act_slots[c] / io_slots[c]: slots of chunk c. tp: the tensor-parallel
-  // group (null for TP 1), used for the region communication.
+  // group (null for TP 1), used for the region communication. buffer_layout: where each
+  // parameter and its gradient sit in their slabs (data parallelism's buckets and the
+  // distributed optimizer's ranges); null: buffer_layout_for(config, partition, {}).
   GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
-           const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp);
+           const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp,
+           const GradBufferLayout* buffer_layout = nullptr);
+  // The slab layout of these parameters (registration order) under data-parallel `options`;
+  // with the distributed optimizer the tied embedding shared by two pipeline stages gets a
+  // bucket of its own, so that both stages shard it alike.
+  static GradBufferLayout buffer_layout_for(const GPTConfig& config, const ModelPartition& partition,
+                                            const GradBufferOptions& options);
   ~GPTModel();
 
   static GPTSlabSizes slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
@@ -81,6 +90,10 @@ class GPTModel {
   const std::vector<ParamShard>& shards() const { return shards_; }
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<Tensor>& grads() const { return grads_; }
+  // The parameter and gradient slabs as flat tensors [buffer_layout().numel], and their layout.
+  Tensor param_buffer() const;
+  Tensor grad_buffer() const;
+  const GradBufferLayout& buffer_layout() const { return buffer_layout_; }
   // By Megatron name (the first, if a tied copy shares it).
   const Tensor& param(const std::string& name) const;
   int64_t num_parameters() const;  // held by this rank
@@ -108,6 +121,10 @@ class GPTModel {
   // ops::masked_loss_sums; the caller divides); others leave their result in chunk_output
   // and loss_sums untouched. Nothing is read back to the host.
   void forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, Tensor loss_sums);
+  // Called in forward with a range [first, end) of parameter indices just before they are
+  // read (the distributed optimizer's overlapped parameter gather waits there).
+  using ParamsNeeded = std::function<void(size_t first, size_t end)>;
+  void set_params_needed(ParamsNeeded callback) { params_needed_ = std::move(callback); }
   // Called during backward with a range [first, end) of parameter indices whose gradients
   // this backward will not touch again (data parallelism starts reducing them).
   using GradsReady = std::function<void(size_t first, size_t end)>;
@@ -156,6 +173,9 @@ class GPTModel {
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step);
   void embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step);
+  void need_params(size_t first, size_t end) const {
+    if (params_needed_ && first < end) params_needed_(first, end);
+  }
   void embedding_backward(const MicroBatch& batch, const StepContext& step);
   void head_forward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, Tensor loss_sums);
   void head_backward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight);
@@ -165,7 +185,9 @@ class GPTModel {
   int micro_batch_;
   ModelPartition partition_;
   std::vector<ParamShard> shards_;
+  GradBufferLayout buffer_layout_;
   Buffer params_slab_, grads_slab_, acts_slab_;
+  ParamsNeeded params_needed_;
   std::vector<Tensor> params_, grads_;
   std::map<std::string, size_t> index_;
   std::vector<Chunk> chunks_;

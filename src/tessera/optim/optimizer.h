@@ -1,6 +1,16 @@
 // The optimizer of Megatron's training step: clipping with Megatron's coefficient (the
-// trainer computes the global norm across ranks), and Adam (decoupled weight decay) or SGD with momentum, over
-// fp32 parameters. State (Adam moments or momentum) lives in slabs owned here.
+// trainer computes the global norm across ranks), and Adam (decoupled weight decay) or SGD
+// with momentum, on fp32 main parameters. State (Adam moments or momentum, and the main
+// parameters of 16-bit parameters) lives in slabs owned here.
+//
+// Main parameters (megatron/core/optimizer/optimizer.py, Float16OptimizerWithFloat16Params):
+// an F32 parameter is its own main parameter, updated in place. A BF16/F16 parameter gets an
+// fp32 main copy, initialised by widening its values; the update runs on the copy, and after
+// each step the copy is rounded (ops::convert, round-to-nearest-even) into the parameter, so
+// a 16-bit weight is always the rounded main value. Gradients are always F32.
+//
+// A parameter here may be a whole tensor or any piece of one (the distributed optimizer
+// passes the flat ranges this data-parallel rank owns): the update is element-wise.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +32,8 @@ struct OptimizerConfig {
 };
 
 struct OptimizerParam {
-  Tensor param;
-  Tensor grad;
+  Tensor param;  // F32, BF16 or F16
+  Tensor grad;   // F32, the shape of param
   bool weight_decay;  // weight-decay multiplier 1 or 0 (Megatron's wd_mult)
 };
 
@@ -48,13 +58,22 @@ class Optimizer {
     Tensor tensor;
   };
   std::vector<StateTensor> state_tensors() const;
+  // The kinds state_tensors() lists for each parameter, in its order.
+  std::vector<const char*> state_kinds() const;
+  // Parameter i's fp32 main values: the parameter itself when it is F32, else the copy.
+  Tensor main_param(size_t i) const { return main_[i]; }
+  // After main values were loaded (a checkpoint): rounds them into the 16-bit parameters.
+  void copy_main_to_params();
   const std::vector<OptimizerParam>& params() const { return params_; }
+  // Bytes of state allocated here (moments, momentum, main copies): what sharding divides.
+  size_t state_bytes() const { return state_a_.bytes() + state_b_.bytes() + main_slab_.bytes(); }
 
  private:
   OptimizerConfig config_;
   std::vector<OptimizerParam> params_;
   Buffer state_a_, state_b_;  // Adam: exp_avg, exp_avg_sq. SGD: momentum buffer, unused.
-  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  Buffer main_slab_;          // the fp32 copies of 16-bit parameters
+  std::vector<Tensor> exp_avg_, exp_avg_sq_, main_;
   int64_t step_ = 0;
 };
 

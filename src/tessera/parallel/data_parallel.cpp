@@ -1,60 +1,141 @@
 #include "tessera/parallel/data_parallel.h"
 
+#include <algorithm>
+
 #include "tessera/core/error.h"
+#include "tessera/device/device.h"
 #include "tessera/ops/ops.h"
 
 namespace tessera {
 
-GradBuckets::GradBuckets(std::vector<Tensor> grads, Communicator& dp, int64_t bucket_elements, bool overlap)
-    : grads_(std::move(grads)), dp_(dp), overlap_(overlap), bucket_of_(grads_.size()) {
-  auto close = [&](size_t first, size_t end) {
-    // Parameters [first, end) are adjacent in the slab: the bucket is the byte range from
-    // the first one's start to the last one's end, in the same device buffer.
-    const Tensor& head = grads_[first];
-    const size_t lo = head.offset, hi = grads_[end - 1].offset + grads_[end - 1].bytes();
-    for (size_t i = first; i < end; ++i) {
-      TESSERA_CHECK(grads_[i].handle == head.handle && grads_[i].offset >= lo && grads_[i].offset + grads_[i].bytes() <= hi,
-                    "gradients are not laid out in registration order in one slab");
-      bucket_of_[i] = buckets_.size();
-    }
-    const int64_t n = static_cast<int64_t>((hi - lo) / sizeof(float));
-    buckets_.push_back({first, end, Tensor(head.handle, lo, DType::F32, {n}, head.device), 0, nullptr});
-  };
-  // Backward produces the last parameters first, so buckets are cut from the end.
-  size_t end = grads_.size();
-  int64_t elements = 0;
-  for (size_t i = grads_.size(); i-- > 0;) {
-    elements += grads_[i].numel();
-    if (elements >= bucket_elements || i == 0) {
-      close(i, end);
-      end = i;
-      elements = 0;
-    }
-  }
-  for (Bucket& b : buckets_) b.pending = b.end_param - b.first_param;
+namespace {
+
+// Elements [begin, end) of a flat buffer tensor.
+Tensor flat_range(const Tensor& buffer, int64_t begin, int64_t end) {
+  return Tensor(buffer.handle, buffer.offset + static_cast<size_t>(begin) * dtype_size(buffer.dtype), buffer.dtype,
+                {end - begin}, buffer.device);
 }
 
-void GradBuckets::launch(Bucket& b) { b.work = dp_.all_reduce_async(b.flat, ReduceOp::Sum); }
+}  // namespace
 
-void GradBuckets::mark_ready(size_t first, size_t end) {
-  if (!overlap_) return;
+DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor grad_buffer, Tensor param_buffer,
+                                         Communicator& dp, const DataParallelOptions& options, Device& device)
+    : layout_(layout), dp_(dp), options_(options) {
+  TESSERA_CHECK(grad_buffer.dtype == DType::F32 && grad_buffer.numel() == layout.numel &&
+                    param_buffer.numel() == layout.numel,
+                "data parallelism: the buffers do not match their layout");
+  TESSERA_CHECK(!options.distributed_optimizer || layout.data_parallel == dp.size(),
+                "data parallelism: the buffer was laid out for another data-parallel size");
+  TESSERA_CHECK(!options.overlap_param_gather || options.distributed_optimizer,
+                "--overlap-param-gather needs the distributed optimizer");
+  const int dp_size = dp.size(), rank = dp.rank();
+  if (options.distributed_optimizer) shard_ = Buffer(device, static_cast<size_t>(layout.numel / dp_size) * sizeof(float));
+  const Tensor shard_all = options.distributed_optimizer
+                               ? tensor_at(shard_, 0, DType::F32, {layout.numel / dp_size})
+                               : Tensor();
+  int64_t shard_at = 0;
+  for (size_t bi = 0; bi < layout.buckets.size(); ++bi) {
+    const GradBufferLayout::Bucket& lb = layout.buckets[bi];
+    Bucket b;
+    b.grads = flat_range(grad_buffer, lb.start, lb.end);
+    b.params = flat_range(param_buffer, lb.start, lb.end);
+    b.pending = lb.end_param - lb.first_param;
+    if (options.distributed_optimizer) {
+      TESSERA_CHECK(lb.numel() % dp_size == 0, "a bucket's size is not a multiple of the data-parallel size");
+      const int64_t own_begin = layout.owned_begin(bi, rank), own_end = layout.owned_end(bi, rank);
+      b.shard = flat_range(shard_all, shard_at, shard_at + (own_end - own_begin));
+      for (size_t p = lb.first_param; p < lb.end_param; ++p) {
+        const GradBufferLayout::Param& lp = layout.params[p];
+        const int64_t lo = std::max(lp.start, own_begin), hi = std::min(lp.start + lp.numel, own_end);
+        if (lo >= hi) continue;
+        owned_.push_back({p, lo - lp.start, hi - lp.start, flat_range(shard_all, shard_at + lo - own_begin, shard_at + hi - own_begin),
+                          flat_range(param_buffer, lo, hi)});
+      }
+      shard_at += own_end - own_begin;
+    }
+    buckets_.push_back(std::move(b));
+  }
+  // Pieces in registration order, as the optimizer lists parameters.
+  std::stable_sort(owned_.begin(), owned_.end(), [](const OwnedPiece& a, const OwnedPiece& b) { return a.param < b.param; });
+}
+
+// Megatron scales before the sum (gradient_scaling_factor = 1/DP), so the reduction adds
+// averages and the result needs no second pass.
+void DataParallelBuckets::launch_reduce(Bucket& b) {
+  wait_gather(b);  // the gather reads its source from the shard this reduction writes
+  ops::scale_inplace(b.grads, 1.0f / static_cast<float>(dp_.size()));
+  b.reduce = options_.distributed_optimizer ? dp_.reduce_scatter_async(b.shard, b.grads, ReduceOp::Sum)
+                                            : dp_.all_reduce_async(b.grads, ReduceOp::Sum);
+}
+
+void DataParallelBuckets::mark_ready(size_t first, size_t end) {
+  if (!options_.overlap_grad_reduce) return;
   for (size_t i = first; i < end; ++i) {
-    Bucket& b = buckets_[bucket_of_[i]];
+    Bucket& b = buckets_[layout_.params[i].bucket];
     TESSERA_CHECK(b.pending > 0, "a parameter was reported ready twice in one step");
-    if (--b.pending == 0) launch(b);
+    if (--b.pending == 0) launch_reduce(b);
   }
 }
 
-void GradBuckets::finish() {
-  for (Bucket& b : buckets_) {
-    if (!b.work) launch(b);  // not overlapped, or not reported ready
+void DataParallelBuckets::finish() {
+  for (Bucket& b : buckets_)
+    if (!b.reduce) launch_reduce(b);  // not overlapped, or not reported ready
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    b.reduce->wait();
+    b.reduce.reset();
+    b.pending = layout_.buckets[bi].end_param - layout_.buckets[bi].first_param;
   }
-  const float scale = 1.0f / static_cast<float>(dp_.size());
-  for (Bucket& b : buckets_) {
-    b.work->wait();
-    b.work.reset();
-    ops::scale_inplace(b.flat, scale);
-    b.pending = b.end_param - b.first_param;
+}
+
+// The owned range of the parameter buffer is copied into the shard (free once the optimizer
+// has read the gradients), so the gather's input never aliases its output.
+void DataParallelBuckets::gather_params() {
+  TESSERA_CHECK(options_.distributed_optimizer, "gather_params without the distributed optimizer");
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    const int64_t n = b.shard.numel();
+    const Tensor source(b.shard.handle, b.shard.offset, b.params.dtype, {n}, b.shard.device);
+    const int64_t own = layout_.owned_begin(bi, dp_.rank()) - layout_.buckets[bi].start;
+    copy_tensor(source, flat_range(b.params, own, own + n));
+    b.gather = dp_.all_gather_async(b.params, source);
+    if (!options_.overlap_param_gather) wait_gather(b);
+  }
+}
+
+void DataParallelBuckets::wait_gather(Bucket& b) {
+  if (!b.gather) return;
+  b.gather->wait();
+  b.gather.reset();
+}
+
+void DataParallelBuckets::wait_params(size_t first, size_t end) {
+  if (first >= end) return;
+  // Buckets hold contiguous registration ranges, later parameters in lower buckets.
+  const size_t lo = layout_.params[end - 1].bucket, hi = layout_.params[first].bucket;
+  for (size_t bi = lo; bi <= hi; ++bi) wait_gather(buckets_[bi]);
+}
+
+// The shard is laid out as the owned ranges of the buckets in order, so a piece's position
+// in it is its gradient's.
+void DataParallelBuckets::gather_to_host(float* buffer, const std::vector<Tensor>& pieces) {
+  TESSERA_CHECK(pieces.size() == owned_.size(), "gather_to_host: one tensor per owned piece");
+  std::vector<float> shard(static_cast<size_t>(layout_.numel / dp_.size()), 0.0f);
+  for (size_t j = 0; j < owned_.size(); ++j)
+    copy_to_host(shard.data() + owned_[j].grad.offset / sizeof(float), pieces[j].bytes(), pieces[j]);
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const GradBufferLayout::Bucket& lb = layout_.buckets[bi];
+    dp_.all_gather(Tensor(buffer + lb.start, DType::F32, {lb.numel()}, nullptr),
+                   Tensor(shard.data() + b.shard.offset / sizeof(float), DType::F32, {b.shard.numel()}, nullptr));
+  }
+}
+
+void DataParallelBuckets::scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const {
+  TESSERA_CHECK(pieces.size() == owned_.size(), "scatter_from_host: one tensor per owned piece");
+  for (size_t j = 0; j < owned_.size(); ++j) {
+    const OwnedPiece& p = owned_[j];
+    copy_from_host(pieces[j], buffer + layout_.params[p.param].start + p.begin, pieces[j].bytes());
   }
 }
 

@@ -1,9 +1,17 @@
-// Data parallelism's gradient reduction (Megatron's DistributedDataParallel): the gradient
-// slab is cut into buckets of contiguous parameters, in reverse registration order (the
-// order backward produces them). Each bucket is summed across the data-parallel group in
-// one all-reduce over its slab range and scaled by 1/DP. With overlap, a bucket's
-// all-reduce starts as soon as backward reports all its parameters ready; otherwise all
-// buckets are reduced after backward.
+// Data parallelism over a rank's gradient and parameter buffers (Megatron's
+// DistributedDataParallel and, with --use-distributed-optimizer, the DistributedOptimizer's
+// buffer traffic: megatron/core/distributed/param_and_grad_buffer.py). The buffers are laid
+// out by parallel/grad_buffer_layout.h and cut into its buckets.
+//
+// Per step:
+//  - each bucket of the gradient buffer is scaled by 1/DP and summed over the group, as
+//    soon as backward reports all its parameters ready (--overlap-grad-reduce) or after
+//    backward: an all-reduce, or with the distributed optimizer a reduce-scatter whose result
+//    (this rank's owned range of the bucket) lands in the gradient shard;
+//  - with the distributed optimizer the optimizer updates the owned ranges of the parameters
+//    (owned_pieces()), and gather_params() all-gathers every bucket's parameters from their
+//    owners; with --overlap-param-gather the gathers run in the background and the next
+//    forward waits for a bucket only when it reads one of its parameters (wait_params).
 #pragma once
 
 #include <cstdint>
@@ -12,36 +20,74 @@
 
 #include "tessera/comm/communicator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/parallel/grad_buffer_layout.h"
 
 namespace tessera {
 
-class GradBuckets {
+class Device;
+
+struct DataParallelOptions {
+  bool overlap_grad_reduce = false;
+  bool distributed_optimizer = false;
+  bool overlap_param_gather = false;  // needs the distributed optimizer
+};
+
+class DataParallelBuckets {
  public:
-  // grads: every parameter's gradient, in registration order, inside one slab (views may
-  // have alignment gaps between them, which are zero and reduce to zero).
-  // bucket_elements: a bucket closes once it holds at least this many elements.
-  GradBuckets(std::vector<Tensor> grads, Communicator& dp, int64_t bucket_elements, bool overlap);
+  // grad_buffer: F32 [layout.numel], every parameter's gradient at its layout position;
+  // param_buffer: [layout.numel] of the parameters' dtype, likewise (read and written only
+  // with the distributed optimizer).
+  DataParallelBuckets(const GradBufferLayout& layout, Tensor grad_buffer, Tensor param_buffer, Communicator& dp,
+                      const DataParallelOptions& options, Device& device);
 
   // Backward will not touch the gradients of parameters [first, end) again in this step.
   void mark_ready(size_t first, size_t end);
-  // Completes the reduction of every bucket and averages over the group.
+  // Completes every bucket's reduction (averaged over the group).
   void finish();
   size_t num_buckets() const { return buckets_.size(); }
 
+  // ---- the distributed optimizer ----
+  // A parameter's elements [begin, end) (flat, within the parameter) that this rank owns:
+  // their reduced gradient (in the shard) and their values (in the parameter buffer).
+  struct OwnedPiece {
+    size_t param;
+    int64_t begin, end;
+    Tensor grad, value;
+  };
+  const std::vector<OwnedPiece>& owned_pieces() const { return owned_; }
+  // After the optimizer updated the owned pieces: every rank receives every bucket's
+  // parameters (at once, or in the background with overlap_param_gather).
+  void gather_params();
+  // Parameters [first, end) are about to be read: waits for their buckets' gathers.
+  void wait_params(size_t first, size_t end);
+  void wait_all_params() { wait_params(0, layout_.params.size()); }
+  // Checkpoints: per-piece values (one f32 tensor per owned piece, in owned_pieces() order,
+  // such as an Adam moment) as the whole buffer in host memory, buffer: f32 [layout().numel]
+  // (collective over the group; every rank receives the whole buffer, zeros in the padding);
+  // and back, each piece from its range of a whole buffer.
+  void gather_to_host(float* buffer, const std::vector<Tensor>& pieces);
+  void scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const;
+  // Bytes of the reduced-gradient shard this rank holds (1/DP of the buffer).
+  size_t shard_bytes() const { return shard_.bytes(); }
+  const GradBufferLayout& layout() const { return layout_; }
+
  private:
   struct Bucket {
-    size_t first_param, end_param;  // parameters [first, end)
-    Tensor flat;                    // the slab range covering them, f32 [n]
-    size_t pending;                 // parameters not yet ready this step
-    std::unique_ptr<Work> work;
+    Tensor grads;      // the bucket's range of the gradient buffer
+    Tensor params;     // the bucket's range of the parameter buffer
+    Tensor shard;      // this rank's reduced range (distributed optimizer)
+    size_t pending = 0;  // parameters not yet ready this step
+    std::unique_ptr<Work> reduce, gather;
   };
-  void launch(Bucket& b);
+  void launch_reduce(Bucket& b);
+  void wait_gather(Bucket& b);
 
-  std::vector<Tensor> grads_;
+  GradBufferLayout layout_;
   Communicator& dp_;
-  bool overlap_;
+  DataParallelOptions options_;
+  Buffer shard_;  // F32, the owned range of every bucket in bucket order
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;  // parameter -> bucket
+  std::vector<OwnedPiece> owned_;
 };
 
 }  // namespace tessera

@@ -133,6 +133,10 @@ std::vector<OptionDef> train_option_defs() {
       {"--distributed-timeout-minutes", K::Int, "10", "Bound on connecting and on every collective"},
       {"--overlap-grad-reduce", K::StoreTrue, nullptr, "Reduce gradient buckets while backward runs"},
       {"--ddp-bucket-size", K::Int, nullptr, "Elements per gradient bucket (default max(4e7, 1e6 x DP) with overlap)"},
+      {"--use-distributed-optimizer", K::StoreTrue, nullptr,
+       "Shard Adam's state and the fp32 main parameters over the data-parallel ranks (ZeRO-1)"},
+      {"--overlap-param-gather", K::StoreTrue, nullptr,
+       "Gather the updated parameters while the next forward runs (distributed optimizer)"},
       {"--local-rank", K::Int, nullptr, "Set by torch.distributed.launch; tessera reads LOCAL_RANK itself"},
       // Accepted: they only tune speed on other hardware.
       {"--transformer-impl", K::Choice, "transformer_engine", "Layer implementation (tessera is always local)",
@@ -327,6 +331,14 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.distributed_backend = p.get_string("--distributed-backend");
   a.distributed_timeout_minutes = static_cast<int>(positive(p, "--distributed-timeout-minutes"));
   a.overlap_grad_reduce = p.get_bool("--overlap-grad-reduce");
+  a.use_distributed_optimizer = p.get_bool("--use-distributed-optimizer");
+  a.overlap_param_gather = p.get_bool("--overlap-param-gather");
+  // Megatron's validate_args asserts.
+  if (a.overlap_param_gather && !a.use_distributed_optimizer)
+    throw usage_error("--overlap-param-gather only works with the distributed optimizer",
+                      "add --use-distributed-optimizer, or drop --overlap-param-gather");
+  if (a.overlap_param_gather && !a.overlap_grad_reduce)
+    throw usage_error("--overlap-param-gather needs --overlap-grad-reduce", "add --overlap-grad-reduce");
   a.ddp_bucket_size = p.raw("--ddp-bucket-size") ? positive(p, "--ddp-bucket-size")
                                                  : std::max<int64_t>(40000000, 1000000LL * dp);
 
@@ -558,6 +570,11 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (a.use_checkpoint_scheduler && a.override_scheduler)
     throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
   a.save_megatron_format = p.get_string("--ckpt-format") == "torch";
+  if (a.save_megatron_format && a.use_distributed_optimizer && !a.save.empty())
+    throw usage_error("--ckpt-format torch with --use-distributed-optimizer: tessera does not write Megatron's "
+                      "distrib_optim.pt yet",
+                      "drop --ckpt-format torch (tessera's own checkpoints reshard to and from the distributed "
+                      "optimizer), or save without --use-distributed-optimizer");
   if (p.given("--ckpt-format") && !a.save_megatron_format)
     log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
              "docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes Megatron's",

@@ -79,6 +79,10 @@ struct TrainArgs {
   int data_parallel_size = 1;
   int distributed_timeout_minutes = 10;
   bool overlap_grad_reduce = false;
+  // Adam's moments and the fp32 main parameters sharded over the data-parallel ranks
+  // (parallel/data_parallel.h); the parameter gather overlapped with the next forward.
+  bool use_distributed_optimizer = false;
+  bool overlap_param_gather = false;
   int64_t ddp_bucket_size = 0;  // elements; Megatron's default max(4e7, 1e6 x DP) with overlap
   std::string distributed_backend;
 

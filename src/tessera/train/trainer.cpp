@@ -21,8 +21,15 @@ namespace tessera {
 
 namespace {
 
-std::vector<OptimizerParam> optimizer_params(const GPTModel& model) {
+// The optimizer's parameters: the model's, or with the distributed optimizer the pieces this
+// data-parallel rank owns.
+std::vector<OptimizerParam> optimizer_params(const GPTModel& model, const DataParallelBuckets* sharded) {
   std::vector<OptimizerParam> out;
+  if (sharded) {
+    for (const DataParallelBuckets::OwnedPiece& p : sharded->owned_pieces())
+      out.push_back({p.value, p.grad, model.shards()[p.param].spec.weight_decay});
+    return out;
+  }
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
     out.push_back({model.params()[i], model.grads()[i], s.spec.weight_decay});
@@ -64,6 +71,16 @@ std::string timestamp() {
 
 }  // namespace
 
+GradBufferLayout grad_buffer_layout(const TrainArgs& args, const ModelPartition& partition, int pp_rank) {
+  GradBufferOptions o;
+  o.data_parallel = args.data_parallel_size;
+  o.distributed_optimizer = args.use_distributed_optimizer;
+  // Without overlap Megatron reduces all gradients as one bucket after backward; later
+  // pipeline stages never split theirs (megatron/core/distributed/distributed_data_parallel.py).
+  if (args.overlap_grad_reduce && pp_rank == 0) o.bucket_size = args.ddp_bucket_size;
+  return GPTModel::buffer_layout_for(args.model, partition, o);
+}
+
 std::pair<std::vector<int>, std::vector<int>> Trainer::pipeline_slots(const TrainArgs& args, int pp_rank) {
   // The full global batch needs the most slots (a ramp-up's smaller batches fewer).
   const PipelineExecutor train(training_schedule(args, args.num_microbatches()), pp_rank),
@@ -83,7 +100,6 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
       groups_(groups),
       dp_(if_split(groups.dp)),
       eval_pipeline_(evaluation_schedule(args), groups.pp ? groups.pp->rank() : 0),
-      optimizer_(std::make_unique<Optimizer>(args.optimizer, optimizer_params(model), device)),
       scheduler_(args.lr_schedule) {
   const int64_t B = args.micro_batch_size, T = args.model.seq_length, M = args.num_microbatches();
   SlabBuilder layout;
@@ -98,7 +114,31 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
                         tensor_at(batch_slab_, o[2], DType::I32, {B, T}), tensor_at(batch_slab_, o[3], DType::F32, {B, T})});
   }
   mask_sums_.resize(M);
-  norm_slots_.resize(gpt_param_specs(args.model).size() * args.tensor_parallel_size);
+  if (dp_) {
+    const GradBufferLayout expected = grad_buffer_layout(args, model.partition(), groups.pp ? groups.pp->rank() : 0);
+    TESSERA_CHECK(model.buffer_layout().numel == expected.numel &&
+                      model.buffer_layout().buckets.size() == expected.buckets.size(),
+                  "the model's buffers were not laid out by grad_buffer_layout for these arguments");
+    const DataParallelOptions o{args.overlap_grad_reduce, args.use_distributed_optimizer, args.overlap_param_gather};
+    dp_buckets_ = std::make_unique<DataParallelBuckets>(model.buffer_layout(), model.grad_buffer(),
+                                                        model.param_buffer(), *dp_, o, device);
+    if (args.overlap_param_gather)
+      model.set_params_needed([this](size_t first, size_t end) { dp_buckets_->wait_params(first, end); });
+  }
+  optimizer_ = std::make_unique<Optimizer>(args.optimizer,
+                                           optimizer_params(model, distributed_optimizer() ? dp_buckets_.get() : nullptr),
+                                           device);
+  // What sharding divides: Adam's moments (and fp32 main copies), per rank.
+  log_info(" > optimizer state on rank %d: %zu bytes (%s)", log_rank(), optimizer_->state_bytes(),
+           distributed_optimizer() ? "distributed optimizer: this data-parallel rank's shard" : "whole");
+  main_grads_ = model.grads();
+  if (distributed_optimizer()) {
+    main_grads_.assign(model.grads().size(), Tensor());
+    for (const DataParallelBuckets::OwnedPiece& p : dp_buckets_->owned_pieces()) main_grads_[p.param] = p.grad;
+  }
+  // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
+  norm_slots_.resize(gpt_param_specs(args.model).size() * args.tensor_parallel_size *
+                     (distributed_optimizer() ? args.data_parallel_size : 1));
   SlabBuilder scalars;
   const size_t loss_at = scalars.reserve(DType::I64, {2});
   const size_t norm_at = scalars.reserve(DType::I64, {static_cast<int64_t>(norm_slots_.size())});
@@ -107,11 +147,6 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   norm_sums_ = tensor_at(scalars_slab_, norm_at, DType::I64, {static_cast<int64_t>(norm_slots_.size())});
   TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_size, "data-parallel group size differs from the args");
   layout_ = {B, M, args.data_parallel_size, dp_ ? dp_->rank() : 0};
-  if (dp_) {
-    // Without overlap Megatron reduces all gradients as one bucket after backward.
-    const int64_t bucket = args.overlap_grad_reduce ? args.ddp_bucket_size : INT64_MAX;
-    grad_buckets_ = std::make_unique<GradBuckets>(model.grads(), *dp_, bucket, args.overlap_grad_reduce);
-  }
   masks_ = data.masks;
   TESSERA_CHECK(data.train != nullptr, "no training samples");
   train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_, [&args](int64_t consumed) {
@@ -185,9 +220,9 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
     // Megatron's default: the gradient of the mean over micro-batches of each micro-batch's
     // token-mean loss.
     const float weight = static_cast<float>(loss_scale / (mask_sums_[a.micro] * static_cast<double>(num_micro)));
-    if (grad_buckets_ && a.micro + 1 == num_micro)
+    if (dp_buckets_ && a.micro + 1 == num_micro)
       model_.backward(a.chunk, slot, mb, step, weight,
-                      [&](size_t first, size_t end) { grad_buckets_->mark_ready(first, end); });
+                      [&](size_t first, size_t end) { dp_buckets_->mark_ready(first, end); });
     else
       model_.backward(a.chunk, slot, mb, step, weight);
   };
@@ -206,16 +241,27 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
 
 // Megatron's finalize_model_grads: data-parallel averaging, then the sequence-parallel
 // replicated gradients summed over TP, then the tied embedding's two copies summed.
+// With the distributed optimizer the sums run on the owned pieces: every TP rank lays out
+// its buffer alike, and the shared embedding sits in a bucket of its own on both stages, so
+// the ranks of each group own the same piece (or all none, and skip the call alike).
 void Trainer::finalize_grads() {
-  if (grad_buckets_) grad_buckets_->finish();
+  if (dp_buckets_) dp_buckets_->finish();
   const std::vector<ParamShard>& shards = model_.shards();
   if (Communicator* tp = if_split(groups_.tp))
     for (size_t i = 0; i < shards.size(); ++i)
-      if (shards[i].grad_sums_over_tp) tp->all_reduce(model_.grads()[i], ReduceOp::Sum);
+      if (shards[i].grad_sums_over_tp && !main_grads_[i].empty()) tp->all_reduce(main_grads_[i], ReduceOp::Sum);
   if (Communicator* emb = if_split(groups_.embedding))
     for (size_t i = 0; i < shards.size(); ++i)
-      if (shards[i].spec.name == "embedding.word_embeddings.weight" && !args_.model.untie_embeddings_and_output_weights)
-        emb->all_reduce(model_.grads()[i], ReduceOp::Sum);
+      if (shards[i].spec.name == "embedding.word_embeddings.weight" && !args_.model.untie_embeddings_and_output_weights &&
+          !main_grads_[i].empty())
+        emb->all_reduce(main_grads_[i], ReduceOp::Sum);
+}
+
+size_t Trainer::norm_slot(size_t i) const {
+  const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
+  const size_t slot = model_.shards()[i].spec.id * tp + tp_rank;
+  if (!distributed_optimizer()) return slot;
+  return slot * static_cast<size_t>(dp_->size()) + static_cast<size_t>(dp_->rank());
 }
 
 // Each parameter's sum of squares goes into its own slot (parameter id, TP rank), so the
@@ -223,17 +269,17 @@ void Trainer::finalize_grads() {
 // the single process's norm to the bit. Exactly one rank fills each slot, so summing the
 // slots' 64-bit patterns as integers over the group moves them without rounding. The slots
 // are summed on the device and read back once.
+// With the distributed optimizer each data-parallel rank fills the slots of its own pieces
+// (one per parameter: a parameter never spans buckets), and the slots travel over the world.
 double Trainer::global_grad_norm() {
-  const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
   fill_zero(norm_sums_);
-  for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const ParamShard& s = model_.shards()[i];
-    if (s.counts_in_norm) ops::sum_squares(norm_sums_, s.spec.id * tp + tp_rank, model_.grads()[i]);
-  }
+  for (size_t i = 0; i < model_.shards().size(); ++i)
+    if (model_.shards()[i].counts_in_norm && !main_grads_[i].empty())
+      ops::sum_squares(norm_sums_, static_cast<int64_t>(norm_slot(i)), main_grads_[i]);
   std::vector<double>& slots = norm_slots_;
   copy_to_host(slots.data(), slots.size() * sizeof(double), norm_sums_);
-  if (Communicator* mp = if_split(groups_.model_parallel))
-    mp->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, nullptr), ReduceOp::Sum);
+  if (Communicator* group = if_split(distributed_optimizer() ? groups_.world : groups_.model_parallel))
+    group->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, nullptr), ReduceOp::Sum);
   double sum = 0.0;
   for (double v : slots) sum += v;
   return std::sqrt(sum);
@@ -276,6 +322,7 @@ IterationResult Trainer::train_step() {
   if (!r.skipped) {
     // Unscaling folds into the clipping coefficient: one pass over the gradients.
     optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / r.loss_scale);
+    if (distributed_optimizer()) dp_buckets_->gather_params();
     scheduler_.step(r.global_batch);
   }
   consumed_samples_ += r.global_batch;  // consumed even when skipped, as Megatron counts
@@ -287,10 +334,9 @@ IterationResult Trainer::train_step() {
 // this step's norm, which only this rank filled).
 void Trainer::report_non_finite(const IterationResult& r) const {
   std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
-  const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const ParamShard& s = model_.shards()[i];
-    if (s.counts_in_norm && !std::isfinite(norm_slots_[s.spec.id * tp + tp_rank])) {
+    if (s.counts_in_norm && !main_grads_[i].empty() && !std::isfinite(norm_slots_[norm_slot(i)])) {
       what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
       what += model_.shards()[i].spec.name;
       break;

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "tessera/comm/communicator.h"
+#include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/tensor.h"
 #include "tessera/metrics/tensorboard_writer.h"
 #include "tessera/model/gpt.h"
@@ -50,6 +51,12 @@ struct TrainerGroups {
 // each reported, and removed when provably abandoned. Global rank 0 runs it at start-up.
 void report_stale_checkpoint_saves(const std::string& dir);
 
+// The gradient/parameter buffer layout of pipeline rank pp_rank's model under `args`
+// (Megatron's rules: buckets of --ddp-bucket-size only with --overlap-grad-reduce and only on
+// the first pipeline stage; the distributed optimizer's padding for the data-parallel size).
+// tessera train builds its model with it.
+GradBufferLayout grad_buffer_layout(const TrainArgs& args, const ModelPartition& partition, int pp_rank);
+
 class Trainer {
  public:
   // The model is this rank's share, initialised (Megatron's init or --init-from-hf) by the
@@ -85,6 +92,8 @@ class Trainer {
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   const Optimizer& optimizer() const { return *optimizer_; }
+  // The data-parallel bucket traffic (null without data parallelism).
+  const DataParallelBuckets* data_parallel() const { return dp_buckets_.get(); }
 
  private:
   void load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro);
@@ -97,8 +106,21 @@ class Trainer {
   const PipelineExecutor& training_pipeline(int64_t num_micro);
   // After backward: data-parallel averaging, then the gradients several ranks share.
   void finalize_grads();
-  // The global gradient norm over the model-parallel ranks, each parameter counted once.
+  // The global gradient norm over the model-parallel ranks (with the distributed optimizer
+  // over every rank, each holding shards), each parameter counted once.
   double global_grad_norm();
+  // The norm slot of parameter i's gradient on this rank.
+  size_t norm_slot(size_t i) const;
+  bool distributed_optimizer() const { return dp_buckets_ && args_.use_distributed_optimizer; }
+  // Optimizer state of the distributed optimizer as whole parameters in host memory (save and
+  // load go through the same files as the non-distributed optimizer's).
+  struct HostOptimizerState {
+    std::vector<std::vector<float>> buffers;  // per state kind, the full gradient-buffer layout
+    std::vector<ShardedTensor> tensors;       // "<kind>.<parameter name>" views into them
+  };
+  HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
+  void gather_optimizer_state(HostOptimizerState& state) const;
+  void scatter_optimizer_state(const HostOptimizerState& state);
   void print_evaluation(const std::string& prefix, const char* split);
   void write_tensorboard(const IterationResult& r);
   [[noreturn]] void report_non_finite(const IterationResult& r) const;
@@ -112,7 +134,10 @@ class Trainer {
   Device& device_;
   TrainerGroups groups_;
   Communicator* dp_;  // groups_.dp when it has more than one rank
-  std::unique_ptr<GradBuckets> grad_buckets_;  // with data parallelism
+  std::unique_ptr<DataParallelBuckets> dp_buckets_;  // with data parallelism
+  // Per parameter, the gradient the optimizer reads (clipping, TP and embedding sums): the
+  // whole gradient, or with the distributed optimizer the owned piece (empty when none).
+  std::vector<Tensor> main_grads_;
   // Training schedules by micro-batch count (one, unless the batch size ramps up).
   std::map<int64_t, PipelineExecutor> train_pipelines_;
   PipelineExecutor eval_pipeline_;

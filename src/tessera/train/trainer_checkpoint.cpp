@@ -318,7 +318,44 @@ void report_stale_checkpoint_saves(const std::string& dir) {
   }
 }
 
+Trainer::HostOptimizerState Trainer::host_optimizer_state(bool with_embedding_copy) const {
+  HostOptimizerState state;
+  const GradBufferLayout& layout = model_.buffer_layout();
+  const std::vector<const char*> kinds = optimizer_->state_kinds();
+  state.buffers.assign(kinds.size(), std::vector<float>(static_cast<size_t>(layout.numel), 0.0f));
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const ParamShard& s = model_.shards()[i];
+    if (s.is_embedding_copy && !with_embedding_copy) continue;
+    for (size_t k = 0; k < kinds.size(); ++k)
+      state.tensors.push_back({std::string(kinds[k]) + "." + s.spec.name,
+                               Tensor(state.buffers[k].data() + layout.params[i].start, DType::F32, s.shape, nullptr),
+                               s.spec.shape, s.split_dim, s.offset});
+  }
+  return state;
+}
+
+// The optimizer's state tensors of kind k, one per owned piece (its parameters), in order.
+static std::vector<Tensor> state_of_kind(const Optimizer& optimizer, size_t k) {
+  const size_t kinds = optimizer.state_kinds().size();
+  const std::vector<Optimizer::StateTensor> all = optimizer.state_tensors();
+  std::vector<Tensor> out;
+  for (size_t j = k; j < all.size(); j += kinds) out.push_back(all[j].tensor);
+  return out;
+}
+
+void Trainer::gather_optimizer_state(HostOptimizerState& state) const {
+  for (size_t k = 0; k < state.buffers.size(); ++k)
+    dp_buckets_->gather_to_host(state.buffers[k].data(), state_of_kind(*optimizer_, k));
+}
+
+void Trainer::scatter_optimizer_state(const HostOptimizerState& state) {
+  for (size_t k = 0; k < state.buffers.size(); ++k)
+    dp_buckets_->scatter_from_host(state_of_kind(*optimizer_, k), state.buffers[k].data());
+}
+
 void Trainer::save_checkpoint(const std::string& dir) {
+  // The parameters every rank saves are whole again (an overlapped gather may still run).
+  if (dp_buckets_ && distributed_optimizer()) dp_buckets_->wait_all_params();
   const auto t0 = std::chrono::steady_clock::now();
   Communicator* world = groups_.world && groups_.world->size() > 1 ? groups_.world : nullptr;
   const int rank = rank_in(world), tp = rank_in(groups_.tp), pp = rank_in(groups_.pp), dp = rank_in(groups_.dp);
@@ -367,14 +404,23 @@ void Trainer::save_checkpoint(const std::string& dir) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
-  // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it.
+  // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it. The
+  // distributed optimizer's shards are first gathered there (Megatron's torch format gathers
+  // them to DP rank 0 too), into the same tensors the non-distributed optimizer saves, so
+  // either optimizer resumes from either, in any layout.
+  HostOptimizerState sharded;
+  if (distributed_optimizer() && !args_.no_save_optim) {
+    sharded = host_optimizer_state(false);
+    gather_optimizer_state(sharded);
+  }
   std::vector<CheckpointFile> mine;
   on_every_rank(world, write_failed, [&] {
     if (dp != 0) return;
     mine = write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size),
                                   model_tensors(model_, false),
-                                  args_.no_save_optim ? std::vector<ShardedTensor>{}
-                                                      : optimizer_tensors(*optimizer_, model_, false));
+                                  args_.no_save_optim          ? std::vector<ShardedTensor>{}
+                                  : distributed_optimizer()    ? sharded.tensors
+                                                               : optimizer_tensors(*optimizer_, model_, false));
   }, abandon);
   // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
   const std::vector<CheckpointFile> files = gather_files(world, mine);
@@ -418,11 +464,15 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Every rank reads the slices it needs; a failure on any rank stops every rank, each with
   // an error (the ranks that failed with theirs).
   CheckpointState s;
+  // The distributed optimizer loads whole parameters' state into host memory and keeps its pieces.
+  HostOptimizerState sharded;
+  if (distributed_optimizer()) sharded = host_optimizer_state(true);
   on_every_rank(world, "load the checkpoint of iteration " + std::to_string(*latest) + " in " + dir, [&] {
     check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
     s = tessera::load_checkpoint(dir, *latest, model_tensors(model_, true),
-                                 optimizer_tensors(*optimizer_, model_, true), load_optimizer, rank_in(groups_.tp),
-                                 args_.tensor_parallel_size);
+                                 distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true),
+                                 load_optimizer, rank_in(groups_.tp), args_.tensor_parallel_size);
+    if (distributed_optimizer() && load_optimizer) scatter_optimizer_state(sharded);
   });
   print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(*latest),
                s.megatron_format ? " (Megatron-LM's torch format)" : "");

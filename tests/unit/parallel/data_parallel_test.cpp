@@ -1,8 +1,11 @@
-// Gradient buckets: cut from the end of the slab, each averaged across the data-parallel
-// group exactly once per step, whether launched early (overlap, as backward reports
-// parameters ready) or after backward.
+// Data parallelism over the gradient and parameter buffers: buckets cut from the end of the
+// buffer, each averaged across the group exactly once per step, whether launched early
+// (overlap, as backward reports parameters ready) or after backward; with the distributed
+// optimizer a reduce-scatter leaves each rank its owned ranges, the parameter gather gives
+// every rank the owners' values, and checkpoint state travels through host buffers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "tessera/comm/in_process/in_process_communicator.h"
@@ -12,46 +15,133 @@
 using namespace tessera;
 
 namespace {
-// Five "parameters" of sizes 3, 5, 2, 7, 4 in one slab with 64-byte alignment gaps.
-struct Grads {
-  Buffer slab;
-  std::vector<Tensor> tensors;
-  Grads() {
-    const std::vector<int64_t> sizes = {3, 5, 2, 7, 4};
-    SlabBuilder layout;
-    std::vector<size_t> offsets;
-    for (int64_t n : sizes) offsets.push_back(layout.reserve(DType::F32, {n}));
-    slab = Buffer(cpu_device(), layout.total_bytes());
-    for (size_t i = 0; i < sizes.size(); ++i) tensors.push_back(tensor_at(slab, offsets[i], DType::F32, {sizes[i]}));
-  }
+
+const std::vector<int64_t> kSizes = {3, 5, 2, 7, 4};
+
+// A rank's two buffers laid out by `layout`.
+struct Buffers {
+  GradBufferLayout layout;
+  Buffer grad_slab, param_slab;
+  Tensor grads, params;
+  explicit Buffers(GradBufferLayout l)
+      : layout(std::move(l)),
+        grad_slab(cpu_device(), layout.numel * sizeof(float)),
+        param_slab(cpu_device(), layout.numel * sizeof(float)),
+        grads(tensor_at(grad_slab, 0, DType::F32, {layout.numel})),
+        params(tensor_at(param_slab, 0, DType::F32, {layout.numel})) {}
+  float& grad(size_t p, int64_t e) { return grads.f32()[layout.params[p].start + e]; }
+  float& param(size_t p, int64_t e) { return params.f32()[layout.params[p].start + e]; }
 };
 
-void check_average(bool overlap, int64_t bucket_elements, size_t expected_buckets) {
-  run_in_process_ranks(3, [&](Communicator& dp) {
-    Grads g;
-    GradBuckets buckets(g.tensors, dp, bucket_elements, overlap);
+GradBufferLayout layout_for(int dp, int64_t bucket_size, bool distributed) {
+  GradBufferOptions o;
+  o.data_parallel = dp;
+  o.bucket_size = bucket_size;
+  o.distributed_optimizer = distributed;
+  o.dense_alignment = 1;  // Megatron's dense packing: bucket sizes count elements only
+  return build_grad_buffer_layout(kSizes, o);
+}
+
+// Every rank's gradient of (p, e) is rank*100 + p*10 + e; the mean over ranks 0..n-1 is
+// (n-1)*50 + p*10 + e, exact in f32.
+void fill_grads(Buffers& b, int rank) {
+  for (size_t p = 0; p < kSizes.size(); ++p)
+    for (int64_t e = 0; e < kSizes[p]; ++e) b.grad(p, e) = float(rank * 100 + p * 10 + e);
+}
+
+void report_backward(DataParallelBuckets& buckets) {
+  // Backward reports the last parameters first.
+  buckets.mark_ready(3, 5);
+  buckets.mark_ready(1, 3);
+  buckets.mark_ready(0, 1);
+}
+
+void check_average(bool overlap, int64_t bucket_size, size_t expected_buckets) {
+  run_in_process_ranks(4, [&](Communicator& dp) {
+    Buffers b(layout_for(4, bucket_size, false));
+    DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {overlap, false, false}, cpu_device());
     EXPECT_EQ(buckets.num_buckets(), expected_buckets);
     for (int step = 0; step < 2; ++step) {  // twice: buckets re-arm after finish()
-      for (size_t p = 0; p < g.tensors.size(); ++p)
-        for (int64_t e = 0; e < g.tensors[p].numel(); ++e) g.tensors[p].f32()[e] = float(dp.rank() * 100 + p * 10 + e);
-      // Backward reports the last parameters first.
-      buckets.mark_ready(3, 5);
-      buckets.mark_ready(1, 3);
-      buckets.mark_ready(0, 1);
+      fill_grads(b, dp.rank());
+      report_backward(buckets);
       buckets.finish();
-      // Mean over ranks 0, 1, 2 of rank*100 + p*10 + e is 100 + p*10 + e.
-      for (size_t p = 0; p < g.tensors.size(); ++p)
-        for (int64_t e = 0; e < g.tensors[p].numel(); ++e)
-          ASSERT_EQ(g.tensors[p].f32()[e], float(100 + p * 10 + e)) << "param " << p << " element " << e;
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(b.grad(p, e), float(150 + p * 10 + e)) << p << " " << e;
     }
   });
 }
+
 }  // namespace
 
-TEST(GradBuckets, OneBucketAfterBackward) { check_average(false, INT64_MAX, 1); }
+TEST(DataParallelBuckets, OneBucketAfterBackward) { check_average(false, INT64_MAX, 1); }
 
-TEST(GradBuckets, OverlappedBucketsCutFromTheEnd) {
+TEST(DataParallelBuckets, OverlappedBucketsCutFromTheEnd) {
   // At least 8 elements per bucket, from the end: params [3,5) (4+7), then [0,3) (2+5+3).
   check_average(true, 8, 2);
   check_average(true, 1, 5);  // one bucket per parameter
+}
+
+// Each rank ends with the mean of exactly its owned ranges, the pieces cover every element
+// once over the ranks, and after the owners write their values every rank holds them all.
+void check_distributed(int dp_size, int64_t bucket_size, bool overlap_gather) {
+  run_in_process_ranks(dp_size, [&](Communicator& dp) {
+    Buffers b(layout_for(dp_size, bucket_size, true));
+    DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {true, true, overlap_gather}, cpu_device());
+    const float base = float((dp_size - 1) * 50);
+    for (int step = 0; step < 2; ++step) {
+      fill_grads(b, dp.rank());
+      report_backward(buckets);
+      buckets.finish();
+      int64_t owned = 0;
+      for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces()) {
+        ASSERT_EQ(piece.grad.numel(), piece.end - piece.begin);
+        // Scaled by 1/DP before the sum, as Megatron: exact for DP 1, 2, 4, a rounding off for 3.
+        for (int64_t e = piece.begin; e < piece.end; ++e)
+          EXPECT_NEAR(piece.grad.f32()[e - piece.begin], base + float(piece.param * 10 + e), 1e-4)
+              << piece.param << " " << e;
+        // The owner "updates" its piece: the parameter's element count plus the step.
+        for (int64_t e = piece.begin; e < piece.end; ++e) piece.value.f32()[e - piece.begin] = float(1000 * step + piece.param * 10 + e);
+        owned += piece.end - piece.begin;
+      }
+      int64_t total = owned;
+      dp.all_reduce(Tensor(&total, DType::I64, {1}, nullptr), ReduceOp::Sum);
+      EXPECT_EQ(total, 21);  // 3 + 5 + 2 + 7 + 4: every element owned once
+      buckets.gather_params();
+      buckets.wait_params(0, kSizes.size());
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e) EXPECT_EQ(b.param(p, e), float(1000 * step + p * 10 + e));
+    }
+  });
+}
+
+TEST(DataParallelBuckets, DistributedOptimizerReduceScatterAndGather) {
+  check_distributed(2, INT64_MAX, false);
+  check_distributed(3, INT64_MAX, false);
+  check_distributed(4, 8, true);  // several buckets, gathers waited for lazily
+  check_distributed(1, INT64_MAX, false);
+}
+
+TEST(DataParallelBuckets, OptimizerStateThroughHostBuffers) {
+  run_in_process_ranks(3, [&](Communicator& dp) {
+    Buffers b(layout_for(3, 8, true));
+    DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {true, true, false}, cpu_device());
+    // A state tensor per piece holding its elements' global identity.
+    std::vector<std::vector<float>> state;
+    std::vector<Tensor> pieces;
+    for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces()) {
+      state.emplace_back();
+      for (int64_t e = piece.begin; e < piece.end; ++e) state.back().push_back(float(piece.param * 10 + e));
+    }
+    for (auto& s : state) pieces.push_back(Tensor(s.data(), DType::F32, {int64_t(s.size())}, &cpu_device()));
+    std::vector<float> whole(b.layout.numel, -1.0f);
+    buckets.gather_to_host(whole.data(), pieces);
+    for (size_t p = 0; p < kSizes.size(); ++p)
+      for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(whole[b.layout.params[p].start + e], float(p * 10 + e));
+    for (auto& s : state) std::fill(s.begin(), s.end(), 0.0f);
+    buckets.scatter_from_host(pieces, whole.data());
+    for (size_t j = 0; j < buckets.owned_pieces().size(); ++j) {
+      const DataParallelBuckets::OwnedPiece& piece = buckets.owned_pieces()[j];
+      for (int64_t e = piece.begin; e < piece.end; ++e) ASSERT_EQ(state[j][e - piece.begin], float(piece.param * 10 + e));
+    }
+  });
 }

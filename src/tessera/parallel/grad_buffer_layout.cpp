@@ -1,0 +1,56 @@
+#include "tessera/parallel/grad_buffer_layout.h"
+
+#include <numeric>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+GradBufferLayout build_grad_buffer_layout(const std::vector<int64_t>& numels, const GradBufferOptions& o,
+                                          const std::vector<bool>& own_bucket) {
+  TESSERA_CHECK(o.data_parallel >= 1 && o.bucket_size >= 1, "grad buffer: bad data-parallel size or bucket size");
+  TESSERA_CHECK(own_bucket.empty() || own_bucket.size() == numels.size(), "grad buffer: one own_bucket flag per parameter");
+  GradBufferLayout layout;
+  layout.data_parallel = o.data_parallel;
+  layout.params.resize(numels.size());
+  const int64_t param_align = o.distributed_optimizer ? 64 : o.dense_alignment;
+  const int64_t bucket_align = o.distributed_optimizer ? std::lcm(int64_t{o.data_parallel}, int64_t{128}) : 1;
+  const bool split_shared = o.distributed_optimizer && !own_bucket.empty();
+  int64_t bucket_start = 0, param_start = 0, param_end = 0;
+  size_t bucket_end_param = numels.size();  // registration index one past the open bucket's first-placed param
+  // Closes the open bucket at `end` (its last parameter's end), padded; the next starts there.
+  auto close = [&](size_t first_param, int64_t end) {
+    GradBufferLayout::Bucket b;
+    b.start = bucket_start;
+    b.numel_unpadded = end - bucket_start;
+    b.end = round_up(end, bucket_align);
+    b.first_param = first_param;
+    b.end_param = bucket_end_param;
+    layout.buckets.push_back(b);
+    bucket_start = param_start = b.end;
+    bucket_end_param = first_param;
+  };
+  for (size_t i = numels.size(); i-- > 0;) {
+    const bool alone = split_shared && own_bucket[i];
+    param_start = round_up(param_start, param_align);
+    // The open bucket ends where this parameter would start (Megatron's padded start).
+    if (alone && bucket_end_param != i + 1) close(i + 1, param_start);
+    param_end = param_start + numels[i];
+    layout.params[i] = {param_start, numels[i], layout.buckets.size()};
+    if (alone || param_end - bucket_start >= o.bucket_size)
+      close(i, param_end);
+    else
+      param_start = param_end;
+  }
+  if (bucket_end_param != 0) close(0, param_end);
+  layout.numel = layout.buckets.empty() ? 0 : layout.buckets.back().end;
+  return layout;
+}
+
+}  // namespace tessera
