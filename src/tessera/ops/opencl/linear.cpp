@@ -3,12 +3,13 @@
 // and the MathMode contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
-// BF16 and FP16 round each GEMM's operands into scratch buffers (round_block) and call
-// the f32 GEMM on them: a product of two bfloat16 or two half values is exact in f32, so
-// this is the arithmetic of a 16-bit GEMM with f32 accumulation (what the CPU backend
-// does too when it has no native bf16 kernel). FP16 also rounds each result to half before
-// it lands in its f32 output or gradient. Unlike the CPU, the weight is not tiled: the
-// scratch holds a whole rounded copy of W and of dout (fine for the sizes PoCL runs).
+// MathMode BF16 and FP16 (every tensor f32) round each GEMM's operands into scratch
+// buffers (round_block) and call the f32 GEMM on them: a product of two bfloat16 or two
+// half values is exact in f32, so this is the arithmetic of a 16-bit GEMM with f32
+// accumulation (what the CPU backend does too when it has no native bf16 kernel). FP16
+// also rounds each result to half before it lands in its f32 output or gradient. These
+// modes do not tile the weight: the scratch holds a whole rounded copy of W and of dout
+// (fine for the sizes PoCL runs).
 //
 // 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
 // BF16 or F16; MathMode stays F32): each 16-bit GEMM operand is widened exactly into f32
