@@ -713,6 +713,30 @@ TEST_P(BackendOps, Storage16Linear) {
   }
 }
 
+// Operand and output dtypes that differ within one call (ops.h allows any mix). On CUDA
+// these take the other paths of ops/cuda/linear.cpp: operands of different dtypes widened
+// to f32, a 16-bit output or gradient that cuBLASLt cannot write from f32 operands (or
+// with an f32 bias) going through f32 scratch. Tolerances as Storage16Linear.
+TEST_P(BackendOps, Storage16LinearMixedDtypes) {
+  const Storage st = model_storages()[0];
+  const int64_t N = 6, C = 40, OC = 33;
+  for (DType inp_dtype : {DType::F32, st.act}) {
+    SCOPED_TRACE("inp " + std::string(dtype_name(inp_dtype)));
+    Twin& inp = normal_as(inp_dtype, {N, C});
+    Twin& weight = normal_as(st.act, {OC, C}, 0.3f);
+    Twin& bias = normal({OC});  // an f32 bias with a 16-bit output
+    Twin& out = normal_as(st.act, {N, OC});
+    run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], bias[s]); });
+    expect_close("out", out, 1e-5 + st.ulp, 1e-5);
+    Twin& dout = normal_as(st.act, {N, OC});
+    Twin& dinp = normal_as(st.act, {N, C});
+    Twin& dweight = normal_as(st.act, {OC, C});
+    run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], Tensor(), dout[s], inp[s], weight[s]); });
+    expect_close("dinp", dinp, 1e-5 + st.ulp, 1e-5);
+    expect_close("dweight", dweight, 1e-5 + st.ulp, 1e-5);
+  }
+}
+
 // The OpenCL backend converts the weight in tiles of rows (64 at least, about 4M elements
 // each); C = 4096 makes tiles of 1024 rows, so OC = 1100 takes two, the second partial.
 TEST_P(BackendOps, Storage16LinearTiled) {
@@ -850,7 +874,9 @@ TEST_P(BackendOps, Storage16OptimizerAndNorm) {
     Twin& m = normal({n}, 0.01f);
     Twin& v = zeros({n});
     for (int64_t step = 1; step <= 2; ++step)
-      run([&](Side s) { ops::adamw_update(param[s], grad[s], m[s], v[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f); });
+      run([&](Side s) {
+        ops::adamw_update(param[s], grad[s], m[s], v[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+      });
     expect_close("param", param, 0);  // as AdamW: the same bits
     expect_close("m", m, 0);
     expect_close("v", v, 0);

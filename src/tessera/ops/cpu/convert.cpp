@@ -44,7 +44,8 @@ void convert(Tensor out, Tensor inp) {
   check_float(out, "convert", "out");
   check_float(inp, "convert", "inp");
   TESSERA_CHECK(out.numel() == inp.numel(),
-                "convert: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape) + " (element counts differ)");
+                "convert: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape) +
+                    " (element counts differ)");
   if (out.same_memory(inp) && out.dtype == inp.dtype) return;
   TESSERA_CHECK(!out.same_memory(inp), "convert: out aliases inp with another dtype");
   with_loader(inp, [&](auto load) { store_all(out, load); });

@@ -3,12 +3,13 @@
 // and the MathMode contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
-// BF16 and FP16 round each GEMM's operands into scratch buffers (round_block) and call
-// the f32 GEMM on them: a product of two bfloat16 or two half values is exact in f32, so
-// this is the arithmetic of a 16-bit GEMM with f32 accumulation (what the CPU backend
-// does too when it has no native bf16 kernel). FP16 also rounds each result to half before
-// it lands in its f32 output or gradient. Unlike the CPU, the weight is not tiled: the
-// scratch holds a whole rounded copy of W and of dout (fine for the sizes PoCL runs).
+// MathMode BF16 and FP16 (every tensor f32) round each GEMM's operands into scratch
+// buffers (round_block) and call the f32 GEMM on them: a product of two bfloat16 or two
+// half values is exact in f32, so this is the arithmetic of a 16-bit GEMM with f32
+// accumulation (what the CPU backend does too when it has no native bf16 kernel). FP16
+// also rounds each result to half before it lands in its f32 output or gradient. These
+// modes do not tile the weight: the scratch holds a whole rounded copy of W and of dout
+// (fine for the sizes PoCL runs).
 //
 // 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
 // BF16 or F16; MathMode stays F32): each 16-bit GEMM operand is widened exactly into f32
@@ -124,7 +125,9 @@ Tensor from(const Tensor& t, int64_t first, Shape shape) {
 
 // Weight rows per tile of the 16-bit path: each converted block (W's rows, dout's columns,
 // the forward's result) holds at most about 4M f32 (16 MB), at least 64 rows.
-int64_t tile_rows(int64_t N, int64_t C) { return std::max<int64_t>(64, (int64_t{1} << 22) / std::max<int64_t>({N, C, 1})); }
+int64_t tile_rows(int64_t N, int64_t C) {
+  return std::max<int64_t>(64, (int64_t{1} << 22) / std::max<int64_t>({N, C, 1}));
+}
 
 // An f32 block for the GEMMs: the rows x cols block of t at element `first` (leading
 // dimension ld) in place when t is F32, else widened into `copy` (contiguous).
