@@ -9,7 +9,8 @@
 - the optimizer state on a rank falls as 1/DP (the trainer's "optimizer state" line);
 - a checkpoint saved at DP=4 with the flag resumes at DP=2 with it, at DP=1 without it and
   at TP=2 x DP=2 with it, each continuing with the uninterrupted run's losses (1e-5); a
-  checkpoint missing its optimizer file is an error naming the file;
+  checkpoint missing its optimizer file is an error naming the file; `ckpt inspect --summary`
+  says which optimizer saved it;
 - --overlap-param-gather without the distributed optimizer is a usage error.
 usage: distributed_optimizer_test.py TESSERA_BINARY"""
 import json
@@ -95,6 +96,8 @@ def test_resharding(tmp, reference):
     save = os.path.join(tmp, "ckpt")
     run(4, DISTRIBUTED + ["--save", save, "--save-interval", "2", "--exit-interval", "2"])
     tail = reference[2:]
+    p = subprocess.run([TESSERA, "ckpt", "inspect", "--summary", save], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "optimizer: distributed (--use-distributed-optimizer)" in p.stdout, p.stdout
     for procs, flags, label in [(2, DISTRIBUTED, "DP=4 -> DP=2"), (1, [], "DP=4 -> DP=1 without the flag"),
                                 (4, OVERLAPPED + ["--tensor-model-parallel-size", "2"], "DP=4 -> TP=2 x DP=2")]:
         path = os.path.join(tmp, "resume_%d_%d.jsonl" % (procs, len(flags)))

@@ -1,5 +1,6 @@
 #include "tessera/cli/ckpt_summary.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -86,6 +87,17 @@ int print_checkpoint_summary(const std::string& it_dir, int64_t iteration, bool 
   std::printf("  model: %llu parameters in %zu tensors (%s); consumed samples %s\n",
               static_cast<unsigned long long>(parameters), whole_numel.size(), dtype_list.c_str(),
               num("consumed_train_samples").c_str());
+  // The optimizer state's files are the same with and without the distributed optimizer
+  // (its shards are gathered for the save); which one saved it is read from the arguments.
+  if (optimizer_bytes > 0) {
+    const nlohmann::json args = meta.value("args", nlohmann::json::array());
+    const bool distributed = args.is_array() && std::find(args.begin(), args.end(), "--use-distributed-optimizer") !=
+                                                    args.end();
+    std::printf("  optimizer: %s\n", distributed ? "distributed (--use-distributed-optimizer), shards gathered by "
+                                                   "parameter: loads at any DP, with or without the flag"
+                                                 : "replicated; loads at any DP, with or without "
+                                                   "--use-distributed-optimizer");
+  }
   std::printf("  size: %s (model %s, optimizer %s) in %d folders\n", size_text(total_bytes).c_str(),
               size_text(model_bytes).c_str(), size_text(optimizer_bytes).c_str(), static_cast<int>(shards.size()));
   for (const auto& [folder, s] : shards)

@@ -59,6 +59,18 @@ DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor 
   std::stable_sort(owned_.begin(), owned_.end(), [](const OwnedPiece& a, const OwnedPiece& b) { return a.param < b.param; });
 }
 
+DataParallelBuckets::~DataParallelBuckets() {
+  for (Bucket& b : buckets_)
+    for (std::unique_ptr<Work>* work : {&b.reduce, &b.gather}) {
+      if (!*work) continue;
+      try {
+        (*work)->wait();
+      } catch (const std::exception&) {
+        // Unwinding from the failure that stopped the step: that error is the one to report.
+      }
+    }
+}
+
 // Megatron scales before the sum (gradient_scaling_factor = 1/DP), so the reduction adds
 // averages and the result needs no second pass.
 void DataParallelBuckets::launch_reduce(Bucket& b) {

@@ -39,6 +39,11 @@ class DataParallelBuckets {
   // with the distributed optimizer).
   DataParallelBuckets(const GradBufferLayout& layout, Tensor grad_buffer, Tensor param_buffer, Communicator& dp,
                       const DataParallelOptions& options, Device& device);
+  // Waits for the collectives still running (an overlapped gather after the last step):
+  // they write into the buffers.
+  ~DataParallelBuckets();
+  DataParallelBuckets(const DataParallelBuckets&) = delete;
+  DataParallelBuckets& operator=(const DataParallelBuckets&) = delete;
 
   // Backward will not touch the gradients of parameters [first, end) again in this step.
   void mark_ready(size_t first, size_t end);
