@@ -102,13 +102,12 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
                    dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
-  TESSERA_DISPATCH(linear_forward, T_(&out, &inp, &weight, &bias), out, inp, weight, bias, mode);
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  TESSERA_DISPATCH(linear_forward, T_(&out, &inp, &weight, &bias), out, inp, weight, bias);
 }
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     MathMode mode) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
   TESSERA_DISPATCH(linear_backward, T_(&dinp, &dweight, &dbias, &dout, &inp, &weight), dinp, dweight, dbias, dout,
-                   inp, weight, mode);
+                   inp, weight);
 }
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
   TESSERA_DISPATCH(bias_add_forward, T_(&out, &inp, &bias), out, inp, bias);

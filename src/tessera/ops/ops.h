@@ -82,33 +82,18 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd);
 
-// The arithmetic of the linear layers' GEMMs on f32 tensors (Megatron's --bf16 / --fp16
-// before 16-bit storage: every tensor f32, the mode says how the GEMMs round; a call with
-// any 16-bit tensor takes its precision from the dtypes and needs MathMode::F32):
-// - F32: f32 operands, f32 accumulation.
-// - BF16: both GEMM operands rounded to bfloat16 (round-to-nearest-even), products
-//   accumulated in f32; output, bias, dbias and the accumulation into gradients stay f32
-//   (Megatron's bf16 GEMMs and its fp32 main grads).
-// - FP16: emulated half storage: GEMM operands and the bias rounded to IEEE half, f32
-//   accumulation, and every result rounded to half: the forward's output and each
-//   backward contribution (dout @ W, dout^T @ inp, the column sums of dout) before it is
-//   added into its f32 gradient. A result beyond the half range (>= 65520 in magnitude)
-//   is +-inf, and so is any operand beyond it: the dynamic loss scaler must see these
-//   infs (in the gradients or the loss) and skip the step, as with Megatron's --fp16.
-enum class MathMode { F32, BF16, FP16 };
-
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
 // backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
-// (the same reduction as bias_add_backward). mode: see MathMode.
-// Dtypes: any float dtype each; dweight and dbias are typically F32 (fp32 main grads:
+// (the same reduction as bias_add_backward).
+// Dtypes: any float dtype each (Megatron's --bf16 / --fp16 keep inp, weight, out and dinp
+// in bf16 / f16); dweight and dbias are typically F32 (fp32 main grads:
 // Megatron's gradient-accumulation fusion adds weight gradients straight into them). The
 // products follow the operand dtypes (bf16 and f16 values are exact in f32, so a 16-bit
 // GEMM with f32 accumulation is the same arithmetic as an f32 GEMM of the widened
 // operands); each result is rounded once into out, or added into its gradient and rounded
 // once.
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode = MathMode::F32);
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     MathMode mode = MathMode::F32);
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
 
 // out[n,:] = inp[n,:] + bias; out, inp: [N,OC] (any leading dims), bias: [OC]. out may
 // alias inp. A row-parallel linear runs linear_forward without bias, all-reduces (or

@@ -1,14 +1,14 @@
-// The linear layers' math modes (ops.h MathMode) on the CPU backend:
-// - the rounding routines (cpu/low_precision.h) against known bit patterns, against the
-//   F16C conversion instructions where the build has them, and the array versions
-//   against the scalar ones;
-// - BF16 and FP16 linear forward/backward against a double-precision GEMM of operands
-//   rounded the same way by the scalar routines (only f32 accumulation error allowed,
-//   and for FP16 the rounding of the result to half), and against the F32 result within
-//   each format's error;
-// - FP16 overflow gives inf; F32 mode is the old code bit for bit; tiling of the weight
-//   rows, steady-state workspaces, concurrent callers; the bf16 GEMM (oneDNN where this
-//   CPU has a bf16 kernel, the f32-expansion fallback where not) against the reference.
+// The linear layer on 16-bit tensors (ops.h: the GEMMs follow the tensors' dtypes) on the
+// CPU backend, and the rounding routines it and storage.h rely on:
+// - the scalar rounding routines (cpu/low_precision.h) against known bit patterns, the
+//   F16C conversion instructions where the build has them, and core/dtype.h;
+// - linear forward/backward on BF16 and F16 tensors (the model's mix: f32 weight and bias
+//   gradients) against a double-precision GEMM of the widened values: only f32
+//   accumulation error allowed before the one rounding into each 16-bit result;
+// - an F16 result beyond the half range is inf (BF16 has the f32 range); tiling of the
+//   weight rows; all-F32 tensors are one sgemm bit for bit; steady-state workspaces;
+//   concurrent callers; the bf16 GEMM (oneDNN where this CPU has a bf16 kernel) against
+//   the reference, and the linear through it against the widen+sgemm path.
 // Tolerances sit next to their checks with their reasons.
 #include <gtest/gtest.h>
 #include <immintrin.h>
@@ -31,7 +31,6 @@
 #include "tessera/ops/ops.h"
 
 using namespace tessera;
-using ops::MathMode;
 using ops::cpu::bf16_bits;
 using ops::cpu::fp16_bits;
 using ops::cpu::fp16_to_f32;
@@ -41,12 +40,48 @@ namespace {
 // ---------------------------------------------------------------------------------------
 // Helpers
 
+uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
+
+// Element i of a float tensor, widened (exact); and stored rounded once to its dtype.
+float get(const Tensor& t, int64_t i) {
+  if (t.dtype == DType::F32) return t.f32()[i];
+  const uint16_t h = t.host<uint16_t>()[i];
+  return t.dtype == DType::BF16 ? bf16_to_f32(h) : fp16_to_f32(h);
+}
+void set(Tensor& t, int64_t i, float x) {
+  if (t.dtype == DType::F32) t.f32()[i] = x;
+  else t.host<uint16_t>()[i] = t.dtype == DType::BF16 ? bf16_bits(x) : fp16_bits(x);
+}
+std::vector<double> values(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = get(t, i);
+  return v;
+}
+// x rounded to d, as f32.
+float round_to(float x, DType d) {
+  return d == DType::BF16 ? ops::cpu::round_bf16(x) : d == DType::F16 ? ops::cpu::round_fp16(x) : x;
+}
+const char* name(DType d) { return d == DType::BF16 ? "BF16" : d == DType::F16 ? "F16" : "F32"; }
 class Arena {
  public:
-  Tensor f32(Shape s) {
-    Tensor t(nullptr, DType::F32, std::move(s), &cpu_device());
+  Tensor make(DType d, Shape s) {
+    Tensor t(nullptr, d, std::move(s), &cpu_device());
     buffers_.emplace_back(cpu_device(), std::max<size_t>(t.bytes(), 1));
     t.handle = buffers_.back().handle();
+    return t;
+  }
+  Tensor f32(Shape s) { return make(DType::F32, std::move(s)); }
+  // Normal values rounded to d (any float dtype).
+  Tensor normal(DType d, Shape s, uint32_t seed) {
+    const Tensor v = normal(s, seed);
+    Tensor t = make(d, std::move(s));
+    for (int64_t i = 0; i < t.numel(); ++i) set(t, i, v.f32()[i]);
+    return t;
+  }
+  Tensor filled(DType d, Shape s, std::vector<float> v) {
+    Tensor t = make(d, std::move(s));
+    EXPECT_EQ(static_cast<size_t>(t.numel()), v.size());
+    for (int64_t i = 0; i < t.numel(); ++i) set(t, i, v[static_cast<size_t>(i)]);
     return t;
   }
   Tensor normal(Shape s, uint32_t seed, float std = 1.0f) {
@@ -63,7 +98,7 @@ class Arena {
     return t;
   }
   Tensor copy(const Tensor& src) {
-    Tensor t = f32(src.shape);
+    Tensor t = make(src.dtype, src.shape);
     std::memcpy(t.host<void>(), src.host<void>(), src.bytes());
     return t;
   }
@@ -77,18 +112,7 @@ class Arena {
   std::vector<Buffer> buffers_;
 };
 
-uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 bool same_bits(const Tensor& a, const Tensor& b) { return std::memcmp(a.host<void>(), b.host<void>(), a.bytes()) == 0; }
-
-// The operand values a mode multiplies, by the scalar routines.
-float rounded(float x, MathMode mode) {
-  return mode == MathMode::BF16 ? ops::cpu::round_bf16(x) : mode == MathMode::FP16 ? ops::cpu::round_fp16(x) : x;
-}
-std::vector<double> rounded(const Tensor& t, MathMode mode) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = rounded(t.f32()[i], mode);
-  return v;
-}
 
 // An exact (double) sum of products and the sum of their magnitudes, which scales the f32
 // accumulation error.
@@ -107,34 +131,21 @@ struct Exact {
 // bf16, 2^-12 for half, on one product of ~K) or a dropped term shows.
 constexpr double kAccumulation = 1e-6;
 
-// got (f32) is `exact` accumulated in f32, then (half_out) rounded to half. For half the
-// result must be a half value and equal to the exact value rounded to half, except where
-// the exact value lies within the accumulation error of a rounding tie between got and
-// the other neighbour.
-void expect_result(float got, const Exact& exact, bool half_out, const std::string& what) {
+// got is `exact` accumulated in f32, then rounded once to d. For a 16-bit d the result
+// must equal the exact value rounded to d, except where the exact value lies within the
+// accumulation error of a rounding tie between got and the other neighbour.
+void expect_result(float got, const Exact& exact, DType d, const std::string& what) {
   const double tol = kAccumulation * exact.magnitude + 1e-30;
-  if (!half_out) {
+  if (d == DType::F32) {
     EXPECT_NEAR(got, exact.value, tol) << what;
     return;
   }
-  EXPECT_EQ(bits(ops::cpu::round_fp16(got)), bits(got)) << what << ": " << got << " is not a half value";
-  const float want = ops::cpu::round_fp16(static_cast<float>(exact.value));
+  const float want = round_to(static_cast<float>(exact.value), d);
   if (bits(got) == bits(want)) return;
   const double tie = 0.5 * (static_cast<double>(got) + static_cast<double>(want));
   EXPECT_LE(std::fabs(exact.value - tie), tol)
       << what << ": got " << got << ", exact " << exact.value << " rounds to " << want
       << " and is not within the f32 accumulation error of the tie between them";
-}
-
-// Relative L2 distance of a to b.
-double relative_error(const Tensor& a, const Tensor& b) {
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = static_cast<double>(a.f32()[i]) - b.f32()[i];
-    num += d * d;
-    den += static_cast<double>(b.f32()[i]) * b.f32()[i];
-  }
-  return std::sqrt(num / den);
 }
 
 // Sets the tile budget for one scope.
@@ -215,89 +226,31 @@ TEST(OpsPrecisionRounding, HalfRoundTripsAndMatchesF16cOnAllHalves) {
   }
 }
 
-// The scalar routines against the hardware and core/dtype.h's f32_to_f16, and the array routines (vector instructions,
-// OpenMP, tails) against the scalar ones, over a sweep of every 101st f32 bit pattern plus,
-// for every half, the f32 values at, just below and just above the tie with its
-// successor.
-TEST(OpsPrecisionRounding, ArraysMatchScalarRoutinesAndHardware) {
-  std::vector<float> ties;
+// The scalar routines against the hardware and core/dtype.h's f32_to_f16, over a sweep of
+// every 101st f32 bit pattern plus, for every half, the f32 values at, just below and just
+// above the tie with its successor.
+TEST(OpsPrecisionRounding, ScalarRoutinesMatchHardwareAndCore) {
+  std::vector<float> src;
   for (uint32_t h = 0; h < 0x7C00; ++h) {
     for (uint32_t sign : {0u, 0x8000u}) {
       const double lo = fp16_to_f32(static_cast<uint16_t>(h | sign));
       const double hi = h + 1 == 0x7C00 ? (sign ? -65536.0 : 65536.0) : fp16_to_f32(static_cast<uint16_t>((h + 1) | sign));
       const float tie = static_cast<float>(0.5 * (lo + hi));  // exact in f32
-      ties.push_back(tie);
-      ties.push_back(std::nextafter(tie, 0.0f));
-      ties.push_back(std::nextafter(tie, std::numeric_limits<float>::infinity() * (sign ? -1.0f : 1.0f)));
+      src.push_back(tie);
+      src.push_back(std::nextafter(tie, 0.0f));
+      src.push_back(std::nextafter(tie, std::numeric_limits<float>::infinity() * (sign ? -1.0f : 1.0f)));
     }
   }
-  int64_t mismatches = 0, checked = 0;
-  std::vector<float> src, half, bf;
-  std::vector<uint16_t> bfbits;
-  auto check = [&] {
-    const int64_t n = static_cast<int64_t>(src.size());
-    half.resize(src.size());
-    bf.resize(src.size());
-    bfbits.resize(src.size());
-    ops::cpu::round_fp16(half.data(), src.data(), 1, n, n);
-    ops::cpu::round_bf16(bf.data(), src.data(), 1, n, n);
-    ops::cpu::convert_bf16(bfbits.data(), src.data(), 1, n, n);
-    for (size_t i = 0; i < src.size(); ++i) {
-      const float x = src[i];
-      const uint32_t want_half = bits(ops::cpu::round_fp16(x)), want_bf = bits(ops::cpu::round_bf16(x));
-      bool ok = bits(half[i]) == want_half && bits(bf[i]) == want_bf && bfbits[i] == bf16_bits(x);
-      ok = ok && fp16_bits(x) == f32_to_f16(x);  // core/dtype.h, through GCC's _Float16
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 101) src.push_back(std::bit_cast<float>(static_cast<uint32_t>(u)));
+  int64_t mismatches = 0;
+  for (const float x : src) {
+    bool ok = fp16_bits(x) == f32_to_f16(x) && bf16_bits(x) == f32_to_bf16(x);  // core/dtype.h
 #if defined(__F16C__)
-      ok = ok && fp16_bits(x) == _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    ok = ok && fp16_bits(x) == _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #endif
-      if (!ok && ++mismatches <= 5)
-        ADD_FAILURE() << "input bits " << std::hex << bits(x) << ": half " << bits(half[i]) << " vs scalar "
-                      << want_half << ", bf16 " << bits(bf[i]) << " vs " << want_bf;
-    }
-    checked += n;
-    src.clear();
-  };
-  src = ties;
-  check();
-  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 101) {
-    src.push_back(std::bit_cast<float>(static_cast<uint32_t>(u)));
-    if (src.size() == (1u << 20)) check();
+    if (!ok && ++mismatches <= 5) ADD_FAILURE() << "input bits " << std::hex << bits(x) << ": half " << fp16_bits(x);
   }
-  check();
-  EXPECT_EQ(mismatches, 0) << "of " << checked << " inputs";
-  // A strided block (rows with a leading dimension) and an in-place contiguous one.
-  std::vector<float> block(7 * 40), got(7 * 33), in_place;
-  for (size_t i = 0; i < block.size(); ++i) block[i] = ties[i * 9973 % ties.size()];
-  ops::cpu::round_fp16(got.data(), block.data(), 7, 33, 40);
-  for (int r = 0; r < 7; ++r)
-    for (int c = 0; c < 33; ++c)
-      ASSERT_EQ(bits(got[r * 33 + c]), bits(ops::cpu::round_fp16(block[r * 40 + c])));
-  in_place = block;
-  ops::cpu::round_fp16(in_place.data(), in_place.data(), 7, 40, 40);
-  for (size_t i = 0; i < block.size(); ++i) ASSERT_EQ(bits(in_place[i]), bits(ops::cpu::round_fp16(block[i])));
-
-  // Several conversions in one region: a broadcast (ld = 0), a strided block, a large
-  // contiguous one (many chunks) and bf16 bits.
-  using ops::cpu::Conversion;
-  const int64_t big = 100000;
-  std::vector<float> bcast(5 * 33), strided(7 * 33), flat(static_cast<size_t>(big));
-  std::vector<uint16_t> b16(7 * 33);
-  const Conversion jobs[] = {{Conversion::Fp16Round, bcast.data(), block.data(), 5, 33, 0},
-                             {Conversion::Bf16Round, strided.data(), block.data(), 7, 33, 40},
-                             {Conversion::Fp16Round, flat.data(), ties.data(), 1, big, big},
-                             {Conversion::Bf16Bits, b16.data(), block.data(), 7, 33, 40},
-                             {Conversion::Copy, got.data(), block.data(), 7, 33, 40}};
-  ops::cpu::convert_all(jobs, 5);
-  for (int r = 0; r < 5; ++r)
-    for (int c = 0; c < 33; ++c) ASSERT_EQ(bits(bcast[r * 33 + c]), bits(ops::cpu::round_fp16(block[c])));
-  for (int r = 0; r < 7; ++r) {
-    for (int c = 0; c < 33; ++c) {
-      ASSERT_EQ(bits(strided[r * 33 + c]), bits(ops::cpu::round_bf16(block[r * 40 + c])));
-      ASSERT_EQ(b16[r * 33 + c], bf16_bits(block[r * 40 + c]));
-      ASSERT_EQ(bits(got[r * 33 + c]), bits(block[r * 40 + c]));
-    }
-  }
-  for (int64_t i = 0; i < big; ++i) ASSERT_EQ(bits(flat[i]), bits(ops::cpu::round_fp16(ties[i])));
+  EXPECT_EQ(mismatches, 0) << "of " << src.size() << " inputs";
 }
 
 // ---------------------------------------------------------------------------------------
@@ -353,122 +306,88 @@ TEST(OpsPrecisionGemm, Bf16GemmMatchesReferenceOnOddShapes) {
   }
 }
 
+
 // ---------------------------------------------------------------------------------------
-// Linear in BF16 / FP16 against double references on the rounded operands
+// Linear on BF16 / F16 tensors against double references of the widened values
 
 struct LinearCase {
   int64_t B = 2, T = 19, C = 67, OC = 45;
   int64_t N() const { return B * T; }
 };
 
-// Forward: out = inp_r @ W_r^T + b (b_r for FP16), then for FP16 rounded to half.
-void check_forward(MathMode mode, const LinearCase& lc, uint32_t seed) {
+// Forward: out = round_d(inp @ W^T + bias), everything of dtype d.
+void check_forward(DType d, const LinearCase& lc, uint32_t seed) {
   Arena arena;
   const int64_t N = lc.N(), C = lc.C, OC = lc.OC;
-  Tensor inp = arena.normal({lc.B, lc.T, C}, seed), w = arena.normal({OC, C}, seed + 1);
-  Tensor bias = arena.normal({OC}, seed + 2);
-  Tensor out = arena.f32({lc.B, lc.T, OC}), out_nb = arena.f32({lc.B, lc.T, OC});
-  out.f32()[0] = std::numeric_limits<float>::quiet_NaN();  // old contents must not leak in
-  ops::linear_forward(out, inp, w, bias, mode);
-  ops::linear_forward(out_nb, inp, w, Tensor(), mode);
-  const std::vector<double> x = rounded(inp, mode), wr = rounded(w, mode);
-  const bool half = mode == MathMode::FP16;
+  Tensor inp = arena.normal(d, {lc.B, lc.T, C}, seed), w = arena.normal(d, {OC, C}, seed + 1);
+  Tensor bias = arena.normal(d, {OC}, seed + 2);
+  Tensor out = arena.make(d, {lc.B, lc.T, OC}), out_nb = arena.make(d, {lc.B, lc.T, OC});
+  set(out, 0, std::numeric_limits<float>::quiet_NaN());  // old contents must not leak in
+  ops::linear_forward(out, inp, w, bias);
+  ops::linear_forward(out_nb, inp, w, Tensor());
+  const std::vector<double> x = values(inp), wv = values(w);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t o = 0; o < OC; ++o) {
       Exact e;
-      for (int64_t c = 0; c < C; ++c) e.add(x[static_cast<size_t>(n * C + c)], wr[static_cast<size_t>(o * C + c)]);
+      for (int64_t c = 0; c < C; ++c) e.add(x[static_cast<size_t>(n * C + c)], wv[static_cast<size_t>(o * C + c)]);
       const std::string at = " at " + std::to_string(n) + "," + std::to_string(o);
-      expect_result(out_nb.f32()[n * OC + o], e, half, "no bias" + at);
-      e.add(rounded(bias.f32()[o], half ? MathMode::FP16 : MathMode::F32), 1.0);
-      expect_result(out.f32()[n * OC + o], e, half, "bias" + at);
+      expect_result(get(out_nb, n * OC + o), e, d, "no bias" + at);
+      e.add(get(bias, o), 1.0);
+      expect_result(get(out, n * OC + o), e, d, "bias" + at);
       if (::testing::Test::HasFailure()) return;
     }
   }
-  // Against the F32 result: the operand rounding (relative 2^-9 per bf16 operand, 2^-12
-  // per half, uniform) gives a relative L2 error of ~0.8 u: ~3e-3 for bf16 and ~4e-4 for
-  // half (plus half the output rounding). Bounds: 1e-2 and 1e-3.
-  Tensor ref = arena.f32(out.shape);
-  ops::linear_forward(ref, inp, w, bias, MathMode::F32);
-  const double err = relative_error(out, ref);
-  EXPECT_LE(err, half ? 1e-3 : 1e-2);
-  EXPECT_GT(err, half ? 1e-5 : 1e-4) << "the operands were not rounded";
 }
 
-// Backward onto pre-filled gradients. BF16: dinp/dW are the f32-accumulated exact sums
-// added to the old values, dbias the F32 mode's bits. FP16: each contribution (checked
-// on zeroed gradients) is the exact sum rounded to half, and pre-filled gradients get
-// exactly old + contribution.
-void check_backward(MathMode mode, const LinearCase& lc, uint32_t seed) {
+// Backward onto pre-filled gradients: dinp (dtype d) and dweight, dbias (dtype g: F32 is
+// the model's mix, Megatron's fp32 main grads) are each round_g(old + exact sum), rounded
+// once.
+void check_backward(DType d, DType g, const LinearCase& lc, uint32_t seed) {
   Arena arena;
   const int64_t N = lc.N(), C = lc.C, OC = lc.OC;
-  Tensor inp = arena.normal({lc.B, lc.T, C}, seed), w = arena.normal({OC, C}, seed + 1);
-  Tensor dout = arena.normal({lc.B, lc.T, OC}, seed + 2);
-  Tensor dinp = arena.normal(inp.shape, seed + 3), dw = arena.normal(w.shape, seed + 4);
-  Tensor db = arena.normal({OC}, seed + 5);
+  Tensor inp = arena.normal(d, {lc.B, lc.T, C}, seed), w = arena.normal(d, {OC, C}, seed + 1);
+  Tensor dout = arena.normal(d, {lc.B, lc.T, OC}, seed + 2);
+  Tensor dinp = arena.normal(d, inp.shape, seed + 3), dw = arena.normal(g, w.shape, seed + 4);
+  Tensor db = arena.normal(g, {OC}, seed + 5);
   const Tensor dinp0 = arena.copy(dinp), dw0 = arena.copy(dw), db0 = arena.copy(db);
-  ops::linear_backward(dinp, dw, db, dout, inp, w, mode);
-  const std::vector<double> x = rounded(inp, mode), wr = rounded(w, mode), g = rounded(dout, mode);
-  const bool half = mode == MathMode::FP16;
+  ops::linear_backward(dinp, dw, db, dout, inp, w);
+  const std::vector<double> x = values(inp), wv = values(w), gv = values(dout);
 
   std::vector<Exact> e_dinp(static_cast<size_t>(N * C)), e_dw(static_cast<size_t>(OC * C)),
       e_db(static_cast<size_t>(OC));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c)
       for (int64_t o = 0; o < OC; ++o)
-        e_dinp[static_cast<size_t>(n * C + c)].add(g[static_cast<size_t>(n * OC + o)], wr[static_cast<size_t>(o * C + c)]);
+        e_dinp[static_cast<size_t>(n * C + c)].add(gv[static_cast<size_t>(n * OC + o)], wv[static_cast<size_t>(o * C + c)]);
   for (int64_t o = 0; o < OC; ++o) {
     for (int64_t c = 0; c < C; ++c)
       for (int64_t n = 0; n < N; ++n)
-        e_dw[static_cast<size_t>(o * C + c)].add(g[static_cast<size_t>(n * OC + o)], x[static_cast<size_t>(n * C + c)]);
-    for (int64_t n = 0; n < N; ++n) e_db[static_cast<size_t>(o)].add(g[static_cast<size_t>(n * OC + o)], 1.0);
+        e_dw[static_cast<size_t>(o * C + c)].add(gv[static_cast<size_t>(n * OC + o)], x[static_cast<size_t>(n * C + c)]);
+    for (int64_t n = 0; n < N; ++n) e_db[static_cast<size_t>(o)].add(gv[static_cast<size_t>(n * OC + o)], 1.0);
   }
-
-  if (!half) {
-    // old + contribution, one more f32 rounding of a sum of size ~|old| + |contribution|.
-    auto expect_accumulated = [](const Tensor& got, const Tensor& old, std::vector<Exact> e, const char* what) {
-      for (int64_t i = 0; i < got.numel(); ++i) {
-        Exact& x = e[static_cast<size_t>(i)];
-        x.add(old.f32()[i], 1.0);
-        expect_result(got.f32()[i], x, false, std::string(what) + " element " + std::to_string(i));
-        if (::testing::Test::HasFailure()) return;
-      }
-    };
-    expect_accumulated(dinp, dinp0, e_dinp, "dinp");
-    expect_accumulated(dw, dw0, e_dw, "dweight");
-    Tensor db_f32 = arena.copy(db0);
-    ops::linear_backward(Tensor(), Tensor(), db_f32, dout, inp, w, MathMode::F32);
-    EXPECT_TRUE(same_bits(db, db_f32)) << "BF16's dbias must be F32's column sums";
-  } else {
-    Tensor zi = arena.zeros_like(dinp), zw = arena.zeros_like(dw), zb = arena.zeros_like(db);
-    ops::linear_backward(zi, zw, zb, dout, inp, w, mode);
-    auto expect_contribution = [&](const Tensor& fresh, const Tensor& got, const Tensor& old,
-                                   const std::vector<Exact>& e, const char* what) {
-      for (int64_t i = 0; i < got.numel(); ++i) {
-        expect_result(fresh.f32()[i], e[static_cast<size_t>(i)], true, std::string(what) + " element " + std::to_string(i));
-        ASSERT_EQ(bits(got.f32()[i]), bits(old.f32()[i] + fresh.f32()[i])) << what << " accumulation at " << i;
-        if (::testing::Test::HasFailure()) return;
-      }
-    };
-    expect_contribution(zi, dinp, dinp0, e_dinp, "dinp");
-    expect_contribution(zw, dw, dw0, e_dw, "dweight");
-    expect_contribution(zb, db, db0, e_db, "dbias");
-  }
-
-  // Against F32 (contributions only, from zeroed buffers): as for the forward.
-  Tensor fi = arena.zeros_like(dinp), fw = arena.zeros_like(dw), mi = arena.zeros_like(dinp), mw = arena.zeros_like(dw);
-  ops::linear_backward(fi, fw, Tensor(), dout, inp, w, MathMode::F32);
-  ops::linear_backward(mi, mw, Tensor(), dout, inp, w, mode);
-  for (auto [m, f] : {std::pair{mi, fi}, std::pair{mw, fw}}) {
-    const double err = relative_error(m, f);
-    EXPECT_LE(err, half ? 1e-3 : 1e-2);
-    EXPECT_GT(err, half ? 1e-5 : 1e-4) << "the operands were not rounded";
-  }
+  auto expect_accumulated = [](const Tensor& got, const Tensor& old, std::vector<Exact> e, const char* what) {
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      Exact& x = e[static_cast<size_t>(i)];
+      x.add(get(old, i), 1.0);
+      expect_result(get(got, i), x, got.dtype, std::string(what) + " element " + std::to_string(i));
+      if (::testing::Test::HasFailure()) return;
+    }
+  };
+  expect_accumulated(dinp, dinp0, e_dinp, "dinp");
+  expect_accumulated(dw, dw0, e_dw, "dweight");
+  expect_accumulated(db, db0, e_db, "dbias");
 }
 
-TEST(OpsPrecisionLinear, Bf16ForwardMatchesRoundedDoubleReference) { check_forward(MathMode::BF16, {}, 1); }
-TEST(OpsPrecisionLinear, Bf16BackwardMatchesRoundedDoubleReference) { check_backward(MathMode::BF16, {}, 11); }
-TEST(OpsPrecisionLinear, Fp16ForwardMatchesRoundedDoubleReference) { check_forward(MathMode::FP16, {}, 21); }
-TEST(OpsPrecisionLinear, Fp16BackwardMatchesRoundedDoubleReference) { check_backward(MathMode::FP16, {}, 31); }
+TEST(OpsPrecisionLinear, Bf16TensorsMatchDoubleReference) {
+  check_forward(DType::BF16, {}, 1);
+  check_backward(DType::BF16, DType::F32, {}, 11);
+  check_backward(DType::BF16, DType::BF16, {}, 13);
+}
+TEST(OpsPrecisionLinear, F16TensorsMatchDoubleReference) {
+  check_forward(DType::F16, {}, 21);
+  check_backward(DType::F16, DType::F32, {}, 31);
+  check_backward(DType::F16, DType::F16, {}, 33);
+}
 
 // The weight rows in several tiles (the LM head's case, forced on small shapes with a
 // tiny tile budget: tiles of 64 rows, the last one ragged) give the same function.
@@ -476,98 +395,109 @@ TEST(OpsPrecisionLinear, TiledWeightRowsMatchReference) {
   TileElements tiny(1);
   LinearCase lc;
   lc.OC = 150;  // tiles of 64, 64, 22
-  for (MathMode mode : {MathMode::BF16, MathMode::FP16}) {
-    SCOPED_TRACE(mode == MathMode::BF16 ? "BF16" : "FP16");
-    check_forward(mode, lc, 41);
-    check_backward(mode, lc, 51);
+  for (DType d : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(name(d));
+    check_forward(d, lc, 41);
+    check_backward(d, DType::F32, lc, 51);
   }
 }
 
-// The bf16 GEMM through oneDNN and the rounded-f32 emulation compute the same function
-// (only summation order differs). Skipped on CPUs without a oneDNN bf16 kernel, where
-// the emulation is the only path (and is what the tests above check).
-TEST(OpsPrecisionLinear, Bf16OneDnnAndEmulationAgree) {
-  if (!ops::cpu::onednn_bf16_available()) GTEST_SKIP() << "no oneDNN bf16 kernel on this CPU";
-  const bool saved = ops::cpu::set_bf16_use_onednn(false);
-  check_forward(MathMode::BF16, {}, 61);
-  check_backward(MathMode::BF16, {}, 71);
-  ops::cpu::set_bf16_use_onednn(saved);
+// BF16 tensors through oneDNN's bf16 matmul and through widen+sgemm compute the same
+// function (only summation order differs). Skipped on CPUs without a oneDNN bf16 kernel,
+// where widen+sgemm is the only path (and is what the tests above check).
+TEST(OpsPrecisionLinear, Bf16OneDnnAndWidenedSgemmAgree) {
+  if (!ops::cpu::onednn_bf16_available())
+    GTEST_SKIP() << "no oneDNN bf16 kernel on this CPU (oneDNN picks " << ops::cpu::onednn_bf16_impl()
+                 << "): BF16 tensors go through widen+sgemm";
   ASSERT_TRUE(ops::cpu::bf16_uses_onednn());
+  const bool saved = ops::cpu::set_bf16_use_onednn(false);
+  check_forward(DType::BF16, {}, 61);
+  check_backward(DType::BF16, DType::F32, {}, 71);
+  ops::cpu::set_bf16_use_onednn(saved);
   Arena arena;
-  Tensor inp = arena.normal({64, 96}, 1), w = arena.normal({200, 96}, 2), a = arena.f32({64, 200}),
-         b = arena.f32({64, 200});
-  ops::linear_forward(a, inp, w, Tensor(), MathMode::BF16);
+  Tensor inp = arena.normal(DType::BF16, {64, 96}, 1), w = arena.normal(DType::BF16, {200, 96}, 2);
+  Tensor a = arena.f32({64, 200}), b = arena.f32({64, 200});
+  ops::linear_forward(a, inp, w, Tensor());
   ops::cpu::set_bf16_use_onednn(false);
-  ops::linear_forward(b, inp, w, Tensor(), MathMode::BF16);
+  ops::linear_forward(b, inp, w, Tensor());
   ops::cpu::set_bf16_use_onednn(saved);
   // 96-term sums of exact products in f32, two orders: ~1e-6 * sum |a b| (<= ~96 * 4).
-  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.f32()[i], b.f32()[i], 4e-4) << i;
+  // Not bit-equal either: that would mean the switch did not change the path.
+  bool differ = false;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    ASSERT_NEAR(a.f32()[i], b.f32()[i], 4e-4) << i;
+    differ |= bits(a.f32()[i]) != bits(b.f32()[i]);
+  }
+  EXPECT_TRUE(differ) << "oneDNN's bf16 matmul and sgemm gave the same bits everywhere: was oneDNN used?";
 }
 
 // ---------------------------------------------------------------------------------------
-// FP16 overflow
+// Overflow of F16 results
 
-TEST(OpsPrecisionLinear, Fp16OverflowIsInf) {
+TEST(OpsPrecisionLinear, F16ResultBeyondTheHalfRangeIsInf) {
   const float inf = std::numeric_limits<float>::infinity();
   Arena arena;
-  // Forward, K = 2, inp = [1, 1]. Rows of W (all halves unless said):
-  //   [32752, 32752]  -> 65504, the largest half: finite
-  //   [32752, 32768]  -> 65520: the result rounds to inf
+  // Forward, K = 2, inp = [1, 1]. Rows of W (all half values):
+  //   [32752, 32752]   -> 65504, the largest half: finite
+  //   [32752, 32768]   -> 65520: rounds to inf
   //   [-32752, -32768] -> -inf
-  //   [65520, 0]      -> the operand itself rounds to inf
-  //   [65519, 0]      -> the operand rounds to 65504: finite
-  //   [40000, 40000]  -> 80000: inf (bf16: finite)
-  Tensor inp = arena.filled({1, 2}, {1, 1});
-  Tensor w = arena.filled({6, 2}, {32752, 32752, 32752, 32768, -32752, -32768, 65520, 0, 65519, 0, 40000, 40000});
-  Tensor out = arena.f32({1, 6});
-  ops::linear_forward(out, inp, w, Tensor(), MathMode::FP16);
-  EXPECT_EQ(out.f32()[0], 65504.0f);
-  EXPECT_EQ(out.f32()[1], inf);
-  EXPECT_EQ(out.f32()[2], -inf);
-  EXPECT_EQ(out.f32()[3], inf);
-  EXPECT_EQ(out.f32()[4], 65504.0f);
-  EXPECT_EQ(out.f32()[5], inf);
-  // A bias pushing a finite product over the top; and a bias beyond the range.
-  Tensor b = arena.filled({6}, {16, 0, 0, 0, -65504, 70000});
-  ops::linear_forward(out, inp, w, b, MathMode::FP16);
-  EXPECT_EQ(out.f32()[0], inf);        // 65504 + 16 = 65520
-  EXPECT_EQ(out.f32()[4], 0.0f);       // 65504 - 65504
-  EXPECT_EQ(out.f32()[5], inf);
-  // BF16 has the f32 range: all finite, and exact here (bf16 values with short mantissas).
-  ops::linear_forward(out, inp, w, Tensor(), MathMode::BF16);
-  EXPECT_EQ(std::vector<float>(out.f32(), out.f32() + 6),
-            (std::vector<float>{65536, 65536, -65536, 65536, 65536, 79872}));  // bf16(32752) = 32768, bf16(40000) = 39936
+  //   [40000, 40000]   -> 80000: inf (in bf16: finite)
+  //   [65504, 0]       -> 65504: finite
+  const std::vector<float> wv{32752, 32752, 32752, 32768, -32752, -32768, 40000, 40000, 65504, 0};
+  Tensor inp = arena.filled(DType::F16, {1, 2}, {1, 1}), w = arena.filled(DType::F16, {5, 2}, wv);
+  Tensor out = arena.make(DType::F16, {1, 5});
+  ops::linear_forward(out, inp, w, Tensor());
+  EXPECT_EQ(values(out), (std::vector<double>{65504, inf, -inf, inf, 65504}));
+  // A bias pushing a finite product over the top.
+  Tensor b = arena.filled(DType::F16, {5}, {16, 0, 0, 0, -65504});
+  ops::linear_forward(out, inp, w, b);
+  EXPECT_EQ(values(out), (std::vector<double>{inf, inf, -inf, inf, 0}));  // 65504 + 16 = 65520
+  // BF16 has the f32 range: all finite (the operands as bf16: 32752 -> 32768, 40000 -> 39936,
+  // 65504 -> 65536; the results are bf16 values, so exact).
+  Tensor inp_b = arena.filled(DType::BF16, {1, 2}, {1, 1}), w_b = arena.filled(DType::BF16, {5, 2}, wv);
+  Tensor out_b = arena.make(DType::BF16, {1, 5});
+  ops::linear_forward(out_b, inp_b, w_b, Tensor());
+  EXPECT_EQ(values(out_b), (std::vector<double>{65536, 65536, -65536, 79872, 65536}));
 
-  // Backward, N = 2, C = 2, OC = 1: dout = [[40000], [40000]], W = [[2, 1]], inp = [[2, 0.5], [1, 0.25]].
-  //   dinp rows = 40000 * [2, 1] = [80000 -> inf, 40000]
-  //   dW = 40000 * [2 + 1, 0.5 + 0.25] = [120000 -> inf, 30000]
-  //   dbias = 80000 -> inf
-  Tensor dout = arena.filled({2, 1}, {40000, 40000}), w1 = arena.filled({1, 2}, {2, 1});
-  Tensor inp2 = arena.filled({2, 2}, {2, 0.5f, 1, 0.25f});
-  Tensor dinp = arena.filled({2, 2}, {1, 1, 1, 1}), dw = arena.filled({1, 2}, {1, 1}), db = arena.filled({1}, {1});
-  ops::linear_backward(dinp, dw, db, dout, inp2, w1, MathMode::FP16);
-  EXPECT_EQ(std::vector<float>(dinp.f32(), dinp.f32() + 4), (std::vector<float>{inf, 40001, inf, 40001}));
-  EXPECT_EQ(std::vector<float>(dw.f32(), dw.f32() + 2), (std::vector<float>{inf, 30001}));
-  EXPECT_EQ(db.f32()[0], inf);
-  // The same in BF16: finite (f32 gradients; the operands are bf16 values except 40000 -> 39936).
-  Tensor dinp_b = arena.filled({2, 2}, {1, 1, 1, 1}), dw_b = arena.filled({1, 2}, {1, 1}), db_b = arena.filled({1}, {1});
-  ops::linear_backward(dinp_b, dw_b, db_b, dout, inp2, w1, MathMode::BF16);
-  EXPECT_EQ(std::vector<float>(dinp_b.f32(), dinp_b.f32() + 4), (std::vector<float>{79873, 39937, 79873, 39937}));
-  EXPECT_EQ(std::vector<float>(dw_b.f32(), dw_b.f32() + 2), (std::vector<float>{119809, 29953}));
-  EXPECT_EQ(db_b.f32()[0], 80001.0f);  // dbias in f32 from the f32 dout
+  // Backward, N = 2, C = 2, OC = 1: dout = [[40000], [40000]], W = [[2, 1]],
+  // inp = [[2, 0.5], [1, 0.25]], every gradient pre-filled with 1:
+  //   dinp rows = 1 + 40000 * [2, 1] = [80001 -> inf, 40001 -> 40000]
+  //   dW = 1 + 40000 * [2 + 1, 0.5 + 0.25] = [120001 -> inf, 30001 -> 30000]
+  //   dbias = 1 + 80000 -> inf
+  // and with f32 weight and bias gradients (the model's mix) those stay finite.
+  for (DType g : {DType::F16, DType::F32}) {
+    SCOPED_TRACE(name(g));
+    Tensor dout = arena.filled(DType::F16, {2, 1}, {40000, 40000}), w1 = arena.filled(DType::F16, {1, 2}, {2, 1});
+    Tensor inp2 = arena.filled(DType::F16, {2, 2}, {2, 0.5f, 1, 0.25f});
+    Tensor dinp = arena.filled(DType::F16, {2, 2}, {1, 1, 1, 1}), dw = arena.filled(g, {1, 2}, {1, 1});
+    Tensor db = arena.filled(g, {1}, {1});
+    ops::linear_backward(dinp, dw, db, dout, inp2, w1);
+    EXPECT_EQ(values(dinp), (std::vector<double>{inf, 40000, inf, 40000}));
+    EXPECT_EQ(values(dw), g == DType::F16 ? (std::vector<double>{inf, 30000}) : (std::vector<double>{120001, 30001}));
+    EXPECT_EQ(values(db), g == DType::F16 ? (std::vector<double>{inf}) : (std::vector<double>{80001}));
+  }
+  // The same in BF16 (dout 40000 -> 39936): finite. dinp: 1 + 79872 and 1 + 39936 round
+  // back to the bf16 values 79872 and 39936; f32 dW and dbias keep the 1.
+  Tensor dout = arena.filled(DType::BF16, {2, 1}, {40000, 40000}), w1 = arena.filled(DType::BF16, {1, 2}, {2, 1});
+  Tensor inp2 = arena.filled(DType::BF16, {2, 2}, {2, 0.5f, 1, 0.25f});
+  Tensor dinp = arena.filled(DType::BF16, {2, 2}, {1, 1, 1, 1}), dw = arena.filled(DType::F32, {1, 2}, {1, 1});
+  Tensor db = arena.filled(DType::F32, {1}, {1});
+  ops::linear_backward(dinp, dw, db, dout, inp2, w1);
+  EXPECT_EQ(values(dinp), (std::vector<double>{79872, 39936, 79872, 39936}));
+  EXPECT_EQ(values(dw), (std::vector<double>{119809, 29953}));
+  EXPECT_EQ(values(db), (std::vector<double>{79873}));
 }
 
 // ---------------------------------------------------------------------------------------
-// F32 unchanged, workspaces, concurrent callers
+// F32 tensors, workspaces, concurrent callers
 
-TEST(OpsPrecisionLinear, F32ModeIsTheDefaultBitForBit) {
+// All-F32 calls are the bias broadcast plus one sgemm with beta = 1, and accumulating
+// sgemms plus bias_add_backward, bit for bit.
+TEST(OpsPrecisionLinear, F32TensorsAreOneSgemmBitForBit) {
   Arena arena;
   Tensor inp = arena.normal({3, 40, 70}, 1), w = arena.normal({90, 70}, 2), b = arena.normal({90}, 3);
-  Tensor a = arena.f32({3, 40, 90}), e = arena.f32({3, 40, 90}), direct = arena.f32({120, 90});
+  Tensor a = arena.f32({3, 40, 90}), direct = arena.f32({120, 90});
   ops::linear_forward(a, inp, w, b);
-  ops::linear_forward(e, inp, w, b, MathMode::F32);
-  EXPECT_TRUE(same_bits(a, e));
-  // ... and is the bias broadcast plus one sgemm with beta = 1.
   for (int n = 0; n < 120; ++n) std::copy(b.f32(), b.f32() + 90, direct.f32() + n * 90);
   ops::cpu::sgemm(false, true, 120, 90, 70, 1.0f, inp.f32(), 70, w.f32(), 70, 1.0f, direct.f32(), 90);
   EXPECT_TRUE(same_bits(a, direct));
@@ -575,21 +505,25 @@ TEST(OpsPrecisionLinear, F32ModeIsTheDefaultBitForBit) {
   Tensor di1 = arena.normal(inp.shape, 5), dw1 = arena.normal(w.shape, 6), db1 = arena.normal(b.shape, 7);
   Tensor di2 = arena.copy(di1), dw2 = arena.copy(dw1), db2 = arena.copy(db1);
   ops::linear_backward(di1, dw1, db1, dout, inp, w);
-  ops::linear_backward(di2, dw2, db2, dout, inp, w, MathMode::F32);
+  ops::cpu::sgemm(false, false, 120, 70, 90, 1.0f, dout.f32(), 90, w.f32(), 70, 1.0f, di2.f32(), 70);
+  ops::cpu::sgemm(true, false, 90, 70, 120, 1.0f, dout.f32(), 90, inp.f32(), 70, 1.0f, dw2.f32(), 70);
+  ops::bias_add_backward(db2, dout);
   EXPECT_TRUE(same_bits(di1, di2) && same_bits(dw1, dw2) && same_bits(db1, db2));
 }
 
 TEST(OpsPrecisionLinear, WorkspacesDoNotGrowInSteadyState) {
   Arena arena;
-  Tensor inp = arena.normal({64, 96}, 1), w = arena.normal({160, 96}, 2), b = arena.normal({160}, 3);
-  Tensor out = arena.f32({64, 160}), dout = arena.normal({64, 160}, 4);
-  Tensor di = arena.f32(inp.shape), dw = arena.f32(w.shape), db = arena.f32(b.shape);
+  std::vector<std::vector<Tensor>> sets;  // inp, w, b, out, dout, di, dw, db per dtype
+  for (DType d : {DType::BF16, DType::F16})
+    sets.push_back({arena.normal(d, {64, 96}, 1), arena.normal(d, {160, 96}, 2), arena.normal(d, {160}, 3),
+                    arena.make(d, {64, 160}), arena.normal(d, {64, 160}, 4), arena.normal(d, {64, 96}, 5),
+                    arena.normal({160, 96}, 6), arena.normal({160}, 7)});
   auto step = [&] {
-    for (MathMode mode : {MathMode::BF16, MathMode::FP16}) {
-      ops::linear_forward(out, inp, w, b, mode);
-      ops::linear_backward(di, dw, db, dout, inp, w, mode);
-      ops::linear_forward(out, inp, w, Tensor(), mode);
-      ops::linear_backward(di, dw, Tensor(), dout, inp, w, mode);
+    for (const std::vector<Tensor>& t : sets) {
+      ops::linear_forward(t[3], t[0], t[1], t[2]);
+      ops::linear_backward(t[5], t[6], t[7], t[4], t[0], t[1]);
+      ops::linear_forward(t[3], t[0], t[1], Tensor());
+      ops::linear_backward(t[5], t[6], Tensor(), t[4], t[0], t[1]);
     }
   };
   step();
@@ -600,7 +534,7 @@ TEST(OpsPrecisionLinear, WorkspacesDoNotGrowInSteadyState) {
 }
 
 // Ranks run as threads (the in-process communicator) call the linears concurrently: each
-// caller converts into its own workspaces, so results equal the serial ones bit for bit
+// caller widens into its own workspaces, so results equal the serial ones bit for bit
 // (one OpenMP thread per caller in both, so oneDNN blocks the same way).
 TEST(OpsPrecisionLinear, ConcurrentCallersGetSerialResults) {
   constexpr int kCallers = 3;
@@ -611,13 +545,14 @@ TEST(OpsPrecisionLinear, ConcurrentCallersGetSerialResults) {
   std::vector<Job> jobs, serial;
   for (int j = 0; j < kCallers; ++j) {
     const uint32_t s = 100 * static_cast<uint32_t>(j);
+    const DType d = j % 2 ? DType::F16 : DType::BF16;
     const int64_t N = 50 + 7 * j, C = 80, OC = 130;
-    Job job{arena.normal({N, C}, s), arena.normal({OC, C}, s + 1), arena.normal({OC}, s + 2),
-            arena.normal({N, OC}, s + 3), arena.f32({N, OC}), arena.normal({N, C}, s + 4),
+    Job job{arena.normal(d, {N, C}, s), arena.normal(d, {OC, C}, s + 1), arena.normal(d, {OC}, s + 2),
+            arena.normal(d, {N, OC}, s + 3), arena.make(d, {N, OC}), arena.normal(d, {N, C}, s + 4),
             arena.normal({OC, C}, s + 5), arena.normal({OC}, s + 6)};
     jobs.push_back(job);
     Job copy = job;
-    copy.out = arena.f32({N, OC});
+    copy.out = arena.make(d, {N, OC});
     copy.di = arena.copy(job.di);
     copy.dw = arena.copy(job.dw);
     copy.db = arena.copy(job.db);
@@ -625,10 +560,8 @@ TEST(OpsPrecisionLinear, ConcurrentCallersGetSerialResults) {
   }
   auto run = [](const Job& j) {
     for (int rep = 0; rep < 5; ++rep) {
-      for (MathMode mode : {MathMode::BF16, MathMode::FP16}) {
-        ops::linear_forward(j.out, j.inp, j.w, j.b, mode);
-        ops::linear_backward(j.di, j.dw, j.db, j.dout, j.inp, j.w, mode);
-      }
+      ops::linear_forward(j.out, j.inp, j.w, j.b);
+      ops::linear_backward(j.di, j.dw, j.db, j.dout, j.inp, j.w);
     }
   };
   const int saved = omp_get_max_threads();

@@ -470,14 +470,6 @@ TEST(StorageOpsErrors, NameTheOpTheArgumentAndTheDtype) {
   const Tensor qkv = a.zeros(DType::BF16, {1, 2, 3}).lo, out = a.zeros(DType::BF16, {1, 2, 1}).lo;
   expect_dtype_error([&] { ops::attention_backward(qkv, scratch16, out, qkv, att, {}); }, "attention_backward",
                      "scratch", "bf16");
-  // MathMode is for f32 tensors; 16-bit tensors round as their dtypes say.
-  const Tensor W = a.zeros(DType::BF16, {8, 8}).lo;
-  try {
-    ops::linear_forward(y, x, W, Tensor{}, ops::MathMode::BF16);
-    ADD_FAILURE() << "linear_forward took a MathMode with bf16 tensors";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("linear_forward: a MathMode other than F32"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

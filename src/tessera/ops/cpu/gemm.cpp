@@ -1,4 +1,4 @@
-// The fast GEMMs: oneDNN's sgemm, and a oneDNN bf16 matmul for the BF16 math mode. sgemm
+// The fast GEMMs: oneDNN's sgemm, and a oneDNN bf16 matmul for BF16 tensors. sgemm
 // is row-major (unlike BLAS), takes 'N'/'T' per operand and runs on the OpenMP runtime,
 // so it shares our kernels' thread pool and OMP_NUM_THREADS; so do the matmul primitives.
 #include "tessera/ops/cpu/gemm.h"

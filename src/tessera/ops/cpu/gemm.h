@@ -4,7 +4,7 @@
 //   sgemm:           oneDNN's dnnl_sgemm (JIT AVX-512 kernels, OpenMP threads); the fast path.
 //   sgemm_reference: a triple loop accumulating in double; slow and obviously right, kept
 //                    in every build to test the fast path against.
-//   gemm_bf16:       the same with bfloat16 operands (raw bits, as low_precision.h makes
+//   gemm_bf16:       the same with bfloat16 operands (raw bits, as BF16 tensors hold
 //                    them) and f32 C, accumulation in f32 (Megatron's --bf16 GEMMs).
 #pragma once
 
@@ -31,9 +31,9 @@ bool onednn_bf16_available();
 // The implementation oneDNN picks for a bf16 matmul (e.g. "brg:avx512_core_bf16"), or
 // "none" when there is none but its reference; for benchmarks and logs.
 const char* onednn_bf16_impl();
-// Whether the BF16 math mode multiplies through oneDNN's bf16 GEMM (default: whenever
-// onednn_bf16_available()) or through sgemm on operands rounded to bf16 and kept as f32
-// (same arithmetic, see above). Tests and benchmarks switch it off to compare the two;
+// Whether the linear multiplies BF16 tensors through oneDNN's bf16 GEMM (default: whenever
+// onednn_bf16_available()) or through sgemm on operands widened to f32 (same
+// arithmetic, see above). Tests and benchmarks switch it off to compare the two;
 // returns the previous setting. Global, not thread-safe against running linears.
 bool set_bf16_use_onednn(bool use);
 bool bf16_uses_onednn();  // the setting AND onednn_bf16_available()

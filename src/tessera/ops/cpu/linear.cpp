@@ -8,22 +8,13 @@
 // bias_add_forward / bias_add_backward are the bias alone, for row-parallel linears that
 // add it after the tensor-parallel reduction.
 //
-// Math modes (ops.h MathMode): F32 is the code below as it always was. BF16 and FP16
-// convert each GEMM's operands into thread-local workspaces (low_precision.h) and
-// multiply them with f32 accumulation:
-//   BF16: operands as bf16 bits into gemm_bf16 (oneDNN) when this CPU has a oneDNN bf16
-//         kernel, else rounded to bf16 and kept as f32 for sgemm (products of bf16 values
-//         are exact in f32: the same arithmetic). Output, bias, dbias and the
-//         accumulation into gradients stay f32.
-//   FP16: operands (bias included) rounded to half and kept as f32 for sgemm (products of
-//         halves are exact in f32); each result (out, and the dinp / dW / dbias
-//         contributions) is rounded to half, so an overflow past 65504 is inf, and the
-//         contributions are then added into the f32 gradients.
-// Tensors of 16-bit dtypes (ops.h storage dtypes; MathMode F32): bf16 operands through
-// oneDNN's bf16 matmul where this CPU has one, else operands widened to f32 for sgemm;
-// results of 16-bit tensors computed in f32 and rounded once (see linear_forward_storage).
-// The weight-row dimension OC is processed in tiles (lowp_tile_elements) so a 50k-row LM
-// head does not need a converted copy of the whole weight, logits or their gradient.
+// The GEMMs follow the tensors' dtypes (ops.h): all-F32 calls multiply with sgemm on the
+// tensors' own memory. A call with any BF16/F16 tensor goes through linear_*_storage:
+// bf16 operands through oneDNN's bf16 matmul where this CPU has one, else operands
+// widened to f32 for sgemm; results of 16-bit tensors computed in f32 and rounded once.
+// There the weight-row dimension OC is processed in tiles (lowp_tile_elements) so a
+// 50k-row LM head does not need a widened copy of the whole weight, logits or their
+// gradient.
 #include <algorithm>
 #include <initializer_list>
 #include <optional>
@@ -82,124 +73,11 @@ void column_sums(const Tensor& dy, int64_t N, int64_t OC, Finish finish) {
   }
 }
 
-// A host array of f32 as a tensor (for column_sums over a workspace).
-Tensor host_f32(float* p, int64_t rows, int64_t cols) { return Tensor(p, DType::F32, {rows, cols}, nullptr); }
-
-// ---- BF16 / FP16 ------------------------------------------------------------------------
-
-// How a low-precision call converts and multiplies.
-struct Lowp {
-  MathMode mode;
-  bool bits;  // BF16 through oneDNN: operands as bf16 bits; otherwise rounded f32 values
-  explicit Lowp(MathMode m) : mode(m), bits(m == MathMode::BF16 && bf16_uses_onednn()) {}
-  size_t element_bytes() const { return bits ? 2 : 4; }
-  bool fp16() const { return mode == MathMode::FP16; }
-
-  void* buffer(Workspace slot, int64_t elements) const {
-    return workspace(slot, static_cast<size_t>(elements) * element_bytes());
-  }
-  // Converting the rows x cols block of src (leading dimension ld) into contiguous dst.
-  Conversion operand(void* dst, const float* src, int64_t rows, int64_t cols, int64_t ld) const {
-    const Conversion::Kind kind = bits                     ? Conversion::Bf16Bits
-                                  : mode == MathMode::BF16 ? Conversion::Bf16Round
-                                                           : Conversion::Fp16Round;
-    return {kind, dst, src, rows, cols, ld};
-  }
-  // C = op(A) @ op(B) + beta * C on converted operands.
-  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-            int64_t ldb, float beta, float* C, int64_t ldc) const {
-    if (bits)
-      gemm_bf16(ta, tb, M, N, K, 1.0f, static_cast<const uint16_t*>(A), lda, static_cast<const uint16_t*>(B), ldb,
-                beta, C, ldc);
-    else
-      sgemm(ta, tb, M, N, K, 1.0f, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta, C,
-            ldc);
-  }
-};
-
 // Weight rows per tile: the largest converted block (tile x C weight rows, N x tile dout
 // columns) stays within lowp_tile_elements; at least 64 rows, a multiple of 64.
 int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
   const int64_t rows = std::max<int64_t>(64, lowp_tile_elements() / std::max<int64_t>({C, N, 1}) / 64 * 64);
   return std::max<int64_t>(1, std::min(OC, rows));
-}
-
-// Each call's conversions before its first GEMM run in one parallel region (convert_all).
-void linear_forward_lowp(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  if (N == 0 || OC == 0) return;
-  const Lowp lp(mode);
-  float* y = f32(out);
-  const int64_t tile = tile_rows(OC, C, N);
-  void* x = lp.buffer(Workspace::Input, N * C);
-  void* w = lp.buffer(Workspace::Weight, tile * C);
-  Conversion jobs[3];
-  int count = 0;
-  // The bias is broadcast into out (rounded to half for FP16) and the GEMMs add onto it
-  // (beta = 1), as in F32 mode.
-  if (!bias.empty())
-    jobs[count++] = {lp.fp16() ? Conversion::Fp16Round : Conversion::Copy, y, f32(bias), N, OC, 0};
-  jobs[count++] = lp.operand(x, f32(inp), N, C, C);
-  const float beta = bias.empty() ? 0.0f : 1.0f;
-  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
-    const int64_t len = std::min(tile, OC - o0);
-    jobs[count++] = lp.operand(w, f32(weight) + o0 * C, len, C, C);
-    convert_all(jobs, count);
-    count = 0;
-    lp.gemm(false, true, N, len, C, x, C, w, C, beta, y + o0, OC);
-  }
-  if (lp.fp16()) round_fp16(y, y, N, OC, OC);
-}
-
-void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                          MathMode mode) {
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  const Lowp lp(mode);
-  // BF16: the bias gradient is the f32 column sum of dout, exactly as in F32 mode.
-  if (!lp.fp16() && !dbias.empty()) bias_add_backward(dbias, dout);
-  const bool want_db = lp.fp16() && !dbias.empty();
-  if ((dinp.empty() && dweight.empty() && !want_db) || OC == 0) return;
-
-  const int64_t tile = tile_rows(OC, C, N);
-  Conversion jobs[3];
-  int count = 0;
-  void* x = nullptr;  // the converted input, for dW
-  if (!dweight.empty()) {
-    x = lp.buffer(Workspace::Input, N * C);
-    jobs[count++] = lp.operand(x, f32(inp), N, C, C);
-  }
-  // FP16: the dinp contribution is summed over the tiles here, rounded to half at the end;
-  // BF16 accumulates straight into dinp (beta = 1).
-  float* dx = dinp.empty() ? nullptr
-              : lp.fp16()  ? static_cast<float*>(workspace(Workspace::Out, static_cast<size_t>(N * C) * 4))
-                           : f32(dinp);
-  float* dw_tile = lp.fp16() && !dweight.empty()
-                       ? static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(tile * C) * 4))
-                       : nullptr;
-  void* g = lp.buffer(Workspace::Dout, N * tile);
-  void* w = dinp.empty() ? nullptr : lp.buffer(Workspace::Weight, tile * C);
-  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
-    const int64_t len = std::min(tile, OC - o0);
-    jobs[count++] = lp.operand(g, f32(dout) + o0, N, len, OC);  // dout[:, o0:o0+len] as a contiguous [N, len]
-    if (!dinp.empty()) jobs[count++] = lp.operand(w, f32(weight) + o0 * C, len, C, C);
-    convert_all(jobs, count);
-    count = 0;
-    if (!dinp.empty()) lp.gemm(false, false, N, C, len, g, len, w, C, lp.fp16() && o0 == 0 ? 0.0f : 1.0f, dx, C);
-    if (!dweight.empty()) {
-      if (lp.fp16()) {
-        lp.gemm(true, false, len, C, N, g, len, x, C, 0.0f, dw_tile, C);
-        add_rounded_fp16(f32(dweight) + o0 * C, dw_tile, len * C);
-      } else {
-        lp.gemm(true, false, len, C, N, g, len, x, C, 1.0f, f32(dweight) + o0 * C, C);
-      }
-    }
-    if (want_db) {
-      float* db = f32(dbias) + o0;
-      column_sums(host_f32(static_cast<float*>(g), N, len), N, len,
-                  [db](int64_t o, float sum) { db[o] += round_fp16(sum); });
-    }
-  }
-  if (lp.fp16() && !dinp.empty()) add_rounded_fp16(f32(dinp), dx, N * C);
 }
 
 // ---- 16-bit storage ---------------------------------------------------------------------
@@ -316,27 +194,22 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
   if (dx) dx->finish();
 }
 
-// The dtypes of a linear call: floats, and no MathMode on 16-bit tensors (their dtypes
-// already say how the GEMMs round). Returns whether any tensor is 16-bit.
-bool check_dtypes(const char* op, MathMode mode, std::initializer_list<std::pair<const Tensor*, const char*>> args) {
+// The dtypes of a linear call must be floats. Returns whether any tensor is 16-bit.
+bool check_dtypes(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> args) {
   bool lowp = false;
   for (auto [t, name] : args) {
     check_float(*t, op, name);
     lowp |= !t->empty() && t->dtype != DType::F32;
   }
-  if (lowp && mode != MathMode::F32)
-    throw runtime_error(std::string(op) + ": a MathMode other than F32 applies to f32 tensors only",
-                        "16-bit tensors round as their dtypes say: pass MathMode::F32 with them");
   return lowp;
 }
 
 }  // namespace
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   check_forward(out, inp, weight, bias);
-  if (check_dtypes("linear_forward", mode, {{&out, "out"}, {&inp, "inp"}, {&weight, "weight"}, {&bias, "bias"}}))
+  if (check_dtypes("linear_forward", {{&out, "out"}, {&inp, "inp"}, {&weight, "weight"}, {&bias, "bias"}}))
     return linear_forward_storage(out, inp, weight, bias);
-  if (mode != MathMode::F32) return linear_forward_lowp(out, inp, weight, bias, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   float* y = f32(out);
   float beta = 0.0f;
@@ -351,14 +224,12 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode
   sgemm(false, true, N, OC, C, 1.0f, f32(inp), C, f32(weight), C, beta, y, OC);
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     MathMode mode) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
-  if (check_dtypes("linear_backward", mode,
+  if (check_dtypes("linear_backward",
                    {{&dinp, "dinp"}, {&dweight, "dweight"}, {&dbias, "dbias"}, {&dout, "dout"}, {&inp, "inp"},
                     {&weight, "weight"}}))
     return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight);
-  if (mode != MathMode::F32) return linear_backward_lowp(dinp, dweight, dbias, dout, inp, weight, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   const float* dy = f32(dout);
   if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, 1.0f, f32(dinp), C);

@@ -1,6 +1,6 @@
-// The 16-bit formats of the linear layers' math modes (ops.h MathMode), on the CPU
-// backend: rounding f32 to bfloat16 and to IEEE half, scalar and over arrays, and the
-// thread-local workspaces the low-precision GEMMs convert their operands into.
+// The 16-bit storage formats (ops.h BF16 / F16) on the CPU backend: rounding f32 to
+// bfloat16 and to IEEE half and back, widening bfloat16 arrays, and the thread-local
+// workspaces the 16-bit GEMMs and storage.h's Stage widen their operands into.
 //
 // Every rounding is round-to-nearest-even, like the hardware conversions and torch's
 // .to(bfloat16) / .half():
@@ -13,8 +13,8 @@
 //   NaN stays NaN (quieted, top payload bits kept, as VCVTPS2PH does).
 // The scalar routines are portable C++ and define the results (inline, so loops over them
 // vectorise; core/dtype.h's f32_to_f16 through GCC's _Float16 is an out-of-line call, and
-// the tests check both agree); the array routines use F16C / AVX-512 conversion
-// instructions where the build has them (tested to give the same bits).
+// the tests check both agree); storage.cpp's array loops use F16C conversion instructions
+// where the build has them (tested to give the same bits).
 #pragma once
 
 #include <bit>
@@ -65,41 +65,19 @@ inline float fp16_to_f32(uint16_t h) {
 inline float round_fp16(float x) { return fp16_to_f32(fp16_bits(x)); }
 
 // ---- arrays ---------------------------------------------------------------------------
-// Each converts the rows x cols block of src with leading dimension ld (ld >= cols) into
-// the contiguous block dst[rows * cols]. OpenMP-parallel for large blocks, vectorised.
 
-// One block conversion. ld == 0 repeats src's first row in every row (a broadcast).
-struct Conversion {
-  enum Kind : uint8_t { Bf16Bits, Bf16Round, Fp16Round, Copy };
-  Kind kind;
-  void* dst;  // contiguous rows x cols: uint16_t for Bf16Bits, float otherwise; may be src if contiguous
-  const float* src;
-  int64_t rows, cols, ld;
-};
-// Runs the conversions (at most 8) in ONE OpenMP parallel region: on a shared machine every
-// region's closing barrier can wait a scheduler time slice for a descheduled thread.
-void convert_all(const Conversion* jobs, int count);
-
-// bfloat16 bits (oneDNN's bf16 memory).
-void convert_bf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld);
-// Rounded to bfloat16, kept as f32 values.
-void round_bf16(float* dst, const float* src, int64_t rows, int64_t cols, int64_t ld);
-// Rounded to half, kept as f32 values. dst may be src when ld == cols (in place).
-void round_fp16(float* dst, const float* src, int64_t rows, int64_t cols, int64_t ld);
-// The f32 values of bfloat16 bits (exact).
+// The f32 values (exact) of the rows x cols block of bfloat16 bits src with leading
+// dimension ld, into the contiguous dst[rows * cols]; OpenMP-parallel for large blocks.
 void expand_bf16(float* dst, const uint16_t* src, int64_t rows, int64_t cols, int64_t ld);
-// dst[i] += round_fp16(src[i]): a contribution stored as half, accumulated in f32. src is
-// overwritten with its rounded values.
-void add_rounded_fp16(float* dst, float* src, int64_t n);
 
 // ---- workspaces -----------------------------------------------------------------------
-// Conversion buffers of the low-precision GEMMs: one growing buffer per slot and per
+// Conversion buffers of the 16-bit GEMMs and of Stage: one growing buffer per slot and per
 // CALLING thread (thread_local; OpenMP workers only write into the caller's buffers).
 // Thread-local rather than one buffer of the backend because the in-process communicator
 // runs tensor/pipeline-parallel ranks as threads of one process that call the ops
 // concurrently: a shared buffer would need a lock around every GEMM. A buffer grows
 // (geometrically) to the largest request and is kept until the thread exits, so a
-// training loop allocates only during its first step. The low-precision linear tiles its
+// training loop allocates only during its first step. The 16-bit linear tiles its
 // weight-sized operands (see set_lowp_tile_elements), which bounds each buffer to a few
 // tens of MB per calling thread even for a 50k-row LM head.
 // Stage0.. are the blocks of storage.h's Stage (2 * Stage::kMaxBlocks slots).
@@ -109,7 +87,7 @@ void* workspace(Workspace slot, size_t bytes);
 // How many times this thread's workspaces were (re)allocated: constant in steady state.
 uint64_t workspace_allocations();
 
-// The low-precision linear converts its weight-row dimension (OC) in tiles of at most
+// The 16-bit linear widens its weight-row dimension (OC) in tiles of at most
 // this many elements of the largest converted block (default 4M: 16 MB as f32), at least
 // 64 rows per tile. Returns the previous value. For tests (forcing several tiles on small
 // shapes) and experiments; not thread-safe against concurrent linear calls.

@@ -21,9 +21,8 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd);
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode);
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     MathMode mode);
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias);
 void bias_add_backward(Tensor dbias, Tensor dout);
 

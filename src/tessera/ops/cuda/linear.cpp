@@ -1,16 +1,12 @@
 // Linear layer on CUDA: the GEMMs through cuBLASLt, the bias and its gradient through
-// ops/kernels/elementwise.cl. Shapes and the MathMode contract as ops/cpu/linear.cpp:
+// ops/kernels/elementwise.cl. Shapes and the dtype contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
-// F32 multiplies f32 operands with f32 accumulation (CUBLAS_COMPUTE_32F: exact f32, no
-// TF32). BF16 and FP16 pack each GEMM's operands into 16-bit scratch (pack_16bit, rounded
-// as the other backends round) and run cuBLASLt's 16-bit GEMM with f32 accumulation and
-// an f32 output, which accumulates straight into the f32 gradients (beta = 1). FP16 also
-// rounds each result to half before it lands in its f32 output or gradient, as the OpenCL
-// backend does. The F32/BF16 forward adds the bias in cuBLASLt's epilogue.
+// All-F32 calls multiply f32 operands with f32 accumulation (CUBLAS_COMPUTE_32F: exact
+// f32, no TF32); the forward adds the bias in cuBLASLt's epilogue.
 //
 // 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
-// BF16 or F16; MathMode stays F32): cuBLASLt multiplies bf16 or f16 operands natively
+// BF16 or F16): cuBLASLt multiplies bf16 or f16 operands natively
 // (32F compute) when a GEMM's operands share their dtype, else every operand is widened
 // into f32 scratch first (exact). C/D take the output's dtype, so cuBLASLt rounds each
 // result once, after the f32 accumulation (and the epilogue's bias) and, for a gradient,
@@ -161,34 +157,13 @@ class Pieces {
   ScratchLease lease_;
 };
 
-enum Rounding : int32_t { kBf16 = 1, kFp16 = 2 };
-
-// dst = the 16-bit bits of a rows x cols block of src (leading dimension ld), contiguous.
-void pack(void* dst, const Tensor& src, int64_t rows, int64_t cols, int64_t ld, MathMode mode) {
-  CudaLaunch(src, "pack_16bit")
-      .pointer(dst)
-      .tensor(src)
-      .scalar<int64_t>(cols)
-      .scalar<int64_t>(ld)
-      .scalar<int32_t>(mode == MathMode::BF16 ? kBf16 : kFp16)
-      .run(cols, rows);
-}
-
-cudaDataType_t type_of(MathMode mode) { return mode == MathMode::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
-
-// dst += round_fp16(src[0 .. n)).
-void add_rounded_fp16(const Tensor& dst, const void* src, int64_t n) {
-  CudaLaunch(dst, "add_rounded_fp16").tensor(dst).pointer(src).run(n);
-}
-
-void column_sums(const Tensor& dbias, const Tensor& dout, bool round_half) {
+void column_sums(const Tensor& dbias, const Tensor& dout) {
   const int64_t OC = dbias.numel(), N = dout.numel() / OC;
   CudaLaunch(dout, "column_sums")
       .floats(dbias)
       .floats(dout)
       .scalar<int64_t>(N)
       .scalar<int64_t>(OC)
-      .scalar<int32_t>(round_half ? 1 : 0)
       .run(OC);
 }
 
@@ -203,12 +178,6 @@ void rows_plus_bias(const Tensor& out, int64_t ld_out, const Tensor& inp, int64_
       .scalar<int64_t>(ld_inp)
       .floats(bias)
       .run(cols, rows);
-}
-
-// MathMode rounds f32 tensors' GEMMs; 16-bit tensors carry their own precision.
-void check_math_mode(MathMode mode, const char* op) {
-  TESSERA_CHECK(mode == MathMode::F32, std::string(op) + ": a MathMode other than F32 applies to f32 tensors only; "
-                                                         "with bf16/f16 tensors pass MathMode::F32");
 }
 
 bool all_f32(std::initializer_list<const Tensor*> tensors) {
@@ -298,96 +267,34 @@ void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbi
 
 }  // namespace
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   check_forward(out, inp, weight, bias);
   check_floating("linear_forward", {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  Device& device = *out.device;
   if (!all_f32({&out, &inp, &weight, &bias})) {
-    check_math_mode(mode, "linear_forward");
     if (C == 0) return bias.empty() ? fill_zero(out) : rows_plus_bias(out, OC, bias, 0, Tensor(), N, OC);
     return forward_16bit(out, inp, weight, bias, N, C, OC);
   }
   if (C == 0) {  // an empty product: out is the bias, or zeros
     if (bias.empty()) return fill_zero(out);
-    CudaLaunch(out, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).scalar<int32_t>(0).run(OC, N);
+    CudaLaunch(out, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).run(OC, N);
     return;
   }
-  if (mode == MathMode::F32) {
-    gemm(device, CUDA_R_32F, false, true, N, OC, C, f32(inp), C, f32(weight), C, 0.0f, f32(out), OC, f32(bias));
-    return;
-  }
-  const Pieces scratch(device, {size_t(N * C) * 2, size_t(OC * C) * 2});
-  void* x = scratch[0];
-  void* w = scratch[1];
-  pack(x, inp, N, C, C, mode);
-  pack(w, weight, OC, C, C, mode);
-  if (mode == MathMode::BF16) {
-    gemm(device, CUDA_R_16BF, false, true, N, OC, C, x, C, w, C, 0.0f, f32(out), OC, f32(bias));
-    return;
-  }
-  // FP16: the bias rounded to half first, the product added onto it, the sum rounded.
-  if (!bias.empty())
-    CudaLaunch(out, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).scalar<int32_t>(1).run(OC, N);
-  gemm(device, CUDA_R_16F, false, true, N, OC, C, x, C, w, C, bias.empty() ? 0.0f : 1.0f, f32(out), OC);
-  CudaLaunch(out, "round_fp16_inplace").tensor(out).run(N * OC);
+  gemm(*out.device, CUDA_R_32F, false, true, N, OC, C, f32(inp), C, f32(weight), C, 0.0f, f32(out), OC, f32(bias));
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     MathMode mode) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   Device& device = *dout.device;
-  if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight})) {
-    check_math_mode(mode, "linear_backward");
-    if (!dbias.empty()) column_sums(dbias, dout, false);
+  if (!dbias.empty()) column_sums(dbias, dout);
+  if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight}))
     return backward_16bit(dinp, dweight, dout, inp, weight, N, C, OC);
-  }
-  if (mode == MathMode::F32) {
-    if (!dinp.empty()) gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, 1.0f, f32(dinp), C);
-    if (!dweight.empty())
-      gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, 1.0f, f32(dweight), C);
-    if (!dbias.empty()) column_sums(dbias, dout, false);
-    return;
-  }
-  const bool fp16 = mode == MathMode::FP16;
-  // BF16: the bias gradient is the f32 column sum of dout, as in F32.
-  if (!fp16 && !dbias.empty()) column_sums(dbias, dout, false);
-  if (dinp.empty() && dweight.empty() && !(fp16 && !dbias.empty())) return;
-  // 16-bit dout, W and inp; for FP16 an f32 product to round before accumulating, and
-  // dout rounded to half as f32 for the bias gradient.
-  const size_t product = fp16 ? size_t(std::max(N * C, OC * C)) * 4 : 0;
-  const size_t rounded_dout = fp16 && !dbias.empty() ? size_t(N * OC) * 4 : 0;
-  const Pieces scratch(device, {size_t(N * OC) * 2, size_t(OC * C) * 2, size_t(N * C) * 2, product, rounded_dout});
-  void* g = scratch[0];
-  pack(g, dout, N, OC, OC, mode);
-  float* tmp = static_cast<float*>(scratch[3]);
-  if (!dinp.empty()) {
-    void* w = scratch[1];
-    pack(w, weight, OC, C, C, mode);
-    gemm(device, type_of(mode), false, false, N, C, OC, g, OC, w, C, fp16 ? 0.0f : 1.0f, fp16 ? tmp : f32(dinp), C);
-    if (fp16) add_rounded_fp16(dinp, tmp, N * C);
-  }
-  if (!dweight.empty()) {
-    void* x = scratch[2];
-    pack(x, inp, N, C, C, mode);
-    gemm(device, type_of(mode), true, false, OC, C, N, g, OC, x, C, fp16 ? 0.0f : 1.0f, fp16 ? tmp : f32(dweight), C);
-    if (fp16) add_rounded_fp16(dweight, tmp, OC * C);
-  }
-  if (fp16 && !dbias.empty()) {
-    // The column sums of the half-rounded dout, each rounded to half (ops/cpu/linear.cpp).
-    const Tensor g_f32(scratch[4], 0, DType::F32, {N, OC}, dout.device);
-    CudaLaunch(dout, "round_block")
-        .pointer(g_f32.handle)
-        .tensor(dout)
-        .scalar<int64_t>(OC)
-        .scalar<int64_t>(OC)
-        .scalar<int32_t>(kFp16)
-        .run(OC, N);
-    column_sums(dbias, g_f32, true);
-  }
+  if (!dinp.empty()) gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, 1.0f, f32(dinp), C);
+  if (!dweight.empty())
+    gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, 1.0f, f32(dweight), C);
 }
 
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
@@ -404,7 +311,7 @@ void bias_add_backward(Tensor dbias, Tensor dout) {
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
   check_floating("bias_add_backward", {{"dbias", dbias}, {"dout", dout}});
-  column_sums(dbias, dout, false);
+  column_sums(dbias, dout);
 }
 
 }  // namespace tessera::ops::cuda

@@ -21,9 +21,6 @@ DEVICE_FN uint bf16_bits(float x) {
   return u >> 16;
 }
 
-// x rounded to the nearest bfloat16, as f32.
-DEVICE_FN float round_bf16(float x) { return as_float(bf16_bits(x) << 16); }
-
 // The IEEE half nearest to x (round-to-nearest-even; >= 65520 in magnitude is inf; NaN
 // quieted), as its 16 bits: low_precision.h's fp16_bits.
 DEVICE_FN uint fp16_bits(float x) {
@@ -53,9 +50,6 @@ DEVICE_FN float fp16_to_f32(uint h) {
   }
   return as_float(hs | ((e + 112) << 23) | (m << 13));
 }
-
-// x rounded to the nearest IEEE half, as f32.
-DEVICE_FN float round_fp16(float x) { return fp16_to_f32(fp16_bits(x)); }
 
 // Element i of a floating tensor at p with dtype code dt, as f32 (exact).
 DEVICE_FN float load_float(__global const void* p, ulong i, int dt) {

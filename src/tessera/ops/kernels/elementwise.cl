@@ -83,41 +83,18 @@ __kernel void rows_plus_bias(FLOATS(out), long ld_out, CONST_FLOATS(inp), long l
   STORE(out, n * ld_out + o, bias ? v + LOAD(bias, o) : v);
 }
 
-// out[n, o] = bias[o], rounded to half when round_half (the FP16 linear's bias operand).
-__kernel void broadcast_bias(FLOATS(out), CONST_FLOATS(bias), long OC, int round_half) {
+// out[n, o] = bias[o] (the f32 linear's GEMM then adds onto it).
+__kernel void broadcast_bias(FLOATS(out), CONST_FLOATS(bias), long OC) {
   const long o = get_global_id(0), n = get_global_id(1);
-  const float b = LOAD(bias, o);
-  STORE(out, n * OC + o, round_half ? round_fp16(b) : b);
+  STORE(out, n * OC + o, LOAD(bias, o));
 }
 
-// dbias[o] += column sum of dy[N, OC] (rounded to half when round_half: the FP16
-// linear's dbias contribution); one work-item per column, rows in order.
-__kernel void column_sums(FLOATS(dbias), CONST_FLOATS(dy), long N, long OC, int round_half) {
+// dbias[o] += column sum of dy[N, OC]; one work-item per column, rows in order.
+__kernel void column_sums(FLOATS(dbias), CONST_FLOATS(dy), long N, long OC) {
   const long o = get_global_id(0);
   float acc = 0.0f;
   for (long n = 0; n < N; ++n) acc += LOAD(dy, n * OC + o);
-  ADD_TO(dbias, o, round_half ? round_fp16(acc) : acc);
-}
-
-// The low-precision linear's operands: dst = round(src) for a rows x cols block with
-// leading dimension ld (dst contiguous). mode: 1 bfloat16, 2 half.
-__kernel void round_block(__global float* dst, __global const float* src, ulong src_off, long cols, long ld,
-                          int mode) {
-  const long c = get_global_id(0), r = get_global_id(1);
-  const float v = src[src_off + r * ld + c];
-  dst[r * cols + c] = mode == 1 ? round_bf16(v) : round_fp16(v);
-}
-
-// dst += round_fp16(src): an FP16 contribution accumulated into an f32 gradient.
-__kernel void add_rounded_fp16(__global float* dst, ulong dst_off, __global const float* src) {
-  const long i = get_global_id(0);
-  dst[dst_off + i] += round_fp16(src[i]);
-}
-
-// In-place round to half (the FP16 linear's output).
-__kernel void round_fp16_inplace(__global float* x, ulong x_off) {
-  const long i = get_global_id(0);
-  x[x_off + i] = round_fp16(x[x_off + i]);
+  ADD_TO(dbias, o, acc);
 }
 
 __kernel void scale_inplace(FLOATS(x), float scale) {

@@ -66,7 +66,7 @@ class ClLaunch {
   cl_uint next_ = 0;
 };
 
-// A temporary device buffer for one op call (the low-precision GEMM operands, partial
+// A temporary device buffer for one op call (widened 16-bit GEMM operands, partial
 // sums), released when it goes out of scope.
 class ClScratch {
  public:

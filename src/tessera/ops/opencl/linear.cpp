@@ -1,23 +1,17 @@
 // Linear layer on OpenCL: the GEMMs through CLBlast (CLBlastSgemm on row-major buffers
 // with element offsets), the bias and its gradient through kernels/elementwise.cl. Shapes
-// and the MathMode contract as ops/cpu/linear.cpp:
+// and the dtype contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
-// MathMode BF16 and FP16 (every tensor f32) round each GEMM's operands into scratch
-// buffers (round_block) and call the f32 GEMM on them: a product of two bfloat16 or two
-// half values is exact in f32, so this is the arithmetic of a 16-bit GEMM with f32
-// accumulation (what the CPU backend does too when it has no native bf16 kernel). FP16
-// also rounds each result to half before it lands in its f32 output or gradient. These
-// modes do not tile the weight: the scratch holds a whole rounded copy of W and of dout
-// (fine for the sizes PoCL runs).
+// All-F32 calls multiply the tensors' own buffers.
 //
 // 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
-// BF16 or F16; MathMode stays F32): each 16-bit GEMM operand is widened exactly into f32
-// scratch and CLBlast's sgemm multiplies (a product of two 16-bit values is exact in f32,
-// so this is a 16-bit GEMM with f32 accumulation), and each result is rounded once: the
-// forward's GEMM lands in f32 scratch, then out = round(y + bias); a 16-bit gradient is
-// widened into f32 scratch, accumulates every product there, and is rounded back once.
-// The weight's rows (OC) go in tiles so that the scratch stays bounded for an LM head.
+// BF16 or F16): each 16-bit GEMM operand is widened exactly into f32 scratch and
+// CLBlast's sgemm multiplies (a product of two 16-bit values is exact in f32, so this is a
+// 16-bit GEMM with f32 accumulation), and each result is rounded once: the forward's GEMM
+// lands in f32 scratch, then out = round(y + bias); a 16-bit gradient is widened into f32
+// scratch, accumulates every product there, and is rounded back once. The weight's rows
+// (OC) go in tiles so that the scratch stays bounded for an LM head.
 #include <algorithm>
 #include <optional>
 
@@ -56,39 +50,15 @@ void sgemm(ClContext& cl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, Ope
                         "runs one");
 }
 
-enum Rounding : int32_t { kBf16 = 1, kFp16 = 2 };
-
-int32_t rounding(MathMode mode) { return mode == MathMode::BF16 ? kBf16 : kFp16; }
-
-// A rows x cols block of `src` (leading dimension ld) rounded into a fresh contiguous
-// scratch buffer.
-ClScratch rounded(ClContext& cl, const Tensor& src, int64_t rows, int64_t cols, int64_t ld, int32_t mode) {
-  ClScratch dst(cl, static_cast<size_t>(rows * cols) * sizeof(float));
-  ClLaunch(cl, "round_block")
-      .buffer(dst.mem())
-      .tensor(src)
-      .scalar<int64_t>(cols)
-      .scalar<int64_t>(ld)
-      .scalar<int32_t>(mode)
-      .run(cols, rows);
-  return dst;
-}
-
 Operand scratch_operand(const ClScratch& s, int64_t ld) { return {s.mem(), 0, ld}; }
 
-// dst += round_fp16(src[0 .. n)).
-void add_rounded_fp16(ClContext& cl, const Tensor& dst, const ClScratch& src, int64_t n) {
-  ClLaunch(cl, "add_rounded_fp16").tensor(dst).buffer(src.mem()).run(n);
-}
-
-void column_sums(const Tensor& dbias, const Tensor& dout, bool round_half) {
+void column_sums(const Tensor& dbias, const Tensor& dout) {
   const int64_t OC = dbias.numel(), N = dout.numel() / OC;
   ClLaunch(dout, "column_sums")
       .floats(dbias)
       .floats(dout)
       .scalar<int64_t>(N)
       .scalar<int64_t>(OC)
-      .scalar<int32_t>(round_half ? 1 : 0)
       .run(OC);
 }
 
@@ -103,12 +73,6 @@ void rows_plus_bias(const Tensor& out, int64_t ld_out, const Tensor& inp, int64_
       .scalar<int64_t>(ld_inp)
       .floats(bias)
       .run(cols, rows);
-}
-
-// MathMode rounds f32 tensors' GEMMs; 16-bit tensors carry their own precision.
-void check_math_mode(MathMode mode, const char* op) {
-  TESSERA_CHECK(mode == MathMode::F32, std::string(op) + ": a MathMode other than F32 applies to f32 tensors only; "
-                                                         "with bf16/f16 tensors pass MathMode::F32");
 }
 
 bool all_f32(std::initializer_list<const Tensor*> tensors) {
@@ -216,84 +180,35 @@ void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbi
 
 }  // namespace
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   check_forward(out, inp, weight, bias);
   check_floating("linear_forward", {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   ClContext& cl = context_of(out);
   if (!all_f32({&out, &inp, &weight, &bias})) {
-    check_math_mode(mode, "linear_forward");
     if (C == 0) return bias.empty() ? fill_zero(out) : rows_plus_bias(out, OC, bias, 0, Tensor(), N, OC);
     return forward_16bit(cl, out, inp, weight, bias, N, C, OC);
   }
-  // The bias broadcast into out (rounded to half for FP16), and the GEMM adds onto it.
-  const bool fp16 = mode == MathMode::FP16;
-  if (!bias.empty())
-    ClLaunch(cl, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).scalar<int32_t>(fp16).run(OC, N);
-  const float beta = bias.empty() ? 0.0f : 1.0f;
+  // The bias broadcast into out, and the GEMM adds onto it.
+  if (!bias.empty()) ClLaunch(cl, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).run(OC, N);
   if (C == 0) {  // an empty product: out is the bias, or zeros
     if (bias.empty()) fill_zero(out);
     return;
   }
-  if (mode == MathMode::F32) {
-    sgemm(cl, false, true, N, OC, C, operand(inp, C), operand(weight, C), beta, operand(out, OC));
-    return;
-  }
-  const ClScratch x = rounded(cl, inp, N, C, C, rounding(mode));
-  const ClScratch w = rounded(cl, weight, OC, C, C, rounding(mode));
-  sgemm(cl, false, true, N, OC, C, scratch_operand(x, C), scratch_operand(w, C), beta, operand(out, OC));
-  if (fp16) ClLaunch(cl, "round_fp16_inplace").tensor(out).run(N * OC);
+  sgemm(cl, false, true, N, OC, C, operand(inp, C), operand(weight, C), bias.empty() ? 0.0f : 1.0f, operand(out, OC));
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     MathMode mode) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   ClContext& cl = context_of(dout);
-  if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight})) {
-    check_math_mode(mode, "linear_backward");
-    if (!dbias.empty()) column_sums(dbias, dout, false);
+  if (!dbias.empty()) column_sums(dbias, dout);
+  if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight}))
     return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC);
-  }
-  if (mode == MathMode::F32) {
-    if (!dinp.empty()) sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), 1.0f, operand(dinp, C));
-    if (!dweight.empty())
-      sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), 1.0f, operand(dweight, C));
-    if (!dbias.empty()) column_sums(dbias, dout, false);
-    return;
-  }
-  const bool fp16 = mode == MathMode::FP16;
-  // BF16: the bias gradient is the f32 column sum of dout, as in F32.
-  if (!fp16 && !dbias.empty()) column_sums(dbias, dout, false);
-  if (dinp.empty() && dweight.empty() && !(fp16 && !dbias.empty())) return;
-  const ClScratch g = rounded(cl, dout, N, OC, OC, rounding(mode));
-  if (!dinp.empty()) {
-    const ClScratch w = rounded(cl, weight, OC, C, C, rounding(mode));
-    if (fp16) {
-      const ClScratch dx(cl, static_cast<size_t>(N * C) * sizeof(float));
-      sgemm(cl, false, false, N, C, OC, scratch_operand(g, OC), scratch_operand(w, C), 0.0f, scratch_operand(dx, C));
-      add_rounded_fp16(cl, dinp, dx, N * C);
-    } else {
-      sgemm(cl, false, false, N, C, OC, scratch_operand(g, OC), scratch_operand(w, C), 1.0f, operand(dinp, C));
-    }
-  }
-  if (!dweight.empty()) {
-    const ClScratch x = rounded(cl, inp, N, C, C, rounding(mode));
-    if (fp16) {
-      const ClScratch dw(cl, static_cast<size_t>(OC * C) * sizeof(float));
-      sgemm(cl, true, false, OC, C, N, scratch_operand(g, OC), scratch_operand(x, C), 0.0f, scratch_operand(dw, C));
-      add_rounded_fp16(cl, dweight, dw, OC * C);
-    } else {
-      sgemm(cl, true, false, OC, C, N, scratch_operand(g, OC), scratch_operand(x, C), 1.0f, operand(dweight, C));
-    }
-  }
-  if (fp16 && !dbias.empty()) {
-    // The column sums of the half-rounded dout, each rounded to half (ops/cpu/linear.cpp).
-    const Tensor g_tensor(g.mem(), 0, DType::F32, {N, OC}, dout.device);
-    column_sums(dbias, g_tensor, true);
-  }
+  if (!dinp.empty()) sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), 1.0f, operand(dinp, C));
+  if (!dweight.empty()) sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), 1.0f, operand(dweight, C));
 }
 
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
@@ -310,7 +225,7 @@ void bias_add_backward(Tensor dbias, Tensor dout) {
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
   check_floating("bias_add_backward", {{"dbias", dbias}, {"dout", dout}});
-  column_sums(dbias, dout, false);
+  column_sums(dbias, dout);
 }
 
 }  // namespace tessera::ops::opencl
