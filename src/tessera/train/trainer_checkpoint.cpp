@@ -485,6 +485,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
                  args_.pipeline_split.virtual_stages);
   print_rank_0("  successfully loaded checkpoint from %s [ t 1/%d, p 1/%d ] at iteration %lld", dir.c_str(),
                args_.tensor_parallel_size, args_.pipeline_parallel_size, static_cast<long long>(*latest));
+  // 16-bit parameters start their fp32 main copies from the loaded values.
+  optimizer_->copy_params_to_main();
   if (args_.finetune) return;  // iteration 0, fresh optimizer and data position
   iteration_ = s.iteration;
   consumed_samples_ = s.consumed_train_samples;
