@@ -310,7 +310,8 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   params_slab_ = Buffer(device, slab_bytes);
   grads_slab_ = Buffer(device, slab_bytes);
   for (size_t i = 0; i < shards_.size(); ++i) {
-    TESSERA_CHECK(buffer_layout_.params[i].numel == shards_[i].numel(), "the buffer layout is not for this model's parameters");
+    TESSERA_CHECK(buffer_layout_.params[i].numel == shards_[i].numel(),
+                  "the buffer layout is not for this model's parameters");
     const size_t offset = static_cast<size_t>(buffer_layout_.params[i].start) * sizeof(float);
     params_.push_back(tensor_at(params_slab_, offset, DType::F32, shards_[i].shape));
     grads_.push_back(tensor_at(grads_slab_, offset, DType::F32, shards_[i].shape));
