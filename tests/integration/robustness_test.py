@@ -8,7 +8,7 @@
   when the device's peak is unknown;
 - an allocation that fails (address space capped with RLIMIT_AS) is an error saying how much
   was asked, what was in use and which flags help;
-- --fp16: Megatron's dynamic loss scaler: overflows in the emulated fp16 GEMMs at the
+- --fp16: Megatron's dynamic loss scaler: overflows of the 16-bit activation gradients at the
   initial scale 2^32 skip iterations while the scale backs off exactly as the hysteresis
   rule of megatron/core/optimizer/grad_scaler.py says, then training proceeds; --bf16 trains
   close to fp32.
@@ -189,16 +189,18 @@ def test_precision(tmp):
         initial = 2.0 ** 32 if name == "fp16" else 65536.0
         window = 1000 if name == "fp16" else 4
         assert scales == megatron_scales(skipped, initial=initial, window=window), (name, scales, skipped)
-    # 2^32 cannot fit half's range: a run of skips while the scale backs off, then clean steps.
+    # 2^32 cannot fit half's range: a run of skips while the scale backs off, then training
+    # proceeds. The 16-bit activations and their gradients grow as it does, so an occasional
+    # later overflow halves the scale again (the rule above checked each one).
     skipped = [r["skipped_iterations"] == 1 for r in logs["fp16"]]
     first_clean = skipped.index(False)
-    assert first_clean >= 10 and not any(skipped[first_clean:]), skipped
+    assert first_clean >= 10 and sum(skipped[first_clean:]) <= 2, skipped
     assert any(b > a for a, b in zip([r["loss_scale"] for r in logs["fp16-window"]],
                                      [r["loss_scale"] for r in logs["fp16-window"]][1:])), "the scale never grew"
-    # bf16 GEMMs (8-bit mantissa operands, fp32 accumulation) track fp32 closely on this model.
+    # bf16 storage (8-bit mantissas, fp32 statistics and main parameters) tracks fp32 closely.
     for a, b in zip(logs["fp32"], logs["bf16"]):
         assert abs(a["lm_loss"] - b["lm_loss"]) <= 2e-3 * a["lm_loss"], (a["lm_loss"], b["lm_loss"])
-    assert logs["bf16"] != logs["fp32"]  # the GEMMs really round
+    assert logs["bf16"] != logs["fp32"]  # the storage really rounds
     print("ok  fp16 loss scaling follows Megatron's hysteresis rule; bf16 tracks fp32")
 
 

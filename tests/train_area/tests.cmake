@@ -27,6 +27,12 @@ add_test(NAME train_model_parallel_two_hosts
                  two-hosts)
 set_tests_properties(train_model_parallel_two_hosts PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 
+# 16-bit storage (--bf16): parallel layouts against one bf16 process, bit-exact pure PP, and
+# the activation memory against fp32 (estimate and measured).
+add_test(NAME train_mixed_precision
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/mixed_precision_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_mixed_precision PROPERTIES TIMEOUT 600)
+
 # Training robustness through the command line: TensorBoard read back by TensorBoard,
 # recomputation, throughput/MFU fields, allocation failure, fp16 loss scaling, bf16.
 add_test(NAME train_robustness

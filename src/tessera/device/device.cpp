@@ -3,6 +3,8 @@
 #include "tessera/device/device.h"
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -51,6 +53,33 @@ void copy_from_host(Tensor dst, const void* src, size_t src_bytes) {
                                               shape_str(dst.shape) + " tensor");
   if (src_bytes == 0) return;
   dst.device->copy_from_host(dst.handle, dst.offset, src, src_bytes);
+}
+
+namespace {
+
+void check_float_count(const Tensor& t, size_t count, const char* what) {
+  TESSERA_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16,
+                std::string(what) + ": a " + std::string(dtype_name(t.dtype)) + " tensor holds no floats");
+  TESSERA_CHECK(count == static_cast<size_t>(t.numel()),
+                std::string(what) + ": " + std::to_string(count) + " values for a " + shape_str(t.shape) + " tensor");
+}
+
+}  // namespace
+
+void copy_floats_from_host(Tensor dst, const float* src, size_t count) {
+  check_float_count(dst, count, "copy_floats_from_host");
+  if (dst.dtype == DType::F32) return copy_from_host(dst, src, count * sizeof(float));
+  std::vector<uint16_t> bits(count);
+  for (size_t i = 0; i < count; ++i) bits[i] = dst.dtype == DType::BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+  copy_from_host(dst, bits.data(), count * sizeof(uint16_t));
+}
+
+void copy_floats_to_host(float* dst, size_t count, Tensor src) {
+  check_float_count(src, count, "copy_floats_to_host");
+  if (src.dtype == DType::F32) return copy_to_host(dst, count * sizeof(float), src);
+  std::vector<uint16_t> bits(count);
+  copy_to_host(bits.data(), count * sizeof(uint16_t), src);
+  for (size_t i = 0; i < count; ++i) dst[i] = src.dtype == DType::BF16 ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
 }
 
 void copy_tensor(Tensor dst, Tensor src) {

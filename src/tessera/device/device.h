@@ -111,6 +111,12 @@ class Device {
 void copy_to_host(void* dst, size_t dst_capacity, Tensor src);
 // Copies src_bytes (== dst.bytes()) of host memory into dst.
 void copy_from_host(Tensor dst, const void* src, size_t src_bytes);
+// Host f32 values into a floating tensor (F32, BF16 or F16), rounded to its dtype
+// (round-to-nearest-even, core/dtype.h) on the host; count == dst.numel(). For loads and
+// imports, not for the step loop.
+void copy_floats_from_host(Tensor dst, const float* src, size_t count);
+// A floating tensor's values, widened to f32 (exact) on the host; count == src.numel().
+void copy_floats_to_host(float* dst, size_t count, Tensor src);
 // dst = src; same device, same byte size.
 void copy_tensor(Tensor dst, Tensor src);
 void fill_zero(Tensor t);

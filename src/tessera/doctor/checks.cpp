@@ -484,11 +484,12 @@ Row check_memory(const std::vector<RankMemory>& ranks, const std::vector<int>& n
   const int local = static_cast<int>(node_ranks.size());
   char b[512];
   std::snprintf(b, sizeof b,
-                "%.3g parameters on the largest rank; %s %s%s (parameters %s, gradients %s, Adam %s, activations %s "
+                "%.3g parameters on the largest rank; %s %s%s (parameters %s, gradients %s, main parameters %s, Adam %s, "
+                "activations %s "
                 "at micro-batch %d); %d process%s on this node = %s; %s total, %s available",
                 static_cast<double>(e.num_parameters), which.c_str(), gib(static_cast<double>(e.total_bytes())).c_str(),
                 where.c_str(), gib(e.parameter_bytes).c_str(), gib(e.gradient_bytes).c_str(),
-                gib(e.optimizer_bytes).c_str(), gib(e.activation_bytes).c_str(), micro_batch, local,
+                gib(e.main_parameter_bytes).c_str(), gib(e.optimizer_bytes).c_str(), gib(e.activation_bytes).c_str(), micro_batch, local,
                 local > 1 ? "es" : "", gib(node).c_str(), gib(static_cast<double>(memory.total_bytes)).c_str(),
                 gib(static_cast<double>(available)).c_str());
   r.detail = b;

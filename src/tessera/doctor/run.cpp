@@ -520,7 +520,8 @@ uint64_t checkpoint_bytes(const DoctorOptions& opt, const TrainFlags& f) {
   if (!opt.save || !f.takes_checkpoints || !f.args) return 0;
   const GPTMemoryEstimate e = estimate_gpt_memory(f.args->model, 1);
   const bool with_optimizer = !(f.table && f.table->get_bool("--no-save-optim"));
-  return e.parameter_bytes + (with_optimizer ? e.optimizer_bytes : 0);
+  const uint64_t f32_parameters = e.gradient_bytes;  // checkpoints keep the f32 (main) parameters
+  return f32_parameters + (with_optimizer ? e.optimizer_bytes : 0);
 }
 
 void check_checkpoints(const DoctorOptions& opt, const TrainFlags& f, std::vector<Row>& rows) {

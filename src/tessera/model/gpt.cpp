@@ -116,9 +116,13 @@ struct GPTModel::Layout {
   SlabBuilder builder;
   std::vector<Pending> pending;
 
-  void reserve(Tensor& t, Shape shape, DType dtype = DType::F32) {
+  void reserve(Tensor& t, Shape shape, DType dtype) {
     pending.push_back({&t, dtype, shape, builder.reserve(dtype, shape)});
   }
+  // An activation or its gradient: in the model's dtype.
+  void reserve(Tensor& t, Shape shape) { reserve(t, std::move(shape), act); }
+  // What Megatron keeps in f32 whatever the model's dtype (norm statistics, the loss).
+  void reserve_f32(Tensor& t, Shape shape) { reserve(t, std::move(shape), DType::F32); }
   // With sequence parallelism a whole-sequence copy, else the same tensor (bound later).
   void reserve_whole(Tensor& whole, Shape shape) {
     if (sp) reserve(whole, std::move(shape));
@@ -129,22 +133,23 @@ struct GPTModel::Layout {
   void reserve_layer(LayerActs& a, bool with_out) {
     reserve(a.ln1, {B, Tl, C});
     reserve_whole(a.ln1_whole, {B, T, C});
-    reserve(a.ln1_mean, {B, Tl});
-    reserve(a.ln1_rstd, {B, Tl});
+    reserve_f32(a.ln1_mean, {B, Tl});
+    reserve_f32(a.ln1_rstd, {B, Tl});
     reserve(a.qkv, {B, T, 3 * Al});
-    if (!selective) reserve(a.att, att_buffers.saved);
+    if (!selective) reserve(a.att, att_buffers.saved, att_buffers.saved_dtype);
     reserve(a.ctx, {B, T, Al});
     reserve(a.residual_mid, {B, Tl, C});
     reserve(a.ln2, {B, Tl, C});
     reserve_whole(a.ln2_whole, {B, T, C});
-    reserve(a.ln2_mean, {B, Tl});
-    reserve(a.ln2_rstd, {B, Tl});
+    reserve_f32(a.ln2_mean, {B, Tl});
+    reserve_f32(a.ln2_rstd, {B, Tl});
     reserve(a.fc1, {B, T, Fl});
     reserve(a.gelu, {B, T, Fl});
     if (with_out) reserve(a.out, {B, Tl, C});
   }
 
   bool sp = false, selective = false;
+  DType act = DType::F32;
   int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, Fl = 0, Vl = 0, NHl = 0;
   ops::AttentionBuffers att_buffers;  // sized by the device's backend
 
@@ -154,10 +159,11 @@ struct GPTModel::Layout {
     const int tp = part.tp_size;
     sp = part.sequence_parallel && tp > 1;
     selective = c.recompute == Recompute::Selective;
+    act = c.params_dtype;
     B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
     Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
-    att_buffers = ops::attention_buffers(device, B, NHl, T);
+    att_buffers = ops::attention_buffers(device, B, NHl, T, act);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -188,11 +194,11 @@ struct GPTModel::Layout {
           HeadActs& h = s.head;
           reserve(h.lnf, {B, Tl, C});
           reserve_whole(h.lnf_whole, {B, T, C});
-          reserve(h.lnf_mean, {B, Tl});
-          reserve(h.lnf_rstd, {B, Tl});
+          reserve_f32(h.lnf_mean, {B, Tl});
+          reserve_f32(h.lnf_rstd, {B, Tl});
           reserve(h.logits, {B, T, Vl});
-          reserve(h.losses, {B, T});
-          reserve(h.logsumexp, {B, T});
+          reserve_f32(h.losses, {B, T});
+          reserve_f32(h.logsumexp, {B, T});
         }
       }
       ch.io.resize(io_slots[ci]);
@@ -205,15 +211,15 @@ struct GPTModel::Layout {
     }
     reserve(ws.partial, {B, T, C});
     if (sp) reserve(ws.reduced, {B, Tl, C});
-    if (selective) reserve(ws.att, att_buffers.saved);
+    if (selective) reserve(ws.att, att_buffers.saved, att_buffers.saved_dtype);
     ws.recomputed.resize(max_recomputed);
     for (LayerActs& a : ws.recomputed) reserve_layer(a, true);
     if (any_embedding) reserve(ws.pos_emb, {B, T, C});
     if (any_head) {
-      reserve(ws.row_max, {B * T});
-      reserve(ws.ce_sums, {2, B * T});
+      reserve_f32(ws.row_max, {B * T});
+      reserve_f32(ws.ce_sums, {2, B * T});
       reserve(ws.d_logits, {B, T, Vl});
-      reserve(ws.d_losses, {B, T});
+      reserve_f32(ws.d_losses, {B, T});
       reserve(ws.loss_sums, {2}, DType::I64);
     }
     reserve(ws.d_residual, {B, Tl, C});
@@ -223,7 +229,7 @@ struct GPTModel::Layout {
     reserve_whole(ws.d_ln_whole, {B, T, C});
     reserve(ws.d_ctx, {B, T, Al});
     reserve(ws.d_qkv, {B, T, 3 * Al});
-    reserve(ws.d_att, att_buffers.scratch);
+    reserve_f32(ws.d_att, att_buffers.scratch);
     reserve(ws.d_F, {B, T, Fl});
     reserve(ws.d_gelu, {B, T, Fl});
   }
@@ -254,10 +260,13 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
 GPTModel::~GPTModel() = default;
 
 GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
-                                  const std::vector<int>& act_slots, const std::vector<int>& io_slots) {
+                                  const std::vector<int>& act_slots, const std::vector<int>& io_slots,
+                                  const GradBufferOptions& buffers) {
   GPTSlabSizes sizes;
   for (const ParamShard& s : shard_params(config, partition)) sizes.num_parameters += s.numel();
-  sizes.params = static_cast<size_t>(buffer_layout_for(config, partition, {}).numel) * sizeof(float);
+  const size_t numel = static_cast<size_t>(buffer_layout_for(config, partition, buffers).numel);
+  sizes.params = numel * dtype_size(config.params_dtype);
+  sizes.grads = numel * sizeof(float);
   std::vector<Chunk> chunks;
   Workspace ws;
   // Attention's state as the CPU backend keeps it (the OpenCL backend keeps the same).
@@ -295,8 +304,8 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
       shards_(shard_params(config, partition)),
       buffer_layout_(buffer_layout ? *buffer_layout : buffer_layout_for(config, partition, {})),
       ws_(std::make_unique<Workspace>()),
-      tp_(tp, partition.sequence_parallel, device,
-          int64_t{micro_batch_size} * config.seq_length * config.hidden_size) {
+      tp_(tp, partition.sequence_parallel, device, int64_t{micro_batch_size} * config.seq_length * config.hidden_size,
+          config.params_dtype) {
   TESSERA_CHECK(tp_.size() == partition.tp_size, "the tensor-parallel group size differs from the partition's");
   if (partition.sequence_parallel && config.seq_length % partition.tp_size != 0)
     throw usage_error("--seq-length " + std::to_string(config.seq_length) +
@@ -304,17 +313,19 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   vocab_start_ = int64_t{partition.tp_rank} * (config.padded_vocab_size / partition.tp_size);
   head_start_ = int64_t{partition.tp_rank} * (config.num_attention_heads / partition.tp_size);
 
-  // Parameters and gradients: one slab each, at the same element offsets.
+  // Parameters (in params_dtype) and their f32 gradients: one slab each, at the same element
+  // offsets (the buffer layout's).
   TESSERA_CHECK(buffer_layout_.params.size() == shards_.size(), "the buffer layout is not for this model's parameters");
-  const size_t slab_bytes = static_cast<size_t>(buffer_layout_.numel) * sizeof(float);
-  params_slab_ = Buffer(device, slab_bytes);
-  grads_slab_ = Buffer(device, slab_bytes);
+  const DType param_dtype = config.params_dtype;
+  const size_t numel = static_cast<size_t>(buffer_layout_.numel);
+  params_slab_ = Buffer(device, numel * dtype_size(param_dtype));
+  grads_slab_ = Buffer(device, numel * sizeof(float));
   for (size_t i = 0; i < shards_.size(); ++i) {
     TESSERA_CHECK(buffer_layout_.params[i].numel == shards_[i].numel(),
                   "the buffer layout is not for this model's parameters");
-    const size_t offset = static_cast<size_t>(buffer_layout_.params[i].start) * sizeof(float);
-    params_.push_back(tensor_at(params_slab_, offset, DType::F32, shards_[i].shape));
-    grads_.push_back(tensor_at(grads_slab_, offset, DType::F32, shards_[i].shape));
+    const size_t start = static_cast<size_t>(buffer_layout_.params[i].start);
+    params_.push_back(tensor_at(params_slab_, start * dtype_size(param_dtype), param_dtype, shards_[i].shape));
+    grads_.push_back(tensor_at(grads_slab_, start * sizeof(float), DType::F32, shards_[i].shape));
     index_.emplace(shards_[i].spec.name, i);
   }
 
@@ -372,7 +383,9 @@ int64_t GPTModel::num_parameters() const {
 
 size_t GPTModel::activation_bytes() const { return acts_slab_.bytes(); }
 
-Tensor GPTModel::param_buffer() const { return tensor_at(params_slab_, 0, DType::F32, {buffer_layout_.numel}); }
+Tensor GPTModel::param_buffer() const {
+  return tensor_at(params_slab_, 0, config_.params_dtype, {buffer_layout_.numel});
+}
 Tensor GPTModel::grad_buffer() const { return tensor_at(grads_slab_, 0, DType::F32, {buffer_layout_.numel}); }
 
 Tensor GPTModel::logits() const {
@@ -425,7 +438,7 @@ void GPTModel::load_weights(const std::map<std::string, std::vector<float>>& wei
                           " elements, the model expects " + shape_str(spec.shape));
     local.resize(static_cast<size_t>(params_[i].numel()));
     extract_shard(local.data(), it->second.data(), shards_[i]);
-    copy_from_host(params_[i], local.data(), local.size() * sizeof(float));
+    copy_floats_from_host(params_[i], local.data(), local.size());
   }
 }
 
@@ -514,7 +527,7 @@ void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tenso
 void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias,
                                const ops::Dropout& drop) {
   Workspace& ws = *ws_;
-  ops::linear_forward(rows(ws.partial), rows(inp), weight, Tensor(), config_.math);
+  ops::linear_forward(rows(ws.partial), rows(inp), weight, Tensor());
   tp_.leave_forward(ws.reduced, ws.partial);
   if (!bias.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), bias);
   ops::dropout_forward(ws.reduced, ws.reduced, drop);
@@ -533,7 +546,7 @@ void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor 
   if (tp_.sequence_parallel()) zero(ws.d_C_whole);
   tp_.leave_backward(ws.d_C_whole, ws.d_C);
   zero(d_inp);
-  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws.d_C_whole), rows(inp), weight, config_.math);
+  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws.d_C_whole), rows(inp), weight);
 }
 
 void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor in, Tensor out,
@@ -543,13 +556,13 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
   const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
   // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
   norm_in_forward(a.ln1, a.ln1_whole, a.ln1_mean, a.ln1_rstd, in, w.ln1_w, w.ln1_b);
-  ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b, config_.math);
+  ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b);
   ops::attention_forward(a.ctx, a.att, a.qkv, dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   row_out_forward(a.residual_mid, in, a.ctx, w.proj_w, w.proj_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   // MLP: column-parallel fc1, row-parallel fc2.
   norm_in_forward(a.ln2, a.ln2_whole, a.ln2_mean, a.ln2_rstd, a.residual_mid, w.ln2_w, w.ln2_b);
-  ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b, config_.math);
+  ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
   ops::gelu_forward(a.gelu, a.fc1, config_.gelu);
   row_out_forward(out, a.residual_mid, a.gelu, w.fc2_w, w.fc2_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
@@ -570,7 +583,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   zero(ws.d_F);
   ops::gelu_backward(ws.d_F, ws.d_gelu, a.fc1, config_.gelu);
   zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, config_.math);
+  ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w);
   norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
@@ -582,7 +595,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   ops::attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.att,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, config_.math);
+  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
 }
 
@@ -593,7 +606,7 @@ void GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Micro
   Workspace& ws = *ws_;
   const int64_t N = batch.labels.numel();
   norm_in_forward(h.lnf, h.lnf_whole, h.lnf_mean, h.lnf_rstd, in, params_[ch.lnf_w], params_[ch.lnf_b]);
-  ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor(), config_.math);
+  ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor());
   ops::cross_entropy_max(ws.row_max, rows(h.logits));
   tp_.all_reduce(ws.row_max, ReduceOp::Max);
   const Tensor sum_exp = ws.ce_sums.slice_rows(0, 1).view({N}), target_logit = ws.ce_sums.slice_rows(1, 1).view({N});
@@ -615,7 +628,7 @@ void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const Micr
                               flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size);
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), rows(ws.d_logits), rows(h.lnf_whole),
-                       params_[ch.output_w], config_.math);
+                       params_[ch.output_w]);
   zero(ws.d_residual);
   norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], grads_[ch.lnf_b], h.lnf_mean, h.lnf_rstd);
 }

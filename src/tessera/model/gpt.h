@@ -3,6 +3,11 @@
 // and gradients live in one slab each; activations in a third, all allocated at
 // construction (nothing in the step loop).
 //
+// Parameters and activations are in the config's params_dtype (16-bit with --bf16/--fp16,
+// as Megatron's Float16Module keeps them), gradients of parameters in f32 (Megatron's
+// main_grad: the linear layers accumulate into it directly), and the statistics Megatron
+// computes in f32 (LayerNorm mean/rstd, the loss and its per-row sums) in f32.
+//
 // Activations are kept per micro-batch in flight, in two kinds of slots per chunk:
 //  - an activation slot holds what backward needs from forward (Forward .. Backward);
 //  - an I/O slot holds what crosses a pipeline boundary: the chunk's input (received, or the
@@ -57,7 +62,8 @@ struct SlotRef {
 
 // Bytes the model allocates, computed without allocating (memory estimate, tests).
 struct GPTSlabSizes {
-  size_t params = 0;       // = gradients
+  size_t params = 0;       // in the config's params_dtype
+  size_t grads = 0;        // f32
   size_t activations = 0;  // every slot and the shared workspaces
   int64_t num_parameters = 0;
 };
@@ -80,8 +86,10 @@ class GPTModel {
                                             const GradBufferOptions& options);
   ~GPTModel();
 
+  // buffers: the parameter/gradient buffer's layout options (grad_buffer_layout's).
   static GPTSlabSizes slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
-                                 const std::vector<int>& act_slots, const std::vector<int>& io_slots);
+                                 const std::vector<int>& act_slots, const std::vector<int>& io_slots,
+                                 const GradBufferOptions& buffers = {});
 
   const GPTConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }
@@ -103,8 +111,8 @@ class GPTModel {
   // of each full parameter drawn from the counter-based RNG keyed by (seed, parameter id, e),
   // so every layout holds slices of the same full weights.
   void init_weights();
-  // Copies this rank's slices of full parameters, by Megatron name; every parameter must be
-  // present with its full shape.
+  // Copies this rank's slices of full parameters, by Megatron name, rounded to the
+  // parameters' dtype; every parameter must be present with its full shape.
   void load_weights(const std::map<std::string, std::vector<float>>& weights);
   void zero_grads();
 

@@ -32,7 +32,10 @@ struct GPTConfig {
   float hidden_dropout = 0.1f;
   float attention_dropout = 0.1f;
   ops::GeluKind gelu = ops::GeluKind::Tanh;
-  ops::MathMode math = ops::MathMode::F32;  // the linear layers' GEMMs: --bf16, --fp16 (ops.h)
+  // Parameters and activations (Megatron's Float16Module with --bf16 / --fp16): F32, BF16 or
+  // F16. Gradients of parameters stay f32 (the optimizer keeps f32 main parameters), and so
+  // do the statistics Megatron computes in f32 (norms, softmax, the loss).
+  DType params_dtype = DType::F32;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;
   uint32_t seed = 1234;

@@ -125,10 +125,10 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
                    dropout);
 }
 
-AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T) {
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T, DType act_dtype) {
   auto fn = kernels_for(device).attention_buffers;
   if (fn == nullptr) unsupported("attention_buffers", device);
-  return fn(device, B, NH, T);
+  return fn(device, B, NH, T, act_dtype);
 }
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind) {

@@ -8,8 +8,23 @@
 //   extra adds. Callers zero gradient buffers when a new accumulation starts.
 // - An empty Tensor (ptr == nullptr) for an optional input (bias) or gradient output
 //   means "absent" / "not needed".
-// - All floating tensors are f32 for now (the linear layers' MathMode only changes how
-//   their GEMMs round).
+// - Storage dtypes (Megatron's Float16Module: 16-bit parameters and activations, fp32
+//   main grads and optimizer state). Every floating tensor argument may be F32, BF16 or
+//   F16, independently of the others, unless its op's comment says F32. Ops compute in
+//   f32: each element is widened exactly on load; each stored result is rounded ONCE to
+//   its tensor's dtype, round-to-nearest-even (bf16: core/dtype.h f32_to_bf16; f16: IEEE,
+//   overflow to +-inf). An accumulating output (every backward's +=) is read, added to in
+//   f32 and rounded once. So an op on 16-bit tensors gives the bits of the same op on f32
+//   tensors holding the widened values, with its outputs rounded. All-F32 calls give the
+//   bits they always did.
+// - F32 only (the statistics Megatron keeps in fp32): LayerNorm's mean and rstd; the
+//   cross-entropy's row_max, sum_exp, target_logit, logsumexp, losses and dlosses (its
+//   logits and dlogits may be 16-bit: Megatron's cross-entropy takes .float() of them);
+//   masked_loss's losses and mask; the optimizer updates' param, m, v and momentum_buf
+//   (their grad may be any float dtype); attention's scratch. Integer tensors (tokens,
+//   positions, targets: I32; the double slots: I64) are as each op says.
+// - An op given a dtype it does not take throws an Error naming the op, the argument and
+//   the dtype.
 //
 // Shape legend: B batch, T sequence, C hidden, V padded vocabulary, Vl the vocabulary rows
 // (columns of logits) of this tensor-parallel rank, NH heads (local to this rank), HD head
@@ -67,8 +82,9 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd);
 
-// The arithmetic of the linear layers' GEMMs (Megatron's --bf16 / --fp16). Every tensor
-// stays f32 in every mode; the mode says how the GEMMs round:
+// The arithmetic of the linear layers' GEMMs on f32 tensors (Megatron's --bf16 / --fp16
+// before 16-bit storage: every tensor f32, the mode says how the GEMMs round; a call with
+// any 16-bit tensor takes its precision from the dtypes and needs MathMode::F32):
 // - F32: f32 operands, f32 accumulation.
 // - BF16: both GEMM operands rounded to bfloat16 (round-to-nearest-even), products
 //   accumulated in f32; output, bias, dbias and the accumulation into gradients stay f32
@@ -84,6 +100,12 @@ enum class MathMode { F32, BF16, FP16 };
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
 // backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
 // (the same reduction as bias_add_backward). mode: see MathMode.
+// Dtypes: any float dtype each; dweight and dbias are typically F32 (fp32 main grads:
+// Megatron's gradient-accumulation fusion adds weight gradients straight into them). The
+// products follow the operand dtypes (bf16 and f16 values are exact in f32, so a 16-bit
+// GEMM with f32 accumulation is the same arithmetic as an f32 GEMM of the widened
+// operands); each result is rounded once into out, or added into its gradient and rounded
+// once.
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode = MathMode::F32);
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      MathMode mode = MathMode::F32);
@@ -101,19 +123,26 @@ void bias_add_backward(Tensor dbias, Tensor dout);
 // 1/sqrt(HD); out: [B,T,NH*HD]. att: what the forward saves for the backward, shaped as
 // the backend's attention_buffers says: the CPU and OpenCL backends keep the softmax
 // probabilities [B,NH,T,T] (before dropout, zeros above the diagonal); a flash-style
-// kernel keeps a log-sum-exp [B,NH,T] and recomputes the rest. Attention dropout acts on the probabilities; its
-// per-sample element index is (head*T + query)*T + key over the full head count.
+// kernel keeps a log-sum-exp [B,NH,T] and recomputes the rest. Attention dropout acts on
+// the probabilities; its per-sample element index is (head*T + query)*T + key over the
+// full head count. qkv, out, dout, dqkv and saved probabilities may be 16-bit; the output
+// is computed from the f32 probabilities, the backward from the saved ones.
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
 // scratch: workspace of attention_buffers' scratch shape (no meaning outside the call).
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const Dropout& dropout);
-// The shapes (f32) of attention's saved state and backward workspace on `device` for B
-// samples, NH heads and T positions: the backend's choice, which the model allocates.
+// The shapes of attention's saved state and backward workspace on `device` for B samples,
+// NH heads, T positions and activations (qkv, out) of dtype act_dtype: the backend's
+// choice, which the model allocates. Softmax probabilities [B,NH,T,T] are saved in
+// act_dtype (Megatron's fused softmax keeps its output in the input's precision), a
+// log-sum-exp [B,NH,T] in F32; the scratch is F32. Scores and softmax are computed in f32
+// (--attention-softmax-in-fp32).
 struct AttentionBuffers {
   Shape saved;
+  DType saved_dtype = DType::F32;
   Shape scratch;
 };
-AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T);
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T, DType act_dtype);
 
 enum class GeluKind { Tanh, Erf };  // Megatron: tanh with bias-gelu fusion / --openai-gelu, erf otherwise
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
@@ -135,11 +164,11 @@ void residual_backward(Tensor da, Tensor db, Tensor dout);
 //   cross_entropy_finish   -> losses and logsumexp (the same on every rank)
 //   cross_entropy_backward -> this rank's columns of dlogits
 // With one rank (vocab_start 0, no reductions) the pieces are the plain loss over the
-// whole padded vocabulary. logits: [N,Vl] f32 holding columns [vocab_start,
-// vocab_start+Vl) of the full vocabulary; targets: i32 [N] (full-vocabulary ids); every
-// per-row tensor: f32 [N]. vocab_size as for the embedding: the full padded vocabulary,
-// for the bounds check only (every target in [0, vocab_size), the shard inside it); 0
-// means unsharded (vocab_start must be 0, vocab_size = Vl).
+// whole padded vocabulary. logits: [N,Vl] (any float dtype, as dlogits) holding columns
+// [vocab_start, vocab_start+Vl) of the full vocabulary; targets: i32 [N] (full-vocabulary
+// ids); every per-row tensor: f32 [N]. vocab_size as for the embedding: the full padded
+// vocabulary, for the bounds check only (every target in [0, vocab_size), the shard
+// inside it); 0 means unsharded (vocab_start must be 0, vocab_size = Vl).
 //
 // row_max[n] = max over the local columns of logits[n,:].
 void cross_entropy_max(Tensor row_max, Tensor logits);
@@ -185,9 +214,10 @@ struct ShardIndex {
 };
 // Megatron's normal initialisation: out[e] = std * a standard normal drawn by
 // core/philox.h's tessera_philox_normal(seed, tensor_id, full index of e), so every
-// backend and every parallel layout holds the same weights.
+// backend and every parallel layout holds the same weights. A 16-bit out holds the f32
+// draw rounded once.
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where);
-// out[:] = value (f32).
+// out[:] = value, rounded once to out's dtype.
 void fill(Tensor out, float value);
 // out = inp converted to out's dtype: any of F32, BF16, F16 on either side, the same
 // element count; each element widened exactly and rounded once to out's dtype

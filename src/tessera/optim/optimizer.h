@@ -64,8 +64,8 @@ class Optimizer {
   Tensor main_param(size_t i) const { return main_[i]; }
   // Rounds the main values into the 16-bit parameters (after each step).
   void copy_main_to_params();
-  // Widens the 16-bit parameters into their main copies: at construction, and after new
-  // parameter values were loaded (a checkpoint holding the 16-bit weights).
+  // Widens the 16-bit parameters into their main copies (at construction; also for 16-bit
+  // weights that arrive without their main values, such as an import).
   void copy_params_to_main();
   const std::vector<OptimizerParam>& params() const { return params_; }
   // Bytes of state allocated here (moments, momentum, main copies): what sharding divides.

@@ -30,8 +30,10 @@ class Device;
 class TensorParallelRegion {
  public:
   // tp: the tensor-parallel group (null for one rank: every op is then the identity).
-  // max_elements: the largest whole [B,T,C] tensor passed through (staging size).
-  TensorParallelRegion(Communicator* tp, bool sequence_parallel, Device& device, int64_t max_elements);
+  // max_elements: the largest whole [B,T,C] tensor passed through (staging size);
+  // activations: their dtype (16-bit ones are reduced through an f32 staging buffer).
+  TensorParallelRegion(Communicator* tp, bool sequence_parallel, Device& device, int64_t max_elements,
+                       DType activations);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -51,7 +53,8 @@ class TensorParallelRegion {
   void scatter_forward(Tensor outside, Tensor whole);
   void scatter_backward(Tensor d_whole, Tensor d_outside);
 
-  // Sum over the group, in place (the vocabulary-parallel loss, replicated gradients).
+  // Sum (or max) over the group, in place (the vocabulary-parallel loss, replicated
+  // gradients); a 16-bit tensor is reduced in f32 and rounded once.
   void all_reduce(Tensor t, ReduceOp op);
 
  private:

@@ -416,7 +416,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.fp16 = p.get_bool("--fp16");
   a.bf16 = p.get_bool("--bf16");
   if (a.fp16 && a.bf16) throw usage_error("--fp16 and --bf16 cannot both be given");
-  m.math = a.fp16 ? ops::MathMode::FP16 : a.bf16 ? ops::MathMode::BF16 : ops::MathMode::F32;
+  m.params_dtype = a.fp16 ? DType::F16 : a.bf16 ? DType::BF16 : DType::F32;
   if (auto static_scale = p.get_opt_float("--loss-scale"); static_scale && (a.fp16 || a.bf16)) {
     if (!(*static_scale > 0)) throw usage_error("--loss-scale must be > 0");
     a.loss_scaler = LossScalerConfig{};

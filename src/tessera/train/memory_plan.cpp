@@ -33,10 +33,10 @@ void print_theoretical_memory(const TrainArgs& args) {
     std::snprintf(whose, sizeof whose, "rank %d (TP rank %d, PP rank %d), the largest of %zu ranks", largest.rank,
                   largest.tp_rank, largest.pp_rank, ranks.size());
   print_rank_0("Theoretical memory footprints: weight and optimizer=%.2f MB, activation=%.2f MB, total=%.2f MB "
-               "(parameters %.2f, gradients %.2f, optimizer %.2f; %s)",
-               (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes) / kMiB, e.activation_bytes / kMiB,
-               e.total_bytes() / kMiB, e.parameter_bytes / kMiB, e.gradient_bytes / kMiB, e.optimizer_bytes / kMiB,
-               whose);
+               "(parameters %.2f, gradients %.2f, main parameters %.2f, optimizer %.2f; %s)",
+               e.weight_and_optimizer_bytes() / kMiB, e.activation_bytes / kMiB, e.total_bytes() / kMiB,
+               e.parameter_bytes / kMiB, e.gradient_bytes / kMiB, e.main_parameter_bytes / kMiB,
+               e.optimizer_bytes / kMiB, whose);
 }
 
 void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, const MemoryInfo& machine) {

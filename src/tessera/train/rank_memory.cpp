@@ -14,7 +14,8 @@ GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int p
   partition.sequence_parallel = args.sequence_parallel;
   partition.chunks = pipeline_chunks(args.model.num_layers, args.pipeline_split, pp_rank);
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, pp_rank);
-  return estimate_gpt_memory(args.model, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots);
+  return estimate_gpt_memory(args.model, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots,
+                             grad_buffer_options(args, pp_rank));
 }
 
 std::vector<RankMemory> estimate_memory_per_rank(const TrainArgs& args) {

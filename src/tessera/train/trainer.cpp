@@ -71,14 +71,18 @@ std::string timestamp() {
 
 }  // namespace
 
-GradBufferLayout grad_buffer_layout(const TrainArgs& args, const ModelPartition& partition, int pp_rank) {
+GradBufferOptions grad_buffer_options(const TrainArgs& args, int pp_rank) {
   GradBufferOptions o;
   o.data_parallel = args.data_parallel_size;
   o.distributed_optimizer = args.use_distributed_optimizer;
   // Without overlap Megatron reduces all gradients as one bucket after backward; later
   // pipeline stages never split theirs (megatron/core/distributed/distributed_data_parallel.py).
   if (args.overlap_grad_reduce && pp_rank == 0) o.bucket_size = args.ddp_bucket_size;
-  return GPTModel::buffer_layout_for(args.model, partition, o);
+  return o;
+}
+
+GradBufferLayout grad_buffer_layout(const TrainArgs& args, const ModelPartition& partition, int pp_rank) {
+  return GPTModel::buffer_layout_for(args.model, partition, grad_buffer_options(args, pp_rank));
 }
 
 std::pair<std::vector<int>, std::vector<int>> Trainer::pipeline_slots(const TrainArgs& args, int pp_rank) {

@@ -54,7 +54,8 @@ void report_stale_checkpoint_saves(const std::string& dir);
 // The gradient/parameter buffer layout of pipeline rank pp_rank's model under `args`
 // (Megatron's rules: buckets of --ddp-bucket-size only with --overlap-grad-reduce and only on
 // the first pipeline stage; the distributed optimizer's padding for the data-parallel size).
-// tessera train builds its model with it.
+// tessera train builds its model with it; the memory estimate uses its options.
+GradBufferOptions grad_buffer_options(const TrainArgs& args, int pp_rank);
 GradBufferLayout grad_buffer_layout(const TrainArgs& args, const ModelPartition& partition, int pp_rank);
 
 class Trainer {
@@ -121,6 +122,13 @@ class Trainer {
   HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
   void gather_optimizer_state(HostOptimizerState& state) const;
   void scatter_optimizer_state(const HostOptimizerState& state);
+  // A 16-bit model's f32 main parameters, which checkpoints keep under the parameters' names
+  // (a 16-bit weight is their rounding), as whole parameters in host memory (one buffer).
+  bool main_params_apart() const { return model_.config().params_dtype != DType::F32; }
+  HostOptimizerState host_main_params(bool with_embedding_copy) const;
+  void gather_main_params(HostOptimizerState& main) const;
+  // After a load: the main parameters from the host values, the 16-bit parameters rounded.
+  void install_main_params(const HostOptimizerState& main);
   void print_evaluation(const std::string& prefix, const char* split);
   void write_tensorboard(const IterationResult& r);
   [[noreturn]] void report_non_finite(const IterationResult& r) const;

@@ -23,6 +23,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/log.h"
+#include "tessera/device/device.h"
 #include "tessera/train/megatron_args.h"
 #include "tessera/train/trainer.h"
 
@@ -154,9 +155,11 @@ std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimize
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
     const int chunk = chunk_of(chunks, s);
+    // The f32 main parameters: the writer rounds them into the 16-bit model and keeps them as
+    // fp32_from_fp16_params (the non-distributed optimizer: parameter i is optimizer param i).
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
                                        : megatron_local_name(s.spec.name, chunks[chunk].first_layer),
-                   model.params()[i], s.spec.weight_decay, {}, chunk});
+                   optimizer.main_param(i), s.spec.weight_decay, {}, chunk});
   }
   if (with_state)
     for (const Optimizer::StateTensor& t : optimizer.state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
@@ -357,6 +360,51 @@ void Trainer::scatter_optimizer_state(const HostOptimizerState& state) {
     dp_buckets_->scatter_from_host(state_of_kind(*optimizer_, k), state.buffers[k].data());
 }
 
+Trainer::HostOptimizerState Trainer::host_main_params(bool with_embedding_copy) const {
+  HostOptimizerState main;
+  const GradBufferLayout& layout = model_.buffer_layout();
+  main.buffers.assign(1, std::vector<float>(static_cast<size_t>(layout.numel), 0.0f));
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const ParamShard& s = model_.shards()[i];
+    if (s.is_embedding_copy && !with_embedding_copy) continue;
+    main.tensors.push_back({s.spec.name, Tensor(main.buffers[0].data() + layout.params[i].start, DType::F32, s.shape,
+                                                nullptr),
+                            s.spec.shape, s.split_dim, s.offset});
+  }
+  return main;
+}
+
+// The optimizer's main parameters, one per optimizer parameter (whole parameters, or the
+// distributed optimizer's owned pieces in owned_pieces() order).
+static std::vector<Tensor> main_params_of(const Optimizer& optimizer) {
+  std::vector<Tensor> out;
+  for (size_t j = 0; j < optimizer.params().size(); ++j) out.push_back(optimizer.main_param(j));
+  return out;
+}
+
+void Trainer::gather_main_params(HostOptimizerState& main) const {
+  if (distributed_optimizer()) return dp_buckets_->gather_to_host(main.buffers[0].data(), main_params_of(*optimizer_));
+  const GradBufferLayout& layout = model_.buffer_layout();
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const Tensor m = optimizer_->main_param(i);
+    copy_to_host(main.buffers[0].data() + layout.params[i].start, m.bytes(), m);
+  }
+}
+
+void Trainer::install_main_params(const HostOptimizerState& main) {
+  const GradBufferLayout& layout = model_.buffer_layout();
+  const float* values = main.buffers[0].data();
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const Tensor p = model_.params()[i];
+    copy_floats_from_host(p, values + layout.params[i].start, static_cast<size_t>(p.numel()));
+  }
+  if (distributed_optimizer()) return dp_buckets_->scatter_from_host(main_params_of(*optimizer_), values);
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const Tensor m = optimizer_->main_param(i);
+    copy_from_host(m, values + layout.params[i].start, m.bytes());
+  }
+}
+
 void Trainer::save_checkpoint(const std::string& dir) {
   // The parameters every rank saves are whole again (an overlapped gather may still run).
   if (dp_buckets_ && distributed_optimizer()) dp_buckets_->wait_all_params();
@@ -417,11 +465,16 @@ void Trainer::save_checkpoint(const std::string& dir) {
     sharded = host_optimizer_state(false);
     gather_optimizer_state(sharded);
   }
+  HostOptimizerState main;
+  if (main_params_apart()) {
+    main = host_main_params(false);
+    gather_main_params(main);
+  }
   std::vector<CheckpointFile> mine;
   on_every_rank(world, write_failed, [&] {
     if (dp != 0) return;
     mine = write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size),
-                                  model_tensors(model_, false),
+                                  main_params_apart() ? main.tensors : model_tensors(model_, false),
                                   args_.no_save_optim          ? std::vector<ShardedTensor>{}
                                   : distributed_optimizer()    ? sharded.tensors
                                                                : optimizer_tensors(*optimizer_, model_, false));
@@ -469,14 +522,16 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // an error (the ranks that failed with theirs).
   CheckpointState s;
   // The distributed optimizer loads whole parameters' state into host memory and keeps its pieces.
-  HostOptimizerState sharded;
+  HostOptimizerState sharded, main;
   if (distributed_optimizer()) sharded = host_optimizer_state(true);
+  if (main_params_apart()) main = host_main_params(true);
   on_every_rank(world, "load the checkpoint of iteration " + std::to_string(*latest) + " in " + dir, [&] {
     check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
-    s = tessera::load_checkpoint(dir, *latest, model_tensors(model_, true),
+    s = tessera::load_checkpoint(dir, *latest, main_params_apart() ? main.tensors : model_tensors(model_, true),
                                  distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true),
                                  load_optimizer, rank_in(groups_.tp), args_.tensor_parallel_size);
     if (distributed_optimizer() && load_optimizer) scatter_optimizer_state(sharded);
+    if (main_params_apart()) install_main_params(main);
   });
   print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(*latest),
                s.megatron_format ? " (Megatron-LM's torch format)" : "");
@@ -489,8 +544,6 @@ void Trainer::load_checkpoint(const std::string& dir) {
                  args_.pipeline_split.virtual_stages);
   print_rank_0("  successfully loaded checkpoint from %s [ t 1/%d, p 1/%d ] at iteration %lld", dir.c_str(),
                args_.tensor_parallel_size, args_.pipeline_parallel_size, static_cast<long long>(*latest));
-  // 16-bit parameters start their fp32 main copies from the loaded values.
-  optimizer_->copy_params_to_main();
   if (args_.finetune) return;  // iteration 0, fresh optimizer and data position
   iteration_ = s.iteration;
   consumed_samples_ = s.consumed_train_samples;

@@ -25,10 +25,12 @@ GPTConfig tiny(int layers, bool untie) {
 }
 
 TEST(MemoryEstimate, EqualsWhatGPTModelAllocates) {
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16})
   for (int layers : {1, 3}) {
     for (bool untie : {false, true}) {
       for (int micro_batch : {1, 3}) {
-        const GPTConfig c = tiny(layers, untie);
+        GPTConfig c = tiny(layers, untie);
+        c.params_dtype = dtype;
         Device& device = cpu_device();
         const size_t before = device.allocated_bytes();
         GPTModel model(c, device, micro_batch);
@@ -37,11 +39,47 @@ TEST(MemoryEstimate, EqualsWhatGPTModelAllocates) {
         EXPECT_EQ(e.num_parameters, model.num_parameters());
         EXPECT_EQ(e.activation_bytes, model.activation_bytes());
         EXPECT_EQ(e.parameter_bytes + e.gradient_bytes + e.activation_bytes, used)
-            << "layers " << layers << " untie " << untie << " micro-batch " << micro_batch;
-        EXPECT_EQ(e.optimizer_bytes, 2 * e.parameter_bytes);
+            << dtype_name(dtype) << " layers " << layers << " untie " << untie << " micro-batch " << micro_batch;
+        EXPECT_EQ(e.optimizer_bytes, 2 * e.gradient_bytes);
+        EXPECT_EQ(e.main_parameter_bytes, dtype == DType::F32 ? 0 : e.gradient_bytes);
       }
     }
   }
+}
+
+// Megatron's bytes per parameter (theoretical_memory_usage.py): 18 for a 16-bit model, 6 + 12/DP
+// with the distributed optimizer. Parameters are 64-byte aligned in their slabs, so a model of
+// large tensors comes within a fraction of a byte of the formula.
+TEST(MemoryEstimate, BytesPerParameterAreMegatrons) {
+  GPTConfig c = tiny(2, false);
+  c.hidden_size = 256, c.num_attention_heads = 4, c.kv_channels = 64, c.ffn_hidden_size = 1024;
+  c.padded_vocab_size = 1024, c.max_position_embeddings = 16;
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
+    c.params_dtype = dtype;
+    for (int dp : {1, 2, 4}) {
+      const GPTMemoryEstimate e = estimate_gpt_memory(c, 1, ModelPartition::whole(c), {1}, {1},
+                                                        GradBufferOptions{.data_parallel = dp, .distributed_optimizer = true});
+      const double per_param = static_cast<double>(e.weight_and_optimizer_bytes()) / e.num_parameters;
+      const double megatron = dtype == DType::F32 ? 8.0 + 8.0 / dp : 6.0 + 12.0 / dp;
+      EXPECT_NEAR(per_param, megatron, 0.02) << dtype_name(dtype) << " DP " << dp;
+    }
+    const GPTMemoryEstimate plain = estimate_gpt_memory(c, 1);
+    EXPECT_NEAR(static_cast<double>(plain.weight_and_optimizer_bytes()) / plain.num_parameters,
+                dtype == DType::F32 ? 16.0 : 18.0, 0.02)
+        << dtype_name(dtype);
+  }
+}
+
+// 16-bit activations: a --bf16 run keeps at most 0.6x the fp32 run's activation bytes (issue
+// #19's bound; the f32 statistics and attention's f32 scratch keep it above one half).
+TEST(MemoryEstimate, SixteenBitActivationsAreAtMostSixTenths) {
+  GPTConfig c = tiny(2, false);
+  c.hidden_size = 96, c.num_attention_heads = 4, c.kv_channels = 24, c.ffn_hidden_size = 384;
+  c.seq_length = 64, c.max_position_embeddings = 64, c.padded_vocab_size = 512;
+  const size_t f32 = estimate_gpt_memory(c, 4).activation_bytes;
+  c.params_dtype = DType::BF16;
+  const size_t bf16 = estimate_gpt_memory(c, 4).activation_bytes;
+  EXPECT_LE(static_cast<double>(bf16), 0.6 * static_cast<double>(f32)) << bf16 << " vs " << f32;
 }
 
 }  // namespace

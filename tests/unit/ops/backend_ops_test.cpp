@@ -98,10 +98,30 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
     op(kDev);
   }
 
+  // The values of a floating tensor of any dtype, widened to f32 (exact).
   static std::vector<float> read(const Tensor& t) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
-    copy_to_host(v.data(), v.size() * sizeof(float), t);
+    if (t.dtype == DType::F32) {
+      copy_to_host(v.data(), v.size() * sizeof(float), t);
+      return v;
+    }
+    std::vector<uint16_t> h(v.size());
+    copy_to_host(h.data(), h.size() * sizeof(uint16_t), t);
+    for (size_t i = 0; i < h.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
     return v;
+  }
+  // N(mean, std) values stored in dtype (rounded on the host by core/dtype.h).
+  Twin& normal_as(DType dtype, const Shape& shape, float std = 1.0f, float mean = 0.0f) {
+    if (dtype == DType::F32) return normal(shape, std, mean);
+    std::normal_distribution<float> dist(mean, std);
+    std::vector<uint16_t> h(static_cast<size_t>(shape_numel(shape)));
+    for (uint16_t& x : h) x = dtype == DType::BF16 ? f32_to_bf16(dist(gen_)) : f32_to_f16(dist(gen_));
+    return make(dtype, shape, h.data());
+  }
+  // The device side gets the CPU side's bits (a saved state both backwards then start from).
+  static void copy_cpu_to_device(const Twin& twin) {
+    const std::vector<uint8_t> b = bytes_of(twin[kCpu]);
+    copy_from_host(twin[kDev], b.data(), b.size());
   }
   static std::vector<uint8_t> bytes_of(const Tensor& t) {
     std::vector<uint8_t> v(t.bytes());
@@ -111,6 +131,15 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
   // The device's result has the CPU's bits exactly (any dtype).
   void expect_same_bits(const char* what, const Twin& twin) {
     EXPECT_EQ(bytes_of(twin[kCpu]), bytes_of(twin[kDev])) << what << " on " << GetParam();
+  }
+  // op throws an Error whose message contains `message`.
+  static void expect_error(const std::function<void()>& op, const std::string& message) {
+    try {
+      op();
+      ADD_FAILURE() << "no error; expected \"" << message << "\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
   }
   // An I64 tensor holding doubles (ops.h).
   static std::vector<double> doubles(const Tensor& t) {
@@ -580,13 +609,311 @@ TEST_P(BackendOps, Convert) {
 TEST_P(BackendOps, ConvertRejectsIntegerTensors) {
   Twin& f = normal({4});
   Twin& i = ids({4}, {1, 2, 3, 4});
-  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the device's driver runs threads
-  for (Side s : {kCpu, kDev}) EXPECT_DEATH(ops::convert(i[s], f[s]), "convert: out has dtype i32");
+  for (Side s : {kCpu, kDev}) expect_error([&] { ops::convert(i[s], f[s]); }, "convert: out has dtype i32");
+}
+
+// ---- 16-bit storage (ops.h; issue #19) ---------------------------------------------------
+// The combinations the model runs with --bf16 / --fp16 (Megatron's Float16Module):
+// activations and parameters in `act`, parameter gradients (the fp32 main grads) F32, every
+// statistic F32. Each op runs on the same 16-bit inputs on both backends.
+//
+// Tolerances: both backends compute in f32 and round each stored result once. Where the
+// F32 case of an op is exact (the same operations in the same order) the 16-bit case is
+// exact too. Elsewhere the f32 results may differ within the F32 case's tolerance, and a
+// difference that straddles a rounding boundary of the 16-bit format moves the stored
+// value to the neighbouring one: one unit in the last place, `ulp` relative (bf16 keeps 8
+// significant bits: 2^-7; f16 11: 2^-10), on top of the F32 tolerance. An f32 output from
+// 16-bit inputs has the F32 case's tolerance.
+struct Storage {
+  DType act;
+  double ulp;
+};
+std::vector<Storage> model_storages() { return {{DType::BF16, 0x1p-7}, {DType::F16, 0x1p-10}}; }
+std::string storage_name(const Storage& st) { return "activations " + std::string(dtype_name(st.act)); }
+
+TEST_P(BackendOps, Storage16Embedding) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    const int64_t B = 2, T = 5, C = 24, V = 11, P = 7;
+    Twin& tokens = ids({B, T}, random_ids(B * T, V));
+    Twin& positions = ids({B, T}, random_ids(B * T, P));
+    Twin& wte = normal_as(st.act, {V, C});
+    Twin& wpe = normal_as(st.act, {P, C});
+    Twin& out = normal_as(st.act, {B, T, C});
+    run([&](Side s) { ops::embedding_forward(out[s], tokens[s], positions[s], wte[s], wpe[s]); });
+    expect_close("out", out, 0);  // one f32 add, rounded once, on both
+    Twin& dout = normal_as(st.act, {B, T, C});
+    Twin& dwte = normal({V, C});  // the fp32 main grads
+    Twin& dwpe = normal({P, C});
+    run([&](Side s) { ops::embedding_backward(dwte[s], dwpe[s], dout[s], tokens[s], positions[s]); });
+    expect_close("dwte", dwte, 0);  // rows added in row order on both
+    expect_close("dwpe", dwpe, 0);
+    // A 16-bit table gradient: the rows of each element add up in f32 and round once.
+    Twin& dwte16 = normal_as(st.act, {V, C});
+    run([&](Side s) { ops::embedding_backward(dwte16[s], Tensor(), dout[s], tokens[s], Tensor()); });
+    expect_close("dwte (16-bit)", dwte16, st.ulp);  // the CPU's chains per row vs rows in order
+  }
+}
+
+TEST_P(BackendOps, Storage16LayerNorm) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    const int64_t N = 9, C = 48;
+    Twin& inp = normal_as(st.act, {N, C}, 2.0f, 3.0f);
+    Twin& weight = normal_as(st.act, {C});
+    Twin& bias = normal_as(st.act, {C});
+    Twin& out16 = normal_as(st.act, {N, C});
+    Twin& mean = zeros({N});
+    Twin& rstd = zeros({N});
+    run([&](Side s) { ops::layernorm_forward(out16[s], mean[s], rstd[s], inp[s], weight[s], bias[s], 1e-5f); });
+    expect_close("mean", mean, 1e-6, 1e-6);  // as LayerNorm (F32): sums in another order
+    expect_close("rstd", rstd, 1e-5);
+    expect_close("out", out16, 1e-5 + st.ulp, 1e-5);
+    copy_cpu_to_device(mean);
+    copy_cpu_to_device(rstd);
+    Twin& dout = normal_as(st.act, {N, C});
+    Twin& dinp = normal_as(st.act, {N, C});
+    Twin& dweight = normal({C});
+    Twin& dbias = normal({C});
+    run([&](Side s) {
+      ops::layernorm_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], mean[s], rstd[s]);
+    });
+    expect_close("dinp", dinp, 1e-5 + st.ulp, 1e-5);
+    expect_close("dweight", dweight, 1e-5, 1e-5);
+    expect_close("dbias", dbias, 0);  // rows in order on both
+  }
+}
+
+TEST_P(BackendOps, Storage16Linear) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    const int64_t N = 6, C = 40, OC = 33;
+    Twin& inp = normal_as(st.act, {N, C});
+    Twin& weight = normal_as(st.act, {OC, C}, 0.3f);
+    Twin& bias = normal_as(st.act, {OC});
+    Twin& out = normal_as(st.act, {N, OC});
+    run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], bias[s]); });
+    // The products of 16-bit values are exact in f32; K = 40 of them summed in another
+    // order (as LinearF32), then one rounding.
+    expect_close("out", out, 1e-5 + st.ulp, 1e-5);
+    Twin& dout = normal_as(st.act, {N, OC});
+    Twin& dinp = normal_as(st.act, {N, C});
+    Twin& dweight = normal({OC, C});
+    Twin& dbias = normal({OC});
+    run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s]); });
+    expect_close("dinp", dinp, 1e-5 + st.ulp, 1e-5);
+    expect_close("dweight", dweight, 1e-5, 1e-5);  // f32 main grad: as LinearF32
+    expect_close("dbias", dbias, 0);                 // column sums, rows in order on both
+    // 16-bit parameter gradients (ops.h allows them): added in f32, rounded once.
+    Twin& dweight16 = normal_as(st.act, {OC, C});
+    Twin& dbias16 = normal_as(st.act, {OC});
+    run([&](Side s) { ops::linear_backward(Tensor(), dweight16[s], dbias16[s], dout[s], inp[s], weight[s]); });
+    expect_close("dweight (16-bit)", dweight16, 1e-5 + st.ulp, 1e-5);
+    expect_close("dbias (16-bit)", dbias16, 0);
+  }
+}
+
+// Operand and output dtypes that differ within one call (ops.h allows any mix). On CUDA
+// these take the other paths of ops/cuda/linear.cpp: operands of different dtypes widened
+// to f32, a 16-bit output or gradient that cuBLASLt cannot write from f32 operands (or
+// with an f32 bias) going through f32 scratch. Tolerances as Storage16Linear.
+TEST_P(BackendOps, Storage16LinearMixedDtypes) {
+  const Storage st = model_storages()[0];
+  const int64_t N = 6, C = 40, OC = 33;
+  for (DType inp_dtype : {DType::F32, st.act}) {
+    SCOPED_TRACE("inp " + std::string(dtype_name(inp_dtype)));
+    Twin& inp = normal_as(inp_dtype, {N, C});
+    Twin& weight = normal_as(st.act, {OC, C}, 0.3f);
+    Twin& bias = normal({OC});  // an f32 bias with a 16-bit output
+    Twin& out = normal_as(st.act, {N, OC});
+    run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], bias[s]); });
+    expect_close("out", out, 1e-5 + st.ulp, 1e-5);
+    Twin& dout = normal_as(st.act, {N, OC});
+    Twin& dinp = normal_as(st.act, {N, C});
+    Twin& dweight = normal_as(st.act, {OC, C});
+    run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], Tensor(), dout[s], inp[s], weight[s]); });
+    expect_close("dinp", dinp, 1e-5 + st.ulp, 1e-5);
+    expect_close("dweight", dweight, 1e-5 + st.ulp, 1e-5);
+  }
+}
+
+// The OpenCL backend converts the weight in tiles of rows (64 at least, about 4M elements
+// each); C = 4096 makes tiles of 1024 rows, so OC = 1100 takes two, the second partial.
+TEST_P(BackendOps, Storage16LinearTiled) {
+  const Storage st = model_storages()[0];
+  const int64_t N = 3, C = 4096, OC = 1100;
+  Twin& inp = normal_as(st.act, {N, C});
+  Twin& weight = normal_as(st.act, {OC, C}, 0.02f);
+  Twin& out = normal_as(st.act, {N, OC});
+  run([&](Side s) { ops::linear_forward(out[s], inp[s], weight[s], Tensor()); });
+  // K = 4096 products summed in another order: the F32 tolerance grows with K.
+  expect_close("out", out, 1e-4 + st.ulp, 1e-4);
+  Twin& dout = normal_as(st.act, {N, OC});
+  Twin& dinp = normal_as(st.act, {N, C});
+  Twin& dweight = normal({OC, C});
+  run([&](Side s) { ops::linear_backward(dinp[s], dweight[s], Tensor(), dout[s], inp[s], weight[s]); });
+  expect_close("dinp (both tiles' products)", dinp, 1e-4 + st.ulp, 1e-4);
+  expect_close("dweight", dweight, 1e-5, 1e-5);  // K = N = 3
+}
+
+TEST_P(BackendOps, Storage16Attention) {
+  for (const Storage& st : model_storages()) {
+    for (float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(storage_name(st) + ", dropout " + std::to_string(p));
+      const int64_t B = 2, T = 19, NH = 3, HD = 8;
+      const ops::Dropout drop = dropout_of(p, 7, static_cast<uint64_t>(1 * T * T));
+      const ops::AttentionBuffers buffers = ops::attention_buffers(device(), B, NH, T, st.act);
+      EXPECT_EQ(buffers.saved_dtype, st.act) << "the probabilities are saved in the activation dtype";
+      Twin& qkv = normal_as(st.act, {B, T, NH * 3 * HD});
+      Twin& att = normal_as(buffers.saved_dtype, buffers.saved);
+      Twin& out = normal_as(st.act, {B, T, NH * HD});
+      run([&](Side s) { ops::attention_forward(out[s], att[s], qkv[s], drop); });
+      // As Attention (F32), then one rounding of each stored value.
+      expect_close("att", att, 1e-5 + st.ulp, 1e-7);
+      expect_close("out", out, 1e-5 + st.ulp, 1e-6);
+      copy_cpu_to_device(att);  // both backwards start from the same saved probabilities
+      Twin& dout = normal_as(st.act, {B, T, NH * HD});
+      Twin& dqkv = normal_as(st.act, {B, T, NH * 3 * HD});
+      Twin& scratch = zeros(buffers.scratch);
+      run([&](Side s) { ops::attention_backward(dqkv[s], scratch[s], dout[s], qkv[s], att[s], drop); });
+      expect_close("dqkv", dqkv, 1e-4 + st.ulp, 1e-5);
+    }
+  }
+}
+
+TEST_P(BackendOps, Storage16ElementWise) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    const int64_t B = 3, S = 37;
+    Twin& a = normal_as(st.act, {B, S}, 3.0f);
+    Twin& b = normal_as(st.act, {B, S});
+    Twin& out = normal_as(st.act, {B, S});
+    // The same f32 operations as the F32 cases, each result rounded once: exact where
+    // those are (residual, dropout, bias), within the GeLU's few f32 ulps plus one 16-bit
+    // ulp for the GeLU.
+    run([&](Side s) { ops::residual_forward(out[s], a[s], b[s]); });
+    expect_close("residual out", out, 0);
+    Twin& da = normal_as(st.act, {B, S});
+    run([&](Side s) { ops::residual_backward(da[s], Tensor(), b[s]); });
+    expect_close("residual da", da, 0);
+    for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
+      run([&](Side s) { ops::gelu_forward(out[s], a[s], kind); });
+      expect_close("gelu out", out, 1e-6 + st.ulp, 1e-7);
+      Twin& dinp = normal_as(st.act, {B, S});
+      run([&](Side s) { ops::gelu_backward(dinp[s], b[s], a[s], kind); });
+      expect_close("gelu dinp", dinp, 1e-6 + st.ulp, 1e-6);
+    }
+    const ops::Dropout drop = dropout_of(0.3f, 4, 6);
+    run([&](Side s) { ops::dropout_forward(out[s], a[s], drop); });
+    expect_close("dropout out", out, 0);
+    Twin& dinp = normal_as(st.act, {B, S});
+    run([&](Side s) { ops::dropout_backward(dinp[s], b[s], drop); });
+    expect_close("dropout dinp", dinp, 0);
+    Twin& bias = normal_as(st.act, {S});
+    run([&](Side s) { ops::bias_add_forward(out[s], a[s], bias[s]); });
+    expect_close("bias_add out", out, 0);
+    Twin& dbias = normal({S});
+    run([&](Side s) { ops::bias_add_backward(dbias[s], out[s]); });
+    expect_close("bias_add dbias (f32)", dbias, 0);
+    run([&](Side s) { ops::scale_inplace(a[s], 0.37f); });
+    expect_close("scaled", a, 0);
+    run([&](Side s) { ops::fill(b[s], 0.1f); });
+    expect_close("filled", b, 0);
+    Twin& w = normal_as(st.act, {6, 10});
+    run([&](Side s) { ops::init_normal(w[s], 0.02f, 1234, 7, {0, 60, 60}); });
+    expect_close("init_normal", w, 0);  // the same f32 draw, rounded once
+    Twin& seq = normal_as(st.act, {B, 8, 5});
+    Twin& rm16 = normal_as(st.act, {4, B * 2, 5});
+    run([&](Side s) { ops::sequence_to_rank_major(rm16[s], seq[s], 4); });
+    expect_close("rank-major", rm16, 0);  // copies
+  }
+}
+
+TEST_P(BackendOps, Storage16CrossEntropy) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    const int64_t N = 6, V = 75, vocab_start = 50, vocab_size = 150;
+    Twin& logits = normal_as(st.act, {N, V}, 3.0f);
+    std::vector<int32_t> tgt = random_ids(N, static_cast<int32_t>(vocab_size));
+    tgt[0] = 60;
+    tgt[1] = 10;
+    Twin& targets = ids({N}, tgt);
+    Twin& row_max = zeros({N});
+    Twin& sum_exp = zeros({N});
+    Twin& target_logit = zeros({N});
+    Twin& losses = zeros({N});
+    Twin& lse = zeros({N});
+    run([&](Side s) {
+      ops::cross_entropy_max(row_max[s], logits[s]);
+      ops::cross_entropy_sums(sum_exp[s], target_logit[s], logits[s], targets[s], row_max[s], vocab_start,
+                              vocab_size);
+      ops::cross_entropy_finish(losses[s], lse[s], sum_exp[s], row_max[s], target_logit[s]);
+    });
+    // The f32 statistics of the widened logits: as CrossEntropy (F32).
+    expect_close("row_max", row_max, 0);
+    expect_close("sum_exp", sum_exp, 1e-6);
+    expect_close("target_logit", target_logit, 0);
+    expect_close("losses", losses, 1e-6, 1e-6);
+    copy_cpu_to_device(lse);
+    Twin& dlosses = normal({N});
+    Twin& dlogits = normal_as(st.act, {N, V});
+    run([&](Side s) {
+      ops::cross_entropy_backward(dlogits[s], dlosses[s], logits[s], targets[s], lse[s], vocab_start, vocab_size);
+    });
+    expect_close("dlogits", dlogits, 1e-5 + st.ulp, 1e-6);
+  }
+}
+
+TEST_P(BackendOps, Storage16OptimizerAndNorm) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    // fp32 main params and Adam state; a 16-bit gradient is widened as it is read.
+    const int64_t n = 1000;
+    Twin& param = normal({n});
+    Twin& grad = normal_as(st.act, {n}, 0.1f);
+    Twin& m = normal({n}, 0.01f);
+    Twin& v = zeros({n});
+    for (int64_t step = 1; step <= 2; ++step)
+      run([&](Side s) {
+        ops::adamw_update(param[s], grad[s], m[s], v[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+      });
+    expect_close("param", param, 0);  // as AdamW: the same bits
+    expect_close("m", m, 0);
+    expect_close("v", v, 0);
+    Twin& buf = zeros({n});
+    run([&](Side s) { ops::sgd_update(param[s], grad[s], buf[s], 0.01f, 0.9f, 1e-4f, 1, 1.0f); });
+    expect_close("param (sgd)", param, 0);
+    // The 16-bit parameters are the main params converted (convert is tested bit for bit).
+    Twin& p16 = normal_as(st.act, {n});
+    run([&](Side s) { ops::convert(p16[s], param[s]); });
+    expect_same_bits("param -> 16-bit copy", p16);
+    const double start[1] = {0.5};
+    Twin& sums = make(DType::I64, {1}, start);
+    run([&](Side s) { ops::sum_squares(sums[s], 0, grad[s]); });
+    EXPECT_EQ(doubles(sums[kCpu]), doubles(sums[kDev])) << "squares of the widened values, the CPU's order";
+  }
+}
+
+TEST_P(BackendOps, Storage16DtypeErrorsNameOpArgumentAndDtype) {
+  Twin& x = normal_as(DType::BF16, {4, 8});
+  Twin& w = normal_as(DType::BF16, {8});
+  Twin& out = normal_as(DType::BF16, {4, 8});
+  Twin& mean16 = normal_as(DType::BF16, {4});
+  Twin& rstd = zeros({4});
+  Twin& tok = ids({4, 8}, std::vector<int32_t>(32, 1));
+  for (Side s : {kCpu, kDev}) {
+    SCOPED_TRACE(s == kCpu ? "cpu" : GetParam());
+    expect_error([&] { ops::layernorm_forward(out[s], mean16[s], rstd[s], x[s], w[s], Tensor(), 1e-5f); },
+                 "layernorm_forward: mean has dtype bf16; it must be f32");
+    expect_error([&] { ops::residual_forward(out[s], x[s], tok[s]); }, "has dtype i32");
+    expect_error([&] { ops::adamw_update(w[s], w[s], w[s], w[s], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 1); },
+                 "param has dtype bf16; it must be f32");
+  }
 }
 
 // The backend sizes attention's saved state; the kernels above run on what it asks for.
 TEST_P(BackendOps, AttentionBuffers) {
-  const ops::AttentionBuffers b = ops::attention_buffers(device(), 2, 3, 5);
+  const ops::AttentionBuffers b = ops::attention_buffers(device(), 2, 3, 5, DType::F32);
   EXPECT_FALSE(b.saved.empty());
   EXPECT_EQ(b.saved[0], 2);
   EXPECT_EQ(b.saved[1], 3);

@@ -2,6 +2,8 @@
 // Legend: B batch, T sequence, NH heads (local to this rank), HD head dim,
 //   qkv [B,T,NH*3*HD] (per head h: q, k, v at columns h*3*HD + {0, HD, 2*HD}),
 //   att [B,NH,T,T] softmax probabilities (saved, before dropout), out [B,T,NH*HD].
+// qkv, out, att and the gradients may be of any float dtype: each (b, h) work item stages
+// its head's columns (storage.h) and computes scores and softmax in f32.
 // For query t only keys t2 <= t take part: Megatron fills masked scores with -10000,
 // which exp() turns into exactly 0 next to any unmasked score in fp32, so skipping them
 // is the same function (and their probabilities are stored as exact zeros).
@@ -11,11 +13,13 @@
 // probabilities or score gradients vectorise along the head dim.
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/dropout_mask.h"
 #include "tessera/ops/cpu/fast_math.h"
+#include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 namespace {
@@ -126,26 +130,30 @@ void weighted_rows(float* o, bool accumulate, const float* w, int64_t ws, const 
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout) {
   const AttentionDims d = attention_dims(att, qkv, out);
+  for (auto [t, name] : {std::pair{&out, "out"}, {&att, "att"}, {&qkv, "qkv"}}) check_float(*t, "attention_forward", name);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, Tp = round_up(T, kW);
   const int64_t C3 = 3 * NH * HD, CO = NH * HD;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
   if (drop) dropout_scale(dropout);  // checks p
-  const float* x = f32(qkv);
-  float* probs = f32(att);
-  float* y = f32(out);
 #pragma omp parallel
   {
     std::vector<float> kT(static_cast<size_t>(HD * Tp)), s(static_cast<size_t>(Tp)), w(static_cast<size_t>(T));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      const float* base = x + b * T * C3 + h * 3 * HD;  // q of (b, t=0, h); k at +HD, v at +2HD
-      transpose_rows(kT.data(), base + HD, T, Tp, HD, C3);
+      // This head's q, k, v of sample b (rows x.ld apart; k at +HD, v at +2HD), its out
+      // rows and its probabilities.
+      Stage stage;
+      const int64_t x_off = b * T * C3 + h * 3 * HD, y_off = b * T * CO + h * HD;
+      const Block x = stage.in(qkv, x_off, T, 3 * HD, C3);
+      const Block y = stage.out(out, y_off, T, HD, CO);
+      float* probs = stage.out(att, bh * T * T, T * T);
+      transpose_rows(kT.data(), x.p + HD, T, Tp, HD, x.ld);
       for (int64_t t = 0; t < T; ++t) {
         const int64_t n = round_up(t + 1, kW);
         // Scaled scores of keys 0..n-1; the causal mask then sets keys t+1..n-1 to -inf.
-        row_times_transposed(s.data(), base + t * C3, scale, kT.data(), n, Tp, HD);
+        row_times_transposed(s.data(), x.row(t), scale, kT.data(), n, Tp, HD);
         for (int64_t t2 = t + 1; t2 < n; ++t2) s[t2] = -std::numeric_limits<float>::infinity();
         // Stable softmax over the row (exp(-inf) = 0 for the masked keys).
         float mx = -std::numeric_limits<float>::infinity();
@@ -159,12 +167,12 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropou
           sum += e;
         }
         const float inv = 1.0f / sum;
-        float* a = probs + (bh * T + t) * T;
+        float* a = probs + t * T;
 #pragma omp simd
         for (int64_t t2 = 0; t2 < T; ++t2) a[t2] = t2 <= t ? s[t2] * inv : 0.0f;
-        // out_t = sum over keys of a[t2] * dropout factor[t2] * v_t2. The dropout element
-        // index of (h, t, t2) in the sample's full [heads, T, T] tensor is
-        // element_offset + (h*T + t)*T + t2.
+        // out_t = sum over keys of a[t2] * dropout factor[t2] * v_t2 (a in f32 even when
+        // att keeps 16 bits). The dropout element index of (h, t, t2) in the sample's
+        // full [heads, T, T] tensor is element_offset + (h*T + t)*T + t2.
         const float* weights = a;
         if (drop) {
           dropout_factors(dropout, b, static_cast<uint64_t>((h * T + t) * T), t + 1, w.data());
@@ -172,8 +180,10 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropou
           for (int64_t t2 = 0; t2 <= t; ++t2) w[t2] *= a[t2];
           weights = w.data();
         }
-        weighted_rows(y + (b * T + t) * CO + h * HD, false, weights, 1, base + 2 * HD, C3, t + 1, HD);
+        weighted_rows(y.row(t), false, weights, 1, x.p + 2 * HD, x.ld, t + 1, HD);
       }
+      stage.done(out, y_off, T, HD, CO, y);
+      stage.done(att, bh * T * T, T * T, probs);
     }
   }
 }
@@ -181,22 +191,21 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropou
 // Two sweeps per (b, h). By query rows: the gradient of the probabilities, the softmax
 // backward to score gradients ds (kept in scratch), and dq. Then by key columns: dk and dv
 // as weighted sums over the queries that saw each key, so every dk/dv row is written once
-// instead of once per query.
+// instead of once per query. A (b, h) item owns its columns of dqkv, so a 16-bit dqkv is
+// rounded once, after both sweeps.
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const Dropout& dropout) {
   const AttentionDims d = attention_dims(att, qkv, dout);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, Tp = round_up(T, kW);
   TESSERA_CHECK(dqkv.numel() == qkv.numel() && scratch.numel() == att.numel(),
                 "attention backward: dqkv " + shape_str(dqkv.shape) + ", scratch " + shape_str(scratch.shape));
+  for (auto [t, name] : {std::pair{&dqkv, "dqkv"}, {&dout, "dout"}, {&qkv, "qkv"}, {&att, "att"}})
+    check_float(*t, "attention_backward", name);
+  float* dscores = f32_arg(scratch, "attention_backward", "scratch");
   const int64_t C3 = 3 * NH * HD, CO = NH * HD;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
   if (drop) dropout_scale(dropout);
-  const float* x = f32(qkv);
-  const float* probs = f32(att);
-  const float* dy = f32(dout);
-  float* dx = f32(dqkv);
-  float* dscores = f32(scratch);
 #pragma omp parallel
   {
     // With dropout, the dropped-out probabilities a' = a * factor of this (b, h), which
@@ -206,17 +215,19 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      const float* base = x + b * T * C3 + h * 3 * HD;
-      float* dbase = dx + b * T * C3 + h * 3 * HD;
-      const float* g0 = dy + b * T * CO + h * HD;  // dout of (b, t=0, h); rows CO apart
-      const float* a_bh = probs + bh * T * T;
+      Stage stage;
+      const int64_t x_off = b * T * C3 + h * 3 * HD, g_off = b * T * CO + h * HD;
+      const Block x = stage.in(qkv, x_off, T, 3 * HD, C3);
+      const Block dx = stage.inout(dqkv, x_off, T, 3 * HD, C3);
+      const Block g = stage.in(dout, g_off, T, HD, CO);
+      const float* a_bh = stage.in(att, bh * T * T, T * T);
       float* ds_bh = dscores + bh * T * T;
-      transpose_rows(vT.data(), base + 2 * HD, T, Tp, HD, C3);
+      transpose_rows(vT.data(), x.p + 2 * HD, T, Tp, HD, x.ld);
       for (int64_t t = 0; t < T; ++t) {
         const float* a = a_bh + t * T;
         float* ds = ds_bh + t * T;
         // Through out_t = sum_t2 a'[t2] v_t2:  d a[t2] = (dout_t . v_t2) * factor[t2].
-        row_times_transposed(gv.data(), g0 + t * CO, 1.0f, vT.data(), round_up(t + 1, kW), Tp, HD);
+        row_times_transposed(gv.data(), g.row(t), 1.0f, vT.data(), round_up(t + 1, kW), Tp, HD);
         if (drop) {
           float* f = dropped.data() + t * T;
           dropout_factors(dropout, b, static_cast<uint64_t>((h * T + t) * T), t + 1, f);
@@ -234,21 +245,24 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
 #pragma omp simd
         for (int64_t t2 = 0; t2 <= t; ++t2) ds[t2] = a[t2] * (gv[t2] - ada) * scale;
         // dq_t += sum_t2 ds[t2] k_t2.
-        weighted_rows(dbase + t * C3, true, ds, 1, base + HD, C3, t + 1, HD);
+        weighted_rows(dx.row(t), true, ds, 1, x.p + HD, x.ld, t + 1, HD);
       }
       const float* ap = drop ? dropped.data() : a_bh;
       for (int64_t t2 = 0; t2 < T; ++t2) {
         // dk_t2 += sum_{t >= t2} ds[t][t2] q_t;  dv_t2 += sum_{t >= t2} a'[t][t2] dout_t.
-        weighted_rows(dbase + t2 * C3 + HD, true, ds_bh + t2 * T + t2, T, base + t2 * C3, C3, T - t2, HD);
-        weighted_rows(dbase + t2 * C3 + 2 * HD, true, ap + t2 * T + t2, T, g0 + t2 * CO, CO, T - t2, HD);
+        weighted_rows(dx.row(t2) + HD, true, ds_bh + t2 * T + t2, T, x.row(t2), x.ld, T - t2, HD);
+        weighted_rows(dx.row(t2) + 2 * HD, true, ap + t2 * T + t2, T, g.row(t2), g.ld, T - t2, HD);
       }
+      stage.done(dqkv, x_off, T, 3 * HD, C3, dx);
     }
   }
 }
 
-// The probabilities are the saved state; the backward's scratch holds their gradient.
-AttentionBuffers attention_buffers(const Device&, int64_t B, int64_t NH, int64_t T) {
-  return {{B, NH, T, T}, {B, NH, T, T}};
+// The probabilities are the saved state, in the activations' dtype (Megatron's fused
+// softmax keeps its output in the input's precision); the backward's scratch holds their
+// gradient in f32.
+AttentionBuffers attention_buffers(const Device&, int64_t B, int64_t NH, int64_t T, DType act_dtype) {
+  return {.saved = {B, NH, T, T}, .saved_dtype = act_dtype, .scratch = {B, NH, T, T}};
 }
 
 }  // namespace tessera::ops::cpu

@@ -1,19 +1,12 @@
 // ops.h convert: out = inp in out's dtype. Each element is widened exactly to f32, then
 // rounded once to out's dtype (low_precision.h: bfloat16 and IEEE half, round-to-nearest-
 // even), so F16 -> BF16 rounds once, not twice.
-#include <string>
-
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/low_precision.h"
+#include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 namespace {
-
-void check_floating(const Tensor& t, const char* arg) {
-  TESSERA_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16,
-                std::string("convert: ") + arg + " has dtype " + std::string(dtype_name(t.dtype)) +
-                    "; it takes f32, bf16 or f16");
-}
 
 // Calls f with a loader of inp's elements as f32.
 template <typename F>
@@ -48,10 +41,11 @@ void store_all(const Tensor& out, Load load) {
 }  // namespace
 
 void convert(Tensor out, Tensor inp) {
-  check_floating(out, "out");
-  check_floating(inp, "inp");
+  check_float(out, "convert", "out");
+  check_float(inp, "convert", "inp");
   TESSERA_CHECK(out.numel() == inp.numel(),
-                "convert: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape) + " (element counts differ)");
+                "convert: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape) +
+                    " (element counts differ)");
   if (out.same_memory(inp) && out.dtype == inp.dtype) return;
   TESSERA_CHECK(!out.same_memory(inp), "convert: out aliases inp with another dtype");
   with_loader(inp, [&](auto load) { store_all(out, load); });

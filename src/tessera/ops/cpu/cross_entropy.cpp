@@ -1,7 +1,9 @@
 // Softmax cross-entropy over a vocabulary shard, in the pieces of ops.h (the caller
 // all-reduces between them; with one rank they compose to the plain loss).
 // Legend: N rows (= B*T), Vl the local vocabulary columns (50304 for unsharded GPT-2),
-// logits, dlogits: [N,Vl]; targets: i32 [N] (full-vocabulary ids); the rest: f32 [N].
+// logits, dlogits: [N,Vl] of any float dtype (staged row by row, storage.h: the
+// statistics are computed in f32 and a 16-bit dlogits row is rounded once); targets: i32
+// [N] (full-vocabulary ids); the rest: f32 [N].
 // A row of logits is 200 KB, so the cost is memory passes and exps: the forward makes one
 // pass for the max (cross_entropy_max) and one for sum(exp(x - max)) (cross_entropy_sums);
 // the backward makes one pass given the logsumexp. exp_approx keeps those passes
@@ -13,6 +15,7 @@
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/fast_math.h"
+#include "tessera/ops/cpu/storage.h"
 #include "tessera/ops/cpu/vocab_shard.h"
 
 namespace tessera::ops::cpu {
@@ -51,11 +54,12 @@ float row_sum_exp(const float* x, int64_t V, float m) {
 
 void cross_entropy_max(Tensor row_max, Tensor logits) {
   const int64_t N = check_rows(logits, {&row_max}, "cross_entropy_max"), V = logits.dim(-1);
-  const float* x = f32(logits);
-  float* m = f32(row_max);
+  check_float(logits, "cross_entropy_max", "logits");
+  float* m = f32_arg(row_max, "cross_entropy_max", "row_max");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * V;
+    Stage s;
+    const float* xn = s.in(logits, n * V, V);
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
     for (int64_t v = 0; v < V; ++v) mx = xn[v] > mx ? xn[v] : mx;
@@ -70,13 +74,14 @@ void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tens
   const VocabShard shard = vocab_shard(vocab_start, V, vocab_size, "cross_entropy_sums");
   const int32_t* tgt = i32(targets);
   check_ids(tgt, N, shard.total, "cross-entropy target");
-  const float* x = f32(logits);
-  const float* m = f32(row_max);
-  float* se = f32(sum_exp);
-  float* tl = f32(target_logit);
+  check_float(logits, "cross_entropy_sums", "logits");
+  const float* m = f32_arg(row_max, "cross_entropy_sums", "row_max");
+  float* se = f32_arg(sum_exp, "cross_entropy_sums", "sum_exp");
+  float* tl = f32_arg(target_logit, "cross_entropy_sums", "target_logit");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * V;
+    Stage s;
+    const float* xn = s.in(logits, n * V, V);
     se[n] = row_sum_exp(xn, V, m[n]);
     // 0 when another rank holds the target: the all-reduced sum is then exactly its logit.
     tl[n] = shard.holds(tgt[n]) ? xn[tgt[n] - shard.start] : 0.0f;
@@ -88,11 +93,12 @@ void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tenso
   for (const Tensor* t : {&logsumexp, &sum_exp, &row_max, &target_logit})
     TESSERA_CHECK(t->numel() == N, "cross_entropy_finish: losses " + shape_str(losses.shape) + " vs " +
                                        shape_str(t->shape));
-  const float* se = f32(sum_exp);
-  const float* m = f32(row_max);
-  const float* tl = f32(target_logit);
-  float* lse = f32(logsumexp);
-  float* loss = f32(losses);
+  const char* op = "cross_entropy_finish";
+  const float* se = f32_arg(sum_exp, op, "sum_exp");
+  const float* m = f32_arg(row_max, op, "row_max");
+  const float* tl = f32_arg(target_logit, op, "target_logit");
+  float* lse = f32_arg(logsumexp, op, "logsumexp");
+  float* loss = f32_arg(losses, op, "losses");
   for (int64_t n = 0; n < N; ++n) {
     lse[n] = m[n] + std::log(se[n]);
     loss[n] = lse[n] - tl[n];
@@ -109,18 +115,20 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
   const VocabShard shard = vocab_shard(vocab_start, V, vocab_size, "cross_entropy_backward");
   const int32_t* tgt = i32(targets);
   check_ids(tgt, N, shard.total, "cross-entropy target");
-  const float* x = f32(logits);
-  const float* dl = f32(dlosses);
-  const float* lse = f32(logsumexp);
-  float* dx = f32(dlogits);
+  check_float(logits, "cross_entropy_backward", "logits");
+  check_float(dlogits, "cross_entropy_backward", "dlogits");
+  const float* dl = f32_arg(dlosses, "cross_entropy_backward", "dlosses");
+  const float* lse = f32_arg(logsumexp, "cross_entropy_backward", "logsumexp");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * V;
-    float* dxn = dx + n * V;
+    Stage s;
+    const float* xn = s.in(logits, n * V, V);
+    float* dxn = s.inout(dlogits, n * V, V);
     const float l = lse[n], d = dl[n];
 #pragma omp simd
     for (int64_t v = 0; v < V; ++v) dxn[v] += exp_approx(xn[v] - l) * d;
     if (shard.holds(tgt[n])) dxn[tgt[n] - shard.start] -= d;
+    s.done(dlogits, n * V, V, dxn);
   }
 }
 

@@ -7,6 +7,7 @@
 #include "tessera/core/rng.h"
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/dropout_mask.h"
+#include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 namespace {
@@ -89,54 +90,59 @@ void dropout_factors(const Dropout& dropout, int64_t b, uint64_t first, int64_t 
   }
 }
 
-void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
-  TESSERA_CHECK(out.numel() == inp.numel(), "dropout: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape));
+namespace {
+
+// out = dy * factor (forward: y = x * factor) or dx += dy * factor (backward) for the
+// chunks of every sample, in any float dtypes; the factors of p == 0 are all 1.
+void apply_mask(const Tensor& out, const Tensor& inp, const Dropout& dropout, bool accumulate) {
   const int64_t n = inp.numel();
-  const float* x = f32(inp);
-  float* y = f32(out);
-  if (dropout.p == 0.0f) {  // disabled (evaluation, or --*-dropout 0): out = inp
-    if (y != x) std::memmove(y, x, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  dropout_scale(dropout);  // checks p
-  const int64_t B = batch_dim(inp), S = n / B;
+  const bool drop = dropout.p != 0.0f;  // 0: disabled (evaluation, or --*-dropout 0)
+  if (drop) dropout_scale(dropout);     // checks p
+  const int64_t B = drop ? batch_dim(inp) : 1, S = n / B;
   const int64_t chunks = (S + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < B * chunks; ++w) {
-    const int64_t b = w / chunks, e0 = (w % chunks) * kChunk, len = std::min(kChunk, S - e0);
-    float factors[kChunk];
-    dropout_factors(dropout, b, static_cast<uint64_t>(e0), len, factors);
-    const float* xi = x + b * S + e0;
-    float* yi = y + b * S + e0;
+    const int64_t b = w / chunks, e0 = (w % chunks) * kChunk, len = std::min(kChunk, S - e0), off = b * S + e0;
+    Stage s;
+    const float* x = s.in(inp, off, len);
+    float* y = accumulate ? s.inout(out, off, len) : s.out(out, off, len);
+    if (!drop) {
+      if (accumulate) {
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) yi[i] = xi[i] * factors[i];
+        for (int64_t i = 0; i < len; ++i) y[i] += x[i];
+      } else if (y != x) {
+        std::memmove(y, x, static_cast<size_t>(len) * sizeof(float));
+      }
+    } else {
+      float factors[kChunk];
+      dropout_factors(dropout, b, static_cast<uint64_t>(e0), len, factors);
+      if (accumulate) {
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) y[i] += x[i] * factors[i];
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) y[i] = x[i] * factors[i];
+      }
+    }
+    s.done(out, off, len, y);
   }
+}
+
+}  // namespace
+
+void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
+  TESSERA_CHECK(out.numel() == inp.numel(), "dropout: out " + shape_str(out.shape) + " vs inp " + shape_str(inp.shape));
+  check_float(out, "dropout_forward", "out");
+  check_float(inp, "dropout_forward", "inp");
+  apply_mask(out, inp, dropout, false);
 }
 
 void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
   if (dinp.empty()) return;
   TESSERA_CHECK(dinp.numel() == dout.numel(), "dropout: dinp " + shape_str(dinp.shape) + " vs dout " + shape_str(dout.shape));
-  const int64_t n = dout.numel();
-  const float* dy = f32(dout);
-  float* dx = f32(dinp);
-  if (dropout.p == 0.0f) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
-    return;
-  }
-  dropout_scale(dropout);
-  const int64_t B = batch_dim(dout), S = n / B;
-  const int64_t chunks = (S + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < B * chunks; ++w) {
-    const int64_t b = w / chunks, e0 = (w % chunks) * kChunk, len = std::min(kChunk, S - e0);
-    float factors[kChunk];
-    dropout_factors(dropout, b, static_cast<uint64_t>(e0), len, factors);
-    const float* dyi = dy + b * S + e0;
-    float* dxi = dx + b * S + e0;
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) dxi[i] += dyi[i] * factors[i];
-  }
+  check_float(dinp, "dropout_backward", "dinp");
+  check_float(dout, "dropout_backward", "dout");
+  apply_mask(dinp, dout, dropout, true);
 }
 
 }  // namespace tessera::ops::cpu

@@ -1,9 +1,13 @@
 // LayerNorm over the last dimension (torch.nn.LayerNorm, biased variance).
 // Legend: N rows, C channels. inp, out, dout, dinp: [N,C]; weight, bias: [C]; mean, rstd: [N].
+// inp, out, weight, bias and their gradients may be of any float dtype (staged by rows or
+// row groups, storage.h); mean and rstd are f32.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 
@@ -15,15 +19,17 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
                     shape_str(weight.shape));
   TESSERA_CHECK((mean.empty() || mean.numel() == N) && (rstd.empty() || rstd.numel() == N),
                 "layernorm: mean/rstd must have one entry per row (" + std::to_string(N) + ")");
-  const float* x = f32(inp);
-  const float* w = f32(weight);
-  const float* b = bias.empty() ? nullptr : f32(bias);
-  float* y = f32(out);
-  float* m_out = mean.empty() ? nullptr : f32(mean);
-  float* r_out = rstd.empty() ? nullptr : f32(rstd);
+  for (auto [t, name] : {std::pair{&out, "out"}, {&inp, "inp"}, {&weight, "weight"}, {&bias, "bias"}})
+    check_float(*t, "layernorm_forward", name);
+  float* m_out = f32_arg(mean, "layernorm_forward", "mean");
+  float* r_out = f32_arg(rstd, "layernorm_forward", "rstd");
+  Stage params(Stage::Caller);
+  const float* w = params.in(weight, 0, C);
+  const float* b = bias.empty() ? nullptr : params.in(bias, 0, C);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * C;
+    Stage s;
+    const float* xn = s.in(inp, n * C, C);
     // Two passes (mean, then the mean of squared deviations) rather than E[x^2] - E[x]^2,
     // which cancels catastrophically when |mean| >> std, as in a deep residual stream.
     float sum = 0.0f;
@@ -37,7 +43,7 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
       sq += d * d;
     }
     const float rs = 1.0f / std::sqrt(sq / static_cast<float>(C) + eps);
-    float* yn = y + n * C;
+    float* yn = s.out(out, n * C, C);
     if (b) {
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) yn[c] = (xn[c] - mu) * rs * w[c] + b[c];
@@ -45,6 +51,7 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) yn[c] = (xn[c] - mu) * rs * w[c];
     }
+    s.done(out, n * C, C, yn);
     if (m_out) m_out[n] = mu;
     if (r_out) r_out[n] = rs;
   }
@@ -58,21 +65,23 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
   TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == C) &&
                     (dbias.empty() || dbias.numel() == C),
                 "layernorm backward: gradient shapes");
-  const float* x = f32(inp);
-  const float* w = f32(weight);
-  const float* dy = f32(dout);
-  const float* mu = f32(mean);
-  const float* rs = f32(rstd);
+  for (auto [t, name] : {std::pair{&dinp, "dinp"}, {&dweight, "dweight"}, {&dbias, "dbias"}, {&dout, "dout"},
+                         {&inp, "inp"}, {&weight, "weight"}})
+    check_float(*t, "layernorm_backward", name);
+  const float* mu = f32_arg(mean, "layernorm_backward", "mean");
+  const float* rs = f32_arg(rstd, "layernorm_backward", "rstd");
 
   // dinp, row by row. With xhat = (x - mean) * rstd and g = dout * weight (the gradient
   // w.r.t. xhat), differentiating through mean and rstd gives
   //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
   if (!dinp.empty()) {
-    float* dx = f32(dinp);
+    Stage params(Stage::Caller);
+    const float* w = params.in(weight, 0, C);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* xn = x + n * C;
-      const float* dyn = dy + n * C;
+      Stage s;
+      const float* xn = s.in(inp, n * C, C);
+      const float* dyn = s.in(dout, n * C, C);
       const float m = mu[n], r = rs[n];
       float g_sum = 0.0f, gx_sum = 0.0f;
 #pragma omp simd reduction(+ : g_sum, gx_sum)
@@ -82,40 +91,48 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
         gx_sum += g * ((xn[c] - m) * r);
       }
       const float g_mean = g_sum / static_cast<float>(C), gx_mean = gx_sum / static_cast<float>(C);
-      float* dxn = dx + n * C;
+      float* dxn = s.inout(dinp, n * C, C);
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
         const float xhat = (xn[c] - m) * r;
         dxn[c] += (dyn[c] * w[c] - g_mean - xhat * gx_mean) * r;
       }
+      s.done(dinp, n * C, C, dxn);
     }
   }
 
   // dweight = sum over rows of dout * xhat, dbias = sum of dout: a reduction over rows, so
   // threads split the channels (each owns a column block and sums its rows in order): no
-  // atomics, and the same bits for any thread count.
+  // atomics, and the same bits for any thread count. Rows are staged in groups.
   if (dweight.empty() && dbias.empty()) return;
-  float* dw = dweight.empty() ? nullptr : f32(dweight);
-  float* db = dbias.empty() ? nullptr : f32(dbias);
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = 64, kRows = 64;
   const int64_t blocks = (C + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t c0 = blk * kBlock, len = std::min(kBlock, C - c0);
     float acc_w[kBlock] = {}, acc_b[kBlock] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const float* xn = x + n * C + c0;
-      const float* dyn = dy + n * C + c0;
-      const float m = mu[n], r = rs[n];
+    for (int64_t n0 = 0; n0 < N; n0 += kRows) {
+      const int64_t rows = std::min(kRows, N - n0);
+      Stage s;
+      const Block x = s.in(inp, n0 * C + c0, rows, len, C);
+      const Block dy = s.in(dout, n0 * C + c0, rows, len, C);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xn = x.row(r);
+        const float* dyn = dy.row(r);
+        const float m = mu[n0 + r], rr = rs[n0 + r];
 #pragma omp simd
-      for (int64_t c = 0; c < len; ++c) {
-        acc_w[c] += dyn[c] * ((xn[c] - m) * r);
-        acc_b[c] += dyn[c];
+        for (int64_t c = 0; c < len; ++c) {
+          acc_w[c] += dyn[c] * ((xn[c] - m) * rr);
+          acc_b[c] += dyn[c];
+        }
       }
     }
-    for (int64_t c = 0; c < len; ++c) {
-      if (dw) dw[c0 + c] += acc_w[c];
-      if (db) db[c0 + c] += acc_b[c];
+    Stage s;
+    for (auto [grad, acc] : {std::pair{&dweight, acc_w}, {&dbias, acc_b}}) {
+      if (grad->empty()) continue;
+      float* d = s.inout(*grad, c0, len);
+      for (int64_t c = 0; c < len; ++c) d[c] += acc[c];
+      s.done(*grad, c0, len, d);
     }
   }
 }

@@ -19,13 +19,21 @@
 //         halves are exact in f32); each result (out, and the dinp / dW / dbias
 //         contributions) is rounded to half, so an overflow past 65504 is inf, and the
 //         contributions are then added into the f32 gradients.
+// Tensors of 16-bit dtypes (ops.h storage dtypes; MathMode F32): bf16 operands through
+// oneDNN's bf16 matmul where this CPU has one, else operands widened to f32 for sgemm;
+// results of 16-bit tensors computed in f32 and rounded once (see linear_forward_storage).
 // The weight-row dimension OC is processed in tiles (lowp_tile_elements) so a 50k-row LM
 // head does not need a converted copy of the whole weight, logits or their gradient.
 #include <algorithm>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
+#include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 namespace {
@@ -49,25 +57,33 @@ void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbi
                 "linear backward: gradient shapes");
 }
 
-// Column sums of dy[N,OC]: threads own column blocks and walk the rows in order
-// (deterministic for any thread count, vectorised along the row); finish(o, sum) is
-// called once per column.
+// Column sums of dy[N,OC] (any float dtype): threads own column blocks and walk the rows
+// in order (deterministic for any thread count, vectorised along the row, rows staged in
+// groups); finish(o, sum) is called once per column.
 template <typename Finish>
-void column_sums(const float* dy, int64_t N, int64_t OC, Finish finish) {
-  constexpr int64_t kBlock = 256;
+void column_sums(const Tensor& dy, int64_t N, int64_t OC, Finish finish) {
+  constexpr int64_t kBlock = 256, kRows = 64;
   const int64_t blocks = (OC + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t o0 = blk * kBlock, len = std::min(kBlock, OC - o0);
     float acc[kBlock] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const float* row = dy + n * OC + o0;
+    for (int64_t n0 = 0; n0 < N; n0 += kRows) {
+      Stage s;
+      const int64_t rows = std::min(kRows, N - n0);
+      const Block b = s.in(dy, n0 * OC + o0, rows, len, OC);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = b.row(r);
 #pragma omp simd
-      for (int64_t o = 0; o < len; ++o) acc[o] += row[o];
+        for (int64_t o = 0; o < len; ++o) acc[o] += row[o];
+      }
     }
     for (int64_t o = 0; o < len; ++o) finish(o0 + o, acc[o]);
   }
 }
+
+// A host array of f32 as a tensor (for column_sums over a workspace).
+Tensor host_f32(float* p, int64_t rows, int64_t cols) { return Tensor(p, DType::F32, {rows, cols}, nullptr); }
 
 // ---- BF16 / FP16 ------------------------------------------------------------------------
 
@@ -179,16 +195,147 @@ void linear_backward_lowp(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout
     }
     if (want_db) {
       float* db = f32(dbias) + o0;
-      column_sums(static_cast<const float*>(g), N, len, [db](int64_t o, float sum) { db[o] += round_fp16(sum); });
+      column_sums(host_f32(static_cast<float*>(g), N, len), N, len,
+                  [db](int64_t o, float sum) { db[o] += round_fp16(sum); });
     }
   }
   if (lp.fp16() && !dinp.empty()) add_rounded_fp16(f32(dinp), dx, N * C);
+}
+
+// ---- 16-bit storage ---------------------------------------------------------------------
+// A call with any BF16/F16 tensor (ops.h: products in f32 of exactly widened operands, each
+// result rounded once). bf16 operands go straight into oneDNN's bf16 matmul where this CPU
+// has one (no conversion); otherwise every operand that is not F32 is widened into an f32
+// workspace and multiplied with sgemm: the same products, summed in f32. A result of a
+// 16-bit tensor is computed in an f32 workspace and rounded into it once.
+
+// A GEMM operand: bfloat16 bits (oneDNN path) or f32 values, with its leading dimension.
+struct Operand {
+  const void* p;
+  int64_t ld;
+};
+
+struct Storage {
+  bool bits;  // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
+
+  // The rows x cols block at element off of t (leading dimension ld) as an operand: t's own
+  // memory when it is bf16 bits for oneDNN or f32, else widened into `slot`.
+  Operand operand(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld, Workspace slot) const {
+    if (bits || t.dtype == DType::F32) return {cpu_memory(t) + off * static_cast<int64_t>(dtype_size(t.dtype)), ld};
+    float* w = static_cast<float*>(workspace(slot, static_cast<size_t>(rows * cols) * sizeof(float)));
+    widen_parallel(w, t, off, rows, cols, ld);
+    return {w, cols};
+  }
+  // C = op(A) @ op(B) + beta * C.
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A, Operand B, float beta, float* C,
+            int64_t ldc) const {
+    if (bits)
+      gemm_bf16(ta, tb, M, N, K, 1.0f, static_cast<const uint16_t*>(A.p), A.ld, static_cast<const uint16_t*>(B.p),
+                B.ld, beta, C, ldc);
+    else
+      sgemm(ta, tb, M, N, K, 1.0f, static_cast<const float*>(A.p), A.ld, static_cast<const float*>(B.p), B.ld, beta,
+            C, ldc);
+  }
+};
+
+bool all_bf16(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (t->dtype != DType::BF16) return false;
+  return bf16_uses_onednn();
+}
+
+// An f32 accumulator for rows x cols elements at element off of t (leading dimension
+// ld): t's own memory when F32, else a workspace holding its widened values, which
+// finish() rounds back once.
+struct Accumulator {
+  const Tensor& t;
+  int64_t off, rows, cols, ld;
+  Block b;
+  Accumulator(const Tensor& t_, int64_t off_, int64_t rows_, int64_t cols_, int64_t ld_, Workspace slot, bool load)
+      : t(t_), off(off_), rows(rows_), cols(cols_), ld(ld_) {
+    if (t.dtype == DType::F32) {
+      b = {reinterpret_cast<float*>(cpu_memory(t)) + off, ld};
+      return;
+    }
+    b = {static_cast<float*>(workspace(slot, static_cast<size_t>(rows * cols) * sizeof(float))), cols};
+    if (load) widen_parallel(b.p, t, off, rows, cols, ld);
+  }
+  void finish() const {
+    if (t.dtype != DType::F32) narrow_parallel(t, off, ld, b.p, b.ld, rows, cols);
+  }
+};
+
+void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  if (N == 0 || OC == 0) return;
+  const Storage st{all_bf16({&inp, &weight})};
+  const int64_t tile = tile_rows(OC, C, N);
+  const Operand x = st.operand(inp, 0, N, C, C, Workspace::Input);
+  float* b = nullptr;
+  if (!bias.empty()) {
+    b = static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(OC) * sizeof(float)));
+    widen(b, bias, 0, 1, OC, OC);
+  }
+  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
+    const int64_t len = std::min(tile, OC - o0);
+    const Operand w = st.operand(weight, o0 * C, len, C, C, Workspace::Weight);
+    const Accumulator y(out, o0, N, len, OC, Workspace::Out, false);
+    // The bias is broadcast into the result and the GEMM adds onto it (beta = 1).
+    if (b) {
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < N; ++n) std::copy(b + o0, b + o0 + len, y.b.row(n));
+    }
+    st.gemm(false, true, N, len, C, x, w, b ? 1.0f : 0.0f, y.b.p, y.b.ld);
+    y.finish();
+  }
+}
+
+void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  if (!dbias.empty()) bias_add_backward(dbias, dout);
+  if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
+  const Storage st{all_bf16({&dout, &inp, &weight})};
+  const int64_t tile = tile_rows(OC, C, N);
+  const Operand x = dweight.empty() ? Operand{} : st.operand(inp, 0, N, C, C, Workspace::Input);
+  // dinp collects every tile's dout @ W in f32 and is rounded once at the end.
+  const std::optional<Accumulator> dx =
+      dinp.empty() ? std::nullopt : std::optional<Accumulator>(std::in_place, dinp, 0, N, C, C, Workspace::Out, true);
+  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
+    const int64_t len = std::min(tile, OC - o0);
+    const Operand g = st.operand(dout, o0, N, len, OC, Workspace::Dout);  // dout[:, o0:o0+len]
+    if (dx) {
+      const Operand w = st.operand(weight, o0 * C, len, C, C, Workspace::Weight);
+      st.gemm(false, false, N, C, len, g, w, 1.0f, dx->b.p, dx->b.ld);
+    }
+    if (!dweight.empty()) {
+      const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, true);
+      st.gemm(true, false, len, C, N, g, x, 1.0f, dw.b.p, dw.b.ld);
+      dw.finish();
+    }
+  }
+  if (dx) dx->finish();
+}
+
+// The dtypes of a linear call: floats, and no MathMode on 16-bit tensors (their dtypes
+// already say how the GEMMs round). Returns whether any tensor is 16-bit.
+bool check_dtypes(const char* op, MathMode mode, std::initializer_list<std::pair<const Tensor*, const char*>> args) {
+  bool lowp = false;
+  for (auto [t, name] : args) {
+    check_float(*t, op, name);
+    lowp |= !t->empty() && t->dtype != DType::F32;
+  }
+  if (lowp && mode != MathMode::F32)
+    throw runtime_error(std::string(op) + ": a MathMode other than F32 applies to f32 tensors only",
+                        "16-bit tensors round as their dtypes say: pass MathMode::F32 with them");
+  return lowp;
 }
 
 }  // namespace
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
   check_forward(out, inp, weight, bias);
+  if (check_dtypes("linear_forward", mode, {{&out, "out"}, {&inp, "inp"}, {&weight, "weight"}, {&bias, "bias"}}))
+    return linear_forward_storage(out, inp, weight, bias);
   if (mode != MathMode::F32) return linear_forward_lowp(out, inp, weight, bias, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   float* y = f32(out);
@@ -207,6 +354,10 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      MathMode mode) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
+  if (check_dtypes("linear_backward", mode,
+                   {{&dinp, "dinp"}, {&dweight, "dweight"}, {&dbias, "dbias"}, {&dout, "dout"}, {&inp, "inp"},
+                    {&weight, "weight"}}))
+    return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight);
   if (mode != MathMode::F32) return linear_backward_lowp(dinp, dweight, dbias, dout, inp, weight, mode);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   const float* dy = f32(dout);
@@ -221,14 +372,18 @@ void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
                     inp.dim(-1) == OC,
                 "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
                     shape_str(bias.shape));
+  for (auto [t, name] : {std::pair{&out, "out"}, {&inp, "inp"}, {&bias, "bias"}}) check_float(*t, "bias_add_forward", name);
   const int64_t N = out.numel() / OC;
-  const float* x = f32(inp);
-  const float* b = f32(bias);
-  float* y = f32(out);
+  Stage params(Stage::Caller);
+  const float* b = params.in(bias, 0, OC);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    Stage s;
+    const float* x = s.in(inp, n * OC, OC);
+    float* y = s.out(out, n * OC, OC);
 #pragma omp simd
-    for (int64_t o = 0; o < OC; ++o) y[n * OC + o] = x[n * OC + o] + b[o];
+    for (int64_t o = 0; o < OC; ++o) y[o] = x[o] + b[o];
+    s.done(out, n * OC, OC, y);
   }
 }
 
@@ -236,9 +391,13 @@ void bias_add_backward(Tensor dbias, Tensor dout) {
   const int64_t OC = dbias.numel();
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  check_float(dbias, "bias_add_backward", "dbias");
+  check_float(dout, "bias_add_backward", "dout");
   const int64_t N = dout.numel() / OC;
-  float* db = f32(dbias);
-  column_sums(f32(dout), N, OC, [db](int64_t o, float sum) { db[o] += sum; });
+  Stage grads(Stage::Caller);
+  float* db = grads.inout(dbias, 0, OC);
+  column_sums(dout, N, OC, [db](int64_t o, float sum) { db[o] += sum; });
+  grads.done(dbias, 0, OC, db);
 }
 
 }  // namespace tessera::ops::cpu

@@ -102,7 +102,8 @@ void add_rounded_fp16(float* dst, float* src, int64_t n);
 // training loop allocates only during its first step. The low-precision linear tiles its
 // weight-sized operands (see set_lowp_tile_elements), which bounds each buffer to a few
 // tens of MB per calling thread even for a 50k-row LM head.
-enum class Workspace { Input, Weight, Dout, Out, Small, ExpandA, ExpandB, kCount };
+// Stage0.. are the blocks of storage.h's Stage (2 * Stage::kMaxBlocks slots).
+enum class Workspace { Input, Weight, Dout, Out, Small, ExpandA, ExpandB, Stage0, kCount = Stage0 + 12 };
 // A 64-byte aligned buffer of at least `bytes` for this thread; contents undefined.
 void* workspace(Workspace slot, size_t bytes);
 // How many times this thread's workspaces were (re)allocated: constant in steady state.

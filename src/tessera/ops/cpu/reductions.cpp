@@ -1,17 +1,19 @@
-// Reductions for the optimizer: squared norms (for global-norm clipping) and scaling.
+// Reductions for the optimizer: squared norms (for global-norm clipping) and scaling, on
+// tensors of any float dtype (staged in chunks, storage.h); the sums stay in double.
 #include <algorithm>
 #include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 
 void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   TESSERA_CHECK(slot >= 0 && slot < sums.numel(),
                 "sum_squares: slot " + std::to_string(slot) + " outside sums " + shape_str(sums.shape));
+  check_float(t, "sum_squares", "t");
   double* out = f64(sums);
   const int64_t n = t.numel();
-  const float* x = f32(t);
   // Fixed chunks, each summed in double, then the chunk sums added in order: the result
   // depends only on the data, never on the thread count or schedule.
   constexpr int64_t kChunk = 1 << 16;
@@ -19,17 +21,19 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   std::vector<double> partial(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
+    const int64_t len = std::min(kChunk, n - c * kChunk);
+    Stage stage;
+    const float* x = stage.in(t, c * kChunk, len);
     // 32 double accumulators (four AVX-512 registers): four independent FMA chains, so
     // the loop runs at memory speed instead of waiting on one chain's latency.
     constexpr int64_t kLanes = 32;
     double acc[kLanes] = {};
-    int64_t i = i0;
-    for (; i + kLanes <= i1; i += kLanes) {
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
 #pragma omp simd
       for (int64_t j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(x[i + j]) * x[i + j];
     }
-    for (; i < i1; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+    for (; i < len; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
     double s = 0.0;
     for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
     partial[static_cast<size_t>(c)] = s;
@@ -40,10 +44,14 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
 }
 
 void scale_inplace(Tensor t, float scale) {
-  const int64_t n = t.numel();
-  float* x = f32(t);
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+  check_float(t, "scale_inplace", "t");
+  for_chunks(t.numel(), [&](int64_t off, int64_t len) {
+    Stage s;
+    float* x = s.inout(t, off, len);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) x[i] *= scale;
+    s.done(t, off, len, x);
+  });
 }
 
 }  // namespace tessera::ops::cpu

@@ -29,7 +29,7 @@ void bias_add_backward(Tensor dbias, Tensor dout);
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, const Dropout& dropout);
-AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T);
+AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T, DType act_dtype);
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
 void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind);

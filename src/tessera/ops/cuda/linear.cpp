@@ -8,6 +8,15 @@
 // an f32 output, which accumulates straight into the f32 gradients (beta = 1). FP16 also
 // rounds each result to half before it lands in its f32 output or gradient, as the OpenCL
 // backend does. The F32/BF16 forward adds the bias in cuBLASLt's epilogue.
+//
+// 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
+// BF16 or F16; MathMode stays F32): cuBLASLt multiplies bf16 or f16 operands natively
+// (32F compute) when a GEMM's operands share their dtype, else every operand is widened
+// into f32 scratch first (exact). C/D take the output's dtype, so cuBLASLt rounds each
+// result once, after the f32 accumulation (and the epilogue's bias) and, for a gradient,
+// after adding the old value (beta = 1); where cuBLASLt has no such type combination
+// (f32 operands with a 16-bit output, a bias of another dtype than out) the GEMM lands in
+// f32 scratch and a kernel adds and rounds once.
 #include <cublasLt.h>
 
 #include <map>
@@ -18,6 +27,7 @@
 #include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
+#include "tessera/ops/kernels/float_args.h"
 
 namespace tessera::ops::cuda {
 namespace {
@@ -76,12 +86,14 @@ struct Preference {
   ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
 };
 
-// Row-major C[M,N] (f32, leading dimension ldc) = op(A)[M,K] @ op(B)[K,N] + beta * C
-// (+ bias[N] when given), A and B of type ab (leading dimensions lda, ldb as stored).
+// Row-major C[M,N] (of type ct, leading dimension ldc) = op(A)[M,K] @ op(B)[K,N] + beta * C
+// (+ bias[N] of C's type when given), A and B of type ab (leading dimensions lda, ldb as
+// stored).
 // cuBLASLt is column-major, so it computes C^T = op(B)^T @ op(A)^T: a row-major matrix is
 // its transpose in column-major order, with the same leading dimension.
 void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
-          int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr) {
+          int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, const void* bias = nullptr,
+          cudaDataType_t ct = CUDA_R_32F) {
   if (M == 0 || N == 0) return;
   const std::string where = "a " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
                             " GEMM on " + device.name();
@@ -103,7 +115,7 @@ void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_
   Layout b_layout, a_layout, c_layout;
   TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &b_layout.l, ab, tb ? K : N, tb ? N : K, ldb);
   TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &a_layout.l, ab, ta ? M : K, ta ? K : M, lda);
-  TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &c_layout.l, CUDA_R_32F, N, M, ldc);
+  TESSERA_CUBLASLT(where, cublasLtMatrixLayoutCreate, &c_layout.l, ct, N, M, ldc);
   Preference pref;
   TESSERA_CUBLASLT(where, cublasLtMatmulPreferenceCreate, &pref.p);
   const uint64_t workspace = kWorkspaceBytes;
@@ -172,12 +184,97 @@ void add_rounded_fp16(const Tensor& dst, const void* src, int64_t n) {
 void column_sums(const Tensor& dbias, const Tensor& dout, bool round_half) {
   const int64_t OC = dbias.numel(), N = dout.numel() / OC;
   CudaLaunch(dout, "column_sums")
-      .tensor(dbias)
-      .tensor(dout)
+      .floats(dbias)
+      .floats(dout)
       .scalar<int64_t>(N)
       .scalar<int64_t>(OC)
       .scalar<int32_t>(round_half ? 1 : 0)
       .run(OC);
+}
+
+// out[r, c] = inp[r, c] + bias[c] (no bias: inp, converted) for a rows x cols block,
+// leading dimensions ld_out and ld_inp.
+void rows_plus_bias(const Tensor& out, int64_t ld_out, const Tensor& inp, int64_t ld_inp, const Tensor& bias,
+                    int64_t rows, int64_t cols) {
+  CudaLaunch(out, "rows_plus_bias")
+      .floats(out)
+      .scalar<int64_t>(ld_out)
+      .floats(inp)
+      .scalar<int64_t>(ld_inp)
+      .floats(bias)
+      .run(cols, rows);
+}
+
+// MathMode rounds f32 tensors' GEMMs; 16-bit tensors carry their own precision.
+void check_math_mode(MathMode mode, const char* op) {
+  TESSERA_CHECK(mode == MathMode::F32, std::string(op) + ": a MathMode other than F32 applies to f32 tensors only; "
+                                                         "with bf16/f16 tensors pass MathMode::F32");
+}
+
+bool all_f32(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (!t->empty() && t->dtype != DType::F32) return false;
+  return true;
+}
+
+cudaDataType_t lt_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+void* memory(const Tensor& t) { return t.empty() ? nullptr : static_cast<char*>(t.handle) + t.offset; }
+Tensor f32_at(void* p, int64_t rows, int64_t cols, const Tensor& like) {
+  return Tensor(p, 0, DType::F32, {rows, cols}, like.device);
+}
+
+// t (rows x cols, contiguous) as the f32 operand in `dst` when `widen`, else in place.
+const void* operand(void* dst, const Tensor& t, int64_t rows, int64_t cols, bool widen) {
+  if (!widen || t.dtype == DType::F32) return memory(t);
+  rows_plus_bias(f32_at(dst, rows, cols, t), cols, t, cols, Tensor(), rows, cols);
+  return dst;
+}
+
+// dst[M,N] += op(A) @ op(B) (A, B of type ab), rounded once into dst: by cuBLASLt directly
+// when it takes dst's type with these operands, else through the f32 scratch `tmp`.
+void accumulate_gemm(const Tensor& dst, void* tmp, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N,
+                     int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb) {
+  Device& device = *dst.device;
+  if (ab != CUDA_R_32F || dst.dtype == DType::F32)
+    return gemm(device, ab, ta, tb, M, N, K, A, lda, B, ldb, 1.0f, memory(dst), N, nullptr, lt_type(dst.dtype));
+  const Tensor acc = f32_at(tmp, M, N, dst);
+  rows_plus_bias(acc, N, dst, N, Tensor(), M, N);
+  gemm(device, ab, ta, tb, M, N, K, A, lda, B, ldb, 1.0f, tmp, N);
+  rows_plus_bias(dst, N, acc, N, Tensor(), M, N);
+}
+
+void forward_16bit(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias, int64_t N,
+                   int64_t C, int64_t OC) {
+  const bool widen = inp.dtype != weight.dtype;
+  const cudaDataType_t ab = widen ? CUDA_R_32F : lt_type(inp.dtype);
+  const bool direct = (ab != CUDA_R_32F || out.dtype == DType::F32) && (bias.empty() || bias.dtype == out.dtype);
+  const Pieces scratch(*out.device, {widen ? size_t(N * C) * 4 : 0, widen ? size_t(OC * C) * 4 : 0,
+                                     direct ? 0 : size_t(N * OC) * 4});
+  const void* x = operand(scratch[0], inp, N, C, widen);
+  const void* w = operand(scratch[1], weight, OC, C, widen);
+  if (direct)
+    return gemm(*out.device, ab, false, true, N, OC, C, x, C, w, C, 0.0f, memory(out), OC, memory(bias),
+                lt_type(out.dtype));
+  gemm(*out.device, ab, false, true, N, OC, C, x, C, w, C, 0.0f, scratch[2], OC);
+  rows_plus_bias(out, OC, f32_at(scratch[2], N, OC, out), OC, bias, N, OC);
+}
+
+void backward_16bit(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                    const Tensor& weight, int64_t N, int64_t C, int64_t OC) {
+  const bool widen = dout.dtype != weight.dtype || dout.dtype != inp.dtype;
+  const cudaDataType_t ab = widen ? CUDA_R_32F : lt_type(dout.dtype);
+  auto via_scratch = [&](const Tensor& d) { return !d.empty() && ab == CUDA_R_32F && d.dtype != DType::F32; };
+  const Pieces scratch(*dout.device, {widen ? size_t(N * OC) * 4 : 0, widen && !dinp.empty() ? size_t(OC * C) * 4 : 0,
+                                      widen && !dweight.empty() ? size_t(N * C) * 4 : 0,
+                                      via_scratch(dinp) ? size_t(N * C) * 4 : 0,
+                                      via_scratch(dweight) ? size_t(OC * C) * 4 : 0});
+  const void* g = operand(scratch[0], dout, N, OC, widen);
+  if (!dinp.empty())
+    accumulate_gemm(dinp, scratch[3], ab, false, false, N, C, OC, g, OC, operand(scratch[1], weight, OC, C, widen), C);
+  if (!dweight.empty())
+    accumulate_gemm(dweight, scratch[4], ab, true, false, OC, C, N, g, OC, operand(scratch[2], inp, N, C, widen), C);
 }
 
 void check_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
@@ -203,11 +300,17 @@ void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbi
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
   check_forward(out, inp, weight, bias);
+  check_floating("linear_forward", {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   Device& device = *out.device;
+  if (!all_f32({&out, &inp, &weight, &bias})) {
+    check_math_mode(mode, "linear_forward");
+    if (C == 0) return bias.empty() ? fill_zero(out) : rows_plus_bias(out, OC, bias, 0, Tensor(), N, OC);
+    return forward_16bit(out, inp, weight, bias, N, C, OC);
+  }
   if (C == 0) {  // an empty product: out is the bias, or zeros
     if (bias.empty()) return fill_zero(out);
-    CudaLaunch(out, "broadcast_bias").tensor(out).tensor(bias).scalar<int64_t>(OC).scalar<int32_t>(0).run(OC, N);
+    CudaLaunch(out, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).scalar<int32_t>(0).run(OC, N);
     return;
   }
   if (mode == MathMode::F32) {
@@ -225,7 +328,7 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode
   }
   // FP16: the bias rounded to half first, the product added onto it, the sum rounded.
   if (!bias.empty())
-    CudaLaunch(out, "broadcast_bias").tensor(out).tensor(bias).scalar<int64_t>(OC).scalar<int32_t>(1).run(OC, N);
+    CudaLaunch(out, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).scalar<int32_t>(1).run(OC, N);
   gemm(device, CUDA_R_16F, false, true, N, OC, C, x, C, w, C, bias.empty() ? 0.0f : 1.0f, f32(out), OC);
   CudaLaunch(out, "round_fp16_inplace").tensor(out).run(N * OC);
 }
@@ -233,8 +336,15 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      MathMode mode) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
+  check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
+                                     {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   Device& device = *dout.device;
+  if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight})) {
+    check_math_mode(mode, "linear_backward");
+    if (!dbias.empty()) column_sums(dbias, dout, false);
+    return backward_16bit(dinp, dweight, dout, inp, weight, N, C, OC);
+  }
   if (mode == MathMode::F32) {
     if (!dinp.empty()) gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, 1.0f, f32(dinp), C);
     if (!dweight.empty())
@@ -285,18 +395,15 @@ void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
   TESSERA_CHECK(OC > 0 && out.ndim() >= 1 && out.dim(-1) == OC && inp.numel() == out.numel() && inp.dim(-1) == OC,
                 "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
                     shape_str(bias.shape));
-  CudaLaunch(out, "bias_add_forward")
-      .tensor(out)
-      .tensor(inp)
-      .tensor(bias)
-      .scalar<int64_t>(OC)
-      .run(OC, out.numel() / OC);
+  check_floating("bias_add_forward", {{"out", out}, {"inp", inp}, {"bias", bias}});
+  rows_plus_bias(out, OC, inp, OC, bias, out.numel() / OC, OC);
 }
 
 void bias_add_backward(Tensor dbias, Tensor dout) {
   const int64_t OC = dbias.numel();
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  check_floating("bias_add_backward", {{"dbias", dbias}, {"dout", dout}});
   column_sums(dbias, dout, false);
 }
 

@@ -4,6 +4,7 @@
 
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
+#include "tessera/ops/kernels/float_args.h"
 
 namespace tessera::ops::cuda {
 namespace {
@@ -19,10 +20,10 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
                 "sum_squares: slot " + std::to_string(slot) + " outside sums " + shape_str(sums.shape));
   const int64_t n = t.numel();
   if (n == 0) return;
-  t.check_dtype(DType::F32);
+  check_floating("sum_squares", {{"t", t}});
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   const ScratchLease partial(*t.device, static_cast<size_t>(chunks * kLanes) * sizeof(double));
-  CudaLaunch(t, "sum_squares_lanes").pointer(partial.data()).tensor(t).scalar<int64_t>(n).run(kLanes, chunks);
+  CudaLaunch(t, "sum_squares_lanes").pointer(partial.data()).floats(t).scalar<int64_t>(n).run(kLanes, chunks);
   CudaLaunch(t, "sum_squares_add")
       .tensor(sums)
       .scalar<int64_t>(slot)
@@ -37,14 +38,15 @@ void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
   TESSERA_CHECK(sums.numel() == 2 && losses.numel() == mask.numel(),
                 "masked_loss_sums: sums " + shape_str(sums.shape) + ", losses " + shape_str(losses.shape) +
                     ", mask " + shape_str(mask.shape));
+  check_f32("masked_loss_sums", {{"losses", losses}, {"mask", mask}});
   CudaLaunch(losses, "masked_loss_sums").tensor(sums).tensor(losses).tensor(mask).scalar<int64_t>(losses.numel()).run(1);
 }
 
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where) {
-  out.check_dtype(DType::F32);
+  check_floating("init_normal", {{"out", out}});
   TESSERA_CHECK(where.cols > 0, "init_normal: ShardIndex.cols must be positive");
   CudaLaunch(out, "init_normal")
-      .tensor(out)
+      .floats(out)
       .scalar<float>(std)
       .scalar<uint32_t>(seed)
       .scalar<uint32_t>(tensor_id)

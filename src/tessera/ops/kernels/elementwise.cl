@@ -2,16 +2,15 @@
 // gelu.cpp, dropout.cpp, linear.cpp's bias_add, reductions.cpp's scale_inplace). One
 // work-item per element.
 
-__kernel void residual_forward(__global float* out, ulong out_off, __global const float* a, ulong a_off,
-                               __global const float* b, ulong b_off) {
+__kernel void residual_forward(FLOATS(out), CONST_FLOATS(a), CONST_FLOATS(b)) {
   const long i = get_global_id(0);
-  out[out_off + i] = a[a_off + i] + b[b_off + i];
+  STORE(out, i, LOAD(a, i) + LOAD(b, i));
 }
 
 // dst += src (the backward of a residual or of a disabled dropout).
-__kernel void accumulate(__global float* dst, ulong dst_off, __global const float* src, ulong src_off) {
+__kernel void accumulate(FLOATS(dst), CONST_FLOATS(src)) {
   const long i = get_global_id(0);
-  dst[dst_off + i] += src[src_off + i];
+  ADD_TO(dst, i, LOAD(src, i));
 }
 
 // GeLU (ops/cpu/gelu.cpp): tanh form as x * sigmoid(2u), erf form as x Phi(x).
@@ -20,22 +19,20 @@ __kernel void accumulate(__global float* dst, ulong dst_off, __global const floa
 #define INV_SQRT2 0.70710678118654752f
 #define INV_SQRT2PI 0.39894228040143268f
 
-__kernel void gelu_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off,
-                           int erf_kind) {
+__kernel void gelu_forward(FLOATS(out), CONST_FLOATS(inp), int erf_kind) {
   const long i = get_global_id(0);
-  const float x = inp[inp_off + i];
+  const float x = LOAD(inp, i);
   if (erf_kind) {
-    out[out_off + i] = 0.5f * x * (1.0f + erf_approx(x * INV_SQRT2));
+    STORE(out, i, 0.5f * x * (1.0f + erf_approx(x * INV_SQRT2)));
   } else {
     const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
-    out[out_off + i] = x * sigmoid_approx(2.0f * u);
+    STORE(out, i, x * sigmoid_approx(2.0f * u));
   }
 }
 
-__kernel void gelu_backward(__global float* dinp, ulong dinp_off, __global const float* dout, ulong dout_off,
-                            __global const float* inp, ulong inp_off, int erf_kind) {
+__kernel void gelu_backward(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), int erf_kind) {
   const long i = get_global_id(0);
-  const float x = inp[inp_off + i];
+  const float x = LOAD(inp, i);
   float d;
   if (erf_kind) {
     const float cdf = 0.5f * (1.0f + erf_approx(x * INV_SQRT2));
@@ -47,7 +44,7 @@ __kernel void gelu_backward(__global float* dinp, ulong dinp_off, __global const
     const float s = sigmoid_approx(2.0f * u);
     d = s + 2.0f * x * s * (1.0f - s) * du;
   }
-  dinp[dinp_off + i] += dout[dout_off + i] * d;
+  ADD_TO(dinp, i, LOAD(dout, i) * d);
 }
 
 // Dropout over [B, S]: work-item (Philox group q, sample b) draws one Philox call and
@@ -69,39 +66,37 @@ __kernel void gelu_backward(__global float* dinp, ulong dinp_off, __global const
     }                                                                                          \
   }
 
-__kernel void dropout_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off, long S,
-                              DROPOUT_PARAMS) {
-  DROPOUT_GROUPS_BODY(out[out_off + i] = inp[inp_off + i] * factor)
+__kernel void dropout_forward(FLOATS(out), CONST_FLOATS(inp), long S, DROPOUT_PARAMS) {
+  DROPOUT_GROUPS_BODY(STORE(out, i, LOAD(inp, i) * factor))
 }
 
-__kernel void dropout_backward(__global float* dinp, ulong dinp_off, __global const float* dout, ulong dout_off,
-                               long S, DROPOUT_PARAMS) {
-  DROPOUT_GROUPS_BODY(dinp[dinp_off + i] += dout[dout_off + i] * factor)
+__kernel void dropout_backward(FLOATS(dinp), CONST_FLOATS(dout), long S, DROPOUT_PARAMS) {
+  DROPOUT_GROUPS_BODY(ADD_TO(dinp, i, LOAD(dout, i) * factor))
 }
 
-// out[n, o] = inp[n, o] + bias[o]; work-item (o, n).
-__kernel void bias_add_forward(__global float* out, ulong out_off, __global const float* inp, ulong inp_off,
-                               __global const float* bias, ulong bias_off, long OC) {
+// out[n, o] = inp[n, o] + bias[o] (just inp[n, o] when bias is absent) over a block of
+// rows with leading dimensions ld_out and ld_inp: bias_add_forward, and the block copies
+// (widening, rounding, adding the bias) of the 16-bit linear. Work-item (o, n).
+__kernel void rows_plus_bias(FLOATS(out), long ld_out, CONST_FLOATS(inp), long ld_inp, CONST_FLOATS(bias)) {
   const long o = get_global_id(0), n = get_global_id(1);
-  out[out_off + n * OC + o] = inp[inp_off + n * OC + o] + bias[bias_off + o];
+  const float v = LOAD(inp, n * ld_inp + o);
+  STORE(out, n * ld_out + o, bias ? v + LOAD(bias, o) : v);
 }
 
 // out[n, o] = bias[o], rounded to half when round_half (the FP16 linear's bias operand).
-__kernel void broadcast_bias(__global float* out, ulong out_off, __global const float* bias, ulong bias_off, long OC,
-                             int round_half) {
+__kernel void broadcast_bias(FLOATS(out), CONST_FLOATS(bias), long OC, int round_half) {
   const long o = get_global_id(0), n = get_global_id(1);
-  const float b = bias[bias_off + o];
-  out[out_off + n * OC + o] = round_half ? round_fp16(b) : b;
+  const float b = LOAD(bias, o);
+  STORE(out, n * OC + o, round_half ? round_fp16(b) : b);
 }
 
 // dbias[o] += column sum of dy[N, OC] (rounded to half when round_half: the FP16
 // linear's dbias contribution); one work-item per column, rows in order.
-__kernel void column_sums(__global float* dbias, ulong db_off, __global const float* dy, ulong dy_off, long N,
-                          long OC, int round_half) {
+__kernel void column_sums(FLOATS(dbias), CONST_FLOATS(dy), long N, long OC, int round_half) {
   const long o = get_global_id(0);
   float acc = 0.0f;
-  for (long n = 0; n < N; ++n) acc += dy[dy_off + n * OC + o];
-  dbias[db_off + o] += round_half ? round_fp16(acc) : acc;
+  for (long n = 0; n < N; ++n) acc += LOAD(dy, n * OC + o);
+  ADD_TO(dbias, o, round_half ? round_fp16(acc) : acc);
 }
 
 // The low-precision linear's operands: dst = round(src) for a rows x cols block with
@@ -125,12 +120,12 @@ __kernel void round_fp16_inplace(__global float* x, ulong x_off) {
   x[x_off + i] = round_fp16(x[x_off + i]);
 }
 
-__kernel void scale_inplace(__global float* x, ulong x_off, float scale) {
+__kernel void scale_inplace(FLOATS(x), float scale) {
   const long i = get_global_id(0);
-  x[x_off + i] *= scale;
+  STORE(x, i, LOAD(x, i) * scale);
 }
 
-__kernel void fill(__global float* out, ulong out_off, float value) { out[out_off + get_global_id(0)] = value; }
+__kernel void fill(FLOATS(out), float value) { STORE(out, get_global_id(0), value); }
 
 // ops.h convert: out = inp, widened on load and rounded once to out's dtype.
 __kernel void convert(FLOATS(out), CONST_FLOATS(inp)) {

@@ -1,7 +1,7 @@
 // The host side of kernels/dtype.cl, shared by the OpenCL and CUDA launchers: the dtype
 // codes the kernels read, and the checks each op runs on its tensors' dtypes before
 // launching (ops.h: floating tensors may be F32, BF16 or F16 unless the op keeps one in
-// F32), whose errors name the op, the argument and the dtype.
+// F32), whose errors name the op, the argument and the dtype, as the CPU backend's do.
 #pragma once
 
 #include <cstdint>
@@ -26,20 +26,23 @@ struct Arg {
   const Tensor& tensor;
 };
 
-// Every present tensor of `args` is F32, BF16 or F16.
+// Throws a runtime Error naming the op, the argument and its dtype unless every present
+// tensor of `args` is F32, BF16 or F16 (the messages of ops/cpu/storage.h's checks).
 inline void check_floating(const char* op, std::initializer_list<Arg> args) {
   for (const Arg& a : args)
-    TESSERA_CHECK(a.tensor.empty() || is_floating(a.tensor.dtype),
-                  std::string(op) + ": " + a.name + " has dtype " + std::string(dtype_name(a.tensor.dtype)) +
-                      "; it takes f32, bf16 or f16");
+    if (!a.tensor.empty() && !is_floating(a.tensor.dtype))
+      throw runtime_error(std::string(op) + ": " + a.name + " has dtype " + std::string(dtype_name(a.tensor.dtype)) +
+                              "; it must be f32, bf16 or f16",
+                          "pass a floating tensor (ops.h lists each op's arguments)");
 }
 
-// Every present tensor of `args` is F32 (the statistics and optimizer state ops.h keeps in fp32).
+// The same for the arguments ops.h keeps F32 (statistics, optimizer state).
 inline void check_f32(const char* op, std::initializer_list<Arg> args) {
   for (const Arg& a : args)
-    TESSERA_CHECK(a.tensor.empty() || a.tensor.dtype == DType::F32,
-                  std::string(op) + ": " + a.name + " has dtype " + std::string(dtype_name(a.tensor.dtype)) +
-                      "; it must be f32");
+    if (!a.tensor.empty() && a.tensor.dtype != DType::F32)
+      throw runtime_error(std::string(op) + ": " + a.name + " has dtype " + std::string(dtype_name(a.tensor.dtype)) +
+                              "; it must be f32",
+                          "ops.h keeps this argument in fp32 (statistics, optimizer state): allocate it as f32");
 }
 
 }  // namespace tessera::ops

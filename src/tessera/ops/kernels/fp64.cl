@@ -21,9 +21,9 @@ __kernel void masked_loss_sums(__global double* sums, ulong sums_off, __global c
 }
 
 // ops.h init_normal: one work-item per element.
-__kernel void init_normal(__global float* out, ulong out_off, float std, uint seed, uint tensor_id, long first,
+__kernel void init_normal(FLOATS(out), float std, uint seed, uint tensor_id, long first,
                           long cols, long full_cols) {
   const long e = get_global_id(0);
   const long full = first + (e / cols) * full_cols + e % cols;
-  out[out_off + e] = std * tessera_philox_normal(seed, tensor_id, (ulong)full);
+  STORE(out, e, std * tessera_philox_normal(seed, tensor_id, (ulong)full));
 }

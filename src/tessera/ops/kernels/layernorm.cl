@@ -1,66 +1,57 @@
 // LayerNorm over the last dimension (ops/cpu/layernorm.cpp): two-pass mean and variance.
 
 // One work-item per row.
-__kernel void layernorm_forward(__global float* out, ulong out_off, __global float* mean, ulong mean_off,
-                                __global float* rstd, ulong rstd_off, __global const float* inp, ulong inp_off,
-                                __global const float* weight, ulong w_off, __global const float* bias, ulong b_off,
-                                long C, float eps) {
-  const long n = get_global_id(0);
-  __global const float* x = inp + inp_off + n * C;
+__kernel void layernorm_forward(FLOATS(out), __global float* mean, ulong mean_off, __global float* rstd,
+                                ulong rstd_off, CONST_FLOATS(inp), CONST_FLOATS(weight), CONST_FLOATS(bias), long C,
+                                float eps) {
+  const long n = get_global_id(0), x = n * C;  // x: the row's first element
   float sum = 0.0f;
-  for (long c = 0; c < C; ++c) sum += x[c];
+  for (long c = 0; c < C; ++c) sum += LOAD(inp, x + c);
   const float mu = sum / (float)C;
   float sq = 0.0f;
   for (long c = 0; c < C; ++c) {
-    const float d = x[c] - mu;
+    const float d = LOAD(inp, x + c) - mu;
     sq += d * d;
   }
   const float rs = 1.0f / sqrt(sq / (float)C + eps);
-  __global float* y = out + out_off + n * C;
   for (long c = 0; c < C; ++c) {
-    const float v = (x[c] - mu) * rs * weight[w_off + c];
-    y[c] = bias ? v + bias[b_off + c] : v;
+    const float v = (LOAD(inp, x + c) - mu) * rs * LOAD(weight, c);
+    STORE(out, x + c, bias ? v + LOAD(bias, c) : v);
   }
   if (mean) mean[mean_off + n] = mu;
   if (rstd) rstd[rstd_off + n] = rs;
 }
 
 // dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one work-item per row.
-__kernel void layernorm_backward_input(__global float* dinp, ulong dinp_off, __global const float* dout,
-                                       ulong dout_off, __global const float* inp, ulong inp_off,
-                                       __global const float* weight, ulong w_off, __global const float* mean,
-                                       ulong mean_off, __global const float* rstd, ulong rstd_off, long C) {
-  const long n = get_global_id(0);
-  __global const float* x = inp + inp_off + n * C;
-  __global const float* dy = dout + dout_off + n * C;
-  __global const float* w = weight + w_off;
+__kernel void layernorm_backward_input(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
+                                       __global const float* mean, ulong mean_off, __global const float* rstd,
+                                       ulong rstd_off, long C) {
+  const long n = get_global_id(0), x = n * C;  // x: the row's first element
   const float m = mean[mean_off + n], r = rstd[rstd_off + n];
   float g_sum = 0.0f, gx_sum = 0.0f;
   for (long c = 0; c < C; ++c) {
-    const float g = dy[c] * w[c];
+    const float g = LOAD(dout, x + c) * LOAD(weight, c);
     g_sum += g;
-    gx_sum += g * ((x[c] - m) * r);
+    gx_sum += g * ((LOAD(inp, x + c) - m) * r);
   }
   const float g_mean = g_sum / (float)C, gx_mean = gx_sum / (float)C;
-  __global float* dx = dinp + dinp_off + n * C;
   for (long c = 0; c < C; ++c) {
-    const float xhat = (x[c] - m) * r;
-    dx[c] += (dy[c] * w[c] - g_mean - xhat * gx_mean) * r;
+    const float xhat = (LOAD(inp, x + c) - m) * r;
+    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - g_mean - xhat * gx_mean) * r);
   }
 }
 
 // dweight += sum over rows of dout * xhat, dbias += sum of dout; one work-item per channel.
-__kernel void layernorm_backward_params(__global float* dweight, ulong dw_off, __global float* dbias, ulong db_off,
-                                        __global const float* dout, ulong dout_off, __global const float* inp,
-                                        ulong inp_off, __global const float* mean, ulong mean_off,
-                                        __global const float* rstd, ulong rstd_off, long C, long N) {
+__kernel void layernorm_backward_params(FLOATS(dweight), FLOATS(dbias), CONST_FLOATS(dout), CONST_FLOATS(inp),
+                                        __global const float* mean, ulong mean_off, __global const float* rstd,
+                                        ulong rstd_off, long C, long N) {
   const long c = get_global_id(0);
   float acc_w = 0.0f, acc_b = 0.0f;
   for (long n = 0; n < N; ++n) {
-    const float dy = dout[dout_off + n * C + c];
-    acc_w += dy * ((inp[inp_off + n * C + c] - mean[mean_off + n]) * rstd[rstd_off + n]);
+    const float dy = LOAD(dout, n * C + c);
+    acc_w += dy * ((LOAD(inp, n * C + c) - mean[mean_off + n]) * rstd[rstd_off + n]);
     acc_b += dy;
   }
-  if (dweight) dweight[dw_off + c] += acc_w;
-  if (dbias) dbias[db_off + c] += acc_b;
+  if (dweight) ADD_TO(dweight, c, acc_w);
+  if (dbias) ADD_TO(dbias, c, acc_b);
 }

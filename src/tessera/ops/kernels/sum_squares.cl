@@ -8,14 +8,20 @@
 #define SQ_CHUNK 65536
 #define SQ_LANES 32
 
-__kernel void sum_squares_lanes(__global double* partial, __global const float* x, ulong x_off, long n) {
+__kernel void sum_squares_lanes(__global double* partial, CONST_FLOATS(x), long n) {
   const long j = get_global_id(0), c = get_global_id(1);
   const long i0 = c * SQ_CHUNK, i1 = min(n, i0 + SQ_CHUNK);
   const long full = i0 + (i1 - i0) / SQ_LANES * SQ_LANES;
   double acc = 0.0;
-  for (long i = i0 + j; i < full; i += SQ_LANES) acc += (double)x[x_off + i] * x[x_off + i];
+  for (long i = i0 + j; i < full; i += SQ_LANES) {
+    const double xi = LOAD(x, i);
+    acc += xi * xi;
+  }
   if (j == 0)
-    for (long i = full; i < i1; ++i) acc += (double)x[x_off + i] * x[x_off + i];
+    for (long i = full; i < i1; ++i) {
+      const double xi = LOAD(x, i);
+      acc += xi * xi;
+    }
   partial[c * SQ_LANES + j] = acc;
 }
 

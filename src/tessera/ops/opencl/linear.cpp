@@ -3,12 +3,25 @@
 // and the MathMode contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
-// BF16 and FP16 round each GEMM's operands into scratch buffers (round_block) and call
-// the f32 GEMM on them: a product of two bfloat16 or two half values is exact in f32, so
-// this is the arithmetic of a 16-bit GEMM with f32 accumulation (what the CPU backend
-// does too when it has no native bf16 kernel). FP16 also rounds each result to half before
-// it lands in its f32 output or gradient. Unlike the CPU, the weight is not tiled: the
-// scratch holds a whole rounded copy of W and of dout (fine for the sizes PoCL runs).
+// MathMode BF16 and FP16 (every tensor f32) round each GEMM's operands into scratch
+// buffers (round_block) and call the f32 GEMM on them: a product of two bfloat16 or two
+// half values is exact in f32, so this is the arithmetic of a 16-bit GEMM with f32
+// accumulation (what the CPU backend does too when it has no native bf16 kernel). FP16
+// also rounds each result to half before it lands in its f32 output or gradient. These
+// modes do not tile the weight: the scratch holds a whole rounded copy of W and of dout
+// (fine for the sizes PoCL runs).
+//
+// 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
+// BF16 or F16; MathMode stays F32): each 16-bit GEMM operand is widened exactly into f32
+// scratch and CLBlast's sgemm multiplies (a product of two 16-bit values is exact in f32,
+// so this is a 16-bit GEMM with f32 accumulation), and each result is rounded once: the
+// forward's GEMM lands in f32 scratch, then out = round(y + bias); a 16-bit gradient is
+// widened into f32 scratch, accumulates every product there, and is rounded back once.
+// The weight's rows (OC) go in tiles so that the scratch stays bounded for an LM head.
+#include <algorithm>
+#include <optional>
+
+#include "tessera/ops/kernels/float_args.h"
 #include "tessera/ops/opencl/cl_launch.h"
 #include "tessera/ops/opencl/opencl_ops.h"
 
@@ -71,12 +84,115 @@ void add_rounded_fp16(ClContext& cl, const Tensor& dst, const ClScratch& src, in
 void column_sums(const Tensor& dbias, const Tensor& dout, bool round_half) {
   const int64_t OC = dbias.numel(), N = dout.numel() / OC;
   ClLaunch(dout, "column_sums")
-      .tensor(dbias)
-      .tensor(dout)
+      .floats(dbias)
+      .floats(dout)
       .scalar<int64_t>(N)
       .scalar<int64_t>(OC)
       .scalar<int32_t>(round_half ? 1 : 0)
       .run(OC);
+}
+
+// out[r, c] = inp[r, c] + bias[c] (no bias: inp, converted) for a rows x cols block,
+// leading dimensions ld_out and ld_inp.
+void rows_plus_bias(const Tensor& out, int64_t ld_out, const Tensor& inp, int64_t ld_inp, const Tensor& bias,
+                    int64_t rows, int64_t cols) {
+  ClLaunch(out, "rows_plus_bias")
+      .floats(out)
+      .scalar<int64_t>(ld_out)
+      .floats(inp)
+      .scalar<int64_t>(ld_inp)
+      .floats(bias)
+      .run(cols, rows);
+}
+
+// MathMode rounds f32 tensors' GEMMs; 16-bit tensors carry their own precision.
+void check_math_mode(MathMode mode, const char* op) {
+  TESSERA_CHECK(mode == MathMode::F32, std::string(op) + ": a MathMode other than F32 applies to f32 tensors only; "
+                                                         "with bf16/f16 tensors pass MathMode::F32");
+}
+
+bool all_f32(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (!t->empty() && t->dtype != DType::F32) return false;
+  return true;
+}
+
+// The view of t from element `first` on (its shape only names the block).
+Tensor from(const Tensor& t, int64_t first, Shape shape) {
+  return Tensor(t.handle, t.offset + static_cast<size_t>(first) * dtype_size(t.dtype), t.dtype, std::move(shape),
+                t.device);
+}
+
+// Weight rows per tile of the 16-bit path: each converted block (W's rows, dout's columns,
+// the forward's result) holds at most about 4M f32 (16 MB), at least 64 rows.
+int64_t tile_rows(int64_t N, int64_t C) {
+  return std::max<int64_t>(64, (int64_t{1} << 22) / std::max<int64_t>({N, C, 1}));
+}
+
+// An f32 block for the GEMMs: the rows x cols block of t at element `first` (leading
+// dimension ld) in place when t is F32, else widened into `copy` (contiguous).
+class F32Block {
+ public:
+  F32Block(ClContext& cl, const Tensor& t, int64_t first, int64_t rows, int64_t cols, int64_t ld)
+      : t_(t), first_(first), rows_(rows), cols_(cols), ld_(ld) {
+    if (t.dtype == DType::F32) return;
+    copy_.emplace(cl, static_cast<size_t>(rows * cols) * sizeof(float));
+    rows_plus_bias(copy_tensor(), cols, from(t, first, {rows, cols}), ld, Tensor(), rows, cols);
+  }
+  Operand operand() const {
+    return copy_ ? Operand{copy_->mem(), 0, cols_} : Operand{cl_buffer(t_), cl_offset(t_) + first_, ld_};
+  }
+  // A widened copy rounds back into t once (an accumulated gradient).
+  void store() const {
+    if (copy_) rows_plus_bias(from(t_, first_, {rows_, cols_}), ld_, copy_tensor(), cols_, Tensor(), rows_, cols_);
+  }
+
+ private:
+  Tensor copy_tensor() const { return Tensor(copy_->mem(), 0, DType::F32, {rows_, cols_}, t_.device); }
+  const Tensor& t_;
+  int64_t first_, rows_, cols_, ld_;
+  std::optional<ClScratch> copy_;
+};
+
+// The 16-bit forward, by tiles of weight rows: y = inp @ W[o0:o1]^T in f32 scratch, then
+// out[:, o0:o1] = round(y + bias[o0:o1]).
+void forward_16bit(ClContext& cl, const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                   int64_t N, int64_t C, int64_t OC) {
+  const F32Block x(cl, inp, 0, N, C, C);
+  const int64_t tile = tile_rows(N, C);
+  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
+    const int64_t rows = std::min(tile, OC - o0);
+    const F32Block w(cl, weight, o0 * C, rows, C, C);
+    const ClScratch y(cl, static_cast<size_t>(N * rows) * sizeof(float));
+    sgemm(cl, false, true, N, rows, C, x.operand(), w.operand(), 0.0f, scratch_operand(y, rows));
+    rows_plus_bias(from(out, o0, {N, rows}), OC, Tensor(y.mem(), 0, DType::F32, {N, rows}, out.device), rows,
+                   bias.empty() ? Tensor() : from(bias, o0, {rows}), N, rows);
+  }
+}
+
+// The 16-bit backward, by tiles of weight rows (dout's columns): dinp accumulates every
+// tile's dout[:, o0:o1] @ W[o0:o1] in f32 and is rounded once at the end; each tile of
+// dweight rows gets its dout[:, o0:o1]^T @ inp.
+void backward_16bit(ClContext& cl, const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                    const Tensor& weight, int64_t N, int64_t C, int64_t OC) {
+  std::optional<F32Block> dx, x;
+  if (!dinp.empty()) dx.emplace(cl, dinp, 0, N, C, C);
+  if (!dweight.empty()) x.emplace(cl, inp, 0, N, C, C);
+  const int64_t tile = tile_rows(N, C);
+  for (int64_t o0 = 0; o0 < OC; o0 += tile) {
+    const int64_t rows = std::min(tile, OC - o0);
+    const F32Block g(cl, dout, o0, N, rows, OC);
+    if (dx) {
+      const F32Block w(cl, weight, o0 * C, rows, C, C);
+      sgemm(cl, false, false, N, C, rows, g.operand(), w.operand(), 1.0f, dx->operand());
+    }
+    if (x) {
+      const F32Block dw(cl, dweight, o0 * C, rows, C, C);
+      sgemm(cl, true, false, rows, C, N, g.operand(), x->operand(), 1.0f, dw.operand());
+      dw.store();
+    }
+  }
+  if (dx) dx->store();
 }
 
 void check_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
@@ -102,12 +218,18 @@ void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbi
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode mode) {
   check_forward(out, inp, weight, bias);
+  check_floating("linear_forward", {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   ClContext& cl = context_of(out);
+  if (!all_f32({&out, &inp, &weight, &bias})) {
+    check_math_mode(mode, "linear_forward");
+    if (C == 0) return bias.empty() ? fill_zero(out) : rows_plus_bias(out, OC, bias, 0, Tensor(), N, OC);
+    return forward_16bit(cl, out, inp, weight, bias, N, C, OC);
+  }
   // The bias broadcast into out (rounded to half for FP16), and the GEMM adds onto it.
   const bool fp16 = mode == MathMode::FP16;
   if (!bias.empty())
-    ClLaunch(cl, "broadcast_bias").tensor(out).tensor(bias).scalar<int64_t>(OC).scalar<int32_t>(fp16).run(OC, N);
+    ClLaunch(cl, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).scalar<int32_t>(fp16).run(OC, N);
   const float beta = bias.empty() ? 0.0f : 1.0f;
   if (C == 0) {  // an empty product: out is the bias, or zeros
     if (bias.empty()) fill_zero(out);
@@ -126,8 +248,15 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, MathMode
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      MathMode mode) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
+  check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
+                                     {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   ClContext& cl = context_of(dout);
+  if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight})) {
+    check_math_mode(mode, "linear_backward");
+    if (!dbias.empty()) column_sums(dbias, dout, false);
+    return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC);
+  }
   if (mode == MathMode::F32) {
     if (!dinp.empty()) sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), 1.0f, operand(dinp, C));
     if (!dweight.empty())
@@ -172,13 +301,15 @@ void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
   TESSERA_CHECK(OC > 0 && out.ndim() >= 1 && out.dim(-1) == OC && inp.numel() == out.numel() && inp.dim(-1) == OC,
                 "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
                     shape_str(bias.shape));
-  ClLaunch(out, "bias_add_forward").tensor(out).tensor(inp).tensor(bias).scalar<int64_t>(OC).run(OC, out.numel() / OC);
+  check_floating("bias_add_forward", {{"out", out}, {"inp", inp}, {"bias", bias}});
+  rows_plus_bias(out, OC, inp, OC, bias, out.numel() / OC, OC);
 }
 
 void bias_add_backward(Tensor dbias, Tensor dout) {
   const int64_t OC = dbias.numel();
   TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
                 "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  check_floating("bias_add_backward", {{"dbias", dbias}, {"dout", dout}});
   column_sums(dbias, dout, false);
 }
 

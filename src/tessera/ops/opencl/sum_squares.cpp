@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tessera/ops/opencl/cl_launch.h"
+#include "tessera/ops/kernels/float_args.h"
 #include "tessera/ops/opencl/opencl_ops.h"
 
 namespace tessera::ops::opencl {
@@ -34,7 +35,7 @@ void check_sums(const Tensor& sums, int64_t count, const char* op) {
 void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   check_sums(sums, slot + 1, "sum_squares");
   TESSERA_CHECK(slot >= 0, "sum_squares: negative slot");
-  t.check_dtype(DType::F32);
+  check_floating("sum_squares", {{"t", t}});
   const int64_t n = t.numel();
   if (n == 0) return;
   ClContext& cl = context_of(t);
@@ -46,7 +47,7 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   }
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   const ClScratch partial(cl, static_cast<size_t>(chunks * kLanes) * sizeof(double));
-  ClLaunch::fp64(cl, "sum_squares_lanes").buffer(partial.mem()).tensor(t).scalar<int64_t>(n).run(kLanes, chunks);
+  ClLaunch::fp64(cl, "sum_squares_lanes").buffer(partial.mem()).floats(t).scalar<int64_t>(n).run(kLanes, chunks);
   ClLaunch::fp64(cl, "sum_squares_add").tensor(sums).scalar<int64_t>(slot).buffer(partial.mem()).scalar<int64_t>(chunks).run(1);
 }
 
@@ -54,6 +55,7 @@ void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
   check_sums(sums, 2, "masked_loss_sums");
   TESSERA_CHECK(losses.numel() == mask.numel(), "masked_loss_sums: losses " + shape_str(losses.shape) + ", mask " +
                                                     shape_str(mask.shape));
+  check_f32("masked_loss_sums", {{"losses", losses}, {"mask", mask}});
   ClContext& cl = context_of(losses);
   if (!cl.info().fp64) {
     HostCopy host_sums(sums), host_losses(losses), host_mask(mask);
@@ -65,7 +67,7 @@ void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
 }
 
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where) {
-  out.check_dtype(DType::F32);
+  check_floating("init_normal", {{"out", out}});
   TESSERA_CHECK(where.cols > 0, "init_normal: ShardIndex.cols must be positive");
   ClContext& cl = context_of(out);
   if (!cl.info().fp64) {
@@ -75,7 +77,7 @@ void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, Shard
     return;
   }
   ClLaunch::fp64(cl, "init_normal")
-      .tensor(out)
+      .floats(out)
       .scalar<float>(std)
       .scalar<uint32_t>(seed)
       .scalar<uint32_t>(tensor_id)
