@@ -11,6 +11,8 @@
   at TP=2 x DP=2 with it, each continuing with the uninterrupted run's losses (1e-5); a
   checkpoint missing its optimizer file is an error naming the file; `ckpt inspect --summary`
   says which optimizer saved it;
+- bf16 parameters (fp32 main pieces) train as with the replicated optimizer, and a bf16
+  checkpoint saved at DP=2 resumes at DP=4;
 - --overlap-param-gather without the distributed optimizer is a usage error.
 usage: distributed_optimizer_test.py TESSERA_BINARY"""
 import json
@@ -119,6 +121,24 @@ def test_resharding(tmp, reference):
     print("ok  a missing optimizer file is named", flush=True)
 
 
+def test_bf16(tmp):
+    """bf16 parameters: the distributed optimizer's fp32 main pieces give the replicated
+    optimizer's run, and a bf16 checkpoint saved at DP=2 (fp32 main values) resumes at DP=4."""
+    bf16 = ["--bf16"]
+    plain = os.path.join(tmp, "bf16_plain.jsonl")
+    run(2, bf16 + ["--log-json", plain])
+    reference = records(plain)
+    sharded = os.path.join(tmp, "bf16_sharded.jsonl")
+    run(2, bf16 + OVERLAPPED + ["--log-json", sharded])
+    compare(reference, records(sharded), "bf16 DP=2 overlapped")
+    save = os.path.join(tmp, "bf16_ckpt")
+    run(2, bf16 + DISTRIBUTED + ["--save", save, "--save-interval", "2", "--exit-interval", "2"])
+    resumed = os.path.join(tmp, "bf16_resumed.jsonl")
+    run(4, bf16 + DISTRIBUTED + ["--load", save, "--log-json", resumed])
+    compare(reference[2:], records(resumed), "bf16 DP=2 -> DP=4")
+    print("ok  bf16: DP=2 overlapped, resume DP=2 -> DP=4", flush=True)
+
+
 def test_bad_flags():
     p = run(1, ["--overlap-param-gather"], expect_rc=2)
     assert "--use-distributed-optimizer" in p.stderr, p.stderr[-2000:]
@@ -132,6 +152,7 @@ def main():
         assert len(reference) == 4
         test_layouts(tmp, reference, optimizer_bytes(p.stdout + p.stderr)[0])
         test_resharding(tmp, reference)
+        test_bf16(tmp)
         test_bad_flags()
         print("ok  --overlap-param-gather alone is refused")
 

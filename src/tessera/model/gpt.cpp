@@ -321,7 +321,8 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   params_slab_ = Buffer(device, numel * dtype_size(param_dtype));
   grads_slab_ = Buffer(device, numel * sizeof(float));
   for (size_t i = 0; i < shards_.size(); ++i) {
-    TESSERA_CHECK(buffer_layout_.params[i].numel == shards_[i].numel(), "the buffer layout is not for this model's parameters");
+    TESSERA_CHECK(buffer_layout_.params[i].numel == shards_[i].numel(),
+                  "the buffer layout is not for this model's parameters");
     const size_t start = static_cast<size_t>(buffer_layout_.params[i].start);
     params_.push_back(tensor_at(params_slab_, start * dtype_size(param_dtype), param_dtype, shards_[i].shape));
     grads_.push_back(tensor_at(grads_slab_, start * sizeof(float), DType::F32, shards_[i].shape));
@@ -382,7 +383,9 @@ int64_t GPTModel::num_parameters() const {
 
 size_t GPTModel::activation_bytes() const { return acts_slab_.bytes(); }
 
-Tensor GPTModel::param_buffer() const { return tensor_at(params_slab_, 0, DType::F32, {buffer_layout_.numel}); }
+Tensor GPTModel::param_buffer() const {
+  return tensor_at(params_slab_, 0, config_.params_dtype, {buffer_layout_.numel});
+}
 Tensor GPTModel::grad_buffer() const { return tensor_at(grads_slab_, 0, DType::F32, {buffer_layout_.numel}); }
 
 Tensor GPTModel::logits() const {

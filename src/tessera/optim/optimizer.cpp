@@ -26,13 +26,15 @@ Optimizer::Optimizer(const OptimizerConfig& config, std::vector<OptimizerParam> 
     exp_avg_.push_back(tensor_at(state_a_, offsets[i], DType::F32, p.param.shape));
     if (config.kind == OptimizerKind::Adam)
       exp_avg_sq_.push_back(tensor_at(state_b_, offsets[i], DType::F32, p.param.shape));
-    if (p.param.dtype == DType::F32) {
-      main_.push_back(p.param);
-    } else {
-      main_.push_back(tensor_at(main_slab_, main_offsets[i], DType::F32, p.param.shape));
-      ops::convert(main_.back(), p.param);  // widening is exact
-    }
+    main_.push_back(p.param.dtype == DType::F32 ? p.param
+                                                 : tensor_at(main_slab_, main_offsets[i], DType::F32, p.param.shape));
   }
+  copy_params_to_main();
+}
+
+void Optimizer::copy_params_to_main() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].param.dtype != DType::F32) ops::convert(main_[i], params_[i].param);  // widening is exact
 }
 
 std::vector<const char*> Optimizer::state_kinds() const {

@@ -62,8 +62,11 @@ class Optimizer {
   std::vector<const char*> state_kinds() const;
   // Parameter i's fp32 main values: the parameter itself when it is F32, else the copy.
   Tensor main_param(size_t i) const { return main_[i]; }
-  // After main values were loaded (a checkpoint): rounds them into the 16-bit parameters.
+  // Rounds the main values into the 16-bit parameters (after each step).
   void copy_main_to_params();
+  // Widens the 16-bit parameters into their main copies (at construction; also for 16-bit
+  // weights that arrive without their main values, such as an import).
+  void copy_params_to_main();
   const std::vector<OptimizerParam>& params() const { return params_; }
   // Bytes of state allocated here (moments, momentum, main copies): what sharding divides.
   size_t state_bytes() const { return state_a_.bytes() + state_b_.bytes() + main_slab_.bytes(); }

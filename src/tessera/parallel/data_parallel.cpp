@@ -29,10 +29,11 @@ DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor 
   TESSERA_CHECK(!options.overlap_param_gather || options.distributed_optimizer,
                 "--overlap-param-gather needs the distributed optimizer");
   const int dp_size = dp.size(), rank = dp.rank();
-  if (options.distributed_optimizer) shard_ = Buffer(device, static_cast<size_t>(layout.numel / dp_size) * sizeof(float));
-  const Tensor shard_all = options.distributed_optimizer
-                               ? tensor_at(shard_, 0, DType::F32, {layout.numel / dp_size})
-                               : Tensor();
+  Tensor shard_all;
+  if (options.distributed_optimizer) {
+    shard_ = Buffer(device, static_cast<size_t>(layout.numel / dp_size) * sizeof(float));
+    shard_all = tensor_at(shard_, 0, DType::F32, {layout.numel / dp_size});
+  }
   int64_t shard_at = 0;
   for (size_t bi = 0; bi < layout.buckets.size(); ++bi) {
     const GradBufferLayout::Bucket& lb = layout.buckets[bi];
@@ -48,7 +49,8 @@ DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor 
         const GradBufferLayout::Param& lp = layout.params[p];
         const int64_t lo = std::max(lp.start, own_begin), hi = std::min(lp.start + lp.numel, own_end);
         if (lo >= hi) continue;
-        owned_.push_back({p, lo - lp.start, hi - lp.start, flat_range(shard_all, shard_at + lo - own_begin, shard_at + hi - own_begin),
+        const int64_t in_shard = shard_at - own_begin;  // shard position of buffer element 0
+        owned_.push_back({p, lo - lp.start, hi - lp.start, flat_range(shard_all, in_shard + lo, in_shard + hi),
                           flat_range(param_buffer, lo, hi)});
       }
       shard_at += own_end - own_begin;
@@ -56,7 +58,8 @@ DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor 
     buckets_.push_back(std::move(b));
   }
   // Pieces in registration order, as the optimizer lists parameters.
-  std::stable_sort(owned_.begin(), owned_.end(), [](const OwnedPiece& a, const OwnedPiece& b) { return a.param < b.param; });
+  std::stable_sort(owned_.begin(), owned_.end(),
+                   [](const OwnedPiece& a, const OwnedPiece& b) { return a.param < b.param; });
 }
 
 DataParallelBuckets::~DataParallelBuckets() {

@@ -15,7 +15,8 @@ int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / mult
 GradBufferLayout build_grad_buffer_layout(const std::vector<int64_t>& numels, const GradBufferOptions& o,
                                           const std::vector<bool>& own_bucket) {
   TESSERA_CHECK(o.data_parallel >= 1 && o.bucket_size >= 1, "grad buffer: bad data-parallel size or bucket size");
-  TESSERA_CHECK(own_bucket.empty() || own_bucket.size() == numels.size(), "grad buffer: one own_bucket flag per parameter");
+  TESSERA_CHECK(own_bucket.empty() || own_bucket.size() == numels.size(),
+                "grad buffer: one own_bucket flag per parameter");
   GradBufferLayout layout;
   layout.data_parallel = o.data_parallel;
   layout.params.resize(numels.size());

@@ -129,9 +129,8 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
     if (args.overlap_param_gather)
       model.set_params_needed([this](size_t first, size_t end) { dp_buckets_->wait_params(first, end); });
   }
-  optimizer_ = std::make_unique<Optimizer>(args.optimizer,
-                                           optimizer_params(model, distributed_optimizer() ? dp_buckets_.get() : nullptr),
-                                           device);
+  const DataParallelBuckets* sharded = distributed_optimizer() ? dp_buckets_.get() : nullptr;
+  optimizer_ = std::make_unique<Optimizer>(args.optimizer, optimizer_params(model, sharded), device);
   // What sharding divides: Adam's moments (and fp32 main copies), per rank.
   log_info(" > optimizer state on rank %d: %zu bytes (%s)", log_rank(), optimizer_->state_bytes(),
            distributed_optimizer() ? "distributed optimizer: this data-parallel rank's shard" : "whole");

@@ -337,14 +337,18 @@ Trainer::HostOptimizerState Trainer::host_optimizer_state(bool with_embedding_co
   return state;
 }
 
+namespace {
+
 // The optimizer's state tensors of kind k, one per owned piece (its parameters), in order.
-static std::vector<Tensor> state_of_kind(const Optimizer& optimizer, size_t k) {
+std::vector<Tensor> state_of_kind(const Optimizer& optimizer, size_t k) {
   const size_t kinds = optimizer.state_kinds().size();
   const std::vector<Optimizer::StateTensor> all = optimizer.state_tensors();
   std::vector<Tensor> out;
   for (size_t j = k; j < all.size(); j += kinds) out.push_back(all[j].tensor);
   return out;
 }
+
+}  // namespace
 
 void Trainer::gather_optimizer_state(HostOptimizerState& state) const {
   for (size_t k = 0; k < state.buffers.size(); ++k)

@@ -75,6 +75,11 @@ TEST(OptimizerMainParams, SixteenBitParametersFollowTheirRoundedFp32Main) {
     const DeviceTensor rounded(dtype, main);
     EXPECT_EQ(param.values(), rounded.values());  // the parameter is the rounded main
     EXPECT_NE(param.values(), main);               // ...which differs from it in 16 bits
+    // Loaded 16-bit weights (a checkpoint) become the main values.
+    const DeviceTensor loaded(dtype, gradient(7));
+    copy_tensor(param.t, loaded.t);
+    opt.copy_params_to_main();
+    EXPECT_EQ(read_f32(opt.main_param(0)), loaded.values());
   }
 }
 

@@ -100,7 +100,8 @@ void check_distributed(int dp_size, int64_t bucket_size, bool overlap_gather) {
           EXPECT_NEAR(piece.grad.f32()[e - piece.begin], base + float(piece.param * 10 + e), 1e-4)
               << piece.param << " " << e;
         // The owner "updates" its piece: the parameter's element count plus the step.
-        for (int64_t e = piece.begin; e < piece.end; ++e) piece.value.f32()[e - piece.begin] = float(1000 * step + piece.param * 10 + e);
+        for (int64_t e = piece.begin; e < piece.end; ++e)
+          piece.value.f32()[e - piece.begin] = float(1000 * step + piece.param * 10 + e);
         owned += piece.end - piece.begin;
       }
       int64_t total = owned;
@@ -141,7 +142,8 @@ TEST(DataParallelBuckets, OptimizerStateThroughHostBuffers) {
     buckets.scatter_from_host(pieces, whole.data());
     for (size_t j = 0; j < buckets.owned_pieces().size(); ++j) {
       const DataParallelBuckets::OwnedPiece& piece = buckets.owned_pieces()[j];
-      for (int64_t e = piece.begin; e < piece.end; ++e) ASSERT_EQ(state[j][e - piece.begin], float(piece.param * 10 + e));
+      for (int64_t e = piece.begin; e < piece.end; ++e)
+        ASSERT_EQ(state[j][e - piece.begin], float(piece.param * 10 + e));
     }
   });
 }
