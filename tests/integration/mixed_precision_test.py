@@ -5,7 +5,8 @@
   and pure pipeline parallelism of an untied bf16 model gives the single process's bits;
 - the activation memory of a --bf16 run (the estimate, and the measured `max allocated` less
   the weights and optimizer) is at most 0.6x the fp32 run's, for GPT-2 124M at micro-batch 4,
-  sequence 256 (estimate, from --dry-run) and for a small model that really trains.
+  sequence 256 (estimate, from --dry-run) and for a small model that really trains;
+- the per-rank estimate with and without the distributed optimizer is what each rank allocates.
 usage: mixed_precision_test.py TESSERA_BINARY"""
 import os
 import re
@@ -104,9 +105,36 @@ def test_activation_memory():
           "(%.2fx)" % (ratio["bf16"], ratio["fp32"], ratio["bf16"] / ratio["fp32"]), flush=True)
 
 
+TOTAL = re.compile(r"Theoretical memory footprints: .* total=([\d.]+) MB")
+
+
+def test_distributed_optimizer_memory():
+    """Megatron's bytes per parameter with and without the distributed optimizer (bf16, DP=2):
+    the estimate every rank plans with is what each rank then allocates."""
+    flags = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "64",
+             "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "4",
+             "--tokenizer-type", "NullTokenizer", "--vocab-size", "5000", "--mock-data", "--train-iters", "2",
+             "--lr", "1e-4", "--eval-iters", "0", "--bf16"]
+    totals = {}
+    for tag, extra in (("replicated", []), ("distributed", ["--use-distributed-optimizer"])):
+        p = subprocess.run([mp.TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "train"] + flags + extra,
+                           capture_output=True, text=True, timeout=240, env=mp.env_without_launch())
+        assert p.returncode == 0, p.stderr[-3000:]
+        estimate = float(TOTAL.search(p.stdout).group(1))
+        measured = [float(x) for x in MEASURED.findall(p.stdout)]
+        assert len(measured) == 2, p.stdout[-2000:]
+        # The slabs are the estimate; the batch and the norm slots add well under 1%.
+        assert all(estimate <= m <= estimate * 1.01 for m in measured), (tag, estimate, measured)
+        totals[tag] = estimate
+    assert totals["distributed"] < 0.85 * totals["replicated"], totals
+    print("ok  bf16 DP=2 per rank: %.1f MB replicated, %.1f MB with the distributed optimizer (estimate = max "
+          "allocated)" % (totals["replicated"], totals["distributed"]), flush=True)
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_activation_memory()
+        test_distributed_optimizer_memory()
         test_bf16_layouts(tmp)
 
 

@@ -14,7 +14,9 @@ GPTMemoryEstimate estimate_gpt_memory(const GPTConfig& config, int micro_batch_s
   GPTMemoryEstimate e;
   e.num_parameters = sizes.num_parameters;
   e.parameter_bytes = sizes.params;
-  e.gradient_bytes = sizes.grads;
+  // The distributed optimizer reduce-scatters into a shard of its own (1/DP of the gradient
+  // buffer; Megatron reduces in place, which Gloo cannot).
+  e.gradient_bytes = sizes.grads + (shards > 1 ? f32_share : 0);
   e.main_parameter_bytes = config.params_dtype == DType::F32 ? 0 : f32_share;
   e.optimizer_bytes = 2 * f32_share;
   e.activation_bytes = sizes.activations;

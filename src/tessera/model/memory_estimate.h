@@ -7,7 +7,7 @@
 // for a 16-bit model: 2 (weight) + 4 (f32 gradient) + 4 (f32 main parameter) + 8 (Adam's
 // exp_avg and exp_avg_sq) = 18; with the distributed optimizer the last 12 are sharded over
 // the data-parallel ranks: 6 + 12/DP. An f32 model is its own main parameter (16, and
-// 8 + 8/DP).
+// 8 + 8/DP). tessera's distributed optimizer adds 4/DP for the shard it reduce-scatters into.
 #pragma once
 
 #include <cstddef>
@@ -23,7 +23,7 @@ namespace tessera {
 struct GPTMemoryEstimate {
   int64_t num_parameters = 0;       // held by this rank
   size_t parameter_bytes = 0;       // the parameter slab, in the model's dtype
-  size_t gradient_bytes = 0;        // the f32 gradient slab
+  size_t gradient_bytes = 0;        // the f32 gradient slab (and the distributed optimizer's reduced shard)
   size_t main_parameter_bytes = 0;  // the optimizer's f32 copy of 16-bit parameters
   size_t optimizer_bytes = 0;       // Adam: two f32 states per parameter
   size_t activation_bytes = 0;      // every activation slot and workspace
