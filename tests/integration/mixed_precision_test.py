@@ -3,6 +3,7 @@
 - parallel layouts in bf16 (TP=2, TP=2 with --sequence-parallel, PP=2, DP=2 with overlapped
   buckets, TP=2 x PP=2) stay within a stated tolerance of one bf16 process over 10 iterations,
   and pure pipeline parallelism of an untied bf16 model gives the single process's bits;
+- a bf16 resume is bit-exact, and a TP=2 bf16 checkpoint resumes at PP=2;
 - the activation memory of a --bf16 run (the estimate, and the measured `max allocated` less
   the weights and optimizer) is at most 0.6x the fp32 run's, for GPT-2 124M at micro-batch 4,
   sequence 256 (estimate, from --dry-run) and for a small model that really trains;
@@ -62,6 +63,25 @@ def test_bf16_layouts(tmp):
     got, _ = mp.train(tmp, "bf16 pp2 untied", 2, untied + ["--pipeline-model-parallel-size", "2"])
     mp.compare(single, got, "bf16 pp2 untied", exact=True)
     print("ok  pure PP of an untied bf16 model is bit-exact", flush=True)
+
+
+def test_bf16_checkpoints(tmp):
+    """tessera's checkpoints keep the f32 main parameters: a bf16 run stopped and resumed gives
+    the uninterrupted run's bits, and a TP=2 save resumes at PP=2 (resharded) within the
+    layout bound."""
+    straight, _ = mp.train(tmp, "bf16 straight", 1, BF16)
+    ckpt = os.path.join(tmp, "bf16_ckpt")
+    first, _ = mp.train(tmp, "bf16 first half", 1, BF16 + ["--save", ckpt, "--save-interval", "5",
+                                                           "--exit-interval", "5"])
+    second, _ = mp.train(tmp, "bf16 second half", 1, BF16 + ["--load", ckpt])
+    mp.compare(straight, first + second, "bf16 resume", exact=True)
+    tp_ckpt = os.path.join(tmp, "bf16_tp2_ckpt")
+    mp.train(tmp, "bf16 tp2 first half", 2, BF16 + ["--tensor-model-parallel-size", "2", "--save", tp_ckpt,
+                                                    "--save-interval", "5", "--exit-interval", "5"])
+    resharded, _ = mp.train(tmp, "bf16 pp2 second half", 2, BF16 + ["--pipeline-model-parallel-size", "2",
+                                                                     "--load", tp_ckpt])
+    compare_within(straight[5:], resharded, "bf16 TP=2 save resumed at PP=2")
+    print("ok  bf16 resume is bit-exact; a TP=2 bf16 checkpoint resumes at PP=2", flush=True)
 
 
 THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB, activation=([\d.]+) MB")
@@ -136,6 +156,7 @@ def main():
         test_activation_memory()
         test_distributed_optimizer_memory()
         test_bf16_layouts(tmp)
+        test_bf16_checkpoints(tmp)
 
 
 if __name__ == "__main__":
