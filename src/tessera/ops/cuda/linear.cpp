@@ -25,6 +25,10 @@
 #include "tessera/ops/cuda/cuda_ops.h"
 #include "tessera/ops/kernels/float_args.h"
 
+#define TESSERA_BACKEND cuda
+#include "tessera/ops/kernels/linear_host.inc"
+#undef TESSERA_BACKEND
+
 namespace tessera::ops::cuda {
 namespace {
 
@@ -157,35 +161,6 @@ class Pieces {
   ScratchLease lease_;
 };
 
-void column_sums(const Tensor& dbias, const Tensor& dout) {
-  const int64_t OC = dbias.numel(), N = dout.numel() / OC;
-  CudaLaunch(dout, "column_sums")
-      .floats(dbias)
-      .floats(dout)
-      .scalar<int64_t>(N)
-      .scalar<int64_t>(OC)
-      .run(OC);
-}
-
-// out[r, c] = inp[r, c] + bias[c] (no bias: inp, converted) for a rows x cols block,
-// leading dimensions ld_out and ld_inp.
-void rows_plus_bias(const Tensor& out, int64_t ld_out, const Tensor& inp, int64_t ld_inp, const Tensor& bias,
-                    int64_t rows, int64_t cols) {
-  CudaLaunch(out, "rows_plus_bias")
-      .floats(out)
-      .scalar<int64_t>(ld_out)
-      .floats(inp)
-      .scalar<int64_t>(ld_inp)
-      .floats(bias)
-      .run(cols, rows);
-}
-
-bool all_f32(std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : tensors)
-    if (!t->empty() && t->dtype != DType::F32) return false;
-  return true;
-}
-
 cudaDataType_t lt_type(DType t) {
   return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
 }
@@ -295,23 +270,6 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   if (!dinp.empty()) gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, 1.0f, f32(dinp), C);
   if (!dweight.empty())
     gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, 1.0f, f32(dweight), C);
-}
-
-void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
-  const int64_t OC = bias.numel();
-  TESSERA_CHECK(OC > 0 && out.ndim() >= 1 && out.dim(-1) == OC && inp.numel() == out.numel() && inp.dim(-1) == OC,
-                "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
-                    shape_str(bias.shape));
-  check_floating("bias_add_forward", {{"out", out}, {"inp", inp}, {"bias", bias}});
-  rows_plus_bias(out, OC, inp, OC, bias, out.numel() / OC, OC);
-}
-
-void bias_add_backward(Tensor dbias, Tensor dout) {
-  const int64_t OC = dbias.numel();
-  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
-                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
-  check_floating("bias_add_backward", {{"dbias", dbias}, {"dout", dout}});
-  column_sums(dbias, dout);
 }
 
 }  // namespace tessera::ops::cuda

@@ -21,6 +21,10 @@
 
 #include <clblast_c.h>
 
+#define TESSERA_BACKEND opencl
+#include "tessera/ops/kernels/linear_host.inc"
+#undef TESSERA_BACKEND
+
 namespace tessera::ops::opencl {
 namespace {
 
@@ -51,35 +55,6 @@ void sgemm(ClContext& cl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, Ope
 }
 
 Operand scratch_operand(const ClScratch& s, int64_t ld) { return {s.mem(), 0, ld}; }
-
-void column_sums(const Tensor& dbias, const Tensor& dout) {
-  const int64_t OC = dbias.numel(), N = dout.numel() / OC;
-  ClLaunch(dout, "column_sums")
-      .floats(dbias)
-      .floats(dout)
-      .scalar<int64_t>(N)
-      .scalar<int64_t>(OC)
-      .run(OC);
-}
-
-// out[r, c] = inp[r, c] + bias[c] (no bias: inp, converted) for a rows x cols block,
-// leading dimensions ld_out and ld_inp.
-void rows_plus_bias(const Tensor& out, int64_t ld_out, const Tensor& inp, int64_t ld_inp, const Tensor& bias,
-                    int64_t rows, int64_t cols) {
-  ClLaunch(out, "rows_plus_bias")
-      .floats(out)
-      .scalar<int64_t>(ld_out)
-      .floats(inp)
-      .scalar<int64_t>(ld_inp)
-      .floats(bias)
-      .run(cols, rows);
-}
-
-bool all_f32(std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : tensors)
-    if (!t->empty() && t->dtype != DType::F32) return false;
-  return true;
-}
 
 // The view of t from element `first` on (its shape only names the block).
 Tensor from(const Tensor& t, int64_t first, Shape shape) {
@@ -209,23 +184,6 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
     return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC);
   if (!dinp.empty()) sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), 1.0f, operand(dinp, C));
   if (!dweight.empty()) sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), 1.0f, operand(dweight, C));
-}
-
-void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
-  const int64_t OC = bias.numel();
-  TESSERA_CHECK(OC > 0 && out.ndim() >= 1 && out.dim(-1) == OC && inp.numel() == out.numel() && inp.dim(-1) == OC,
-                "bias_add: out " + shape_str(out.shape) + ", inp " + shape_str(inp.shape) + ", bias " +
-                    shape_str(bias.shape));
-  check_floating("bias_add_forward", {{"out", out}, {"inp", inp}, {"bias", bias}});
-  rows_plus_bias(out, OC, inp, OC, bias, out.numel() / OC, OC);
-}
-
-void bias_add_backward(Tensor dbias, Tensor dout) {
-  const int64_t OC = dbias.numel();
-  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
-                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
-  check_floating("bias_add_backward", {{"dbias", dbias}, {"dout", dout}});
-  column_sums(dbias, dout);
 }
 
 }  // namespace tessera::ops::opencl
