@@ -13,7 +13,8 @@
   says which optimizer saved it;
 - bf16 parameters (fp32 main pieces) train as with the replicated optimizer, and a bf16
   checkpoint saved at DP=2 resumes at DP=4;
-- --overlap-param-gather without the distributed optimizer is a usage error.
+- --overlap-param-gather without the distributed optimizer, and the distributed optimizer with
+  SGD (Megatron's is Adam only), are usage errors.
 usage: distributed_optimizer_test.py TESSERA_BINARY"""
 import json
 import os
@@ -142,6 +143,8 @@ def test_bf16(tmp):
 def test_bad_flags():
     p = run(1, ["--overlap-param-gather"], expect_rc=2)
     assert "--use-distributed-optimizer" in p.stderr, p.stderr[-2000:]
+    p = run(1, ["--use-distributed-optimizer", "--optimizer", "sgd"], expect_rc=2)
+    assert "--optimizer adam only" in p.stderr, p.stderr[-2000:]
 
 
 def main():

@@ -535,6 +535,10 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
 
   OptimizerConfig& o = a.optimizer;
   o.kind = p.get_string("--optimizer") == "sgd" ? OptimizerKind::SGD : OptimizerKind::Adam;
+  // Megatron's distributed optimizer is Adam only (megatron/core/optimizer/distrib_optimizer.py).
+  if (a.use_distributed_optimizer && o.kind != OptimizerKind::Adam)
+    throw usage_error("--use-distributed-optimizer works with --optimizer adam only",
+                      "drop --optimizer sgd, or drop --use-distributed-optimizer");
   o.adam_beta1 = static_cast<float>(p.get_float("--adam-beta1"));
   o.adam_beta2 = static_cast<float>(p.get_float("--adam-beta2"));
   o.adam_eps = static_cast<float>(p.get_float("--adam-eps"));
