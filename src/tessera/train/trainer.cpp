@@ -493,11 +493,11 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
   const double tflops_per_device =
       megatron_flops_per_iteration(args_, last.global_batch) / (ms_per_iter / 1000.0 * 1e12) / log_world_size();
   if (args_.log_throughput) {
-    // Megatron's one decimal reads 0.0 on a CPU: below 10, three significant digits.
+    // Megatron's one decimal reads 0.0 on a CPU: below 10, three significant digits (trailing zeros kept: 0.00780).
     if (tflops_per_device >= 10)
       std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.1f |", tflops_per_device);
     else
-      std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %.3g |", tflops_per_device);
+      std::snprintf(buf, sizeof(buf), " throughput per GPU (TFLOP/s/GPU): %#.3g |", tflops_per_device);
     line += buf;
   }
   std::snprintf(buf, sizeof(buf), " learning rate: %.6E |", lr_next);
