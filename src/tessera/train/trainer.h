@@ -113,12 +113,15 @@ class Trainer {
   // The norm slot of parameter i's gradient on this rank.
   size_t norm_slot(size_t i) const;
   bool distributed_optimizer() const { return dp_buckets_ && args_.use_distributed_optimizer; }
-  // Optimizer state of the distributed optimizer as whole parameters in host memory (save and
-  // load go through the same files as the non-distributed optimizer's).
+  // f32 values of whole parameters in host memory, one buffer over the gradient-buffer layout
+  // per name prefix, with checkpoint tensors "<prefix><parameter name>" viewing them.
   struct HostOptimizerState {
-    std::vector<std::vector<float>> buffers;  // per state kind, the full gradient-buffer layout
-    std::vector<ShardedTensor> tensors;       // "<kind>.<parameter name>" views into them
+    std::vector<std::vector<float>> buffers;
+    std::vector<ShardedTensor> tensors;
   };
+  HostOptimizerState host_whole_params(const std::vector<std::string>& prefixes, bool with_embedding_copy) const;
+  // Optimizer state of the distributed optimizer ("<kind>.<name>"; save and load go through the
+  // same files as the non-distributed optimizer's).
   HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
   void gather_optimizer_state(HostOptimizerState& state) const;
   void scatter_optimizer_state(const HostOptimizerState& state);

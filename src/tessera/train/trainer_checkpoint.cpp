@@ -321,20 +321,28 @@ void report_stale_checkpoint_saves(const std::string& dir) {
   }
 }
 
-Trainer::HostOptimizerState Trainer::host_optimizer_state(bool with_embedding_copy) const {
+// One host buffer over the whole buffer layout per name prefix, and a checkpoint tensor
+// "<prefix><parameter name>" per parameter viewing its range.
+Trainer::HostOptimizerState Trainer::host_whole_params(const std::vector<std::string>& prefixes,
+                                                       bool with_embedding_copy) const {
   HostOptimizerState state;
   const GradBufferLayout& layout = model_.buffer_layout();
-  const std::vector<const char*> kinds = optimizer_->state_kinds();
-  state.buffers.assign(kinds.size(), std::vector<float>(static_cast<size_t>(layout.numel), 0.0f));
+  state.buffers.assign(prefixes.size(), std::vector<float>(static_cast<size_t>(layout.numel), 0.0f));
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const ParamShard& s = model_.shards()[i];
     if (s.is_embedding_copy && !with_embedding_copy) continue;
-    for (size_t k = 0; k < kinds.size(); ++k)
-      state.tensors.push_back({std::string(kinds[k]) + "." + s.spec.name,
+    for (size_t k = 0; k < prefixes.size(); ++k)
+      state.tensors.push_back({prefixes[k] + s.spec.name,
                                Tensor(state.buffers[k].data() + layout.params[i].start, DType::F32, s.shape, nullptr),
                                s.spec.shape, s.split_dim, s.offset});
   }
   return state;
+}
+
+Trainer::HostOptimizerState Trainer::host_optimizer_state(bool with_embedding_copy) const {
+  std::vector<std::string> prefixes;
+  for (const char* kind : optimizer_->state_kinds()) prefixes.push_back(std::string(kind) + ".");
+  return host_whole_params(prefixes, with_embedding_copy);
 }
 
 namespace {
@@ -361,17 +369,7 @@ void Trainer::scatter_optimizer_state(const HostOptimizerState& state) {
 }
 
 Trainer::HostOptimizerState Trainer::host_main_params(bool with_embedding_copy) const {
-  HostOptimizerState main;
-  const GradBufferLayout& layout = model_.buffer_layout();
-  main.buffers.assign(1, std::vector<float>(static_cast<size_t>(layout.numel), 0.0f));
-  for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const ParamShard& s = model_.shards()[i];
-    if (s.is_embedding_copy && !with_embedding_copy) continue;
-    main.tensors.push_back({s.spec.name, Tensor(main.buffers[0].data() + layout.params[i].start, DType::F32, s.shape,
-                                                nullptr),
-                            s.spec.shape, s.split_dim, s.offset});
-  }
-  return main;
+  return host_whole_params({""}, with_embedding_copy);
 }
 
 // The optimizer's main parameters, one per optimizer parameter (whole parameters, or the
@@ -465,8 +463,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
     sharded = host_optimizer_state(false);
     gather_optimizer_state(sharded);
   }
-  HostOptimizerState main;
-  if (main_params_apart()) {
+  HostOptimizerState main;  // only DP rank 0 writes; the distributed optimizer's gather needs every rank
+  if (main_params_apart() && (dp == 0 || distributed_optimizer())) {
     main = host_main_params(false);
     gather_main_params(main);
   }
