@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 """16-bit storage (--bf16, --fp16; Megatron's Float16Module) through the command line:
+- one bf16 process on the strict test device gives the CPU's bits;
 - parallel layouts in bf16 (TP=2, TP=2 with --sequence-parallel, PP=2, DP=2 with overlapped
   buckets, TP=2 x PP=2) stay within a stated tolerance of one bf16 process over 10 iterations,
   and pure pipeline parallelism of an untied bf16 model gives the single process's bits;
@@ -52,6 +53,9 @@ def test_bf16_layouts(tmp):
     fp32, _ = mp.train(tmp, "fp32 single", 1, mp.NO_DROPOUT + mp.FOUR)
     assert [r["lm_loss"] for r in reference] != [r["lm_loss"] for r in fp32], "--bf16 changed nothing"
     compare_within(fp32, reference, "bf16 against fp32")
+    # The strict device (host memory the model may not read): the CPU kernels, the same bits.
+    strict, _ = mp.train(tmp, "bf16 strict", 1, BF16 + ["--device", "strict"])
+    mp.compare(reference, strict, "bf16 on the strict device", exact=True)
     for label, procs, flags in LAYOUTS:
         t0 = time.monotonic()
         got, _ = mp.train(tmp, label, procs, BF16 + flags)

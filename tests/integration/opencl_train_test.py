@@ -2,7 +2,7 @@
 """The OpenCL backend end to end, against the CPU backend (PoCL in CI); one part per run:
 - one-process: `tessera train --device opencl` on a small GPT gives the losses and gradient
   norms of `--device cpu` within 1e-5 relative over 10 iterations, dropout on, and the first
-  log lines name the device that ran;
+  log lines name the device that ran; with --bf16 (16-bit storage on both) within 2e-3;
 - launch: under `tessera launch`, TP=2 x DP=2 and PP=2 on OpenCL give one CPU process's
   numbers within 1e-5 (collectives staged through host memory);
 - checkpoint: a checkpoint saved on OpenCL resumes on the CPU with the next losses of an
@@ -49,7 +49,7 @@ def train(tmp, label, flags, procs=1):
     return [json.loads(l) for l in open(path)], p.stdout
 
 
-def compare(reference, other, label, first_iteration=1):
+def compare(reference, other, label, first_iteration=1, rtol=RTOL):
     got = [r["iteration"] for r in other]
     assert got == list(range(first_iteration, 11)), (label, got)
     by_iteration = {r["iteration"]: r for r in reference}
@@ -59,7 +59,7 @@ def compare(reference, other, label, first_iteration=1):
         for key in ("lm_loss", "grad_norm"):
             rel = abs(a[key] - b[key]) / abs(a[key])
             worst = max(worst, rel)
-            assert rel <= RTOL, (label, b["iteration"], key, a[key], b[key])
+            assert rel <= rtol, (label, b["iteration"], key, a[key], b[key])
     print("ok  %-28s iterations %d..10 within %.2g relative of the CPU" % (label, first_iteration, worst), flush=True)
 
 
@@ -79,6 +79,11 @@ def test_one_process(tmp, cpu):
     # Start-up names the device (after Megatron's argument block, before training starts).
     startup = out.split("training ...")[0].split("end of arguments")[-1]
     assert "> device: opencl:0, " in startup, "start-up does not name the device:\n" + startup
+    # 16-bit storage on both backends. A few f32 ulp from another summation order now and then
+    # flip a bf16 rounding (2^-9 relative): 4.3e-4 worst seen over the 10 iterations, bound 2e-3.
+    cpu_bf16, _ = train(tmp, "cpu bf16", ["--device", "cpu", "--bf16"])
+    ocl_bf16, _ = train(tmp, "opencl bf16", ["--device", "opencl", "--bf16"])
+    compare(cpu_bf16, ocl_bf16, "opencl bf16, 1 process", rtol=2e-3)
 
 
 def test_launch(tmp, cpu):
