@@ -82,6 +82,12 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd);
 
+// RMSNorm over the last dim (Megatron's --normalization RMSNorm, torch.nn.RMSNorm):
+// out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps), computed in f32 and rounded
+// once. inp, out: [N,C]; weight: [C]; saves rstd: f32 [N].
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
 // backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
 // (the same reduction as bias_add_backward).
@@ -128,6 +134,33 @@ struct AttentionBuffers {
   Shape scratch;
 };
 AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T, DType act_dtype);
+
+// Rotary position embedding (Megatron's --position-embedding-type rope, non-interleaved:
+// megatron/core/models/common/embeddings/rope_utils.py). Channels [0, dim) of each query and
+// key head are rotated, channel j < dim/2 paired with j + dim/2, by the angle
+// t * inv_freq[j mod dim/2] of the token's position t in the sequence (0..T-1: the batch's
+// position ids are not used, as in Megatron), inv_freq[i] = base^(-2i/dim), in f32;
+// channels [dim, HD) pass through. dim == 0: no rotation.
+struct Rope {
+  int64_t dim = 0;  // even; kv_channels * --rotary-percent
+  float base = 10000.0f;
+};
+// The fused QKV projection of (grouped-query) attention, laid out per head for
+// attention_forward. qkv: [B,T,NG*(R+2)*HD] in Megatron's grouped layout (for query group
+// g of NG, R = NH/NG query heads, then the group's key, then its value, each HD wide:
+// megatron/core/transformer/attention.py get_query_key_value_tensors); out:
+// [B,T,NH*3*HD], per head h = g*R + i: [q_h; k_g; v_g] with q and k rotated by `rope`.
+// NG == NH with rope.dim == 0 is a plain copy (GPT's layout is the grouped one with R = 1).
+void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope);
+// dqkv += the transpose: each head's dq rotated back; dk and dv summed over the R heads of
+// their group (in head order) and rotated back.
+void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope);
+
+// SwiGLU (Megatron's --swiglu: megatron/core/transformer/mlp.py glu): inp: [N,2F], each
+// row [gate | up] (this tensor-parallel rank's halves); out: [N,F] = silu(gate) * up,
+// silu(x) = x / (1 + exp(-x)), in f32, rounded once.
+void swiglu_forward(Tensor out, Tensor inp);
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);
 
 enum class GeluKind { Tanh, Erf };  // Megatron: tanh with bias-gelu fusion / --openai-gelu, erf otherwise
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
