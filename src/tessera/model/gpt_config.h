@@ -16,6 +16,9 @@ namespace tessera {
 // keeping from forward.
 enum class Recompute { None, Selective, Full };
 enum class RecomputeMethod { Uniform, Block };
+// Megatron's --normalization and --position-embedding-type.
+enum class Normalization { LayerNorm, RMSNorm };
+enum class PositionEmbedding { LearnedAbsolute, Rope, None };
 
 struct GPTConfig {
   int num_layers = 0;
@@ -37,7 +40,17 @@ struct GPTConfig {
   // do the statistics Megatron computes in f32 (norms, softmax, the loss).
   DType params_dtype = DType::F32;
   bool untie_embeddings_and_output_weights = false;
-  bool add_bias_linear = true;
+  bool add_bias_linear = true;  // biases of linear_qkv, linear_proj, fc1, fc2
+  bool add_qkv_bias = false;    // linear_qkv's bias even without the others (Qwen2's --add-qkv-bias)
+  // The Llama family (Megatron's --normalization RMSNorm, --position-embedding-type rope,
+  // --swiglu, --group-query-attention --num-query-groups).
+  Normalization normalization = Normalization::LayerNorm;
+  PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
+  float rotary_base = 10000.0f;
+  float rotary_percent = 1.0f;
+  // fc1 produces [gate | up] (2 * ffn_hidden_size) and silu(gate) * up feeds fc2.
+  bool swiglu = false;
+  int num_query_groups = 0;  // key/value heads; num_attention_heads without GQA
   uint32_t seed = 1234;
   // None; Selective: the attention core (probabilities) of every layer; Full: whole layers,
   // keeping only their inputs — Uniform: groups of recompute_num_layers layers, Block: the
@@ -47,6 +60,13 @@ struct GPTConfig {
   int recompute_num_layers = 1;
 
   int attention_width() const { return num_attention_heads * kv_channels; }
+  int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  // Rows of linear_qkv: the queries, plus one key and one value per query group.
+  int64_t qkv_width() const { return int64_t{num_attention_heads + 2 * query_groups()} * kv_channels; }
+  bool has_qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  bool has_layernorm_bias() const { return normalization == Normalization::LayerNorm; }
+  // Channels of each query/key head that RoPE rotates (Megatron: hn, or int(hn * percent)).
+  int rotary_dim() const;
 };
 
 // How a parameter starts (Megatron's init_method and output_layer_init_method in
@@ -66,7 +86,10 @@ struct ParamSpec {
 int padded_vocab_size(int vocab_size, int divisible_by, int tp_size);
 
 // All parameters of the model in Megatron's registration order. The word embedding doubles
-// as the output layer unless untie_embeddings_and_output_weights.
+// as the output layer unless untie_embeddings_and_output_weights. Full shapes, independent
+// of the parallel layout: with --swiglu linear_fc1's weight is [2, F, H] (its bias [2, F]):
+// the gate's rows, then the up projection's, which Megatron's torch_dist format also stores
+// as one [W_gate; W_up]; a tensor-parallel rank holds [gate_r; up_r], a slice of dim 1.
 std::vector<ParamSpec> gpt_param_specs(const GPTConfig& c);
 
 }  // namespace tessera
