@@ -26,7 +26,9 @@ from Debian's python3-torch. Writes
       grad.<megatron name> and megatron.<megatron name> F32: the gradient of that loss and the
       initial weights in Megatron's layout (megatron_layout below, an implementation of the
       mapping independent of tessera's C++ one).
-  DIR/expected_train.safetensors   tokens I32 [10, 4, 17]; lm_loss, grad_norm, lr F32 [10].
+  DIR/expected_train.safetensors   tokens I32 [10, 4, 17]; lm_loss, grad_norm, lr F32 [10]. The
+      tokens are those of `tessera train --mock-data` (mock_training_tokens), so that the CLI
+      in any parallel layout trains on exactly the reference's batches.
   DIR/expected_train_final.safetensors   <megatron name> F32 after the 10th update.
   DIR/train_config.json   hyper-parameters and megatron_args, the `tessera train` flags.
 """
@@ -41,6 +43,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "data"))
+import gpt_dataset_reference  # noqa: E402
 import megatron_training  # noqa: E402
 import safetensors_io  # noqa: E402
 from megatron_training import token_mean_loss  # noqa: E402
@@ -78,9 +82,26 @@ MODEL = {
 
 # Megatron's optimizer, schedule and batch as for GPT; the clip threshold sits between this
 # run's grad norms (see clipped_iterations) so that some iterations clip and others do not.
-TRAIN = dict(megatron_training.TRAIN, clip_grad=1.75)
+TRAIN = dict(megatron_training.TRAIN, clip_grad=1.95)
 
 FORWARD_BATCH = 2
+
+
+def mock_training_tokens(m, c, seed):
+    """tokens [iters, gbs, T+1]: the samples `tessera train --mock-data --seed SEED` trains on,
+    Megatron's MockGPTDataset as gpt_dataset_reference.py rebuilds it (split 1,1,1; one epoch,
+    so the number of samples asked for does not change them), with ids modulo the vocabulary
+    as tessera reduces the mock documents' (train/training_data.h). Iteration i's global
+    batch is samples [i*gbs, (i+1)*gbs)."""
+    V, T = m["vocab_size"], m["seq_length"]
+    iters, gbs = c["train_iters"], c["global_batch_size"]
+    config = gpt_dataset_reference.Config({"seed": seed, "seq_length": T, "tokenizer": {}, "eod": V - 1})
+    low = gpt_dataset_reference.MockLowLevelDataset(config.eod)
+    beg, end = (int(round(x * float(len(low)))) for x in config.split_matrix[0])
+    train = gpt_dataset_reference.GPTDataset(low, None, np.arange(beg, end, dtype=np.int32), iters * gbs, "train",
+                                             config, "MockGPTDataset")
+    samples = np.stack([train[i] for i in range(iters * gbs)]) % V
+    return samples.reshape(iters, gbs, T + 1).astype(np.int32)
 
 
 def hf_config(transformers, m):
@@ -201,7 +222,7 @@ def as_f32(tensors, prefix=""):
     return [(prefix + n, "F32", t.detach().numpy().astype(np.float32)) for n, t in tensors.items()]
 
 
-def megatron_args(m, c, hf_dir):
+def megatron_args(m, c, hf_dir, seed):
     a = {
         "--num-layers": m["num_layers"], "--hidden-size": m["hidden_size"],
         "--num-attention-heads": m["num_attention_heads"], "--num-query-groups": m["num_query_groups"],
@@ -211,9 +232,9 @@ def megatron_args(m, c, hf_dir):
         "--normalization": "RMSNorm", "--norm-epsilon": m["norm_epsilon"],
         "--tokenizer-type": "NullTokenizer", "--vocab-size": m["vocab_size"] - 1,  # Null: N+1
         "--make-vocab-size-divisible-by": m["make_vocab_size_divisible_by"],
-        "--hidden-dropout": 0.0, "--attention-dropout": 0.0,
+        "--hidden-dropout": 0.0, "--attention-dropout": 0.0, "--seed": seed,
     }
-    return (megatron_training.flags(a) +
+    return (megatron_training.flags(a) + ["--mock-data"] +
             ["--group-query-attention", "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"] +
             megatron_training.optimizer_args(c) + ["--init-from-hf", hf_dir, "--transformer-impl", "local"])
 
@@ -258,7 +279,7 @@ def main():
                          fwd + as_f32(grads, "grad.") + as_f32(weights, "megatron."))
 
     # c) ten iterations of Megatron's training step.
-    train_tokens = rng.randint(0, V, size=(c["train_iters"], c["global_batch_size"], T + 1)).astype(np.int32)
+    train_tokens = mock_training_tokens(m, c, args.seed)
     lm_loss, grad_norm, lrs, clipped = megatron_training.train(
         params, list(params), c, train_tokens,
         lambda batch: token_mean_loss(logits_of(model, batch[:, :-1]), batch[:, 1:]))
@@ -285,7 +306,7 @@ def main():
         "init_from_hf": "hf",
         **megatron_training.SEMANTICS,
         "clipped_iterations": [i + 1 for i, x in enumerate(clipped) if x],
-        "megatron_args": megatron_args(m, c, os.path.abspath(hf_dir)),
+        "megatron_args": megatron_args(m, c, os.path.abspath(hf_dir), args.seed),
     }
     with open(os.path.join(args.out, "train_config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
