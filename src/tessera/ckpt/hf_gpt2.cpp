@@ -1,6 +1,5 @@
 #include "tessera/ckpt/hf_gpt2.h"
 
-#include <cmath>
 #include <string_view>
 
 #include "tessera/ckpt/hf_files.h"

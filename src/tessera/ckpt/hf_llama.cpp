@@ -1,6 +1,5 @@
 #include "tessera/ckpt/hf_llama.h"
 
-#include <cmath>
 #include <cstdio>
 #include <string_view>
 
