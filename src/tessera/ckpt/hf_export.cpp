@@ -157,10 +157,8 @@ void write_hf_model(const std::string& out_dir, const HFExportSpec& spec,
   std::vector<safetensors::WriteEntry> entries;
   for (const HFTensor& t : tensors) entries.push_back({t.name, DType::F32, t.shape, t.data.data()});
   safetensors::write((fs::path(out_dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
-  for (const auto& [src, name] : {std::pair{spec.vocab_file, "vocab.json"}, std::pair{spec.merge_file, "merges.txt"}}) {
-    if (src.empty()) continue;
+  for (const auto& [name, src] : spec.tokenizer_files)
     write_file_atomic((fs::path(out_dir) / name).string(), read_file(src));
-  }
   const json config = llama ? llama_config_json(spec) : gpt2_config_json(spec);
   write_file_atomic((fs::path(out_dir) / "config.json").string(), config.dump(2) + "\n");
 }

@@ -85,8 +85,9 @@ struct HFExportSpec {
   GPTConfig model;
   int64_t bos_token_id = -1;  // -1: not written
   int64_t eos_token_id = -1;
-  std::string vocab_file;  // copied to OUT/vocab.json when not empty (GPT-2 BPE)
-  std::string merge_file;  // copied to OUT/merges.txt when not empty
+  // The tokenizer's files, copied into OUT: name in OUT -> source path (GPT-2 BPE's vocab.json
+  // and merges.txt; a HuggingFaceTokenizer folder's tokenizer.json and its companions).
+  std::map<std::string, std::string> tokenizer_files;
 };
 
 // One tensor of an exported state dict.

@@ -476,14 +476,20 @@ int run_export_hf(const Command& c) {
   spec.model = args.model;
   spec.bos_token_id = spec.eos_token_id = args.eod;
   if (args.tokenizer.type == "GPT2BPETokenizer") {
-    spec.vocab_file = args.tokenizer.vocab_file;
-    spec.merge_file = args.tokenizer.merge_file;
+    spec.tokenizer_files = {{"vocab.json", args.tokenizer.vocab_file}, {"merges.txt", args.tokenizer.merge_file}};
+  } else if (args.tokenizer.type == "HuggingFaceTokenizer") {
+    // The folder's tokenizer.json, and what AutoTokenizer reads beside it when present.
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+      const fs::path src = fs::path(args.tokenizer.tokenizer_model) / name;
+      if (fs::exists(src)) spec.tokenizer_files[name] = src.string();
+    }
   }
   write_hf_model(out, spec, read_checkpoint_model(dir, iteration, args.model));
-  std::printf("exported %s (iteration %lld) to %s: config.json, model.safetensors%s\n", it_dir.c_str(),
-              static_cast<long long>(iteration), out.c_str(),
-              spec.vocab_file.empty() ? "" : ", vocab.json, merges.txt");
-  if (spec.vocab_file.empty())
+  std::string written = "config.json, model.safetensors";
+  for (const auto& [name, src] : spec.tokenizer_files) written += ", " + name;
+  std::printf("exported %s (iteration %lld) to %s: %s\n", it_dir.c_str(), static_cast<long long>(iteration),
+              out.c_str(), written.c_str());
+  if (spec.tokenizer_files.empty())
     std::printf("  no tokenizer files: the run used %s\n", args.tokenizer.type.c_str());
   if (args.model.padded_vocab_size != args.model.vocab_size)
     std::printf("  dropped %d padding rows of the vocabulary (%d -> %d)\n",
