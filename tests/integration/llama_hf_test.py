@@ -8,6 +8,8 @@
     folder (model.safetensors.index.json) gives the one-process run's numbers bit for bit;
   - `tessera ckpt import-hf` then `ckpt export-hf` gives back every tensor of the folder bit
     for bit, and transformers loads the export (tests/reference/llama_hf_check.py);
+  - a run with a HuggingFaceTokenizer (a byte-level BPE trained here with `tokenizers`)
+    exports its tokenizer files beside the model, and transformers loads both;
   - flags that contradict config.json are errors naming the field and the flag.
 usage: llama_hf_test.py TESSERA_BINARY"""
 import json
@@ -21,6 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import safetensors_io  # noqa: E402
+from llama_hf_check import load_model  # noqa: E402
+from llama_reference import import_transformers  # noqa: E402
 from model_parallel_test import env_without_launch, records  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
@@ -98,6 +102,46 @@ def test_import_export_round_trip(tmp, ref):
     print("ok  import-hf then export-hf gives back the folder", flush=True)
 
 
+def without(args, flag, values):
+    """args without `flag` and the `values` arguments that follow it."""
+    i = args.index(flag)
+    return args[:i] + args[i + 1 + values:]
+
+
+def train_tokenizer(folder):
+    """A byte-level BPE with an end-of-text token, saved as a HuggingFaceTokenizer folder."""
+    import_transformers()  # puts the test venv, which has `tokenizers`, on the path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end_of_text|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog %d times" % i for i in range(200)], trainer)
+    os.makedirs(folder)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|end_of_text|>"}, f)
+    return tok.get_vocab_size(), tok.token_to_id("<|end_of_text|>")
+
+
+def test_export_with_hf_tokenizer(tmp, args):
+    folder, ckpt, out = (os.path.join(tmp, n) for n in ("tokenizer", "ckpt_hf_tokenizer", "exported_hf_tokenizer"))
+    vocab, eos = train_tokenizer(folder)
+    flags = without(without(without(args, "--init-from-hf", 1), "--tokenizer-type", 1), "--vocab-size", 1)
+    tessera(["train"] + flags + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", folder,
+                                 "--train-iters", "2", "--eval-iters", "0", "--save", ckpt, "--save-interval", "2"])
+    tessera(["ckpt", "export-hf", ckpt, out])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert open(os.path.join(out, name), "rb").read() == open(os.path.join(folder, name), "rb").read(), name
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["vocab_size"] == vocab and config["eos_token_id"] == eos, (config, vocab, eos)
+    load_model(out)
+    tokenizer = import_transformers().AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer) == vocab and tokenizer.eos_token_id == eos, (len(tokenizer), tokenizer.eos_token_id)
+    print("ok  a HuggingFaceTokenizer run exports its tokenizer; transformers loads model and tokenizer", flush=True)
+
+
 def test_flag_errors(args):
     def flag_error(flag, value, needles):
         i = args.index(flag)
@@ -118,6 +162,7 @@ def main():
         args = json.load(open(os.path.join(ref, "train_config.json")))["megatron_args"]
         test_flag_errors(args)
         test_import_export_round_trip(tmp, ref)
+        test_export_with_hf_tokenizer(tmp, args)
         test_training_matches_the_reference(tmp, ref, args)
 
 
