@@ -77,26 +77,44 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The reference's output, shared by every test program that CTest starts (one per test):
+// Testing/tmp/llama_reference_<hash of the scripts that make it>, made once through a
+// temporary folder renamed into place, so that concurrent programs never see half of it.
+fs::path reference_output(int* status) {
+  std::string scripts;
+  for (const char* s : {"llama_reference.py", "megatron_training.py", "safetensors_io.py", "data/gpt_dataset_reference.py"}) {
+    std::ifstream in(fs::path(TESSERA_SOURCE_DIR) / "tests/reference" / s, std::ios::binary);
+    scripts += std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  const fs::path dir = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" /
+                       ("llama_reference_" + std::to_string(std::hash<std::string>{}(scripts)));
+  *status = 0;
+  if (fs::exists(dir / "train_config.json")) return dir;
+  const fs::path tmp = scratch_dir("reference");
+  const std::string cmd = std::string("/usr/bin/python3 ") + TESSERA_SOURCE_DIR + "/tests/reference/llama_reference.py --out " +
+                          (tmp / "out").string() + " > " + (tmp / "log.txt").string() + " 2>&1";
+  *status = std::system(cmd.c_str());
+  if (*status != 0) return tmp;  // log.txt says why
+  std::error_code ec;
+  fs::rename(tmp / "out", dir, ec);  // fails harmlessly when another program got there first
+  fs::remove_all(tmp);
+  return dir;
+}
+
 class HFLlama : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(scratch_dir("reference"));
-    const std::string cmd = std::string("/usr/bin/python3 ") + TESSERA_SOURCE_DIR +
-                            "/tests/reference/llama_reference.py --out " + dir_->string() + " > " +
-                            (*dir_ / "log.txt").string() + " 2>&1";
-    status_ = std::system(cmd.c_str());
-  }
-  static void TearDownTestSuite() {
-    if (status_ == 0 && !::testing::UnitTest::GetInstance()->Failed()) fs::remove_all(*dir_);
-    delete dir_;
-  }
+  static void SetUpTestSuite() { dir_ = new fs::path(reference_output(&status_)); }
+  static void TearDownTestSuite() { delete dir_; }
   void SetUp() override {
     if (status_ != 0) {
       std::ifstream log(*dir_ / "log.txt");
       std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
       FAIL() << "llama_reference.py failed (status " << status_ << "):\n" << text;
     }
-    edited_ = *dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    edited_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(edited_);
   }
 
   // The GPTConfig of the reference's flags, from its train_config.json.
