@@ -14,6 +14,7 @@
 
 #include "tessera/comm/collective_util.h"
 #include "tessera/comm/gloo/gloo_communicator.h"
+#include "tessera/comm/nccl/nccl_wait.h"
 #include "tessera/comm/unique_id.h"
 #include "tessera/device/cuda/cuda_check.h"
 #include "tessera/device/cuda/cuda_device.h"
@@ -22,13 +23,12 @@
 namespace tessera {
 namespace {
 
+using comm_detail::CommPoll;
 using comm_detail::group_text;
 using comm_detail::reduce_op_name;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kHint =
-    "every rank must make the same calls in the same order; NCCL_DEBUG=WARN shows NCCL's own view "
-    "(NCCL_DEBUG=INFO for the transports it chose)";
+constexpr const char* kHint = comm_detail::kNcclHint;
 
 [[noreturn]] void nccl_failed(const char* call, ncclResult_t result, const std::string& where) {
   throw runtime_error(std::string(call) + " failed with " + ncclGetErrorString(result) + " on " + where, kHint);
@@ -39,6 +39,37 @@ constexpr const char* kHint =
     if (tessera_nccl_result_ != ncclSuccess)                                \
       nccl_failed(#fn, tessera_nccl_result_, (where));                      \
   } while (0)
+
+// Every communicator works in the background (nccl_wait.h): its creation and its calls
+// return ncclInProgress until NCCL has finished them.
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+CommPoll poll_comm(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
+  if (asked != ncclSuccess) state = asked;
+  if (state == ncclInProgress) return {CommPoll::InProgress, ncclGetLastError(comm)};
+  if (state == ncclSuccess) return {CommPoll::Ready, ""};
+  return {CommPoll::Failed, std::string(ncclGetErrorString(state)) + ": " + ncclGetLastError(comm)};
+}
+
+// Waits until NCCL has finished a call on `comm` that returned `result` (ncclInProgress, or
+// an error at once). On failure or at the timeout it runs `abort` and throws; `what` names
+// the call: "ncclCommInitRank of 4 ranks on group 'world' (world ranks 0, 1, 2, 3), ...".
+void finish(ncclComm_t comm, ncclResult_t result, const std::string& what, std::chrono::milliseconds timeout,
+            const std::function<void()>& abort) {
+  if (result == ncclSuccess) return;
+  if (result != ncclInProgress) {
+    const std::string reason = std::string(ncclGetErrorString(result)) + ": " + ncclGetLastError(comm);
+    abort();
+    throw runtime_error(what + " failed: " + reason, kHint);
+  }
+  comm_detail::wait_until_ready(what, timeout, [comm] { return poll_comm(comm); }, abort);
+}
 
 // One call enqueued on a communication stream, until its completion event fires.
 struct InFlight {
@@ -92,6 +123,7 @@ class Watchdog {
 
   static void check(Watched& w, std::chrono::milliseconds timeout) {
     std::lock_guard<std::mutex> guard(w.lock);
+    if (!w.comm) return;  // aborted by a failed call, which reported it
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(w.comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
       fail(w, w.calls.empty() ? "a call" : w.calls.front().what,
@@ -167,11 +199,11 @@ class NcclCommunicator final : public Communicator {
     Watchdog::instance().add(watched_, timeout);
   }
   ~NcclCommunicator() override {
-    flush();
+    if (comm()) flush();
     gpu_.synchronize(stream_);
     Watchdog::instance().remove(watched_);
     for (InFlight& c : watched_->calls) cudaEventDestroy(c.done);
-    ncclCommDestroy(watched_->comm);
+    if (comm()) ncclCommDestroy(comm());
     gpu_.destroy_stream(stream_);
   }
 
@@ -237,7 +269,14 @@ class NcclCommunicator final : public Communicator {
         if (groups[i][j] == rank()) colour = static_cast<int>(i), key = static_cast<int>(j);
     tessera::cuda::activate(gpu_);
     ncclComm_t sub = nullptr;
-    TESSERA_NCCL("split '" + name + "' of " + watched_->group, ncclCommSplit, comm(), colour, key, &sub, nullptr);
+    ncclConfig_t config = nonblocking_config();
+    const ncclResult_t result = ncclCommSplit(comm(), colour, key, &sub, &config);
+    const std::string what = "into '" + name + "' of " + std::to_string(groups.size()) + " groups of " +
+                             std::to_string(groups.empty() ? 0 : groups[0].size()) + " ranks, on " +
+                             watched_->group + ", this is world rank " +
+                             std::to_string(world_ranks()[static_cast<size_t>(rank())]);
+    settle(result, "ncclCommSplit " + what);
+    if (sub) finish(sub, ncclInProgress, "ncclCommSplit " + what, timeout_, [sub] { ncclCommAbort(sub); });
     if (!host) return nullptr;
     return std::make_unique<NcclCommunicator>(std::move(host), sub, gpu_, timeout_);
   }
@@ -249,7 +288,13 @@ class NcclCommunicator final : public Communicator {
     batch_ = std::make_shared<P2PBatch>();
     batch->done = enqueue(batch->what, [&](cudaStream_t s) {
       TESSERA_NCCL(watched_->group, ncclGroupStart);
-      for (const auto& post : batch->posts) TESSERA_NCCL(batch->what + " on " + watched_->group, post, s);
+      for (const auto& post : batch->posts) {
+        const ncclResult_t posted = post(s);
+        if (posted != ncclSuccess) {
+          ncclGroupEnd();
+          return posted;
+        }
+      }
       return ncclGroupEnd();
     });
   }
@@ -301,6 +346,16 @@ class NcclCommunicator final : public Communicator {
   };
 
   ncclComm_t comm() const { return watched_->comm; }
+  // finish() for this communicator: a failure aborts it, and it is not used again, not even
+  // by the watchdog.
+  void settle(ncclResult_t result, const std::string& what) {
+    ncclComm_t c = comm();
+    finish(c, result, what, timeout_, [this, c] {
+      ncclCommAbort(c);
+      std::lock_guard<std::mutex> guard(watched_->lock);
+      watched_->comm = nullptr;
+    });
+  }
   static void check(bool ok, const std::string& what) {
     if (!ok) throw runtime_error("NCCL " + what, "a caller bug: see comm/communicator.h for the shapes");
   }
@@ -343,7 +398,8 @@ class NcclCommunicator final : public Communicator {
     TESSERA_CUDA_CALL(where, cudaEventRecord, ready, tessera::cuda::stream_of(gpu_));
     TESSERA_CUDA_CALL(where, cudaStreamWaitEvent, comm_stream, ready, 0);
     cudaEventDestroy(ready);  // released once it has fired
-    TESSERA_NCCL(where, call, comm_stream);
+    check(comm() != nullptr, where + ": the communicator was aborted by an earlier failure");
+    settle(call(comm_stream), "NCCL " + where);
     TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &done, cudaEventDisableTiming);
     TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &watched, cudaEventDisableTiming);
     TESSERA_CUDA_CALL(where, cudaEventRecord, done, comm_stream);
@@ -382,8 +438,14 @@ std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> st
   std::memcpy(&uid, id.data(), sizeof uid);
   tessera::cuda::activate(gpu);
   ncclComm_t comm = nullptr;
-  TESSERA_NCCL("world rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (" + gpu.name() + ")",
-               ncclCommInitRank, &comm, world_size, uid, rank);
+  ncclConfig_t config = nonblocking_config();
+  const ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
+  finish(comm, result,
+         "ncclCommInitRank of " + std::to_string(world_size) + " ranks on " + group_text("world", host->world_ranks()) +
+             ", this is world rank " + std::to_string(rank) + " (" + gpu.name() + ")",
+         options.timeout, [comm] {
+           if (comm) ncclCommAbort(comm);
+         });
   return std::make_unique<NcclCommunicator>(std::move(host), comm, gpu, options.timeout);
 }
 
