@@ -284,6 +284,7 @@ run() {
   part doctor 30 "$TESSERA" doctor --device cuda
   part test_backend_ops 90 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
   part test_train_parity 60 python3 tests/integration/cuda_test.py "$TESSERA" train
+  part test_tf32 40 python3 tests/integration/cuda_test.py "$TESSERA" tf32
   part gemm_8192 20 torch_bench gemm
   part tessera_124m 60 tessera_bench 124m
   part torch_124m_eager 30 torch_bench 124m eager

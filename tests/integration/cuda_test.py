@@ -8,9 +8,12 @@
 - train: `tessera train --device cuda` on a small GPT gives the losses and gradient norms
   of `--device cpu` within 1e-5 relative over 10 iterations, dropout on, f32 (the
   backends sum in different orders: a few f32 ulp per op, the bound the OpenCL backend and
-  the parallel layouts are held to).
-ops and train exit 77 (skipped) with a message when no GPU is visible.
-usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train [BACKEND_OPS_TEST_BINARY]"""
+  the parallel layouts are held to);
+- tf32: with --tf32 the same run stays within 5e-3 relative of the CPU but is not the exact
+  f32 result (TF32 keeps 10 mantissa bits of each GEMM operand: the flag took effect).
+no-gpu also checks that --tf32 on the CPU says it has no effect and changes nothing.
+ops, train and tf32 exit 77 (skipped) with a message when no GPU is visible.
+usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|tf32 [BACKEND_OPS_TEST_BINARY]"""
 import json
 import os
 import re
@@ -26,6 +29,9 @@ TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--eval-iters", "1", "--eval-interval", "5", "--weight-decay", "0.1", "--clip-grad", "0.5",
          "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
 RTOL = 1e-5
+# TF32 rounds each GEMM operand to 10 mantissa bits (relative 2^-11 ~ 5e-4 per element);
+# over 10 iterations of a 2-layer model the loss and grad norm move by a few times that.
+TF32_RTOL = 5e-3
 NO_GPU = "no CUDA device is visible"
 
 
@@ -43,9 +49,9 @@ def gpu_visible():
     return True
 
 
-def train(tmp, device):
-    path = os.path.join(tmp, device + ".jsonl")
-    p = run([TESSERA, "train"] + TRAIN + ["--device", device, "--log-json", path])
+def train(tmp, device, extra=()):
+    path = os.path.join(tmp, device + "".join(extra) + ".jsonl")
+    p = run([TESSERA, "train"] + TRAIN + ["--device", device, "--log-json", path] + list(extra))
     assert p.returncode == 0, "%s: rc %d\n%s\n%s" % (device, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return [json.loads(l) for l in open(path)]
 
@@ -56,6 +62,36 @@ def test_no_gpu():
     assert "error: --device cuda: " + NO_GPU in p.stderr, p.stderr[-2000:]
     assert "hint: " in p.stderr and "--device cpu" in p.stderr, p.stderr[-2000:]
     print("ok  --device cuda without a GPU: exit 1, " + p.stderr.strip().splitlines()[-2][:120])
+    test_tf32_on_cpu()
+    return 0
+
+
+def test_tf32_on_cpu():
+    with tempfile.TemporaryDirectory() as tmp:
+        p = run([TESSERA, "train"] + TRAIN + ["--device", "cpu", "--tf32", "--train-iters", "2"])
+        assert p.returncode == 0, "rc %d\n%s" % (p.returncode, p.stderr[-2000:])
+        assert "warning: --tf32 has no effect on cpu: its f32 GEMMs stay exact" in p.stderr, p.stderr[-2000:]
+        exact = train(tmp, "cpu", ["--train-iters", "2"])
+        tf32 = train(tmp, "cpu", ["--train-iters", "2", "--tf32"])
+    assert [(r["lm_loss"], r["grad_norm"]) for r in exact] == [(r["lm_loss"], r["grad_norm"]) for r in tf32]
+    print("ok  --tf32 on the CPU: a warning, and the same bits as without it")
+
+
+def relative_gap(a_rows, b_rows):
+    worst = 0.0
+    for a, b in zip(a_rows, b_rows):
+        for key in ("lm_loss", "grad_norm"):
+            worst = max(worst, abs(a[key] - b[key]) / abs(a[key]))
+    return worst
+
+
+def test_tf32():
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu, gpu = train(tmp, "cpu"), train(tmp, "cuda", ["--tf32"])
+    assert [r["iteration"] for r in gpu] == list(range(1, 11)), [r["iteration"] for r in gpu]
+    gap = relative_gap(cpu, gpu)
+    assert 0 < gap <= TF32_RTOL, "--tf32 on cuda: %.3g relative of the CPU (wanted in (0, %g])" % (gap, TF32_RTOL)
+    print("ok  cuda --tf32: 10 iterations within %.2g relative of the CPU (exact f32 is held to %g)" % (gap, RTOL))
     return 0
 
 
@@ -93,7 +129,7 @@ def main():
     if not visible:
         print("skipped: no CUDA device is visible (this test needs a GPU; scripts/gpu-check.sh runs it on one)")
         return 77
-    return {"ops": test_ops, "train": test_train}[part]()
+    return {"ops": test_ops, "train": test_train, "tf32": test_tf32}[part]()
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ int run_train(int argc, char** argv) {
   if (id.rank == 0) train_option_table().print_arguments(parsed);
 
   Device& device = open_device(args.device);
+  device.set_tf32_matmul(args.tf32);
+  if (args.tf32 && !device.tf32_matmul())
+    log_warn("--tf32 has no effect on %s: its f32 GEMMs stay exact", device.name().c_str());
   ops::check_supported(device, training_ops(args));  // before any rank connects or allocates
   const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.kind());
   const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);

@@ -59,6 +59,11 @@ class Device {
   virtual MemoryInfo memory_info() const = 0;
   // Every handle from allocate() is aligned to this many bytes on the device.
   virtual size_t alignment() const { return 64; }
+  // --tf32: f32 GEMMs may round their operands to TF32 (10-bit mantissa) on tensor cores,
+  // as PyTorch's torch.backends.cuda.matmul.allow_tf32 = True. Off by default: exact f32.
+  // Only CUDA has such a mode; the other backends ignore it and stay exact.
+  virtual void set_tf32_matmul(bool allow) { (void)allow; }
+  virtual bool tf32_matmul() const { return false; }
 
   // Device memory. allocate(0) returns nullptr. Throws tessera::Error naming the size and
   // what is in use when the allocation fails.

@@ -199,6 +199,9 @@ std::vector<OptionDef> train_option_defs() {
       {"--device", K::String, "cpu",
        "Compute device: cpu, opencl[:N], cuda[:N] (the N-th device of a backend this build has; `tessera doctor` "
        "names them); strict is the test device that refuses host access"},
+      {"--tf32", K::StoreTrue, nullptr,
+       "Let f32 GEMMs round their operands to TF32 on CUDA tensor cores (PyTorch's "
+       "torch.backends.cuda.matmul.allow_tf32); off: exact f32. No effect on cpu and opencl"},
   };
 }
 
@@ -646,6 +649,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.log_json = p.get_string("--log-json");
   a.device = p.get_string("--device");
   parse_device_spec(a.device);  // the spelling now; whether this build has it when the device opens
+  a.tf32 = p.get_bool("--tf32");
   // Megatron's argument dump shows values after its validate_args.
   p.set_derived("--kv-channels", std::to_string(m.kv_channels));
   p.set_derived("--ffn-hidden-size", std::to_string(m.ffn_hidden_size));

@@ -52,6 +52,7 @@ struct TrainArgs {
   std::string init_from_hf;
   std::string log_json;
   std::string device = "cpu";  // --device, as device/registry.h spells it
+  bool tf32 = false;           // --tf32: Device::set_tf32_matmul (CUDA only)
   std::vector<std::string> command_line;  // the flags as given (recorded in checkpoints)
 
   // Checkpoints (docs/checkpoints.md).

@@ -1,5 +1,6 @@
 #include "tessera/device/cuda/cuda_device.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,8 @@ class CudaDevice final : public Device {
     return m;
   }
   size_t alignment() const override { return 256; }  // what cudaMalloc guarantees
+  void set_tf32_matmul(bool allow) override { tf32_ = allow; }
+  bool tf32_matmul() const override { return tf32_; }
 
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
@@ -164,6 +167,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;
+  std::atomic<bool> tf32_{false};
 };
 
 const CudaDevice& cuda_of(const Device& device) {
