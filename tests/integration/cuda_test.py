@@ -11,7 +11,9 @@
   the parallel layouts are held to);
 - tf32: with --tf32 the same run stays within 5e-3 relative of the CPU but is not the exact
   f32 result (TF32 keeps 10 mantissa bits of each GEMM operand: the flag took effect).
-no-gpu also checks that --tf32 on the CPU says it has no effect and changes nothing.
+no-gpu also checks that --tf32 on the CPU says it has no effect and changes nothing, and
+that `tessera doctor` says there is no GPU: INFO rows with --device cpu (exit 0), FAIL rows
+with a fix for --device cuda (exit 1).
 ops, train and tf32 exit 77 (skipped) with a message when no GPU is visible.
 usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|tf32 [BACKEND_OPS_TEST_BINARY]"""
 import json
@@ -63,7 +65,28 @@ def test_no_gpu():
     assert "hint: " in p.stderr and "--device cpu" in p.stderr, p.stderr[-2000:]
     print("ok  --device cuda without a GPU: exit 1, " + p.stderr.strip().splitlines()[-2][:120])
     test_tf32_on_cpu()
+    test_doctor_without_gpu()
     return 0
+
+
+def doctor_rows(device):
+    p = run([TESSERA, "doctor", "--json"] + TRAIN + ["--device", device], timeout=120)
+    rows = {r["check"]: r for r in json.loads(p.stdout)["checks"]}
+    return p.returncode, rows
+
+
+def test_doctor_without_gpu():
+    rc, rows = doctor_rows("cpu")
+    assert rc == 0, "doctor --device cpu: rc %d\n%s" % (rc, json.dumps(rows, indent=1)[-3000:])
+    gpus = rows["cuda: GPUs"]
+    assert gpus["status"] == "INFO" and gpus["detail"].startswith("no GPU ("), gpus
+    assert rows["cuda: libraries"]["status"] == "PASS" and "NCCL 2." in rows["cuda: libraries"]["detail"], rows
+    assert "cuda: GEMM" not in rows and "cuda: NCCL all_reduce" not in rows, sorted(rows)
+    rc, rows = doctor_rows("cuda")
+    assert rc == 1, "doctor --device cuda without a GPU: rc %d (wanted 1)" % rc
+    gpus = rows["cuda: GPUs"]
+    assert gpus["status"] == "FAIL" and gpus["detail"].startswith("no GPU (") and "--device cpu" in gpus["fix"], gpus
+    print("ok  doctor without a GPU: " + gpus["detail"][:100])
 
 
 def test_tf32_on_cpu():

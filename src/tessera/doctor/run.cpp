@@ -649,7 +649,9 @@ int run_doctor(int argc, char** argv) {
   const bool interface_ok = check_network_interfaces(id, rows);
 
   const TrainFlags flags = parse_train_flags(opt, id, rows);
-  for (Row& r : check_compute_device(flags.table ? flags.table->get_string("--device") : "cpu")) rows.push_back(r);
+  const std::string device_spec = flags.table ? flags.table->get_string("--device") : "cpu";
+  for (Row& r : check_compute_device(device_spec)) rows.push_back(r);
+  for (Row& r : check_cuda(device_spec)) rows.push_back(r);
   check_config(flags, id, rows);
   const std::string cache_dir = check_data_and_tokenizer(flags, rows);
   check_checkpoints(opt, flags, rows);

@@ -450,3 +450,62 @@ std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> st
 }
 
 }  // namespace tessera
+
+namespace tessera {
+
+std::string nccl_version() {
+  int v = 0;
+  TESSERA_NCCL("the linked NCCL", ncclGetVersion, &v);
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+NcclAllReduceRun nccl_all_reduce_run(size_t bytes) {
+  NcclAllReduceRun run;
+  TESSERA_CUDA_CALL("doctor's all-reduce", cudaGetDeviceCount, &run.gpus);
+  const int n = run.gpus;
+  const size_t count = bytes / sizeof(float);
+  // Rank r holds r + 1 + (i mod 8): small integers, so the f32 sum is exact in any order.
+  std::vector<float> host(count);
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
+  std::vector<float*> data(static_cast<size_t>(n));
+  std::vector<cudaStream_t> streams(static_cast<size_t>(n));
+  TESSERA_NCCL("doctor's all-reduce", ncclCommInitAll, comms.data(), n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(r + 1 + static_cast<int>(i % 8));
+    TESSERA_CUDA_CALL("doctor's all-reduce", cudaSetDevice, r);
+    TESSERA_CUDA_CALL("doctor's all-reduce", cudaStreamCreate, &streams[r]);
+    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMalloc, reinterpret_cast<void**>(&data[r]), count * sizeof(float));
+    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMemcpy, data[r], host.data(), count * sizeof(float),
+                      cudaMemcpyHostToDevice);
+  }
+  auto all_reduce = [&] {
+    TESSERA_NCCL("doctor's all-reduce", ncclGroupStart);
+    for (int r = 0; r < n; ++r)
+      TESSERA_NCCL("doctor's all-reduce", ncclAllReduce, data[r], data[r], count, ncclFloat32, ncclSum, comms[r],
+                   streams[r]);
+    TESSERA_NCCL("doctor's all-reduce", ncclGroupEnd);
+    for (int r = 0; r < n; ++r) TESSERA_CUDA_CALL("doctor's all-reduce", cudaStreamSynchronize, streams[r]);
+  };
+  all_reduce();  // warm-up: NCCL connects its channels on the first call
+  for (int r = 0; r < n; ++r) {  // back to the inputs for the checked, timed call
+    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(r + 1 + static_cast<int>(i % 8));
+    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMemcpy, data[r], host.data(), count * sizeof(float),
+                      cudaMemcpyHostToDevice);
+  }
+  const auto start = Clock::now();
+  all_reduce();
+  run.ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  run.busbw_gbs = static_cast<double>(bytes) / (run.ms * 1e6) * 2.0 * (n - 1) / n;
+  for (int r = 0; r < n; ++r) {
+    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMemcpy, host.data(), data[r], count * sizeof(float),
+                      cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < count; ++i)
+      run.wrong += host[i] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 8));
+    cudaFree(data[r]);
+    cudaStreamDestroy(streams[r]);
+    ncclCommDestroy(comms[r]);
+  }
+  return run;
+}
+
+}  // namespace tessera

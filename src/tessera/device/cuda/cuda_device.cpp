@@ -189,6 +189,14 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
+int cuda_driver_version() {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) cudaGetLastError();
+  return version;
+}
+
+int cuda_runtime_version() { return CUDART_VERSION; }
+
 std::vector<std::string> cuda_device_names() {
   std::vector<std::string> names;
   for (int i = 0; i < cuda_device_count(); ++i) {

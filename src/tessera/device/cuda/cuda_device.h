@@ -20,6 +20,11 @@ int cuda_device_count(std::string* why = nullptr);
 // "cuda:0 (NVIDIA H200, sm_90, 139 GiB)" for each GPU.
 std::vector<std::string> cuda_device_names();
 
+// cudaDriverGetVersion (e.g. 13000; 0 when no driver is installed) and the version of the
+// runtime linked in (statically: the toolkit's).
+int cuda_driver_version();
+int cuda_runtime_version();
+
 // The process-wide device cuda:ordinal (created on first use; the registry checks the
 // ordinal first).
 Device& cuda_device(int ordinal);
