@@ -459,51 +459,72 @@ std::string nccl_version() {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
+namespace {
+
+// One NCCL rank per GPU of this process, with its stream and buffer; released on any exit.
+struct LocalRanks {
+  std::vector<ncclComm_t> comms;
+  std::vector<cudaStream_t> streams;
+  std::vector<float*> data;
+  explicit LocalRanks(int n) : comms(n), streams(n), data(n) {}
+  ~LocalRanks() {
+    for (size_t r = 0; r < comms.size(); ++r) {
+      cudaSetDevice(static_cast<int>(r));
+      if (data[r]) cudaFree(data[r]);
+      if (streams[r]) cudaStreamDestroy(streams[r]);
+      if (comms[r]) ncclCommDestroy(comms[r]);
+    }
+  }
+};
+
+// Rank r's input: r + 1 + (i mod 8), small integers, so the f32 sum is exact in any order.
+void fill_input(std::vector<float>& host, int r) {
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(r + 1 + static_cast<int>(i % 8));
+}
+
+}  // namespace
+
 NcclAllReduceRun nccl_all_reduce_run(size_t bytes) {
+  const char* where = "doctor's all-reduce";
   NcclAllReduceRun run;
-  TESSERA_CUDA_CALL("doctor's all-reduce", cudaGetDeviceCount, &run.gpus);
+  TESSERA_CUDA_CALL(where, cudaGetDeviceCount, &run.gpus);
   const int n = run.gpus;
   const size_t count = bytes / sizeof(float);
-  // Rank r holds r + 1 + (i mod 8): small integers, so the f32 sum is exact in any order.
   std::vector<float> host(count);
-  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
-  std::vector<float*> data(static_cast<size_t>(n));
-  std::vector<cudaStream_t> streams(static_cast<size_t>(n));
-  TESSERA_NCCL("doctor's all-reduce", ncclCommInitAll, comms.data(), n, nullptr);
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(r + 1 + static_cast<int>(i % 8));
-    TESSERA_CUDA_CALL("doctor's all-reduce", cudaSetDevice, r);
-    TESSERA_CUDA_CALL("doctor's all-reduce", cudaStreamCreate, &streams[r]);
-    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMalloc, reinterpret_cast<void**>(&data[r]), count * sizeof(float));
-    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMemcpy, data[r], host.data(), count * sizeof(float),
-                      cudaMemcpyHostToDevice);
-  }
-  auto all_reduce = [&] {
-    TESSERA_NCCL("doctor's all-reduce", ncclGroupStart);
-    for (int r = 0; r < n; ++r)
-      TESSERA_NCCL("doctor's all-reduce", ncclAllReduce, data[r], data[r], count, ncclFloat32, ncclSum, comms[r],
-                   streams[r]);
-    TESSERA_NCCL("doctor's all-reduce", ncclGroupEnd);
-    for (int r = 0; r < n; ++r) TESSERA_CUDA_CALL("doctor's all-reduce", cudaStreamSynchronize, streams[r]);
+  LocalRanks ranks(n);
+  TESSERA_NCCL(where, ncclCommInitAll, ranks.comms.data(), n, nullptr);
+  auto load_inputs = [&] {
+    for (int r = 0; r < n; ++r) {
+      fill_input(host, r);
+      TESSERA_CUDA_CALL(where, cudaSetDevice, r);
+      TESSERA_CUDA_CALL(where, cudaMemcpy, ranks.data[r], host.data(), bytes, cudaMemcpyHostToDevice);
+    }
   };
-  all_reduce();  // warm-up: NCCL connects its channels on the first call
-  for (int r = 0; r < n; ++r) {  // back to the inputs for the checked, timed call
-    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(r + 1 + static_cast<int>(i % 8));
-    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMemcpy, data[r], host.data(), count * sizeof(float),
-                      cudaMemcpyHostToDevice);
+  auto all_reduce = [&] {
+    TESSERA_NCCL(where, ncclGroupStart);
+    for (int r = 0; r < n; ++r)
+      TESSERA_NCCL(where, ncclAllReduce, ranks.data[r], ranks.data[r], count, ncclFloat32, ncclSum, ranks.comms[r],
+                   ranks.streams[r]);
+    TESSERA_NCCL(where, ncclGroupEnd);
+    for (int r = 0; r < n; ++r) TESSERA_CUDA_CALL(where, cudaStreamSynchronize, ranks.streams[r]);
+  };
+  for (int r = 0; r < n; ++r) {
+    TESSERA_CUDA_CALL(where, cudaSetDevice, r);
+    TESSERA_CUDA_CALL(where, cudaStreamCreate, &ranks.streams[r]);
+    TESSERA_CUDA_CALL(where, cudaMalloc, reinterpret_cast<void**>(&ranks.data[r]), bytes);
   }
+  load_inputs();
+  all_reduce();  // warm-up: NCCL connects its channels on the first call
+  load_inputs();
   const auto start = Clock::now();
   all_reduce();
   run.ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   run.busbw_gbs = static_cast<double>(bytes) / (run.ms * 1e6) * 2.0 * (n - 1) / n;
   for (int r = 0; r < n; ++r) {
-    TESSERA_CUDA_CALL("doctor's all-reduce", cudaMemcpy, host.data(), data[r], count * sizeof(float),
-                      cudaMemcpyDeviceToHost);
+    TESSERA_CUDA_CALL(where, cudaSetDevice, r);
+    TESSERA_CUDA_CALL(where, cudaMemcpy, host.data(), ranks.data[r], bytes, cudaMemcpyDeviceToHost);
     for (size_t i = 0; i < count; ++i)
       run.wrong += host[i] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 8));
-    cudaFree(data[r]);
-    cudaStreamDestroy(streams[r]);
-    ncclCommDestroy(comms[r]);
   }
   return run;
 }
