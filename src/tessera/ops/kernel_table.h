@@ -4,7 +4,7 @@
 // which check_supported() reports at start-up naming the op and the device.
 //
 // Adding an op: its contract in ops.h, its name in TESSERA_OPS below, and one kernel per
-// backend (declared in that backend's <backend>_ops.h).
+// backend, defined in ops/<backend>/ (TESSERA_DECLARE_KERNELS declares it).
 #pragma once
 
 #include <string>
@@ -38,6 +38,13 @@ struct KernelTable {
   TESSERA_OPS(TESSERA_KERNEL_ENTRY)
 #undef TESSERA_KERNEL_ENTRY
 };
+
+// Declares, in the namespace where it expands, a kernel for every op with exactly the op's
+// type in ops.h: a backend's <backend>_ops.h is this one line, so a signature is written
+// once. A definition spelled differently would be another overload, leaving the declared
+// kernel undefined: TESSERA_COMPLETE_KERNEL_TABLE's assignment then fails to link.
+#define TESSERA_DECLARE_KERNEL(op) decltype(::tessera::ops::op) op;
+#define TESSERA_DECLARE_KERNELS() TESSERA_OPS(TESSERA_DECLARE_KERNEL)
 
 // The table of a backend with a kernel for every op: the functions of the ops' names in the
 // namespace where it expands (ops/<backend>/kernel_table.cpp), plus its name and libraries.
