@@ -36,4 +36,22 @@ std::unique_ptr<Communicator> create_communicator(std::shared_ptr<Store> store, 
                       "host-staged path), or build tessera with the backend's library");
 }
 
+std::string native_collectives_version(DeviceKind device) {
+#ifdef TESSERA_WITH_NCCL
+  if (device == DeviceKind::CUDA) return "NCCL " + nccl_version();
+#endif
+  (void)device;
+  return "";
+}
+
+NativeAllReduceRun native_all_reduce_run(DeviceKind device, size_t bytes) {
+#ifdef TESSERA_WITH_NCCL
+  if (device == DeviceKind::CUDA) return nccl_all_reduce_run(bytes);
+#endif
+  (void)bytes;
+  (void)device;
+  throw runtime_error("no native collective library for this device in this build",
+                      "build with -DTESSERA_CUDA=ON where the CUDA toolkit and NCCL are installed");
+}
+
 }  // namespace tessera

@@ -40,6 +40,22 @@ struct CommOptions {
   std::string key_prefix;
 };
 
+// The native collective library of `device`'s kind with its version ("NCCL 2.28.9"), or ""
+// when this build has none for it.
+std::string native_collectives_version(DeviceKind device);
+
+// doctor's all-reduce run through the native library of `device`'s kind: one process, one
+// rank per device of that kind on this node, an all-reduce of `bytes` of f32 whose exact
+// sum is checked on the host. Throws tessera::Error naming the failed call, or when this
+// build has no native library for the kind.
+struct NativeAllReduceRun {
+  int devices = 0;
+  double ms = 0;         // the timed all-reduce (after one warm-up)
+  double busbw_gbs = 0;  // nccl-tests' bus bandwidth: bytes / time x 2 (n - 1) / n
+  int64_t wrong = 0;     // elements that are not the exact sum
+};
+NativeAllReduceRun native_all_reduce_run(DeviceKind device, size_t bytes);
+
 // The world communicator of rank `rank` of `world_size`, bootstrapped through `store`.
 // Throws tessera::Error naming the backend when this build lacks it.
 std::unique_ptr<Communicator> create_communicator(std::shared_ptr<Store> store, int rank, int world_size,

@@ -50,6 +50,20 @@ DeviceSpec parse_device_spec(const std::string& spec) {
   return r;
 }
 
+BackendStack backend_stack(const std::string& backend) {
+  BackendStack s;
+#ifdef TESSERA_WITH_CUDA
+  if (backend == "cuda") {
+    s.built = true;
+    s.driver = cuda_driver_version();
+    s.runtime = cuda_runtime_version();
+    if (cuda_device_count(&s.no_device_reason) > 0) s.devices = cuda_device_names();
+  }
+#endif
+  (void)backend;
+  return s;
+}
+
 int device_count(const std::string& backend) {
   if (backend == "cpu" || backend == "strict") return 1;
 #ifdef TESSERA_WITH_OPENCL

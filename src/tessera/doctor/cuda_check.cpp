@@ -8,17 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "tessera/comm/backend.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
 #include "tessera/device/registry.h"
 #include "tessera/doctor/doctor.h"
 #include "tessera/ops/ops.h"
-#ifdef TESSERA_WITH_CUDA
-#include "tessera/device/cuda/cuda_device.h"
-#endif
-#ifdef TESSERA_WITH_NCCL
-#include "tessera/comm/nccl/nccl_communicator.h"
-#endif
 
 namespace tessera::doctor {
 namespace {
@@ -33,16 +28,14 @@ constexpr const char* kNoGpuFix =
 }  // namespace
 
 CudaFacts cuda_facts() {
+  const BackendStack stack = backend_stack("cuda");
   CudaFacts f;
-#ifdef TESSERA_WITH_CUDA
-  f.built = true;
-  f.driver = cuda_driver_version();
-  f.runtime = cuda_runtime_version();
-  if (cuda_device_count(&f.no_gpu_reason) > 0) f.gpus = cuda_device_names();
-#endif
-#ifdef TESSERA_WITH_NCCL
-  f.nccl = nccl_version();
-#endif
+  f.built = stack.built;
+  f.driver = stack.driver;
+  f.runtime = stack.runtime;
+  f.gpus = stack.devices;
+  f.no_gpu_reason = stack.no_device_reason;
+  f.nccl = native_collectives_version(DeviceKind::CUDA);
   return f;
 }
 
@@ -66,8 +59,8 @@ std::vector<Row> cuda_rows(const CudaFacts& f, bool cuda_requested) {
   else
     rows.push_back({"cuda: driver", Status::Pass, "driver " + cuda_version_text(f.driver), "", ""});
   rows.push_back({"cuda: libraries", Status::Pass,
-                  "runtime " + cuda_version_text(f.runtime) + " (linked in), NCCL " +
-                      (f.nccl.empty() ? std::string("not built") : f.nccl),
+                  "runtime " + cuda_version_text(f.runtime) + " (linked in), " +
+                      (f.nccl.empty() ? std::string("NCCL not built") : f.nccl),
                   "", ""});
   if (f.gpus.empty()) {
     rows.push_back({"cuda: GPUs", missing, "no GPU (" + f.no_gpu_reason + ")", cuda_requested ? kNoGpuFix : "", ""});
@@ -121,7 +114,8 @@ Row gemm_run(Device& device) {
 
 std::vector<Row> check_cuda(const std::string& spec) {
   const bool requested = spec.rfind("cuda", 0) == 0;
-  std::vector<Row> rows = cuda_rows(cuda_facts(), requested);
+  const CudaFacts facts = cuda_facts();
+  std::vector<Row> rows = cuda_rows(facts, requested);
   if (!requested || rows.back().status != Status::Pass) return rows;  // no GPU to run on
   Device* device = nullptr;
   try {
@@ -130,18 +124,17 @@ std::vector<Row> check_cuda(const std::string& spec) {
     return rows;  // its row says why
   }
   rows.push_back(gemm_run(*device));
-#ifdef TESSERA_WITH_NCCL
+  if (facts.nccl.empty()) return rows;  // "cuda: libraries" says NCCL is not built
   try {
-    const NcclAllReduceRun run = nccl_all_reduce_run(size_t{64} << 20);
+    const NativeAllReduceRun run = native_all_reduce_run(DeviceKind::CUDA, size_t{64} << 20);
     char detail[160];
     std::snprintf(detail, sizeof detail, "64 MiB f32 over %d GPU(s) of this node: %.2f ms, busbw %.1f GB/s, %lld wrong",
-                  run.gpus, run.ms, run.busbw_gbs, static_cast<long long>(run.wrong));
+                  run.devices, run.ms, run.busbw_gbs, static_cast<long long>(run.wrong));
     rows.push_back({"cuda: NCCL all_reduce", run.wrong ? Status::Fail : Status::Pass, detail,
                     run.wrong ? "NCCL computed wrong sums: NCCL_DEBUG=WARN shows its view; check the driver" : "", ""});
   } catch (const Error& e) {
     rows.push_back({"cuda: NCCL all_reduce", Status::Fail, e.what(), e.hint(), ""});
   }
-#endif
   return rows;
 }
 

@@ -62,14 +62,15 @@ std::vector<Row> check_devices_and_build(uint64_t build_hash);
 // description, driver and memory, and a small linear + GELU on it against the CPU backend.
 // One FAIL row when it cannot be opened.
 std::vector<Row> check_compute_device(const std::string& spec);
-// The CUDA stack as the doctor reports it (cuda_facts() asks the machine; tests make their own).
+// The CUDA stack as the doctor reports it (cuda_facts() asks the machine through the seam:
+// backend_stack, native_collectives_version; tests make their own).
 struct CudaFacts {
   bool built = false;             // this binary has the CUDA backend
   int driver = 0;                 // cudaDriverGetVersion, e.g. 13000; 0: no driver installed
   int runtime = 0;                // the CUDA runtime linked in
   std::vector<std::string> gpus;  // cuda_device_names(); empty when none is visible
   std::string no_gpu_reason;      // then the runtime's reason ("cudaErrorNoDevice: ...")
-  std::string nccl;               // "2.28.3"; empty when NCCL is not built
+  std::string nccl;               // "NCCL 2.28.9"; empty when NCCL is not built
 };
 CudaFacts cuda_facts();
 // Rows "cuda: driver", "cuda: libraries", "cuda: GPUs" (one "cuda: backend" row when not

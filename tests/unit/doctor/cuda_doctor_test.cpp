@@ -16,7 +16,7 @@ CudaFacts built() {
   f.built = true;
   f.driver = 13000;
   f.runtime = 13000;
-  f.nccl = "2.28.9";
+  f.nccl = "NCCL 2.28.9";
   return f;
 }
 

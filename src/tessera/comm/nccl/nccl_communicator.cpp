@@ -484,11 +484,11 @@ void fill_input(std::vector<float>& host, int r) {
 
 }  // namespace
 
-NcclAllReduceRun nccl_all_reduce_run(size_t bytes) {
+NativeAllReduceRun nccl_all_reduce_run(size_t bytes) {
   const char* where = "doctor's all-reduce";
-  NcclAllReduceRun run;
-  TESSERA_CUDA_CALL(where, cudaGetDeviceCount, &run.gpus);
-  const int n = run.gpus;
+  NativeAllReduceRun run;
+  TESSERA_CUDA_CALL(where, cudaGetDeviceCount, &run.devices);
+  const int n = run.devices;
   const size_t count = bytes / sizeof(float);
   std::vector<float> host(count);
   LocalRanks ranks(n);

@@ -34,16 +34,9 @@ namespace tessera {
 // "2.28.3": the NCCL this binary runs with (ncclGetVersion).
 std::string nccl_version();
 
-// doctor's all-reduce run: one process, one NCCL rank per visible GPU (ncclCommInitAll),
-// an all-reduce of `bytes` of f32 whose exact sum is checked on the host.
-struct NcclAllReduceRun {
-  int gpus = 0;
-  double ms = 0;        // the timed all-reduce (after one warm-up)
-  double busbw_gbs = 0; // nccl-tests' bus bandwidth: bytes / time x 2 (n - 1) / n
-  int64_t wrong = 0;    // elements that are not the exact sum
-};
-// Throws tessera::Error naming the NCCL or CUDA call that failed.
-NcclAllReduceRun nccl_all_reduce_run(size_t bytes);
+// native_all_reduce_run (comm/backend.h) on CUDA: one NCCL rank per visible GPU
+// (ncclCommInitAll) in this process.
+NativeAllReduceRun nccl_all_reduce_run(size_t bytes);
 
 std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                                        const CommOptions& options);
