@@ -139,8 +139,11 @@ AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, 
 // megatron/core/models/common/embeddings/rope_utils.py). Channels [0, dim) of each query and
 // key head are rotated, channel j < dim/2 paired with j + dim/2, by the angle
 // t * inv_freq[j mod dim/2] of the token's position t in the sequence (0..T-1: the batch's
-// position ids are not used, as in Megatron), inv_freq[i] = base^(-2i/dim), in f32;
-// channels [dim, HD) pass through. dim == 0: no rotation.
+// position ids are not used, as in Megatron), inv_freq[i] = 1 / base^(2i/dim), inv_freq
+// and the angle computed in f32 as Megatron does (fp32 arange, pow, outer product); cos and
+// sin of the f32 angle to f32 accuracy (the CPU rounds double ones; devices use their f32
+// cos, sin and pow, so backends agree to a few ulp, not bits). Channels [dim, HD) pass
+// through. dim == 0: no rotation.
 struct Rope {
   int64_t dim = 0;  // even; kv_channels * --rotary-percent
   float base = 10000.0f;
