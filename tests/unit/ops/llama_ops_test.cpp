@@ -222,7 +222,7 @@ TEST(OpsAttentionQkv, Gradients) {
   }
 }
 
-TEST(OpsAttentionQkvDeathTest, RejectsBadShapes) {
+TEST(OpsLlamaDeathTest, RejectsBadShapesAndRopeDims) {
   Arena arena;
   Tensor qkv = arena.f32({1, 2, 2 * (3 + 2) * 4}), out = arena.f32({1, 2, 6 * 3 * 4});
   EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {3, 10000.0f}), "rope dim 3 must be even");
