@@ -154,6 +154,7 @@ struct Rope {
 // megatron/core/transformer/attention.py get_query_key_value_tensors); out:
 // [B,T,NH*3*HD], per head h = g*R + i: [q_h; k_g; v_g] with q and k rotated by `rope`.
 // NG == NH with rope.dim == 0 is a plain copy (GPT's layout is the grouped one with R = 1).
+// out must not overlap qkv (nor dqkv dout).
 void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope);
 // The head dim follows from the two widths (HD = (3*qkv width - out width) / (6*NG)).
 // dqkv += the transpose: each head's dq rotated back (by -angle) into its q; the dk of each
@@ -163,7 +164,8 @@ void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const 
 
 // SwiGLU (Megatron's --swiglu: megatron/core/transformer/mlp.py glu): inp: [N,2F], each
 // row [gate | up] (this tensor-parallel rank's halves); out: [N,F] = silu(gate) * up,
-// silu(x) = x / (1 + exp(-x)), in f32, rounded once.
+// silu(x) = x / (1 + exp(-x)), in f32, rounded once. out must not overlap inp (nor dinp
+// dout).
 void swiglu_forward(Tensor out, Tensor inp);
 void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);
 
