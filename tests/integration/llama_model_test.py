@@ -146,7 +146,7 @@ def test_errors():
          "--num-attention-heads 4 is not divisible by --num-query-groups 3"),
         (FOUR + ["--tensor-model-parallel-size", "4"], "--num-query-groups (2) is not divisible by "
                                                        "--tensor-model-parallel-size 4"),
-        (FOUR + ["--rotary-percent", "0.3"], "RoPE needs an even number"),
+        (FOUR + ["--rotary-percent", "0.2"], "RoPE needs an even number"),
         (FOUR + ["--rotary-percent", "1.5"], "--rotary-percent must be in (0, 1]"),
         (FOUR + ["--normalization", "ScaleNorm"], "--normalization"),
     ]
