@@ -66,11 +66,9 @@ class DataParallelBuckets {
   // Parameters [first, end) are about to be read: waits for their buckets' gathers.
   void wait_params(size_t first, size_t end);
   void wait_all_params() { wait_params(0, layout_.params.size()); }
-  // Checkpoints: per-piece values (one f32 tensor per owned piece, in owned_pieces() order,
-  // such as an Adam moment) as the whole buffer in host memory, buffer: f32 [layout().numel]
-  // (collective over the group; every rank receives the whole buffer, zeros in the padding);
-  // and back, each piece from its range of a whole buffer.
-  void gather_to_host(float* buffer, const std::vector<Tensor>& pieces);
+  // Checkpoint loads: per-piece values (one f32 tensor per owned piece, in owned_pieces()
+  // order, such as an Adam moment), each from its range of a whole buffer in host memory,
+  // buffer: f32 [layout().numel].
   void scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const;
   // Bytes of the reduced-gradient shard this rank holds (1/DP of the buffer).
   size_t shard_bytes() const { return shard_.bytes(); }

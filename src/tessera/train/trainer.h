@@ -120,13 +120,17 @@ class Trainer {
     std::vector<ShardedTensor> tensors;
   };
   HostOptimizerState host_whole_params(const std::vector<std::string>& prefixes, bool with_embedding_copy) const;
-  // Optimizer state of the distributed optimizer ("<kind>.<name>"; save and load go through the
-  // same files as the non-distributed optimizer's).
+  // Optimizer state of the distributed optimizer ("<kind>.<name>") as whole parameters: a
+  // load reads any checkpoint's into it and each rank keeps its owned pieces.
   HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
-  void gather_optimizer_state(HostOptimizerState& state) const;
   void scatter_optimizer_state(const HostOptimizerState& state);
+  // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the
+  // state and of a 16-bit model's main parameters ("main.<name>"), as flat pieces.
+  std::vector<FlatPiece> owned_optimizer_pieces() const;
   // A 16-bit model's f32 main parameters, which checkpoints keep under the parameters' names
   // (a 16-bit weight is their rounding), as whole parameters in host memory (one buffer).
+  // With the distributed optimizer, whose data-parallel files hold the main parameters,
+  // model.safetensors holds the 16-bit parameters widened (as Megatron's model file).
   bool main_params_apart() const { return model_.config().params_dtype != DType::F32; }
   HostOptimizerState host_main_params(bool with_embedding_copy) const;
   void gather_main_params(HostOptimizerState& main) const;

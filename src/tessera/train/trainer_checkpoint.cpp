@@ -356,11 +356,28 @@ std::vector<Tensor> state_of_kind(const Optimizer& optimizer, size_t k) {
   return out;
 }
 
+// Checkpoint tensors under "<prefix><name>" (a 16-bit model's main parameters as "main.*").
+std::vector<ShardedTensor> prefixed(std::vector<ShardedTensor> tensors, const std::string& prefix) {
+  for (ShardedTensor& t : tensors) t.name = prefix + t.name;
+  return tensors;
+}
+
 }  // namespace
 
-void Trainer::gather_optimizer_state(HostOptimizerState& state) const {
-  for (size_t k = 0; k < state.buffers.size(); ++k)
-    dp_buckets_->gather_to_host(state.buffers[k].data(), state_of_kind(*optimizer_, k));
+std::vector<FlatPiece> Trainer::owned_optimizer_pieces() const {
+  const std::vector<DataParallelBuckets::OwnedPiece>& owned = dp_buckets_->owned_pieces();
+  std::vector<FlatPiece> out;
+  auto add = [&](const std::string& prefix, size_t piece, const Tensor& values) {
+    const size_t i = owned[piece].param;
+    const ParamShard& s = model_.shards()[i];
+    if (s.is_embedding_copy) return;  // the first stage's word embedding holds the same state
+    out.push_back({{prefix + s.spec.name, model_.params()[i], s.spec.shape, s.split_dim, s.offset},
+                   owned[piece].begin, owned[piece].end, values});
+  };
+  for (const Optimizer::StateTensor& t : optimizer_->state_tensors()) add(std::string(t.kind) + ".", t.param, t.tensor);
+  if (main_params_apart())
+    for (size_t j = 0; j < owned.size(); ++j) add("main.", j, optimizer_->main_param(j));
+  return out;
 }
 
 void Trainer::scatter_optimizer_state(const HostOptimizerState& state) {
@@ -381,11 +398,11 @@ static std::vector<Tensor> main_params_of(const Optimizer& optimizer) {
 }
 
 void Trainer::gather_main_params(HostOptimizerState& main) const {
-  if (distributed_optimizer()) return dp_buckets_->gather_to_host(main.buffers[0].data(), main_params_of(*optimizer_));
   const GradBufferLayout& layout = model_.buffer_layout();
   for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const Tensor m = optimizer_->main_param(i);
-    copy_to_host(main.buffers[0].data() + layout.params[i].start, m.bytes(), m);
+    // The distributed optimizer's main pieces go to its data-parallel files instead.
+    const Tensor m = distributed_optimizer() ? model_.params()[i] : optimizer_->main_param(i);
+    copy_floats_to_host(main.buffers[0].data() + layout.params[i].start, static_cast<size_t>(m.numel()), m);
   }
 }
 
@@ -454,28 +471,25 @@ void Trainer::save_checkpoint(const std::string& dir) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
-  // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it. The
-  // distributed optimizer's shards are first gathered there (Megatron's torch format gathers
-  // them to DP rank 0 too), into the same tensors the non-distributed optimizer saves, so
-  // either optimizer resumes from either, in any layout.
-  HostOptimizerState sharded;
-  if (distributed_optimizer() && !args_.no_save_optim) {
-    sharded = host_optimizer_state(false);
-    gather_optimizer_state(sharded);
-  }
-  HostOptimizerState main;  // only DP rank 0 writes; the distributed optimizer's gather needs every rank
-  if (main_params_apart() && (dp == 0 || distributed_optimizer())) {
+  // Data-parallel replicas hold the same parameters: DP rank 0 of each (tp, pp) writes them,
+  // and the replicated optimizer's state. The distributed optimizer's state is written where
+  // it lives: every DP rank writes its owned ranges, in parallel, into a file of its own.
+  const bool sharded_optimizer = distributed_optimizer() && !args_.no_save_optim;
+  const std::string shard = checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size);
+  HostOptimizerState main;
+  if (main_params_apart() && dp == 0) {
     main = host_main_params(false);
     gather_main_params(main);
   }
   std::vector<CheckpointFile> mine;
   on_every_rank(world, write_failed, [&] {
+    if (sharded_optimizer) mine.push_back(write_optimizer_dp_shard(tmp_dir, shard, dp, owned_optimizer_pieces()));
     if (dp != 0) return;
-    mine = write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size),
-                                  main_params_apart() ? main.tensors : model_tensors(model_, false),
-                                  args_.no_save_optim          ? std::vector<ShardedTensor>{}
-                                  : distributed_optimizer()    ? sharded.tensors
-                                                               : optimizer_tensors(*optimizer_, model_, false));
+    const std::vector<CheckpointFile> written =
+        write_checkpoint_shard(tmp_dir, shard, main_params_apart() ? main.tensors : model_tensors(model_, false),
+                               args_.no_save_optim || sharded_optimizer ? std::vector<ShardedTensor>{}
+                                                                        : optimizer_tensors(*optimizer_, model_, false));
+    mine.insert(mine.end(), written.begin(), written.end());
   }, abandon);
   // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
   const std::vector<CheckpointFile> files = gather_files(world, mine);
@@ -491,6 +505,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
     state.scheduler = schedule_json(args_.lr_schedule);
     state.args = args_.command_line;
     if (loss_scaler_ && !args_.no_save_optim) state.grad_scaler = loss_scaler_->state_dict();
+    if (sharded_optimizer) state.optimizer_dp_shards = args_.data_parallel_size;
+    state.main_params_in_optimizer = sharded_optimizer && main_params_apart();
     state.layout = {args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
     commit_checkpoint_save(dir, tmp_dir, state, files);
@@ -524,10 +540,20 @@ void Trainer::load_checkpoint(const std::string& dir) {
   if (distributed_optimizer()) sharded = host_optimizer_state(true);
   if (main_params_apart()) main = host_main_params(true);
   on_every_rank(world, "load the checkpoint of iteration " + std::to_string(*latest) + " in " + dir, [&] {
-    check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
-    s = tessera::load_checkpoint(dir, *latest, main_params_apart() ? main.tensors : model_tensors(model_, true),
-                                 distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true),
-                                 load_optimizer, rank_in(groups_.tp), args_.tensor_parallel_size);
+    const CheckpointState saved = read_checkpoint_metadata(dir, *latest);
+    check_padded_vocab(args_, saved, dir);
+    const std::vector<ShardedTensor> params = main_params_apart() ? main.tensors : model_tensors(model_, true);
+    std::vector<ShardedTensor> state =
+        distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true);
+    // A 16-bit run of the distributed optimizer saved its exact main parameters with the
+    // optimizer state (its model.safetensors holds their rounding): they replace the values
+    // loaded from the model's files (the optimizer's files are read second).
+    if (saved.main_params_in_optimizer) {
+      const std::vector<ShardedTensor> exact = prefixed(params, "main.");
+      state.insert(state.end(), exact.begin(), exact.end());
+    }
+    s = tessera::load_checkpoint(dir, *latest, params, state, load_optimizer, rank_in(groups_.tp),
+                                 args_.tensor_parallel_size);
     if (distributed_optimizer() && load_optimizer) scatter_optimizer_state(sharded);
     if (main_params_apart()) install_main_params(main);
   });
