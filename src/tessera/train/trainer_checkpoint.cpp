@@ -131,21 +131,6 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
   return out;
 }
 
-// The chunk of this rank that holds a parameter: its layer's; the first virtual stage's for
-// the embedding; the last's for the final norm, the output layer and the tied embedding's copy.
-int chunk_of(const std::vector<ModelChunk>& chunks, const ParamShard& s) {
-  int layer = 0;
-  const bool in_layer = std::sscanf(s.spec.name.c_str(), "decoder.layers.%d.", &layer) == 1;
-  const bool embedding = s.spec.name.rfind("embedding.", 0) == 0 && !s.is_embedding_copy;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const ModelChunk& k = chunks[c];
-    if (in_layer ? layer >= k.first_layer && layer < k.end_layer : embedding ? k.has_embedding : k.has_head)
-      return static_cast<int>(c);
-  }
-  TESSERA_CHECK(false, "no model chunk of this rank holds " + s.spec.name);
-  return 0;
-}
-
 // This rank's parameters as Megatron's file holds them (--ckpt-format torch): chunk by chunk,
 // each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight, each
 // with its optimizer state unless `with_state` is false.
@@ -154,7 +139,7 @@ std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimize
   std::vector<MegatronParam> out;
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
-    const int chunk = chunk_of(chunks, s);
+    const int chunk = s.chunk;
     // The f32 main parameters: the writer rounds them into the 16-bit model and keeps them as
     // fp32_from_fp16_params (the non-distributed optimizer: parameter i is optimizer param i).
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
