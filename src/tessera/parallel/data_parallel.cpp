@@ -1,6 +1,7 @@
 #include "tessera/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
@@ -97,7 +98,7 @@ void DataParallelBuckets::finish() {
     if (!b.reduce) launch_reduce(b);  // not overlapped, or not reported ready
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     Bucket& b = buckets_[bi];
-    b.reduce->wait();
+    wait_exposed(*b.reduce);
     b.reduce.reset();
     b.pending = layout_.buckets[bi].end_param - layout_.buckets[bi].first_param;
   }
@@ -120,8 +121,15 @@ void DataParallelBuckets::gather_params() {
 
 void DataParallelBuckets::wait_gather(Bucket& b) {
   if (!b.gather) return;
-  b.gather->wait();
+  wait_exposed(*b.gather);
   b.gather.reset();
+}
+
+// Every wait of a step passes here; launching only queues the call.
+void DataParallelBuckets::wait_exposed(Work& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  work.wait();
+  exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void DataParallelBuckets::wait_params(size_t first, size_t end) {

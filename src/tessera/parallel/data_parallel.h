@@ -70,6 +70,10 @@ class DataParallelBuckets {
   // order, such as an Adam moment), each from its range of a whole buffer in host memory,
   // buffer: f32 [layout().numel].
   void scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const;
+  // Seconds the caller has spent blocked on this group's reductions and gathers since
+  // construction: all of their time when they run synchronously, only what the overlaps
+  // leave exposed otherwise (the benchmark's measure of how much they hide).
+  double exposed_seconds() const { return exposed_seconds_; }
   // Bytes of the reduced-gradient shard this rank holds (1/DP of the buffer).
   size_t shard_bytes() const { return shard_.bytes(); }
   const GradBufferLayout& layout() const { return layout_; }
@@ -84,6 +88,7 @@ class DataParallelBuckets {
   };
   void launch_reduce(Bucket& b);
   void wait_gather(Bucket& b);
+  void wait_exposed(Work& work);
 
   GradBufferLayout layout_;
   Communicator& dp_;
@@ -91,6 +96,7 @@ class DataParallelBuckets {
   Buffer shard_;  // F32, the owned range of every bucket in bucket order
   std::vector<Bucket> buckets_;
   std::vector<OwnedPiece> owned_;
+  double exposed_seconds_ = 0;
 };
 
 }  // namespace tessera

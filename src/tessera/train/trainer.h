@@ -150,6 +150,7 @@ class Trainer {
   TrainerGroups groups_;
   Communicator* dp_;  // groups_.dp when it has more than one rank
   std::unique_ptr<DataParallelBuckets> dp_buckets_;  // with data parallelism
+  double dp_exposed_logged_s_ = 0;  // dp_buckets_->exposed_seconds() at the last JSON log record
   // Per parameter, the gradient the optimizer reads (clipping, TP and embedding sums): the
   // whole gradient, or with the distributed optimizer the owned piece (empty when none).
   std::vector<Tensor> main_grads_;
