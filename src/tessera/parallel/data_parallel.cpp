@@ -139,6 +139,21 @@ void DataParallelBuckets::wait_params(size_t first, size_t end) {
   for (size_t bi = lo; bi <= hi; ++bi) wait_gather(buckets_[bi]);
 }
 
+// The shard is laid out as the owned ranges of the buckets in order, so a piece's position
+// in it is its gradient's.
+void DataParallelBuckets::gather_to_host(float* buffer, const std::vector<Tensor>& pieces) {
+  TESSERA_CHECK(pieces.size() == owned_.size(), "gather_to_host: one tensor per owned piece");
+  std::vector<float> shard(static_cast<size_t>(layout_.numel / dp_.size()), 0.0f);
+  for (size_t j = 0; j < owned_.size(); ++j)
+    copy_to_host(shard.data() + owned_[j].grad.offset / sizeof(float), pieces[j].bytes(), pieces[j]);
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const GradBufferLayout::Bucket& lb = layout_.buckets[bi];
+    dp_.all_gather(Tensor(buffer + lb.start, DType::F32, {lb.numel()}, nullptr),
+                   Tensor(shard.data() + b.shard.offset / sizeof(float), DType::F32, {b.shard.numel()}, nullptr));
+  }
+}
+
 void DataParallelBuckets::scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const {
   TESSERA_CHECK(pieces.size() == owned_.size(), "scatter_from_host: one tensor per owned piece");
   for (size_t j = 0; j < owned_.size(); ++j) {

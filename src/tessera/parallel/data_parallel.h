@@ -66,9 +66,12 @@ class DataParallelBuckets {
   // Parameters [first, end) are about to be read: waits for their buckets' gathers.
   void wait_params(size_t first, size_t end);
   void wait_all_params() { wait_params(0, layout_.params.size()); }
-  // Checkpoint loads: per-piece values (one f32 tensor per owned piece, in owned_pieces()
-  // order, such as an Adam moment), each from its range of a whole buffer in host memory,
-  // buffer: f32 [layout().numel].
+  // Checkpoints: per-piece values (one f32 tensor per owned piece, in owned_pieces() order,
+  // such as an Adam moment) as the whole buffer in host memory, buffer: f32 [layout().numel]
+  // (collective over the group; every rank receives the whole buffer, zeros in the padding;
+  // Megatron's distrib_optim.pt is written from it); and back, each piece from its range of
+  // a whole buffer.
+  void gather_to_host(float* buffer, const std::vector<Tensor>& pieces);
   void scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const;
   // Seconds the caller has spent blocked on this group's reductions and gathers since
   // construction: all of their time when they run synchronously, only what the overlaps

@@ -124,6 +124,12 @@ class Trainer {
   // load reads any checkpoint's into it and each rank keeps its owned pieces.
   HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
   void scatter_optimizer_state(const HostOptimizerState& state);
+  // Megatron's distrib_optim.pt: the main parameters and, unless main_only, the optimizer
+  // state as whole buffers over the buffer layout, prefixes "" and "<kind>." (collective over
+  // the DP group with the distributed optimizer; copied at DP 1); and the files DP rank 0
+  // writes with --ckpt-format torch.
+  HostOptimizerState host_distrib_optim_state(bool main_only) const;
+  void write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
   // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the
   // state and of a 16-bit model's main parameters ("main.<name>"), as flat pieces.
   std::vector<FlatPiece> owned_optimizer_pieces() const;

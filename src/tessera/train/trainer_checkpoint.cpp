@@ -20,6 +20,7 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/megatron_distrib_optim.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/log.h"
@@ -132,35 +133,39 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
 }
 
 // This rank's parameters as Megatron's file holds them (--ckpt-format torch): chunk by chunk,
-// each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight, each
-// with its optimizer state unless `with_state` is false.
-std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimizer& optimizer, bool with_state) {
+// each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight.
+// `main`: each parameter's f32 main values, which the writer rounds into a 16-bit model (and
+// keeps as fp32_from_fp16_params); each with its optimizer state when `state` is given (the
+// replicated optimizer: parameter i is optimizer parameter i).
+std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vector<Tensor>& main,
+                                           const Optimizer* state) {
   const std::vector<ModelChunk>& chunks = model.partition().chunks;
   std::vector<MegatronParam> out;
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
-    const int chunk = s.chunk;
-    // The f32 main parameters: the writer rounds them into the 16-bit model and keeps them as
-    // fp32_from_fp16_params (the non-distributed optimizer: parameter i is optimizer param i).
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
-                                       : megatron_local_name(s.spec.name, chunks[chunk].first_layer),
-                   optimizer.main_param(i), s.spec.weight_decay, {}, chunk});
+                                       : megatron_local_name(s.spec.name, chunks[s.chunk].first_layer),
+                   main.at(i), s.spec.weight_decay, {}, s.chunk});
   }
-  if (with_state)
-    for (const Optimizer::StateTensor& t : optimizer.state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
+  if (state)
+    for (const Optimizer::StateTensor& t : state->state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
   // Megatron's optimizer takes the chunks' parameters in chunk order.
   std::stable_sort(out.begin(), out.end(), [](const MegatronParam& a, const MegatronParam& b) { return a.chunk < b.chunk; });
   return out;
 }
 
+// model_optim_rng.pt and, with the distributed optimizer's state, distrib_optim.pt.
 void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, const MegatronFileSpec& spec,
-                          const std::vector<MegatronParam>& params) {
+                          const std::vector<MegatronParam>& params, const DistribOptimState* distrib) {
   const std::filesystem::path folder = std::filesystem::path(tmp_dir) / shard;
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
-  const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
-  write_file_synced((folder / kMegatronFile).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  auto write = [&](const char* file, const std::vector<uint8_t>& bytes) {
+    write_file_synced((folder / file).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  };
+  write(kMegatronFile, megatron_file_bytes(spec, params));
+  if (distrib) write(kDistribOptimFile, distrib_optim_file_bytes(*distrib));
   fsync_directory(folder.string());
 }
 
@@ -405,6 +410,72 @@ void Trainer::install_main_params(const HostOptimizerState& main) {
   }
 }
 
+Trainer::HostOptimizerState Trainer::host_distrib_optim_state(bool main_only) const {
+  std::vector<std::string> prefixes{""};
+  if (!main_only)
+    for (const char* kind : optimizer_->state_kinds()) prefixes.push_back(std::string(kind) + ".");
+  HostOptimizerState s = host_whole_params(prefixes, true);
+  if (distributed_optimizer()) {
+    dp_buckets_->gather_to_host(s.buffers[0].data(), main_params_of(*optimizer_));
+    for (size_t k = 1; k < s.buffers.size(); ++k)
+      dp_buckets_->gather_to_host(s.buffers[k].data(), state_of_kind(*optimizer_, k - 1));
+    return s;
+  }
+  // One data-parallel rank: the optimizer's parameters are whole.
+  const GradBufferLayout& layout = model_.buffer_layout();
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const Tensor m = optimizer_->main_param(i);
+    copy_to_host(s.buffers[0].data() + layout.params[i].start, m.bytes(), m);
+  }
+  const std::vector<const char*> kinds = optimizer_->state_kinds();
+  for (const Optimizer::StateTensor& t : main_only ? std::vector<Optimizer::StateTensor>{} : optimizer_->state_tensors()) {
+    const size_t k = static_cast<size_t>(std::find(kinds.begin(), kinds.end(), t.kind) - kinds.begin());
+    copy_to_host(s.buffers[1 + k].data() + layout.params[t.param].start, t.tensor.bytes(), t.tensor);
+  }
+  return s;
+}
+
+void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const {
+  const int tp = rank_in(groups_.tp), pp = rank_in(groups_.pp);
+  MegatronFileSpec spec;
+  spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
+  spec.iteration = iteration_;
+  spec.model_dtype = args_.bf16 ? DType::BF16 : args_.fp16 ? DType::F16 : DType::F32;
+  spec.with_optimizer = !args_.no_save_optim;
+  spec.distributed_optimizer = args_.use_distributed_optimizer;
+  spec.optimizer = args_.optimizer;
+  spec.lr = scheduler_.lr();
+  spec.weight_decay = scheduler_.weight_decay();
+  spec.optimizer_steps = optimizer_->steps_taken();
+  if (loss_scaler_) spec.grad_scaler = loss_scaler_->state_dict();
+  spec.scheduler = megatron_scheduler_state(args_.lr_schedule, scheduler_.num_steps());
+  spec.last_stage = pp == args_.pipeline_parallel_size - 1;
+  spec.with_rng = !args_.no_save_rng;
+  spec.tp_rank = tp;
+  spec.pp_rank = pp;
+  // The main parameters: the optimizer's, or the distributed optimizer's gathered (`whole`
+  // holds, per parameter, its main values and then its state kinds).
+  std::vector<Tensor> main;
+  const size_t kinds = whole.buffers.size();
+  for (size_t i = 0; i < model_.shards().size(); ++i)
+    main.push_back(spec.distributed_optimizer ? whole.tensors.at(i * kinds).tensor : optimizer_->main_param(i));
+  std::optional<DistribOptimState> distrib;
+  if (spec.distributed_optimizer && spec.with_optimizer) {
+    std::vector<int> chunks;
+    for (const ParamShard& s : model_.shards()) chunks.push_back(s.chunk);
+    std::vector<const float*> buffers;
+    for (const std::vector<float>& b : whole.buffers) buffers.push_back(b.data());
+    distrib = distrib_optim_state(model_.buffer_layout(), chunks, buffers);
+    // Megatron's buffer key: fp32 gradients unless fp16 without --accumulate-allreduce-grads-in-fp32.
+    distrib->param_dtype = spec.model_dtype;
+    distrib->grad_dtype = args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16
+                                                                                                      : DType::F32;
+  }
+  write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
+                       megatron_params(model_, main, spec.with_optimizer && !distrib ? optimizer_.get() : nullptr),
+                       distrib ? &*distrib : nullptr);
+}
+
 void Trainer::save_checkpoint(const std::string& dir) {
   // The parameters every rank saves are whole again (an overlapped gather may still run).
   if (dp_buckets_ && distributed_optimizer()) dp_buckets_->wait_all_params();
@@ -426,26 +497,13 @@ void Trainer::save_checkpoint(const std::string& dir) {
   const std::string write_failed = "write its part of" + at;
   const std::string commit_failed = "commit" + at;
   if (args_.save_megatron_format) {
+    // The distributed optimizer's state whole, for DP rank 0 to write (Megatron gathers it
+    // there too): collective over the DP group, so before any rank may fail alone.
+    HostOptimizerState whole;
+    if (args_.use_distributed_optimizer) whole = host_distrib_optim_state(args_.no_save_optim);
     // Megatron's files record no checksums: the writers finish, then rank 0 commits.
     on_every_rank(world, write_failed, [&] {
-      if (dp != 0) return;
-      MegatronFileSpec spec;
-      spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
-      spec.iteration = iteration_;
-      spec.model_dtype = args_.bf16 ? DType::BF16 : args_.fp16 ? DType::F16 : DType::F32;
-      spec.with_optimizer = !args_.no_save_optim;
-      spec.optimizer = args_.optimizer;
-      spec.lr = scheduler_.lr();
-      spec.weight_decay = scheduler_.weight_decay();
-      spec.optimizer_steps = optimizer_->steps_taken();
-      if (loss_scaler_) spec.grad_scaler = loss_scaler_->state_dict();
-      spec.scheduler = megatron_scheduler_state(args_.lr_schedule, scheduler_.num_steps());
-      spec.last_stage = pp == args_.pipeline_parallel_size - 1;
-      spec.with_rng = !args_.no_save_rng;
-      spec.tp_rank = tp;
-      spec.pp_rank = pp;
-      write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
-                           megatron_params(model_, *optimizer_, spec.with_optimizer));
+      if (dp == 0) write_megatron_files(tmp_dir, whole);
     }, abandon);
     on_every_rank(world, commit_failed, [&] {
       if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);

@@ -126,19 +126,23 @@ TEST(DataParallelBuckets, DistributedOptimizerReduceScatterAndGather) {
   check_distributed(1, INT64_MAX, false);
 }
 
-TEST(DataParallelBuckets, OptimizerStateFromHostBuffer) {
+TEST(DataParallelBuckets, OptimizerStateThroughHostBuffers) {
   run_in_process_ranks(3, [&](Communicator& dp) {
     Buffers b(layout_for(3, 8, true));
     DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {true, true, false}, cpu_device());
-    // The whole buffer holds every element's global identity; each piece must receive its own.
-    std::vector<float> whole(b.layout.numel, -1.0f);
-    for (size_t p = 0; p < kSizes.size(); ++p)
-      for (int64_t e = 0; e < kSizes[p]; ++e) whole[b.layout.params[p].start + e] = float(p * 10 + e);
+    // A state tensor per piece holding its elements' global identity.
     std::vector<std::vector<float>> state;
     std::vector<Tensor> pieces;
-    for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces())
-      state.emplace_back(static_cast<size_t>(piece.end - piece.begin), 0.0f);
+    for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces()) {
+      state.emplace_back();
+      for (int64_t e = piece.begin; e < piece.end; ++e) state.back().push_back(float(piece.param * 10 + e));
+    }
     for (auto& s : state) pieces.push_back(Tensor(s.data(), DType::F32, {int64_t(s.size())}, &cpu_device()));
+    std::vector<float> whole(b.layout.numel, -1.0f);
+    buckets.gather_to_host(whole.data(), pieces);
+    for (size_t p = 0; p < kSizes.size(); ++p)
+      for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(whole[b.layout.params[p].start + e], float(p * 10 + e));
+    for (auto& s : state) std::fill(s.begin(), s.end(), 0.0f);
     buckets.scatter_from_host(pieces, whole.data());
     for (size_t j = 0; j < buckets.owned_pieces().size(); ++j) {
       const DataParallelBuckets::OwnedPiece& piece = buckets.owned_pieces()[j];
