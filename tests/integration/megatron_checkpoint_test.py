@@ -17,14 +17,14 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   are the original's;
 - interleaved pipelines: PP=4 x 2 virtual stages saves model0/model1 per file (Megatron's
   numbering), resumes bit-exactly and loads into one process;
-- the distributed optimizer (DP=2, buckets of 1000 elements): distrib_optim.pt holds
+- the distributed optimizer (DP=2, one bucket and buckets of 1000 elements): distrib_optim.pt holds
   Megatron's structure (buckets_coalesced, buffer 0 keyed by the dtype pair, flat fp32 param /
   exp_avg / exp_avg_sq of numel_unpadded), laid out as the fact sheet's rules computed here
   independently (reverse order, 64-element starts, buckets closed after the parameter that
   fills them, each cut to numel_unpadded, zeros between parameters): `param` equals the
   model's weights at each parameter's offset; model_optim_rng.pt's optimizer holds only the
-  groups (with step, without params); the run resumes bit-exactly at DP=2, and within 1e-5 at
-  DP=4 with the flag and in one process without it;
+  groups (with step, without params); each run resumes bit-exactly at DP=2, and the one-bucket
+  save within 1e-5 at DP=4 with the flag and in one process without it;
 - hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
   zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
   `ckpt inspect` or `train --load`, and nothing is executed; so is a damaged distrib_optim.pt
@@ -146,14 +146,8 @@ def distrib_optim_layout(model, dp, bucket_size):
     return {k: off - shift[bucket_of(off)] for k, off in offsets.items()}, sum(hi - lo for lo, hi in buckets)
 
 
-def check_distributed_optimizer(tmp):
-    """--use-distributed-optimizer with --ckpt-format torch writes Megatron's distrib_optim.pt."""
-    dist = TRAIN + ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
-                    "--overlap-param-gather"]
-    run(dist + ["--log-json", f"{tmp}/do_full.jsonl"], procs=2)
-    run(dist + ["--save", f"{tmp}/mtdo", "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"],
-        procs=2)
-    folder = f"{tmp}/mtdo/iter_0000003/mp_rank_00"
+def check_distrib_optim_file(folder, dp, bucket_size):
+    """One rank's distrib_optim.pt and optimizer dict against Megatron's structure and layout."""
     assert sorted(os.listdir(folder)) == ["distrib_optim.pt", "model_optim_rng.pt"], os.listdir(folder)
     sd = torch.load(f"{folder}/model_optim_rng.pt")
     assert sd["args"].use_distributed_optimizer is True
@@ -164,7 +158,7 @@ def check_distributed_optimizer(tmp):
     assert list(do) == ["buckets_coalesced", 0] and do["buckets_coalesced"] is True, list(do)
     assert list(do[0]) == [(torch.float32, torch.float32)], list(do[0])
     buffer = do[0][(torch.float32, torch.float32)]
-    offsets, numel = distrib_optim_layout(sd["model"], 2, 1000)
+    offsets, numel = distrib_optim_layout(sd["model"], dp, bucket_size)
     assert list(buffer) == ["param", "exp_avg", "exp_avg_sq", "numel_unpadded"] and buffer["numel_unpadded"] == numel
     for key in ("param", "exp_avg", "exp_avg_sq"):
         t = buffer[key]
@@ -177,12 +171,27 @@ def check_distributed_optimizer(tmp):
         covered[off:off + w.numel()] = True
     for key in ("param", "exp_avg", "exp_avg_sq"):
         assert (buffer[key][~covered] == 0).all(), key  # the alignment gaps
-    full = records(f"{tmp}/do_full.jsonl")
-    run(dist + ["--load", f"{tmp}/mtdo", "--log-json", f"{tmp}/do_resumed.jsonl"], procs=2)
-    same_records(full[3:], records(f"{tmp}/do_resumed.jsonl"), "distributed optimizer resume from distrib_optim.pt")
-    run(dist + ["--load", f"{tmp}/mtdo", "--log-json", f"{tmp}/do_dp4.jsonl"], procs=4)
+
+
+def check_distributed_optimizer(tmp):
+    """--use-distributed-optimizer with --ckpt-format torch writes Megatron's distrib_optim.pt:
+    with buckets of 1000 elements (several, each cut to numel_unpadded) and with one bucket."""
+    overlapped = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
+                  "--overlap-param-gather"]
+    for label, flags, bucket_size in [("buckets", overlapped, 1000), ("one bucket", ["--use-distributed-optimizer"],
+                                                                       math.inf)]:
+        dist = TRAIN + flags
+        tag = label.replace(" ", "_")
+        run(dist + ["--log-json", f"{tmp}/do_full_{tag}.jsonl"], procs=2)
+        save = f"{tmp}/mtdo_{tag}"
+        run(dist + ["--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"], procs=2)
+        check_distrib_optim_file(f"{save}/iter_0000003/mp_rank_00", 2, bucket_size)
+        full = records(f"{tmp}/do_full_{tag}.jsonl")
+        run(dist + ["--load", save, "--log-json", f"{tmp}/do_resumed_{tag}.jsonl"], procs=2)
+        same_records(full[3:], records(f"{tmp}/do_resumed_{tag}.jsonl"), "resume from distrib_optim.pt, " + label)
+    run(dist + ["--load", save, "--log-json", f"{tmp}/do_dp4.jsonl"], procs=4)
     close_records(records(f"{tmp}/do_dp4.jsonl"), full[3:], "distrib_optim.pt at DP=2 resumed at DP=4")
-    run(TRAIN + ["--load", f"{tmp}/mtdo", "--log-json", f"{tmp}/do_one.jsonl"])
+    run(TRAIN + ["--load", save, "--log-json", f"{tmp}/do_one.jsonl"])
     close_records(records(f"{tmp}/do_one.jsonl"), full[3:], "distrib_optim.pt resumed without the flag")
 
 

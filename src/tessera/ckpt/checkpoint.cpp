@@ -282,7 +282,6 @@ class PieceIndex {
   }
 
   const std::vector<SourceFile>& sources() const { return sources_; }
-  const std::string& it_dir() const { return it_dir_; }
 
   // The copies that fill `t` (targets[index]), preferring pieces of saved TP rank `preferred`.
   void plan(const ShardedTensor& t, size_t index, int preferred, const char* what,
@@ -394,9 +393,10 @@ class PieceIndex {
         for (const FlatPart& part : p.parts)
           if (part.begin == at) at = part.end;
         if (at != shape_numel(p.shape))
-          throw runtime_error("checkpoint " + it_dir_ + " lacks elements [" + std::to_string(at) + ", " +
-                                  std::to_string(shape_numel(p.shape)) + ") of " + name + "'s slice " +
-                                  shape_str(p.shape) + " in the files of shard " + shard_of(sources_[p.file].rel),
+          throw runtime_error("checkpoint " + it_dir_ + " lacks part of " + name + "'s slice " + shape_str(p.shape) +
+                                  " in shard " + shard_of(sources_[p.parts.front().file].rel) +
+                                  ": its data-parallel files hold its elements only up to " + std::to_string(at) +
+                                  " of " + std::to_string(shape_numel(p.shape)),
                               "a data-parallel optimizer file (" + std::string(kOptimizerDpPrefix) +
                                   "NNN.safetensors) is missing from metadata.json; copy the whole folder");
         p.file = p.parts.front().file;
@@ -500,8 +500,10 @@ CheckpointState state_from_json(const json& meta) {
   s.optimizer_dp_shards = meta.value("optimizer_dp_shards", 0);
   s.main_params_in_optimizer = meta.value("main_params_in_optimizer", false);
   if (s.layout.tensor_parallel < 1 || s.layout.pipeline_parallel < 1 || s.layout.data_parallel < 1 ||
-      s.layout.virtual_stages < 1 || s.optimizer_dp_shards < 0 || s.optimizer_dp_shards > 999)
+      s.layout.virtual_stages < 1)
     throw runtime_error("records a layout with a size below 1");
+  if (s.optimizer_dp_shards < 0 || s.optimizer_dp_shards > 999)
+    throw runtime_error("records " + std::to_string(s.optimizer_dp_shards) + " optimizer_dp_shards (0 to 999)");
   return s;
 }
 
@@ -607,13 +609,22 @@ std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, i
   return tmp_dir;
 }
 
-std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
-                                                   const std::vector<ShardedTensor>& model,
-                                                   const std::vector<ShardedTensor>& optimizer) {
+namespace {
+
+fs::path make_shard_folder(const std::string& tmp_dir, const std::string& shard) {
   std::error_code ec;
   const fs::path folder = fs::path(tmp_dir) / shard;
   fs::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
+  return folder;
+}
+
+}  // namespace
+
+std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
+                                                   const std::vector<ShardedTensor>& model,
+                                                   const std::vector<ShardedTensor>& optimizer) {
+  const fs::path folder = make_shard_folder(tmp_dir, shard);
   std::vector<CheckpointFile> files;
   auto write = [&](const char* file, const std::vector<ShardedTensor>& tensors) {
     std::vector<FileTensor> entries;
@@ -634,10 +645,7 @@ std::string optimizer_dp_shard_file(int dp_rank) {
 
 CheckpointFile write_optimizer_dp_shard(const std::string& tmp_dir, const std::string& shard, int dp_rank,
                                         const std::vector<FlatPiece>& pieces) {
-  std::error_code ec;
-  const fs::path folder = fs::path(tmp_dir) / shard;
-  fs::create_directories(folder, ec);
-  if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
+  const fs::path folder = make_shard_folder(tmp_dir, shard);
   std::vector<FileTensor> entries;
   for (const FlatPiece& p : pieces) {
     TESSERA_CHECK(p.values.dtype == DType::F32 && p.values.numel() == p.end - p.begin, "flat piece of " + p.slice.name);

@@ -501,11 +501,13 @@ GradBufferLayout saved_buffer_layout(const RankFile& f, const json& args, bool t
     names.push_back(global_name(p.mapped, f.first_layer.at(p.chunk)));
     chunks.push_back(p.chunk);
   }
+  // Megatron's shared_embedding (megatron/core/models/common/language_module/language_module.py):
+  // a tied word embedding on a stage with the embedding or the head (final norm), not both.
   const bool has_embedding = std::count(names.begin(), names.end(), "embedding.word_embeddings.weight") > 0;
-  const bool has_output = std::count(names.begin(), names.end(), "output_layer.weight") > 0;
+  const bool has_head = std::count(names.begin(), names.end(), "decoder.final_layernorm.weight") > 0;
   std::vector<bool> own_bucket;
   for (const std::string& n : names)
-    own_bucket.push_back(tied && has_embedding != has_output &&
+    own_bucket.push_back(tied && has_embedding != has_head &&
                          (n == "embedding.word_embeddings.weight" || n == "output_layer.weight"));
   return build_grad_buffer_layout(numels, o, own_bucket, chunks);
 }

@@ -1,8 +1,9 @@
 // Trainer's checkpoint side: what a checkpoint holds of the training state, saving it and
 // resuming from it (ckpt/checkpoint.h has the file layout). Saving is collective over the
 // world: global rank 0 makes the temporary folder, data-parallel rank 0 of each (tp, pp)
-// writes its shard, rank 0 commits once every file is written. Loading reads, on every
-// rank, the slices of whatever layout was saved.
+// writes its shard (and every data-parallel rank its distributed-optimizer state), rank 0
+// commits once every file is written. Loading reads, on every rank, the slices of whatever
+// layout was saved.
 #include <unistd.h>
 
 #include <algorithm>
@@ -422,11 +423,8 @@ Trainer::HostOptimizerState Trainer::host_distrib_optim_state(bool main_only) co
     return s;
   }
   // One data-parallel rank: the optimizer's parameters are whole.
+  gather_main_params(s);
   const GradBufferLayout& layout = model_.buffer_layout();
-  for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const Tensor m = optimizer_->main_param(i);
-    copy_to_host(s.buffers[0].data() + layout.params[i].start, m.bytes(), m);
-  }
   const std::vector<const char*> kinds = optimizer_->state_kinds();
   for (const Optimizer::StateTensor& t : main_only ? std::vector<Optimizer::StateTensor>{} : optimizer_->state_tensors()) {
     const size_t k = static_cast<size_t>(std::find(kinds.begin(), kinds.end(), t.kind) - kinds.begin());
