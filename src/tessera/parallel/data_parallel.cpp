@@ -105,10 +105,13 @@ void DataParallelBuckets::finish() {
 }
 
 // The owned range of the parameter buffer is copied into the shard (free once the optimizer
-// has read the gradients), so the gather's input never aliases its output.
+// has read the gradients), so the gather's input never aliases its output. Buckets are
+// gathered in the order the forward reads them, the last bucket (the first layers) first,
+// as Megatron dispatches them: the group runs its collectives one after another, so the
+// forward's first wait then covers one bucket, not all of them.
 void DataParallelBuckets::gather_params() {
   TESSERA_CHECK(options_.distributed_optimizer, "gather_params without the distributed optimizer");
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+  for (size_t bi = buckets_.size(); bi-- > 0;) {
     Bucket& b = buckets_[bi];
     const int64_t n = b.shard.numel();
     const Tensor source(b.shard.handle, b.shard.offset, b.params.dtype, {n}, b.shard.device);
