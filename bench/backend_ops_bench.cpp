@@ -71,18 +71,28 @@ std::vector<Timed> layer_ops(Tensors& m, const Shape4& s) {
   Tensor norm_sums = m.f32({2});  // one double (ops.h: I64 elements holding doubles)
   norm_sums.dtype = DType::I64;
   norm_sums.shape = {1};
-  (void)HD;
+  // The Llama family's ops: NH/4 query groups, every channel rotated; SwiGLU on fc1's 4C
+  // outputs (F = 2C).
+  const int64_t NG = s.NH / 4;
+  Tensor qkv_grouped = m.f32({s.B, s.T, NG * (4 + 2) * HD}), h2 = m.f32({s.B, s.T, 2 * C});
+  const ops::Rope rope{HD, 10000.0f};
   return {
       {"layernorm fwd", [=] { ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f); }},
       {"layernorm bwd", [=] { ops::layernorm_backward(x, w, b, y, x, w, mean, rstd); }},
+      {"rmsnorm fwd", [=] { ops::rmsnorm_forward(y, rstd, x, w, 1e-5f); }},
+      {"rmsnorm bwd", [=] { ops::rmsnorm_backward(x, w, y, x, w, rstd); }},
       {"linear qkv fwd", [=] { ops::linear_forward(qkv, y, wqkv, bqkv); }},
       {"linear qkv bwd", [=] { ops::linear_backward(y, dwqkv, bqkv, dqkv, y, wqkv); }},
+      {"attention_qkv fwd (GQA, RoPE)", [=] { ops::attention_qkv_forward(qkv, qkv_grouped, NG, rope); }},
+      {"attention_qkv bwd (GQA, RoPE)", [=] { ops::attention_qkv_backward(qkv_grouped, qkv, NG, rope); }},
       {"attention fwd (p=0.1)", [=] { ops::attention_forward(y, att, qkv, drop); }},
       {"attention bwd (p=0.1)", [=] { ops::attention_backward(dqkv, scratch, y, qkv, att, drop); }},
       {"linear fc fwd", [=] { ops::linear_forward(h4, y, w4, Tensor()); }},
       {"linear fc bwd", [=] { ops::linear_backward(y, dw4, Tensor(), g4, y, w4); }},
       {"gelu fwd", [=] { ops::gelu_forward(g4, h4, ops::GeluKind::Tanh); }},
       {"gelu bwd", [=] { ops::gelu_backward(h4, g4, h4, ops::GeluKind::Tanh); }},
+      {"swiglu fwd", [=] { ops::swiglu_forward(h2, h4); }},
+      {"swiglu bwd", [=] { ops::swiglu_backward(h4, h2, h4); }},
       {"dropout fwd+bwd", [=] { ops::dropout_forward(y, x, drop); ops::dropout_backward(x, y, drop); }},
       {"residual fwd+bwd", [=] { ops::residual_forward(y, x, y); ops::residual_backward(x, Tensor(), y); }},
       {"lm head fwd", [=] { ops::linear_forward(logits, y, wte, Tensor()); }},

@@ -89,3 +89,11 @@ set_tests_properties(ckpt.megatron_format PROPERTIES TIMEOUT 300 LABELS ckpt)
 add_test(NAME ckpt.inspect_summary
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/ckpt_area/ckpt_summary_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(ckpt.inspect_summary PROPERTIES TIMEOUT 180 LABELS ckpt)
+
+# Llama's Hugging Face interop end to end (tests/integration/llama_hf_test.py): --init-from-hf
+# of the float64 transformers reference (tests/reference/llama_reference.py) matches its 10
+# iterations as one process and as TP=2 x PP=2 x DP=2 (8 processes), import-hf/export-hf give
+# back the folder bit for bit and load in transformers, and flag mismatches name the field.
+add_test(NAME ckpt.llama_hf
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/llama_hf_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(ckpt.llama_hf PROPERTIES TIMEOUT 900 LABELS ckpt)

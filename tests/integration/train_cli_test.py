@@ -97,8 +97,8 @@ def test_skip_spikes(tmp):
 def test_bad_flags():
     err = run(TINY + ["--num-layer", "3"], expect_rc=2).stderr
     assert "error: unknown flag --num-layer" in err and "hint: did you mean --num-layers?" in err, err
-    err = run(TINY + ["--swiglu"], expect_rc=2).stderr
-    assert "--swiglu is a Megatron-LM flag that tessera does not support yet" in err, err
+    err = run(TINY + ["--qk-layernorm"], expect_rc=2).stderr
+    assert "--qk-layernorm is a Megatron-LM flag that tessera does not support yet" in err, err
     err = run(TINY + ["--num-attention-heads", "5"], expect_rc=2).stderr
     assert "--num-attention-heads" in err, err
     err = run(TINY + ["--global-batch-size", "5"], expect_rc=2).stderr

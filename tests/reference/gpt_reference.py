@@ -46,7 +46,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_training  # noqa: E402
 import safetensors_io  # noqa: E402
+from megatron_training import token_mean_loss  # noqa: E402,F401  (megatron_checkpoints.py uses it)
 
 MODEL = {
     "num_layers": 2,
@@ -67,30 +69,7 @@ MODEL = {
     "attention_dropout": 0.0,
 }
 
-TRAIN = {
-    "train_iters": 10,
-    "global_batch_size": 4,
-    "micro_batch_size": 2,
-    "num_microbatches": 2,
-    "optimizer": "adam",
-    "lr": 1e-3,
-    "min_lr": 1e-4,
-    "lr_decay_style": "cosine",
-    "lr_warmup_iters": 2,
-    "lr_warmup_init": 0.0,
-    "lr_decay_iters": 10,
-    "lr_warmup_samples": 8,   # lr_warmup_iters * global_batch_size
-    "lr_decay_samples": 40,   # lr_decay_iters * global_batch_size
-    "weight_decay": 0.1,
-    "weight_decay_incr_style": "constant",
-    "adam_beta1": 0.9,
-    "adam_beta2": 0.95,
-    "adam_eps": 1e-8,
-    # Below most pre-clip norms of this run so that clipping triggers (see clipped_iterations
-    # in train_config.json); far from every norm so the clip decision is not a rounding
-    # question.
-    "clip_grad": 1.5,
-}
+TRAIN = megatron_training.TRAIN
 
 FORWARD_BATCH = 2
 GELU_TANH_C = 0.79788456  # Megatron's bias_gelu constant (sqrt(2/pi) rounded)
@@ -178,13 +157,6 @@ def megatron_forward(p, m, tokens):
         x = x + h @ p[q_ + "mlp.linear_fc2.weight"].T + p[q_ + "mlp.linear_fc2.bias"]
     x = layer_norm(x, p["decoder.final_layernorm.weight"], p["decoder.final_layernorm.bias"], eps)
     return x @ p["embedding.word_embeddings.weight"].T
-
-
-def token_mean_loss(logits, labels):
-    """Cross-entropy over the full padded vocabulary, mean over all tokens."""
-    lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return (lse - picked).mean()
 
 
 def torch_params(w):
@@ -276,67 +248,13 @@ def hf_forward(t, m, tokens):
     return x @ g("wte.weight").T
 
 
-# ---------------------------------------------------------------------------------------------
-# Megatron's optimizer semantics
-
-
-def lr_at(num_steps, c):
-    """Megatron's OptimizerParamScheduler.get_lr (megatron/core/optimizer_param_scheduler.py), counted in
-    samples; num_steps is the scheduler's count before the update."""
-    warmup, decay = c["lr_warmup_samples"], c["lr_decay_samples"]
-    lr_max, lr_min, init = c["lr"], c["min_lr"], c["lr_warmup_init"]
-    if warmup > 0 and num_steps <= warmup:
-        return init + (lr_max - init) * num_steps / warmup
-    if num_steps > decay:
-        return lr_min
-    r = (num_steps - warmup) / (decay - warmup)
-    return lr_min + (lr_max - lr_min) * 0.5 * (math.cos(math.pi * r) + 1.0)
-
-
-def decays(name, shape):
-    return len(shape) > 1 and not name.endswith(".bias")
-
-
 def train(w, m, c, tokens):
     """tokens [iters, gbs, T+1]. Returns per-iteration lm_loss, grad_norm, lr, clipped, and the
     final weights (float64 torch tensors)."""
     p = torch_params(w)
     names = [n for n, _ in param_names(m)]
-    exp_avg = {n: torch.zeros_like(p[n]) for n in names}
-    exp_avg_sq = {n: torch.zeros_like(p[n]) for n in names}
-    b1, b2, eps, wd = c["adam_beta1"], c["adam_beta2"], c["adam_eps"], c["weight_decay"]
-    mbs, nmb, gbs = c["micro_batch_size"], c["num_microbatches"], c["global_batch_size"]
-    num_steps = 0  # the scheduler's step(0) at construction
-    lm_loss, grad_norm, lrs, clipped = [], [], [], []
-    for it in range(c["train_iters"]):
-        for n in names:
-            p[n].grad = None
-        losses = []
-        for mb in range(nmb):
-            batch = torch.tensor(tokens[it, mb * mbs:(mb + 1) * mbs], dtype=torch.long)
-            loss = token_mean_loss(megatron_forward(p, m, batch[:, :-1]), batch[:, 1:])
-            (loss / nmb).backward()  # gradient of the mean over micro-batches
-            losses.append(loss.item())
-        lm_loss.append(sum(losses) / nmb)
-        with torch.no_grad():
-            norm = math.sqrt(sum(float((p[n].grad ** 2).sum()) for n in names))
-            grad_norm.append(norm)
-            coef = c["clip_grad"] / (norm + 1e-6)
-            clipped.append(coef < 1.0)
-            lr = lr_at(num_steps, c)
-            lrs.append(lr)
-            t = it + 1
-            for n in names:
-                g = p[n].grad * coef if coef < 1.0 else p[n].grad
-                exp_avg[n].mul_(b1).add_((1 - b1) * g)
-                exp_avg_sq[n].mul_(b2).add_((1 - b2) * g * g)
-                m_hat = exp_avg[n] / (1 - b1 ** t)
-                v_hat = exp_avg_sq[n] / (1 - b2 ** t)
-                update = m_hat / (v_hat.sqrt() + eps)
-                if decays(n, p[n].shape):
-                    update = update + wd * p[n]
-                p[n].sub_(lr * update)
-        num_steps += gbs  # step(increment=global batch) after each successful iteration
+    lm_loss, grad_norm, lrs, clipped = megatron_training.train(
+        p, names, c, tokens, lambda batch: token_mean_loss(megatron_forward(p, m, batch[:, :-1]), batch[:, 1:]))
     return lm_loss, grad_norm, lrs, clipped, {n: p[n].detach() for n in names}
 
 
@@ -349,19 +267,9 @@ def megatron_args(m, c, hf_dir):
         "--make-vocab-size-divisible-by": m["make_vocab_size_divisible_by"],
         "--norm-epsilon": m["norm_epsilon"],
         "--hidden-dropout": 0.0, "--attention-dropout": 0.0,
-        "--micro-batch-size": c["micro_batch_size"], "--global-batch-size": c["global_batch_size"],
-        "--train-iters": c["train_iters"], "--optimizer": c["optimizer"], "--lr": c["lr"],
-        "--min-lr": c["min_lr"], "--lr-decay-style": c["lr_decay_style"],
-        "--lr-warmup-iters": c["lr_warmup_iters"], "--lr-warmup-init": c["lr_warmup_init"],
-        "--lr-decay-iters": c["lr_decay_iters"], "--weight-decay": c["weight_decay"],
-        "--adam-beta1": c["adam_beta1"], "--adam-beta2": c["adam_beta2"],
-        "--adam-eps": c["adam_eps"], "--clip-grad": c["clip_grad"],
-        "--init-from-hf": hf_dir, "--transformer-impl": "local",
     }
-    out = []
-    for k, v in a.items():
-        out += [k, str(v)]
-    return out
+    return megatron_training.flags(a) + megatron_training.optimizer_args(c) + [
+        "--init-from-hf", hf_dir, "--transformer-impl", "local"]
 
 
 def main():
@@ -432,18 +340,7 @@ def main():
         "train": c,
         "forward_batch_size": B,
         "init_from_hf": "hf",
-        "tokens_layout": "expected_train tokens[i, s, :] is sample s of iteration i; micro-batch "
-                         "m of iteration i is samples [m*micro_batch_size, (m+1)*micro_batch_size); "
-                         "inputs tokens[:-1], labels tokens[1:], positions 0..seq_length-1",
-        "adam": "t = iteration (1-based; iteration 1 steps the moments with lr 0); "
-                "m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; "
-                "p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd_mult * weight_decay * p); "
-                "wd_mult 0 for biases and 1-D parameters",
-        "clip": "g *= clip_grad / (norm + 1e-6) when that is < 1; norm = pre-clip global L2 norm "
-                "over all parameters, the tied embedding once",
-        "lr_schedule": "lr of iteration i (1-based) is lr_at((i-1) * global_batch_size) by "
-                       "megatron/core/optimizer_param_scheduler.py (warmup from lr_warmup_init, then "
-                       "cosine to min_lr)",
+        **megatron_training.SEMANTICS,
         "clipped_iterations": [i + 1 for i, x in enumerate(clipped) if x],
         "megatron_args": megatron_args(m, c, os.path.join(os.path.abspath(args.out), "hf")),
     }

@@ -84,3 +84,10 @@ add_test(NAME train_distributed_optimizer
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/distributed_optimizer_test.py
                  $<TARGET_FILE:tessera>)
 set_tests_properties(train_distributed_optimizer PROPERTIES TIMEOUT 600)
+
+# The Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention) through the command line:
+# parallel layouts and recomputation against one process, the strict device, bf16,
+# checkpoints resharded TP=2 -> PP=2 (tessera's and Megatron's format), the memory estimate.
+add_test(NAME train_llama_model
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/llama_model_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_llama_model PROPERTIES TIMEOUT 900)

@@ -5,6 +5,8 @@
 #include <filesystem>
 
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/hf_gpt2.h"
+#include "tessera/ckpt/hf_llama.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -15,16 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::vector<float>& weight(const std::map<std::string, std::vector<float>>& w, const std::string& name,
-                                 size_t numel) {
-  auto it = w.find(name);
-  if (it == w.end()) throw runtime_error("export-hf: the checkpoint has no parameter " + name);
-  if (it->second.size() != numel)
-    throw runtime_error("export-hf: parameter " + name + " holds " + std::to_string(it->second.size()) +
-                        " values, the model needs " + std::to_string(numel));
-  return it->second;
-}
-
 // Megatron [out, in] -> HF Conv1D [in, out].
 std::vector<float> transpose(const std::vector<float>& w, int64_t out, int64_t in) {
   std::vector<float> r(w.size());
@@ -33,16 +25,19 @@ std::vector<float> transpose(const std::vector<float>& w, int64_t out, int64_t i
   return r;
 }
 
-// The float flag's value as the decimal it most likely was (1e-05, not 9.99999974737875e-06).
-double decimal(float v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.7g", static_cast<double>(v));
-  return std::strtod(buf, nullptr);
-}
-
 }  // namespace
 
 void check_gpt2_expressible(const GPTConfig& c) {
+  if (c.normalization != Normalization::LayerNorm || c.position_embedding != PositionEmbedding::LearnedAbsolute ||
+      c.swiglu)
+    throw usage_error("export-hf: GPT-2 has LayerNorm, learned absolute positions and a GELU MLP, but the model "
+                      "mixes them with Llama's (--normalization, --position-embedding-type, --swiglu)",
+                      "export models that are wholly GPT-2 or wholly Llama-shaped");
+  if (c.query_groups() != c.num_attention_heads)
+    throw usage_error("export-hf: the model has --num-query-groups " + std::to_string(c.query_groups()) +
+                          "; GPT-2 has one key/value head per query head",
+                      "export grouped-query models as Llama (--normalization RMSNorm "
+                      "--position-embedding-type rope --swiglu)");
   if (!c.add_bias_linear)
     throw usage_error("export-hf: the model was trained with --disable-bias-linear; GPT-2 has biases in every "
                       "linear layer and its format cannot express a model without them",
@@ -72,11 +67,11 @@ json gpt2_config_json(const HFExportSpec& spec) {
       {"n_head", c.num_attention_heads},
       {"n_inner", c.ffn_hidden_size == 4 * c.hidden_size ? json(nullptr) : json(c.ffn_hidden_size)},
       {"activation_function", c.gelu == ops::GeluKind::Tanh ? "gelu_new" : "gelu"},
-      {"layer_norm_epsilon", decimal(c.norm_epsilon)},
-      {"initializer_range", decimal(c.init_method_std)},
-      {"resid_pdrop", decimal(c.hidden_dropout)},
-      {"embd_pdrop", decimal(c.hidden_dropout)},
-      {"attn_pdrop", decimal(c.attention_dropout)},
+      {"layer_norm_epsilon", hf_decimal(c.norm_epsilon)},
+      {"initializer_range", hf_decimal(c.init_method_std)},
+      {"resid_pdrop", hf_decimal(c.hidden_dropout)},
+      {"embd_pdrop", hf_decimal(c.hidden_dropout)},
+      {"attn_pdrop", hf_decimal(c.attention_dropout)},
       {"scale_attn_weights", true},
       {"scale_attn_by_inverse_layer_idx", false},
       {"reorder_and_upcast_attn", false},
@@ -95,25 +90,25 @@ std::vector<HFTensor> megatron_to_hf_gpt2(const std::map<std::string, std::vecto
                 A = heads * hd, V = c.vocab_size, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
   std::vector<HFTensor> out;
   auto first_rows = [&](const std::string& name, int64_t rows) {
-    const std::vector<float>& src = weight(w, name, static_cast<size_t>(Vp * H));
+    const std::vector<float>& src = checkpoint_param(w, name, static_cast<size_t>(Vp * H));
     return std::vector<float>(src.begin(), src.begin() + rows * H);
   };
   out.push_back({"transformer.wte.weight", {V, H}, first_rows("embedding.word_embeddings.weight", V)});
-  out.push_back({"transformer.wpe.weight", {P, H}, weight(w, "embedding.position_embeddings.weight", P * H)});
+  out.push_back({"transformer.wpe.weight", {P, H}, checkpoint_param(w, "embedding.position_embeddings.weight", P * H)});
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string hp = "transformer.h." + std::to_string(l) + ".";
     const std::string mp = "decoder.layers." + std::to_string(l) + ".";
     auto vec = [&](const std::string& mname, int64_t n, const std::string& hname) {
-      out.push_back({hp + hname, {n}, weight(w, mp + mname, n)});
+      out.push_back({hp + hname, {n}, checkpoint_param(w, mp + mname, n)});
     };
     auto linear = [&](const std::string& mname, int64_t o, int64_t in, const std::string& hname) {
-      out.push_back({hp + hname, {in, o}, transpose(weight(w, mp + mname, o * in), o, in)});
+      out.push_back({hp + hname, {in, o}, transpose(checkpoint_param(w, mp + mname, o * in), o, in)});
     };
     vec("input_layernorm.weight", H, "ln_1.weight");
     vec("input_layernorm.bias", H, "ln_1.bias");
     // Per-head rows [q_h; k_h; v_h] -> columns [Q; K; V].
-    const std::vector<float>& qw = weight(w, mp + "self_attention.linear_qkv.weight", 3 * A * H);
-    const std::vector<float>& qb = weight(w, mp + "self_attention.linear_qkv.bias", 3 * A);
+    const std::vector<float>& qw = checkpoint_param(w, mp + "self_attention.linear_qkv.weight", 3 * A * H);
+    const std::vector<float>& qb = checkpoint_param(w, mp + "self_attention.linear_qkv.bias", 3 * A);
     std::vector<float> cw(static_cast<size_t>(H * 3 * A)), cb(static_cast<size_t>(3 * A));
     for (int64_t head = 0; head < heads; ++head)
       for (int64_t part = 0; part < 3; ++part)
@@ -133,27 +128,39 @@ std::vector<HFTensor> megatron_to_hf_gpt2(const std::map<std::string, std::vecto
     linear("mlp.linear_fc2.weight", H, F, "mlp.c_proj.weight");
     vec("mlp.linear_fc2.bias", H, "mlp.c_proj.bias");
   }
-  out.push_back({"transformer.ln_f.weight", {H}, weight(w, "decoder.final_layernorm.weight", H)});
-  out.push_back({"transformer.ln_f.bias", {H}, weight(w, "decoder.final_layernorm.bias", H)});
+  out.push_back({"transformer.ln_f.weight", {H}, checkpoint_param(w, "decoder.final_layernorm.weight", H)});
+  out.push_back({"transformer.ln_f.bias", {H}, checkpoint_param(w, "decoder.final_layernorm.bias", H)});
   if (c.untie_embeddings_and_output_weights)
     out.push_back({"lm_head.weight", {V, H}, first_rows("output_layer.weight", V)});
   return out;
 }
 
-void write_hf_gpt2(const std::string& out_dir, const HFExportSpec& spec,
-                   const std::map<std::string, std::vector<float>>& weights) {
-  std::vector<HFTensor> tensors = megatron_to_hf_gpt2(weights, spec.model);
+std::map<std::string, std::vector<float>> load_hf_model(const std::string& dir, const GPTConfig& c) {
+  return HFConfigFile::read(dir).family() == HFFamily::GPT2 ? load_hf_gpt2(dir, c) : load_hf_llama(dir, c);
+}
+
+void check_hf_expressible(const GPTConfig& c) {
+  if (is_llama_family(c))
+    check_llama_expressible(c);
+  else
+    check_gpt2_expressible(c);
+}
+
+void write_hf_model(const std::string& out_dir, const HFExportSpec& spec,
+                    const std::map<std::string, std::vector<float>>& weights) {
+  const bool llama = is_llama_family(spec.model);
+  std::vector<HFTensor> tensors =
+      llama ? megatron_to_hf_llama(weights, spec.model) : megatron_to_hf_gpt2(weights, spec.model);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw runtime_error("cannot create " + out_dir + ": " + ec.message(), "check that the path is writable");
   std::vector<safetensors::WriteEntry> entries;
   for (const HFTensor& t : tensors) entries.push_back({t.name, DType::F32, t.shape, t.data.data()});
   safetensors::write((fs::path(out_dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
-  for (const auto& [src, name] : {std::pair{spec.vocab_file, "vocab.json"}, std::pair{spec.merge_file, "merges.txt"}}) {
-    if (src.empty()) continue;
+  for (const auto& [name, src] : spec.tokenizer_files)
     write_file_atomic((fs::path(out_dir) / name).string(), read_file(src));
-  }
-  write_file_atomic((fs::path(out_dir) / "config.json").string(), gpt2_config_json(spec).dump(2) + "\n");
+  const json config = llama ? llama_config_json(spec) : gpt2_config_json(spec);
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), config.dump(2) + "\n");
 }
 
 std::map<std::string, std::vector<float>> read_checkpoint_model(const std::string& dir, int64_t iteration,
@@ -172,12 +179,10 @@ std::map<std::string, std::vector<float>> read_checkpoint_model(const std::strin
 }
 
 std::vector<std::string> train_flags_from_hf_config(const std::string& hf_dir) {
-  const std::string path = (fs::path(hf_dir) / "config.json").string();
-  if (!fs::exists(path))
-    throw usage_error(path + ": not found", "import-hf expects a Hugging Face GPT-2 folder (config.json + "
-                                            "model.safetensors)");
-  json j = json::parse(read_file(path), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw runtime_error(path + ": not valid JSON, or not a JSON object");
+  const HFConfigFile cfg = HFConfigFile::read(hf_dir);
+  if (cfg.family() != HFFamily::GPT2) return llama_train_flags(cfg);
+  const std::string& path = cfg.path();
+  const json& j = cfg.json();
   auto integer = [&](const char* key) -> int64_t {
     auto it = j.find(key);
     if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)

@@ -1,5 +1,7 @@
-// Hugging Face GPT-2 export (`tessera ckpt export-hf`) and the helpers of `tessera ckpt
-// import-hf`: the inverse of hf_gpt2.h's conversion:
+// Hugging Face interop's entry points, which pick the family (hf_llama.h for RMSNorm/RoPE/SwiGLU
+// models, GPT-2 otherwise): --init-from-hf and `tessera ckpt import-hf` (load_hf_model,
+// train_flags_from_hf_config) and `tessera ckpt export-hf` (write_hf_model). GPT-2's export,
+// the inverse of hf_gpt2.h's conversion:
 //   - Megatron linear weights [out, in] become HF Conv1D weights [in, out];
 //   - linear_qkv's per-head rows [q_h; k_h; v_h] become c_attn's columns [all Q; all K; all V]
 //     (weight and bias);
@@ -19,24 +21,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/ckpt/hf_files.h"
 #include "tessera/core/tensor.h"
 #include "tessera/model/gpt_config.h"
 
 namespace tessera {
-
-struct HFExportSpec {
-  GPTConfig model;
-  int64_t bos_token_id = -1;  // -1: not written
-  int64_t eos_token_id = -1;
-  std::string vocab_file;  // copied to OUT/vocab.json when not empty (GPT-2 BPE)
-  std::string merge_file;  // copied to OUT/merges.txt when not empty
-};
-
-struct HFTensor {
-  std::string name;
-  Shape shape;
-  std::vector<float> data;
-};
 
 // Throws a usage error naming the flag when GPT-2 (GPT2LMHeadModel) cannot express `c`.
 void check_gpt2_expressible(const GPTConfig& c);
@@ -49,8 +38,16 @@ nlohmann::json gpt2_config_json(const HFExportSpec& spec);
 std::vector<HFTensor> megatron_to_hf_gpt2(const std::map<std::string, std::vector<float>>& weights,
                                           const GPTConfig& c);
 
-// Writes OUT/config.json, OUT/model.safetensors (atomically) and the tokenizer files.
-void write_hf_gpt2(const std::string& out_dir, const HFExportSpec& spec,
+// Every parameter of gpt_param_specs(c), keyed by its Megatron name, full shapes, from the
+// Hugging Face folder `dir` of whichever family its config.json declares.
+std::map<std::string, std::vector<float>> load_hf_model(const std::string& dir, const GPTConfig& c);
+
+// Throws a usage error naming the flag when no Hugging Face family tessera writes can express `c`.
+void check_hf_expressible(const GPTConfig& c);
+
+// Writes OUT/config.json, OUT/model.safetensors (atomically) and the tokenizer files, as GPT-2,
+// Llama or Qwen2 as `spec.model` is.
+void write_hf_model(const std::string& out_dir, const HFExportSpec& spec,
                    const std::map<std::string, std::vector<float>>& weights);
 
 // The full model tensors of checkpoint `iteration` in `dir`, assembled from whatever (TP, PP)
@@ -59,9 +56,10 @@ void write_hf_gpt2(const std::string& out_dir, const HFExportSpec& spec,
 std::map<std::string, std::vector<float>> read_checkpoint_model(const std::string& dir, int64_t iteration,
                                                                 const GPTConfig& c);
 
-// `tessera train` flags that describe the GPT-2 of HF_DIR/config.json (model shape, GELU,
-// epsilon, tying; GPT2BPETokenizer with HF_DIR's vocab.json/merges.txt when both exist, else
-// NullTokenizer with vocab_size - 1 so that the vocabulary is vocab_size).
+// `tessera train` flags that describe the model of HF_DIR/config.json. GPT-2: model shape, GELU,
+// epsilon, tying; GPT2BPETokenizer with HF_DIR's vocab.json/merges.txt when both exist. Llama
+// and Qwen2: hf_llama.h's llama_train_flags. Otherwise NullTokenizer with vocab_size - 1 so
+// that the vocabulary is vocab_size.
 std::vector<std::string> train_flags_from_hf_config(const std::string& hf_dir);
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
-// Initialisation from a Hugging Face GPT-2 folder (`--init-from-hf DIR`): DIR/config.json and
-// DIR/model.safetensors of a GPT2LMHeadModel (tensor names with or without the `transformer.`
-// prefix), converted to Megatron's names and layouts (megatron/core/models/gpt/gpt_model.py,
+// Initialisation from a Hugging Face GPT-2 folder (`--init-from-hf DIR`; hf_export.h's
+// load_hf_model picks the family): DIR/config.json and DIR/model.safetensors (or the shards
+// of model.safetensors.index.json, hf_files.h) of a GPT2LMHeadModel (tensor names with or
+// without the `transformer.` prefix), converted to Megatron's names and layouts (megatron/core/models/gpt/gpt_model.py,
 // megatron/core/transformer/attention.py):
 //   - Conv1D weights are [in, out] in HF and become Megatron's [out, in];
 //   - c_attn's output columns [all Q; all K; all V] become linear_qkv's per-head rows

@@ -114,6 +114,18 @@ int split_dim_of(const std::string& name) {
   return -1;
 }
 
+// SwiGLU's linear_fc1 is [2, F, H] in tessera (gate rows, then up rows; bias [2, F]); a
+// Megatron rank saves its [gate_r; up_r] as one [2F/TP, H] (bias [2F/TP]).
+bool is_gated_fc1(const std::string& name, size_t dims) {
+  return (ends_with(name, "mlp.linear_fc1.weight") && dims == 3) || (ends_with(name, "mlp.linear_fc1.bias") && dims == 2);
+}
+Shape megatron_shape(const std::string& name, Shape shape) {
+  if (!is_gated_fc1(name, shape.size())) return shape;
+  shape[1] *= shape[0];
+  shape.erase(shape.begin());
+  return shape;
+}
+
 // ---- Values ---------------------------------------------------------------------------------
 
 json to_json(const Value& v, int depth = 0) {
@@ -374,13 +386,23 @@ struct PieceSet {
   std::vector<ExternalPiece> pieces;
   std::vector<std::pair<const TorchFile*, const pickle::TensorRef*>> data;  // per piece
 
+  bool swiglu = false;  // the saving run's --swiglu: linear_fc1 pieces are [gate_r; up_r]
+
   // A piece of rank file `file` (sources[file_index]) whose data is tensor t of `holder`
   // (the rank file's own, or its distrib_optim.pt).
   void add(const RankFile& file, size_t file_index, int tp_size, const std::string& name, const TorchFile& holder,
            const pickle::TensorRef& t) {
-    const Shape shape(t.shape.begin(), t.shape.end());
+    Shape shape(t.shape.begin(), t.shape.end());
+    int split = split_dim_of(parameter_of(name));
+    if (swiglu && is_gated_fc1(parameter_of(name), shape.size() + 1)) {
+      if (shape.empty() || shape[0] % 2 != 0)
+        throw runtime_error("checkpoint file " + file.file.path() + ": " + name + " " + shape_str(shape) +
+                            " is not a SwiGLU fc1 ([gate; up] rows)", "check the checkpoint's --swiglu");
+      shape[0] /= 2;
+      shape.insert(shape.begin(), 2);
+      split = 1;
+    }
     TensorPlacement place{shape, -1, 0};
-    const int split = split_dim_of(parameter_of(name));
     if (tp_size > 1 && split >= 0 && split < static_cast<int>(shape.size())) {
       place.split_dim = split;
       place.global_shape[split] = shape[split] * tp_size;
@@ -420,10 +442,12 @@ std::vector<RankFile> open_all(const std::string& it_dir, int tp_size, int pp_si
   return files;
 }
 
-bool tied_output(const json& args) {
-  auto it = args.find("untie_embeddings_and_output_weights");
-  return !(it != args.end() && it->is_boolean() && it->get<bool>());
+bool arg_is_true(const json& args, const char* name) {
+  auto it = args.find(name);
+  return it != args.end() && it->is_boolean() && it->get<bool>();
 }
+
+bool tied_output(const json& args) { return !arg_is_true(args, "untie_embeddings_and_output_weights"); }
 
 // The optimizer state of one file as pieces: torch's state by parameter index, matched to the
 // file's parameters through Megatron's groups; mixed precision's fp32 copies replace the
@@ -591,6 +615,7 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
   const bool tied = tied_output(s.args);
 
   PieceSet model_set, optimizer_set;
+  model_set.swiglu = optimizer_set.swiglu = arg_is_true(s.args, "swiglu");
   // Per file: the fp32 main values of its parameters (mixed precision's fp32_from_fp16_params,
   // or distrib_optim.pt's `param`), by name.
   std::vector<std::map<std::string, const pickle::TensorRef*>> file_masters(files.size());
@@ -718,12 +743,13 @@ class FileTensors {
     storages_.push_back(std::move(s));
     return doc_.tensor(std::move(t));
   }
-  // One tensor at a time through the host: the file's storage is built from the copy.
-  Value* add(const Tensor& t, DType dtype) {
+  // One tensor at a time through the host: the file's storage is built from the copy,
+  // shaped as Megatron holds the parameter `name`.
+  Value* add(const Tensor& t, DType dtype, const std::string& name) {
     t.check_dtype(DType::F32);
     std::vector<float> host(static_cast<size_t>(t.numel()));
     read_tensor_bytes(t, host.data());
-    return add(host.data(), t.shape, dtype);
+    return add(host.data(), megatron_shape(name, t.shape), dtype);
   }
   Value* scalar(float v) { return add(&v, {}, DType::F32); }
   // A 1-D torch.ByteTensor (a generator's state).
@@ -755,7 +781,7 @@ Value* model_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFil
     if (p.chunk == chunk) mine.push_back(&p);
   Value* model = doc.dict();
   for (size_t i = 0; i < mine.size(); ++i) {
-    doc.set(model, mine[i]->name, tensors.add(mine[i]->value, spec.model_dtype));
+    doc.set(model, mine[i]->name, tensors.add(mine[i]->value, spec.model_dtype, mine[i]->name));
     // Linear layers end with their (empty) _extra_state, as Megatron's local spec saves them.
     const std::string module = module_of(mine[i]->name);
     const bool module_ends = i + 1 == mine.size() || module_of(mine[i + 1]->name) != module;
@@ -856,10 +882,10 @@ Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const Megatro
         Value* st = doc.dict();
         if (spec.optimizer.kind == OptimizerKind::Adam)
           doc.set(st, "step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
-        for (const auto& [kind, t] : p.state) doc.set(st, kind, tensors.add(t, DType::F32));
+        for (const auto& [kind, t] : p.state) doc.set(st, kind, tensors.add(t, DType::F32, p.name));
         doc.set(state, doc.integer(index), st);
       }
-      if (spec.model_dtype != DType::F32) group_masters.push_back(tensors.add(p.value, DType::F32));
+      if (spec.model_dtype != DType::F32) group_masters.push_back(tensors.add(p.value, DType::F32, p.name));
       indices.push_back(doc.integer(index++));
     }
     group_list->items.push_back(param_group(doc, spec, group_wd[g], std::move(indices)));

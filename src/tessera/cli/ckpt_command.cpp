@@ -1,9 +1,9 @@
 // `tessera ckpt <action>`: tools for tessera checkpoints (docs/checkpoints.md, "Tools").
 //   inspect DIR [--iteration N]        iteration, arguments, layout, tensors, checksum status
 //           [--summary]                (ckpt_summary.h) one line per shard folder
-//   export-hf DIR OUT [--iteration N]  a Hugging Face GPT-2 folder (config.json,
+//   export-hf DIR OUT [--iteration N]  a Hugging Face GPT-2, Llama or Qwen2 folder (config.json,
 //                                      model.safetensors, tokenizer files when known)
-//   import-hf HF_DIR OUT [train flags] a Hugging Face GPT-2 as a tessera checkpoint
+//   import-hf HF_DIR OUT [train flags] a Hugging Face GPT-2, Llama or Qwen2 as a tessera checkpoint
 //                                      (iteration 0, model only) for --load OUT --finetune
 //   convert SRC DST --to torch|tessera  between tessera's format and Megatron-LM's (model only,
 //                                      any target TP/PP)
@@ -20,7 +20,6 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
-#include "tessera/ckpt/hf_gpt2.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/ckpt_summary.h"
@@ -48,10 +47,11 @@ void print_help() {
       "      MISSING); exits 1 when any check fails. --summary: iteration, layout, parameter count,\n"
       "      dtypes, sizes and one line per shard folder, without verifying checksums\n"
       "  export-hf DIR OUT [--iteration N]\n"
-      "      write a Hugging Face GPT-2 folder: OUT/config.json, OUT/model.safetensors (F32) and,\n"
-      "      for GPT2BPETokenizer, OUT/vocab.json and OUT/merges.txt\n"
+      "      write a Hugging Face folder: OUT/config.json, OUT/model.safetensors (F32) and, for\n"
+      "      GPT2BPETokenizer, OUT/vocab.json and OUT/merges.txt; GPT2LMHeadModel, or for\n"
+      "      RMSNorm/RoPE/SwiGLU models LlamaForCausalLM (Qwen2ForCausalLM with --add-qkv-bias)\n"
       "  import-hf HF_DIR OUT [train flags]\n"
-      "      write HF_DIR's GPT-2 as a tessera checkpoint (iteration 0, model only) for\n"
+      "      write HF_DIR's GPT-2, Llama or Qwen2 as a tessera checkpoint (iteration 0, model only) for\n"
       "      `tessera train --load OUT --finetune`; the model flags are derived from\n"
       "      HF_DIR/config.json unless given\n"
       "  convert SRC DST --to torch|tessera [--target-tensor-parallel-size N]\n"
@@ -476,20 +476,26 @@ int run_export_hf(const Command& c) {
   const int64_t iteration = choose_iteration(dir, c.options);
   const std::string it_dir = iteration_dir(dir, iteration);
   const TrainArgs args = checkpoint_model(dir, iteration).args;
-  check_gpt2_expressible(args.model);  // before reading any weights
+  check_hf_expressible(args.model);  // before reading any weights
 
   HFExportSpec spec;
   spec.model = args.model;
   spec.bos_token_id = spec.eos_token_id = args.eod;
   if (args.tokenizer.type == "GPT2BPETokenizer") {
-    spec.vocab_file = args.tokenizer.vocab_file;
-    spec.merge_file = args.tokenizer.merge_file;
+    spec.tokenizer_files = {{"vocab.json", args.tokenizer.vocab_file}, {"merges.txt", args.tokenizer.merge_file}};
+  } else if (args.tokenizer.type == "HuggingFaceTokenizer") {
+    // The folder's tokenizer.json, and what AutoTokenizer reads beside it when present.
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+      const fs::path src = fs::path(args.tokenizer.tokenizer_model) / name;
+      if (fs::exists(src)) spec.tokenizer_files[name] = src.string();
+    }
   }
-  write_hf_gpt2(out, spec, read_checkpoint_model(dir, iteration, args.model));
-  std::printf("exported %s (iteration %lld) to %s: config.json, model.safetensors%s\n", it_dir.c_str(),
-              static_cast<long long>(iteration), out.c_str(),
-              spec.vocab_file.empty() ? "" : ", vocab.json, merges.txt");
-  if (spec.vocab_file.empty())
+  write_hf_model(out, spec, read_checkpoint_model(dir, iteration, args.model));
+  std::string written = "config.json, model.safetensors";
+  for (const auto& [name, src] : spec.tokenizer_files) written += ", " + name;
+  std::printf("exported %s (iteration %lld) to %s: %s\n", it_dir.c_str(), static_cast<long long>(iteration),
+              out.c_str(), written.c_str());
+  if (spec.tokenizer_files.empty())
     std::printf("  no tokenizer files: the run used %s\n", args.tokenizer.type.c_str());
   if (args.model.padded_vocab_size != args.model.vocab_size)
     std::printf("  dropped %d padding rows of the vocabulary (%d -> %d)\n",
@@ -517,7 +523,7 @@ int run_import_hf(int argc, char** argv) {
   if (latest_checkpoint_iteration(out))
     throw usage_error(out + " already holds a checkpoint", "import into a new folder");
   const TrainArgs args = model_args(flags);
-  std::map<std::string, std::vector<float>> weights = load_hf_gpt2(hf_dir, args.model);
+  std::map<std::string, std::vector<float>> weights = load_hf_model(hf_dir, args.model);
 
   std::vector<NamedTensor> model;
   int64_t params = 0;

@@ -385,7 +385,7 @@ void print_markdown() {
       "`src/tessera/train/megatron_flags.inc`) and every `tessera train` flag of tessera's own, with\n"
       "its status in `tessera train`, read from the option table that parses its command line:\n\n"
       "- **supported**: does what Megatron's flag does. Values that tessera refuses are named\n"
-      "  (\"supported, except RMSNorm\"); they were found by parsing a small command line with each\n"
+      "  (\"supported, except TikTokenizer\"); they were found by parsing a small command line with each\n"
       "  value.\n"
       "- **accepted, no effect**: parsed, then ignored with a one-line note, because it only tunes\n"
       "  speed on other hardware; the reason follows.\n"

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "tessera/ckpt/checkpoint.h"
-#include "tessera/ckpt/hf_gpt2.h"
+#include "tessera/ckpt/hf_export.h"
 #include "tessera/cli/commands.h"
 #include "tessera/comm/backend.h"
 #include "tessera/core/log.h"
@@ -113,8 +113,9 @@ int run_train(int argc, char** argv) {
   if (args.init_from_hf.empty()) {
     model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
   } else {
-    model.load_weights(load_hf_gpt2(args.init_from_hf, c));
-    print_rank_0(" > initialised from Hugging Face GPT-2 weights in %s", args.init_from_hf.c_str());
+    model.load_weights(load_hf_model(args.init_from_hf, c));
+    print_rank_0(" > initialised from Hugging Face %s weights in %s",
+                 hf_family_name(HFConfigFile::read(args.init_from_hf).family()), args.init_from_hf.c_str());
   }
   // Megatron prints this from every rank with data-parallel rank 0.
   if (topology.dp_rank() == 0)

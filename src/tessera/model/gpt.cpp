@@ -27,13 +27,14 @@ struct LayerGroup {
 }  // namespace
 
 struct GPTModel::LayerActs {
-  Tensor ln1, ln1_whole, ln1_mean, ln1_rstd;  // [B,Tl,C], [B,T,C] (= ln1 without SP), [B,Tl], [B,Tl]
-  Tensor qkv;                                 // [B,T,3Al]
+  // [B,Tl,C], [B,T,C] (= ln1 without SP), [B,Tl], [B,Tl]; mean only with LayerNorm
+  Tensor ln1, ln1_whole, ln1_mean, ln1_rstd;
+  Tensor qkv;                                 // [B,T,QKVl] Megatron's grouped layout
   Tensor att;                                 // attention's saved state (ops::attention_buffers)
   Tensor ctx;                                 // [B,T,Al]
   Tensor residual_mid;                        // [B,Tl,C] after attention + residual
   Tensor ln2, ln2_whole, ln2_mean, ln2_rstd;
-  Tensor fc1, gelu;                           // [B,T,Fl] before and after GELU
+  Tensor fc1, act;                            // [B,T,Fl2] before and [B,T,Fl] after GELU / SwiGLU
   Tensor out;  // [B,Tl,C] the next layer's input; empty for the chunk's last layer (I/O output)
 };
 
@@ -61,7 +62,11 @@ struct GPTModel::Workspace {
   Tensor ce_sums;   // [2,B*T] per-row sum(exp) and target logit, reduced together
   Tensor d_residual, d_C, d_ln;      // [B,Tl,C]
   Tensor d_C_whole, d_ln_whole;      // [B,T,C] (= d_C, d_ln without SP)
-  Tensor d_ctx, d_qkv, d_att, d_F, d_gelu, d_logits, d_losses;
+  Tensor d_ctx, d_qkv, d_att, d_F, d_act, d_logits, d_losses;
+  // attention_qkv's per-head [q;k;v] (RoPE applied, groups expanded) and its gradient,
+  // [B,T,3Al]: rebuilt from the kept qkv in backward. The qkv tensors themselves when the
+  // model has neither RoPE nor query groups (GPT: Megatron's layout is already per head).
+  Tensor heads, d_heads;
   Tensor loss_sums;  // I64 [2] of doubles: the single-slot forward's masked loss and mask sums
   // Recomputation: the attention state of one layer (selective), the activations of one
   // recomputed group of layers (full).
@@ -74,7 +79,9 @@ struct GPTModel::Chunk {
   size_t first_param = 0, layers_first_param = 0, layers_end_param = 0, end_param = 0;
   std::vector<LayerParams> w, g;
   std::vector<std::pair<size_t, size_t>> layer_ranges;
-  size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0, output_w = 0;  // parameter indices
+  // Parameter indices; kAbsent for a parameter the model does not have (no position
+  // embedding with RoPE, no final LayerNorm bias with RMSNorm).
+  size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0, output_w = 0;
   std::vector<ActSlot> acts;
   std::vector<IoSlot> io;
   std::vector<LayerGroup> groups;
@@ -82,6 +89,12 @@ struct GPTModel::Chunk {
 };
 
 namespace {
+
+constexpr size_t kAbsent = SIZE_MAX;
+Tensor param_or_empty(const std::vector<Tensor>& all, size_t i) { return i == kAbsent ? Tensor() : all[i]; }
+
+// The model has an attention_qkv step between the QKV projection and attention.
+bool regroups_qkv(const GPTConfig& c) { return c.rotary_dim() > 0 || c.query_groups() != c.num_attention_heads; }
 
 std::vector<LayerGroup> recompute_groups(const GPTConfig& c, int n_layers) {
   std::vector<LayerGroup> groups;
@@ -133,24 +146,24 @@ struct GPTModel::Layout {
   void reserve_layer(LayerActs& a, bool with_out) {
     reserve(a.ln1, {B, Tl, C});
     reserve_whole(a.ln1_whole, {B, T, C});
-    reserve_f32(a.ln1_mean, {B, Tl});
+    if (layernorm) reserve_f32(a.ln1_mean, {B, Tl});
     reserve_f32(a.ln1_rstd, {B, Tl});
-    reserve(a.qkv, {B, T, 3 * Al});
+    reserve(a.qkv, {B, T, QKVl});
     if (!selective) reserve(a.att, att_buffers.saved, att_buffers.saved_dtype);
     reserve(a.ctx, {B, T, Al});
     reserve(a.residual_mid, {B, Tl, C});
     reserve(a.ln2, {B, Tl, C});
     reserve_whole(a.ln2_whole, {B, T, C});
-    reserve_f32(a.ln2_mean, {B, Tl});
+    if (layernorm) reserve_f32(a.ln2_mean, {B, Tl});
     reserve_f32(a.ln2_rstd, {B, Tl});
-    reserve(a.fc1, {B, T, Fl});
-    reserve(a.gelu, {B, T, Fl});
+    reserve(a.fc1, {B, T, Fl2});
+    reserve(a.act, {B, T, Fl});
     if (with_out) reserve(a.out, {B, Tl, C});
   }
 
-  bool sp = false, selective = false;
+  bool sp = false, selective = false, layernorm = true, regroup = false;
   DType act = DType::F32;
-  int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, Fl = 0, Vl = 0, NHl = 0;
+  int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
   ops::AttentionBuffers att_buffers;  // sized by the device's backend
 
   Layout(const Device& device, const GPTConfig& c, int micro_batch, const ModelPartition& part,
@@ -161,7 +174,10 @@ struct GPTModel::Layout {
     selective = c.recompute == Recompute::Selective;
     act = c.params_dtype;
     B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
-    Al = c.attention_width() / tp, Fl = c.ffn_hidden_size / tp, Vl = c.padded_vocab_size / tp;
+    layernorm = c.normalization == Normalization::LayerNorm;
+    regroup = regroups_qkv(c);
+    Al = c.attention_width() / tp, QKVl = c.qkv_width() / tp, Fl = c.ffn_hidden_size / tp;
+    Fl2 = c.swiglu ? 2 * Fl : Fl, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
     att_buffers = ops::attention_buffers(device, B, NHl, T, act);
     int max_recomputed = 0;
@@ -194,7 +210,7 @@ struct GPTModel::Layout {
           HeadActs& h = s.head;
           reserve(h.lnf, {B, Tl, C});
           reserve_whole(h.lnf_whole, {B, T, C});
-          reserve_f32(h.lnf_mean, {B, Tl});
+          if (layernorm) reserve_f32(h.lnf_mean, {B, Tl});
           reserve_f32(h.lnf_rstd, {B, Tl});
           reserve(h.logits, {B, T, Vl});
           reserve_f32(h.losses, {B, T});
@@ -214,7 +230,7 @@ struct GPTModel::Layout {
     if (selective) reserve(ws.att, att_buffers.saved, att_buffers.saved_dtype);
     ws.recomputed.resize(max_recomputed);
     for (LayerActs& a : ws.recomputed) reserve_layer(a, true);
-    if (any_embedding) reserve(ws.pos_emb, {B, T, C});
+    if (any_embedding && c.position_embedding == PositionEmbedding::LearnedAbsolute) reserve(ws.pos_emb, {B, T, C});
     if (any_head) {
       reserve_f32(ws.row_max, {B * T});
       reserve_f32(ws.ce_sums, {2, B * T});
@@ -228,10 +244,14 @@ struct GPTModel::Layout {
     reserve_whole(ws.d_C_whole, {B, T, C});
     reserve_whole(ws.d_ln_whole, {B, T, C});
     reserve(ws.d_ctx, {B, T, Al});
-    reserve(ws.d_qkv, {B, T, 3 * Al});
+    reserve(ws.d_qkv, {B, T, QKVl});
+    if (regroup) {
+      reserve(ws.heads, {B, T, 3 * Al});
+      reserve(ws.d_heads, {B, T, 3 * Al});
+    }
     reserve_f32(ws.d_att, att_buffers.scratch);
-    reserve(ws.d_F, {B, T, Fl});
-    reserve(ws.d_gelu, {B, T, Fl});
+    reserve(ws.d_F, {B, T, Fl2});
+    reserve(ws.d_act, {B, T, Fl});
   }
 
   // Binds every reserved tensor into the slab, then the whole-sequence aliases.
@@ -247,6 +267,7 @@ struct GPTModel::Layout {
         for (LayerActs& a : s.layers) alias(a);
         if (!sp) s.head.lnf_whole = s.head.lnf;
       }
+    if (!regroup) ws.d_heads = ws.d_qkv;
     if (sp) return;
     ws.reduced = ws.partial;
     ws.d_C_whole = ws.d_C;
@@ -345,9 +366,12 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
       TESSERA_CHECK(next < shards_.size() && shards_[next].spec.name == name, std::string("expected ") + name);
       return next++;
     };
+    auto take_optional = [&](const char* name) {
+      return next < shards_.size() && shards_[next].spec.name == name ? next++ : kAbsent;
+    };
     if (ch.range.has_embedding) {
       ch.wte = take_named("embedding.word_embeddings.weight");
-      ch.wpe = take_named("embedding.position_embeddings.weight");
+      ch.wpe = take_optional("embedding.position_embeddings.weight");
     }
     ch.layers_first_param = next;
     for (int l = ch.range.first_layer; l < ch.range.end_layer; ++l) {
@@ -361,7 +385,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
     ch.layers_end_param = next;
     if (ch.range.has_head) {
       ch.lnf_w = take_named("decoder.final_layernorm.weight");
-      ch.lnf_b = take_named("decoder.final_layernorm.bias");
+      ch.lnf_b = take_optional("decoder.final_layernorm.bias");
       ch.output_w = config.untie_embeddings_and_output_weights ? take_named("output_layer.weight")
                     : ch.range.has_embedding                  ? ch.wte
                                                               : take_named("embedding.word_embeddings.weight");
@@ -405,8 +429,8 @@ namespace {
 
 // Where a shard's elements sit in its full parameter (ParamShard::full_index as a formula).
 ops::ShardIndex shard_index(const ParamShard& s) {
-  if (s.split_dim <= 0) return {s.full_index(0), s.numel(), s.numel()};
-  return {s.offset, s.shape[1], s.spec.shape[1]};
+  const ParamShard::Blocks b = s.blocks();
+  return {b.first, b.block, b.full_stride};
 }
 
 }  // namespace
@@ -452,11 +476,14 @@ GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, si
       if (shards_[i].spec.name.ends_with(suffix)) return all[i];
     return Tensor();
   };
+  // SwiGLU's fc1 [2, Fl, C] is the [2Fl, C] weight of one linear: rows [gate_r; up_r].
+  const Tensor fc1_w = get("mlp.linear_fc1.weight"), fc1_b = get("mlp.linear_fc1.bias");
   return {get("input_layernorm.weight"), get("input_layernorm.bias"),
           get("self_attention.linear_qkv.weight"), get("self_attention.linear_qkv.bias"),
           get("self_attention.linear_proj.weight"), get("self_attention.linear_proj.bias"),
           get("pre_mlp_layernorm.weight"), get("pre_mlp_layernorm.bias"),
-          get("mlp.linear_fc1.weight"), get("mlp.linear_fc1.bias"),
+          fc1_w.view({fc1_w.numel() / fc1_w.shape.back(), fc1_w.shape.back()}),
+          fc1_b.empty() ? fc1_b : fc1_b.view({fc1_b.numel()}),
           get("mlp.linear_fc2.weight"), get("mlp.linear_fc2.bias")};
 }
 
@@ -484,8 +511,10 @@ void GPTModel::embedding_forward(Tensor out, const MicroBatch& batch, const Step
   ops::embedding_forward(whole, batch.tokens, batch.positions, params_[ch.wte], Tensor(), vocab_start_,
                          config_.padded_vocab_size);
   tp_.all_reduce(whole, ReduceOp::Sum);
-  ops::embedding_forward(ws.pos_emb, batch.tokens, batch.positions, Tensor(), params_[ch.wpe]);
-  ops::residual_forward(whole, whole, ws.pos_emb);
+  if (ch.wpe != kAbsent) {
+    ops::embedding_forward(ws.pos_emb, batch.tokens, batch.positions, Tensor(), params_[ch.wpe]);
+    ops::residual_forward(whole, whole, ws.pos_emb);
+  }
   ops::dropout_forward(whole, whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));
   if (tp_.sequence_parallel()) tp_.scatter_forward(out, whole);
 }
@@ -503,14 +532,18 @@ void GPTModel::embedding_backward(const MicroBatch& batch, const StepContext& st
   }
   zero(ws.d_ln_whole);
   ops::dropout_backward(ws.d_ln_whole, d_whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));
-  ops::embedding_backward(grads_[ch.wte], grads_[ch.wpe], ws.d_ln_whole, batch.tokens, batch.positions, vocab_start_,
+  ops::embedding_backward(grads_[ch.wte], param_or_empty(grads_, ch.wpe), ws.d_ln_whole, batch.tokens, batch.positions, vocab_start_,
                           config_.padded_vocab_size);
 }
 
-// LayerNorm of a branch's input, then into the tensor-parallel region (whole sequence).
+// LayerNorm (or RMSNorm) of a branch's input, then into the tensor-parallel region (whole
+// sequence).
 void GPTModel::norm_in_forward(Tensor ln, Tensor ln_whole, Tensor mean, Tensor rstd, Tensor in, Tensor weight,
                                Tensor bias) {
-  ops::layernorm_forward(rows(ln), flat_rows(mean), flat_rows(rstd), rows(in), weight, bias, config_.norm_epsilon);
+  if (config_.normalization == Normalization::RMSNorm)
+    ops::rmsnorm_forward(rows(ln), flat_rows(rstd), rows(in), weight, config_.norm_epsilon);
+  else
+    ops::layernorm_forward(rows(ln), flat_rows(mean), flat_rows(rstd), rows(in), weight, bias, config_.norm_epsilon);
   tp_.enter_forward(ln_whole, ln);
 }
 
@@ -520,8 +553,11 @@ void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tenso
   Workspace& ws = *ws_;
   if (tp_.sequence_parallel()) fill_zero(ws.d_ln);
   tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
-  ops::layernorm_backward(rows(ws.d_residual), d_weight, d_bias, rows(ws.d_ln), rows(in), weight, flat_rows(mean),
-                          flat_rows(rstd));
+  if (config_.normalization == Normalization::RMSNorm)
+    ops::rmsnorm_backward(rows(ws.d_residual), d_weight, rows(ws.d_ln), rows(in), weight, flat_rows(rstd));
+  else
+    ops::layernorm_backward(rows(ws.d_residual), d_weight, d_bias, rows(ws.d_ln), rows(in), weight, flat_rows(mean),
+                            flat_rows(rstd));
 }
 
 // A branch's end (Megatron's row-parallel linear and bias-dropout-add):
@@ -559,15 +595,30 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
   // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
   norm_in_forward(a.ln1, a.ln1_whole, a.ln1_mean, a.ln1_rstd, in, w.ln1_w, w.ln1_b);
   ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b);
-  ops::attention_forward(a.ctx, a.att, a.qkv, dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
+  ops::attention_forward(a.ctx, a.att, attention_heads(a.qkv),
+                         dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   row_out_forward(a.residual_mid, in, a.ctx, w.proj_w, w.proj_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   // MLP: column-parallel fc1, row-parallel fc2.
   norm_in_forward(a.ln2, a.ln2_whole, a.ln2_mean, a.ln2_rstd, a.residual_mid, w.ln2_w, w.ln2_b);
   ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
-  ops::gelu_forward(a.gelu, a.fc1, config_.gelu);
-  row_out_forward(out, a.residual_mid, a.gelu, w.fc2_w, w.fc2_b,
+  if (config_.swiglu)
+    ops::swiglu_forward(rows(a.act), rows(a.fc1));
+  else
+    ops::gelu_forward(a.act, a.fc1, config_.gelu);
+  row_out_forward(out, a.residual_mid, a.act, w.fc2_w, w.fc2_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
+}
+
+ops::Rope GPTModel::rope() const { return {config_.rotary_dim(), config_.rotary_base}; }
+
+// What attention reads: the per-head [q;k;v] that attention_qkv builds from this layer's
+// grouped projection into the shared ws.heads (forward, and again in backward: a copy with
+// a rotation, cheaper to redo than to keep per layer), or the projection itself for GPT.
+Tensor GPTModel::attention_heads(Tensor qkv) {
+  if (!regroups_qkv(config_)) return qkv;
+  ops::attention_qkv_forward(ws_->heads, qkv, config_.query_groups() / tp_.size(), rope());
+  return ws_->heads;
 }
 
 // ws.d_residual carries dL/d(layer output) in and dL/d(layer input) out: the identity path
@@ -580,22 +631,30 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
   // MLP branch.
-  row_out_backward(ws.d_gelu, a.gelu, w.fc2_w, g.fc2_w, g.fc2_b,
+  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b,
                    dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
   zero(ws.d_F);
-  ops::gelu_backward(ws.d_F, ws.d_gelu, a.fc1, config_.gelu);
+  if (config_.swiglu)
+    ops::swiglu_backward(rows(ws.d_F), rows(ws.d_act), rows(a.fc1));
+  else
+    ops::gelu_backward(ws.d_F, ws.d_act, a.fc1, config_.gelu);
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w);
   norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
                    dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
+  const Tensor heads = attention_heads(a.qkv);
   if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
-    ops::attention_forward(a.ctx, a.att, a.qkv,
+    ops::attention_forward(a.ctx, a.att, heads,
                            dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
-  zero(ws.d_qkv);
-  ops::attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.att,
+  zero(ws.d_heads);
+  ops::attention_backward(ws.d_heads, ws.d_att, ws.d_ctx, heads, a.att,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
+  if (regroups_qkv(config_)) {
+    zero(ws.d_qkv);
+    ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, config_.query_groups() / tp_.size(), rope());
+  }
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
@@ -607,7 +666,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
 void GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, Tensor loss_sums) {
   Workspace& ws = *ws_;
   const int64_t N = batch.labels.numel();
-  norm_in_forward(h.lnf, h.lnf_whole, h.lnf_mean, h.lnf_rstd, in, params_[ch.lnf_w], params_[ch.lnf_b]);
+  norm_in_forward(h.lnf, h.lnf_whole, h.lnf_mean, h.lnf_rstd, in, params_[ch.lnf_w], param_or_empty(params_, ch.lnf_b));
   ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor());
   ops::cross_entropy_max(ws.row_max, rows(h.logits));
   tp_.all_reduce(ws.row_max, ReduceOp::Max);
@@ -632,7 +691,7 @@ void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const Micr
   ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), rows(ws.d_logits), rows(h.lnf_whole),
                        params_[ch.output_w]);
   zero(ws.d_residual);
-  norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], grads_[ch.lnf_b], h.lnf_mean, h.lnf_rstd);
+  norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], param_or_empty(grads_, ch.lnf_b), h.lnf_mean, h.lnf_rstd);
 }
 
 // The activations of chunk-local layer i for this slot: its own, or the shared ones of a

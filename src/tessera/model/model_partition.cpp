@@ -59,34 +59,34 @@ std::vector<ModelChunk> pipeline_chunks(int num_layers, const PipelineSplit& spl
   return chunks;
 }
 
+ParamShard::Blocks ParamShard::blocks() const {
+  if (split_dim < 0) return {numel(), 1, 0, numel()};
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(split_dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t block = shape[split_dim] * inner;
+  return {block, numel() / block, offset * inner, spec.shape[split_dim] * inner};
+}
+
 int64_t ParamShard::full_index(int64_t e) const {
-  if (split_dim <= 0) {
-    // Rows are contiguous: skip `offset` rows of the full tensor.
-    int64_t row = 1;
-    for (size_t d = 1; d < spec.shape.size(); ++d) row *= spec.shape[d];
-    return (split_dim == 0 ? offset * row : 0) + e;
-  }
-  const int64_t local_cols = shape[1], full_cols = spec.shape[1];
-  return (e / local_cols) * full_cols + offset + e % local_cols;
+  const Blocks b = blocks();
+  return b.first + (e / b.block) * b.full_stride + e % b.block;
 }
 
 void extract_shard(float* local, const float* full, const ParamShard& shard) {
-  if (shard.split_dim <= 0) {
-    std::memcpy(local, full + shard.full_index(0), static_cast<size_t>(shard.numel()) * sizeof(float));
-    return;
-  }
-  const int64_t rows = shard.shape[0], cols = shard.shape[1];
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(local + r * cols, full + shard.full_index(r * cols), static_cast<size_t>(cols) * sizeof(float));
+  const ParamShard::Blocks b = shard.blocks();
+  for (int64_t k = 0; k < b.count; ++k)
+    std::memcpy(local + k * b.block, full + b.first + k * b.full_stride, static_cast<size_t>(b.block) * sizeof(float));
 }
 
 namespace {
 
 // Megatron's parallel layer for each parameter: the dimension TP splits (-1: replicated).
-int split_dim_of(const std::string& name) {
+int split_dim_of(const std::string& name, bool swiglu) {
   auto ends = [&](const char* s) { return name.ends_with(s); };
   if (ends("word_embeddings.weight") || ends("output_layer.weight")) return 0;  // vocabulary
-  if (name.find("linear_qkv.") != std::string::npos || name.find("linear_fc1.") != std::string::npos) return 0;
+  if (name.find("linear_qkv.") != std::string::npos) return 0;
+  // SwiGLU's [2, F, H] (bias [2, F]) splits F: rank r holds [gate_r; up_r] as Megatron does.
+  if (name.find("linear_fc1.") != std::string::npos) return swiglu ? 1 : 0;
   if (ends("linear_proj.weight") || ends("linear_fc2.weight")) return 1;
   return -1;
 }
@@ -102,6 +102,8 @@ void check_divisible(int64_t n, int tp, const std::string& what) {
 std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartition& partition) {
   const int tp = partition.tp_size;
   check_divisible(config.num_attention_heads, tp, "--num-attention-heads");
+  // linear_qkv's rows are grouped by query group (Megatron's layout): a rank holds whole groups.
+  check_divisible(config.query_groups(), tp, "--num-query-groups");
   check_divisible(config.ffn_hidden_size, tp, "--ffn-hidden-size");
   check_divisible(config.padded_vocab_size, tp, "the padded vocabulary size");
   const std::vector<ParamSpec> specs = gpt_param_specs(config);
@@ -113,7 +115,7 @@ std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartiti
     ParamShard s;
     s.spec = spec;
     s.shape = spec.shape;
-    s.split_dim = split_dim_of(spec.name);
+    s.split_dim = split_dim_of(spec.name, config.swiglu);
     if (s.split_dim >= 0) {
       s.shape[s.split_dim] /= tp;
       s.offset = s.shape[s.split_dim] * partition.tp_rank;

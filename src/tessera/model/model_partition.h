@@ -4,10 +4,11 @@
 //
 // Tensor-parallel slicing (Megatron's ColumnParallelLinear / RowParallelLinear /
 // VocabParallelEmbedding) is always one contiguous, even split along one dimension:
-//   dim 0 (rows): word embedding and output layer (vocabulary), linear_qkv (heads: with
-//       Megatron's per-head [q;k;v] row layout, rows [r·3A/TP, (r+1)·3A/TP) are exactly the
-//       heads of rank r), linear_fc1 and their biases;
-//   dim 1 (columns): linear_proj and linear_fc2 weights (their inputs are split);
+//   dim 0 (rows): word embedding and output layer (vocabulary), linear_qkv (query groups:
+//       with Megatron's grouped [q heads; k; v] row layout the rows of rank r are exactly its
+//       groups), linear_fc1 and their biases;
+//   dim 1: linear_proj and linear_fc2 weights (their inputs are split); SwiGLU's linear_fc1
+//       [2, F, H] and its bias [2, F] (F is split: rank r holds [gate_r; up_r]);
 //   none: LayerNorms, position embedding, the biases of the row-parallel linears.
 #pragma once
 
@@ -73,6 +74,12 @@ struct ParamShard {
   int chunk = 0;  // the index of this rank's model chunk that holds it (interleaved schedule)
 
   int64_t numel() const { return shape_numel(shape); }
+  // The slice as `count` runs of `block` contiguous local elements; run k starts at element
+  // first + k * full_stride of the full parameter (one run when split along dim 0 or whole).
+  struct Blocks {
+    int64_t block, count, first, full_stride;
+  };
+  Blocks blocks() const;
   // Flat index in the full parameter of local element e (keys the counter-based init, so
   // every layout draws the same full weights).
   int64_t full_index(int64_t e) const;

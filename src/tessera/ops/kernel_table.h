@@ -19,14 +19,16 @@ class Device;
 
 namespace tessera::ops {
 
-#define TESSERA_OPS(X)                                                                              \
+#define TESSERA_OPS(X)                                                                             \
   X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
-  X(linear_forward) X(linear_backward) X(bias_add_forward) X(bias_add_backward)                    \
-  X(attention_forward) X(attention_backward) X(attention_buffers) X(gelu_forward) X(gelu_backward) X(dropout_forward)   \
-  X(dropout_backward) X(residual_forward) X(residual_backward) X(cross_entropy_max)                \
-  X(cross_entropy_sums) X(cross_entropy_finish) X(cross_entropy_backward) X(sequence_to_rank_major) \
-  X(rank_major_to_sequence) X(adamw_update) X(sgd_update) X(sum_squares) X(scale_inplace)      \
-  X(masked_loss_sums) X(masked_loss_backward) X(init_normal) X(fill) X(convert)
+  X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward) X(linear_backward) X(bias_add_forward)  \
+  X(bias_add_backward) X(attention_forward) X(attention_backward) X(attention_buffers)             \
+  X(attention_qkv_forward) X(attention_qkv_backward) X(swiglu_forward) X(swiglu_backward)          \
+  X(gelu_forward) X(gelu_backward) X(dropout_forward) X(dropout_backward) X(residual_forward)      \
+  X(residual_backward) X(cross_entropy_max) X(cross_entropy_sums) X(cross_entropy_finish)          \
+  X(cross_entropy_backward) X(sequence_to_rank_major) X(rank_major_to_sequence) X(adamw_update)    \
+  X(sgd_update) X(sum_squares) X(scale_inplace) X(masked_loss_sums) X(masked_loss_backward)        \
+  X(init_normal) X(fill) X(convert)
 
 struct KernelTable {
   const char* backend = "";

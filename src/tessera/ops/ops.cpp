@@ -102,6 +102,14 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
                    dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+  TESSERA_DISPATCH(rmsnorm_forward, T_(&out, &rstd, &inp, &weight), out, rstd, inp, weight, eps);
+}
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+  TESSERA_DISPATCH(rmsnorm_backward, T_(&dinp, &dweight, &dout, &inp, &weight, &rstd), dinp, dweight, dout, inp,
+                   weight, rstd);
+}
+
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   TESSERA_DISPATCH(linear_forward, T_(&out, &inp, &weight, &bias), out, inp, weight, bias);
 }
@@ -128,6 +136,18 @@ AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, 
   auto fn = kernels_for(device).attention_buffers;
   if (fn == nullptr) unsupported("attention_buffers", device);
   return fn(device, B, NH, T, act_dtype);
+}
+
+void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope) {
+  TESSERA_DISPATCH(attention_qkv_forward, T_(&out, &qkv), out, qkv, num_groups, rope);
+}
+void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope) {
+  TESSERA_DISPATCH(attention_qkv_backward, T_(&dqkv, &dout), dqkv, dout, num_groups, rope);
+}
+
+void swiglu_forward(Tensor out, Tensor inp) { TESSERA_DISPATCH(swiglu_forward, T_(&out, &inp), out, inp); }
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
+  TESSERA_DISPATCH(swiglu_backward, T_(&dinp, &dout, &inp), dinp, dout, inp);
 }
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind) {

@@ -152,8 +152,10 @@ struct Rope {
 // [B,T,NH*3*HD], per head h = g*R + i: [q_h; k_g; v_g] with q and k rotated by `rope`.
 // NG == NH with rope.dim == 0 is a plain copy (GPT's layout is the grouped one with R = 1).
 void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope);
-// dqkv += the transpose: each head's dq rotated back; dk and dv summed over the R heads of
-// their group (in head order) and rotated back.
+// The head dim follows from the two widths (HD = (3*qkv width - out width) / (6*NG)).
+// dqkv += the transpose: each head's dq rotated back (by -angle) into its q; the dk of each
+// of the group's R heads rotated back and its dv, added into the group's k and v in head
+// order (then rounded once, as every accumulating output).
 void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope);
 
 // SwiGLU (Megatron's --swiglu: megatron/core/transformer/mlp.py glu): inp: [N,2F], each

@@ -25,11 +25,22 @@ std::vector<OptionDef> train_option_defs() {
       {"--seq-length", K::Int, nullptr, "Sequence length to train on"},
       {"--max-position-embeddings", K::Int, nullptr, "Rows of the position embedding"},
       {"--make-vocab-size-divisible-by", K::Int, "128", "Pad the vocabulary to a multiple of this (times TP)"},
-      {"--normalization", K::Choice, "LayerNorm", "Normalisation layer", "LayerNorm", OptUse::Implemented, nullptr,
-       "RMSNorm"},
-      {"--norm-epsilon", K::Float, "1e-05", "LayerNorm epsilon"},
-      {"--position-embedding-type", K::Choice, "learned_absolute", "Position embedding", "learned_absolute",
-       OptUse::Implemented, nullptr, "rope|none"},
+      {"--normalization", K::Choice, "LayerNorm", "Normalisation layer", "LayerNorm|RMSNorm"},
+      {"--norm-epsilon", K::Float, "1e-05", "LayerNorm / RMSNorm epsilon"},
+      {"--position-embedding-type", K::Choice, "learned_absolute", "Position embedding",
+       "learned_absolute|rope|none"},
+      {"--use-rotary-position-embeddings", K::StoreTrue, nullptr,
+       "Deprecated spelling of --position-embedding-type rope"},
+      {"--no-position-embedding", K::StoreFalse, nullptr,
+       "Deprecated: no learned absolute position embedding (--position-embedding-type none)", nullptr,
+       OptUse::Implemented, "add_position_embedding"},
+      {"--rotary-base", K::Int, "10000", "RoPE base period"},
+      {"--rotary-percent", K::Float, "1.0", "Fraction of each head's channels that RoPE rotates"},
+      {"--no-rope-fusion", K::StoreFalse, nullptr, "Unfused RoPE", nullptr, kSpeed, "apply_rope_fusion"},
+      {"--swiglu", K::StoreTrue, nullptr, "SwiGLU MLP: fc1 gives gate and up, silu(gate) * up feeds fc2"},
+      {"--group-query-attention", K::StoreTrue, nullptr, "Grouped-query attention (--num-query-groups)"},
+      {"--num-query-groups", K::Int, "1", "Key/value heads with --group-query-attention"},
+      {"--add-qkv-bias", K::StoreTrue, nullptr, "A bias in linear_qkv even with --disable-bias-linear"},
       {"--init-method-std", K::Float, "0.02", "Standard deviation of the normal initialisation"},
       {"--hidden-dropout", K::Float, "0.1", "Dropout after the embedding, attention and MLP"},
       {"--attention-dropout", K::Float, "0.1", "Dropout on the attention probabilities"},
@@ -203,6 +214,37 @@ float probability(const ParsedOptions& p, const char* flag) {
   return static_cast<float>(v);
 }
 
+// Normalisation, position embedding and attention groups (the Llama family's flags), with
+// Megatron's rules for the deprecated spellings.
+void parse_llama_options(const ParsedOptions& p, GPTConfig& m) {
+  m.normalization = p.get_string("--normalization") == "RMSNorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
+  std::string position = p.get_string("--position-embedding-type");
+  if (p.get_bool("--use-rotary-position-embeddings")) position = "rope";
+  if (p.raw("--no-position-embedding").value_or("True") == "False" && position == "learned_absolute")
+    position = "none";
+  m.position_embedding = position == "rope"   ? PositionEmbedding::Rope
+                         : position == "none" ? PositionEmbedding::None
+                                              : PositionEmbedding::LearnedAbsolute;
+  const int64_t base = positive(p, "--rotary-base");
+  m.rotary_base = static_cast<float>(base);
+  m.rotary_percent = static_cast<float>(p.get_float("--rotary-percent"));
+  if (!(m.rotary_percent > 0 && m.rotary_percent <= 1))
+    throw usage_error("--rotary-percent must be in (0, 1], got " + *p.raw("--rotary-percent"));
+  if (m.position_embedding == PositionEmbedding::Rope && (m.rotary_dim() < 2 || m.rotary_dim() % 2 != 0))
+    throw usage_error("--rotary-percent " + *p.raw("--rotary-percent") + " of --kv-channels " +
+                          std::to_string(m.kv_channels) + " rotates " + std::to_string(m.rotary_dim()) +
+                          " channels; RoPE needs an even number, at least 2",
+                      "choose --rotary-percent so that kv-channels * percent is even");
+  m.num_query_groups = m.num_attention_heads;
+  if (p.get_bool("--group-query-attention")) {
+    m.num_query_groups = static_cast<int>(positive(p, "--num-query-groups"));
+    if (m.num_attention_heads % m.num_query_groups != 0)
+      throw usage_error("--num-attention-heads " + std::to_string(m.num_attention_heads) +
+                            " is not divisible by --num-query-groups " + std::to_string(m.num_query_groups),
+                        "every query group serves the same number of heads");
+  }
+}
+
 }  // namespace
 
 bool is_megatron_flag(std::string_view flag) {
@@ -248,8 +290,16 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
                         "choose sizes where heads divide the hidden size, or set --kv-channels");
     m.kv_channels = m.hidden_size / m.num_attention_heads;
   }
+  m.swiglu = p.get_bool("--swiglu");
+  // Megatron's default with --swiglu keeps the MLP's parameter count near 8H^2:
+  // int(4H * 2/3 / 64) * 64 (megatron/training/arguments.py).
   m.ffn_hidden_size = p.get_opt_int("--ffn-hidden-size") ? static_cast<int>(positive(p, "--ffn-hidden-size"))
-                                                         : 4 * m.hidden_size;
+                      : m.swiglu                          ? 4 * m.hidden_size * 2 / 3 / 64 * 64
+                                                          : 4 * m.hidden_size;
+  if (m.ffn_hidden_size <= 0)
+    throw usage_error("--swiglu's default --ffn-hidden-size is 0 for --hidden-size " + std::to_string(m.hidden_size),
+                      "set --ffn-hidden-size");
+  parse_llama_options(p, m);
   m.seq_length = static_cast<int>(positive(p, "--seq-length"));
   m.max_position_embeddings = static_cast<int>(positive(p, "--max-position-embeddings"));
   if (m.seq_length > m.max_position_embeddings)
@@ -266,6 +316,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   m.gelu = (fused || p.get_bool("--openai-gelu")) ? ops::GeluKind::Tanh : ops::GeluKind::Erf;
   m.untie_embeddings_and_output_weights = p.get_bool("--untie-embeddings-and-output-weights");
   m.add_bias_linear = p.raw("--disable-bias-linear").value_or("True") == "True";
+  m.add_qkv_bias = p.get_bool("--add-qkv-bias");
   // Recomputation, with Megatron's rules for combining the flags.
   std::optional<std::string> granularity = p.raw("--recompute-granularity");
   if (p.get_bool("--recompute-activations")) granularity = "selective";
@@ -299,6 +350,13 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
                       "start tp x pp x dp processes (tessera launch --nproc_per_node x --nnodes)");
   const int dp = world_size / (tp * pp);
   a.tensor_parallel_size = tp;
+  // Each TP rank holds whole query groups (Megatron's grouped QKV rows).
+  if (m.query_groups() % tp != 0)
+    throw usage_error(
+        (m.query_groups() == m.num_attention_heads ? "--num-attention-heads (" : "--num-query-groups (") +
+            std::to_string(m.query_groups()) + ") is not divisible by --tensor-model-parallel-size " +
+            std::to_string(tp),
+        "each tensor-parallel rank holds whole heads and query groups");
   a.pipeline_parallel_size = pp;
   a.sequence_parallel = p.get_bool("--sequence-parallel");
   if (a.sequence_parallel && tp == 1) {

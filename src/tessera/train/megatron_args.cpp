@@ -100,10 +100,12 @@ json megatron_namespace(const TrainArgs& a, int64_t consumed_train_samples, int6
   ns["num_attention_heads"] = m.num_attention_heads;
   ns["kv_channels"] = m.kv_channels;
   ns["ffn_hidden_size"] = m.ffn_hidden_size;
-  ns["num_query_groups"] = m.num_attention_heads;
+  ns["num_query_groups"] = m.query_groups();
   ns["padded_vocab_size"] = m.padded_vocab_size;
   ns["tokenizer_type"] = a.tokenizer.type;
-  ns["add_position_embedding"] = true;
+  ns["position_embedding_type"] = m.position_embedding == PositionEmbedding::Rope   ? "rope"
+                                  : m.position_embedding == PositionEmbedding::None ? "none"
+                                                                                    : "learned_absolute";
   ns["tensor_model_parallel_size"] = a.tensor_parallel_size;
   ns["pipeline_model_parallel_size"] = a.pipeline_parallel_size;
   const int virtual_stages = a.pipeline_split.virtual_stages;
@@ -179,7 +181,8 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "num_layers", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size", "seq_length",
       "max_position_embeddings", "make_vocab_size_divisible_by", "normalization", "norm_epsilon",
       "position_embedding_type", "openai_gelu", "bias_gelu_fusion", "untie_embeddings_and_output_weights",
-      "add_bias_linear", "tokenizer_type", "vocab_size", "vocab_file", "merge_file", "init_method_std",
+      "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
+      "rotary_percent", "tokenizer_type", "vocab_size", "vocab_file", "merge_file", "init_method_std",
       "hidden_dropout", "attention_dropout", "fp16", "bf16", "tensor_model_parallel_size",
       "pipeline_model_parallel_size"};
   std::vector<std::string> flags;

@@ -8,8 +8,11 @@ double megatron_flops_per_iteration(const TrainArgs& args, int64_t global_batch)
   const GPTConfig& m = args.model;
   const double B = static_cast<double>(global_batch), s = m.seq_length, L = m.num_layers,
                H = m.hidden_size;
-  const double attn = (1.0 + 1.0 + s / H) * (static_cast<double>(m.kv_channels) * m.num_attention_heads / H);
-  const double mlp = static_cast<double>(m.ffn_hidden_size) / H;
+  // megatron/training/training.py num_floating_point_operations: the K and V projections
+  // shrink with query groups (ng/np), SwiGLU's fc1 is twice as wide (1.5x the MLP's GEMMs).
+  const double groups = static_cast<double>(m.query_groups()) / m.num_attention_heads;
+  const double attn = (1.0 + groups + s / H) * (static_cast<double>(m.kv_channels) * m.num_attention_heads / H);
+  const double mlp = static_cast<double>(m.ffn_hidden_size) / H * (m.swiglu ? 1.5 : 1.0);
   const double logit = static_cast<double>(m.padded_vocab_size) / (2.0 * L * H);
   return 12.0 * B * s * L * H * H * (attn + mlp + logit);
 }

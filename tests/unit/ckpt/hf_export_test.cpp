@@ -6,7 +6,9 @@
 //   - gpt_reference.py's Hugging Face folder → import-hf → export-hf reproduces every HF
 //     tensor bit for bit, and the imported checkpoint loads with `train --load --finetune`;
 //   - inspect reports a corrupted file as MISMATCH, a deleted one as MISSING, and exits 1;
-//   - a model GPT-2 cannot express is an error naming the flag.
+//   - Llama-family checkpoints export as LlamaForCausalLM or Qwen2ForCausalLM and
+//     transformers' forward of the export gives tessera's logits (llama_hf_check.py);
+//   - a model neither GPT-2 nor Llama can express is an error naming the flag.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,6 +37,7 @@ namespace {
 const std::string kTessera = std::string(TESSERA_BINARY_DIR) + "/src/tessera/cli/tessera";
 const std::string kPython = "/usr/bin/python3";
 const std::string kCheck = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/hf_gpt2_check.py";
+const std::string kLlamaCheck = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/llama_hf_check.py";
 
 fs::path scratch_dir(const std::string& what) {
   fs::path d = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" /
@@ -128,12 +131,13 @@ void write_tessera_logits(const fs::path& ckpt, const fs::path& out) {
                                              {"logits", DType::F32, logits.shape, logits.host<void>()}});
 }
 
-void expect_export_matches_tessera(const fs::path& dir, const fs::path& ckpt) {
+// `check` is hf_gpt2_check.py (an independent GPT-2 forward) or llama_hf_check.py (transformers).
+void expect_export_matches_tessera(const fs::path& dir, const fs::path& ckpt, const std::string& check = kCheck) {
   const fs::path hf = dir / "hf";
   CmdResult e = run(kTessera + " ckpt export-hf " + ckpt.string() + " " + hf.string(), dir / "export.log");
   ASSERT_EQ(e.status, 0) << e.output;
   ASSERT_NO_FATAL_FAILURE(write_tessera_logits(ckpt, dir / "expected.safetensors"));
-  CmdResult p = run(kPython + " " + kCheck + " logits " + hf.string() + " " + (dir / "expected.safetensors").string(),
+  CmdResult p = run(kPython + " " + check + " logits " + hf.string() + " " + (dir / "expected.safetensors").string(),
               dir / "check.log");
   EXPECT_EQ(p.status, 0) << p.output;
   std::printf("%s", p.output.c_str());
@@ -180,6 +184,40 @@ TEST(CkptExportHF, UntiedErfGeluAndFfnSizeAreExpressed) {
   EXPECT_EQ(r.at("lm_head.weight").shape, (Shape{50, 32}));
   EXPECT_EQ(r.at("transformer.h.0.mlp.c_fc.weight").shape, (Shape{32, 48}));
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+// Llama-family checkpoints export as LlamaForCausalLM (grouped-query attention, untied, with
+// and without biases) or Qwen2ForCausalLM (q/k/v biases only, tied), and transformers'
+// float32 forward of the export gives tessera's logits.
+TEST(CkptExportHF, LlamaCheckpointsGiveTesserasLogitsInTransformers) {
+  const std::vector<std::string> llama = {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                                          "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size",
+                                          "48", "--rotary-base", "500000"};
+  struct Variant {
+    std::string name;
+    std::vector<std::string> flags;
+    std::string architecture;
+  };
+  const Variant variants[] = {
+      {"llama", {"--disable-bias-linear", "--untie-embeddings-and-output-weights"}, "LlamaForCausalLM"},
+      {"llama_bias", {"--untie-embeddings-and-output-weights"}, "LlamaForCausalLM"},
+      {"qwen2", {"--disable-bias-linear", "--add-qkv-bias"}, "Qwen2ForCausalLM"},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const fs::path dir = scratch_dir(v.name);
+    std::vector<std::string> flags = llama;
+    flags.insert(flags.end(), v.flags.begin(), v.flags.end());
+    const fs::path ckpt = train_checkpoint(dir, flags);
+    expect_export_matches_tessera(dir, ckpt, kLlamaCheck);
+    json cfg = json::parse(read_file(dir / "hf" / "config.json"));
+    EXPECT_EQ(cfg["architectures"], json::array({v.architecture}));
+    EXPECT_EQ(cfg["num_key_value_heads"], 2);
+    EXPECT_EQ(cfg["intermediate_size"], 48);
+    EXPECT_EQ(cfg["rope_theta"], 500000.0);
+    EXPECT_EQ(cfg["tie_word_embeddings"], v.name == "qwen2");
+    if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+  }
 }
 
 TEST(CkptExportHF, ImportThenExportReproducesTheHFTensors) {
@@ -272,7 +310,12 @@ TEST(CkptExportHF, InexpressibleModelsNameTheFlag) {
     const char* flag;
   };
   for (const Case& k : {Case{{"--disable-bias-linear"}, "--disable-bias-linear"},
-                        Case{{"--kv-channels", "4"}, "--kv-channels"}}) {
+                        Case{{"--kv-channels", "4"}, "--kv-channels"},
+                        // Half Llama: RMSNorm and RoPE with GPT-2's GELU MLP.
+                        Case{{"--normalization", "RMSNorm", "--position-embedding-type", "rope"}, "--swiglu"},
+                        Case{{"--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu",
+                              "--rotary-percent", "0.5"},
+                             "--rotary-percent"}}) {
     SCOPED_TRACE(k.flag);
     const fs::path dir = scratch_dir(std::string("inexpressible") + k.flag);
     const fs::path ckpt = train_checkpoint(dir, k.extra);

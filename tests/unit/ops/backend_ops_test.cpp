@@ -240,6 +240,30 @@ TEST_P(BackendOps, LayerNorm) {
   expect_close("dbias", dbias, 0);
 }
 
+TEST_P(BackendOps, RmsNorm) {
+  const int64_t N = 9, C = 48;
+  Twin& inp = normal({N, C}, 2.0f, 1.0f);
+  Twin& weight = normal({C});
+  Twin& out = zeros({N, C});
+  Twin& rstd = zeros({N});
+  run([&](Side s) { ops::rmsnorm_forward(out[s], rstd[s], inp[s], weight[s], 1e-5f); });
+  // As LayerNorm: the row sums of squares run in another order (a few ulp of 48 terms).
+  expect_close("rstd", rstd, 1e-5);
+  expect_close("out", out, 1e-5, 1e-5);
+  copy_cpu_to_device(rstd);
+  Twin& dout = normal({N, C});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({C});
+  run([&](Side s) { ops::rmsnorm_backward(dinp[s], dweight[s], dout[s], inp[s], weight[s], rstd[s]); });
+  // One row reduction for dinp; dweight sums rows in order on both, its products may fuse
+  // (FMA) differently.
+  expect_close("dinp", dinp, 1e-5, 1e-5);
+  expect_close("dweight", dweight, 1e-5, 1e-5);
+  Twin& dinp_only = normal({N, C});
+  run([&](Side s) { ops::rmsnorm_backward(dinp_only[s], Tensor(), dout[s], inp[s], weight[s], rstd[s]); });
+  expect_close("dinp (dweight absent)", dinp_only, 1e-5, 1e-5);
+}
+
 // ---- linear and bias -----------------------------------------------------------------
 
 TEST_P(BackendOps, LinearF32) {
@@ -320,6 +344,35 @@ TEST_P(BackendOps, Attention) {
   }
 }
 
+// The grouped QKV layout with RoPE: GQA (R = 3) with half the channels rotated (rotary
+// percent 0.5), one group, and GPT's layout (NG == NH, no rotation: a copy).
+struct QkvCase {
+  int64_t NG, NH, HD, dim;
+};
+const QkvCase kQkvCases[] = {{2, 6, 8, 4}, {1, 4, 6, 6}, {3, 3, 8, 0}};
+
+TEST_P(BackendOps, AttentionQkv) {
+  for (const QkvCase& c : kQkvCases) {
+    SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " rope dim " + std::to_string(c.dim));
+    const int64_t B = 2, T = 9, R = c.NH / c.NG;
+    const ops::Rope rope{c.dim, 10000.0f};
+    Twin& qkv = normal({B, T, c.NG * (R + 2) * c.HD});
+    Twin& out = normal({B, T, c.NH * 3 * c.HD});
+    run([&](Side s) { ops::attention_qkv_forward(out[s], qkv[s], c.NG, rope); });
+    // The angles t * inv_freq (t < 9) from the device's pow, cos and sin (a few ulp of
+    // OpenCL C's / CUDA's accuracy against the CPU's rounded double cos and sin), times
+    // |x| ~ 3; the copies (v, unrotated channels, dim 0) are exact within that bound.
+    const double tol = c.dim == 0 ? 0.0 : 1e-5;
+    expect_close("out", out, tol, tol);
+    Twin& dout = normal({B, T, c.NH * 3 * c.HD});
+    Twin& dqkv = normal({B, T, c.NG * (R + 2) * c.HD});
+    run([&](Side s) { ops::attention_qkv_backward(dqkv[s], dout[s], c.NG, rope); });
+    // dk, dv add the group's R heads in head order on both backends: exact without
+    // rotation, else the rotation's bound above over R terms.
+    expect_close("dqkv", dqkv, tol, 2 * tol);
+  }
+}
+
 // ---- element-wise --------------------------------------------------------------------
 
 TEST_P(BackendOps, Gelu) {
@@ -336,6 +389,19 @@ TEST_P(BackendOps, Gelu) {
     run([&](Side s) { ops::gelu_backward(dinp[s], dout[s], inp[s], kind); });
     expect_close("dinp", dinp, 1e-6, 1e-6);
   }
+}
+
+TEST_P(BackendOps, Swiglu) {
+  const int64_t N = 3, F = 50;
+  Twin& inp = normal({N, 2 * F}, 3.0f);
+  Twin& out = zeros({N, F});
+  run([&](Side s) { ops::swiglu_forward(out[s], inp[s]); });
+  // The same formula and exp polynomial; FMA contraction may differ (as GeLU): a few ulp.
+  expect_close("out", out, 1e-6, 1e-7);
+  Twin& dout = normal({N, F});
+  Twin& dinp = normal({N, 2 * F});
+  run([&](Side s) { ops::swiglu_backward(dinp[s], dout[s], inp[s]); });
+  expect_close("dinp", dinp, 1e-6, 1e-6);
 }
 
 TEST_P(BackendOps, Dropout) {
@@ -785,6 +851,51 @@ TEST_P(BackendOps, Storage16ElementWise) {
     Twin& rm16 = normal_as(st.act, {4, B * 2, 5});
     run([&](Side s) { ops::sequence_to_rank_major(rm16[s], seq[s], 4); });
     expect_close("rank-major", rm16, 0);  // copies
+  }
+}
+
+// The Llama family's ops: RMSNorm as LayerNorm, SwiGLU as GeLU, the QKV layout as its F32
+// case, each plus one 16-bit ulp where the F32 case is not exact.
+TEST_P(BackendOps, Storage16LlamaOps) {
+  for (const Storage& st : model_storages()) {
+    SCOPED_TRACE(storage_name(st));
+    const int64_t N = 9, C = 48;
+    Twin& inp = normal_as(st.act, {N, C}, 2.0f, 1.0f);
+    Twin& weight = normal_as(st.act, {C});
+    Twin& out = normal_as(st.act, {N, C});
+    Twin& rstd = zeros({N});
+    run([&](Side s) { ops::rmsnorm_forward(out[s], rstd[s], inp[s], weight[s], 1e-5f); });
+    expect_close("rmsnorm rstd", rstd, 1e-5);
+    expect_close("rmsnorm out", out, 1e-5 + st.ulp, 1e-5);
+    copy_cpu_to_device(rstd);
+    Twin& dout = normal_as(st.act, {N, C});
+    Twin& dinp = normal_as(st.act, {N, C});
+    Twin& dweight = normal({C});  // the fp32 main grad
+    run([&](Side s) { ops::rmsnorm_backward(dinp[s], dweight[s], dout[s], inp[s], weight[s], rstd[s]); });
+    expect_close("rmsnorm dinp", dinp, 1e-5 + st.ulp, 1e-5);
+    expect_close("rmsnorm dweight", dweight, 1e-5, 1e-5);
+
+    Twin& glu_in = normal_as(st.act, {N, 2 * C}, 3.0f);
+    Twin& glu_out = normal_as(st.act, {N, C});
+    run([&](Side s) { ops::swiglu_forward(glu_out[s], glu_in[s]); });
+    expect_close("swiglu out", glu_out, 1e-6 + st.ulp, 1e-7);
+    Twin& glu_din = normal_as(st.act, {N, 2 * C});
+    run([&](Side s) { ops::swiglu_backward(glu_din[s], dout[s], glu_in[s]); });
+    expect_close("swiglu dinp", glu_din, 1e-6 + st.ulp, 1e-6);
+
+    for (const QkvCase& c : kQkvCases) {
+      SCOPED_TRACE("NG " + std::to_string(c.NG) + " rope dim " + std::to_string(c.dim));
+      const int64_t B = 2, T = 9, R = c.NH / c.NG;
+      const ops::Rope rope{c.dim, 10000.0f};
+      Twin& qkv = normal_as(st.act, {B, T, c.NG * (R + 2) * c.HD});
+      Twin& per_head = normal_as(st.act, {B, T, c.NH * 3 * c.HD});
+      run([&](Side s) { ops::attention_qkv_forward(per_head[s], qkv[s], c.NG, rope); });
+      const double tol = c.dim == 0 ? 0.0 : 1e-5;
+      expect_close("qkv out", per_head, tol == 0 ? 0 : tol + st.ulp, tol);
+      Twin& dqkv = normal_as(st.act, {B, T, c.NG * (R + 2) * c.HD});
+      run([&](Side s) { ops::attention_qkv_backward(dqkv[s], per_head[s], c.NG, rope); });
+      expect_close("dqkv", dqkv, tol == 0 ? 0 : tol + st.ulp, 2 * tol);
+    }
   }
 }
 

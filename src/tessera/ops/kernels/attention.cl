@@ -1,5 +1,6 @@
-// Causal self-attention (ops/cpu/attention.cpp). Legend: B batch, T sequence, NH heads,
-// HD head dim (at most MAX_HD, checked on the host), C3 = 3*NH*HD (qkv row), CO = NH*HD.
+// Causal self-attention (ops/cpu/attention.cpp) and, at the end, its QKV layout with RoPE
+// (ops/cpu/attention_qkv.cpp). Legend: B batch, T sequence, NH heads, HD head dim (at most
+// MAX_HD, checked on the host), C3 = 3*NH*HD (qkv row), CO = NH*HD.
 // Per head h of a qkv row: q at h*3*HD, k at +HD, v at +2*HD. att [B,NH,T,T] keeps the
 // softmax probabilities before dropout, zeros above the diagonal, in att's dtype (ops.h:
 // the activation dtype); scores and softmax are computed in f32.
@@ -109,4 +110,54 @@ __kernel void attention_backward_keys(FLOATS(dqkv), __global const float* scratc
     ADD_TO(dqkv, dk + i, acc_k[i]);
     ADD_TO(dqkv, dk + HD + i, acc_v[i]);
   }
+}
+
+// The grouped QKV layout to the per-head one, with RoPE on q and k (ops/cpu/attention_qkv.cpp).
+// Legend: NG query groups, R = NH/NG query heads per group, pairs = rope dim / 2. A grouped
+// row (qkv, dqkv) holds per group [q_0 .. q_{R-1}, k, v], a per-head row (out, dout) per
+// head h = g*R + i [q_h, k_g, v_g], HD wide each.
+
+// Channel c of the head starting at element `head` of x, rotated by sign * theta_i of
+// position t (theta_i = t * inv_freq[i], inv_freq[i] = 1 / base^(2i / (2*pairs)), in f32),
+// channel i < pairs paired with i + pairs; channels [2*pairs, HD) as they are.
+DEVICE_FN float rope_channel(CONST_FLOATS(x), long head, long c, long pairs, long t, float base, float sign) {
+  if (c >= 2 * pairs) return load_float(x, x_off + (ulong)(head + c), x_dt);
+  const long i = c < pairs ? c : c - pairs;
+  const float inv_freq = 1.0f / pow(base, (float)(2 * i) / (float)(2 * pairs));
+  const float theta = (float)t * inv_freq;
+  const float co = cos(theta), si = sign * sin(theta);
+  const float x1 = load_float(x, x_off + (ulong)(head + i), x_dt);
+  const float x2 = load_float(x, x_off + (ulong)(head + i + pairs), x_dt);
+  return c < pairs ? x1 * co - x2 * si : x2 * co + x1 * si;
+}
+#define ROPE(x, head, c, sign) rope_channel(x, x##_off, x##_dt, (head), (c), pairs, t, base, (sign))
+
+// Work-item (element of a per-head row, row = b*T + t).
+__kernel void attention_qkv_forward(FLOATS(out), CONST_FLOATS(qkv), long T, long NG, long R, long HD, long pairs,
+                                    float base) {
+  const long col = get_global_id(0), row = get_global_id(1), t = row % T;
+  const long h = col / (3 * HD), part = col / HD % 3, c = col % HD, g = h / R;
+  // q_h, k_g or v_g of the group's [q_0 .. q_{R-1}, k, v]
+  const long head = row * NG * (R + 2) * HD + g * (R + 2) * HD + (part == 0 ? h % R : R + part - 1) * HD;
+  STORE(out, row * NG * R * 3 * HD + col, part == 2 ? LOAD(qkv, head + c) : ROPE(qkv, head, c, 1.0f));
+}
+
+// Work-item (element of a grouped row, row). dq: its head's gradient rotated back; dk, dv:
+// those of the group's R heads (dk rotated back) added in head order, rounded once.
+__kernel void attention_qkv_backward(FLOATS(dqkv), CONST_FLOATS(dout), long T, long NG, long R, long HD, long pairs,
+                                     float base) {
+  const long col = get_global_id(0), row = get_global_id(1), t = row % T;
+  const long g = col / ((R + 2) * HD), slot = col / HD % (R + 2), c = col % HD;
+  const long heads = row * NG * R * 3 * HD + g * R * 3 * HD;  // head g*R's [q; k; v] in dout
+  const long i = row * NG * (R + 2) * HD + col;
+  if (slot < R) {
+    ADD_TO(dqkv, i, ROPE(dout, heads + slot * 3 * HD, c, -1.0f));
+    return;
+  }
+  float acc = LOAD(dqkv, i);
+  for (long r = 0; r < R; ++r) {
+    const long head = heads + r * 3 * HD + (slot - R + 1) * HD;  // k at +HD, v at +2*HD
+    acc += slot == R ? ROPE(dout, head, c, -1.0f) : LOAD(dout, head + c);
+  }
+  STORE(dqkv, i, acc);
 }

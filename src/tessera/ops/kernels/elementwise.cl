@@ -1,5 +1,5 @@
-// Element-wise kernels: residual, GeLU, dropout, bias, scaling (ops/cpu/residual.cpp,
-// gelu.cpp, dropout.cpp, linear.cpp's bias_add, reductions.cpp's scale_inplace). One
+// Element-wise kernels: residual, GeLU, SwiGLU, dropout, bias, scaling (ops/cpu/residual.cpp,
+// gelu.cpp, swiglu.cpp, dropout.cpp, linear.cpp's bias_add, reductions.cpp's scale_inplace). One
 // work-item per element.
 
 __kernel void residual_forward(FLOATS(out), CONST_FLOATS(a), CONST_FLOATS(b)) {
@@ -45,6 +45,22 @@ __kernel void gelu_backward(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp),
     d = s + 2.0f * x * s * (1.0f - s) * du;
   }
   ADD_TO(dinp, i, LOAD(dout, i) * d);
+}
+
+// SwiGLU (ops/cpu/swiglu.cpp): out[n, f] = silu(gate) * up, gate = inp[n, f], up =
+// inp[n, F + f], silu(x) = x / (1 + exp(-x)). One work-item per element of out.
+__kernel void swiglu_forward(FLOATS(out), CONST_FLOATS(inp), long F) {
+  const long i = get_global_id(0), gate_i = i / F * 2 * F + i % F;
+  const float g = LOAD(inp, gate_i);
+  STORE(out, i, g / (1.0f + exp_approx(-g)) * LOAD(inp, gate_i + F));
+}
+
+// dgate += dout * up * s (1 + gate (1 - s)), s = sigmoid(gate); dup += dout * silu(gate).
+__kernel void swiglu_backward(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), long F) {
+  const long i = get_global_id(0), gate_i = i / F * 2 * F + i % F;
+  const float g = LOAD(inp, gate_i), e = 1.0f + exp_approx(-g), s = 1.0f / e, dy = LOAD(dout, i);
+  ADD_TO(dinp, gate_i, dy * LOAD(inp, gate_i + F) * (s * (1.0f + g * (1.0f - s))));
+  ADD_TO(dinp, gate_i + F, dy * (g / e));
 }
 
 // Dropout over [B, S]: work-item (Philox group q, sample b) draws one Philox call and

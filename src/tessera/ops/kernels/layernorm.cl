@@ -1,4 +1,5 @@
-// LayerNorm over the last dimension (ops/cpu/layernorm.cpp): two-pass mean and variance.
+// The normalisations over the last dimension: LayerNorm (ops/cpu/layernorm.cpp, two-pass mean
+// and variance) and RMSNorm (ops/cpu/rmsnorm.cpp).
 
 // One work-item per row.
 __kernel void layernorm_forward(FLOATS(out), __global float* mean, ulong mean_off, __global float* rstd,
@@ -54,4 +55,40 @@ __kernel void layernorm_backward_params(FLOATS(dweight), FLOATS(dbias), CONST_FL
   }
   if (dweight) ADD_TO(dweight, c, acc_w);
   if (dbias) ADD_TO(dbias, c, acc_b);
+}
+
+// RMSNorm: out = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps); one work-item per row.
+__kernel void rmsnorm_forward(FLOATS(out), __global float* rstd, ulong rstd_off, CONST_FLOATS(inp),
+                              CONST_FLOATS(weight), long C, float eps) {
+  const long n = get_global_id(0), x = n * C;  // x: the row's first element
+  float sq = 0.0f;
+  for (long c = 0; c < C; ++c) {
+    const float v = LOAD(inp, x + c);
+    sq += v * v;
+  }
+  const float rs = 1.0f / sqrt(sq / (float)C + eps);
+  for (long c = 0; c < C; ++c) STORE(out, x + c, LOAD(inp, x + c) * rs * LOAD(weight, c));
+  if (rstd) rstd[rstd_off + n] = rs;
+}
+
+// dinp += rstd * (g - xhat * mean(g * xhat)), g = dout * weight, xhat = inp * rstd; one
+// work-item per row.
+__kernel void rmsnorm_backward_input(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
+                                     __global const float* rstd, ulong rstd_off, long C) {
+  const long n = get_global_id(0), x = n * C;  // x: the row's first element
+  const float r = rstd[rstd_off + n];
+  float gx_sum = 0.0f;
+  for (long c = 0; c < C; ++c) gx_sum += LOAD(dout, x + c) * LOAD(weight, c) * (LOAD(inp, x + c) * r);
+  const float gx_mean = gx_sum / (float)C;
+  for (long c = 0; c < C; ++c)
+    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - LOAD(inp, x + c) * r * gx_mean) * r);
+}
+
+// dweight += sum over rows of dout * xhat; one work-item per channel, rows in order.
+__kernel void rmsnorm_backward_weight(FLOATS(dweight), CONST_FLOATS(dout), CONST_FLOATS(inp),
+                                      __global const float* rstd, ulong rstd_off, long C, long N) {
+  const long c = get_global_id(0);
+  float acc = 0.0f;
+  for (long n = 0; n < N; ++n) acc += LOAD(dout, n * C + c) * (LOAD(inp, n * C + c) * rstd[rstd_off + n]);
+  ADD_TO(dweight, c, acc);
 }

@@ -22,6 +22,9 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd);
 
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias);
@@ -30,6 +33,12 @@ void bias_add_backward(Tensor dbias, Tensor dout);
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout);
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, const Dropout& dropout);
 AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, int64_t T, DType act_dtype);
+
+void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope);
+void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope);
+
+void swiglu_forward(Tensor out, Tensor inp);
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
 void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind);

@@ -1,0 +1,133 @@
+// The grouped QKV layout to attention's per-head layout, with rotary position embedding on
+// q and k (ops.h attention_qkv_forward; Megatron's get_query_key_value_tensors followed by
+// rope_utils.py _apply_rotary_pos_emb_bshd, non-interleaved).
+// Legend: B batch, T sequence, NG query groups, R = NH/NG query heads per group, NH heads,
+// HD head dim, D = rope.dim rotated channels (D/2 angles). qkv, dqkv: [B,T,NG*(R+2)*HD];
+// out, dout: [B,T,NH*3*HD]. Any float dtype each, staged by rows of one (b, t) (storage.h).
+//
+// Rotation of a head x by the angles theta_i of position t (i < D/2):
+//   y[i]     = x[i] cos - x[i+D/2] sin,   y[i+D/2] = x[i+D/2] cos + x[i] sin,
+// (x cos + rotate_half(x) sin); its transpose is the rotation by -theta, so the backward
+// is the same code with sin negated.
+#include <cmath>
+#include <cstring>
+
+#include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/low_precision.h"
+#include "tessera/ops/cpu/shape_checks.h"
+#include "tessera/ops/cpu/storage.h"
+
+namespace tessera::ops::cpu {
+namespace {
+
+// cos and sin of theta[t, i] = t * inv_freq[i], inv_freq[i] = 1 / base^(2i/D), for t < T
+// and i < D/2: cos at table[t*half + i], sin at table[T*half + t*half + i]. inv_freq and
+// theta are f32 as Megatron computes them (fp32 arange, pow, outer product); cos and sin of
+// the f32 angle are evaluated in double and rounded once. Computed once per call, in the
+// calling thread's Small workspace (no op of this call uses it otherwise), so each head
+// and each row only reads it.
+const float* rope_table(const QkvLayout& s, const Rope& rope) {
+  if (s.half == 0) return nullptr;
+  const int64_t n = s.T * s.half;
+  float* table = static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(2 * n) * sizeof(float)));
+  const float dim = static_cast<float>(rope.dim);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t i = 0; i < s.half; ++i) {
+      const float inv_freq = 1.0f / std::pow(rope.base, static_cast<float>(2 * i) / dim);
+      const double theta = static_cast<float>(t) * inv_freq;
+      table[t * s.half + i] = static_cast<float>(std::cos(theta));
+      table[n + t * s.half + i] = static_cast<float>(std::sin(theta));
+    }
+  return table;
+}
+
+// dst[0, HD) = src rotated by the angles of (cs, sn) (sn negated when sign = -1: the
+// transpose), channels [2*half, HD) copied; Accumulate adds instead of setting.
+template <bool Accumulate>
+void rotate(float* dst, const float* src, const float* cs, const float* sn, float sign, int64_t half, int64_t HD) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cs[i], s = sign * sn[i], x1 = src[i], x2 = src[i + half];
+    const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+    if constexpr (Accumulate) {
+      dst[i] += y1;
+      dst[i + half] += y2;
+    } else {
+      dst[i] = y1;
+      dst[i + half] = y2;
+    }
+  }
+#pragma omp simd
+  for (int64_t i = 2 * half; i < HD; ++i) {
+    if constexpr (Accumulate)
+      dst[i] += src[i];
+    else
+      dst[i] = src[i];
+  }
+}
+
+}  // namespace
+
+void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope) {
+  const QkvLayout s = qkv_layout(qkv, out, num_groups, rope, "attention_qkv_forward");
+  check_float(out, "attention_qkv_forward", "out");
+  check_float(qkv, "attention_qkv_forward", "qkv");
+  const float* table = rope_table(s, rope);
+  const int64_t HD = s.HD, in_row = s.grouped_row(), out_row = s.per_head_row();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.B * s.T; ++row) {
+    const int64_t t = row % s.T;
+    const float* cs = table ? table + t * s.half : nullptr;
+    const float* sn = table ? table + s.T * s.half + t * s.half : nullptr;
+    Stage st;
+    const float* x = st.in(qkv, row * in_row, in_row);
+    float* y = st.out(out, row * out_row, out_row);
+    for (int64_t g = 0; g < s.NG; ++g) {
+      const float* xg = x + g * (s.R + 2) * HD;  // [q_0 .. q_{R-1}, k, v] of group g
+      float* yg = y + g * s.R * 3 * HD;          // heads g*R .. g*R+R-1, [q; k; v] each
+      for (int64_t i = 0; i < s.R; ++i) rotate<false>(yg + i * 3 * HD, xg + i * HD, cs, sn, 1.0f, s.half, HD);
+      // k rotated once, then copied (with v) to every head of the group.
+      rotate<false>(yg + HD, xg + s.R * HD, cs, sn, 1.0f, s.half, HD);
+      std::memcpy(yg + 2 * HD, xg + (s.R + 1) * HD, static_cast<size_t>(HD) * sizeof(float));
+      for (int64_t i = 1; i < s.R; ++i)
+        std::memcpy(yg + i * 3 * HD + HD, yg + HD, static_cast<size_t>(2 * HD) * sizeof(float));
+    }
+    st.done(out, row * out_row, out_row, y);
+  }
+}
+
+void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope) {
+  if (dqkv.empty()) return;
+  const QkvLayout s = qkv_layout(dqkv, dout, num_groups, rope, "attention_qkv_backward");
+  check_float(dqkv, "attention_qkv_backward", "dqkv");
+  check_float(dout, "attention_qkv_backward", "dout");
+  const float* table = rope_table(s, rope);
+  const int64_t HD = s.HD, half = s.half, in_row = s.grouped_row(), out_row = s.per_head_row();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.B * s.T; ++row) {
+    const int64_t t = row % s.T;
+    const float* cs = table ? table + t * half : nullptr;
+    const float* sn = table ? table + s.T * half + t * half : nullptr;
+    Stage st;
+    const float* dy = st.in(dout, row * out_row, out_row);
+    float* dx = st.inout(dqkv, row * in_row, in_row);
+    for (int64_t g = 0; g < s.NG; ++g) {
+      float* dxg = dx + g * (s.R + 2) * HD;
+      const float* dyg = dy + g * s.R * 3 * HD;
+      float* dk = dxg + s.R * HD;
+      float* dv = dk + HD;
+      // Each head's dq rotated back; its dk rotated back and its dv added into the group's,
+      // in head order (half = 0 rotates nothing: a plain add).
+      for (int64_t i = 0; i < s.R; ++i) {
+        const float* dh = dyg + i * 3 * HD;
+        rotate<true>(dxg + i * HD, dh, cs, sn, -1.0f, half, HD);
+        rotate<true>(dk, dh + HD, cs, sn, -1.0f, half, HD);
+        rotate<true>(dv, dh + 2 * HD, nullptr, nullptr, 1.0f, 0, HD);
+      }
+    }
+    st.done(dqkv, row * in_row, in_row, dx);
+  }
+}
+
+}  // namespace tessera::ops::cpu

@@ -1,0 +1,235 @@
+// The Llama family's ops of ops.h on the CPU (rmsnorm, attention_qkv with RoPE and query
+// groups, swiglu) against independent references:
+// - forwards against the formulas evaluated in double: torch.nn.RMSNorm; Megatron's
+//   rope_utils.py _apply_rotary_pos_emb_bshd (x cos + rotate_half(x) sin on the channels
+//   [0, dim), the rest passed through) after attention.py's grouped QKV split, each query
+//   head h reading the key and value of group h / (NH/NG); mlp.py's silu(gate) * up;
+// - every backward against central finite differences of L = sum(out * R), gradient
+//   buffers pre-filled (grad_check.h);
+// - GPT's layout (NG == NH, no rotation) as a plain copy, bit for bit; shape checks as
+//   death tests.
+// Each tolerance sits next to its case with the reason for its size.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "grad_check.h"
+#include "tessera/core/tensor.h"
+#include "tessera/ops/ops.h"
+
+using namespace tessera;
+using namespace tessera::ops_test;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// RMSNorm
+
+TEST(OpsRmsNorm, ForwardMatchesDoubleFormula) {
+  Arena arena;
+  const int64_t N = 5, C = 37;  // C odd: exercises the vector loops' remainders
+  Tensor inp = arena.normal({N, C}, 1, 2.0f, 1.0f), w = arena.normal({C}, 2, 0.5f, 1.0f);
+  Tensor out = arena.f32({N, C}), rstd = arena.f32({N});
+  const float eps = 1e-5f;
+  ops::rmsnorm_forward(out, rstd, inp, w, eps);
+  for (int64_t n = 0; n < N; ++n) {
+    double sq = 0;
+    for (int64_t c = 0; c < C; ++c) sq += static_cast<double>(inp.f32()[n * C + c]) * inp.f32()[n * C + c];
+    const double rs = 1.0 / std::sqrt(sq / C + eps);
+    // rstd: a float sum of 37 positive squares, ~37 * 6e-8 relative at worst, then sqrt;
+    // out: that times |x w| plus two roundings.
+    EXPECT_NEAR(rstd.f32()[n], rs, 3e-6 * rs);
+    for (int64_t c = 0; c < C; ++c) {
+      const double ref = inp.f32()[n * C + c] * rs * w.f32()[c];
+      EXPECT_NEAR(out.f32()[n * C + c], ref, 4e-6 * (1 + std::fabs(ref)));
+    }
+  }
+}
+
+TEST(OpsRmsNorm, Gradients) {
+  Arena arena;
+  const int64_t N = 3, C = 11;
+  Tensor inp = arena.normal({N, C}, 1, 1.0f, 0.5f), w = arena.normal({C}, 2, 0.5f, 1.0f);
+  Tensor out = arena.f32({N, C}), rstd = arena.f32({N}), R = arena.normal({N, C}, 4);
+  const float eps = 1e-5f;
+  ops::rmsnorm_forward(out, rstd, inp, w, eps);
+  Grad dinp(arena, inp, 5), dw(arena, w, 6);
+  ops::rmsnorm_backward(dinp.t, dw.t, R, inp, w, rstd);
+  Tensor r2 = arena.f32({N});
+  auto loss = [&] {
+    ops::rmsnorm_forward(out, r2, inp, w, eps);
+    return weighted_sum(out, R);
+  };
+  // inp: as LayerNorm's check (ops_test.cpp): smooth with O(10) third derivatives at unit
+  // scale, eps = 3e-3 costs ~1.5e-5 of truncation, the rounding of a row of 11 outputs over
+  // 2 eps ~1e-4; the gradients are O(1).
+  expect_gradient("dinp", inp, dinp, loss, 3e-3f, 1e-3, 1e-3);
+  // weight: L is linear in it, only rounding remains (eps = 0.1: ~1e-6).
+  expect_gradient("dweight", w, dw, loss, 0.1f, 1e-4, 1e-4);
+}
+
+TEST(OpsRmsNorm, GradientsIndependentOfThreadCount) {
+  Arena arena;
+  const int64_t N = 64, C = 200;
+  Tensor inp = arena.normal({N, C}, 1), w = arena.normal({C}, 2), R = arena.normal({N, C}, 4);
+  Tensor out = arena.f32({N, C}), rstd = arena.f32({N});
+  ops::rmsnorm_forward(out, rstd, inp, w, 1e-5f);
+  Tensor dw1 = arena.f32({C}), dw2 = arena.f32({C}), dx1 = arena.f32({N, C}), dx2 = arena.f32({N, C});
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  ops::rmsnorm_backward(dx1, dw1, R, inp, w, rstd);
+  omp_set_num_threads(3);
+  ops::rmsnorm_backward(dx2, dw2, R, inp, w, rstd);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(dw1.host<void>(), dw2.host<void>(), dw1.bytes()), 0);
+  EXPECT_EQ(std::memcmp(dx1.host<void>(), dx2.host<void>(), dx1.bytes()), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// SwiGLU
+
+TEST(OpsSwiglu, ForwardMatchesFormula) {
+  Arena arena;
+  const int64_t N = 3, F = 37;
+  Tensor inp = arena.uniform({N, 2 * F}, 1, -10.0f, 10.0f), out = arena.f32({N, F});
+  ops::swiglu_forward(out, inp);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = inp.f32()[n * 2 * F + f], u = inp.f32()[n * 2 * F + F + f];
+      const double ref = g / (1 + std::exp(-g)) * u;
+      // exp_approx's 2 ulp and three roundings, relative to |y|; a little absolute for the
+      // negative tail where silu is tiny.
+      EXPECT_NEAR(out.f32()[n * F + f], ref, 1e-6 + 1e-6 * std::fabs(ref)) << "gate " << g << " up " << u;
+    }
+}
+
+TEST(OpsSwiglu, Gradients) {
+  Arena arena;
+  const int64_t N = 3, F = 9;
+  Tensor inp = arena.uniform({N, 2 * F}, 1, -4.0f, 4.0f), out = arena.f32({N, F}), R = arena.normal({N, F}, 2);
+  Grad dinp(arena, inp, 3);
+  ops::swiglu_backward(dinp.t, R, inp);
+  auto loss = [&] {
+    ops::swiglu_forward(out, inp);
+    return weighted_sum(out, R);
+  };
+  // Perturbing gate or up moves one output. In up it is linear; in gate silu'' <= 0.5 and
+  // silu''' is O(1): eps = 1e-3 leaves ~1e-6 of truncation; an output up to ~16 rounds by
+  // ~1e-6, over 2 eps ~1e-3 at worst. A wrong derivative term is off by O(0.1).
+  expect_gradient("dinp", inp, dinp, loss, 1e-3f, 2e-3, 1e-3);
+}
+
+// ---------------------------------------------------------------------------------------
+// attention_qkv (RoPE, query groups)
+
+struct QkvCase {
+  int64_t B, T, NG, NH, HD, dim;
+  float base;
+};
+
+// out of attention_qkv_forward in double, straight from Megatron: split each grouped row
+// into [q_0 .. q_{R-1}, k, v] per group, give head h the k and v of group h / R, rotate q
+// and k by x cos(emb) + rotate_half(x) sin(emb) with emb = [freqs, freqs], freqs[i] =
+// t * inv_freq[i], inv_freq[i] = 1 / base^(2i/dim), rotate_half(x) = [-x2, x1] on the
+// first dim channels; the rest pass through.
+std::vector<double> qkv_reference(const QkvCase& c, const Tensor& qkv) {
+  const int64_t R = c.NH / c.NG, in_row = c.NG * (R + 2) * c.HD, out_row = c.NH * 3 * c.HD, half = c.dim / 2;
+  std::vector<double> out(static_cast<size_t>(c.B * c.T * out_row));
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0; t < c.T; ++t) {
+      const float* row = qkv.f32() + (b * c.T + t) * in_row;
+      double* y = out.data() + (b * c.T + t) * out_row;
+      for (int64_t h = 0; h < c.NH; ++h) {
+        const int64_t g = h / R;
+        const float* src[3] = {row + g * (R + 2) * c.HD + (h % R) * c.HD, row + g * (R + 2) * c.HD + R * c.HD,
+                               row + g * (R + 2) * c.HD + (R + 1) * c.HD};
+        for (int part = 0; part < 3; ++part)
+          for (int64_t j = 0; j < c.HD; ++j) {
+            double v = src[part][j];
+            if (part < 2 && j < c.dim) {
+              const double freq = t / std::pow(static_cast<double>(c.base), 2.0 * (j % half) / c.dim);
+              const double rotated_half = j < half ? -src[part][j + half] : src[part][j - half];
+              v = src[part][j] * std::cos(freq) + rotated_half * std::sin(freq);
+            }
+            y[(h * 3 + part) * c.HD + j] = v;
+          }
+      }
+    }
+  return out;
+}
+
+Tensor qkv_input(Arena& arena, const QkvCase& c, uint32_t seed) {
+  const int64_t R = c.NH / c.NG;
+  return arena.normal({c.B, c.T, c.NG * (R + 2) * c.HD}, seed);
+}
+
+TEST(OpsAttentionQkv, ForwardMatchesMegatronRope) {
+  const QkvCase cases[] = {
+      {2, 9, 2, 6, 8, 8, 10000.0f},     // GQA, R = 3, every channel rotated
+      {2, 9, 2, 4, 8, 4, 10000.0f},     // --rotary-percent 0.5: channels [4, 8) pass through
+      {1, 7, 1, 4, 6, 6, 500000.0f},    // one group (MQA), Llama 3's base
+      {1, 5, 3, 3, 4, 4, 10000.0f},     // NG == NH (no GQA) with rotation
+  };
+  for (const QkvCase& c : cases) {
+    SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " dim " + std::to_string(c.dim));
+    Arena arena;
+    Tensor qkv = qkv_input(arena, c, 1), out = arena.f32({c.B, c.T, c.NH * 3 * c.HD});
+    ops::attention_qkv_forward(out, qkv, c.NG, {c.dim, c.base});
+    const std::vector<double> ref = qkv_reference(c, qkv);
+    // The angle t * inv_freq is f32 (as Megatron's), off the double one by ~1 ulp of up to
+    // 8 rad (~5e-7); cos, sin and the two products round once each: ~1e-6 on |x| ~ 3.
+    for (int64_t i = 0; i < out.numel(); ++i)
+      ASSERT_NEAR(out.f32()[i], ref[static_cast<size_t>(i)], 2e-6 * (1 + std::fabs(ref[static_cast<size_t>(i)])))
+          << "element " << i;
+  }
+}
+
+TEST(OpsAttentionQkv, GptLayoutIsAPlainCopy) {
+  // NG == NH and no rotation: the grouped layout [q_h, k_h, v_h] is attention's own.
+  Arena arena;
+  const QkvCase c{2, 5, 4, 4, 6, 0, 10000.0f};
+  Tensor qkv = qkv_input(arena, c, 1), out = arena.normal({c.B, c.T, c.NH * 3 * c.HD}, 2);
+  ops::attention_qkv_forward(out, qkv, c.NG, {});
+  EXPECT_EQ(values(out), values(qkv));
+  Tensor dout = arena.normal(out.shape, 3), dqkv = arena.normal(qkv.shape, 4);
+  std::vector<float> want = values(dqkv);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += dout.f32()[i];
+  ops::attention_qkv_backward(dqkv, dout, c.NG, {});
+  EXPECT_EQ(values(dqkv), want);
+}
+
+TEST(OpsAttentionQkv, Gradients) {
+  const QkvCase cases[] = {{2, 5, 2, 6, 8, 6, 10000.0f}, {1, 4, 1, 3, 4, 4, 10000.0f}};
+  for (const QkvCase& c : cases) {
+    SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " dim " + std::to_string(c.dim));
+    Arena arena;
+    const ops::Rope rope{c.dim, c.base};
+    Tensor qkv = qkv_input(arena, c, 1), out = arena.f32({c.B, c.T, c.NH * 3 * c.HD});
+    Tensor R = arena.normal(out.shape, 2);
+    Grad dqkv(arena, qkv, 3);
+    ops::attention_qkv_backward(dqkv.t, R, c.NG, rope);
+    auto loss = [&] {
+      ops::attention_qkv_forward(out, qkv, c.NG, rope);
+      return weighted_sum(out, R);
+    };
+    // L is linear in qkv: only the outputs' rounding (~3e-7 each, R heads reading one k)
+    // over 2 eps = 0.2 remains. A missing head in dk's sum or a wrong rotation sign is off
+    // by O(1).
+    expect_gradient("dqkv", qkv, dqkv, loss, 0.1f, 1e-4, 1e-4);
+  }
+}
+
+TEST(OpsAttentionQkvDeathTest, RejectsBadShapes) {
+  Arena arena;
+  Tensor qkv = arena.f32({1, 2, 2 * (3 + 2) * 4}), out = arena.f32({1, 2, 6 * 3 * 4});
+  EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {3, 10000.0f}), "rope dim 3 must be even");
+  EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {6, 10000.0f}), "rope dim 6 must be even and in \\[0, 4\\]");
+  EXPECT_DEATH(ops::attention_qkv_forward(arena.f32({1, 2, 70}), qkv, 2, {}), "widths are not");
+  EXPECT_DEATH(ops::attention_qkv_forward(out, arena.f32({1, 3, 40}), 2, {}), "want qkv");
+  EXPECT_DEATH(ops::swiglu_forward(arena.f32({2, 4}), arena.f32({2, 7})), "must be \\[N,2F\\]");
+}
+
+}  // namespace
