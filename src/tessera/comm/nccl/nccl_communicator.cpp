@@ -203,6 +203,13 @@ class NcclCommunicator final : public Communicator {
     gpu_.synchronize(stream_);
     Watchdog::instance().remove(watched_);
     for (InFlight& c : watched_->calls) cudaEventDestroy(c.done);
+    // A non-blocking communicator finalizes in the background: wait for it (bounded), then
+    // free it. A failure has aborted it already and leaves nothing to free.
+    try {
+      if (comm()) settle(ncclCommFinalize(comm()), "ncclCommFinalize on " + watched_->group);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: %s\n", e.what());
+    }
     if (comm()) ncclCommDestroy(comm());
     gpu_.destroy_stream(stream_);
   }
