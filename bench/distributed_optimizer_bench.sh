@@ -7,6 +7,12 @@
 # one bucket of this model). Per run, the median of the log's elapsed ms per iteration over
 # iterations 3..ITERS; printed: each configuration's median over the rounds.
 #
+# How much communication the overlaps hide: the log's dp_comm_ms_per_iteration is the time
+# the step waited for its data-parallel reductions and gathers (DataParallelBuckets::
+# exposed_seconds). Without overlap that is all of their time; with it, only what compute did
+# not cover. Hidden = 1 - exposed(overlapped) / exposed(not overlapped), per DP size and
+# optimizer (the last rank's log; DP ranks are symmetric).
+#
 #   bench/distributed_optimizer_bench.sh TESSERA_BINARY [ROUNDS=3] [ITERS=8]
 set -euo pipefail
 tessera=$1 rounds=${2:-3} iters=${3:-8}
@@ -31,15 +37,22 @@ for dp in 2 4; do
         --log-json "$log" > "$work/out.txt" 2>&1 || { tail -20 "$work/out.txt"; exit 1; }
     done
   done
-  for name in "${order[@]}"; do
-    /usr/bin/python3 - "$dp" "$name" "$work"/dp${dp}_${name}_*.jsonl <<'PY'
-import json, statistics, sys
-dp, name, files = sys.argv[1], sys.argv[2], sys.argv[3:]
-runs = []
-for f in files:
-    ms = [json.loads(l)["elapsed_ms_per_iteration"] for l in open(f)][2:]
-    runs.append(statistics.median(ms))
-print("DP=%s %-20s %8.1f ms/step (runs: %s)" % (dp, name, statistics.median(runs), ", ".join("%.1f" % r for r in runs)))
+  /usr/bin/python3 - "$dp" "$work" "${order[@]}" <<'PY'
+import glob, json, statistics, sys
+dp, work, order = sys.argv[1], sys.argv[2], sys.argv[3:]
+step, comm = {}, {}
+for name in order:
+    runs, waited = [], []
+    for f in sorted(glob.glob("%s/dp%s_%s_*.jsonl" % (work, dp, name))):
+        records = [json.loads(l) for l in open(f)][2:]
+        runs.append(statistics.median(r["elapsed_ms_per_iteration"] for r in records))
+        waited.append(statistics.median(r["dp_comm_ms_per_iteration"] for r in records))
+    step[name], comm[name] = statistics.median(runs), statistics.median(waited)
+    print("DP=%s %-20s %8.1f ms/step (runs: %s)  waited for communication %7.1f ms/step (runs: %s)" % (
+        dp, name, step[name], ", ".join("%.1f" % r for r in runs), comm[name], ", ".join("%.1f" % c for c in waited)))
+for plain, overlapped in [("plain", "plain+overlap-grad"), ("distopt", "distopt+overlaps")]:
+    print("DP=%s %-20s hides %5.1f %% of the communication (%.1f of %.1f ms/step), step %+.1f ms" % (
+        dp, overlapped, 100 * (1 - comm[overlapped] / comm[plain]), comm[plain] - comm[overlapped], comm[plain],
+        step[overlapped] - step[plain]))
 PY
-  done
 done

@@ -17,14 +17,23 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   are the original's;
 - interleaved pipelines: PP=4 x 2 virtual stages saves model0/model1 per file (Megatron's
   numbering), resumes bit-exactly and loads into one process;
+- the distributed optimizer (DP=2, one bucket and buckets of 1000 elements): distrib_optim.pt holds
+  Megatron's structure (buckets_coalesced, buffer 0 keyed by the dtype pair, flat fp32 param /
+  exp_avg / exp_avg_sq of numel_unpadded), laid out as the fact sheet's rules computed here
+  independently (reverse order, 64-element starts, buckets closed after the parameter that
+  fills them, each cut to numel_unpadded, zeros between parameters): `param` equals the
+  model's weights at each parameter's offset; model_optim_rng.pt's optimizer holds only the
+  groups (with step, without params); each run resumes bit-exactly at DP=2, and the one-bucket
+  save within 1e-5 at DP=4 with the flag and in one process without it;
 - hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
   zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
-  `ckpt inspect` or `train --load`, and nothing is executed; loading the optimizer of a
-  checkpoint with a distrib_optim.pt is an error naming that file.
+  `ckpt inspect` or `train --load`, and nothing is executed; so is a damaged distrib_optim.pt
+  when the optimizer is loaded.
 usage: megatron_checkpoint_test.py TESSERA_BINARY"""
 import argparse
 import datetime
 import json
+import math
 import os
 import random
 import shutil
@@ -113,6 +122,77 @@ def check_interleaved(tmp):
     same_records(full[3:], records(f"{tmp}/vp_resumed.jsonl"), "interleaved resume")
     run(one + ["--load", f"{tmp}/mtvp", "--log-json", f"{tmp}/vp_one.jsonl"])
     close_records(records(f"{tmp}/vp_one.jsonl"), full[3:], "interleaved checkpoint in one process")
+
+
+def distrib_optim_layout(model, dp, bucket_size):
+    """Megatron's buffer layout of one rank (fact sheet 13.1), independently of tessera: each
+    parameter's offset in distrib_optim.pt's flat tensors, and numel_unpadded."""
+    params = [(k, v.numel()) for k, v in model.items() if v is not None and not k.endswith("_extra_state")]
+    align = dp * 128 // math.gcd(dp, 128)
+    offsets, buckets, start, bucket_start = {}, [], 0, 0
+    for i, (name, n) in enumerate(reversed(params)):
+        start = (start + 63) // 64 * 64
+        offsets[name] = start
+        start += n
+        if start - bucket_start >= bucket_size or i == len(params) - 1:
+            buckets.append((bucket_start, start))
+            bucket_start = start = (start + align - 1) // align * align
+    # The file cuts each bucket to its numel_unpadded: shift by the padding dropped before it.
+    dropped, shift = 0, {}
+    for b, (lo, hi) in enumerate(buckets):
+        shift[b] = dropped
+        dropped += (buckets[b + 1][0] if b + 1 < len(buckets) else hi) - hi
+    bucket_of = lambda off: next(b for b, (lo, hi) in enumerate(buckets) if lo <= off < hi)
+    return {k: off - shift[bucket_of(off)] for k, off in offsets.items()}, sum(hi - lo for lo, hi in buckets)
+
+
+def check_distrib_optim_file(folder, dp, bucket_size):
+    """One rank's distrib_optim.pt and optimizer dict against Megatron's structure and layout."""
+    assert sorted(os.listdir(folder)) == ["distrib_optim.pt", "model_optim_rng.pt"], os.listdir(folder)
+    sd = torch.load(f"{folder}/model_optim_rng.pt")
+    assert sd["args"].use_distributed_optimizer is True
+    groups = sd["optimizer"]["optimizer"]["param_groups"]
+    assert set(sd["optimizer"]) == {"optimizer"} and set(sd["optimizer"]["optimizer"]) == {"param_groups"}
+    assert len(groups) == 2 and all("params" not in g and g["step"] == 3 for g in groups), groups
+    do = torch.load(f"{folder}/distrib_optim.pt")
+    assert list(do) == ["buckets_coalesced", 0] and do["buckets_coalesced"] is True, list(do)
+    assert list(do[0]) == [(torch.float32, torch.float32)], list(do[0])
+    buffer = do[0][(torch.float32, torch.float32)]
+    offsets, numel = distrib_optim_layout(sd["model"], dp, bucket_size)
+    assert list(buffer) == ["param", "exp_avg", "exp_avg_sq", "numel_unpadded"] and buffer["numel_unpadded"] == numel
+    for key in ("param", "exp_avg", "exp_avg_sq"):
+        t = buffer[key]
+        assert t.dtype == torch.float32 and t.shape == (numel,) and t.device.type == "cpu", (key, t.dtype, t.shape)
+    covered = torch.zeros(numel, dtype=torch.bool)
+    for name, off in offsets.items():
+        w = sd["model"][name].flatten()
+        assert torch.equal(buffer["param"][off:off + w.numel()], w), name
+        assert (buffer["exp_avg_sq"][off:off + w.numel()] > 0).all(), name
+        covered[off:off + w.numel()] = True
+    for key in ("param", "exp_avg", "exp_avg_sq"):
+        assert (buffer[key][~covered] == 0).all(), key  # the alignment gaps
+
+
+def check_distributed_optimizer(tmp):
+    """--use-distributed-optimizer with --ckpt-format torch writes Megatron's distrib_optim.pt:
+    with buckets of 1000 elements (several, each cut to numel_unpadded) and with one bucket."""
+    overlapped = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
+                  "--overlap-param-gather"]
+    for label, flags, bucket_size in [("buckets", overlapped, 1000), ("one bucket", ["--use-distributed-optimizer"],
+                                                                       math.inf)]:
+        dist = TRAIN + flags
+        tag = label.replace(" ", "_")
+        run(dist + ["--log-json", f"{tmp}/do_full_{tag}.jsonl"], procs=2)
+        save = f"{tmp}/mtdo_{tag}"
+        run(dist + ["--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"], procs=2)
+        check_distrib_optim_file(f"{save}/iter_0000003/mp_rank_00", 2, bucket_size)
+        full = records(f"{tmp}/do_full_{tag}.jsonl")
+        run(dist + ["--load", save, "--log-json", f"{tmp}/do_resumed_{tag}.jsonl"], procs=2)
+        same_records(full[3:], records(f"{tmp}/do_resumed_{tag}.jsonl"), "resume from distrib_optim.pt, " + label)
+    run(dist + ["--load", save, "--log-json", f"{tmp}/do_dp4.jsonl"], procs=4)
+    close_records(records(f"{tmp}/do_dp4.jsonl"), full[3:], "distrib_optim.pt at DP=2 resumed at DP=4")
+    run(TRAIN + ["--load", save, "--log-json", f"{tmp}/do_one.jsonl"])
+    close_records(records(f"{tmp}/do_one.jsonl"), full[3:], "distrib_optim.pt resumed without the flag")
 
 
 def safetensors_tensors(path):
@@ -339,6 +419,9 @@ def main():
 
         check_interleaved(tmp)
         print("PP=4 x 2 virtual stages: model0/model1, bit-exact resume, read by one process")
+
+        check_distributed_optimizer(tmp)
+        print("distributed optimizer: distrib_optim.pt as Megatron lays it out, resumed at DP=2, DP=4 and DP=1")
 
         deflated(tmp, f"{tmp}/mt", f"{tmp}/conv")
         print("a checkpoint whose zip records are deflated reads the same")

@@ -28,6 +28,7 @@ using json = nlohmann::json;
 constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kOptimizerDpPrefix = "optimizer_dp_";  // + 3 digits + ".safetensors"
 // 1: one whole-model shard, optimizer state by parameter index. 2: sharded (TP/PP), layout
 // and padded vocabulary recorded, optimizer state by parameter name.
 constexpr int kFormatVersion = 2;
@@ -38,6 +39,19 @@ std::string placement_text(const ShardedTensor& t) {
   return "global_shape=" + shape_str(t.global_shape) + ";split_dim=" + std::to_string(t.split_dim) +
          ";offset=" + shape_str(offset);
 }
+
+// A flat piece's placement: its slice's, the slice's shape and the piece's elements in it.
+std::string placement_text(const FlatPiece& p) {
+  return placement_text(p.slice) + ";slice_shape=" + shape_str(p.slice.tensor.shape) + ";flat=" +
+         shape_str({p.begin, p.end});
+}
+
+// A tensor as a file holds it: its name, its values and its placement text.
+struct FileTensor {
+  std::string name;
+  Tensor tensor;
+  std::string placement;
+};
 
 // A tensor without a device is host memory: the CPU device's (its handle is the address).
 Tensor on_a_device(Tensor t) {
@@ -50,13 +64,13 @@ Tensor on_a_device(Tensor t) {
 // of the whole file is ever made. Returns the file's checksum and size (path relative to the
 // iteration folder: `rel`).
 CheckpointFile write_tensors_file(const std::string& path, const std::string& rel,
-                                  const std::vector<ShardedTensor>& tensors) {
+                                  const std::vector<FileTensor>& tensors) {
   std::vector<safetensors::WriteEntry> entries;
   std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
   size_t largest = 1;
-  for (const ShardedTensor& t : tensors) {
+  for (const FileTensor& t : tensors) {
     entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, nullptr});
-    metadata[t.name] = placement_text(t);
+    metadata[t.name] = t.placement;
     largest = std::max(largest, t.tensor.bytes());
   }
   SyncedFileWriter file(path);
@@ -71,7 +85,7 @@ CheckpointFile write_tensors_file(const std::string& path, const std::string& re
   append(header.data(), header.size());
   std::unique_ptr<HostStaging> stage;  // for the device of the tensors (in practice one)
   Device* staged_device = nullptr;
-  for (const ShardedTensor& t : tensors) {
+  for (const FileTensor& t : tensors) {
     const Tensor src = on_a_device(t.tensor);
     if (src.device != staged_device) {
       stage.reset();  // one pinned buffer at a time
@@ -111,6 +125,12 @@ std::optional<Shape> parse_list(std::string_view s) {
 
 std::string shard_of(const std::string& rel) { return fs::path(rel).parent_path().string(); }
 
+// Whether a file name is of a kind: "model.safetensors"; "optimizer.safetensors" takes the
+// distributed optimizer's data-parallel files too.
+bool is_of_kind(const std::string& name, const std::string& kind) {
+  return name == kind || (kind == kOptimizerFile && name.rfind(kOptimizerDpPrefix, 0) == 0);
+}
+
 // ---- Loading -------------------------------------------------------------------------------
 
 struct SourceFile {
@@ -127,13 +147,53 @@ int tp_rank_of_shard(const std::string& shard) {
   return (shard[8] - '0') * 10 + (shard[9] - '0');
 }
 
+// Elements [begin, end) of a slice, held by one file (a data-parallel shard).
+struct FlatPart {
+  size_t file;
+  int64_t begin, end;
+};
+
 // A saved piece of a tensor: where it sits in the global tensor.
 struct Piece {
-  size_t file;  // index into the sources
+  size_t file;  // index into the sources (a joined piece: its first part's)
   Shape shape;  // as saved
   TensorPlacement place;
   size_t id = 0;  // an external piece's index (load_external_pieces)
+  // A slice the distributed optimizer saved in flat parts, one per data-parallel file,
+  // joined into the slice when copied from (empty: the file holds the piece whole).
+  std::vector<FlatPart> parts;
 };
+
+// The value of `key` in a placement text ("flat" in "...;flat=[0, 960]"), or nullopt.
+std::optional<std::string> placement_item(const std::string& text, const std::string& key) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(';', start);
+    if (end == std::string::npos) end = text.size();
+    if (text.compare(start, key.size() + 1, key + "=") == 0)
+      return text.substr(start + key.size() + 1, end - start - key.size() - 1);
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+// A flat piece's slice placement and its [begin, end) in the slice, checked against the
+// piece's own 1-D shape; nullopt when the text does not describe one.
+struct FlatPlacement {
+  Shape slice_shape;
+  TensorPlacement place;
+  int64_t begin = 0, end = 0;
+};
+std::optional<FlatPlacement> parse_flat_placement(const std::string& text, const Shape& local) {
+  const std::optional<std::string> slice = placement_item(text, "slice_shape"), flat = placement_item(text, "flat");
+  if (!slice || !flat) return std::nullopt;
+  const std::optional<Shape> slice_shape = parse_list(*slice), range = parse_list(*flat);
+  if (!slice_shape || !range || range->size() != 2 || local.size() != 1) return std::nullopt;
+  const std::optional<TensorPlacement> place = parse_tensor_placement(text, *slice_shape);
+  const int64_t begin = (*range)[0], end = (*range)[1];
+  if (!place || begin > end || end > shape_numel(*slice_shape) || local[0] != end - begin) return std::nullopt;
+  return FlatPlacement{*slice_shape, *place, begin, end};
+}
 
 // One copy: elements [begin, end) along dim of the global tensor, from a saved piece to a
 // local slice.
@@ -144,6 +204,7 @@ struct CopyOp {
   int64_t src_start = 0, dst_start = 0;  // where the piece and the slice start along dim
   Shape src_shape;
   size_t piece = 0;  // the piece's id
+  const Piece* joined = nullptr;  // a piece saved in flat parts
 };
 
 Error checksum_error(const std::string& path) {
@@ -178,13 +239,20 @@ class PieceIndex {
       if (!fs::exists(src.path))
         throw runtime_error("checkpoint file " + src.path + " is missing",
                             "the shard folder " + shard_of(src.rel) + " is missing or incomplete; copy the whole " +
-                                fs::path(it_dir).filename().string() + " folder");
+                                fs::path(it_dir).filename().string() + " folder" +
+                                (is_of_kind(fs::path(src.rel).filename().string(), kOptimizerFile)
+                                     ? ", or pass --no-load-optim to load the model alone"
+                                     : ""));
       // Headers only locate the tensors; the data is verified before any copy.
       if (fs::file_size(src.path) != src.bytes) throw checksum_error(src.path);
       const safetensors::Reader r = safetensors::Reader::open(src.path);
       for (const safetensors::TensorInfo& info : r.tensors()) {
-        Piece p{f, info.shape, {}};
+        Piece p{f, info.shape, {}, 0, {}};
         auto meta = r.metadata().find(info.name);
+        if (meta != r.metadata().end() && placement_item(meta->second, "flat")) {
+          add_flat_part(f, info, meta->second);
+          continue;
+        }
         if (meta == r.metadata().end()) {
           p.place.global_shape = info.shape;  // a whole tensor
         } else if (auto place = parse_tensor_placement(meta->second, info.shape)) {
@@ -201,6 +269,7 @@ class PieceIndex {
         pieces_[info.name].push_back(std::move(p));
       }
     }
+    check_joined_pieces();
   }
 
   // Pieces saved in another format, already located (load_external_pieces); read as F32.
@@ -208,7 +277,7 @@ class PieceIndex {
       : it_dir_(it_dir), sources_(std::move(sources)) {
     for (size_t i = 0; i < pieces.size(); ++i) {
       dtypes_[pieces[i].name] = DType::F32;
-      pieces_[pieces[i].name].push_back({pieces[i].source, pieces[i].shape, pieces[i].place, i});
+      pieces_[pieces[i].name].push_back({pieces[i].source, pieces[i].shape, pieces[i].place, i, {}});
     }
   }
 
@@ -239,7 +308,8 @@ class PieceIndex {
     }
     const Shape& g = t.global_shape;
     if (g.empty()) {  // a scalar: any piece is the whole
-      ops_by_file[pieces.front()->file].push_back({index, -1, 0, 1, 0, 0, pieces.front()->shape, pieces.front()->id});
+      const Piece* p = pieces.front();
+      ops_by_file[p->file].push_back({index, -1, 0, 1, 0, 0, p->shape, p->id, p->parts.empty() ? nullptr : p});
       return;
     }
     // The dimension the slices are taken along: the run's split, else the saved one.
@@ -279,7 +349,8 @@ class PieceIndex {
         todo = std::move(next);
       }
       for (const auto& [x, y] : todo) {
-        ops_by_file[p->file].push_back({index, dim, x, y, pb, need_begin, p->shape, p->id});
+        ops_by_file[p->file].push_back({index, dim, x, y, pb, need_begin, p->shape, p->id,
+                                        p->parts.empty() ? nullptr : p});
         covered.push_back({x, y});
         covered_len += y - x;
       }
@@ -293,6 +364,45 @@ class PieceIndex {
   }
 
  private:
+  // A flat part of file f joins the other parts of its slice (same placement and shape).
+  void add_flat_part(size_t f, const safetensors::TensorInfo& info, const std::string& text) {
+    const std::optional<FlatPlacement> flat = parse_flat_placement(text, info.shape);
+    if (!flat || info.dtype != DType::F32)
+      throw runtime_error(sources_[f].path + ": tensor " + info.name + " has an invalid flat placement '" +
+                              text.substr(0, 160) + "' for its shape " + shape_str(info.shape),
+                          "the file is corrupt; load an earlier iteration or re-save");
+    dtypes_[info.name] = DType::F32;
+    std::vector<Piece>& pieces = pieces_[info.name];
+    auto same_slice = [&](const Piece& p) {
+      return !p.parts.empty() && p.shape == flat->slice_shape && p.place.global_shape == flat->place.global_shape &&
+             p.place.split_dim == flat->place.split_dim && p.place.offset == flat->place.offset;
+    };
+    auto it = std::find_if(pieces.begin(), pieces.end(), same_slice);
+    if (it == pieces.end()) it = pieces.insert(pieces.end(), Piece{f, flat->slice_shape, flat->place, 0, {}});
+    if (flat->end > flat->begin) it->parts.push_back({f, flat->begin, flat->end});
+  }
+
+  // Every slice saved in flat parts must be covered by them exactly: a part missing means a
+  // data-parallel file that metadata.json does not list (a file missing on disk is caught first).
+  void check_joined_pieces() {
+    for (auto& [name, pieces] : pieces_)
+      for (Piece& p : pieces) {
+        if (p.parts.empty()) continue;
+        std::sort(p.parts.begin(), p.parts.end(), [](const FlatPart& a, const FlatPart& b) { return a.begin < b.begin; });
+        int64_t at = 0;
+        for (const FlatPart& part : p.parts)
+          if (part.begin == at) at = part.end;
+        if (at != shape_numel(p.shape))
+          throw runtime_error("checkpoint " + it_dir_ + " lacks part of " + name + "'s slice " + shape_str(p.shape) +
+                                  " in shard " + shard_of(sources_[p.parts.front().file].rel) +
+                                  ": its data-parallel files hold its elements only up to " + std::to_string(at) +
+                                  " of " + std::to_string(shape_numel(p.shape)),
+                              "a data-parallel optimizer file (" + std::string(kOptimizerDpPrefix) +
+                                  "NNN.safetensors) is missing from metadata.json; copy the whole folder");
+        p.file = p.parts.front().file;
+      }
+  }
+
   std::string it_dir_;
   std::vector<SourceFile> sources_;
   std::map<std::string, std::vector<Piece>> pieces_;
@@ -321,20 +431,40 @@ void copy_piece(const CopyOp& op, const uint8_t* from, const ShardedTensor& t) {
 // Verifies each file that `ops_by_file` copies from, then copies from the file mapped
 // (safetensors::Reader::open): a load holds no host copy of a file, only the page cache
 // (committed checkpoint files are never rewritten in place).
+// A piece saved in flat parts is joined in one host buffer of its slice first. Each file is
+// verified once, when first read, and stays mapped until the end.
 void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
              const std::vector<std::vector<CopyOp>>& ops_by_file) {
+  std::vector<std::optional<safetensors::Reader>> readers(index.sources().size());
+  auto reader = [&](size_t f) -> const safetensors::Reader& {
+    if (!readers[f]) {
+      const SourceFile& src = index.sources()[f];
+      if (!checksum_ok(src)) throw checksum_error(src.path);
+      readers[f] = safetensors::Reader::open(src.path);
+    }
+    return *readers[f];
+  };
+  auto tensor_bytes = [&](size_t f, const std::string& name, const Shape& shape, DType dtype) {
+    const safetensors::TensorInfo* info = reader(f).find(name);
+    if (!info || info->shape != shape || info->dtype != dtype)
+      throw runtime_error("checkpoint file " + index.sources()[f].path + " changed while it was being loaded (tensor " +
+                          name + ")");
+    return reader(f).bytes(*info);
+  };
+  std::vector<float> joined;
   for (size_t f = 0; f < ops_by_file.size(); ++f) {
-    if (ops_by_file[f].empty()) continue;
-    const SourceFile& src = index.sources()[f];
-    if (!checksum_ok(src)) throw checksum_error(src.path);
-    const safetensors::Reader r = safetensors::Reader::open(src.path);
     for (const CopyOp& op : ops_by_file[f]) {
       const ShardedTensor& t = targets[op.target];
-      const safetensors::TensorInfo* info = r.find(t.name);
-      if (!info || info->shape != op.src_shape || info->dtype != t.tensor.dtype)
-        throw runtime_error("checkpoint file " + src.path + " changed while it was being loaded (tensor " + t.name +
-                            ")");
-      copy_piece(op, r.bytes(*info).data(), t);
+      if (!op.joined) {
+        copy_piece(op, tensor_bytes(f, t.name, op.src_shape, t.tensor.dtype).data(), t);
+        continue;
+      }
+      joined.resize(static_cast<size_t>(shape_numel(op.joined->shape)));
+      for (const FlatPart& part : op.joined->parts) {
+        const std::span<const uint8_t> bytes = tensor_bytes(part.file, t.name, {part.end - part.begin}, DType::F32);
+        std::memcpy(joined.data() + part.begin, bytes.data(), bytes.size());
+      }
+      copy_piece(op, reinterpret_cast<const uint8_t*>(joined.data()), t);
     }
   }
 }
@@ -367,17 +497,21 @@ CheckpointState state_from_json(const json& meta) {
   s.layout.data_parallel = meta.value("data_parallel_size", 1);
   s.layout.virtual_stages = meta.value("virtual_pipeline_model_parallel_size", 1);
   s.layout.padded_vocab_size = meta.value("padded_vocab_size", int64_t{0});
+  s.optimizer_dp_shards = meta.value("optimizer_dp_shards", 0);
+  s.main_params_in_optimizer = meta.value("main_params_in_optimizer", false);
   if (s.layout.tensor_parallel < 1 || s.layout.pipeline_parallel < 1 || s.layout.data_parallel < 1 ||
       s.layout.virtual_stages < 1)
     throw runtime_error("records a layout with a size below 1");
+  if (s.optimizer_dp_shards < 0 || s.optimizer_dp_shards > 999)
+    throw runtime_error("records " + std::to_string(s.optimizer_dp_shards) + " optimizer_dp_shards (0 to 999)");
   return s;
 }
 
-// The metadata's files of one kind ("model.safetensors"), checked against the layout.
+// The metadata's files of one kind, checked against the layout.
 std::vector<SourceFile> source_files(const json& files, const std::string& it_dir, const char* kind) {
   std::vector<SourceFile> out;
   for (const auto& [rel, info] : files.items()) {
-    if (fs::path(rel).filename() != kind) continue;
+    if (!is_of_kind(fs::path(rel).filename().string(), kind)) continue;
     if (rel.find("..") != std::string::npos || fs::path(rel).is_absolute())
       throw runtime_error(it_dir + "/metadata.json lists a file outside the checkpoint: " + rel);
     out.push_back({rel, (fs::path(it_dir) / rel).string(), info.at("sha256").get<std::string>(),
@@ -475,21 +609,52 @@ std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, i
   return tmp_dir;
 }
 
-std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
-                                                   const std::vector<ShardedTensor>& model,
-                                                   const std::vector<ShardedTensor>& optimizer) {
+namespace {
+
+fs::path make_shard_folder(const std::string& tmp_dir, const std::string& shard) {
   std::error_code ec;
   const fs::path folder = fs::path(tmp_dir) / shard;
   fs::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
+  return folder;
+}
+
+}  // namespace
+
+std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
+                                                   const std::vector<ShardedTensor>& model,
+                                                   const std::vector<ShardedTensor>& optimizer) {
+  const fs::path folder = make_shard_folder(tmp_dir, shard);
   std::vector<CheckpointFile> files;
   auto write = [&](const char* file, const std::vector<ShardedTensor>& tensors) {
-    files.push_back(write_tensors_file((folder / file).string(), shard + "/" + file, tensors));
+    std::vector<FileTensor> entries;
+    for (const ShardedTensor& t : tensors) entries.push_back({t.name, t.tensor, placement_text(t)});
+    files.push_back(write_tensors_file((folder / file).string(), shard + "/" + file, entries));
   };
   write(kModelFile, model);
   if (!optimizer.empty()) write(kOptimizerFile, optimizer);
   fsync_directory(folder.string());
   return files;
+}
+
+std::string optimizer_dp_shard_file(int dp_rank) {
+  char name[48];
+  std::snprintf(name, sizeof name, "%s%03d.safetensors", kOptimizerDpPrefix, dp_rank);
+  return name;
+}
+
+CheckpointFile write_optimizer_dp_shard(const std::string& tmp_dir, const std::string& shard, int dp_rank,
+                                        const std::vector<FlatPiece>& pieces) {
+  const fs::path folder = make_shard_folder(tmp_dir, shard);
+  std::vector<FileTensor> entries;
+  for (const FlatPiece& p : pieces) {
+    TESSERA_CHECK(p.values.dtype == DType::F32 && p.values.numel() == p.end - p.begin, "flat piece of " + p.slice.name);
+    entries.push_back({p.slice.name, p.values, placement_text(p)});
+  }
+  const std::string file = optimizer_dp_shard_file(dp_rank);
+  CheckpointFile written = write_tensors_file((folder / file).string(), shard + "/" + file, entries);
+  fsync_directory(folder.string());
+  return written;
 }
 
 void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& state,
@@ -510,6 +675,8 @@ void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, 
                {"data_parallel_size", l.data_parallel},
                {"virtual_pipeline_model_parallel_size", l.virtual_stages},
                {"padded_vocab_size", l.padded_vocab_size},
+               {"optimizer_dp_shards", state.optimizer_dp_shards},
+               {"main_params_in_optimizer", state.main_params_in_optimizer},
                {"args", state.args},
                {"files", listed}};
   if (!state.grad_scaler.is_null()) meta["grad_scaler"] = state.grad_scaler;
@@ -606,6 +773,18 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const
         throw runtime_error(it_dir + "/metadata.json lists no file of shard " + shard + " (tensor-parallel rank " +
                             std::to_string(tp) + ", pipeline rank " + std::to_string(pp) + ")");
     }
+  // With the distributed optimizer's files, every data-parallel rank's of every shard.
+  for (int pp = 0; load_optimizer && pp < s.layout.pipeline_parallel; ++pp)
+    for (int tp = 0; tp < s.layout.tensor_parallel; ++tp)
+      for (int r = 0; r < s.optimizer_dp_shards; ++r) {
+        const std::string rel = checkpoint_shard_folder(tp, pp, s.layout.pipeline_parallel) + "/" +
+                                optimizer_dp_shard_file(r);
+        if (!std::any_of(optimizer_files.begin(), optimizer_files.end(), [&](const SourceFile& f) { return f.rel == rel; }))
+          throw runtime_error(it_dir + "/metadata.json does not list " + rel + ", the optimizer state of data-parallel "
+                              "rank " + std::to_string(r) + " of " + std::to_string(s.optimizer_dp_shards),
+                              "the save did not finish or metadata.json was edited; load an earlier iteration, or "
+                              "pass --no-load-optim to load the model alone");
+      }
   if (load_optimizer && optimizer_files.empty())
     throw runtime_error("checkpoint " + it_dir + " has no optimizer state (saved with --no-save-optim)",
                         "pass --no-load-optim or --finetune");

@@ -8,6 +8,9 @@
 //                                              vocabulary, and the SHA-256 of every file below
 //   DIR/iter_0000100/mp_rank_01_000/model.safetensors      this (tp, pp) rank's parameters
 //   DIR/iter_0000100/mp_rank_01_000/optimizer.safetensors  its Adam moments / SGD momentum
+//   DIR/iter_0000100/mp_rank_01_000/optimizer_dp_002.safetensors   with the distributed
+//                                              optimizer, instead: data-parallel rank 2's
+//                                              owned ranges of the state (one file per rank)
 //
 // One folder per (tp, pp) rank: `mp_rank_{tp:02d}` when PP is 1, `mp_rank_{tp:02d}_{pp:03d}`
 // otherwise. Parameters keep their global Megatron names ("decoder.layers.5.mlp.linear_fc1.
@@ -16,6 +19,10 @@
 // records in the safetensors metadata its global shape, the dimension it is split along
 // (-1: whole) and its offset there, so any layout can find its slice: loading assembles each
 // local tensor from the overlapping pieces of whatever layout was saved (resharding).
+// The distributed optimizer's files hold flat pieces: elements [begin, end) of a (tp, pp)
+// rank's slice, recorded with the slice's placement (`...;slice_shape=[32, 32];flat=[0, 960]`);
+// a load joins the pieces of every data-parallel file of a slice into the slice and reshards
+// that, so it loads at any DP, TP and PP and with or without the distributed optimizer.
 //
 // Saving is atomic across ranks: every writer writes into the same DIR/iter_N.tmp-<token>
 // and fsyncs its files; after all have finished, one rank writes metadata.json with every
@@ -80,6 +87,12 @@ struct CheckpointState {
   nlohmann::json grad_scaler;       // the fp16 loss scaler's state_dict (null without one)
   CheckpointLayout layout;
   int format_version = 0;  // as read (saving writes the current one)
+  // The distributed optimizer's data-parallel shards: files optimizer_dp_NNN.safetensors per
+  // (tp, pp) folder (0: one optimizer.safetensors), and whether they hold the fp32 main
+  // parameters of a 16-bit model ("main.<parameter name>"; model.safetensors then holds the
+  // 16-bit parameters widened).
+  int optimizer_dp_shards = 0;
+  bool main_params_in_optimizer = false;
   // Read from Megatron-LM's own files (megatron_checkpoint.h): `args` is its Namespace's
   // attributes and `scheduler` its opt_param_scheduler state, under Megatron's keys.
   bool megatron_format = false;
@@ -108,6 +121,16 @@ std::string checkpoint_temp_dir(const std::string& dir, int64_t iteration, int64
 std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
                                                    const std::vector<ShardedTensor>& model,
                                                    const std::vector<ShardedTensor>& optimizer);
+// 2b. With the distributed optimizer, every data-parallel rank of each (tp, pp): writes its
+//    owned ranges of the optimizer state as TMP/<shard>/optimizer_dp_<dp_rank>.safetensors.
+struct FlatPiece {
+  ShardedTensor slice;  // the (tp, pp) rank's slice it is cut from (its tensor is not read)
+  int64_t begin = 0, end = 0;  // flat elements within the slice
+  Tensor values;               // [end - begin]
+};
+CheckpointFile write_optimizer_dp_shard(const std::string& tmp_dir, const std::string& shard, int dp_rank,
+                                        const std::vector<FlatPiece>& pieces);
+std::string optimizer_dp_shard_file(int dp_rank);
 // 3. One rank, after every writer has finished: metadata.json (with `files`), fsyncs, the
 //    rename to DIR/iter_N (replacing an older folder of that iteration), the tracker.
 void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& state,

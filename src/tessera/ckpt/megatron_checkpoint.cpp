@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 
+#include "tessera/ckpt/megatron_distrib_optim.h"
 #include "tessera/ckpt/megatron_rng_state.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/dtype.h"
@@ -19,8 +21,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using pickle::Kind;
 using pickle::Value;
-
-constexpr const char* kDistributedOptimizerFile = "distrib_optim.pt";
 
 // ---- Names ----------------------------------------------------------------------------------
 // Megatron's state-dict names -> tessera's (mcore, local spec). Llama-family checkpoints use
@@ -384,12 +384,14 @@ std::string parameter_of(const std::string& name) {
 struct PieceSet {
   std::vector<ExternalSource> sources;
   std::vector<ExternalPiece> pieces;
-  std::vector<std::pair<size_t, const pickle::TensorRef*>> data;  // (file, tensor) per piece
+  std::vector<std::pair<const TorchFile*, const pickle::TensorRef*>> data;  // per piece
 
   bool swiglu = false;  // the saving run's --swiglu: linear_fc1 pieces are [gate_r; up_r]
 
-  void add(const RankFile& file, size_t file_index, int tp_size, const std::string& name, const Value* tensor) {
-    const pickle::TensorRef& t = tensor->tensor;
+  // A piece of rank file `file` (sources[file_index]) whose data is tensor t of `holder`
+  // (the rank file's own, or its distrib_optim.pt).
+  void add(const RankFile& file, size_t file_index, int tp_size, const std::string& name, const TorchFile& holder,
+           const pickle::TensorRef& t) {
     Shape shape(t.shape.begin(), t.shape.end());
     int split = split_dim_of(parameter_of(name));
     if (swiglu && is_gated_fc1(parameter_of(name), shape.size() + 1)) {
@@ -407,7 +409,7 @@ struct PieceSet {
       place.offset = shape[split] * file.tp;
     }
     pieces.push_back({name, shape, place, file_index});
-    data.emplace_back(file_index, &t);
+    data.emplace_back(&holder, &t);
   }
 };
 
@@ -451,7 +453,7 @@ bool tied_output(const json& args) { return !arg_is_true(args, "untie_embeddings
 // file's parameters through Megatron's groups; mixed precision's fp32 copies replace the
 // 16-bit model pieces (`masters`: tessera name -> tensor).
 void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, bool tied, PieceSet& set,
-                          std::map<std::string, const Value*>& masters) {
+                          std::map<std::string, const pickle::TensorRef*>& masters) {
   const TorchFile& file = f.file;
   const Value* optimizer = file.root().get("optimizer");
   const Value* inner = inner_optimizer(optimizer);
@@ -483,7 +485,7 @@ void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, boo
         if (!group || group->kind != Kind::List || k >= group->items.size() ||
             group->items[k]->kind != Kind::Tensor)
           throw mismatch("fp32_from_fp16_params lacks parameter " + p.key);
-        masters[name] = group->items[k];
+        masters[name] = &group->items[k]->tensor;
       }
       const int64_t index = as_int(indices->items[k], file, "a parameter index");
       const Value* st = nullptr;
@@ -492,20 +494,96 @@ void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, boo
       if (!st) continue;  // no state yet (no step taken): the optimizer's zeros
       for (const auto& [key, v] : st->entries) {
         if (key->kind != Kind::Str || v->kind != Kind::Tensor || key->text == "step") continue;
-        set.add(f, file_index, tp_size, key->text + "." + name, v);
+        set.add(f, file_index, tp_size, key->text + "." + name, file, v->tensor);
       }
     }
   }
 }
 
-void check_no_distributed_optimizer(const std::string& it_dir, const std::vector<RankFile>& files) {
-  for (const RankFile& f : files) {
-    const fs::path path = fs::path(it_dir) / fs::path(f.rel).parent_path() / kDistributedOptimizerFile;
-    if (fs::exists(path))
-      throw runtime_error("checkpoint " + it_dir + " keeps its optimizer state in " + path.string() +
-                              " (Megatron's distributed optimizer), which tessera cannot read yet",
-                          "pass --no-load-optim (the model loads; Adam's moments start from zero)");
+// The gradient-buffer layout the saving rank of file `f` had, as Megatron builds it
+// (megatron/core/distributed/distributed_data_parallel.py): its parameters in registration
+// order per model chunk, the saved DP size, one bucket unless --overlap-grad-reduce (then
+// --ddp-bucket-size, default max(4e7, 1e6 x DP), on the first pipeline stage only), and the
+// shared embedding's bucket of its own. chunks: each parameter's chunk.
+GradBufferLayout saved_buffer_layout(const RankFile& f, const json& args, bool tied, std::vector<int>& chunks) {
+  GradBufferOptions o;
+  o.data_parallel = arg_int(args, "data_parallel_size", 1);
+  o.distributed_optimizer = true;
+  const auto overlap = args.find("overlap_grad_reduce");
+  if (f.pp == 0 && overlap != args.end() && overlap->is_boolean() && overlap->get<bool>()) {
+    const auto size = args.find("ddp_bucket_size");
+    o.bucket_size = size != args.end() && size->is_number_integer() ? size->get<int64_t>()
+                                                                     : std::max<int64_t>(40000000, 1000000LL * o.data_parallel);
   }
+  std::vector<int64_t> numels;
+  std::vector<std::string> names;
+  chunks.clear();
+  for (const SavedParam& p : f.params) {
+    int64_t n = 1;
+    for (int64_t d : p.tensor->tensor.shape) n *= d;
+    numels.push_back(n);
+    names.push_back(global_name(p.mapped, f.first_layer.at(p.chunk)));
+    chunks.push_back(p.chunk);
+  }
+  // Megatron's shared_embedding (megatron/core/models/common/language_module/language_module.py):
+  // a tied word embedding on a stage with the embedding or the head (final norm), not both.
+  const bool has_embedding = std::count(names.begin(), names.end(), "embedding.word_embeddings.weight") > 0;
+  const bool has_head = std::count(names.begin(), names.end(), "decoder.final_layernorm.weight") > 0;
+  std::vector<bool> own_bucket;
+  for (const std::string& n : names)
+    own_bucket.push_back(tied && has_embedding != has_head &&
+                         (n == "embedding.word_embeddings.weight" || n == "output_layer.weight"));
+  return build_grad_buffer_layout(numels, o, own_bucket, chunks);
+}
+
+// The optimizer state of one file from its distrib_optim.pt: each parameter's range of the
+// flat tensors, located by the saving rank's buffer layout, becomes a piece of the parameter's
+// shape over the same storage; `param` gives the fp32 main parameters (`masters`).
+void add_distrib_optim_pieces(const RankFile& f, size_t file_index, int tp_size, const json& args, bool tied,
+                              const DistribOptimFile& d, std::deque<pickle::TensorRef>& views, PieceSet& set,
+                              std::map<std::string, const pickle::TensorRef*>& masters) {
+  std::vector<int> chunks;
+  const DistribOptimPlacement place = distrib_optim_placement(saved_buffer_layout(f, args, tied, chunks), chunks);
+  if (place.numel_unpadded != d.numel_unpadded) {
+    auto list = [](const std::vector<int64_t>& v) {
+      std::string s;
+      for (int64_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+      return "[" + s + "]";
+    };
+    throw runtime_error(d.file.path() + " holds buffers of " + list(d.numel_unpadded) + " elements; the parameters of " +
+                            f.file.path() + " lay out to " + list(place.numel_unpadded) + " (data-parallel size " +
+                            std::to_string(arg_int(args, "data_parallel_size", 1)) + " and the bucket size of its args)",
+                        "the two files are not of one save; pass --no-load-optim to load the model alone");
+  }
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    const SavedParam& p = f.params[i];
+    const std::string name = global_name(p.mapped, f.first_layer.at(p.chunk));
+    if (tied && name == "output_layer.weight") continue;  // the word embedding's copy
+    for (const char* key : kDistribOptimKeys) {
+      pickle::TensorRef view = *d.buffers[static_cast<size_t>(place.buffer[i])].at(key);
+      view.storage_offset += place.offset[i];
+      view.shape = p.tensor->tensor.shape;
+      view.stride.assign(view.shape.size(), 1);
+      for (size_t k = view.shape.size(); k-- > 1;) view.stride[k - 1] = view.stride[k] * view.shape[k];
+      views.push_back(std::move(view));
+      if (std::string(key) == "param")
+        masters[name] = &views.back();
+      else
+        set.add(f, file_index, tp_size, std::string(key) + "." + name, d.file, views.back());
+    }
+  }
+}
+
+// Whether the ranks' optimizer state is in distrib_optim.pt files (every rank's, or none).
+bool uses_distrib_optim(const std::string& it_dir, const std::vector<RankFile>& files) {
+  size_t found = 0;
+  for (const RankFile& f : files)
+    found += fs::exists(fs::path(it_dir) / fs::path(f.rel).parent_path() / kDistribOptimFile);
+  if (found != 0 && found != files.size())
+    throw runtime_error("checkpoint " + it_dir + " has " + kDistribOptimFile + " beside " + std::to_string(found) +
+                            " of its " + std::to_string(files.size()) + " " + kMegatronFile + " files",
+                        "copy the whole folder from one save, or pass --no-load-optim");
+  return found != 0;
 }
 
 }  // namespace
@@ -533,28 +611,42 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
                         "the folder was renamed or copied; restore its name");
   const int saved_tp = s.layout.tensor_parallel, saved_pp = s.layout.pipeline_parallel;
   std::vector<RankFile> files = open_all(it_dir, saved_tp, saved_pp);
-  if (load_optimizer) check_no_distributed_optimizer(it_dir, files);
+  const bool distributed = load_optimizer && uses_distrib_optim(it_dir, files);
   const bool tied = tied_output(s.args);
 
   PieceSet model_set, optimizer_set;
   model_set.swiglu = optimizer_set.swiglu = arg_is_true(s.args, "swiglu");
-  // Per file: the fp32 copies of its 16-bit parameters (mixed precision), by name.
-  std::vector<std::map<std::string, const Value*>> file_masters(files.size());
+  // Per file: the fp32 main values of its parameters (mixed precision's fp32_from_fp16_params,
+  // or distrib_optim.pt's `param`), by name.
+  std::vector<std::map<std::string, const pickle::TensorRef*>> file_masters(files.size());
+  std::vector<DistribOptimFile> distrib;  // one per rank file; reserved: pieces point into them
+  distrib.reserve(files.size());
+  std::deque<pickle::TensorRef> views;    // the parameters' ranges of distrib_optim.pt's tensors
   for (size_t i = 0; i < files.size(); ++i) {
     model_set.sources.push_back({files[i].file.path(), files[i].tp});
     optimizer_set.sources.push_back({files[i].file.path(), files[i].tp});
-    if (load_optimizer) add_optimizer_pieces(files[i], i, saved_tp, tied, optimizer_set, file_masters[i]);
+    if (distributed) {
+      distrib.push_back(open_distrib_optim((fs::path(it_dir) / fs::path(files[i].rel).parent_path() /
+                                            kDistribOptimFile).string()));
+      add_distrib_optim_pieces(files[i], i, saved_tp, s.args, tied, distrib.back(), views, optimizer_set,
+                               file_masters[i]);
+    } else if (load_optimizer) {
+      add_optimizer_pieces(files[i], i, saved_tp, tied, optimizer_set, file_masters[i]);
+    }
     for (const SavedParam& p : files[i].params) {
       const std::string name = global_name(p.mapped, files[i].first_layer.at(p.chunk));
       if (tied && name == "output_layer.weight") continue;
       auto m = file_masters[i].find(name);
-      model_set.add(files[i], i, saved_tp, name, m != file_masters[i].end() ? m->second : p.tensor);
+      if (m != file_masters[i].end())
+        model_set.add(files[i], i, saved_tp, name, distributed ? distrib[i].file : files[i].file, *m->second);
+      else
+        model_set.add(files[i], i, saved_tp, name, files[i].file, p.tensor->tensor);
     }
   }
   auto reader = [&](const PieceSet& set) {
-    return [&set, &files](size_t piece) {
-      const auto& [file, tensor] = set.data[piece];
-      return files[file].file.f32(*tensor, set.pieces[piece].name);
+    return [&set](size_t piece) {
+      const auto& [holder, tensor] = set.data[piece];
+      return holder->f32(*tensor, set.pieces[piece].name);
     };
   };
   const int preferred = static_cast<int>(static_cast<int64_t>(tp_rank) * saved_tp / tp_size);
@@ -588,7 +680,7 @@ std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string
       }
       sum.names = legacy ? "legacy (language_model.*)" : te ? "mcore (Transformer Engine norms)" : "mcore";
       const Value* optimizer = f.root().get("optimizer");
-      if (fs::exists(fs::path(it_dir) / fs::path(sum.rel).parent_path() / kDistributedOptimizerFile))
+      if (fs::exists(fs::path(it_dir) / fs::path(sum.rel).parent_path() / kDistribOptimFile))
         sum.optimizer = "distributed optimizer (distrib_optim.pt)";
       else if (!optimizer)
         sum.optimizer = "none";
@@ -731,6 +823,37 @@ Value* param_group(pickle::Document& doc, const MegatronFileSpec& spec, bool wei
   return g;
 }
 
+// The fp16 loss scaler's state_dict (megatron/core/optimizer/grad_scaler.py).
+Value* grad_scaler_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec) {
+  Value* scaler = doc.dict();
+  doc.set(scaler, "scale", tensors.scalar(spec.grad_scaler.at("scale").get<float>()));
+  doc.set(scaler, "growth_tracker", doc.integer(spec.grad_scaler.at("growth_tracker").get<int64_t>()));
+  doc.set(scaler, "hysteresis_tracker", doc.integer(spec.grad_scaler.at("hysteresis_tracker").get<int64_t>()));
+  return scaler;
+}
+
+// The distributed optimizer's state_dict (megatron/core/optimizer/distrib_optimizer.py):
+// torch's without `state`, each group without `params` and with the step (torch's AdamW
+// keeps it per parameter), and the grad scaler.
+Value* distributed_optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
+                                  const std::vector<bool>& group_wd) {
+  Value* groups = doc.list();
+  for (bool wd : group_wd) {
+    Value* g = param_group(doc, spec, wd, {});
+    g->entries.erase(std::remove_if(g->entries.begin(), g->entries.end(),
+                                    [](const auto& e) { return e.first->is_str("params"); }),
+                     g->entries.end());
+    doc.set(g, "step", doc.real(static_cast<double>(spec.optimizer_steps)));
+    groups->items.push_back(g);
+  }
+  Value* inner = doc.dict();
+  doc.set(inner, "param_groups", groups);
+  Value* outer = doc.dict();
+  doc.set(outer, "optimizer", inner);
+  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
+  return outer;
+}
+
 // torch's optimizer state_dict over Megatron's groups, wrapped as Megatron's mixed-precision
 // optimizer wraps it when the model is 16-bit.
 Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
@@ -746,6 +869,7 @@ Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const Megatro
     }
     groups[g].push_back(i);
   }
+  if (spec.distributed_optimizer) return distributed_optimizer_dict(doc, tensors, spec, group_wd);
   Value* state = doc.dict();
   Value* group_list = doc.list();
   Value* masters = doc.list();
@@ -773,13 +897,7 @@ Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const Megatro
   if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
   Value* outer = doc.dict();
   doc.set(outer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) {
-    Value* scaler = doc.dict();
-    doc.set(scaler, "scale", tensors.scalar(spec.grad_scaler.at("scale").get<float>()));
-    doc.set(scaler, "growth_tracker", doc.integer(spec.grad_scaler.at("growth_tracker").get<int64_t>()));
-    doc.set(scaler, "hysteresis_tracker", doc.integer(spec.grad_scaler.at("hysteresis_tracker").get<int64_t>()));
-    doc.set(outer, "grad_scaler", scaler);
-  }
+  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
   if (spec.model_dtype != DType::F32) doc.set(outer, "fp32_from_fp16_params", masters);
   return outer;
 }

@@ -26,8 +26,11 @@
 // Optimizer state (torch's, under Megatron's parameter groups: one per weight-decay class,
 // in order of first appearance, megatron/core/optimizer/__init__.py `_get_param_groups`)
 // is mapped back onto parameters by group position; mixed precision's fp32_from_fp16_params
-// are the fp32 parameters when the optimizer is loaded. The distributed optimizer's
-// distrib_optim.pt is detected and refused with an error naming it (not read yet).
+// are the fp32 parameters when the optimizer is loaded. The distributed optimizer's state is
+// in distrib_optim.pt beside each file (megatron_distrib_optim.h): each parameter's range of
+// its flat tensors, found from the saving rank's buffer layout, is read as a piece of that
+// parameter, so it reshards like the rest (any TP/PP/DP, either optimizer), and its `param`
+// gives the fp32 main parameters.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +90,7 @@ struct MegatronParam {
   Tensor value;      // F32: the (main) parameter
   bool weight_decay = true;
   // Adam's exp_avg and exp_avg_sq, or SGD's momentum_buffer (F32, shaped like value); empty
-  // without optimizer state.
+  // without optimizer state (or with the distributed optimizer's distrib_optim.pt).
   std::vector<std::pair<std::string, Tensor>> state;
   int chunk = 0;  // the virtual pipeline chunk holding it: saved under `model<chunk>` when a
                   // rank has more than one, else under `model`
@@ -99,6 +102,9 @@ struct MegatronFileSpec {
   DType model_dtype = DType::F32;  // BF16 / F16: the model tensors rounded, the F32 values as
                                    // fp32_from_fp16_params
   bool with_optimizer = false;     // optimizer and opt_param_scheduler
+  // The distributed optimizer: `optimizer` holds only the parameter groups (without params,
+  // with step) and the grad scaler; the tensors go to distrib_optim.pt.
+  bool distributed_optimizer = false;
   OptimizerConfig optimizer;
   double lr = 0, weight_decay = 0;  // the groups' current values (before multipliers)
   int64_t optimizer_steps = 0;

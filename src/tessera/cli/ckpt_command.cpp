@@ -360,6 +360,12 @@ int run_inspect(const Command& c) {
   std::printf("  consumed samples: train %s, valid %s; scheduler steps %s; optimizer steps %s\n",
               num("consumed_train_samples").c_str(), num("consumed_valid_samples").c_str(),
               num("scheduler_num_steps").c_str(), num("optimizer_steps").c_str());
+  if (const json listed = meta.value("files", json::object()); listed.is_object())
+    for (const auto& [rel, info] : listed.items())
+      if (fs::path(rel).filename().string().rfind("optimizer", 0) == 0) {
+        std::printf("  optimizer: %s\n", optimizer_description(meta).c_str());
+        break;
+      }
   bool ok = true;
   try {
     std::printf("  arguments: %s\n", join(recorded_args(meta, it_dir)).c_str());

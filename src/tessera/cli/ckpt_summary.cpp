@@ -49,6 +49,24 @@ void add_model_file(const safetensors::Reader& r, std::map<std::string, uint64_t
 
 }  // namespace
 
+std::string optimizer_description(const nlohmann::json& meta) {
+  const int shards = meta.value("optimizer_dp_shards", 0);
+  const std::string loads = "loads at any DP, TP and PP, with or without --use-distributed-optimizer";
+  if (shards > 0)
+    return "distributed (--use-distributed-optimizer), sharded by data-parallel rank: each folder holds " +
+           std::to_string(shards) + " files, " + optimizer_dp_shard_file(0) +
+           (shards > 1 ? " to " + optimizer_dp_shard_file(shards - 1) : std::string()) +
+           ", each a rank's owned ranges of the state" +
+           (meta.value("main_params_in_optimizer", false) ? " and of the fp32 main parameters" : std::string()) +
+           "; " + loads;
+  // Older saves of the distributed optimizer gathered its shards into optimizer.safetensors.
+  const nlohmann::json args = meta.value("args", nlohmann::json::array());
+  const bool distributed =
+      args.is_array() && std::find(args.begin(), args.end(), "--use-distributed-optimizer") != args.end();
+  return distributed ? "distributed (--use-distributed-optimizer), shards gathered by parameter; " + loads
+                     : "replicated; " + loads;
+}
+
 int print_checkpoint_summary(const std::string& it_dir, int64_t iteration, bool latest, const nlohmann::json& meta) {
   auto num = [&](const char* key) { return meta.contains(key) ? meta[key].dump() : std::string("?"); };
   std::map<std::string, Shard> shards;  // by folder
@@ -64,7 +82,8 @@ int print_checkpoint_summary(const std::string& it_dir, int64_t iteration, bool 
     shard.bytes += bytes;
     ++shard.files;
     total_bytes += bytes;
-    if (rel.filename() == "optimizer.safetensors") optimizer_bytes += bytes;
+    const std::string name = rel.filename().string();
+    if (name == "optimizer.safetensors" || name.rfind("optimizer_dp_", 0) == 0) optimizer_bytes += bytes;
     if (rel.filename() != "model.safetensors") continue;
     model_bytes += bytes;
     try {
@@ -87,17 +106,7 @@ int print_checkpoint_summary(const std::string& it_dir, int64_t iteration, bool 
   std::printf("  model: %llu parameters in %zu tensors (%s); consumed samples %s\n",
               static_cast<unsigned long long>(parameters), whole_numel.size(), dtype_list.c_str(),
               num("consumed_train_samples").c_str());
-  // The optimizer state's files are the same with and without the distributed optimizer
-  // (its shards are gathered for the save); which one saved it is read from the arguments.
-  if (optimizer_bytes > 0) {
-    const nlohmann::json args = meta.value("args", nlohmann::json::array());
-    const bool distributed = args.is_array() && std::find(args.begin(), args.end(), "--use-distributed-optimizer") !=
-                                                    args.end();
-    std::printf("  optimizer: %s\n", distributed ? "distributed (--use-distributed-optimizer), shards gathered by "
-                                                   "parameter: loads at any DP, with or without the flag"
-                                                 : "replicated; loads at any DP, with or without "
-                                                   "--use-distributed-optimizer");
-  }
+  if (optimizer_bytes > 0) std::printf("  optimizer: %s\n", optimizer_description(meta).c_str());
   std::printf("  size: %s (model %s, optimizer %s) in %d folders\n", size_text(total_bytes).c_str(),
               size_text(model_bytes).c_str(), size_text(optimizer_bytes).c_str(), static_cast<int>(shards.size()));
   for (const auto& [folder, s] : shards)

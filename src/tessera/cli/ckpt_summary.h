@@ -14,4 +14,7 @@ namespace tessera::cli {
 // a tensor file cannot be read.
 int print_checkpoint_summary(const std::string& it_dir, int64_t iteration, bool latest, const nlohmann::json& meta);
 
+// Which optimizer saved the checkpoint and how its state is laid out (metadata.json `meta`).
+std::string optimizer_description(const nlohmann::json& meta);
+
 }  // namespace tessera::cli

@@ -308,11 +308,13 @@ GradBufferLayout GPTModel::buffer_layout_for(const GPTConfig& config, const Mode
   const bool shared = !config.untie_embeddings_and_output_weights && has_embedding != has_head;
   std::vector<int64_t> numels;
   std::vector<bool> own_bucket;
+  std::vector<int> chunks;
   for (const ParamShard& s : shard_params(config, partition)) {
     numels.push_back(s.numel());
     own_bucket.push_back(shared && (s.is_embedding_copy || s.spec.name == "embedding.word_embeddings.weight"));
+    chunks.push_back(s.chunk);
   }
-  return build_grad_buffer_layout(numels, options, own_bucket);
+  return build_grad_buffer_layout(numels, options, own_bucket, chunks);
 }
 
 GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,

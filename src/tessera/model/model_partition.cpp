@@ -131,14 +131,18 @@ std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartiti
     return std::stoi(name.substr(std::strlen("decoder.layers.")));
   };
   std::vector<ParamShard> out;
-  for (const ModelChunk& chunk : partition.chunks) {
+  for (size_t c = 0; c < partition.chunks.size(); ++c) {
+    const ModelChunk& chunk = partition.chunks[c];
     for (const ParamSpec& spec : specs) {
       const std::string& n = spec.name;
       bool mine;
       if (n.starts_with("embedding.")) mine = chunk.has_embedding;
       else if (n.starts_with("decoder.layers.")) mine = layer_of(n) >= chunk.first_layer && layer_of(n) < chunk.end_layer;
       else mine = chunk.has_head;  // final LayerNorm, untied output layer
-      if (mine) out.push_back(make(spec));
+      if (mine) {
+        out.push_back(make(spec));
+        out.back().chunk = static_cast<int>(c);
+      }
     }
     if (chunk.has_head && tied && !rank_has_embedding) {
       // The output layer of a tied model on a stage without the embedding: a copy of the word
@@ -146,6 +150,7 @@ std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartiti
       ParamShard copy = make(specs.front());
       copy.is_embedding_copy = true;
       copy.counts_in_norm = false;
+      copy.chunk = static_cast<int>(c);
       out.push_back(copy);
     }
   }

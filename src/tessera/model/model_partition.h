@@ -71,6 +71,7 @@ struct ParamShard {
   // The last pipeline stage's copy of the tied word embedding (output layer); its gradient
   // is summed with the first stage's over the embedding group.
   bool is_embedding_copy = false;
+  int chunk = 0;  // the index of this rank's model chunk that holds it (interleaved schedule)
 
   int64_t numel() const { return shape_numel(shape); }
   // The slice as `count` runs of `block` contiguous local elements; run k starts at element

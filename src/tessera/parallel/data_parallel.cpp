@@ -1,6 +1,7 @@
 #include "tessera/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
@@ -97,17 +98,20 @@ void DataParallelBuckets::finish() {
     if (!b.reduce) launch_reduce(b);  // not overlapped, or not reported ready
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     Bucket& b = buckets_[bi];
-    b.reduce->wait();
+    wait_exposed(*b.reduce);
     b.reduce.reset();
     b.pending = layout_.buckets[bi].end_param - layout_.buckets[bi].first_param;
   }
 }
 
 // The owned range of the parameter buffer is copied into the shard (free once the optimizer
-// has read the gradients), so the gather's input never aliases its output.
+// has read the gradients), so the gather's input never aliases its output. Buckets are
+// gathered in the order the forward reads them, the last bucket (the first layers) first,
+// as Megatron dispatches them: the group runs its collectives one after another, so the
+// forward's first wait then covers one bucket, not all of them.
 void DataParallelBuckets::gather_params() {
   TESSERA_CHECK(options_.distributed_optimizer, "gather_params without the distributed optimizer");
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+  for (size_t bi = buckets_.size(); bi-- > 0;) {
     Bucket& b = buckets_[bi];
     const int64_t n = b.shard.numel();
     const Tensor source(b.shard.handle, b.shard.offset, b.params.dtype, {n}, b.shard.device);
@@ -120,8 +124,15 @@ void DataParallelBuckets::gather_params() {
 
 void DataParallelBuckets::wait_gather(Bucket& b) {
   if (!b.gather) return;
-  b.gather->wait();
+  wait_exposed(*b.gather);
   b.gather.reset();
+}
+
+// Every wait of a step passes here; launching only queues the call.
+void DataParallelBuckets::wait_exposed(Work& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  work.wait();
+  exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void DataParallelBuckets::wait_params(size_t first, size_t end) {

@@ -68,10 +68,15 @@ class DataParallelBuckets {
   void wait_all_params() { wait_params(0, layout_.params.size()); }
   // Checkpoints: per-piece values (one f32 tensor per owned piece, in owned_pieces() order,
   // such as an Adam moment) as the whole buffer in host memory, buffer: f32 [layout().numel]
-  // (collective over the group; every rank receives the whole buffer, zeros in the padding);
-  // and back, each piece from its range of a whole buffer.
+  // (collective over the group; every rank receives the whole buffer, zeros in the padding;
+  // Megatron's distrib_optim.pt is written from it); and back, each piece from its range of
+  // a whole buffer.
   void gather_to_host(float* buffer, const std::vector<Tensor>& pieces);
   void scatter_from_host(const std::vector<Tensor>& pieces, const float* buffer) const;
+  // Seconds the caller has spent blocked on this group's reductions and gathers since
+  // construction: all of their time when they run synchronously, only what the overlaps
+  // leave exposed otherwise (the benchmark's measure of how much they hide).
+  double exposed_seconds() const { return exposed_seconds_; }
   // Bytes of the reduced-gradient shard this rank holds (1/DP of the buffer).
   size_t shard_bytes() const { return shard_.bytes(); }
   const GradBufferLayout& layout() const { return layout_; }
@@ -86,6 +91,7 @@ class DataParallelBuckets {
   };
   void launch_reduce(Bucket& b);
   void wait_gather(Bucket& b);
+  void wait_exposed(Work& work);
 
   GradBufferLayout layout_;
   Communicator& dp_;
@@ -93,6 +99,7 @@ class DataParallelBuckets {
   Buffer shard_;  // F32, the owned range of every bucket in bucket order
   std::vector<Bucket> buckets_;
   std::vector<OwnedPiece> owned_;
+  double exposed_seconds_ = 0;
 };
 
 }  // namespace tessera

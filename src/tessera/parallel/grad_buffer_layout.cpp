@@ -1,5 +1,6 @@
 #include "tessera/parallel/grad_buffer_layout.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "tessera/core/error.h"
@@ -13,10 +14,13 @@ int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / mult
 }  // namespace
 
 GradBufferLayout build_grad_buffer_layout(const std::vector<int64_t>& numels, const GradBufferOptions& o,
-                                          const std::vector<bool>& own_bucket) {
+                                          const std::vector<bool>& own_bucket, const std::vector<int>& chunks) {
   TESSERA_CHECK(o.data_parallel >= 1 && o.bucket_size >= 1, "grad buffer: bad data-parallel size or bucket size");
   TESSERA_CHECK(own_bucket.empty() || own_bucket.size() == numels.size(),
                 "grad buffer: one own_bucket flag per parameter");
+  TESSERA_CHECK(chunks.empty() || (chunks.size() == numels.size() && std::is_sorted(chunks.begin(), chunks.end())),
+                "grad buffer: one non-decreasing chunk index per parameter");
+  auto chunk = [&](size_t i) { return chunks.empty() ? 0 : chunks[i]; };
   GradBufferLayout layout;
   layout.data_parallel = o.data_parallel;
   layout.params.resize(numels.size());
@@ -38,13 +42,15 @@ GradBufferLayout build_grad_buffer_layout(const std::vector<int64_t>& numels, co
     bucket_end_param = first_param;
   };
   for (size_t i = numels.size(); i-- > 0;) {
+    // A new chunk's buffer: the open bucket (the later chunk's) ends at its last parameter.
+    if (bucket_end_param != i + 1 && chunk(i) != chunk(i + 1)) close(i + 1, param_start);
     const bool alone = split_shared && own_bucket[i];
     param_start = round_up(param_start, param_align);
     // The open bucket ends where this parameter would start (Megatron's padded start).
     if (alone && bucket_end_param != i + 1) close(i + 1, param_start);
     param_end = param_start + numels[i];
     layout.params[i] = {param_start, numels[i], layout.buckets.size()};
-    if (alone || param_end - bucket_start >= o.bucket_size)
+    if (alone || (chunk(i) == 0 && param_end - bucket_start >= o.bucket_size))
       close(i, param_end);
     else
       param_start = param_end;

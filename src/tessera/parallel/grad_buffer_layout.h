@@ -7,6 +7,10 @@
 //    `bucket_size` elements (one bucket when bucket_size is unbounded), and a parameter
 //    marked `own_bucket` (the tied embedding shared by the first and last pipeline stage)
 //    sits in a bucket of its own;
+//  - with the interleaved schedule each model chunk has its own buffer in Megatron, so no
+//    bucket spans two chunks, and only the first chunk is split by `bucket_size`: the others
+//    are one bucket each (distributed_data_parallel.py passes bucket_size None for model
+//    chunks other than the first); tessera places the chunks' buffers one after another;
 //  - with the distributed optimizer every parameter starts at a multiple of 64 elements and
 //    every bucket ends at a multiple of lcm(DP, 128), so each of the DP ranks owns an equal,
 //    contiguous range of every bucket: rank r owns [start + r*n/DP, start + (r+1)*n/DP) of a
@@ -52,8 +56,11 @@ struct GradBufferLayout {
 };
 
 // numels: every parameter's element count in registration order; own_bucket (empty, or one
-// flag per parameter): parameters that get a bucket of their own with the distributed optimizer.
+// flag per parameter): parameters that get a bucket of their own with the distributed
+// optimizer; chunks (empty: all 0, or one per parameter, non-decreasing): each parameter's
+// model chunk.
 GradBufferLayout build_grad_buffer_layout(const std::vector<int64_t>& numels, const GradBufferOptions& options,
-                                          const std::vector<bool>& own_bucket = {});
+                                          const std::vector<bool>& own_bucket = {},
+                                          const std::vector<int>& chunks = {});
 
 }  // namespace tessera

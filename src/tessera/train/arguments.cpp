@@ -632,11 +632,6 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (a.use_checkpoint_scheduler && a.override_scheduler)
     throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
   a.save_megatron_format = p.get_string("--ckpt-format") == "torch";
-  if (a.save_megatron_format && a.use_distributed_optimizer && !a.save.empty())
-    throw usage_error("--ckpt-format torch with --use-distributed-optimizer: tessera does not write Megatron's "
-                      "distrib_optim.pt yet",
-                      "drop --ckpt-format torch (tessera's own checkpoints reshard to and from the distributed "
-                      "optimizer), or save without --use-distributed-optimizer");
   if (p.given("--ckpt-format") && !a.save_megatron_format)
     log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
              "docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes Megatron's",

@@ -123,7 +123,7 @@ json megatron_namespace(const TrainArgs& a, int64_t consumed_train_samples, int6
   ns["consumed_valid_samples"] = consumed_valid_samples;
   ns["transformer_impl"] = "local";
   ns["ckpt_format"] = "torch";
-  ns["use_distributed_optimizer"] = false;
+  ns["use_distributed_optimizer"] = a.use_distributed_optimizer;
   ns["params_dtype"] = {{"$global", a.bf16 ? "torch.bfloat16" : a.fp16 ? "torch.float16" : "torch.float32"}};
   ns["model_type"] = {{"$enum", "megatron.core.enums.ModelType"}, {"value", 1}};  // encoder_or_decoder
   return ns;

@@ -543,6 +543,12 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
                         {"elapsed_ms_per_iteration", ms_per_iter}, {"tokens_per_second", tokens_per_s},
                         {"skipped_iterations", skipped},  {"nan_iterations", 0},
                         {"allocated_bytes", device_.allocated_bytes()}};
+    // The data-parallel reductions and gathers the step waited for (bench/distributed_optimizer_bench.sh).
+    if (dp_buckets_) {
+      j["dp_comm_ms_per_iteration"] =
+          (dp_buckets_->exposed_seconds() - dp_exposed_logged_s_) * 1000.0 / (advanced + skipped);
+      dp_exposed_logged_s_ = dp_buckets_->exposed_seconds();
+    }
     std::fprintf(log_json_.get(), "%s\n", j.dump().c_str());
     std::fflush(log_json_.get());
   }

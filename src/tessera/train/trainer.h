@@ -120,13 +120,23 @@ class Trainer {
     std::vector<ShardedTensor> tensors;
   };
   HostOptimizerState host_whole_params(const std::vector<std::string>& prefixes, bool with_embedding_copy) const;
-  // Optimizer state of the distributed optimizer ("<kind>.<name>"; save and load go through the
-  // same files as the non-distributed optimizer's).
+  // Optimizer state of the distributed optimizer ("<kind>.<name>") as whole parameters: a
+  // load reads any checkpoint's into it and each rank keeps its owned pieces.
   HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
-  void gather_optimizer_state(HostOptimizerState& state) const;
   void scatter_optimizer_state(const HostOptimizerState& state);
+  // Megatron's distrib_optim.pt: the main parameters and, unless main_only, the optimizer
+  // state as whole buffers over the buffer layout, prefixes "" and "<kind>." (collective over
+  // the DP group with the distributed optimizer; copied at DP 1); and the files DP rank 0
+  // writes with --ckpt-format torch.
+  HostOptimizerState host_distrib_optim_state(bool main_only) const;
+  void write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
+  // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the
+  // state and of a 16-bit model's main parameters ("main.<name>"), as flat pieces.
+  std::vector<FlatPiece> owned_optimizer_pieces() const;
   // A 16-bit model's f32 main parameters, which checkpoints keep under the parameters' names
   // (a 16-bit weight is their rounding), as whole parameters in host memory (one buffer).
+  // With the distributed optimizer, whose data-parallel files hold the main parameters,
+  // model.safetensors holds the 16-bit parameters widened (as Megatron's model file).
   bool main_params_apart() const { return model_.config().params_dtype != DType::F32; }
   HostOptimizerState host_main_params(bool with_embedding_copy) const;
   void gather_main_params(HostOptimizerState& main) const;
@@ -146,6 +156,7 @@ class Trainer {
   TrainerGroups groups_;
   Communicator* dp_;  // groups_.dp when it has more than one rank
   std::unique_ptr<DataParallelBuckets> dp_buckets_;  // with data parallelism
+  double dp_exposed_logged_s_ = 0;  // dp_buckets_->exposed_seconds() at the last JSON log record
   // Per parameter, the gradient the optimizer reads (clipping, TP and embedding sums): the
   // whole gradient, or with the distributed optimizer the owned piece (empty when none).
   std::vector<Tensor> main_grads_;

@@ -1,8 +1,9 @@
 // Trainer's checkpoint side: what a checkpoint holds of the training state, saving it and
 // resuming from it (ckpt/checkpoint.h has the file layout). Saving is collective over the
 // world: global rank 0 makes the temporary folder, data-parallel rank 0 of each (tp, pp)
-// writes its shard, rank 0 commits once every file is written. Loading reads, on every
-// rank, the slices of whatever layout was saved.
+// writes its shard (and every data-parallel rank its distributed-optimizer state), rank 0
+// commits once every file is written. Loading reads, on every rank, the slices of whatever
+// layout was saved.
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/megatron_distrib_optim.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/log.h"
@@ -131,51 +133,40 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
   return out;
 }
 
-// The chunk of this rank that holds a parameter: its layer's; the first virtual stage's for
-// the embedding; the last's for the final norm, the output layer and the tied embedding's copy.
-int chunk_of(const std::vector<ModelChunk>& chunks, const ParamShard& s) {
-  int layer = 0;
-  const bool in_layer = std::sscanf(s.spec.name.c_str(), "decoder.layers.%d.", &layer) == 1;
-  const bool embedding = s.spec.name.rfind("embedding.", 0) == 0 && !s.is_embedding_copy;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const ModelChunk& k = chunks[c];
-    if (in_layer ? layer >= k.first_layer && layer < k.end_layer : embedding ? k.has_embedding : k.has_head)
-      return static_cast<int>(c);
-  }
-  TESSERA_CHECK(false, "no model chunk of this rank holds " + s.spec.name);
-  return 0;
-}
-
 // This rank's parameters as Megatron's file holds them (--ckpt-format torch): chunk by chunk,
-// each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight, each
-// with its optimizer state unless `with_state` is false.
-std::vector<MegatronParam> megatron_params(const GPTModel& model, const Optimizer& optimizer, bool with_state) {
+// each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight.
+// `main`: each parameter's f32 main values, which the writer rounds into a 16-bit model (and
+// keeps as fp32_from_fp16_params); each with its optimizer state when `state` is given (the
+// replicated optimizer: parameter i is optimizer parameter i).
+std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vector<Tensor>& main,
+                                           const Optimizer* state) {
   const std::vector<ModelChunk>& chunks = model.partition().chunks;
   std::vector<MegatronParam> out;
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
-    const int chunk = chunk_of(chunks, s);
-    // The f32 main parameters: the writer rounds them into the 16-bit model and keeps them as
-    // fp32_from_fp16_params (the non-distributed optimizer: parameter i is optimizer param i).
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
-                                       : megatron_local_name(s.spec.name, chunks[chunk].first_layer),
-                   optimizer.main_param(i), s.spec.weight_decay, {}, chunk});
+                                       : megatron_local_name(s.spec.name, chunks[s.chunk].first_layer),
+                   main.at(i), s.spec.weight_decay, {}, s.chunk});
   }
-  if (with_state)
-    for (const Optimizer::StateTensor& t : optimizer.state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
+  if (state)
+    for (const Optimizer::StateTensor& t : state->state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
   // Megatron's optimizer takes the chunks' parameters in chunk order.
   std::stable_sort(out.begin(), out.end(), [](const MegatronParam& a, const MegatronParam& b) { return a.chunk < b.chunk; });
   return out;
 }
 
+// model_optim_rng.pt and, with the distributed optimizer's state, distrib_optim.pt.
 void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, const MegatronFileSpec& spec,
-                          const std::vector<MegatronParam>& params) {
+                          const std::vector<MegatronParam>& params, const DistribOptimState* distrib) {
   const std::filesystem::path folder = std::filesystem::path(tmp_dir) / shard;
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
-  const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
-  write_file_synced((folder / kMegatronFile).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  auto write = [&](const char* file, const std::vector<uint8_t>& bytes) {
+    write_file_synced((folder / file).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  };
+  write(kMegatronFile, megatron_file_bytes(spec, params));
+  if (distrib) write(kDistribOptimFile, distrib_optim_file_bytes(*distrib));
   fsync_directory(folder.string());
 }
 
@@ -356,11 +347,28 @@ std::vector<Tensor> state_of_kind(const Optimizer& optimizer, size_t k) {
   return out;
 }
 
+// Checkpoint tensors under "<prefix><name>" (a 16-bit model's main parameters as "main.*").
+std::vector<ShardedTensor> prefixed(std::vector<ShardedTensor> tensors, const std::string& prefix) {
+  for (ShardedTensor& t : tensors) t.name = prefix + t.name;
+  return tensors;
+}
+
 }  // namespace
 
-void Trainer::gather_optimizer_state(HostOptimizerState& state) const {
-  for (size_t k = 0; k < state.buffers.size(); ++k)
-    dp_buckets_->gather_to_host(state.buffers[k].data(), state_of_kind(*optimizer_, k));
+std::vector<FlatPiece> Trainer::owned_optimizer_pieces() const {
+  const std::vector<DataParallelBuckets::OwnedPiece>& owned = dp_buckets_->owned_pieces();
+  std::vector<FlatPiece> out;
+  auto add = [&](const std::string& prefix, size_t piece, const Tensor& values) {
+    const size_t i = owned[piece].param;
+    const ParamShard& s = model_.shards()[i];
+    if (s.is_embedding_copy) return;  // the first stage's word embedding holds the same state
+    out.push_back({{prefix + s.spec.name, model_.params()[i], s.spec.shape, s.split_dim, s.offset},
+                   owned[piece].begin, owned[piece].end, values});
+  };
+  for (const Optimizer::StateTensor& t : optimizer_->state_tensors()) add(std::string(t.kind) + ".", t.param, t.tensor);
+  if (main_params_apart())
+    for (size_t j = 0; j < owned.size(); ++j) add("main.", j, optimizer_->main_param(j));
+  return out;
 }
 
 void Trainer::scatter_optimizer_state(const HostOptimizerState& state) {
@@ -381,11 +389,11 @@ static std::vector<Tensor> main_params_of(const Optimizer& optimizer) {
 }
 
 void Trainer::gather_main_params(HostOptimizerState& main) const {
-  if (distributed_optimizer()) return dp_buckets_->gather_to_host(main.buffers[0].data(), main_params_of(*optimizer_));
   const GradBufferLayout& layout = model_.buffer_layout();
   for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const Tensor m = optimizer_->main_param(i);
-    copy_to_host(main.buffers[0].data() + layout.params[i].start, m.bytes(), m);
+    // The distributed optimizer's main pieces go to its data-parallel files instead.
+    const Tensor m = distributed_optimizer() ? model_.params()[i] : optimizer_->main_param(i);
+    copy_floats_to_host(main.buffers[0].data() + layout.params[i].start, static_cast<size_t>(m.numel()), m);
   }
 }
 
@@ -401,6 +409,69 @@ void Trainer::install_main_params(const HostOptimizerState& main) {
     const Tensor m = optimizer_->main_param(i);
     copy_from_host(m, values + layout.params[i].start, m.bytes());
   }
+}
+
+Trainer::HostOptimizerState Trainer::host_distrib_optim_state(bool main_only) const {
+  std::vector<std::string> prefixes{""};
+  if (!main_only)
+    for (const char* kind : optimizer_->state_kinds()) prefixes.push_back(std::string(kind) + ".");
+  HostOptimizerState s = host_whole_params(prefixes, true);
+  if (distributed_optimizer()) {
+    dp_buckets_->gather_to_host(s.buffers[0].data(), main_params_of(*optimizer_));
+    for (size_t k = 1; k < s.buffers.size(); ++k)
+      dp_buckets_->gather_to_host(s.buffers[k].data(), state_of_kind(*optimizer_, k - 1));
+    return s;
+  }
+  // One data-parallel rank: the optimizer's parameters are whole.
+  gather_main_params(s);
+  const GradBufferLayout& layout = model_.buffer_layout();
+  const std::vector<const char*> kinds = optimizer_->state_kinds();
+  for (const Optimizer::StateTensor& t : main_only ? std::vector<Optimizer::StateTensor>{} : optimizer_->state_tensors()) {
+    const size_t k = static_cast<size_t>(std::find(kinds.begin(), kinds.end(), t.kind) - kinds.begin());
+    copy_to_host(s.buffers[1 + k].data() + layout.params[t.param].start, t.tensor.bytes(), t.tensor);
+  }
+  return s;
+}
+
+void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const {
+  const int tp = rank_in(groups_.tp), pp = rank_in(groups_.pp);
+  MegatronFileSpec spec;
+  spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
+  spec.iteration = iteration_;
+  spec.model_dtype = args_.bf16 ? DType::BF16 : args_.fp16 ? DType::F16 : DType::F32;
+  spec.with_optimizer = !args_.no_save_optim;
+  spec.distributed_optimizer = args_.use_distributed_optimizer;
+  spec.optimizer = args_.optimizer;
+  spec.lr = scheduler_.lr();
+  spec.weight_decay = scheduler_.weight_decay();
+  spec.optimizer_steps = optimizer_->steps_taken();
+  if (loss_scaler_) spec.grad_scaler = loss_scaler_->state_dict();
+  spec.scheduler = megatron_scheduler_state(args_.lr_schedule, scheduler_.num_steps());
+  spec.last_stage = pp == args_.pipeline_parallel_size - 1;
+  spec.with_rng = !args_.no_save_rng;
+  spec.tp_rank = tp;
+  spec.pp_rank = pp;
+  // The main parameters: the optimizer's, or the distributed optimizer's gathered (`whole`
+  // holds, per parameter, its main values and then its state kinds).
+  std::vector<Tensor> main;
+  const size_t kinds = whole.buffers.size();
+  for (size_t i = 0; i < model_.shards().size(); ++i)
+    main.push_back(spec.distributed_optimizer ? whole.tensors.at(i * kinds).tensor : optimizer_->main_param(i));
+  std::optional<DistribOptimState> distrib;
+  if (spec.distributed_optimizer && spec.with_optimizer) {
+    std::vector<int> chunks;
+    for (const ParamShard& s : model_.shards()) chunks.push_back(s.chunk);
+    std::vector<const float*> buffers;
+    for (const std::vector<float>& b : whole.buffers) buffers.push_back(b.data());
+    distrib = distrib_optim_state(model_.buffer_layout(), chunks, buffers);
+    // Megatron's buffer key: fp32 gradients unless fp16 without --accumulate-allreduce-grads-in-fp32.
+    distrib->param_dtype = spec.model_dtype;
+    distrib->grad_dtype = args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16
+                                                                                                      : DType::F32;
+  }
+  write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
+                       megatron_params(model_, main, spec.with_optimizer && !distrib ? optimizer_.get() : nullptr),
+                       distrib ? &*distrib : nullptr);
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {
@@ -424,26 +495,13 @@ void Trainer::save_checkpoint(const std::string& dir) {
   const std::string write_failed = "write its part of" + at;
   const std::string commit_failed = "commit" + at;
   if (args_.save_megatron_format) {
+    // The distributed optimizer's state whole, for DP rank 0 to write (Megatron gathers it
+    // there too): collective over the DP group, so before any rank may fail alone.
+    HostOptimizerState whole;
+    if (args_.use_distributed_optimizer) whole = host_distrib_optim_state(args_.no_save_optim);
     // Megatron's files record no checksums: the writers finish, then rank 0 commits.
     on_every_rank(world, write_failed, [&] {
-      if (dp != 0) return;
-      MegatronFileSpec spec;
-      spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
-      spec.iteration = iteration_;
-      spec.model_dtype = args_.bf16 ? DType::BF16 : args_.fp16 ? DType::F16 : DType::F32;
-      spec.with_optimizer = !args_.no_save_optim;
-      spec.optimizer = args_.optimizer;
-      spec.lr = scheduler_.lr();
-      spec.weight_decay = scheduler_.weight_decay();
-      spec.optimizer_steps = optimizer_->steps_taken();
-      if (loss_scaler_) spec.grad_scaler = loss_scaler_->state_dict();
-      spec.scheduler = megatron_scheduler_state(args_.lr_schedule, scheduler_.num_steps());
-      spec.last_stage = pp == args_.pipeline_parallel_size - 1;
-      spec.with_rng = !args_.no_save_rng;
-      spec.tp_rank = tp;
-      spec.pp_rank = pp;
-      write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
-                           megatron_params(model_, *optimizer_, spec.with_optimizer));
+      if (dp == 0) write_megatron_files(tmp_dir, whole);
     }, abandon);
     on_every_rank(world, commit_failed, [&] {
       if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
@@ -454,28 +512,25 @@ void Trainer::save_checkpoint(const std::string& dir) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
-  // Data-parallel replicas hold the same state: DP rank 0 of each (tp, pp) writes it. The
-  // distributed optimizer's shards are first gathered there (Megatron's torch format gathers
-  // them to DP rank 0 too), into the same tensors the non-distributed optimizer saves, so
-  // either optimizer resumes from either, in any layout.
-  HostOptimizerState sharded;
-  if (distributed_optimizer() && !args_.no_save_optim) {
-    sharded = host_optimizer_state(false);
-    gather_optimizer_state(sharded);
-  }
-  HostOptimizerState main;  // only DP rank 0 writes; the distributed optimizer's gather needs every rank
-  if (main_params_apart() && (dp == 0 || distributed_optimizer())) {
+  // Data-parallel replicas hold the same parameters: DP rank 0 of each (tp, pp) writes them,
+  // and the replicated optimizer's state. The distributed optimizer's state is written where
+  // it lives: every DP rank writes its owned ranges, in parallel, into a file of its own.
+  const bool sharded_optimizer = distributed_optimizer() && !args_.no_save_optim;
+  const std::string shard = checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size);
+  HostOptimizerState main;
+  if (main_params_apart() && dp == 0) {
     main = host_main_params(false);
     gather_main_params(main);
   }
   std::vector<CheckpointFile> mine;
   on_every_rank(world, write_failed, [&] {
+    if (sharded_optimizer) mine.push_back(write_optimizer_dp_shard(tmp_dir, shard, dp, owned_optimizer_pieces()));
     if (dp != 0) return;
-    mine = write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size),
-                                  main_params_apart() ? main.tensors : model_tensors(model_, false),
-                                  args_.no_save_optim          ? std::vector<ShardedTensor>{}
-                                  : distributed_optimizer()    ? sharded.tensors
-                                                               : optimizer_tensors(*optimizer_, model_, false));
+    const std::vector<CheckpointFile> written =
+        write_checkpoint_shard(tmp_dir, shard, main_params_apart() ? main.tensors : model_tensors(model_, false),
+                               args_.no_save_optim || sharded_optimizer ? std::vector<ShardedTensor>{}
+                                                                        : optimizer_tensors(*optimizer_, model_, false));
+    mine.insert(mine.end(), written.begin(), written.end());
   }, abandon);
   // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
   const std::vector<CheckpointFile> files = gather_files(world, mine);
@@ -491,6 +546,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
     state.scheduler = schedule_json(args_.lr_schedule);
     state.args = args_.command_line;
     if (loss_scaler_ && !args_.no_save_optim) state.grad_scaler = loss_scaler_->state_dict();
+    if (sharded_optimizer) state.optimizer_dp_shards = args_.data_parallel_size;
+    state.main_params_in_optimizer = sharded_optimizer && main_params_apart();
     state.layout = {args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
     commit_checkpoint_save(dir, tmp_dir, state, files);
@@ -524,10 +581,20 @@ void Trainer::load_checkpoint(const std::string& dir) {
   if (distributed_optimizer()) sharded = host_optimizer_state(true);
   if (main_params_apart()) main = host_main_params(true);
   on_every_rank(world, "load the checkpoint of iteration " + std::to_string(*latest) + " in " + dir, [&] {
-    check_padded_vocab(args_, read_checkpoint_metadata(dir, *latest), dir);
-    s = tessera::load_checkpoint(dir, *latest, main_params_apart() ? main.tensors : model_tensors(model_, true),
-                                 distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true),
-                                 load_optimizer, rank_in(groups_.tp), args_.tensor_parallel_size);
+    const CheckpointState saved = read_checkpoint_metadata(dir, *latest);
+    check_padded_vocab(args_, saved, dir);
+    const std::vector<ShardedTensor> params = main_params_apart() ? main.tensors : model_tensors(model_, true);
+    std::vector<ShardedTensor> state =
+        distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true);
+    // A 16-bit run of the distributed optimizer saved its exact main parameters with the
+    // optimizer state (its model.safetensors holds their rounding): they replace the values
+    // loaded from the model's files (the optimizer's files are read second).
+    if (saved.main_params_in_optimizer) {
+      const std::vector<ShardedTensor> exact = prefixed(params, "main.");
+      state.insert(state.end(), exact.begin(), exact.end());
+    }
+    s = tessera::load_checkpoint(dir, *latest, params, state, load_optimizer, rank_in(groups_.tp),
+                                 args_.tensor_parallel_size);
     if (distributed_optimizer() && load_optimizer) scatter_optimizer_state(sharded);
     if (main_params_apart()) install_main_params(main);
   });

@@ -135,6 +135,44 @@ class CheckpointShardTest : public ::testing::Test {
     return dir;
   }
 
+  // Saves iteration 5 as TP `tp` with the distributed optimizer's state: each TP rank's
+  // model file, and "exp_avg.<name>" cut into flat pieces over `dp` data-parallel files, rank
+  // d holding elements [d·n/dp, (d+1)·n/dp) of each n-element slice (some pieces empty).
+  // `listed_dp_files` of them are listed in metadata.json.
+  std::string save_dp_sharded(int tp, int dp, int listed_dp_files) {
+    const std::string dir = (dir_ / "sharded").string();
+    const std::string tmp = tessera::prepare_checkpoint_save(dir, 5, 4242);
+    std::vector<CheckpointFile> files;
+    for (int r = 0; r < tp; ++r) {
+      std::vector<Slice> model, state;
+      for (const Global& g : kGlobals) {
+        const int64_t len = g.split >= 0 ? g.shape[g.split] / tp : 0;
+        model.push_back(make_slice(g, r * len, len, true));
+        state.push_back(make_slice(g, r * len, len, true, "exp_avg."));
+      }
+      std::vector<ShardedTensor> m;
+      for (auto& sl : model) m.push_back(sl.t);
+      const std::string shard = tessera::checkpoint_shard_folder(r, 0, 1);
+      for (auto& f : tessera::write_checkpoint_shard(tmp, shard, m, {})) files.push_back(f);
+      for (int d = 0; d < dp; ++d) {
+        std::vector<tessera::FlatPiece> pieces;
+        for (Slice& sl : state) {
+          const int64_t n = tessera::shape_numel(sl.t.tensor.shape), begin = d * n / dp, end = (d + 1) * n / dp;
+          pieces.push_back({sl.t, begin, end, Tensor(sl.data.data() + begin, DType::F32, {end - begin}, nullptr)});
+        }
+        const CheckpointFile f = tessera::write_optimizer_dp_shard(tmp, shard, d, pieces);
+        if (d < listed_dp_files) files.push_back(f);
+      }
+    }
+    CheckpointState state;
+    state.iteration = 5;
+    state.args = nlohmann::json::array({"--num-layers", "1"});
+    state.layout = {tp, 1, dp, 1, 64};
+    state.optimizer_dp_shards = dp;
+    tessera::commit_checkpoint_save(dir, tmp, state, files);
+    return dir;
+  }
+
   fs::path dir_;
 };
 
@@ -179,6 +217,47 @@ TEST_F(CheckpointShardTest, EverySliceOfAnotherLayoutLoads) {
     const Slice want = make_slice(g, 0, g.split >= 0 ? g.shape[g.split] : 0, true);
     EXPECT_EQ(whole[i], want.data) << g.name;
   }
+}
+
+// The distributed optimizer's flat pieces, saved at TP 2 over 3 data-parallel files, join
+// into their slices and reshard into every slice of other layouts; a data-parallel file
+// missing on disk, or not listed in metadata.json, is an error naming it.
+TEST_F(CheckpointShardTest, DataParallelShardsJoinAndReshard) {
+  const std::string dir = save_dp_sharded(2, 3, 3);
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000005/mp_rank_01/optimizer_dp_002.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/iter_0000005/mp_rank_01/optimizer.safetensors"));
+  EXPECT_EQ(tessera::read_checkpoint_metadata(dir, 5).optimizer_dp_shards, 3);
+  for (auto [ro, rl, co, cl] : std::vector<std::array<int64_t, 4>>{{0, 8, 0, 12}, {1, 6, 5, 6}, {6, 2, 9, 3}}) {
+    std::vector<Slice> model, optimizer;
+    for (const Global& g : kGlobals) {
+      const int64_t off = g.name == "rows" ? ro : g.name == "cols" ? co : 0;
+      const int64_t len = g.name == "rows" ? rl : g.name == "cols" ? cl : 0;
+      model.push_back(make_slice(g, off, len, false));
+      optimizer.push_back(make_slice(g, off, len, false, "exp_avg."));
+    }
+    std::vector<ShardedTensor> m, o;
+    for (auto& sl : model) m.push_back(sl.t);
+    for (auto& sl : optimizer) o.push_back(sl.t);
+    tessera::load_checkpoint(dir, 5, m, o, true, 0, 1);
+    for (size_t i = 0; i < kGlobals.size(); ++i) expect_slice(optimizer[i], kGlobals[i], o[i].offset);
+  }
+  Slice rows = make_slice(kGlobals[0], 0, 8, false), state = make_slice(kGlobals[0], 0, 8, false, "exp_avg.");
+  auto error = [&](const std::string& at) {
+    try {
+      tessera::load_checkpoint(at, 5, {rows.t}, {state.t}, true, 0, 1);
+    } catch (const tessera::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  fs::remove(dir + "/iter_0000005/mp_rank_01/optimizer_dp_001.safetensors");
+  EXPECT_NE(error(dir).find("mp_rank_01/optimizer_dp_001.safetensors is missing"), std::string::npos) << error(dir);
+  // Without the optimizer the model loads (and no optimizer file is needed).
+  EXPECT_NO_THROW(tessera::load_checkpoint(dir, 5, {rows.t}, {}, false, 0, 1));
+  fs::remove_all(dir);
+  const std::string unlisted = save_dp_sharded(2, 3, 2);
+  EXPECT_NE(error(unlisted).find("does not list mp_rank_00/optimizer_dp_002.safetensors"), std::string::npos)
+      << error(unlisted);
 }
 
 std::string file_bytes(const std::string& path) {

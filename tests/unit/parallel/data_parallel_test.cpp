@@ -2,10 +2,14 @@
 // buffer, each averaged across the group exactly once per step, whether launched early
 // (overlap, as backward reports parameters ready) or after backward; with the distributed
 // optimizer a reduce-scatter leaves each rank its owned ranges, the parameter gather gives
-// every rank the owners' values, and checkpoint state travels through host buffers.
+// every rank the owners' values, and checkpoint state travels through host buffers; an
+// overlapped gather still running when the buckets are destroyed is finished first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "tessera/comm/in_process/in_process_communicator.h"
@@ -145,5 +149,38 @@ TEST(DataParallelBuckets, OptimizerStateThroughHostBuffers) {
       for (int64_t e = piece.begin; e < piece.end; ++e)
         ASSERT_EQ(state[j][e - piece.begin], float(piece.param * 10 + e));
     }
+  });
+}
+
+// The exit-time crash: with --overlap-param-gather the last step's gathers run in the
+// background, and the model freed the buffers they write into while they still ran. The
+// buckets' destructor must finish them. Rank 1 joins the gather only once rank 0 has
+// destroyed its buckets (or after a grace period, in which a destructor that waits is still
+// waiting), so rank 0's gather is certainly unfinished when its destructor starts: rank 0's
+// parameters are whole right after the destructor returns only if it waited.
+TEST(DataParallelBuckets, DestroyingFinishesAnOverlappedGather) {
+  std::atomic<bool> destroyed{false};
+  run_in_process_ranks(2, [&](Communicator& dp) {
+    Buffers b(layout_for(2, 8, true));
+    {
+      DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {true, true, true}, cpu_device());
+      fill_grads(b, dp.rank());
+      report_backward(buckets);
+      buckets.finish();
+      for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces())
+        for (int64_t e = piece.begin; e < piece.end; ++e) piece.value.f32()[e - piece.begin] = float(piece.param * 10 + e);
+      if (dp.rank() == 1) {
+        const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+        while (!destroyed && std::chrono::steady_clock::now() < grace)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      buckets.gather_params();
+    }
+    if (dp.rank() == 0) {
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e) EXPECT_EQ(b.param(p, e), float(p * 10 + e)) << p << " " << e;
+      destroyed = true;
+    }
+    dp.barrier();  // waits for the queued gathers either way, before the buffers go
   });
 }

@@ -113,3 +113,44 @@ TEST(GradBufferLayout, SharedEmbeddingGetsABucketOfItsOwn) {
   EXPECT_EQ(l.buckets[1].start % 128, 0);
   EXPECT_EQ(l.params[index_of("word_embeddings")].start, l.buckets[1].start);
 }
+
+// Two model chunks (the interleaved schedule), each the worked example's parameters. Megatron
+// gives each chunk a buffer of its own and splits only the first chunk's into buckets
+// (distributed_data_parallel.py: bucket_size None for chunks other than the first), so the
+// second chunk, which the reversed order places first, is one bucket laid out as the unsplit
+// example, and the first chunk follows it, split as the 3000-element example.
+TEST(GradBufferLayout, OnlyTheFirstModelChunkIsSplitIntoBuckets) {
+  std::vector<int64_t> numels = kNumels;
+  numels.insert(numels.end(), kNumels.begin(), kNumels.end());
+  std::vector<int> chunks(kNumels.size(), 0);
+  chunks.resize(numels.size(), 1);
+  GradBufferOptions o;
+  o.data_parallel = 4;
+  o.distributed_optimizer = true;
+  o.bucket_size = 3000;
+  const GradBufferLayout l = build_grad_buffer_layout(numels, o, {}, chunks);
+  const GradBufferLayout whole = distributed(4), split = distributed(4, 3000);
+  ASSERT_EQ(l.buckets.size(), 3u);
+  EXPECT_EQ(l.buckets[0].start, 0);
+  EXPECT_EQ(l.buckets[0].end, 10240);
+  EXPECT_EQ(l.buckets[0].numel_unpadded, 10176);
+  EXPECT_EQ(l.buckets[0].first_param, kNumels.size());
+  EXPECT_EQ(l.buckets[0].end_param, numels.size());
+  for (size_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(l.buckets[1 + b].start, 10240 + split.buckets[b].start);
+    EXPECT_EQ(l.buckets[1 + b].end, 10240 + split.buckets[b].end);
+    EXPECT_EQ(l.buckets[1 + b].numel_unpadded, split.buckets[b].numel_unpadded);
+  }
+  for (size_t i = 0; i < kNumels.size(); ++i) {
+    EXPECT_EQ(l.params[kNumels.size() + i].start, whole.params[i].start) << kNames[i];
+    EXPECT_EQ(l.params[i].start, 10240 + split.params[i].start) << kNames[i];
+    EXPECT_EQ(l.params[i].bucket, 1 + split.params[i].bucket) << kNames[i];
+  }
+  // Without overlap (no bucket size), still one bucket per chunk: no bucket spans two chunks.
+  o.bucket_size = INT64_MAX;
+  o.distributed_optimizer = false;
+  const GradBufferLayout dense = build_grad_buffer_layout(numels, o, {}, chunks);
+  ASSERT_EQ(dense.buckets.size(), 2u);
+  EXPECT_EQ(dense.buckets[0].first_param, kNumels.size());
+  EXPECT_EQ(dense.buckets[1].end_param, kNumels.size());
+}

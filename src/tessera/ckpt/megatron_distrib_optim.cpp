@@ -1,0 +1,125 @@
+#include "tessera/ckpt/megatron_distrib_optim.h"
+
+#include <cstring>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+const char* torch_dtype(DType t) {
+  switch (t) {
+    case DType::BF16: return "torch.bfloat16";
+    case DType::F16: return "torch.float16";
+    default: return "torch.float32";
+  }
+}
+
+Error file_error(const std::string& path, const std::string& what) {
+  return runtime_error(path + ": " + what + ", not Megatron's distrib_optim.pt (buckets coalesced, core_r0.10.0)",
+                       "pass --no-load-optim to load the model alone");
+}
+
+// The one value of a dict of one entry (the dtype pair's).
+const Value* only_entry(const Value* dict, const std::string& path, const std::string& what) {
+  if (!dict || dict->kind != Kind::Dict || dict->entries.size() != 1)
+    throw file_error(path, what + " is " + (dict ? pickle::describe(*dict) : "missing") + ", not a dict of one dtype");
+  return dict->entries.front().second;
+}
+
+}  // namespace
+
+DistribOptimPlacement distrib_optim_placement(const GradBufferLayout& layout, const std::vector<int>& chunks) {
+  TESSERA_CHECK(chunks.size() == layout.params.size(), "distrib_optim: one chunk per parameter");
+  DistribOptimPlacement p;
+  std::vector<int64_t> bucket_offset(layout.buckets.size());
+  for (size_t b = 0; b < layout.buckets.size(); ++b) {
+    const size_t c = static_cast<size_t>(chunks.at(layout.buckets[b].first_param));
+    if (c >= p.numel_unpadded.size()) p.numel_unpadded.resize(c + 1, 0);
+    bucket_offset[b] = p.numel_unpadded[c];
+    p.numel_unpadded[c] += layout.buckets[b].numel_unpadded;
+  }
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const GradBufferLayout::Param& param = layout.params[i];
+    p.buffer.push_back(chunks[i]);
+    p.offset.push_back(bucket_offset[param.bucket] + param.start - layout.buckets[param.bucket].start);
+  }
+  return p;
+}
+
+DistribOptimState distrib_optim_state(const GradBufferLayout& layout, const std::vector<int>& chunks,
+                                      const std::vector<const float*>& whole) {
+  const DistribOptimPlacement place = distrib_optim_placement(layout, chunks);
+  DistribOptimState s;
+  s.buffers.resize(place.numel_unpadded.size());
+  for (size_t c = 0; c < s.buffers.size(); ++c)
+    for (size_t k = 0; k < whole.size(); ++k) s.buffers[c].emplace_back().reserve(place.numel_unpadded[c]);
+  for (const GradBufferLayout::Bucket& b : layout.buckets) {
+    auto& buffer = s.buffers[static_cast<size_t>(chunks[b.first_param])];
+    for (size_t k = 0; k < whole.size(); ++k)
+      buffer[k].insert(buffer[k].end(), whole[k] + b.start, whole[k] + b.start + b.numel_unpadded);
+  }
+  return s;
+}
+
+std::vector<uint8_t> distrib_optim_file_bytes(const DistribOptimState& state) {
+  pickle::Document doc;
+  std::vector<TorchStorageBytes> storages;
+  auto tensor = [&](const std::vector<float>& values) {
+    const int64_t n = static_cast<int64_t>(values.size());
+    TorchStorageBytes s{std::to_string(storages.size()), std::vector<uint8_t>(values.size() * sizeof(float))};
+    if (n > 0) std::memcpy(s.bytes.data(), values.data(), s.bytes.size());
+    storages.push_back(std::move(s));
+    return doc.tensor({{storages.back().key, "FloatStorage", "cpu", n}, 0, {n}, {1}});
+  };
+  Value* root = doc.dict();
+  doc.set(root, "buckets_coalesced", doc.boolean(true));
+  for (size_t c = 0; c < state.buffers.size(); ++c) {
+    Value* tensors = doc.dict();
+    for (size_t k = 0; k < state.buffers[c].size(); ++k) doc.set(tensors, kDistribOptimKeys[k], tensor(state.buffers[c][k]));
+    doc.set(tensors, "numel_unpadded", doc.integer(static_cast<int64_t>(state.buffers[c].front().size())));
+    Value* by_dtype = doc.dict();
+    doc.set(by_dtype, doc.tuple({doc.global(torch_dtype(state.param_dtype)), doc.global(torch_dtype(state.grad_dtype))}),
+            tensors);
+    doc.set(root, doc.integer(static_cast<int64_t>(c)), by_dtype);
+  }
+  doc.root = root;
+  return torch_file_bytes("distrib_optim", *root, storages);
+}
+
+DistribOptimFile open_distrib_optim(const std::string& path) {
+  DistribOptimFile f{TorchFile::open(path), {}, {}};
+  const Value& root = f.file.root();
+  const Value* coalesced = root.get("buckets_coalesced");
+  if (root.kind != Kind::Dict || !coalesced || coalesced->kind != Kind::Bool || !coalesced->boolean)
+    throw file_error(path, "its root has no buckets_coalesced: True");
+  for (int64_t c = 0;; ++c) {
+    const Value* by_dtype = nullptr;
+    for (const auto& [key, v] : root.entries)
+      if (key->kind == Kind::Int && key->integer == c) by_dtype = v;
+    if (!by_dtype) break;
+    const std::string where = "buffer " + std::to_string(c);
+    const Value* tensors = only_entry(by_dtype, path, where);
+    const Value* numel = tensors->kind == Kind::Dict ? tensors->get("numel_unpadded") : nullptr;
+    if (!numel || numel->kind != Kind::Int || numel->integer < 0)
+      throw file_error(path, where + " has no numel_unpadded");
+    auto& buffer = f.buffers.emplace_back();
+    for (const char* key : kDistribOptimKeys) {
+      const Value* t = tensors->get(key);
+      if (!t || t->kind != Kind::Tensor || t->tensor.shape != std::vector<int64_t>{numel->integer} ||
+          t->tensor.storage.type != "FloatStorage")
+        throw file_error(path, where + "'s " + key + " is " + (t ? pickle::describe(*t) : "missing") +
+                                   ", not a flat fp32 tensor of its numel_unpadded " + std::to_string(numel->integer));
+      f.file.check(t->tensor, where + "." + key);
+      buffer[key] = &t->tensor;
+    }
+    f.numel_unpadded.push_back(numel->integer);
+  }
+  if (f.buffers.empty()) throw file_error(path, "it holds no buffer 0");
+  return f;
+}
+
+}  // namespace tessera
