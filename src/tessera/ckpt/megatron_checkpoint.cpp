@@ -597,7 +597,12 @@ bool is_megatron_checkpoint(const std::string& dir, int64_t iteration) {
 CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const TorchFile f = open_first(it_dir);
-  return state_of(f, it_dir, args_json(f));
+  CheckpointState s = state_of(f, it_dir, args_json(f));
+  if (iteration == kReleaseIteration) {
+    s.release = true;
+    s.iteration = 0;
+  }
+  return s;
 }
 
 CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
@@ -606,7 +611,8 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
                                          int tp_rank, int tp_size) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_megatron_metadata(dir, iteration);
-  if (s.iteration != iteration)
+  load_optimizer = load_optimizer && !s.release;
+  if (!s.release && s.iteration != iteration)
     throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
                         "the folder was renamed or copied; restore its name");
   const int saved_tp = s.layout.tensor_parallel, saved_pp = s.layout.pipeline_parallel;
@@ -920,6 +926,20 @@ Value* rng_state_list(pickle::Document& doc, FileTensors& tensors, const Megatro
   return doc.list({state});
 }
 
+// Megatron core_r0.10.0's `rerun_state_machine` (megatron/core/rerun_state_machine.py
+// RerunStateMachine.state_dict, saved by megatron/training/checkpointing.py): tessera runs as
+// Megatron's default --rerun-mode disabled does, whose machine never leaves NOT_RUNNING_YET
+// and requests nothing; the enums pickle as Megatron's classes.
+Value* rerun_state_dict(pickle::Document& doc, int64_t iteration) {
+  Value* d = doc.dict();
+  doc.set(d, "mode", from_json(doc, {{"$enum", "megatron.core.rerun_state_machine.RerunMode"}, {"value", "disabled"}}));
+  doc.set(d, "state", from_json(doc, {{"$enum", "megatron.core.rerun_state_machine.RerunState"}, {"value", 0}}));
+  doc.set(d, "current_iteration", doc.integer(iteration));
+  doc.set(d, "rerun_requested", doc.boolean(false));
+  doc.set(d, "checkpoint_requested", doc.boolean(false));
+  return d;
+}
+
 }  // namespace
 
 std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std::vector<MegatronParam>& params) {
@@ -940,6 +960,7 @@ std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std
     doc.set(root, "optimizer", optimizer_dict(doc, tensors, spec, params));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
+  doc.set(root, "rerun_state_machine", rerun_state_dict(doc, spec.iteration));
   if (spec.with_rng) {
     const int64_t seed = spec.args.value("seed", int64_t{1234});
     doc.set(root, "rng_state", rng_state_list(doc, tensors, megatron_rng_state(seed, spec.tp_rank, spec.pp_rank)));
