@@ -138,7 +138,8 @@ def check_llama(tmp):
     query group's rows [(NH/NG + 2) * hd, H], equal to the same run's tessera save (fc1
     [2, F/TP, H]). Made a converter-style release checkpoint (tracker "release", folder
     release/, no optimizer or RNG, nothing consumed), --load starts it at iteration 0 with
-    fresh optimizer state: the records of --finetune from the original."""
+    fresh optimizer state: the records of --finetune from the original; ckpt inspect, export-hf
+    (the original's bytes) and convert (to iteration 0) read it."""
     llama = TRAIN + LLAMA + ["--tensor-model-parallel-size", "2", "--exit-interval", "2", "--save-interval", "2"]
     run(llama + ["--save", f"{tmp}/ll_ts"], procs=2)
     run(llama + ["--save", f"{tmp}/ll_mt", "--ckpt-format", "torch"], procs=2)
@@ -174,6 +175,13 @@ def check_llama(tmp):
     same_records(got, records(f"{tmp}/ll_finetune.jsonl"), "release checkpoint against --finetune")
     inspect = run(["inspect", release], cmd="ckpt").stdout
     assert "Megatron-LM torch" in inspect, inspect
+    # export-hf and convert read it too: the same weights as the iteration it was made from.
+    run(["export-hf", release, f"{tmp}/ll_release_hf"], cmd="ckpt")
+    run(["export-hf", f"{tmp}/ll_mt", f"{tmp}/ll_mt_hf"], cmd="ckpt")
+    assert open(f"{tmp}/ll_release_hf/model.safetensors", "rb").read() == open(f"{tmp}/ll_mt_hf/model.safetensors",
+                                                                                "rb").read()
+    run(["convert", release, f"{tmp}/ll_release_ts", "--to", "tessera"], cmd="ckpt")
+    assert open(f"{tmp}/ll_release_ts/latest_checkpointed_iteration.txt").read() == "0"
 
 
 def distrib_optim_layout(model, dp, bucket_size):
