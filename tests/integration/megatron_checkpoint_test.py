@@ -174,7 +174,7 @@ def check_llama(tmp):
     assert got[0]["iteration"] == 1 and len(got) == 6, got
     same_records(got, records(f"{tmp}/ll_finetune.jsonl"), "release checkpoint against --finetune")
     inspect = run(["inspect", release], cmd="ckpt").stdout
-    assert "Megatron-LM torch" in inspect, inspect
+    assert "Megatron-LM torch" in inspect and "iteration: 0 (release checkpoint: the model alone)" in inspect, inspect
     # export-hf and convert read it too: the same weights as the iteration it was made from.
     run(["export-hf", release, f"{tmp}/ll_release_hf"], cmd="ckpt")
     run(["export-hf", f"{tmp}/ll_mt", f"{tmp}/ll_mt_hf"], cmd="ckpt")
