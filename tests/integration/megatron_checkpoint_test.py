@@ -19,14 +19,16 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   Megatron lays them out; made a converter-style release checkpoint it trains on as --finetune;
 - interleaved pipelines: PP=4 x 2 virtual stages saves model0/model1 per file (Megatron's
   numbering), resumes bit-exactly and loads into one process;
-- the distributed optimizer (DP=2, one bucket and buckets of 1000 elements): distrib_optim.pt holds
-  Megatron's structure (buckets_coalesced, buffer 0 keyed by the dtype pair, flat fp32 param /
-  exp_avg / exp_avg_sq of numel_unpadded), laid out as the fact sheet's rules computed here
-  independently (reverse order, 64-element starts, buckets closed after the parameter that
-  fills them, each cut to numel_unpadded, zeros between parameters): `param` equals the
+- the distributed optimizer (DP=2 with one bucket, with buckets of 1000 elements, in bf16, and
+  PP=2 x DP=2): distrib_optim.pt holds Megatron's structure (buckets_coalesced, buffer 0 keyed
+  by the dtype pair, flat fp32 param / exp_avg / exp_avg_sq of numel_unpadded), laid out as
+  the fact sheet's rules computed here independently (reverse order, 64-element starts,
+  buckets closed after the parameter that fills them, the shared embedding of PP=2 in a bucket
+  of its own, each cut to numel_unpadded, zeros between parameters): `param` rounds to the
   model's weights at each parameter's offset; model_optim_rng.pt's optimizer holds only the
-  groups (with step, without params); each run resumes bit-exactly at DP=2, and the one-bucket
-  save within 1e-5 at DP=4 with the flag and in one process without it;
+  groups (with step, without params); each run resumes bit-exactly in its layout, the PP=2
+  save within 1e-5 in one process, and the one-bucket save within 1e-5 at DP=4 with the flag
+  and in one process without it;
 - hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
   zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
   `ckpt inspect` or `train --load`, and nothing is executed; so is a damaged distrib_optim.pt
@@ -184,19 +186,27 @@ def check_llama(tmp):
     assert open(f"{tmp}/ll_release_ts/latest_checkpointed_iteration.txt").read() == "0"
 
 
-def distrib_optim_layout(model, dp, bucket_size):
+def distrib_optim_layout(model, dp, bucket_size, shared):
     """Megatron's buffer layout of one rank (fact sheet 13.1), independently of tessera: each
-    parameter's offset in distrib_optim.pt's flat tensors, and numel_unpadded."""
+    parameter's offset in distrib_optim.pt's flat tensors, and numel_unpadded. `shared`: the
+    shared embedding's names, each in a bucket of its own."""
     params = [(k, v.numel()) for k, v in model.items() if v is not None and not k.endswith("_extra_state")]
     align = dp * 128 // math.gcd(dp, 128)
     offsets, buckets, start, bucket_start = {}, [], 0, 0
+
+    def close(end):
+        nonlocal start, bucket_start
+        buckets.append((bucket_start, end))
+        bucket_start = start = (end + align - 1) // align * align
+
     for i, (name, n) in enumerate(reversed(params)):
         start = (start + 63) // 64 * 64
+        if name in shared and start > bucket_start:
+            close(start)  # the open bucket ends where the shared embedding would start
         offsets[name] = start
         start += n
-        if start - bucket_start >= bucket_size or i == len(params) - 1:
-            buckets.append((bucket_start, start))
-            bucket_start = start = (start + align - 1) // align * align
+        if name in shared or start - bucket_start >= bucket_size or i == len(params) - 1:
+            close(start)
     # The file cuts each bucket to its numel_unpadded: shift by the padding dropped before it.
     dropped, shift = 0, {}
     for b, (lo, hi) in enumerate(buckets):
@@ -206,7 +216,7 @@ def distrib_optim_layout(model, dp, bucket_size):
     return {k: off - shift[bucket_of(off)] for k, off in offsets.items()}, sum(hi - lo for lo, hi in buckets)
 
 
-def check_distrib_optim_file(folder, dp, bucket_size):
+def check_distrib_optim_file(folder, dp, bucket_size, dtype=torch.float32, shared=()):
     """One rank's distrib_optim.pt and optimizer dict against Megatron's structure and layout."""
     assert sorted(os.listdir(folder)) == ["distrib_optim.pt", "model_optim_rng.pt"], os.listdir(folder)
     sd = torch.load(f"{folder}/model_optim_rng.pt")
@@ -216,9 +226,9 @@ def check_distrib_optim_file(folder, dp, bucket_size):
     assert len(groups) == 2 and all("params" not in g and g["step"] == 3 for g in groups), groups
     do = torch.load(f"{folder}/distrib_optim.pt")
     assert list(do) == ["buckets_coalesced", 0] and do["buckets_coalesced"] is True, list(do)
-    assert list(do[0]) == [(torch.float32, torch.float32)], list(do[0])
-    buffer = do[0][(torch.float32, torch.float32)]
-    offsets, numel = distrib_optim_layout(sd["model"], dp, bucket_size)
+    assert list(do[0]) == [(dtype, torch.float32)], list(do[0])
+    buffer = do[0][(dtype, torch.float32)]
+    offsets, numel = distrib_optim_layout(sd["model"], dp, bucket_size, shared)
     assert list(buffer) == ["param", "exp_avg", "exp_avg_sq", "numel_unpadded"] and buffer["numel_unpadded"] == numel
     for key in ("param", "exp_avg", "exp_avg_sq"):
         t = buffer[key]
@@ -226,7 +236,8 @@ def check_distrib_optim_file(folder, dp, bucket_size):
     covered = torch.zeros(numel, dtype=torch.bool)
     for name, off in offsets.items():
         w = sd["model"][name].flatten()
-        assert torch.equal(buffer["param"][off:off + w.numel()], w), name
+        # `param` is the fp32 main parameter: the model's tensor is its rounding.
+        assert torch.equal(buffer["param"][off:off + w.numel()].to(w.dtype), w), name
         assert (buffer["exp_avg_sq"][off:off + w.numel()] > 0).all(), name
         covered[off:off + w.numel()] = True
     for key in ("param", "exp_avg", "exp_avg_sq"):
@@ -235,20 +246,31 @@ def check_distrib_optim_file(folder, dp, bucket_size):
 
 def check_distributed_optimizer(tmp):
     """--use-distributed-optimizer with --ckpt-format torch writes Megatron's distrib_optim.pt:
-    with buckets of 1000 elements (several, each cut to numel_unpadded) and with one bucket."""
+    DP=2 with buckets of 1000 elements (several, each cut to numel_unpadded), with one bucket,
+    in bf16, and PP=2 x DP=2 (the tied embedding in a bucket of its own on both stages)."""
     overlapped = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
                   "--overlap-param-gather"]
-    for label, flags, bucket_size in [("buckets", overlapped, 1000), ("one bucket", ["--use-distributed-optimizer"],
-                                                                       math.inf)]:
+    shared = ("embedding.word_embeddings.weight", "output_layer.weight")
+    cases = [("buckets", overlapped, 2, 1000, torch.float32, ["mp_rank_00"], ()),
+             ("bf16", ["--bf16", "--use-distributed-optimizer"], 2, math.inf, torch.bfloat16, ["mp_rank_00"], ()),
+             ("PP=2", ["--use-distributed-optimizer", "--pipeline-model-parallel-size", "2"], 4, math.inf,
+              torch.float32, ["mp_rank_00_000", "mp_rank_00_001"], shared),
+             ("one bucket", ["--use-distributed-optimizer"], 2, math.inf, torch.float32, ["mp_rank_00"], ())]
+    for label, flags, procs, bucket_size, dtype, folders, shared_names in cases:
         dist = TRAIN + flags
-        tag = label.replace(" ", "_")
-        run(dist + ["--log-json", f"{tmp}/do_full_{tag}.jsonl"], procs=2)
+        tag = label.replace(" ", "_").replace("=", "")
+        run(dist + ["--log-json", f"{tmp}/do_full_{tag}.jsonl"], procs=procs)
         save = f"{tmp}/mtdo_{tag}"
-        run(dist + ["--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"], procs=2)
-        check_distrib_optim_file(f"{save}/iter_0000003/mp_rank_00", 2, bucket_size)
+        run(dist + ["--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"],
+            procs=procs)
+        for folder in folders:
+            check_distrib_optim_file(f"{save}/iter_0000003/{folder}", 2, bucket_size, dtype, shared_names)
         full = records(f"{tmp}/do_full_{tag}.jsonl")
-        run(dist + ["--load", save, "--log-json", f"{tmp}/do_resumed_{tag}.jsonl"], procs=2)
+        run(dist + ["--load", save, "--log-json", f"{tmp}/do_resumed_{tag}.jsonl"], procs=procs)
         same_records(full[3:], records(f"{tmp}/do_resumed_{tag}.jsonl"), "resume from distrib_optim.pt, " + label)
+        if label == "PP=2":
+            run(TRAIN + ["--load", save, "--log-json", f"{tmp}/do_pp_one.jsonl"])
+            close_records(records(f"{tmp}/do_pp_one.jsonl"), full[3:], "PP=2 distrib_optim.pt in one process")
     run(dist + ["--load", save, "--log-json", f"{tmp}/do_dp4.jsonl"], procs=4)
     close_records(records(f"{tmp}/do_dp4.jsonl"), full[3:], "distrib_optim.pt at DP=2 resumed at DP=4")
     run(TRAIN + ["--load", save, "--log-json", f"{tmp}/do_one.jsonl"])
