@@ -139,8 +139,12 @@ AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, 
 // megatron/core/models/common/embeddings/rope_utils.py). Channels [0, dim) of each query and
 // key head are rotated, channel j < dim/2 paired with j + dim/2, by the angle
 // t * inv_freq[j mod dim/2] of the token's position t in the sequence (0..T-1: the batch's
-// position ids are not used, as in Megatron), inv_freq[i] = base^(-2i/dim), in f32;
-// channels [dim, HD) pass through. dim == 0: no rotation.
+// position ids are not used, as in Megatron), inv_freq[i] = 1 / base^(2i/dim), inv_freq
+// and the angle computed in f32 as Megatron does (fp32 arange, pow, outer product); cos and
+// sin of the f32 angle to f32 accuracy (the CPU rounds double ones; devices use their f32
+// cos, sin and pow, so backends agree to a few ulp of the angle, not bit for bit: PoCL
+// within 4e-6 of the CPU at T = 4096). Channels [dim, HD) pass through. dim == 0: no
+// rotation.
 struct Rope {
   int64_t dim = 0;  // even; kv_channels * --rotary-percent
   float base = 10000.0f;
@@ -151,6 +155,7 @@ struct Rope {
 // megatron/core/transformer/attention.py get_query_key_value_tensors); out:
 // [B,T,NH*3*HD], per head h = g*R + i: [q_h; k_g; v_g] with q and k rotated by `rope`.
 // NG == NH with rope.dim == 0 is a plain copy (GPT's layout is the grouped one with R = 1).
+// out must not overlap qkv (nor dqkv dout).
 void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope);
 // The head dim follows from the two widths (HD = (3*qkv width - out width) / (6*NG)).
 // dqkv += the transpose: each head's dq rotated back (by -angle) into its q; the dk of each
@@ -160,7 +165,8 @@ void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const 
 
 // SwiGLU (Megatron's --swiglu: megatron/core/transformer/mlp.py glu): inp: [N,2F], each
 // row [gate | up] (this tensor-parallel rank's halves); out: [N,F] = silu(gate) * up,
-// silu(x) = x / (1 + exp(-x)), in f32, rounded once.
+// silu(x) = x / (1 + exp(-x)), in f32, rounded once. out must not overlap inp (nor dinp
+// dout).
 void swiglu_forward(Tensor out, Tensor inp);
 void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);
 

@@ -1122,6 +1122,37 @@ TEST_P(OpContract, AttentionHeadShardMatchesFullComputation) {
   EXPECT_NE(read(out_wrong), got_out);
 }
 
+TEST_P(OpContract, AttentionQkvGroupShardMatchesFullComputation) {
+  // Tensor parallelism splits the query groups (Megatron's QKV layout, rows by group): a
+  // rank holding groups [1, 3) of 3 computes exactly heads [2, 6) of the full result, and
+  // its dqkv is exactly those groups' slice of the full gradient.
+  const int64_t B = 2, T = 5, NG = 3, R = 2, HD = 6, g0 = 1, NGs = 2;
+  const ops::Rope rope{4, 10000.0f};
+  const int64_t in_row = NG * (R + 2) * HD, out_row = NG * R * 3 * HD;
+  const int64_t in_shard = NGs * (R + 2) * HD, out_shard = NGs * R * 3 * HD;
+  // Rows [b*T+t] of `full` (width `row`), columns [first, first + width).
+  auto columns = [&](const std::vector<float>& full, int64_t row, int64_t first, int64_t width) {
+    std::vector<float> v;
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      v.insert(v.end(), full.begin() + bt * row + first, full.begin() + bt * row + first + width);
+    return v;
+  };
+  const std::vector<float> qkv_v = normal_values(B * T * in_row), dout_v = normal_values(B * T * out_row),
+                           prefill = normal_values(B * T * in_row);
+  const Tensor qkv = f32({B, T, in_row}, qkv_v), out = zeros({B, T, out_row});
+  const Tensor dqkv = f32({B, T, in_row}, prefill);
+  ops::attention_qkv_forward(out, qkv, NG, rope);
+  ops::attention_qkv_backward(dqkv, f32({B, T, out_row}, dout_v), NG, rope);
+  const Tensor qkv_s = f32({B, T, in_shard}, columns(qkv_v, in_row, g0 * (R + 2) * HD, in_shard));
+  const Tensor out_s = zeros({B, T, out_shard});
+  const Tensor dqkv_s = f32({B, T, in_shard}, columns(prefill, in_row, g0 * (R + 2) * HD, in_shard));
+  ops::attention_qkv_forward(out_s, qkv_s, NGs, rope);
+  ops::attention_qkv_backward(dqkv_s, f32({B, T, out_shard}, columns(dout_v, out_row, g0 * R * 3 * HD, out_shard)),
+                              NGs, rope);
+  EXPECT_EQ(read(out_s), columns(read(out), out_row, g0 * R * 3 * HD, out_shard));
+  EXPECT_EQ(read(dqkv_s), columns(read(dqkv), in_row, g0 * (R + 2) * HD, in_shard));
+}
+
 TEST_P(OpContract, DropoutShardsDrawTheFullTensorsMask) {
   // A sequence-parallel rank holding rows [r0, r0+Rs) of each sample's [R, C] tensor, and a
   // data-parallel rank holding samples [1, 3) of the batch, both reproduce their slice of

@@ -222,7 +222,7 @@ TEST(OpsAttentionQkv, Gradients) {
   }
 }
 
-TEST(OpsAttentionQkvDeathTest, RejectsBadShapes) {
+TEST(OpsLlamaDeathTest, RejectsBadShapesAndRopeDims) {
   Arena arena;
   Tensor qkv = arena.f32({1, 2, 2 * (3 + 2) * 4}), out = arena.f32({1, 2, 6 * 3 * 4});
   EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {3, 10000.0f}), "rope dim 3 must be even");
@@ -230,6 +230,11 @@ TEST(OpsAttentionQkvDeathTest, RejectsBadShapes) {
   EXPECT_DEATH(ops::attention_qkv_forward(arena.f32({1, 2, 70}), qkv, 2, {}), "widths are not");
   EXPECT_DEATH(ops::attention_qkv_forward(out, arena.f32({1, 3, 40}), 2, {}), "want qkv");
   EXPECT_DEATH(ops::swiglu_forward(arena.f32({2, 4}), arena.f32({2, 7})), "must be \\[N,2F\\]");
+  // In place (GPT's layout has equal widths) would add dout into itself.
+  Tensor same = arena.f32({1, 2, 3 * 4});
+  EXPECT_DEATH(ops::attention_qkv_backward(same, same, 1, {}), "overlap");
+  Tensor wide = arena.f32({2, 8});
+  EXPECT_DEATH(ops::swiglu_forward(wide.view({4, 4}).slice_rows(0, 2), wide), "overlap");
 }
 
 }  // namespace

@@ -280,6 +280,51 @@ void linear_case(Arena& arena, DType act, DType grad, int ulps, double f32_tol) 
   expect_rounded(db, "linear dbias");  // column sums: the same f32 additions on every path
 }
 
+TEST_P(StorageOps, RmsNorm) {
+  const int64_t N = 7, C = 100;  // C not a multiple of the backward's 64-channel blocks
+  const Pair x = arena.normal(act(), {N, C}, 1, 2.0f, 1.0f), w = arena.normal(act(), {C}, 2, 0.5f, 1.0f);
+  const Pair y = arena.zeros(act(), {N, C}), rstd = arena.zeros(DType::F32, {N});
+  const Pair dy = arena.normal(act(), {N, C}, 4), dx = arena.normal(act(), {N, C}, 5);
+  const Pair dw = arena.normal(grad(), {C}, 6);
+  for (bool lo : {true, false}) {
+    const auto& t = [lo](const Pair& p) { return lo ? p.lo : p.ref; };
+    ops::rmsnorm_forward(t(y), t(rstd), t(x), t(w), 1e-5f);
+    ops::rmsnorm_backward(t(dx), t(dw), t(dy), t(x), t(w), t(rstd));
+  }
+  expect_rounded(y, "rmsnorm out");
+  expect_rounded(rstd, "rmsnorm rstd");
+  expect_rounded(dx, "rmsnorm dinp");
+  expect_rounded(dw, "rmsnorm dweight");
+}
+
+TEST_P(StorageOps, Swiglu) {
+  const Pair x = arena.normal(act(), {3, 140}, 1, 2.0f), y = arena.zeros(act(), {3, 70});
+  const Pair dy = arena.normal(act(), {3, 70}, 2), dx = arena.normal(act(), {3, 140}, 3);
+  for (bool lo : {true, false}) {
+    const auto& t = [lo](const Pair& p) { return lo ? p.lo : p.ref; };
+    ops::swiglu_forward(t(y), t(x));
+    ops::swiglu_backward(t(dx), t(dy), t(x));
+  }
+  expect_rounded(y, "swiglu out");
+  expect_rounded(dx, "swiglu dinp");
+}
+
+TEST_P(StorageOps, AttentionQkv) {
+  // 2 groups of 3 query heads, head dim 8, half of it rotated.
+  const int64_t B = 2, T = 5, NG = 2, R = 3, HD = 8;
+  const ops::Rope rope{4, 10000.0f};
+  const Shape grouped{B, T, NG * (R + 2) * HD}, per_head{B, T, NG * R * 3 * HD};
+  const Pair qkv = arena.normal(act(), grouped, 1), out = arena.zeros(act(), per_head);
+  const Pair dout = arena.normal(act(), per_head, 2), dqkv = arena.normal(act(), grouped, 3);
+  for (bool lo : {true, false}) {
+    const auto& t = [lo](const Pair& p) { return lo ? p.lo : p.ref; };
+    ops::attention_qkv_forward(t(out), t(qkv), NG, rope);
+    ops::attention_qkv_backward(t(dqkv), t(dout), NG, rope);
+  }
+  expect_rounded(out, "attention_qkv out");
+  expect_rounded(dqkv, "attention_qkv dqkv");
+}
+
 TEST_P(StorageOps, Linear) {
   // Widened operands and sgemm (oneDNN's bf16 kernel switched off): one weight tile (the
   // default tile holds far more than 72 rows), the same sgemm calls on the same values as
@@ -462,6 +507,12 @@ TEST(StorageOpsErrors, NameTheOpTheArgumentAndTheDtype) {
   expect_dtype_error([&] { ops::layernorm_forward(y, stats16, stats, x, w, Tensor{}, 1e-5f); }, "layernorm_forward",
                      "mean", "bf16");
   expect_dtype_error([&] { ops::gelu_forward(y, ids, ops::GeluKind::Tanh); }, "gelu_forward", "inp", "i32");
+  expect_dtype_error([&] { ops::rmsnorm_forward(y, stats16, x, w, 1e-5f); }, "rmsnorm_forward", "rstd", "bf16");
+  const Tensor half_rows = a.zeros(DType::BF16, {2, 4}).lo;
+  expect_dtype_error([&] { ops::swiglu_forward(half_rows, ids); }, "swiglu_forward", "inp", "i32");
+  const Tensor heads = a.ints({1, 2, 6}, std::vector<int32_t>(12, 0)), grouped = a.zeros(DType::BF16, {1, 2, 6}).lo;
+  expect_dtype_error([&] { ops::attention_qkv_forward(heads, grouped, 1, {}); }, "attention_qkv_forward", "out",
+                     "i32");
   expect_dtype_error([&] { ops::cross_entropy_max(stats16, x); }, "cross_entropy_max", "row_max", "bf16");
   const Tensor p16 = a.zeros(DType::F16, {16}).lo, g = a.zeros(DType::F32, {16}).lo;
   expect_dtype_error([&] { ops::adamw_update(p16, g, g, g, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1); }, "adamw_update",

@@ -12,6 +12,12 @@
 
 namespace tessera::ops::cpu {
 
+// Whether two tensors share any byte of memory (the same buffer, intersecting ranges).
+inline bool overlap(const Tensor& a, const Tensor& b) {
+  return !a.empty() && a.device == b.device && a.handle == b.handle && a.offset < b.offset + b.bytes() &&
+         b.offset < a.offset + a.bytes();
+}
+
 // B batch, T sequence, NG query groups, R = NH/NG query heads per group, HD head dim, half =
 // rope.dim / 2 (the rotation angles per position).
 struct QkvLayout {
@@ -29,6 +35,7 @@ inline QkvLayout qkv_layout(const Tensor& grouped, const Tensor& per_head, int64
   TESSERA_CHECK(grouped.ndim() == 3 && per_head.ndim() == 3 && grouped.dim(0) == per_head.dim(0) &&
                     grouped.dim(1) == per_head.dim(1) && num_groups > 0,
                 what + ": want qkv [B,T,NG*(NH/NG+2)*HD] and out [B,T,NH*3*HD]");
+  TESSERA_CHECK(!overlap(grouped, per_head), what + ": the two tensors overlap");
   const int64_t a = grouped.dim(2), c = per_head.dim(2), six_hd = 3 * a - c;
   TESSERA_CHECK(six_hd > 0 && six_hd % (6 * num_groups) == 0,
                 what + ": the widths are not NG*(R+2)*HD and NG*R*3*HD for any head dim HD");
@@ -48,6 +55,7 @@ inline int64_t swiglu_width(const Tensor& inp, const Tensor& out, const char* op
   TESSERA_CHECK(F > 0 && inp.dim(-1) % 2 == 0 && out.numel() * 2 == inp.numel() && out.dim(-1) == F,
                 std::string(op) + ": inp " + shape_str(inp.shape) + " must be [N,2F] for out [N,F], got out " +
                     shape_str(out.shape));
+  TESSERA_CHECK(!overlap(inp, out), std::string(op) + ": inp and out overlap");
   return F;
 }
 
