@@ -294,10 +294,8 @@ int run_convert(const Command& c) {
         spec.last_stage = p == pp - 1;
         spec.tp_rank = t;
         spec.pp_rank = p;
-        const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
         fs::create_directories(fs::path(tmp_dir) / shard);
-        write_file_synced((fs::path(tmp_dir) / shard / kMegatronFile).string(),
-                          {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+        write_megatron_file((fs::path(tmp_dir) / shard / kMegatronFile).string(), spec, params);
         fsync_directory((fs::path(tmp_dir) / shard).string());
       } else {
         std::vector<ShardedTensor> model;

@@ -162,11 +162,11 @@ void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, 
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
-  auto write = [&](const char* file, const std::vector<uint8_t>& bytes) {
-    write_file_synced((folder / file).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-  };
-  write(kMegatronFile, megatron_file_bytes(spec, params));
-  if (distrib) write(kDistribOptimFile, distrib_optim_file_bytes(*distrib));
+  write_megatron_file((folder / kMegatronFile).string(), spec, params);
+  if (distrib) {
+    const std::vector<uint8_t> bytes = distrib_optim_file_bytes(*distrib);
+    write_file_synced((folder / kDistribOptimFile).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  }
   fsync_directory(folder.string());
 }
 
