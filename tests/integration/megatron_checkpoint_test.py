@@ -17,6 +17,7 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   are the original's;
 - Llama: a TP=2 save holds each rank's [gate_r; up_r] fc1 and query group's QKV rows as
   Megatron lays them out; made a converter-style release checkpoint it trains on as --finetune;
+- streaming: a save adds less than its file's size to the run's peak memory;
 - interleaved pipelines: PP=4 x 2 virtual stages saves model0/model1 per file (Megatron's
   numbering), resumes bit-exactly and loads into one process;
 - the distributed optimizer (DP=2 with one bucket, with buckets of 1000 elements, in bf16, and
@@ -184,6 +185,26 @@ def check_llama(tmp):
                                                                                 "rb").read()
     run(["convert", release, f"{tmp}/ll_release_ts", "--to", "tessera"], cmd="ckpt")
     assert open(f"{tmp}/ll_release_ts/latest_checkpointed_iteration.txt").read() == "0"
+
+
+def peak_rss_bytes(flags):
+    """The peak resident memory of `tessera train FLAGS` (its own rusage, from wait4)."""
+    p = subprocess.Popen([TESSERA, "train"] + flags, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env())
+    _, status, usage = os.wait4(p.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, p.stderr.read()[-3000:]
+    return usage.ru_maxrss * 1024
+
+
+def check_streamed_save(tmp):
+    """model_optim_rng.pt is streamed one tensor at a time: the save adds less than the file's
+    size to the run's peak memory (a whole-file writer adds about three times it)."""
+    big = with_flag(with_flag(with_flag(TRAIN, "--hidden-size", "256"), "--vocab-size", "32000"), "--train-iters", "2")
+    big += ["--exit-interval", "1"]
+    plain = peak_rss_bytes(big)
+    saved = peak_rss_bytes(big + ["--save", f"{tmp}/rss", "--save-interval", "1", "--ckpt-format", "torch"])
+    size = os.path.getsize(f"{tmp}/rss/iter_0000001/mp_rank_00/model_optim_rng.pt")
+    assert saved - plain < size, (plain, saved, size)
+    return plain, saved, size
 
 
 def distrib_optim_layout(model, dp, bucket_size, shared):
@@ -507,6 +528,9 @@ def main():
 
         check_llama(tmp)
         print("Llama TP=2: [gate_r; up_r] fc1 and grouped QKV rows per rank; its release form loads as --finetune")
+
+        plain, saved, size = check_streamed_save(tmp)
+        print("a %.0f MiB save adds %.0f MiB to the run's peak memory" % (size / 2**20, (saved - plain) / 2**20))
 
         check_interleaved(tmp)
         print("PP=4 x 2 virtual stages: model0/model1, bit-exact resume, read by one process")
