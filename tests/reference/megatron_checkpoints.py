@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Megatron-LM `--ckpt-format torch` checkpoints of a tiny GPT-2, built with PyTorch in the
-layout megatron/training/checkpointing.py writes, and the reference forward of the same
-weights, for tessera's loader tests.
+"""Megatron-LM `--ckpt-format torch` checkpoints of a tiny GPT-2 and a tiny Llama, built with
+PyTorch in the layout megatron/training/checkpointing.py writes, and the reference forward of
+the same weights, for tessera's loader tests.
 
     /usr/bin/python3 tests/reference/megatron_checkpoints.py --out DIR
 
@@ -17,11 +17,22 @@ writes, each TP=2 x PP=2 at iteration 7 (tracker "7"):
                post_attention_norm, dense_h_to_4h, dense_4h_to_h, final_norm) with
                word_embeddings_for_head on the last stage, model only.
 Each stage numbers its layers from 0. The padded vocabulary rows (100 real, 128 padded for
---make-vocab-size-divisible-by 64 x TP 2) are copies of the last real row, as Megatron's
-converter pads.
+--make-vocab-size-divisible-by 64 x TP 2; the Llama's output layer's too) are copies of the
+last real row, as Megatron's converter pads.
   DIR/expected.safetensors  tokens I32 [2, 16] (inputs), labels I32 [2, 16], logits F32
                [2, 16, 128] and loss F32 [1] (token mean) of tests/reference/gpt_reference.py's
                float64 forward of these weights.
+and of a tiny Llama (LLAMA: llama_reference.py's model with 8 heads in 4 query groups; RMSNorm,
+RoPE, SwiGLU, no biases, untied output layer), model only, its args as a Llama run saves them
+(swiglu, normalization, position_embedding_type, group_query_attention, num_query_groups,
+rotary_base, ...), each rank's linear_fc1 Megatron's [gate_r; up_r] [2F/TP, H] and its
+linear_qkv its query groups' rows:
+  DIR/llama_mcore/    mcore names, local spec;
+  DIR/llama_te/       Transformer Engine's fused norm names;
+  DIR/llama_release/  mcore names in the release form Megatron's converter writes (tracker
+                      "release", folder release/, nothing consumed);
+  DIR/expected_llama.safetensors  the same four tensors from llama_reference.py's float64
+               Megatron-layout forward (checked there against transformers' LlamaForCausalLM).
 The args Namespace holds ModelType, params_dtype and every field Megatron's loader reads; the
 enums come from tests/reference/megatron_stub (Megatron-LM itself is not needed).
 """

@@ -13,8 +13,8 @@
 #include "tessera/ckpt/megatron_rng_state.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/dtype.h"
-#include "tessera/core/file_io.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera {
 namespace {
@@ -980,8 +980,10 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
   doc.root = root;
   SyncedFileWriter file(path);
-  write_torch_file([&file](std::span<const uint8_t> b) { file.append({reinterpret_cast<const char*>(b.data()), b.size()}); },
-                   "model_optim_rng", *root, tensors.storages());
+  const auto append = [&file](std::span<const uint8_t> b) {
+    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
+  };
+  write_torch_file(append, "model_optim_rng", *root, tensors.storages());
   file.finish();
 }
 

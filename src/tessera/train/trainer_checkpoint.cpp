@@ -165,7 +165,8 @@ void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, 
   write_megatron_file((folder / kMegatronFile).string(), spec, params);
   if (distrib) {
     const std::vector<uint8_t> bytes = distrib_optim_file_bytes(*distrib);
-    write_file_synced((folder / kDistribOptimFile).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    write_file_synced((folder / kDistribOptimFile).string(),
+                      {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
   }
   fsync_directory(folder.string());
 }
@@ -600,8 +601,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     if (distributed_optimizer() && with_optimizer) scatter_optimizer_state(sharded);
     if (main_params_apart()) install_main_params(main);
   });
+  const char* format = s.release           ? " (Megatron-LM's release checkpoint)"
+                       : s.megatron_format ? " (Megatron-LM's torch format)"
+                                           : "";
   print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(s.iteration),
-               s.release ? " (Megatron-LM's release checkpoint)" : s.megatron_format ? " (Megatron-LM's torch format)" : "");
+               format);
   const CheckpointLayout& l = s.layout;
   if (l.tensor_parallel != args_.tensor_parallel_size || l.pipeline_parallel != args_.pipeline_parallel_size ||
       l.data_parallel != args_.data_parallel_size || l.virtual_stages != args_.pipeline_split.virtual_stages)

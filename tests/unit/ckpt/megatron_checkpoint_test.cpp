@@ -140,7 +140,9 @@ TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NamesAndLayouts, MegatronCheckpoint,
-                         testing::Combine(testing::Values("mcore", "te", "legacy", "llama_mcore", "llama_te", "llama_release"), testing::Values(1, 4)),
+                         testing::Combine(testing::Values("mcore", "te", "legacy", "llama_mcore", "llama_te",
+                                                          "llama_release"),
+                                          testing::Values(1, 4)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
                          });
