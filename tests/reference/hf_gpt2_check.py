@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_check_common  # noqa: E402
 import safetensors_io  # noqa: E402
 
 BUFFER = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
@@ -89,51 +90,20 @@ def hf_forward(cfg, tensors, tokens):
 def check_logits(hf_dir, expected, rtol):
     cfg, tensors = load(hf_dir)
     assert cfg.get("model_type") == "gpt2" and cfg.get("architectures") == ["GPT2LMHeadModel"], cfg
-    exp, _, _ = safetensors_io.read(expected, strict=False)
-    tokens = torch.tensor(safetensors_io.array(exp["tokens"]).astype(np.int64))
-    want = torch.tensor(safetensors_io.array(exp["logits"]).astype(np.float64))[..., :cfg["vocab_size"]]
+    tokens, want = hf_check_common.expected_logits(expected, cfg["vocab_size"])
     with torch.no_grad():
         got = hf_forward(cfg, tensors, tokens)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    diff = (got - want).abs().max().item()
-    scale = want.abs().max().item()
-    print("hf_gpt2_check: logits %s, max |diff| %.3g, max |logit| %.3g, relative %.3g (tolerance %g)" % (
-        list(got.shape), diff, scale, diff / scale, rtol))
-    return diff <= rtol * scale
+    return hf_check_common.logits_agree("hf_gpt2_check:", got, want, rtol)
 
 
 def check_same(hf_dir, ref_dir):
     cfg, tensors = load(hf_dir)
     ref_cfg, ref = load(ref_dir)
-    ok = True
-    for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
-                "layer_norm_epsilon", "tie_word_embeddings", "model_type", "architectures"):
-        if cfg.get(key) != ref_cfg.get(key):
-            print("config.json: %s is %r, the reference has %r" % (key, cfg.get(key), ref_cfg.get(key)))
-            ok = False
-    want = {n for n in ref if not BUFFER.match(n)}
-    if set(tensors) != want:
-        print("tensor names differ: missing %s, extra %s" % (sorted(want - set(tensors)), sorted(set(tensors) - want)))
-        ok = False
-    for n in sorted(want & set(tensors)):
-        a, b = tensors[n], ref[n]
-        if a["dtype"] != b["dtype"] or a["shape"] != b["shape"] or a["raw"] != b["raw"]:
-            print("tensor %s differs: %s %s vs %s %s" % (n, a["dtype"], a["shape"], b["dtype"], b["shape"]))
-            ok = False
-    print("hf_gpt2_check: %d tensors %s" % (len(want), "identical" if ok else "DIFFER"))
-    return ok
-
-
-def main(argv):
-    if len(argv) >= 4 and argv[1] == "logits":
-        rtol = float(argv[argv.index("--rtol") + 1]) if "--rtol" in argv else 1e-5
-        return 0 if check_logits(argv[2], argv[3], rtol) else 1
-    if len(argv) == 4 and argv[1] == "same":
-        return 0 if check_same(argv[2], argv[3]) else 1
-    sys.stderr.write(__doc__)
-    return 2
+    fields = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
+              "layer_norm_epsilon", "tie_word_embeddings", "model_type", "architectures")
+    ref = {n: t for n, t in ref.items() if not BUFFER.match(n)}
+    return hf_check_common.folders_agree("hf_gpt2_check", cfg, ref_cfg, fields, tensors, ref)
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    sys.exit(main(sys.argv))
+    sys.exit(hf_check_common.main(sys.argv, __doc__, check_logits, check_same))

@@ -16,11 +16,11 @@ import json
 import os
 import sys
 
-import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import hf_check_common  # noqa: E402
 import safetensors_io  # noqa: E402
 from llama_reference import import_transformers  # noqa: E402
 
@@ -40,52 +40,19 @@ def load_model(hf_dir):
 
 def check_logits(hf_dir, expected, rtol):
     model = load_model(hf_dir)
-    exp, _, _ = safetensors_io.read(expected, strict=False)
-    tokens = torch.tensor(safetensors_io.array(exp["tokens"]).astype(np.int64))
-    want = torch.tensor(safetensors_io.array(exp["logits"]).astype(np.float64))[..., :model.config.vocab_size]
+    tokens, want = hf_check_common.expected_logits(expected, model.config.vocab_size)
     with torch.no_grad():
         got = model(input_ids=tokens, use_cache=False).logits.double()
-    assert got.shape == want.shape, (got.shape, want.shape)
-    diff = (got - want).abs().max().item()
-    scale = want.abs().max().item()
-    print("llama_hf_check: %s logits %s, max |diff| %.3g, max |logit| %.3g, relative %.3g (tolerance %g)" % (
-        model.config.architectures[0], list(got.shape), diff, scale, diff / scale, rtol))
-    return diff <= rtol * scale
+    return hf_check_common.logits_agree("llama_hf_check: " + model.config.architectures[0], got, want, rtol)
 
 
 def check_same(hf_dir, ref_dir):
     load_model(hf_dir)
     cfg, ref_cfg = (json.load(open(os.path.join(d, "config.json"))) for d in (hf_dir, ref_dir))
-    ok = True
-    for key in MODEL_FIELDS:
-        if cfg.get(key) != ref_cfg.get(key):
-            print("config.json: %s is %r, the reference has %r" % (key, cfg.get(key), ref_cfg.get(key)))
-            ok = False
     tensors, _, _ = safetensors_io.read(os.path.join(hf_dir, "model.safetensors"), strict=False)
     ref, _, _ = safetensors_io.read(os.path.join(ref_dir, "model.safetensors"), strict=False)
-    if set(tensors) != set(ref):
-        print("tensor names differ: missing %s, extra %s" % (sorted(set(ref) - set(tensors)),
-                                                              sorted(set(tensors) - set(ref))))
-        ok = False
-    for n in sorted(set(ref) & set(tensors)):
-        a, b = tensors[n], ref[n]
-        if a["dtype"] != b["dtype"] or a["shape"] != b["shape"] or a["raw"] != b["raw"]:
-            print("tensor %s differs: %s %s vs %s %s" % (n, a["dtype"], a["shape"], b["dtype"], b["shape"]))
-            ok = False
-    print("llama_hf_check: %d tensors %s" % (len(ref), "identical" if ok else "DIFFER"))
-    return ok
-
-
-def main(argv):
-    if len(argv) >= 4 and argv[1] == "logits":
-        rtol = float(argv[argv.index("--rtol") + 1]) if "--rtol" in argv else 1e-5
-        return 0 if check_logits(argv[2], argv[3], rtol) else 1
-    if len(argv) == 4 and argv[1] == "same":
-        return 0 if check_same(argv[2], argv[3]) else 1
-    sys.stderr.write(__doc__)
-    return 2
+    return hf_check_common.folders_agree("llama_hf_check", cfg, ref_cfg, MODEL_FIELDS, tensors, ref)
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    sys.exit(main(sys.argv))
+    sys.exit(hf_check_common.main(sys.argv, __doc__, check_logits, check_same))

@@ -78,8 +78,9 @@ foreach(script model_parallel data_parallel checkpoint)
 endforeach()
 
 # The distributed optimizer (ZeRO-1) against the single-process run: DP=2, DP=4, TP=2 x DP=2
-# and PP=2 x DP=2 with its overlaps off and on, the optimizer state per rank as 1/DP, and
-# checkpoints resharded between DP sizes, TP, and to and from the non-distributed optimizer.
+# and PP=2 x DP=2 with its overlaps off and on, PP=3 x DP=2 interleaved, the optimizer state
+# per rank as 1/DP, and checkpoints saved by DP rank, resharded between DP sizes, TP, PP, and
+# to and from the non-distributed optimizer; a missing DP shard is named.
 add_test(NAME train_distributed_optimizer
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/distributed_optimizer_test.py
                  $<TARGET_FILE:tessera>)

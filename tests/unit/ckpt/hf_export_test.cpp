@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../test_support.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
 #include "tessera/ckpt/safetensors.h"
@@ -40,11 +41,7 @@ const std::string kCheck = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/h
 const std::string kLlamaCheck = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/llama_hf_check.py";
 
 fs::path scratch_dir(const std::string& what) {
-  fs::path d = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" /
-               ("hf_export_test_" + std::to_string(getpid()) + "_" + what);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return tessera::testing_support::scratch_dir("hf_export_test", what);
 }
 
 std::string read_file(const fs::path& p) {

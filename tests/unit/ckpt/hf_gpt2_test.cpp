@@ -2,6 +2,7 @@
 // writes a GPT-2 folder in Hugging Face layout and the same weights in Megatron layout; every
 // tensor must match exactly, since the conversion only moves floats), plus the error cases on
 // small folders written here with tessera's safetensors writer.
+#include "../test_support.h"
 #include "tessera/ckpt/hf_gpt2.h"
 
 #include <gtest/gtest.h>
@@ -26,24 +27,10 @@ using tessera::Shape;
 namespace {
 
 fs::path scratch_dir(const std::string& what) {
-  fs::path d = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" /
-               ("hf_gpt2_test_" + std::to_string(getpid()) + "_" + what);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return tessera::testing_support::scratch_dir("hf_gpt2_test", what);
 }
 
-// Expects `f` to throw a tessera::Error whose message holds every needle.
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const tessera::Error& e) {
-    std::string what = std::string(e.what()) + " | hint: " + e.hint();
-    for (const std::string& n : needles)
-      EXPECT_NE(what.find(n), std::string::npos) << "error lacks '" << n << "': " << what;
-  }
-}
+using tessera::testing_support::expect_error;
 
 // ------------------------------------------------------------------------------------------
 // Against the PyTorch reference

@@ -4,6 +4,7 @@
 // against a Megatron-layout forward): every tensor must match bit for bit in both directions,
 // since the conversion only moves floats. Then the flag checks, Qwen2's q/k/v biases, tying,
 // and broken folders, on copies of the reference folder edited here.
+#include "../test_support.h"
 #include "tessera/ckpt/hf_llama.h"
 
 #include <gtest/gtest.h>
@@ -29,23 +30,10 @@ using Weights = std::map<std::string, std::vector<float>>;
 namespace {
 
 fs::path scratch_dir(const std::string& what) {
-  fs::path d = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" / ("hf_llama_test_" + std::to_string(getpid()) + "_" + what);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return tessera::testing_support::scratch_dir("hf_llama_test", what);
 }
 
-// Expects `f` to throw a tessera::Error whose message and hint hold every needle.
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const tessera::Error& e) {
-    std::string what = std::string(e.what()) + " | hint: " + e.hint();
-    for (const std::string& n : needles)
-      EXPECT_NE(what.find(n), std::string::npos) << "error lacks '" << n << "': " << what;
-  }
-}
+using tessera::testing_support::expect_error;
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);
