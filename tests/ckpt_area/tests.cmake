@@ -79,8 +79,9 @@ set_tests_properties(ckpt.torch_checkpoint_fuzz PROPERTIES
 
 # Megatron-LM's --ckpt-format torch end to end (tests/integration/megatron_checkpoint_test.py):
 # torch.load of tessera's saves, bit-exact resume (fp32; bf16 TP=2 PP=2 in 4 processes),
-# ckpt convert both ways, the distributed optimizer's distrib_optim.pt (structure, layout,
-# resumes at DP=2/4/1 and PP=2), hostile pickles and damaged files.
+# ckpt convert both ways, a Llama TP=2 save's per-rank fc1/QKV rows and its release form,
+# the streamed writer's peak memory, the distributed optimizer's distrib_optim.pt (structure,
+# layout, resumes at DP=2/4/1 and PP=2), hostile pickles and damaged files.
 add_test(NAME ckpt.megatron_format
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/megatron_checkpoint_test.py
                  $<TARGET_FILE:tessera>)

@@ -15,6 +15,9 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
 - convert: the torch checkpoint converted to tessera's format at TP=2 exports (export-hf) the
   same bytes as the run's own tessera save; converted back to torch at TP=1 its model tensors
   are the original's;
+- Llama: a TP=2 save holds each rank's [gate_r; up_r] fc1 and query group's QKV rows as
+  Megatron lays them out; made a converter-style release checkpoint it trains on as --finetune;
+- streaming: a save adds less than its file's size to the run's peak memory;
 - interleaved pipelines: PP=4 x 2 virtual stages saves model0/model1 per file (Megatron's
   numbering), resumes bit-exactly and loads into one process;
 - the distributed optimizer (DP=2 with one bucket, with buckets of 1000 elements, in bf16, and
@@ -51,6 +54,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference", "megatron_stub"))
 from megatron.core.enums import ModelType  # noqa: E402
+from megatron.core.rerun_state_machine import RerunMode, RerunState  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -124,6 +128,83 @@ def check_interleaved(tmp):
     same_records(full[3:], records(f"{tmp}/vp_resumed.jsonl"), "interleaved resume")
     run(one + ["--load", f"{tmp}/mtvp", "--log-json", f"{tmp}/vp_one.jsonl"])
     close_records(records(f"{tmp}/vp_one.jsonl"), full[3:], "interleaved checkpoint in one process")
+
+
+LLAMA = ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+         "--position-embedding-type", "rope", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+         "--ffn-hidden-size", "64"]
+
+
+def check_llama(tmp):
+    """A Llama run (GQA 4 heads in 2 groups, SwiGLU, untied) at TP=2 saved with --ckpt-format
+    torch: each rank's linear_fc1 is Megatron's [gate_r; up_r] [2F/TP, H] and linear_qkv its
+    query group's rows [(NH/NG + 2) * hd, H], equal to the same run's tessera save (fc1
+    [2, F/TP, H]). Made a converter-style release checkpoint (tracker "release", folder
+    release/, no optimizer or RNG, nothing consumed), --load starts it at iteration 0 with
+    fresh optimizer state: the records of --finetune from the original; ckpt inspect, export-hf
+    (the original's bytes) and convert (to iteration 0) read it."""
+    llama = TRAIN + LLAMA + ["--tensor-model-parallel-size", "2", "--exit-interval", "2", "--save-interval", "2"]
+    run(llama + ["--save", f"{tmp}/ll_ts"], procs=2)
+    run(llama + ["--save", f"{tmp}/ll_mt", "--ckpt-format", "torch"], procs=2)
+    H, F, hd = 32, 64, 8
+    for r in range(2):
+        sd = torch.load(f"{tmp}/ll_mt/iter_0000002/mp_rank_{r:02d}/model_optim_rng.pt")
+        ts = safetensors_tensors(f"{tmp}/ll_ts/iter_0000002/mp_rank_{r:02d}/model.safetensors")
+        assert sd["args"].swiglu and sd["args"].num_query_groups == 2 and sd["args"].normalization == "RMSNorm"
+        for layer in range(2):
+            p = "decoder.layers.%d." % layer
+            fc1, qkv = sd["model"][p + "mlp.linear_fc1.weight"], sd["model"][p + "self_attention.linear_qkv.weight"]
+            assert tuple(fc1.shape) == (2 * F // 2, H) and tuple(qkv.shape) == ((2 + 2) * hd, H), (fc1.shape, qkv.shape)
+            # tessera's [2, F/TP, H] in row-major order is [gate_r; up_r].
+            assert raw(fc1) == ts[p + "mlp.linear_fc1.weight"], (r, layer)
+            assert raw(qkv) == ts[p + "self_attention.linear_qkv.weight"], (r, layer)
+        assert "output_layer.weight" in sd["model"] and not any(k.endswith(".bias") for k in sd["model"])
+    release = f"{tmp}/ll_release"
+    for r in range(2):
+        sd = torch.load(f"{tmp}/ll_mt/iter_0000002/mp_rank_{r:02d}/model_optim_rng.pt")
+        for k in ("optimizer", "opt_param_scheduler", "rng_state"):
+            del sd[k]
+        sd["args"].consumed_train_samples = 0
+        os.makedirs(f"{release}/release/mp_rank_{r:02d}")
+        torch.save(sd, f"{release}/release/mp_rank_{r:02d}/model_optim_rng.pt")
+    with open(f"{release}/latest_checkpointed_iteration.txt", "w") as f:
+        f.write("release\n")
+    train = with_flag(llama, "--exit-interval", "6")
+    out = run(train + ["--load", release, "--log-json", f"{tmp}/ll_release.jsonl"], procs=2).stdout
+    assert "at iteration 0 (Megatron-LM's release checkpoint)" in out, out[-2000:]
+    run(train + ["--load", f"{tmp}/ll_mt", "--finetune", "--log-json", f"{tmp}/ll_finetune.jsonl"], procs=2)
+    got = records(f"{tmp}/ll_release.jsonl")
+    assert got[0]["iteration"] == 1 and len(got) == 6, got
+    same_records(got, records(f"{tmp}/ll_finetune.jsonl"), "release checkpoint against --finetune")
+    inspect = run(["inspect", release], cmd="ckpt").stdout
+    assert "Megatron-LM torch" in inspect and "iteration: 0 (release checkpoint: the model alone)" in inspect, inspect
+    # export-hf and convert read it too: the same weights as the iteration it was made from.
+    run(["export-hf", release, f"{tmp}/ll_release_hf"], cmd="ckpt")
+    run(["export-hf", f"{tmp}/ll_mt", f"{tmp}/ll_mt_hf"], cmd="ckpt")
+    assert open(f"{tmp}/ll_release_hf/model.safetensors", "rb").read() == open(f"{tmp}/ll_mt_hf/model.safetensors",
+                                                                                "rb").read()
+    run(["convert", release, f"{tmp}/ll_release_ts", "--to", "tessera"], cmd="ckpt")
+    assert open(f"{tmp}/ll_release_ts/latest_checkpointed_iteration.txt").read() == "0"
+
+
+def peak_rss_bytes(flags):
+    """The peak resident memory of `tessera train FLAGS` (its own rusage, from wait4)."""
+    p = subprocess.Popen([TESSERA, "train"] + flags, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env())
+    _, status, usage = os.wait4(p.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, p.stderr.read()[-3000:]
+    return usage.ru_maxrss * 1024
+
+
+def check_streamed_save(tmp):
+    """model_optim_rng.pt is streamed one tensor at a time: the save adds less than the file's
+    size to the run's peak memory (a whole-file writer adds about three times it)."""
+    big = with_flag(with_flag(with_flag(TRAIN, "--hidden-size", "256"), "--vocab-size", "32000"), "--train-iters", "2")
+    big += ["--exit-interval", "1"]
+    plain = peak_rss_bytes(big)
+    saved = peak_rss_bytes(big + ["--save", f"{tmp}/rss", "--save-interval", "1", "--ckpt-format", "torch"])
+    size = os.path.getsize(f"{tmp}/rss/iter_0000001/mp_rank_00/model_optim_rng.pt")
+    assert saved - plain < size, (plain, saved, size)
+    return plain, saved, size
 
 
 def distrib_optim_layout(model, dp, bucket_size, shared):
@@ -250,6 +331,12 @@ def check_saved_file(sd, tessera_model, tessera_optimizer):
     assert a.consumed_train_samples == 12 and a.consumed_valid_samples == 0 and a.tokenizer_type == "NullTokenizer"
     assert a.params_dtype is torch.float32 and a.model_type is ModelType.encoder_or_decoder
     assert a.ckpt_format == "torch" and a.transformer_impl == "local" and a.lr == 1e-3
+    # Megatron core_r0.10.0's key order, rerun_state_machine with its enums (--rerun-mode disabled).
+    assert list(sd)[4:] == ["optimizer", "opt_param_scheduler", "rerun_state_machine", "rng_state",
+                            "num_floating_point_operations_so_far"], list(sd)
+    assert sd["rerun_state_machine"] == {"mode": RerunMode.DISABLED, "state": RerunState.NOT_RUNNING_YET,
+                                         "current_iteration": 3, "rerun_requested": False,
+                                         "checkpoint_requested": False}, sd["rerun_state_machine"]
     model = sd["model"]
     tensors = [(k, v) for k, v in model.items() if v is not None]
     assert [k for k, _ in tensors] == list(tessera_model), ([k for k, _ in tensors], list(tessera_model))
@@ -438,6 +525,12 @@ def main():
         run(TRAIN + par + ["--load", f"{tmp}/mt16", "--log-json", f"{tmp}/bf16_resumed.jsonl"], procs=4)
         same_records(records(f"{tmp}/bf16_full.jsonl")[3:], records(f"{tmp}/bf16_resumed.jsonl"), "bf16 TP2 PP2 resume")
         print("bf16 TP=2 PP=2: 16-bit model tensors, fp32_from_fp16_params, bit-exact resume")
+
+        check_llama(tmp)
+        print("Llama TP=2: [gate_r; up_r] fc1 and grouped QKV rows per rank; its release form loads as --finetune")
+
+        plain, saved, size = check_streamed_save(tmp)
+        print("a %.0f MiB save adds %.0f MiB to the run's peak memory" % (size / 2**20, (saved - plain) / 2**20))
 
         check_interleaved(tmp)
         print("PP=4 x 2 virtual stages: model0/model1, bit-exact resume, read by one process")

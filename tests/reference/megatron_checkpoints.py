@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Megatron-LM `--ckpt-format torch` checkpoints of a tiny GPT-2, built with PyTorch in the
-layout megatron/training/checkpointing.py writes, and the reference forward of the same
-weights, for tessera's loader tests.
+"""Megatron-LM `--ckpt-format torch` checkpoints of a tiny GPT-2 and a tiny Llama, built with
+PyTorch in the layout megatron/training/checkpointing.py writes, and the reference forward of
+the same weights, for tessera's loader tests.
 
     /usr/bin/python3 tests/reference/megatron_checkpoints.py --out DIR
 
@@ -17,11 +17,22 @@ writes, each TP=2 x PP=2 at iteration 7 (tracker "7"):
                post_attention_norm, dense_h_to_4h, dense_4h_to_h, final_norm) with
                word_embeddings_for_head on the last stage, model only.
 Each stage numbers its layers from 0. The padded vocabulary rows (100 real, 128 padded for
---make-vocab-size-divisible-by 64 x TP 2) are copies of the last real row, as Megatron's
-converter pads.
+--make-vocab-size-divisible-by 64 x TP 2; the Llama's output layer's too) are copies of the
+last real row, as Megatron's converter pads.
   DIR/expected.safetensors  tokens I32 [2, 16] (inputs), labels I32 [2, 16], logits F32
                [2, 16, 128] and loss F32 [1] (token mean) of tests/reference/gpt_reference.py's
                float64 forward of these weights.
+and of a tiny Llama (LLAMA: llama_reference.py's model with 8 heads in 4 query groups; RMSNorm,
+RoPE, SwiGLU, no biases, untied output layer), model only, its args as a Llama run saves them
+(swiglu, normalization, position_embedding_type, group_query_attention, num_query_groups,
+rotary_base, ...), each rank's linear_fc1 Megatron's [gate_r; up_r] [2F/TP, H] and its
+linear_qkv its query groups' rows:
+  DIR/llama_mcore/    mcore names, local spec;
+  DIR/llama_te/       Transformer Engine's fused norm names;
+  DIR/llama_release/  mcore names in the release form Megatron's converter writes (tracker
+                      "release", folder release/, nothing consumed);
+  DIR/expected_llama.safetensors  the same four tensors from llama_reference.py's float64
+               Megatron-layout forward (checked there against transformers' LlamaForCausalLM).
 The args Namespace holds ModelType, params_dtype and every field Megatron's loader reads; the
 enums come from tests/reference/megatron_stub (Megatron-LM itself is not needed).
 """
@@ -36,12 +47,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "megatron_stub"))
 import gpt_reference  # noqa: E402
+import llama_reference  # noqa: E402
 import safetensors_io  # noqa: E402
 from megatron.core.enums import ModelType  # noqa: E402
 from megatron.core.rerun_state_machine import RerunMode, RerunState  # noqa: E402
 
 TP, PP, ITERATION, CONSUMED = 2, 2, 7, 56
 M = dict(gpt_reference.MODEL, make_vocab_size_divisible_by=64)
+# llama_reference.py's model with 8 heads in 4 query groups, so that TP 4 (one group a rank)
+# can load it as well as TP 1.
+LLAMA = dict(llama_reference.MODEL, num_attention_heads=8, num_query_groups=4, kv_channels=8)
 
 
 def column(name):
@@ -54,6 +69,8 @@ def row(name):
 
 
 def tp_slice(name, t, r):
+    if t.dim() == 3:  # SwiGLU's fc1 [2, F, H]: Megatron's rank r holds [gate_r; up_r] (mlp.py)
+        return torch.cat([half.chunk(TP, dim=0)[r] for half in t]).clone()
     if column(name):
         return t.chunk(TP, dim=0)[r].clone()
     if row(name):
@@ -61,21 +78,29 @@ def tp_slice(name, t, r):
     return t.clone()
 
 
-def args_namespace():
-    return argparse.Namespace(
-        num_layers=M["num_layers"], hidden_size=M["hidden_size"], num_attention_heads=M["num_attention_heads"],
-        kv_channels=M["kv_channels"], ffn_hidden_size=M["ffn_hidden_size"], num_query_groups=M["num_attention_heads"],
-        seq_length=M["seq_length"], max_position_embeddings=M["max_position_embeddings"],
-        make_vocab_size_divisible_by=M["make_vocab_size_divisible_by"], padded_vocab_size=M["padded_vocab_size"],
-        tokenizer_type="NullTokenizer", vocab_size=M["vocab_size"] - 1, norm_epsilon=M["norm_epsilon"],
+def args_namespace(m=M, llama=False, consumed=CONSUMED):
+    a = argparse.Namespace(
+        num_layers=m["num_layers"], hidden_size=m["hidden_size"], num_attention_heads=m["num_attention_heads"],
+        kv_channels=m["kv_channels"], ffn_hidden_size=m["ffn_hidden_size"], num_query_groups=m["num_attention_heads"],
+        seq_length=m["seq_length"], max_position_embeddings=m["max_position_embeddings"],
+        make_vocab_size_divisible_by=m["make_vocab_size_divisible_by"], padded_vocab_size=m["padded_vocab_size"],
+        tokenizer_type="NullTokenizer", vocab_size=m["vocab_size"] - 1, norm_epsilon=m["norm_epsilon"],
         normalization="LayerNorm", position_embedding_type="learned_absolute", add_position_embedding=True,
         untie_embeddings_and_output_weights=False, add_bias_linear=True, bias_gelu_fusion=True, openai_gelu=False,
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02, fp16=False, bf16=False,
         params_dtype=torch.float32, model_type=ModelType.encoder_or_decoder, tensor_model_parallel_size=TP,
         pipeline_model_parallel_size=PP, data_parallel_size=1, world_size=TP * PP, micro_batch_size=2,
-        global_batch_size=8, train_iters=20, consumed_train_samples=CONSUMED, consumed_valid_samples=0,
+        global_batch_size=8, train_iters=20, consumed_train_samples=consumed, consumed_valid_samples=0,
         skipped_train_samples=0, transformer_impl="local", ckpt_format="torch", use_distributed_optimizer=False,
-        lr=1e-3, min_lr=1e-4, rerun_mode="disabled")
+        lr=1e-3, min_lr=1e-4, rerun_mode="disabled", swiglu=False, group_query_attention=False,
+        rotary_base=10000, rotary_percent=1.0, apply_layernorm_1p=False)
+    if llama:  # the args a Llama run (--swiglu --group-query-attention ...) saves
+        a.__dict__.update(
+            num_query_groups=m["num_query_groups"], group_query_attention=True, swiglu=True, normalization="RMSNorm",
+            position_embedding_type="rope", add_position_embedding=False, rotary_base=m["rotary_base"],
+            untie_embeddings_and_output_weights=True, add_bias_linear=False, bias_gelu_fusion=False,
+            bias_swiglu_fusion=True)
+    return a
 
 
 def scheduler():
@@ -84,20 +109,22 @@ def scheduler():
             "wd_incr_steps": 160}
 
 
-def stage_params(w, pp, r):
+def stage_params(w, m, pp, r):
     """(mcore name with local layer numbers, tensor) of rank (r, pp), registration order."""
-    per = M["num_layers"] // PP
+    per = m["num_layers"] // PP
     out = []
     if pp == 0:
-        out += [(n, w[n]) for n in ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight")]
+        out += [(n, w[n]) for n in ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight")
+                if n in w]
     for local in range(per):
         g = "decoder.layers.%d." % (pp * per + local)
         for n in w:
             if n.startswith(g):
                 out.append(("decoder.layers.%d.%s" % (local, n[len(g):]), w[n]))
     if pp == PP - 1:
-        out += [(n, w[n]) for n in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias")]
-        out.append(("output_layer.weight", w["embedding.word_embeddings.weight"]))  # the tied copy (PP > 1)
+        out += [(n, w[n]) for n in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias") if n in w]
+        # untied, or the tied copy (PP > 1)
+        out.append(("output_layer.weight", w.get("output_layer.weight", w["embedding.word_embeddings.weight"])))
     return [(n, tp_slice(n, t, r)) for n, t in out]
 
 
@@ -193,19 +220,24 @@ def legacy_model(params, last):
     return model
 
 
-def save(out, kind, w, rng):
-    folder = os.path.join(out, kind)
+def save(out, folder_name, names, w, rng, m=M, llama=False, release=False):
+    """One TP x PP checkpoint in DIR/folder_name with `names` (mcore, te or legacy); GPT's mcore
+    one with the optimizer, scheduler, rerun and RNG state; `release` as Megatron's converter
+    writes it (tracker "release", folder release/, no optimizer or RNG, nothing consumed)."""
+    folder = os.path.join(out, folder_name)
+    it_folder = "release" if release else "iter_%07d" % ITERATION
     for pp in range(PP):
         for r in range(TP):
-            params = stage_params(w, pp, r)
-            if kind == "mcore":
+            params = stage_params(w, m, pp, r)
+            if names == "mcore":
                 model = with_extra_states(params, lambda: None)
-            elif kind == "te":
+            elif names == "te":
                 model = with_extra_states(te_names(params), lambda: torch.empty(0, dtype=torch.uint8))
             else:
                 model = legacy_model(params, pp == PP - 1)
-            sd = {"args": args_namespace(), "checkpoint_version": 3.0, "iteration": ITERATION, "model": model}
-            if kind == "mcore":
+            sd = {"args": args_namespace(m, llama, 0 if release else CONSUMED), "checkpoint_version": 3.0,
+                  "iteration": ITERATION, "model": model}
+            if names == "mcore" and not llama:
                 sd["optimizer"] = optimizer_state(params, rng)
                 sd["opt_param_scheduler"] = scheduler()
                 sd["rerun_state_machine"] = {"mode": RerunMode.DISABLED, "state": RerunState.NOT_RUNNING_YET,
@@ -218,10 +250,50 @@ def save(out, kind, w, rng):
                                     "rng_tracker_states": {"model-parallel-rng": torch.zeros(16, dtype=torch.uint8)}}]
             sd["num_floating_point_operations_so_far"] = 0.0
             shard = "mp_rank_%02d_%03d" % (r, pp)
-            os.makedirs(os.path.join(folder, "iter_%07d" % ITERATION, shard), exist_ok=True)
-            torch.save(sd, os.path.join(folder, "iter_%07d" % ITERATION, shard, "model_optim_rng.pt"))
+            os.makedirs(os.path.join(folder, it_folder, shard), exist_ok=True)
+            torch.save(sd, os.path.join(folder, it_folder, shard, "model_optim_rng.pt"))
     with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write(str(ITERATION))
+        f.write("release" if release else str(ITERATION))
+
+
+def pad_vocab(t, vp):
+    """[V, H] -> [vp, H], the padding rows copies of the last real row (Megatron's converter)."""
+    return torch.cat([t, t[-1:].expand(vp - t.shape[0], -1)])
+
+
+def llama_weights(m, rng):
+    """Random float32 weights of a Hugging Face LlamaForCausalLM (std 0.02, norms 1 + noise),
+    mapped by llama_reference.megatron_layout (grouped QKV rows, fc1 [2, F, H]); both
+    vocabulary matrices padded as Megatron's converter pads."""
+    H, F, V, hd = m["hidden_size"], m["ffn_hidden_size"], m["vocab_size"], m["kv_channels"]
+    NH, NG = m["num_attention_heads"], m["num_query_groups"]
+
+    def normal(*shape):
+        return torch.tensor(0.02 * rng.standard_normal(shape), dtype=torch.float32)
+
+    def norm():
+        return torch.tensor(1.0 + 0.1 * rng.standard_normal(H), dtype=torch.float32)
+
+    hf = {"model.embed_tokens.weight": normal(V, H), "model.norm.weight": norm(), "lm_head.weight": normal(V, H)}
+    for i in range(m["num_layers"]):
+        h = "model.layers.%d." % i
+        hf.update({h + "input_layernorm.weight": norm(), h + "post_attention_layernorm.weight": norm(),
+                   h + "self_attn.q_proj.weight": normal(NH * hd, H), h + "self_attn.k_proj.weight": normal(NG * hd, H),
+                   h + "self_attn.v_proj.weight": normal(NG * hd, H), h + "self_attn.o_proj.weight": normal(H, NH * hd),
+                   h + "mlp.gate_proj.weight": normal(F, H), h + "mlp.up_proj.weight": normal(F, H),
+                   h + "mlp.down_proj.weight": normal(H, F)})
+    w = llama_reference.megatron_layout(hf, m)
+    vp = m["padded_vocab_size"]
+    w["embedding.word_embeddings.weight"] = pad_vocab(hf["model.embed_tokens.weight"], vp)
+    w["output_layer.weight"] = pad_vocab(hf["lm_head.weight"], vp)
+    return w
+
+
+def write_expected(path, logits, loss, tokens):
+    safetensors_io.write(path, [
+        ("tokens", "I32", np.ascontiguousarray(tokens[:, :-1])), ("labels", "I32", np.ascontiguousarray(tokens[:, 1:])),
+        ("logits", "F32", logits.detach().numpy().astype(np.float32)),
+        ("loss", "F32", np.array([loss.item()], np.float32))])
 
 
 def main():
@@ -233,18 +305,27 @@ def main():
     V = M["vocab_size"]
     emb = w["embedding.word_embeddings.weight"]
     emb[V:] = emb[V - 1]  # Megatron's converter pads by copying the last row
-    for kind in ("mcore", "te", "legacy"):
-        save(out, kind, w, rng)
+    for names in ("mcore", "te", "legacy"):
+        save(out, names, names, w, rng)
 
     B, T = 2, M["seq_length"]
     tokens = rng.randint(0, V, size=(B, T + 1)).astype(np.int32)
     tok = torch.tensor(tokens, dtype=torch.long)
     p = {n: t.double() for n, t in w.items()}
     logits = gpt_reference.megatron_forward(p, M, tok[:, :-1])
-    loss = gpt_reference.token_mean_loss(logits, tok[:, 1:])
-    safetensors_io.write(os.path.join(out, "expected.safetensors"), [
-        ("tokens", "I32", np.ascontiguousarray(tokens[:, :-1])), ("labels", "I32", np.ascontiguousarray(tokens[:, 1:])),
-        ("logits", "F32", logits.numpy().astype(np.float32)), ("loss", "F32", np.array([loss.item()], np.float32))])
+    write_expected(os.path.join(out, "expected.safetensors"), logits,
+                   gpt_reference.token_mean_loss(logits, tok[:, 1:]), tokens)
+
+    L = LLAMA
+    w = llama_weights(L, rng)
+    save(out, "llama_mcore", "mcore", w, rng, L, llama=True)
+    save(out, "llama_te", "te", w, rng, L, llama=True)
+    save(out, "llama_release", "mcore", w, rng, L, llama=True, release=True)
+    tokens = rng.randint(0, L["vocab_size"], size=(B, L["seq_length"] + 1)).astype(np.int32)
+    tok = torch.tensor(tokens, dtype=torch.long)
+    logits = llama_reference.megatron_forward({n: t.double() for n, t in w.items()}, L, tok[:, :-1])
+    write_expected(os.path.join(out, "expected_llama.safetensors"), logits,
+                   llama_reference.token_mean_loss(logits, tok[:, 1:]), tokens)
 
 
 if __name__ == "__main__":

@@ -534,6 +534,7 @@ void write_tensor_bytes(const Tensor& t, size_t offset, const void* src, size_t 
 }
 
 std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration) {
+  if (iteration == kReleaseIteration) return (fs::path(dir) / "release").string();
   char name[32];
   std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
   return (fs::path(dir) / name).string();
@@ -723,6 +724,9 @@ std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {
   const std::string tracker = (fs::path(dir) / kTracker).string();
   if (!fs::exists(tracker)) return std::nullopt;
   const std::string text = read_file(tracker);
+  // Megatron strips the tracker's whitespace before comparing it with "release".
+  const size_t first = text.find_first_not_of(" \t\r\n"), last = text.find_last_not_of(" \t\r\n");
+  if (first != std::string::npos && text.substr(first, last - first + 1) == "release") return kReleaseIteration;
   char* end = nullptr;
   const long long iteration = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || (*end && !std::isspace(static_cast<unsigned char>(*end))) || iteration < 0)

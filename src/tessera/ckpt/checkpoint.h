@@ -96,6 +96,10 @@ struct CheckpointState {
   // Read from Megatron-LM's own files (megatron_checkpoint.h): `args` is its Namespace's
   // attributes and `scheduler` its opt_param_scheduler state, under Megatron's keys.
   bool megatron_format = false;
+  // A Megatron release checkpoint (kReleaseIteration): megatron/training/checkpointing.py
+  // load_checkpoint starts it at iteration 0 and loads neither optimizer nor RNG state, as
+  // with --finetune, but keeps the consumed samples of its args.
+  bool release = false;
 };
 
 // A file of a checkpoint folder as metadata.json records it.
@@ -105,7 +109,12 @@ struct CheckpointFile {
   uint64_t bytes = 0;
 };
 
-// DIR/iter_0000100.
+// The iteration that names a Megatron release checkpoint: a tracker holding "release" and the
+// folder DIR/release (Megatron's checkpoint converter writes them; checkpointing.py
+// read_metadata / get_checkpoint_name). Megatron never saves an iteration below 1.
+inline constexpr int64_t kReleaseIteration = -1;
+
+// DIR/iter_0000100, or DIR/release for kReleaseIteration.
 std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration);
 // "mp_rank_01" (pp_size 1) or "mp_rank_01_002".
 std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size);
@@ -158,7 +167,8 @@ std::vector<StaleCheckpointSave> find_stale_checkpoint_saves(const std::string& 
 void save_checkpoint(const std::string& dir, const CheckpointState& state, const std::vector<NamedTensor>& model,
                      const std::vector<NamedTensor>& optimizer);
 
-// The iteration named by DIR's tracker; nullopt when DIR holds no checkpoint yet.
+// The iteration named by DIR's tracker (kReleaseIteration for "release"); nullopt when DIR
+// holds no checkpoint yet.
 // A malformed tracker is an Error naming the file.
 std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -13,6 +14,7 @@
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera {
 namespace {
@@ -597,7 +599,12 @@ bool is_megatron_checkpoint(const std::string& dir, int64_t iteration) {
 CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const TorchFile f = open_first(it_dir);
-  return state_of(f, it_dir, args_json(f));
+  CheckpointState s = state_of(f, it_dir, args_json(f));
+  if (iteration == kReleaseIteration) {
+    s.release = true;
+    s.iteration = 0;
+  }
+  return s;
 }
 
 CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
@@ -606,7 +613,8 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
                                          int tp_rank, int tp_size) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_megatron_metadata(dir, iteration);
-  if (s.iteration != iteration)
+  load_optimizer = load_optimizer && !s.release;
+  if (!s.release && s.iteration != iteration)
     throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
                         "the folder was renamed or copied; restore its name");
   const int saved_tp = s.layout.tensor_parallel, saved_pp = s.layout.pipeline_parallel;
@@ -712,57 +720,66 @@ const char* storage_type_of(DType t) {
   }
 }
 
-// Tensors of one file and their storages.
+// `numel` floats as a storage of `dtype` (rounded to bf16 / fp16, or copied).
+std::vector<uint8_t> storage_bytes(const float* data, int64_t numel, DType dtype) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(numel) * dtype_size(dtype));
+  for (int64_t i = 0; i < numel; ++i) {
+    if (dtype == DType::BF16) {
+      const uint16_t h = f32_to_bf16(data[i]);
+      std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
+    } else if (dtype == DType::F16) {
+      const uint16_t h = f32_to_f16(data[i]);
+      std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
+    } else {
+      std::memcpy(&bytes[static_cast<size_t>(i) * 4], &data[i], 4);
+    }
+  }
+  return bytes;
+}
+
+// Tensors of one file and where their storages' bytes come from: a model or optimizer tensor
+// is copied to the host only when the file's writer reaches it.
 class FileTensors {
  public:
   explicit FileTensors(pickle::Document& doc) : doc_(doc) {}
 
-  Value* add(const float* data, const Shape& shape, DType dtype) {
+  // A tensor saved shaped as Megatron holds the parameter `name`.
+  Value* add(const Tensor& t, DType dtype, const std::string& name) {
+    t.check_dtype(DType::F32);
+    return record(storage_type_of(dtype), megatron_shape(name, t.shape), [t, dtype] {
+      std::vector<float> host(static_cast<size_t>(t.numel()));
+      read_tensor_bytes(t, host.data());
+      return storage_bytes(host.data(), t.numel(), dtype);
+    });
+  }
+  Value* scalar(float v) {
+    return record(storage_type_of(DType::F32), {}, [v] { return storage_bytes(&v, 1, DType::F32); });
+  }
+  // A 1-D torch.ByteTensor (a generator's state).
+  Value* add_bytes(const std::vector<uint8_t>& bytes) {
+    return record("ByteStorage", {static_cast<int64_t>(bytes.size())}, [bytes] { return bytes; });
+  }
+  const std::vector<TorchStorageSource>& storages() const { return storages_; }
+
+ private:
+  // A contiguous tensor over a storage of its own.
+  Value* record(const char* storage_type, const Shape& shape, std::function<std::vector<uint8_t>()> bytes) {
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
-    TorchStorageBytes s{std::to_string(storages_.size()), {}};
-    s.bytes.resize(static_cast<size_t>(numel) * dtype_size(dtype));
-    for (int64_t i = 0; i < numel; ++i) {
-      if (dtype == DType::BF16) {
-        const uint16_t h = f32_to_bf16(data[i]);
-        std::memcpy(&s.bytes[static_cast<size_t>(i) * 2], &h, 2);
-      } else if (dtype == DType::F16) {
-        const uint16_t h = f32_to_f16(data[i]);
-        std::memcpy(&s.bytes[static_cast<size_t>(i) * 2], &h, 2);
-      } else {
-        std::memcpy(&s.bytes[static_cast<size_t>(i) * 4], &data[i], 4);
-      }
-    }
-    pickle::TensorRef t{{s.key, storage_type_of(dtype), "cpu", numel}, 0, {shape.begin(), shape.end()}, {}};
+    const std::string key = std::to_string(storages_.size());
+    pickle::TensorRef t{{key, storage_type, "cpu", numel}, 0, {shape.begin(), shape.end()}, {}};
     int64_t stride = 1;
     t.stride.resize(shape.size());
     for (size_t d = shape.size(); d-- > 0;) {
       t.stride[d] = stride;
       stride *= shape[d];
     }
-    storages_.push_back(std::move(s));
+    storages_.push_back({key, std::move(bytes)});
     return doc_.tensor(std::move(t));
   }
-  // One tensor at a time through the host: the file's storage is built from the copy,
-  // shaped as Megatron holds the parameter `name`.
-  Value* add(const Tensor& t, DType dtype, const std::string& name) {
-    t.check_dtype(DType::F32);
-    std::vector<float> host(static_cast<size_t>(t.numel()));
-    read_tensor_bytes(t, host.data());
-    return add(host.data(), megatron_shape(name, t.shape), dtype);
-  }
-  Value* scalar(float v) { return add(&v, {}, DType::F32); }
-  // A 1-D torch.ByteTensor (a generator's state).
-  Value* add_bytes(const std::vector<uint8_t>& bytes) {
-    const int64_t n = static_cast<int64_t>(bytes.size());
-    storages_.push_back({std::to_string(storages_.size()), bytes});
-    return doc_.tensor({{storages_.back().key, "ByteStorage", "cpu", n}, 0, {n}, {1}});
-  }
-  const std::vector<TorchStorageBytes>& storages() const { return storages_; }
 
- private:
   pickle::Document& doc_;
-  std::vector<TorchStorageBytes> storages_;
+  std::vector<TorchStorageSource> storages_;
 };
 
 bool is_linear_module(const std::string& module) {
@@ -920,9 +937,24 @@ Value* rng_state_list(pickle::Document& doc, FileTensors& tensors, const Megatro
   return doc.list({state});
 }
 
+// Megatron core_r0.10.0's `rerun_state_machine` (megatron/core/rerun_state_machine.py
+// RerunStateMachine.state_dict, saved by megatron/training/checkpointing.py): tessera runs as
+// Megatron's default --rerun-mode disabled does, whose machine never leaves NOT_RUNNING_YET
+// and requests nothing; the enums pickle as Megatron's classes.
+Value* rerun_state_dict(pickle::Document& doc, int64_t iteration) {
+  Value* d = doc.dict();
+  doc.set(d, "mode", from_json(doc, {{"$enum", "megatron.core.rerun_state_machine.RerunMode"}, {"value", "disabled"}}));
+  doc.set(d, "state", from_json(doc, {{"$enum", "megatron.core.rerun_state_machine.RerunState"}, {"value", 0}}));
+  doc.set(d, "current_iteration", doc.integer(iteration));
+  doc.set(d, "rerun_requested", doc.boolean(false));
+  doc.set(d, "checkpoint_requested", doc.boolean(false));
+  return d;
+}
+
 }  // namespace
 
-std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std::vector<MegatronParam>& params) {
+void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
+                         const std::vector<MegatronParam>& params) {
   pickle::Document doc;
   FileTensors tensors(doc);
   Value* root = doc.dict();
@@ -940,13 +972,19 @@ std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std
     doc.set(root, "optimizer", optimizer_dict(doc, tensors, spec, params));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
+  doc.set(root, "rerun_state_machine", rerun_state_dict(doc, spec.iteration));
   if (spec.with_rng) {
     const int64_t seed = spec.args.value("seed", int64_t{1234});
     doc.set(root, "rng_state", rng_state_list(doc, tensors, megatron_rng_state(seed, spec.tp_rank, spec.pp_rank)));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
   doc.root = root;
-  return torch_file_bytes("model_optim_rng", *root, tensors.storages());
+  SyncedFileWriter file(path);
+  const auto append = [&file](std::span<const uint8_t> b) {
+    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
+  };
+  write_torch_file(append, "model_optim_rng", *root, tensors.storages());
+  file.finish();
 }
 
 }  // namespace tessera

@@ -116,8 +116,10 @@ struct MegatronFileSpec {
   double floating_point_operations = 0;
 };
 
-// The model_optim_rng.pt bytes of one (tp, pp) rank.
-std::vector<uint8_t> megatron_file_bytes(const MegatronFileSpec& spec, const std::vector<MegatronParam>& params);
+// Writes (and fsyncs) the model_optim_rng.pt of one (tp, pp) rank at `path`, streaming: one
+// tensor's host copy in memory at a time, not the whole file.
+void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
+                         const std::vector<MegatronParam>& params);
 
 // "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
 // "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.

@@ -129,14 +129,24 @@ std::vector<int64_t> TorchFile::i64(const pickle::TensorRef& t, const std::strin
   return convert<int64_t>(t, what);
 }
 
+void write_torch_file(const zip::StoredWriter::Append& append, const std::string& archive, const pickle::Value& root,
+                      const std::vector<TorchStorageSource>& storages) {
+  static const std::string kVersion = "3\n";
+  zip::StoredWriter writer(append);
+  writer.add(archive + "/data.pkl", pickle::dump(root));
+  for (const TorchStorageSource& s : storages) writer.add(archive + "/data/" + s.key, s.bytes());
+  writer.add(archive + "/version", {reinterpret_cast<const uint8_t*>(kVersion.data()), kVersion.size()});
+  writer.finish();
+}
+
 std::vector<uint8_t> torch_file_bytes(const std::string& archive, const pickle::Value& root,
                                       const std::vector<TorchStorageBytes>& storages) {
-  const std::vector<uint8_t> pkl = pickle::dump(root);
-  static const std::string kVersion = "3\n";
-  std::vector<zip::WriteEntry> entries{{archive + "/data.pkl", pkl}};
-  for (const TorchStorageBytes& s : storages) entries.push_back({archive + "/data/" + s.key, s.bytes});
-  entries.push_back({archive + "/version", {reinterpret_cast<const uint8_t*>(kVersion.data()), kVersion.size()}});
-  return zip::write_stored(entries);
+  std::vector<TorchStorageSource> sources;
+  for (const TorchStorageBytes& s : storages) sources.push_back({s.key, [&s] { return s.bytes; }});
+  std::vector<uint8_t> out;
+  write_torch_file([&out](std::span<const uint8_t> b) { out.insert(out.end(), b.begin(), b.end()); }, archive, root,
+                   sources);
+  return out;
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,8 +57,19 @@ struct TorchStorageBytes {
   std::vector<uint8_t> bytes;
 };
 
-// The file's bytes: `root` pickled (protocol 2) into `<archive>/data.pkl`, the storages, the
-// version record.
+// A storage to write whose bytes are made only when the file reaches it (and dropped after),
+// so that a file is written with one storage's bytes in memory at a time.
+struct TorchStorageSource {
+  std::string key;
+  std::function<std::vector<uint8_t>()> bytes;
+};
+
+// Writes the file through `append`: `root` pickled (protocol 2) into `<archive>/data.pkl`, the
+// storages in order, the version record.
+void write_torch_file(const zip::StoredWriter::Append& append, const std::string& archive, const pickle::Value& root,
+                      const std::vector<TorchStorageSource>& storages);
+
+// The whole file's bytes.
 std::vector<uint8_t> torch_file_bytes(const std::string& archive, const pickle::Value& root,
                                       const std::vector<TorchStorageBytes>& storages);
 

@@ -227,69 +227,75 @@ std::vector<uint8_t> Reader::read(const Entry& e) const {
   return out;
 }
 
-std::vector<uint8_t> write_stored(const std::vector<WriteEntry>& entries) {
-  std::vector<uint8_t> out, directory;
+void StoredWriter::add(const std::string& name, std::span<const uint8_t> data) {
   constexpr uint64_t k32 = 0xffffffff;
-  for (const WriteEntry& e : entries) {
-    const uint64_t offset = out.size(), size = e.data.size();
-    const bool big = size >= k32 || offset >= k32;
-    const uint32_t crc = crc_of(e.data);
-    // Local header; its extra field pads the data to the alignment (and carries ZIP64 sizes).
-    const uint64_t zip64_len = big ? 20 : 0;
-    const uint64_t header_end = offset + 30 + e.name.size() + zip64_len + 4;
-    const uint64_t pad = (kAlign - header_end % kAlign) % kAlign;
-    put32(out, kLocalHeader);
-    put16(out, big ? 45 : 20);
-    put16(out, 0);
-    put16(out, 0);
-    put32(out, 0);  // time, date
-    put32(out, crc);
-    put32(out, big ? k32 : size);
-    put32(out, big ? k32 : size);
-    put16(out, e.name.size());
-    put16(out, zip64_len + 4 + pad);
-    out.insert(out.end(), e.name.begin(), e.name.end());
-    if (big) {
-      put16(out, 0x0001);
-      put16(out, 16);
-      put64(out, size);
-      put64(out, size);
-    }
-    put16(out, 0x4246);  // "FB", PyTorch's padding record
-    put16(out, pad);
-    out.insert(out.end(), pad, 'Z');
-    out.insert(out.end(), e.data.begin(), e.data.end());
-
-    put32(directory, kCentralHeader);
-    put16(directory, big ? 45 : 20);
-    put16(directory, big ? 45 : 20);
-    put16(directory, 0);
-    put16(directory, 0);
-    put32(directory, 0);
-    put32(directory, crc);
-    put32(directory, big ? k32 : size);
-    put32(directory, big ? k32 : size);
-    put16(directory, e.name.size());
-    put16(directory, big ? 28 : 0);
-    put16(directory, 0);
-    put16(directory, 0);
-    put16(directory, 0);
-    put32(directory, 0);
-    put32(directory, big ? k32 : offset);
-    directory.insert(directory.end(), e.name.begin(), e.name.end());
-    if (big) {
-      put16(directory, 0x0001);
-      put16(directory, 24);
-      put64(directory, size);
-      put64(directory, size);
-      put64(directory, offset);
-    }
+  std::vector<uint8_t> out;  // the local header
+  const uint64_t offset = offset_, size = data.size();
+  const bool big = size >= k32 || offset >= k32;
+  const uint32_t crc = crc_of(data);
+  // Local header; its extra field pads the data to the alignment (and carries ZIP64 sizes).
+  const uint64_t zip64_len = big ? 20 : 0;
+  const uint64_t header_end = offset + 30 + name.size() + zip64_len + 4;
+  const uint64_t pad = (kAlign - header_end % kAlign) % kAlign;
+  put32(out, kLocalHeader);
+  put16(out, big ? 45 : 20);
+  put16(out, 0);
+  put16(out, 0);
+  put32(out, 0);  // time, date
+  put32(out, crc);
+  put32(out, big ? k32 : size);
+  put32(out, big ? k32 : size);
+  put16(out, name.size());
+  put16(out, zip64_len + 4 + pad);
+  out.insert(out.end(), name.begin(), name.end());
+  if (big) {
+    put16(out, 0x0001);
+    put16(out, 16);
+    put64(out, size);
+    put64(out, size);
   }
-  const uint64_t dir_offset = out.size(), dir_size = directory.size(), count = entries.size();
-  out.insert(out.end(), directory.begin(), directory.end());
+  put16(out, 0x4246);  // "FB", PyTorch's padding record
+  put16(out, pad);
+  out.insert(out.end(), pad, 'Z');
+  append_(out);
+  append_(data);
+  offset_ += out.size() + size;
+  ++count_;
+
+  std::vector<uint8_t>& directory = directory_;
+  put32(directory, kCentralHeader);
+  put16(directory, big ? 45 : 20);
+  put16(directory, big ? 45 : 20);
+  put16(directory, 0);
+  put16(directory, 0);
+  put32(directory, 0);
+  put32(directory, crc);
+  put32(directory, big ? k32 : size);
+  put32(directory, big ? k32 : size);
+  put16(directory, name.size());
+  put16(directory, big ? 28 : 0);
+  put16(directory, 0);
+  put16(directory, 0);
+  put16(directory, 0);
+  put32(directory, 0);
+  put32(directory, big ? k32 : offset);
+  directory.insert(directory.end(), name.begin(), name.end());
+  if (big) {
+    put16(directory, 0x0001);
+    put16(directory, 24);
+    put64(directory, size);
+    put64(directory, size);
+    put64(directory, offset);
+  }
+}
+
+void StoredWriter::finish() {
+  constexpr uint64_t k32 = 0xffffffff;
+  const uint64_t dir_offset = offset_, dir_size = directory_.size(), count = count_;
+  std::vector<uint8_t> out = std::move(directory_);
   const bool zip64 = dir_offset >= k32 || count >= 0xffff;
   if (zip64) {
-    const uint64_t record = out.size();
+    const uint64_t record = dir_offset + out.size();
     put32(out, kZip64EndRecord);
     put64(out, 44);
     put16(out, 45);
@@ -313,6 +319,16 @@ std::vector<uint8_t> write_stored(const std::vector<WriteEntry>& entries) {
   put32(out, zip64 ? k32 : dir_size);
   put32(out, zip64 ? k32 : dir_offset);
   put16(out, 0);
+  append_(out);
+  offset_ += out.size();
+  directory_.clear();
+}
+
+std::vector<uint8_t> write_stored(const std::vector<WriteEntry>& entries) {
+  std::vector<uint8_t> out;
+  StoredWriter writer([&out](std::span<const uint8_t> bytes) { out.insert(out.end(), bytes.begin(), bytes.end()); });
+  for (const WriteEntry& e : entries) writer.add(e.name, e.data);
+  writer.finish();
   return out;
 }
 

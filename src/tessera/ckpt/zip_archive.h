@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,8 +58,23 @@ struct WriteEntry {
   std::span<const uint8_t> data;
 };
 
-// The archive's bytes: every entry stored, its data 64-byte aligned, ZIP64 records where a
-// size or offset needs them.
+// Writes an archive through `append` one entry at a time, so that only the entry being added
+// and the central directory are in memory: every entry stored, its data 64-byte aligned, ZIP64
+// records where a size or offset needs them.
+class StoredWriter {
+ public:
+  using Append = std::function<void(std::span<const uint8_t>)>;
+  explicit StoredWriter(Append append) : append_(std::move(append)) {}
+  void add(const std::string& name, std::span<const uint8_t> data);
+  void finish();  // the central directory and the end records
+
+ private:
+  Append append_;
+  uint64_t offset_ = 0, count_ = 0;
+  std::vector<uint8_t> directory_;
+};
+
+// The archive's bytes (a StoredWriter into memory).
 std::vector<uint8_t> write_stored(const std::vector<WriteEntry>& entries);
 
 }  // namespace tessera::zip

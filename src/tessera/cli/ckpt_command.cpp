@@ -191,7 +191,9 @@ int run_inspect_megatron(const std::string& dir, int64_t iteration, const Parsed
   const std::vector<MegatronFileSummary> files = summarize_megatron_checkpoint(dir, iteration);
   const CheckpointLayout& l = s.layout;
   std::printf("checkpoint %s\n", it_dir.c_str());
-  std::printf("  iteration: %lld%s\n", static_cast<long long>(s.iteration), options.given("--iteration") ? "" : " (latest)");
+  std::printf("  iteration: %lld%s\n", static_cast<long long>(s.iteration),
+              s.release ? " (release checkpoint: the model alone)"
+              : options.given("--iteration") ? "" : " (latest)");
   std::printf("  format: Megatron-LM torch (%s per rank), checkpoint_version %g\n", kMegatronFile,
               files.front().checkpoint_version);
   std::printf("  layout: tensor-parallel %d, pipeline-parallel %d, data-parallel %d; padded vocabulary %lld\n",
@@ -292,10 +294,8 @@ int run_convert(const Command& c) {
         spec.last_stage = p == pp - 1;
         spec.tp_rank = t;
         spec.pp_rank = p;
-        const std::vector<uint8_t> bytes = megatron_file_bytes(spec, params);
         fs::create_directories(fs::path(tmp_dir) / shard);
-        write_file_synced((fs::path(tmp_dir) / shard / kMegatronFile).string(),
-                          {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+        write_megatron_file((fs::path(tmp_dir) / shard / kMegatronFile).string(), spec, params);
         fsync_directory((fs::path(tmp_dir) / shard).string());
       } else {
         std::vector<ShardedTensor> model;

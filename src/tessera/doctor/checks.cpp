@@ -529,7 +529,9 @@ Row check_load(const std::string& dir, const GPTConfig* config, uint64_t availab
     r.detail = dir + " holds no checkpoint yet: training starts from scratch";
     return r;
   }
-  r.detail = "latest iteration " + std::to_string(*latest);
+  r.detail = *latest == kReleaseIteration ? std::string("a release checkpoint (Megatron's converter: the model alone, "
+                                                        "training starts at iteration 0)")
+                                           : "latest iteration " + std::to_string(*latest);
   if (!config) {
     r.status = Status::Warn;
     r.detail += "; not loaded (the flags did not parse)";

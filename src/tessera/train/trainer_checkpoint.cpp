@@ -162,11 +162,12 @@ void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, 
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
-  auto write = [&](const char* file, const std::vector<uint8_t>& bytes) {
-    write_file_synced((folder / file).string(), {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-  };
-  write(kMegatronFile, megatron_file_bytes(spec, params));
-  if (distrib) write(kDistribOptimFile, distrib_optim_file_bytes(*distrib));
+  write_megatron_file((folder / kMegatronFile).string(), spec, params);
+  if (distrib) {
+    const std::vector<uint8_t> bytes = distrib_optim_file_bytes(*distrib);
+    write_file_synced((folder / kDistribOptimFile).string(),
+                      {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  }
   fsync_directory(folder.string());
 }
 
@@ -580,9 +581,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
   HostOptimizerState sharded, main;
   if (distributed_optimizer()) sharded = host_optimizer_state(true);
   if (main_params_apart()) main = host_main_params(true);
-  on_every_rank(world, "load the checkpoint of iteration " + std::to_string(*latest) + " in " + dir, [&] {
+  const std::string which = *latest == kReleaseIteration ? "release" : "iteration " + std::to_string(*latest);
+  on_every_rank(world, "load the checkpoint of " + which + " in " + dir, [&] {
     const CheckpointState saved = read_checkpoint_metadata(dir, *latest);
     check_padded_vocab(args_, saved, dir);
+    const bool with_optimizer = load_optimizer && !saved.release;
     const std::vector<ShardedTensor> params = main_params_apart() ? main.tensors : model_tensors(model_, true);
     std::vector<ShardedTensor> state =
         distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true);
@@ -593,13 +596,16 @@ void Trainer::load_checkpoint(const std::string& dir) {
       const std::vector<ShardedTensor> exact = prefixed(params, "main.");
       state.insert(state.end(), exact.begin(), exact.end());
     }
-    s = tessera::load_checkpoint(dir, *latest, params, state, load_optimizer, rank_in(groups_.tp),
+    s = tessera::load_checkpoint(dir, *latest, params, state, with_optimizer, rank_in(groups_.tp),
                                  args_.tensor_parallel_size);
-    if (distributed_optimizer() && load_optimizer) scatter_optimizer_state(sharded);
+    if (distributed_optimizer() && with_optimizer) scatter_optimizer_state(sharded);
     if (main_params_apart()) install_main_params(main);
   });
-  print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(*latest),
-               s.megatron_format ? " (Megatron-LM's torch format)" : "");
+  const char* format = s.release           ? " (Megatron-LM's release checkpoint)"
+                       : s.megatron_format ? " (Megatron-LM's torch format)"
+                                           : "";
+  print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(s.iteration),
+               format);
   const CheckpointLayout& l = s.layout;
   if (l.tensor_parallel != args_.tensor_parallel_size || l.pipeline_parallel != args_.pipeline_parallel_size ||
       l.data_parallel != args_.data_parallel_size || l.virtual_stages != args_.pipeline_split.virtual_stages)
@@ -608,11 +614,12 @@ void Trainer::load_checkpoint(const std::string& dir) {
                  args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
                  args_.pipeline_split.virtual_stages);
   print_rank_0("  successfully loaded checkpoint from %s [ t 1/%d, p 1/%d ] at iteration %lld", dir.c_str(),
-               args_.tensor_parallel_size, args_.pipeline_parallel_size, static_cast<long long>(*latest));
+               args_.tensor_parallel_size, args_.pipeline_parallel_size, static_cast<long long>(s.iteration));
   if (args_.finetune) return;  // iteration 0, fresh optimizer and data position
   iteration_ = s.iteration;
   consumed_samples_ = s.consumed_train_samples;
   consumed_valid_samples_ = s.consumed_valid_samples;
+  if (s.release) return;  // iteration 0: the optimizer, its schedule and the RNG start fresh
   if (load_optimizer) optimizer_->set_steps_taken(s.optimizer_steps);
   // The loss scaler travels with the optimizer state, as in Megatron.
   if (loss_scaler_ && load_optimizer) {

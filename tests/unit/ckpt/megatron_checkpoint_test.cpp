@@ -1,10 +1,12 @@
 // Megatron-LM's own checkpoints into tessera's model: tests/reference/megatron_checkpoints.py
-// builds TP=2 x PP=2 `--ckpt-format torch` checkpoints of a tiny GPT-2 with PyTorch (mcore
-// names, Transformer Engine's fused-norm names, the legacy model's nested names; padded
-// vocabulary rows copied from the last real row) and the float64 reference forward of the
-// same weights. Each loads at TP=1 and TP=4 (ranks as threads), every stage's layers
-// renumbered and every TP slice resharded, and the forward's logits and loss equal the
-// reference's.
+// builds TP=2 x PP=2 `--ckpt-format torch` checkpoints with PyTorch of a tiny GPT-2 (mcore
+// names, Transformer Engine's fused-norm names, the legacy model's nested names) and of a tiny
+// Llama (8 heads in 4 query groups, RMSNorm, RoPE, SwiGLU with each rank's [gate_r; up_r] fc1
+// rows and query groups' QKV rows, untied; mcore
+// and Transformer Engine names, and a converter-style release checkpoint), padded vocabulary
+// rows copied from the last real row, and the float64 reference forward of the same weights.
+// Each loads at TP=1 and TP=4 (ranks as threads), every stage's layers renumbered and every
+// TP slice resharded, and the forward's logits and loss equal the reference's.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,12 +43,21 @@ const fs::path& reference_dir() {
   return dir;
 }
 
-GPTConfig reference_config() {
-  std::vector<std::string> flags = {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+// The reference folders of the Llama checkpoints start with "llama".
+bool is_llama(const std::string& folder) { return folder.rfind("llama", 0) == 0; }
+
+GPTConfig reference_config(bool llama) {
+  std::vector<std::string> flags = {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
+                                    llama ? "8" : "4",
                                     "--seq-length", "16", "--max-position-embeddings", "16",
                                     "--make-vocab-size-divisible-by", "64", "--tokenizer-type", "NullTokenizer",
                                     "--vocab-size", "99", "--hidden-dropout", "0", "--attention-dropout", "0",
                                     "--mock-data", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-4"};
+  if (llama)  // megatron_checkpoints.py's LLAMA
+    flags.insert(flags.end(), {"--group-query-attention", "--num-query-groups", "4", "--kv-channels", "8",
+                               "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
+                               "--norm-epsilon", "1e-5", "--position-embedding-type", "rope", "--rotary-base",
+                               "10000", "--disable-bias-linear", "--untie-embeddings-and-output-weights"});
   std::vector<char*> argv;
   for (std::string& f : flags) argv.push_back(f.data());
   GPTConfig c = parse_train_args(static_cast<int>(argv.size()), argv.data()).model;
@@ -68,12 +79,16 @@ class MegatronCheckpoint : public testing::TestWithParam<std::tuple<std::string,
 TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
   const auto [names, tp] = GetParam();
   const fs::path dir = reference_dir() / names;
-  ASSERT_TRUE(is_megatron_checkpoint(dir.string(), 7));
-  const safetensors::Reader expected = safetensors::Reader::open((reference_dir() / "expected.safetensors").string());
+  const bool release = names == "llama_release";
+  const std::optional<int64_t> latest = latest_checkpoint_iteration(dir.string());
+  ASSERT_EQ(latest, release ? kReleaseIteration : 7);
+  ASSERT_TRUE(is_megatron_checkpoint(dir.string(), *latest));
+  const safetensors::Reader expected = safetensors::Reader::open(
+      (reference_dir() / (is_llama(names) ? "expected_llama.safetensors" : "expected.safetensors")).string());
   const std::vector<int64_t> tokens = expected.read_i64("tokens"), labels = expected.read_i64("labels");
   const std::vector<float> want_logits = expected.read_f32("logits");
   const double want_loss = expected.read_f32("loss")[0];
-  const GPTConfig c = reference_config();
+  const GPTConfig c = reference_config(is_llama(names));
   const int B = 2, T = c.seq_length;
   const int64_t Vp = c.padded_vocab_size;
   double max_logit = 0;
@@ -90,7 +105,7 @@ TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
       const ParamShard& s = model.shards()[i];
       targets.push_back({s.spec.name, model.params()[i], s.spec.shape, s.split_dim, s.offset});
     }
-    const CheckpointState state = load_checkpoint(dir.string(), 7, targets, {}, false, comm.rank(), tp);
+    const CheckpointState state = load_checkpoint(dir.string(), *latest, targets, {}, false, comm.rank(), tp);
 
     std::vector<int32_t> tok(tokens.begin(), tokens.end()), lab(labels.begin(), labels.end()), pos;
     for (int i = 0; i < B * T; ++i) pos.push_back(i % T);
@@ -103,8 +118,10 @@ TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
     std::lock_guard<std::mutex> lock(mu);
     SCOPED_TRACE(std::string(names) + " tp " + std::to_string(tp) + " rank " + std::to_string(comm.rank()));
     EXPECT_TRUE(state.megatron_format);
-    EXPECT_EQ(state.iteration, 7);
-    EXPECT_EQ(state.consumed_train_samples, 56);
+    // A release checkpoint starts at iteration 0 (Megatron's converter records nothing consumed).
+    EXPECT_EQ(state.release, release);
+    EXPECT_EQ(state.iteration, release ? 0 : 7);
+    EXPECT_EQ(state.consumed_train_samples, release ? 0 : 56);
     EXPECT_EQ(state.layout.tensor_parallel, 2);
     EXPECT_EQ(state.layout.pipeline_parallel, 2);
     EXPECT_EQ(state.layout.padded_vocab_size, 128);
@@ -123,7 +140,9 @@ TEST_P(MegatronCheckpoint, LoadsAtAnyTensorParallelSizeWithTheReferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NamesAndLayouts, MegatronCheckpoint,
-                         testing::Combine(testing::Values("mcore", "te", "legacy"), testing::Values(1, 4)),
+                         testing::Combine(testing::Values("mcore", "te", "legacy", "llama_mcore", "llama_te",
+                                                          "llama_release"),
+                                          testing::Values(1, 4)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
                          });
@@ -138,6 +157,17 @@ TEST(MegatronCheckpointState, SchedulerOptimizerAndArgsAsMegatronSavedThem) {
   EXPECT_EQ(s.args.at("params_dtype"), (nlohmann::json{{"$global", "torch.float32"}}));
   EXPECT_EQ(s.args.at("model_type").at("$enum"), "megatron.core.enums.ModelType");
   EXPECT_TRUE(s.grad_scaler.is_null());
+}
+
+// The tracker's "release" names the folder release/, whose state starts at iteration 0
+// (megatron/training/checkpointing.py read_metadata, get_checkpoint_name, load_checkpoint).
+TEST(MegatronCheckpointState, ReleaseIsIterationZeroOfTheReleaseFolder) {
+  const std::string dir = (reference_dir() / "llama_release").string();
+  const CheckpointState s = read_checkpoint_metadata(dir, kReleaseIteration);
+  EXPECT_TRUE(s.release);
+  EXPECT_EQ(s.iteration, 0);
+  EXPECT_EQ(checkpoint_iteration_dir(dir, kReleaseIteration), (fs::path(dir) / "release").string());
+  EXPECT_FALSE(read_checkpoint_metadata((reference_dir() / "llama_mcore").string(), 7).release);
 }
 
 }  // namespace

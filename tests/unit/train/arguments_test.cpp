@@ -97,11 +97,29 @@ TEST(TrainArguments, InvalidValuesNameTheFlag) {
 }
 
 TEST(TrainArguments, UnsupportedMegatronFlagVersusUnknownFlag) {
-  std::string e = error_of(with({"--swiglu"}));
-  EXPECT_NE(e.find("--swiglu is a Megatron-LM flag that tessera does not support yet"), std::string::npos) << e;
+  std::string e = error_of(with({"--qk-layernorm"}));
+  EXPECT_NE(e.find("--qk-layernorm is a Megatron-LM flag that tessera does not support yet"), std::string::npos) << e;
   e = error_of(with({"--num-layer", "2"}));
   EXPECT_NE(e.find("unknown flag --num-layer"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean --num-layers?"), std::string::npos) << e;
+}
+
+// The Llama family's flags with Megatron's defaults and deprecated spellings
+// (megatron/training/arguments.py).
+TEST(TrainArguments, LlamaFlagsFollowMegatron) {
+  TrainArgs a = parse(with({"--swiglu", "--normalization", "RMSNorm", "--use-rotary-position-embeddings",
+                            "--group-query-attention", "--disable-bias-linear", "--add-qkv-bias"}));
+  const GPTConfig& m = a.model;
+  EXPECT_EQ(m.ffn_hidden_size, 4 * m.hidden_size * 2 / 3 / 64 * 64);  // --swiglu's default
+  EXPECT_EQ(m.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(m.position_embedding, PositionEmbedding::Rope);
+  EXPECT_EQ(m.query_groups(), 1);  // --group-query-attention without --num-query-groups
+  EXPECT_FALSE(m.add_bias_linear);
+  EXPECT_TRUE(m.has_qkv_bias());
+  EXPECT_EQ(m.rotary_base, 10000.0f);
+  EXPECT_EQ(parse(with({"--no-position-embedding"})).model.position_embedding, PositionEmbedding::None);
+  // --num-query-groups alone does nothing (Megatron reads it only with the switch).
+  EXPECT_EQ(parse(with({"--num-query-groups", "2"})).model.query_groups(), parse(with({})).model.num_attention_heads);
 }
 
 TEST(TrainArguments, SpeedOnlyFlagsAreAccepted) {
