@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/norm_grads.h"
 #include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
@@ -101,10 +102,13 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
     }
   }
 
-  // dweight = sum over rows of dout * xhat, dbias = sum of dout: a reduction over rows, so
-  // threads split the channels (each owns a column block and sums its rows in order): no
-  // atomics, and the same bits for any thread count. Rows are staged in groups.
+  norm_affine_grads(dweight, dbias, dout, inp, mu, rs);
+}
+
+void norm_affine_grads(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, const float* mean, const float* rstd) {
   if (dweight.empty() && dbias.empty()) return;
+  const int64_t C = inp.dim(-1), N = inp.numel() / C;
+  // Rows are staged in groups.
   constexpr int64_t kBlock = 64, kRows = 64;
   const int64_t blocks = (C + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
@@ -119,7 +123,7 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
       for (int64_t r = 0; r < rows; ++r) {
         const float* xn = x.row(r);
         const float* dyn = dy.row(r);
-        const float m = mu[n0 + r], rr = rs[n0 + r];
+        const float m = mean ? mean[n0 + r] : 0.0f, rr = rstd[n0 + r];
 #pragma omp simd
         for (int64_t c = 0; c < len; ++c) {
           acc_w[c] += dyn[c] * ((xn[c] - m) * rr);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/norm_grads.h"
 #include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
@@ -74,34 +75,8 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
     }
   }
 
-  // dweight = sum over rows of dout * xhat: threads split the channels (each owns a column
-  // block and sums its rows in order, as layernorm_backward does): no atomics, and the
-  // same bits for any thread count.
-  if (dweight.empty()) return;
-  constexpr int64_t kBlock = 64, kRows = 64;
-  const int64_t blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kBlock, len = std::min(kBlock, C - c0);
-    float acc[kBlock] = {};
-    for (int64_t n0 = 0; n0 < N; n0 += kRows) {
-      const int64_t rows = std::min(kRows, N - n0);
-      Stage s;
-      const Block x = s.in(inp, n0 * C + c0, rows, len, C);
-      const Block dy = s.in(dout, n0 * C + c0, rows, len, C);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xn = x.row(r);
-        const float* dyn = dy.row(r);
-        const float rr = rs[n0 + r];
-#pragma omp simd
-        for (int64_t c = 0; c < len; ++c) acc[c] += dyn[c] * (xn[c] * rr);
-      }
-    }
-    Stage s;
-    float* d = s.inout(dweight, c0, len);
-    for (int64_t c = 0; c < len; ++c) d[c] += acc[c];
-    s.done(dweight, c0, len, d);
-  }
+  // dweight = sum over rows of dout * xhat (no bias), as LayerNorm's.
+  norm_affine_grads(dweight, Tensor(), dout, inp, nullptr, rs);
 }
 
 }  // namespace tessera::ops::cpu
