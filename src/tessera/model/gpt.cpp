@@ -93,9 +93,6 @@ namespace {
 constexpr size_t kAbsent = SIZE_MAX;
 Tensor param_or_empty(const std::vector<Tensor>& all, size_t i) { return i == kAbsent ? Tensor() : all[i]; }
 
-// The model has an attention_qkv step between the QKV projection and attention.
-bool regroups_qkv(const GPTConfig& c) { return c.rotary_dim() > 0 || c.query_groups() != c.num_attention_heads; }
-
 std::vector<LayerGroup> recompute_groups(const GPTConfig& c, int n_layers) {
   std::vector<LayerGroup> groups;
   const int n = std::min(c.recompute_num_layers, n_layers);
@@ -175,7 +172,7 @@ struct GPTModel::Layout {
     act = c.params_dtype;
     B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
     layernorm = c.normalization == Normalization::LayerNorm;
-    regroup = regroups_qkv(c);
+    regroup = c.regroups_qkv();
     Al = c.attention_width() / tp, QKVl = c.qkv_width() / tp, Fl = c.ffn_hidden_size / tp;
     Fl2 = c.swiglu ? 2 * Fl : Fl, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
@@ -616,7 +613,7 @@ ops::Rope GPTModel::rope() const { return {config_.rotary_dim(), config_.rotary_
 // grouped projection into the shared ws.heads (forward, and again in backward: a copy with
 // a rotation, cheaper to redo than to keep per layer), or the projection itself for GPT.
 Tensor GPTModel::attention_heads(Tensor qkv) {
-  if (!regroups_qkv(config_)) return qkv;
+  if (!config_.regroups_qkv()) return qkv;
   ops::attention_qkv_forward(ws_->heads, qkv, config_.query_groups() / tp_.size(), rope());
   return ws_->heads;
 }
@@ -651,7 +648,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   zero(ws.d_heads);
   ops::attention_backward(ws.d_heads, ws.d_att, ws.d_ctx, heads, a.att,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
-  if (regroups_qkv(config_)) {
+  if (config_.regroups_qkv()) {
     zero(ws.d_qkv);
     ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, config_.query_groups() / tp_.size(), rope());
   }

@@ -67,6 +67,8 @@ struct GPTConfig {
   bool has_layernorm_bias() const { return normalization == Normalization::LayerNorm; }
   // Channels of each query/key head that RoPE rotates (Megatron: hn, or int(hn * percent)).
   int rotary_dim() const;
+  // The model has an attention_qkv step (RoPE, query groups) between the QKV projection and attention.
+  bool regroups_qkv() const { return rotary_dim() > 0 || query_groups() != num_attention_heads; }
 };
 
 // How a parameter starts (Megatron's init_method and output_layer_init_method in

@@ -63,6 +63,8 @@ const KernelTable& kernels_for(const Device& device);
 // Whether `device` has a kernel for the op named `op` (as in ops.h); false for unknown names.
 bool supports(const Device& device, std::string_view op);
 // Throws a runtime Error naming the first op of `ops` that `device` lacks, and the device.
+// On the strict test device it also declares them: from then on an op outside every list it
+// was given fails there, naming the op (the test that the start-up list is complete).
 void check_supported(const Device& device, const std::vector<std::string_view>& ops);
 
 }  // namespace tessera::ops

@@ -1,6 +1,8 @@
 // Routes each op to the kernel table of its tensors' device. Every non-empty tensor of a
 // call must live on the same device (an op never copies between devices).
 #include <initializer_list>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "tessera/device/device.h"
@@ -36,10 +38,34 @@ const Device& device_of(const char* op, std::initializer_list<const Tensor*> ten
                           " backend (docs/backends.md)");
 }
 
+// The ops a run declared to the strict device through check_supported. Strict runs only
+// those, so a start-up list that misses an op the model calls fails every strict test run
+// instead of passing on the CPU and failing on the first backend that lacks the op.
+struct StrictDeclared {
+  std::mutex mutex;
+  std::set<std::string, std::less<>> ops;
+};
+StrictDeclared& strict_declared() {
+  static StrictDeclared declared;
+  return declared;
+}
+
+void check_declared_on_strict(const char* op, const Device& device) {
+  StrictDeclared& d = strict_declared();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (d.ops.empty() || d.ops.count(std::string_view(op))) return;
+  throw runtime_error(std::string("op ") + op + " ran on device " + device.name() +
+                          " but the run did not declare it at start-up, so a backend without it would fail "
+                          "mid-step instead of before training",
+                      "add it to the list the run passes to ops::check_supported (train/run_device.cpp "
+                      "training_ops)");
+}
+
 // The kernel of `Entry` for the tensors' device.
 template <auto Entry>
 auto kernel(const char* op, std::initializer_list<const Tensor*> tensors) {
   const Device& device = device_of(op, tensors);
+  if (device.kind() == DeviceKind::Strict) check_declared_on_strict(op, device);
   auto fn = kernels_for(device).*Entry;
   if (fn == nullptr) unsupported(op, device);
   return fn;
@@ -75,6 +101,10 @@ bool supports(const Device& device, std::string_view op) {
 void check_supported(const Device& device, const std::vector<std::string_view>& ops) {
   for (std::string_view op : ops)
     if (!supports(device, op)) unsupported(std::string(op).c_str(), device);
+  if (device.kind() != DeviceKind::Strict) return;
+  StrictDeclared& d = strict_declared();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.ops.insert(ops.begin(), ops.end());
 }
 
 // One line per op: the tensors that pick the device, then the call.
