@@ -108,7 +108,7 @@ def test_throughput_line():
     assert out.count("MFU: unknown peak for device cpu (set --peak-tflops-per-device") == 1, out[-3000:]
     assert "MFU" not in line, line
     # What the run computes on, and its layout, even for one process.
-    assert re.search(r"> device: cpu \(.+, \d+ OpenMP threads per process, (AVX-512|AVX2|AVX|SSE)\)", out), out[:3000]
+    assert re.search(r"> device: cpu \(.+, \d+ OpenMP threads per process, (AVX-512|AVX2|AVX|SSE), [\d.]+ GiB memory\)", out), out[:3000]
     assert "> world 1 = TP 1 x CP 1 x DP 1 x PP 1" in out, out[:3000]
     out = run(TINY + ["--log-throughput", "--peak-tflops-per-device", "0.5"]).stdout
     line = [l for l in out.splitlines() if " iteration        8/" in l][0]

@@ -13,8 +13,8 @@ namespace tessera {
 
 struct TrainArgs;
 
-// "device: cpu (AMD EPYC 7B13, 2 OpenMP threads per process, AVX2)"; another device by its
-// own description and memory: "device: opencl:0, pthread-haswell-AMD EPYC (CPU, Portable
+// "device: cpu (AMD EPYC 7B13, 2 OpenMP threads per process, AVX2, 23.5 GiB memory)";
+// another device by its own description and memory: "device: opencl:0, pthread-haswell-AMD EPYC (CPU, Portable
 // Computing Language, driver 3.1+debian, OpenCL 3.0 ...), 11.8 GiB memory".
 std::string run_device_line(const Device& device);
 // The ops (ops/kernel_table.h's names) a training run with these flags calls: what
