@@ -287,7 +287,20 @@ run() {
     --micro-batch-size 2 --global-batch-size 8 --train-iters 2 --lr 1e-3
   part test_backend_ops 90 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
   part test_train_parity 60 python3 tests/integration/cuda_test.py "$TESSERA" train
+  part test_checkpoint 60 python3 tests/integration/cuda_test.py "$TESSERA" checkpoint
+  part test_bf16 40 python3 tests/integration/cuda_test.py "$TESSERA" bf16
   part test_tf32 40 python3 tests/integration/cuda_test.py "$TESSERA" tf32
+  # Out-of-bounds accesses and uninitialised reads in tessera's kernels: a tiny run (dropout
+  # on, evaluation included) under compute-sanitizer, if the machine has it.
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [[ -n $sanitizer ]]; then
+    part memcheck 60 env LD_LIBRARY_PATH="$libpath" "$sanitizer" --error-exitcode 3 --tool memcheck \
+      "$bin/tessera.bin" train --device cuda --mock-data --tokenizer-type NullTokenizer --vocab-size 60 \
+      --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
+      --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --eval-interval 2 --eval-iters 1 --lr 1e-3 \
+      --hidden-dropout 0.1 --attention-dropout 0.1
+  fi
   part gemm_8192 20 torch_bench gemm
   part tessera_124m 60 tessera_bench 124m
   part torch_124m_eager 30 torch_bench 124m eager

@@ -9,13 +9,18 @@
   of `--device cpu` within 1e-5 relative over 10 iterations, dropout on, f32 (the
   backends sum in different orders: a few f32 ulp per op, the bound the OpenCL backend and
   the parallel layouts are held to);
+- checkpoint: a checkpoint saved on CUDA at iteration 5 resumes on the CPU with the next
+  losses of an uninterrupted CPU run (within 1e-5), and one saved on the CPU resumes on CUDA;
+- bf16: `--bf16` (16-bit storage, f32 main parameters) on CUDA stays within 2e-3 (loss) and
+  2e-2 (gradient norm) relative of `--bf16` on the CPU over 10 iterations (the GEMMs round
+  their bf16 outputs after summing in another order);
 - tf32: with --tf32 the same run stays within 5e-3 relative of the CPU but is not the exact
   f32 result (TF32 keeps 10 mantissa bits of each GEMM operand: the flag took effect).
 no-gpu also checks that --tf32 on the CPU says it has no effect and changes nothing, and
 that `tessera doctor` says there is no GPU: INFO rows with --device cpu (exit 0), FAIL rows
 with a fix for --device cuda (exit 1).
 ops, train and tf32 exit 77 (skipped) with a message when no GPU is visible.
-usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|tf32 [BACKEND_OPS_TEST_BINARY]"""
+usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32 [BACKEND_OPS_TEST_BINARY]"""
 import json
 import os
 import re
@@ -52,7 +57,7 @@ def gpu_visible():
 
 
 def train(tmp, device, extra=()):
-    path = os.path.join(tmp, device + "".join(extra) + ".jsonl")
+    path = os.path.join(tmp, "%s_%d.jsonl" % (device, len(os.listdir(tmp))))
     p = run([TESSERA, "train"] + TRAIN + ["--device", device, "--log-json", path] + list(extra))
     assert p.returncode == 0, "%s: rc %d\n%s\n%s" % (device, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return [json.loads(l) for l in open(path)]
@@ -100,12 +105,37 @@ def test_tf32_on_cpu():
     print("ok  --tf32 on the CPU: a warning, and the same bits as without it")
 
 
-def relative_gap(a_rows, b_rows):
+def relative_gap(a_rows, b_rows, key=None):
     worst = 0.0
     for a, b in zip(a_rows, b_rows):
-        for key in ("lm_loss", "grad_norm"):
-            worst = max(worst, abs(a[key] - b[key]) / abs(a[key]))
+        for k in (key,) if key else ("lm_loss", "grad_norm"):
+            worst = max(worst, abs(a[k] - b[k]) / abs(a[k]))
     return worst
+
+
+def test_checkpoint():
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu = train(tmp, "cpu")
+        for saver, loader in (("cuda", "cpu"), ("cpu", "cuda")):
+            ckpt = os.path.join(tmp, "ckpt_" + saver)
+            train(tmp, saver, ["--save", ckpt, "--save-interval", "5", "--exit-interval", "5"])
+            resumed = train(tmp, loader, ["--load", ckpt])
+            assert [r["iteration"] for r in resumed] == list(range(6, 11)), [r["iteration"] for r in resumed]
+            gap = relative_gap(cpu[5:], resumed)
+            assert gap <= RTOL, "saved on %s, resumed on %s: %.3g relative of the CPU" % (saver, loader, gap)
+            print("ok  saved on %s at 5, resumed on %s: iterations 6-10 within %.2g relative" % (saver, loader, gap))
+    return 0
+
+
+def test_bf16():
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu, gpu = train(tmp, "cpu", ["--bf16"]), train(tmp, "cuda", ["--bf16"])
+    assert [r["iteration"] for r in gpu] == list(range(1, 11)), [r["iteration"] for r in gpu]
+    loss, norm = relative_gap(cpu, gpu, "lm_loss"), relative_gap(cpu, gpu, "grad_norm")
+    assert loss <= 2e-3 and norm <= 2e-2, "cuda --bf16: loss %.3g, grad norm %.3g relative of the CPU" % (loss, norm)
+    print("ok  cuda --bf16: 10 iterations, loss within %.2g and grad norm within %.2g relative of the CPU"
+          % (loss, norm))
+    return 0
 
 
 def test_tf32():
@@ -152,7 +182,9 @@ def main():
     if not visible:
         print("skipped: no CUDA device is visible (this test needs a GPU; scripts/gpu-check.sh runs it on one)")
         return 77
-    return {"ops": test_ops, "train": test_train, "tf32": test_tf32}[part]()
+    parts = {"ops": test_ops, "train": test_train, "checkpoint": test_checkpoint, "bf16": test_bf16,
+             "tf32": test_tf32}
+    return parts[part]()
 
 
 if __name__ == "__main__":
