@@ -221,7 +221,18 @@ def last_json(path, key):
 
 out = ["# gpu-check summary", "", open(os.path.join(res, "machine.md")).read(), "## Parts", "",
        "| part | result | time |", "| --- | --- | --- |", open(os.path.join(res, "parts.md")).read(), "",
-       "## Benchmark (bf16, sequence 1024, micro-batch 8)", ""]
+       "## Test output", ""]
+# Each test part's verdict lines (its figures, failures, the sanitizer's summary), else its
+# last lines: the summary is the one file sure to come back from the machine.
+VERDICT = ("ok ", "[  PASSED", "[  FAILED", "differ", "ERROR SUMMARY", "error:")
+for name in ("test_backend_ops", "test_train_parity", "test_checkpoint", "test_bf16", "test_tf32", "memcheck"):
+    try:
+        lines = [l.rstrip() for l in open(os.path.join(res, name + ".log")) if l.strip()]
+    except OSError:
+        continue
+    picked = [l for l in lines if any(v in l for v in VERDICT)][-12:] or lines[-4:]
+    out += ["%s:" % name, "```"] + [l[:300] for l in picked] + ["```", ""]
+out += ["## Benchmark (bf16, sequence 1024, micro-batch 8)", ""]
 gemm = last_json(os.path.join(res, "gemm_8192.log"), "tflops")
 out.append("8192^3 bf16 GEMM (torch.matmul, cuBLAS): %s TFLOP/s" % ("%.0f" % gemm["tflops"] if gemm else "n/a"))
 out += ["", "| model | run | tokens/s | MFU (989 TFLOP/s) |", "| --- | --- | --- | --- |"]

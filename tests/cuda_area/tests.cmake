@@ -1,7 +1,7 @@
 # The CUDA backend (tests/integration/cuda_test.py, cuda_option_test.sh). Labelled "gpu"
 # (ctest --test-dir build -L gpu): the op test on every CUDA device and the 10-iteration
 # training parity test against the CPU need a GPU and exit 77 (skipped, saying so) without
-# one (so does the --tf32 run against the CPU). CPU-side, in every build: the TESSERA_CUDA
+# one (so do the checkpoints across CPU and CUDA, --bf16 and --tf32 against the CPU). CPU-side, in every build: the TESSERA_CUDA
 # option's behaviour; in CUDA builds, the error of --device cuda on a machine without a GPU
 # and --tf32's note on the CPU.
 add_test(NAME cuda.option COMMAND ${CMAKE_CURRENT_LIST_DIR}/cuda_option_test.sh ${TESSERA_WITH_CUDA})
@@ -14,8 +14,12 @@ if(TESSERA_WITH_CUDA)
                    $<TARGET_FILE:backend_ops_test>)
   add_test(NAME cuda.train_parity
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> train)
+  add_test(NAME cuda.checkpoint
+           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> checkpoint)
+  add_test(NAME cuda.bf16
+           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> bf16)
   add_test(NAME cuda.tf32
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> tf32)
   set_tests_properties(cuda.no_gpu_error PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cuda)
-  set_tests_properties(cuda.backend_ops cuda.train_parity cuda.tf32 PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS gpu)
+  set_tests_properties(cuda.backend_ops cuda.train_parity cuda.checkpoint cuda.bf16 cuda.tf32 PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS gpu)
 endif()

@@ -61,7 +61,7 @@ Row kernel_run(Device& device) {
     for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
     char detail[200];
     std::snprintf(detail, sizeof detail,
-                  "linear + gelu (%lldx%lldx%lld) in %.0f ms (a first run: OpenCL builds its kernels in it); "
+                  "linear + gelu (%lldx%lldx%lld) in %.0f ms (a first run: it includes loading or building the kernels); "
                   "max |device - cpu| = %.2g",
                   static_cast<long long>(c.N), static_cast<long long>(c.C), static_cast<long long>(c.OC), ms, worst);
     r.detail = detail;

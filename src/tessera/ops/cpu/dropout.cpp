@@ -2,6 +2,7 @@
 // stored between forward and backward: the backward draws the same mask again, which costs
 // one Philox call per 4 elements and saves a [B,...] mask buffer per dropout site.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "tessera/core/rng.h"
@@ -117,8 +118,10 @@ void apply_mask(const Tensor& out, const Tensor& inp, const Dropout& dropout, bo
       float factors[kChunk];
       dropout_factors(dropout, b, static_cast<uint64_t>(e0), len, factors);
       if (accumulate) {
+        // One fused multiply-add, written out: the device kernels do the same, so the bits
+        // do not depend on whether a compiler contracts y + x * f (nvcc --fmad=false does not).
 #pragma omp simd
-        for (int64_t i = 0; i < len; ++i) y[i] += x[i] * factors[i];
+        for (int64_t i = 0; i < len; ++i) y[i] = std::fma(x[i], factors[i], y[i]);
       } else {
 #pragma omp simd
         for (int64_t i = 0; i < len; ++i) y[i] = x[i] * factors[i];

@@ -86,8 +86,10 @@ __kernel void dropout_forward(FLOATS(out), CONST_FLOATS(inp), long S, DROPOUT_PA
   DROPOUT_GROUPS_BODY(STORE(out, i, LOAD(inp, i) * factor))
 }
 
+// dinp += dout * factor as one fused multiply-add, as the CPU computes it (not left to
+// contraction, which OpenCL compilers may do and nvcc --fmad=false does not).
 __kernel void dropout_backward(FLOATS(dinp), CONST_FLOATS(dout), long S, DROPOUT_PARAMS) {
-  DROPOUT_GROUPS_BODY(ADD_TO(dinp, i, LOAD(dout, i) * factor))
+  DROPOUT_GROUPS_BODY(STORE(dinp, i, fma(LOAD(dout, i), factor, LOAD(dinp, i))))
 }
 
 // out[n, o] = inp[n, o] + bias[o] (just inp[n, o] when bias is absent) over a block of
