@@ -68,6 +68,13 @@ struct Dropout {
 // is the whole vocabulary, vocab_start must be 0 and vocab_size is taken as Vl. A rank
 // holding the first shard that forgot vocab_size therefore fails loudly on the first
 // token beyond its shard instead of silently dropping it.
+// Who checks the ids: the CPU backend (and the strict test device, which runs it) checks
+// every one, as above. A device backend does not read ids back, which would cost a host
+// synchronisation per call: its kernels keep every access in bounds (a token outside the
+// shard adds nothing, a position outside wpe adds nothing) and the caller validates ids
+// where they are on the host. `tessera train` checks every dataset's ids against the padded
+// vocabulary before it starts (data/token_id_range.h) and its positions are below
+// seq_length <= max_position_embeddings; the cross-entropy's targets are the same tokens.
 void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe,
                        int64_t vocab_start = 0, int64_t vocab_size = 0);
 // dwte[token - vocab_start] += dout[b,t] for tokens in this shard only; dwpe[position] +=

@@ -210,6 +210,43 @@ TEST_P(BackendOps, EmbeddingVocabShardAndAbsentTable) {
   expect_close("dwte (shard)", dwte, 0);
 }
 
+// A device backend does not read ids back (ops.h: who checks the ids), so an out-of-range
+// token or position must still stay in bounds: its term is left out. The device alone (the
+// CPU and the strict device check the ids and throw).
+TEST_P(BackendOps, EmbeddingOutOfRangeIdsStayInBounds) {
+  if (device().kind() == DeviceKind::Strict) GTEST_SKIP() << "the strict device runs the CPU's checks";
+  const int64_t C = 8, V = 5, P = 4, N = 5;
+  // Rows: both ids good; a token past the vocabulary; a negative token; a position past
+  // wpe; a negative position.
+  Twin& tokens = ids({1, N}, {2, V + 3, -1, 1, 4});
+  Twin& positions = ids({1, N}, {0, 1, 2, P + 2, -7});
+  Twin& wte = normal({V, C});
+  Twin& wpe = normal({P, C});
+  Twin& out = zeros({1, N, C});
+  ops::embedding_forward(out[kDev], tokens[kDev], positions[kDev], wte[kDev], wpe[kDev]);
+  const std::vector<float> te = read(wte[kCpu]), pe = read(wpe[kCpu]), y = read(out[kDev]);
+  const int token_row[N] = {2, -1, -1, 1, 4}, position_row[N] = {0, 1, 2, -1, -1};  // -1: left out
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      const float want = (token_row[n] >= 0 ? te[token_row[n] * C + c] : 0.0f) +
+                         (position_row[n] >= 0 ? pe[position_row[n] * C + c] : 0.0f);
+      EXPECT_EQ(y[n * C + c], want) << "row " << n << ", channel " << c << " on " << GetParam();
+    }
+  Twin& dout = normal({1, N, C});
+  Twin& dwte = zeros({V, C});
+  Twin& dwpe = zeros({P, C});
+  ops::embedding_backward(dwte[kDev], dwpe[kDev], dout[kDev], tokens[kDev], positions[kDev]);
+  const std::vector<float> g = read(dout[kCpu]), gte = read(dwte[kDev]), gpe = read(dwpe[kDev]);
+  std::vector<float> want_te(static_cast<size_t>(V * C)), want_pe(static_cast<size_t>(P * C));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      if (token_row[n] >= 0) want_te[token_row[n] * C + c] += g[n * C + c];
+      if (position_row[n] >= 0) want_pe[position_row[n] * C + c] += g[n * C + c];
+    }
+  EXPECT_EQ(gte, want_te) << "dwte on " << GetParam();
+  EXPECT_EQ(gpe, want_pe) << "dwpe on " << GetParam();
+}
+
 // ---- layernorm -----------------------------------------------------------------------
 
 TEST_P(BackendOps, LayerNorm) {

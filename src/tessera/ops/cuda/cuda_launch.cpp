@@ -7,7 +7,6 @@
 
 #include "tessera/device/cuda/cuda_check.h"
 #include "tessera/device/cuda/cuda_stream.h"
-#include "tessera/ops/cpu/vocab_shard.h"
 #include "tessera/ops/kernels/float_args.h"
 
 // The fatbin of kernels.cu, linked in as data by fatbin_data.cpp.
@@ -129,11 +128,5 @@ ScratchLease::ScratchLease(Device& device, size_t bytes) {
   data_ = s.data;
 }
 
-void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what) {
-  ids.check_dtype(DType::I32);
-  std::vector<int32_t> host(static_cast<size_t>(ids.numel()));
-  copy_to_host(host.data(), host.size() * sizeof(int32_t), ids);
-  cpu::check_ids(host.data(), ids.numel(), limit, what);
-}
 
 }  // namespace tessera::ops::cuda

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "tessera/device/opencl/opencl_device.h"
-#include "tessera/ops/cpu/vocab_shard.h"
 #include "tessera/ops/kernels/float_args.h"
 
 namespace tessera::ops::opencl {
@@ -89,11 +88,5 @@ void ClLaunch::run(size_t global0, size_t global1) {
 ClScratch::ClScratch(ClContext& cl, size_t bytes) : cl_(cl), mem_(cl.create_buffer(bytes > 0 ? bytes : 4)) {}
 ClScratch::~ClScratch() { cl_.release_buffer(mem_); }
 
-void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what) {
-  ids.check_dtype(DType::I32);
-  std::vector<int32_t> host(static_cast<size_t>(ids.numel()));
-  context_of(ids).read(host.data(), cl_buffer(ids), ids.offset, ids.bytes());
-  cpu::check_ids(host.data(), ids.numel(), limit, what);
-}
 
 }  // namespace tessera::ops::opencl

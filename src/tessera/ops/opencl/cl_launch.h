@@ -82,10 +82,6 @@ class ClScratch {
   cl_mem mem_;
 };
 
-// Index tensors (tokens, positions, targets) must lie in [0, limit): checked on the host,
-// as the CPU backend does, which costs one read-back of the (small) index tensor.
-void check_ids_on_host(const Tensor& ids, int64_t limit, const char* what);
-
 // The launcher the shared host code (ops/kernels/*_host.inc) calls.
 using Launch = ClLaunch;
 
