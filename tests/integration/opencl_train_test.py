@@ -6,11 +6,13 @@
 - launch: under `tessera launch`, TP=2 x DP=2 and PP=2 on OpenCL give one CPU process's
   numbers within 1e-5 (collectives staged through host memory);
 - checkpoint: a checkpoint saved on OpenCL resumes on the CPU with the next losses of an
-  uninterrupted CPU run (within 1e-5), and one saved on the CPU resumes on OpenCL the same way.
+  uninterrupted CPU run (within 1e-5), and one saved on the CPU resumes on OpenCL the same way;
+- no-device: where the ICD loader finds no driver, `--device opencl` is a runtime error
+  (exit 1) saying that no device is visible and how to get one, not "no backend".
 Why 1e-5: the backends sum in different orders (GEMMs, row reductions), a few f32 ulp per
 op, and the parallel-layout tests hold the CPU to the same 1e-5.
 Exits 77 (skipped) when the build sees no OpenCL device.
-usage: opencl_train_test.py TESSERA_BINARY one-process|launch|checkpoint"""
+usage: opencl_train_test.py TESSERA_BINARY one-process|launch|checkpoint|no-device"""
 import json
 import os
 import subprocess
@@ -67,7 +69,7 @@ def opencl_device_present():
     """False only when this build finds no OpenCL device (the registry's message)."""
     p = subprocess.run([TESSERA, "train"] + TRAIN + ["--device", "opencl", "--dry-run"], capture_output=True,
                        text=True, timeout=120, env=env())
-    if p.returncode != 0 and "--device opencl: no backend 'opencl'" in p.stderr:
+    if p.returncode != 0 and "--device opencl: no opencl device is visible" in p.stderr:
         return False
     assert p.returncode == 0, "rc %d\n%s\n%s" % (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return True
@@ -103,11 +105,28 @@ def test_checkpoint(tmp, cpu):
         compare(cpu, resumed, "saved on %s, resumed on %s" % (saver, loader), first_iteration=6)
 
 
-PARTS = {"one-process": test_one_process, "launch": test_launch, "checkpoint": test_checkpoint}
+def test_no_device(tmp, cpu):
+    """The ICD loader pointed at an empty vendors folder: the backend is built, no driver is there."""
+    e = env()
+    e["OCL_ICD_VENDORS"] = tmp
+    p = subprocess.run([TESSERA, "train"] + TRAIN + ["--device", "opencl"], capture_output=True, text=True,
+                       timeout=60, env=e)
+    assert p.returncode == 1, "rc %d (wanted 1)\n%s" % (p.returncode, p.stderr[-2000:])
+    assert "error: --device opencl: no opencl device is visible to this process" in p.stderr, p.stderr[-2000:]
+    assert "hint: " in p.stderr and "pocl-opencl-icd" in p.stderr and "--device cpu" in p.stderr, p.stderr[-2000:]
+    print("ok  no OpenCL driver: exit 1, " + p.stderr.strip().splitlines()[-2][:100])
+
+
+PARTS = {"one-process": test_one_process, "launch": test_launch, "checkpoint": test_checkpoint,
+         "no-device": test_no_device}
 
 
 def main():
     part = PARTS[sys.argv[2]]
+    if part is test_no_device:  # needs no device, and no CPU reference run
+        with tempfile.TemporaryDirectory() as tmp:
+            part(tmp, None)
+        return 0
     if not opencl_device_present():
         print("skipped: no OpenCL device (install pocl-opencl-icd)")
         return 77

@@ -2,6 +2,7 @@
 // CMake option.
 #include "tessera/device/registry.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "tessera/device/cpu/cpu_device.h"
@@ -75,19 +76,37 @@ int device_count(const std::string& backend) {
   return 0;
 }
 
+namespace {
+
+// A backend built into this binary that sees no device here: a runtime error (exit 1) that
+// says why, rather than "no backend".
+Error no_device_visible(const std::string& spec_text, const std::string& backend) {
+#ifdef TESSERA_WITH_CUDA
+  if (backend == "cuda") {
+    std::string why;
+    cuda_device_count(&why);
+    return runtime_error("--device " + spec_text + ": no CUDA device is visible to this process (" + why + ")",
+                         "nvidia-smi shows the GPUs and driver; check CUDA_VISIBLE_DEVICES, or run on --device cpu");
+  }
+#endif
+  return runtime_error("--device " + spec_text + ": no " + backend +
+                           " device is visible to this process (the OpenCL ICD loader lists no platform with a "
+                           "device)",
+                       "install a driver (Debian: pocl-opencl-icd runs OpenCL on the CPU); clinfo lists what the "
+                       "loader finds in /etc/OpenCL/vendors or OCL_ICD_VENDORS; or run on --device cpu");
+}
+
+}  // namespace
+
 Device& open_device(const std::string& spec_text) {
   const DeviceSpec spec = parse_device_spec(spec_text);
-#ifdef TESSERA_WITH_CUDA
-  // Built with CUDA but no GPU here: say so, rather than "no backend".
-  std::string why;
-  if (spec.backend == "cuda" && cuda_device_count(&why) == 0)
-    throw runtime_error("--device " + spec_text + ": no CUDA device is visible to this process (" + why + ")",
-                        "nvidia-smi shows the GPUs and driver; check CUDA_VISIBLE_DEVICES, or run on --device cpu");
-#endif
   const int count = device_count(spec.backend);
+  const std::vector<std::string> built = device_backends();
+  if (count == 0 && std::find(built.begin(), built.end(), spec.backend) != built.end())
+    throw no_device_visible(spec_text, spec.backend);
   if (count == 0)
     throw usage_error("--device " + spec_text + ": no backend '" + spec.backend + "' in this build",
-                      "built backends: " + joined(device_backends()) +
+                      "built backends: " + joined(built) +
                           " (OpenCL needs -DTESSERA_OPENCL=ON and the OpenCL headers, CUDA -DTESSERA_CUDA=ON and "
                           "the CUDA toolkit; see docs/backends.md)");
   if (spec.ordinal >= count)
