@@ -229,6 +229,7 @@ ClKernel& ClContext::kernel(const std::string& program, const char* const* sourc
   cl_int err = CL_SUCCESS;
   auto k = std::make_unique<ClKernel>();
   k->kernel = clCreateKernel(p->second, name.c_str(), &err);
+  k->name = name;
   if (err != CL_SUCCESS) cl_call_failed(("clCreateKernel(" + name + ")").c_str(), err, where_);
   return *kernels_.emplace(key, std::move(k)).first->second;
 }

@@ -41,6 +41,7 @@ std::vector<ClDeviceInfo> list_cl_devices();
 // (in-process ranks call ops concurrently).
 struct ClKernel {
   cl_kernel kernel = nullptr;
+  std::string name;  // for errors: which kernel a failed call was for
   std::mutex lock;
 };
 

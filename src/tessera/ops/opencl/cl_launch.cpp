@@ -47,7 +47,8 @@ ClLaunch ClLaunch::fp64(ClContext& cl, const char* kernel) {
 ClLaunch::ClLaunch(ClContext& cl, tessera::opencl::ClKernel& k) : cl_(cl), kernel_(k), lock_(k.lock) {}
 
 void ClLaunch::set(size_t size, const void* value) {
-  TESSERA_CL(cl_.where(), clSetKernelArg, kernel_.kernel, next_, size, value);
+  TESSERA_CL(cl_.where() + ", kernel " + kernel_.name + " argument " + std::to_string(next_), clSetKernelArg,
+             kernel_.kernel, next_, size, value);
   ++next_;
 }
 
@@ -81,8 +82,10 @@ ClLaunch& ClLaunch::dropout(const Dropout& d) {
 void ClLaunch::run(size_t global0, size_t global1) {
   if (global0 == 0 || global1 == 0) return;
   const size_t global[2] = {global0, global1};
-  TESSERA_CL(cl_.where(), clEnqueueNDRangeKernel, cl_.queue(), kernel_.kernel, global1 == 1 ? 1u : 2u, nullptr,
-             global, nullptr, 0, nullptr, nullptr);
+  TESSERA_CL(cl_.where() + ", kernel " + kernel_.name + " over " + std::to_string(global0) + " x " +
+                 std::to_string(global1),
+             clEnqueueNDRangeKernel, cl_.queue(), kernel_.kernel, global1 == 1 ? 1u : 2u, nullptr, global, nullptr, 0,
+             nullptr, nullptr);
 }
 
 ClScratch::ClScratch(ClContext& cl, size_t bytes) : cl_(cl), mem_(cl.create_buffer(bytes > 0 ? bytes : 4)) {}
