@@ -57,8 +57,6 @@ class Device {
   virtual std::string description() const { return name(); }
   virtual bool is_host() const = 0;
   virtual MemoryInfo memory_info() const = 0;
-  // Every handle from allocate() is aligned to this many bytes on the device.
-  virtual size_t alignment() const { return 64; }
   // --tf32: f32 GEMMs may round their operands to TF32 (10-bit mantissa) on tensor cores,
   // as PyTorch's torch.backends.cuda.matmul.allow_tf32 = True. Off by default: exact f32.
   // Only CUDA has such a mode; the other backends ignore it and stay exact.
@@ -66,7 +64,9 @@ class Device {
   virtual bool tf32_matmul() const { return false; }
 
   // Device memory. allocate(0) returns nullptr. Throws tessera::Error naming the size and
-  // what is in use when the allocation fails.
+  // what is in use when the allocation fails. A backend's memory starts at least 64-byte
+  // aligned on the device (SlabBuilder's offsets keep that alignment for every tensor in a
+  // slab; cudaMalloc gives 256, an OpenCL buffer is its own object at offset 0).
   virtual void* allocate(size_t bytes) = 0;
   virtual void free(void* handle, size_t bytes) = 0;
   // Host memory the device copies to and from fastest (page-locked where the backend can);

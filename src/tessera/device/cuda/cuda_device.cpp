@@ -40,7 +40,6 @@ class CudaDevice final : public Device {
     TESSERA_CUDA_CALL(where(), cudaMemGetInfo, &m.free_bytes, &m.total_bytes);
     return m;
   }
-  size_t alignment() const override { return 256; }  // what cudaMalloc guarantees
   void set_tf32_matmul(bool allow) override { tf32_ = allow; }
   bool tf32_matmul() const override { return tf32_; }
 
