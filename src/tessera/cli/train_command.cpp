@@ -100,11 +100,11 @@ int run_train(int argc, char** argv) {
   partition.sequence_parallel = args.sequence_parallel;
   partition.chunks = pipeline_chunks(c.num_layers, args.pipeline_split, topology.pp_rank());
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, topology.pp_rank());
-  print_theoretical_memory(args);
+  print_theoretical_memory(args, device);
   if (args.dry_run) {
     check_data_files(args);
     if (id.local_rank == 0)  // one report per node
-      check_node_memory(args, id.rank, std::max(id.local_world_size, 1), device.memory_info());
+      check_node_memory(args, id.rank, std::max(id.local_world_size, 1), device);
     print_rank_0("--dry-run: flags and layout are valid, and the data files are there; not training");
     return 0;
   }

@@ -279,7 +279,7 @@ GPTModel::~GPTModel() = default;
 
 GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                   const std::vector<int>& act_slots, const std::vector<int>& io_slots,
-                                  const GradBufferOptions& buffers) {
+                                  const GradBufferOptions& buffers, const Device& device) {
   GPTSlabSizes sizes;
   for (const ParamShard& s : shard_params(config, partition)) sizes.num_parameters += s.numel();
   const size_t numel = static_cast<size_t>(buffer_layout_for(config, partition, buffers).numel);
@@ -287,9 +287,8 @@ GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size,
   sizes.grads = numel * sizeof(float);
   std::vector<Chunk> chunks;
   Workspace ws;
-  // Attention's state as the CPU backend keeps it (the OpenCL backend keeps the same).
   sizes.activations =
-      Layout(cpu_device(), config, micro_batch_size, partition, act_slots, io_slots, chunks, ws).builder.total_bytes();
+      Layout(device, config, micro_batch_size, partition, act_slots, io_slots, chunks, ws).builder.total_bytes();
   return sizes;
 }
 

@@ -86,10 +86,11 @@ class GPTModel {
                                             const GradBufferOptions& options);
   ~GPTModel();
 
-  // buffers: the parameter/gradient buffer's layout options (grad_buffer_layout's).
+  // buffers: the parameter/gradient buffer's layout options (grad_buffer_layout's); device:
+  // the backend whose attention_buffers size attention's saved state.
   static GPTSlabSizes slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                  const std::vector<int>& act_slots, const std::vector<int>& io_slots,
-                                 const GradBufferOptions& buffers = {});
+                                 const GradBufferOptions& buffers, const Device& device);
 
   const GPTConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }

@@ -6,8 +6,9 @@ namespace tessera {
 
 GPTMemoryEstimate estimate_gpt_memory(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                       const std::vector<int>& act_slots, const std::vector<int>& io_slots,
-                                      const GradBufferOptions& buffers) {
-  const GPTSlabSizes sizes = GPTModel::slab_sizes(config, micro_batch_size, partition, act_slots, io_slots, buffers);
+                                      const GradBufferOptions& buffers, const Device& device) {
+  const GPTSlabSizes sizes =
+      GPTModel::slab_sizes(config, micro_batch_size, partition, act_slots, io_slots, buffers, device);
   const int shards = buffers.distributed_optimizer ? buffers.data_parallel : 1;
   // f32 bytes of this rank's share of the optimizer's per-parameter state.
   const size_t f32_share = sizes.grads / static_cast<size_t>(shards);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tessera/model/gpt_config.h"
+#include "tessera/device/device.h"
 #include "tessera/model/model_partition.h"
 #include "tessera/parallel/grad_buffer_layout.h"
 
@@ -37,9 +38,10 @@ struct GPTMemoryEstimate {
 GPTMemoryEstimate estimate_gpt_memory(const GPTConfig& config, int micro_batch_size);
 // One rank's share with the given activation and I/O slots per chunk. buffers: the layout
 // of its parameter and gradient buffers, which also says whether the distributed optimizer
-// shards the optimizer's state over data_parallel ranks.
+// shards the optimizer's state over data_parallel ranks. device: the backend that will run
+// it (attention's saved state is the backend's to size: ops::attention_buffers).
 GPTMemoryEstimate estimate_gpt_memory(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                       const std::vector<int>& act_slots, const std::vector<int>& io_slots,
-                                      const GradBufferOptions& buffers = {});
+                                      const GradBufferOptions& buffers = {}, const Device& device = cpu_device());
 
 }  // namespace tessera

@@ -24,8 +24,8 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-void print_theoretical_memory(const TrainArgs& args) {
-  const std::vector<RankMemory> ranks = estimate_memory_per_rank(args);
+void print_theoretical_memory(const TrainArgs& args, const Device& device) {
+  const std::vector<RankMemory> ranks = estimate_memory_per_rank(args, device);
   const RankMemory& largest = largest_rank_memory(ranks);
   const GPTMemoryEstimate& e = largest.estimate;
   char whose[96] = "per rank";
@@ -39,8 +39,9 @@ void print_theoretical_memory(const TrainArgs& args) {
                e.optimizer_bytes / kMiB, whose);
 }
 
-void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, const MemoryInfo& machine) {
-  const std::vector<RankMemory> ranks = estimate_memory_per_rank(args);
+void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, const Device& device) {
+  const std::vector<RankMemory> ranks = estimate_memory_per_rank(args, device);
+  const MemoryInfo machine = device.memory_info();
   double need = 0;
   const int end = std::min<int>(first_rank + local_ranks, static_cast<int>(ranks.size()));
   for (int r = first_rank; r < end; ++r) need += static_cast<double>(ranks[r].estimate.total_bytes());

@@ -7,7 +7,7 @@
 
 namespace tessera {
 
-GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int pp_rank) {
+GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int pp_rank, const Device& device) {
   ModelPartition partition;
   partition.tp_size = args.tensor_parallel_size;
   partition.tp_rank = tp_rank;
@@ -15,17 +15,17 @@ GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int p
   partition.chunks = pipeline_chunks(args.model.num_layers, args.pipeline_split, pp_rank);
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, pp_rank);
   return estimate_gpt_memory(args.model, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots,
-                             grad_buffer_options(args, pp_rank));
+                             grad_buffer_options(args, pp_rank), device);
 }
 
-std::vector<RankMemory> estimate_memory_per_rank(const TrainArgs& args) {
+std::vector<RankMemory> estimate_memory_per_rank(const TrainArgs& args, const Device& device) {
   const Topology topology(args.world_size, 0, args.tensor_parallel_size, args.pipeline_parallel_size);
   std::map<std::pair<int, int>, GPTMemoryEstimate> by_coords;  // data-parallel replicas share one
   std::vector<RankMemory> out;
   for (int r = 0; r < args.world_size; ++r) {
     const RankCoords c = topology.coords_of(r);
     auto it = by_coords.find({c.tp, c.pp});
-    if (it == by_coords.end()) it = by_coords.emplace(std::pair{c.tp, c.pp}, estimate_rank_memory(args, c.tp, c.pp)).first;
+    if (it == by_coords.end()) it = by_coords.emplace(std::pair{c.tp, c.pp}, estimate_rank_memory(args, c.tp, c.pp, device)).first;
     out.push_back({r, c.tp, c.pp, it->second});
   }
   return out;

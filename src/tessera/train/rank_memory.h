@@ -12,8 +12,9 @@
 
 namespace tessera {
 
-// The estimate of the rank at (tp_rank, pp_rank) of `args`'s layout.
-GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int pp_rank);
+// The estimate of the rank at (tp_rank, pp_rank) of `args`'s layout, on `device`'s backend.
+GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int pp_rank,
+                                       const Device& device = cpu_device());
 
 struct RankMemory {
   int rank = 0;  // global rank
@@ -21,7 +22,7 @@ struct RankMemory {
   GPTMemoryEstimate estimate;
 };
 // Every global rank's estimate, rank order, for a world of args.world_size processes.
-std::vector<RankMemory> estimate_memory_per_rank(const TrainArgs& args);
+std::vector<RankMemory> estimate_memory_per_rank(const TrainArgs& args, const Device& device = cpu_device());
 // The rank that needs the most memory (the lowest such rank on a tie).
 const RankMemory& largest_rank_memory(const std::vector<RankMemory>& ranks);
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tessera/device/device.h"
+#include "tessera/device/registry.h"
 #include "tessera/model/gpt.h"
 
 namespace tessera {
@@ -45,6 +46,24 @@ TEST(MemoryEstimate, EqualsWhatGPTModelAllocates) {
       }
     }
   }
+}
+
+// Attention's saved state is each backend's to size (ops::attention_buffers), so the
+// estimate asks the device that will run the model: on every backend with a device here,
+// it is what the model allocates there.
+TEST(MemoryEstimate, EqualsWhatGPTModelAllocatesOnEachBackend) {
+  std::vector<std::string> specs = {"strict"};
+  for (const std::string& backend : device_backends())
+    if (device_count(backend) > 0) specs.push_back(backend + ":0");
+  for (const std::string& spec : specs)
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      GPTConfig c = tiny(2, false);
+      c.params_dtype = dtype;
+      Device& device = open_device(spec);
+      GPTModel model(c, device, 2);
+      const GPTMemoryEstimate e = estimate_gpt_memory(c, 2, ModelPartition::whole(c), {1}, {1}, {}, device);
+      EXPECT_EQ(e.activation_bytes, model.activation_bytes()) << spec << " " << dtype_name(dtype);
+    }
 }
 
 // Megatron's bytes per parameter (theoretical_memory_usage.py): 18 for a 16-bit model, 6 + 12/DP
