@@ -1,6 +1,6 @@
 // The cuBLASLt plan cache's key logic (ops/cuda/gemm_plan.h), on the CPU: a GEMM is planned
 // once however often it runs, and a change in anything the plan depends on (shape, leading
-// dimensions, dtypes, transposes, epilogue, compute type, operand alignment) gets a plan of
+// dimensions, dtypes, transposes, epilogue, compute type, operand alignment, batch) gets a plan of
 // its own, so no call ever runs with another GEMM's descriptor.
 #include <gtest/gtest.h>
 
@@ -62,6 +62,10 @@ TEST(GemmPlanCache, EveryFieldThePlanDependsOnMakesANewPlan) {
       [](GemmKey& k) { k.align_a = 16; },
       [](GemmKey& k) { k.align_b = 16; },
       [](GemmKey& k) { k.align_c = 4; },
+      [](GemmKey& k) { k.batch = 12; },  // attention's heads
+      [](GemmKey& k) { k.stride_a = 512; },
+      [](GemmKey& k) { k.stride_b = 512; },
+      [](GemmKey& k) { k.stride_c = 256; },
   };
   PlanCache<FakePlan> cache;
   cache.get(base, [&] { return std::make_unique<FakePlan>(FakePlan{base}); });
@@ -91,4 +95,15 @@ TEST(GemmPlanCache, AlignmentIsTheLargestPowerOfTwoUpTo256) {
   EXPECT_EQ(alignment_of(buffer + 4), 4u);
   EXPECT_EQ(alignment_of(buffer + 2), 2u);  // a bf16 element offset
   EXPECT_EQ(alignment_of(buffer + 96), 32u);
+}
+
+// A strided batch's matrices are as aligned as the first address and the stride allow: an
+// odd f32 stride (a head of 19 x 8 bf16 values, say) leaves only the element's alignment.
+TEST(GemmPlanCache, BatchAlignmentIsTheLeastOfAddressAndStride) {
+  alignas(256) static char buffer[1024];
+  EXPECT_EQ(batch_alignment(buffer, 0), 256u);  // no batch: the address's
+  EXPECT_EQ(batch_alignment(buffer, 19 * 8 * 4), 32u);
+  EXPECT_EQ(batch_alignment(buffer, 19 * 19 * 4), 4u);
+  EXPECT_EQ(batch_alignment(buffer + 16, 1024 * 64 * 4), 16u);  // the address's
+  EXPECT_EQ(batch_alignment(buffer, 19 * 2), 2u);
 }

@@ -14,7 +14,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
+#include <vector>
 
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
@@ -24,6 +26,11 @@ namespace tessera::ops::cuda {
 
 // A tensor's offset in elements (the byte offset must be a multiple of the element size).
 uint64_t element_offset(const Tensor& t);
+
+// An F32 tensor's first element (null when empty).
+inline float* f32(const Tensor& t) {
+  return t.empty() ? nullptr : static_cast<float*>(t.handle) + element_offset(t);
+}
 
 class CudaLaunch {
  public:
@@ -72,6 +79,24 @@ class ScratchLease {
  private:
   std::unique_lock<std::mutex> lock_;
   void* data_;
+};
+
+// One op's f32 temporaries (and widened 16-bit GEMM operands), carved out of the device's
+// scratch: piece i of the sizes given, in bytes.
+class Pieces {
+ public:
+  Pieces(Device& device, std::initializer_list<size_t> bytes) : offsets_(offsets(bytes)), lease_(device, offsets_.back()) {}
+  void* operator[](size_t i) const { return static_cast<char*>(lease_.data()) + offsets_[i]; }
+
+ private:
+  // Where each piece starts (256-byte aligned, as cuBLASLt likes), then the total.
+  static std::vector<size_t> offsets(std::initializer_list<size_t> bytes) {
+    std::vector<size_t> r{0};
+    for (size_t b : bytes) r.push_back(r.back() + (b + 255) / 256 * 256);
+    return r;
+  }
+  std::vector<size_t> offsets_;
+  ScratchLease lease_;
 };
 
 // The launcher the shared host code (ops/kernels/*_host.inc) calls.

@@ -24,7 +24,10 @@ struct GemmKey {
   bool ta = false, tb = false;
   bool bias = false;  // CUBLASLT_EPILOGUE_BIAS
   int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
-  uint32_t align_a = 0, align_b = 0, align_c = 0;  // alignment_of the addresses, in bytes
+  uint32_t align_a = 0, align_b = 0, align_c = 0;  // batch_alignment of each operand, in bytes
+  // A strided batch (cuBLASLt's BATCH_COUNT, STRIDED_BATCH_OFFSET): `batch` GEMMs, the i-th
+  // on A + i*stride_a, B + i*stride_b, C + i*stride_c (in elements). 1 and 0s: one GEMM.
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 
   auto operator<=>(const GemmKey&) const = default;
 };
@@ -34,6 +37,12 @@ struct GemmKey {
 inline uint32_t alignment_of(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & -a));
+}
+
+// The alignment every matrix of a strided batch has: that of the first one's address and
+// of the stride between them (stride_bytes; 0 for no batch).
+inline uint32_t batch_alignment(const void* p, uint64_t stride_bytes) {
+  return std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride_bytes)));
 }
 
 // Plans by key, each made once by `make` (a function returning std::unique_ptr<Plan>).

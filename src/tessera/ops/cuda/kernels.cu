@@ -1,7 +1,7 @@
 // Every kernel of the CUDA backend, compiled by nvcc into one fatbin (ops/cuda/CMakeLists.txt)
 // that cuda_launch.cpp loads and looks kernels up in by name, as the OpenCL backend does
 // with its program. The sources are OpenCL C (ops/kernels/*.cl) read through
-// prelude_cuda.cuh.
+// prelude_cuda.cuh, then the CUDA-only ones (ops/cuda/*.cuh).
 #include "tessera/ops/kernels/prelude_cuda.cuh"
 
 #include "tessera/ops/kernels/dtype.cl"
@@ -15,3 +15,4 @@
 #include "tessera/ops/kernels/sum_squares.cl"
 #include "tessera/ops/kernels/fp64.cl"
 
+#include "tessera/ops/cuda/attention_kernels.cuh"
