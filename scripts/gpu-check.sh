@@ -9,7 +9,7 @@
 #       shared library they load that is neither glibc nor a CUDA library (oneDNN, ICU,
 #       Gloo, ...), xz-compressed to fit a 64 MiB transfer. Carry that file to the GPU
 #       machine with the source tree.
-#   scripts/gpu-check.sh run [BUNDLE]
+#   scripts/gpu-check.sh run [BUNDLE] [--no-peers]
 #       On the GPU machine (default bundle: build-cuda/gpu-bundle.tar.xz): unpacks it, finds
 #       the CUDA 13 libraries (cuBLASLt, NCCL) among pip's nvidia-* packages, runs the gpu
 #       tests (every op against the CPU backend, 10 training iterations against the CPU),
@@ -17,7 +17,9 @@
 #       tokens/s and MFU against 989 TFLOP/s; an 8192^3 bf16 GEMM; PyTorch eager and
 #       torch.compile of the same models), and writes $OUT/gpu-check/summary.md with every
 #       log beside it. Each part has a time limit; the whole run stays under 8 minutes,
-#       and a part that fails or times out is recorded and the run goes on.
+#       and a part that fails or times out is recorded and the run goes on. --no-peers skips
+#       PyTorch's runs (a re-check of tessera alone, about 2 minutes) and adds a per-kernel
+#       profile of one GPT-2 124M iteration (Nsight Compute, when the machine has ncu).
 set -uo pipefail
 
 die() {
@@ -225,12 +227,13 @@ out = ["# gpu-check summary", "", open(os.path.join(res, "machine.md")).read(), 
 # Each test part's verdict lines (its figures, failures, the sanitizer's summary), else its
 # last lines: the summary is the one file sure to come back from the machine.
 VERDICT = ("ok ", "[  PASSED", "[  FAILED", "differ", "ERROR SUMMARY", "error:")
-for name in ("test_backend_ops", "test_train_parity", "test_checkpoint", "test_bf16", "test_tf32", "memcheck"):
+for name in ("test_backend_ops", "test_train_parity", "test_checkpoint", "test_bf16", "test_tf32", "memcheck",
+             "profile_124m"):
     try:
         lines = [l.rstrip() for l in open(os.path.join(res, name + ".log")) if l.strip()]
     except OSError:
         continue
-    picked = [l for l in lines if any(v in l for v in VERDICT)][-12:] or lines[-4:]
+    picked = [l for l in lines if any(v in l for v in VERDICT)][-16:] or lines[-4:]
     out += ["%s:" % name, "```"] + [l[:300] for l in picked] + ["```", ""]
 out += ["## Benchmark (bf16, sequence 1024, micro-batch 8)", ""]
 gemm = last_json(os.path.join(res, "gemm_8192.log"), "tflops")
@@ -253,8 +256,36 @@ print(text)
 EOF
 }
 
+# Nsight Compute's per-kernel GPU time of one GPT-2 124M iteration (with its evaluation):
+# the 15 kernels that take longest, from ncu's CSV.
+tessera_profile() {
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n $ncu ]] || { echo "no ncu on this machine"; return 77; }
+  "$ncu" --metrics gpu__time_duration.sum --csv --print-units base -c 3000 "$TESSERA.bin" train \
+    --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
+    --micro-batch-size 8 --global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 50257 \
+    --mock-data --lr 6e-4 --train-iters 1 --eval-iters 1 --eval-interval 1000 --device cuda >"$RESULTS/ncu.csv" || return 1
+  python3 - "$RESULTS/ncu.csv" <<'EOF'
+import collections, csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+name, value = rows[0].index("Kernel Name"), rows[0].index("Metric Value")
+ms, calls = collections.Counter(), collections.Counter()
+for r in rows[1:]:
+    try:
+        ms[r[name][:80]] += float(r[value].replace(",", "")) / 1e6
+        calls[r[name][:80]] += 1
+    except ValueError:
+        pass
+print("ok  profile: %.1f ms of GPU time in %d kernels" % (sum(ms.values()), sum(calls.values())))
+for k, v in ms.most_common(15):
+    print("ok  %9.2f ms %5d  %s" % (v, calls[k], k))
+EOF
+}
+
 run() {
-  local bundle=${1:-build-cuda/gpu-bundle.tar.xz}
+  local bundle=${1:-build-cuda/gpu-bundle.tar.xz} peers=1
+  [[ ${2:-} == --no-peers ]] && peers=0
   [[ -f $bundle ]] || die "no $bundle: run '$0 bundle' on the build machine and carry the file"
   RESULTS=${OUT:-/tmp}/gpu-check
   mkdir -p "$RESULTS"
@@ -312,18 +343,24 @@ run() {
       --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --eval-interval 2 --eval-iters 1 --lr 1e-3 \
       --hidden-dropout 0.1 --attention-dropout 0.1
   fi
-  part gemm_8192 20 torch_bench gemm
-  part tessera_124m 60 tessera_bench 124m
-  part torch_124m_eager 30 torch_bench 124m eager
-  part tessera_350m 70 tessera_bench 350m
-  part torch_350m_eager 30 torch_bench 350m eager
-  part torch_124m_compile 60 torch_bench 124m compile
-  part torch_350m_compile 60 torch_bench 350m compile
+  if ((peers)); then
+    part gemm_8192 20 torch_bench gemm
+    part tessera_124m 60 tessera_bench 124m
+    part torch_124m_eager 30 torch_bench 124m eager
+    part tessera_350m 70 tessera_bench 350m
+    part torch_350m_eager 30 torch_bench 350m eager
+    part torch_124m_compile 60 torch_bench 124m compile
+    part torch_350m_compile 60 torch_bench 350m compile
+  else
+    part tessera_124m 60 tessera_bench 124m
+    part tessera_350m 70 tessera_bench 350m
+    part profile_124m 90 env LD_LIBRARY_PATH="$libpath" bash -c "$(declare -f tessera_profile); tessera_profile"
+  fi
   summarize
 }
 
 case ${1:-} in
   bundle) bundle "${@:2}" ;;
   run) run "${@:2}" ;;
-  *) die "usage: $0 bundle [BUILD_DIR] | run [BUNDLE]" ;;
+  *) die "usage: $0 bundle [BUILD_DIR] | run [BUNDLE] [--no-peers]" ;;
 esac
