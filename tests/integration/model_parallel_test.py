@@ -207,14 +207,16 @@ def test_two_hosts(tmp):
 def test_device(tmp, device):
     """The smallest layout of each kind on `device` (CI: the strict test device, on which any
     host access outside a backend fails naming the place): one process equals the CPU's
-    bit for bit (the same kernels), TP=2 x DP=2 and PP=2 equal it within 1e-5; dropout on; and
-    pure PP=2 of an untied model gives the device's own one-process bits."""
+    bit for bit (the same kernels); TP=2 x DP=2, PP=2, TP=2 with sequence parallelism,
+    interleaved PP=4 and DP=2 with the distributed optimizer equal it within 1e-5; dropout
+    on; and pure PP=2 of an untied model gives the device's own one-process bits."""
     on_device = ["--device", device] + FOUR
     reference, _ = train(tmp, "single reference", 1, FOUR)
     single, _ = train(tmp, "single " + device, 1, on_device)
     compare(reference, single, "single " + device, exact=device == "strict")
-    for label, procs, flags in LAYOUTS:
-        if label in ("tp2 dp2", "pp2"):
+    distributed_optimizer = ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"])
+    for label, procs, flags in LAYOUTS + [distributed_optimizer]:
+        if label in ("tp2 dp2", "pp2", "tp2 sp", "pp4 interleaved", distributed_optimizer[0]):
             t0 = time.monotonic()
             got, _ = train(tmp, label + " " + device, procs, flags + on_device)
             compare(reference, got, label + " " + device)
