@@ -7,12 +7,15 @@
   numbers within 1e-5 (collectives staged through host memory);
 - checkpoint: a checkpoint saved on OpenCL resumes on the CPU with the next losses of an
   uninterrupted CPU run (within 1e-5), and one saved on the CPU resumes on OpenCL the same way;
+- llama: the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied
+  embeddings, no biases) on OpenCL, one process and TP=2 (query groups split over ranks),
+  gives one CPU process's numbers within 1e-5;
 - no-device: where the ICD loader finds no driver, `--device opencl` is a runtime error
   (exit 1) saying that no device is visible and how to get one, not "no backend".
 Why 1e-5: the backends sum in different orders (GEMMs, row reductions), a few f32 ulp per
 op, and the parallel-layout tests hold the CPU to the same 1e-5.
 Exits 77 (skipped) when the build sees no OpenCL device.
-usage: opencl_train_test.py TESSERA_BINARY one-process|launch|checkpoint|no-device"""
+usage: opencl_train_test.py TESSERA_BINARY one-process|launch|checkpoint|llama|no-device"""
 import json
 import os
 import subprocess
@@ -105,6 +108,21 @@ def test_checkpoint(tmp, cpu):
         compare(cpu, resumed, "saved on %s, resumed on %s" % (saver, loader), first_iteration=6)
 
 
+# tests/integration/llama_model_test.py's LLAMA flags: 4 heads in 2 query groups.
+LLAMA = ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu",
+         "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
+         "--disable-bias-linear"]
+
+
+def test_llama(tmp, _):
+    cpu, _ = train(tmp, "llama cpu", ["--device", "cpu"] + LLAMA)
+    ocl, _ = train(tmp, "llama opencl", ["--device", "opencl"] + LLAMA)
+    compare(cpu, ocl, "llama opencl, 1 process")
+    tp, _ = train(tmp, "llama opencl tp2", ["--device", "opencl", "--tensor-model-parallel-size", "2"] + LLAMA,
+                  procs=2)
+    compare(cpu, tp, "llama opencl, TP=2")
+
+
 def test_no_device(tmp, cpu):
     """The ICD loader pointed at an empty vendors folder: the backend is built, no driver is there."""
     e = env()
@@ -118,7 +136,7 @@ def test_no_device(tmp, cpu):
 
 
 PARTS = {"one-process": test_one_process, "launch": test_launch, "checkpoint": test_checkpoint,
-         "no-device": test_no_device}
+         "llama": test_llama, "no-device": test_no_device}
 
 
 def main():

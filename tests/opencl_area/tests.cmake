@@ -1,10 +1,11 @@
 # The OpenCL backend end to end against the CPU backend (tests/integration/opencl_train_test.py):
-# one process, TP=2 x DP=2 and PP=2 under the launcher, checkpoints across backends, the error
+# one process, TP=2 x DP=2 and PP=2 under the launcher, checkpoints across backends, the Llama
+# family (one process, TP=2), the error
 # where no OpenCL driver is installed. Registered
 # in builds with the backend; skipped (exit 77) on a machine without an OpenCL device.
 # Labelled "opencl":   ctest --test-dir build -L opencl
 if(TESSERA_WITH_OPENCL)
-  foreach(part one-process launch checkpoint no-device)
+  foreach(part one-process launch checkpoint llama no-device)
     add_test(NAME opencl.train_${part}
              COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/opencl_train_test.py
                      $<TARGET_FILE:tessera> ${part})
