@@ -163,11 +163,7 @@ void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, 
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
   write_megatron_file((folder / kMegatronFile).string(), spec, params);
-  if (distrib) {
-    const std::vector<uint8_t> bytes = distrib_optim_file_bytes(*distrib);
-    write_file_synced((folder / kDistribOptimFile).string(),
-                      {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-  }
+  if (distrib) write_distrib_optim_file((folder / kDistribOptimFile).string(), *distrib);
   fsync_directory(folder.string());
 }
 
@@ -453,11 +449,10 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
     main.push_back(spec.distributed_optimizer ? whole.tensors.at(i * kinds).tensor : optimizer_->main_param(i));
   std::optional<DistribOptimState> distrib;
   if (spec.distributed_optimizer && spec.with_optimizer) {
-    std::vector<int> chunks;
-    for (const ParamShard& s : model_.shards()) chunks.push_back(s.chunk);
-    std::vector<const float*> buffers;
-    for (const std::vector<float>& b : whole.buffers) buffers.push_back(b.data());
-    distrib = distrib_optim_state(model_.buffer_layout(), chunks, buffers);
+    distrib.emplace();
+    distrib->layout = &model_.buffer_layout();
+    for (const ParamShard& s : model_.shards()) distrib->chunks.push_back(s.chunk);
+    for (const std::vector<float>& b : whole.buffers) distrib->whole.push_back(b.data());
     // Megatron's buffer key: fp32 gradients unless fp16 without --accumulate-allreduce-grads-in-fp32.
     distrib->param_dtype = spec.model_dtype;
     distrib->grad_dtype = args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16
