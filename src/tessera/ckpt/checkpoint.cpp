@@ -76,8 +76,8 @@ Tensor on_a_device(Tensor t) {
 
 // Writes the safetensors file of `tensors`, each with its placement in the metadata, to
 // `path`: each tensor staged from its device through one bounded host buffer (a widened one
-// through a second, twice the piece), so no host copy of the whole file is ever made. Returns the file's checksum and size (path relative to the
-// iteration folder: `rel`).
+// through a second, twice the piece), so no host copy of the whole file is ever made.
+// Returns the file's checksum and size (path relative to the iteration folder: `rel`).
 CheckpointFile write_tensors_file(const std::string& path, const std::string& rel,
                                   const std::vector<FileTensor>& tensors) {
   std::vector<safetensors::WriteEntry> entries;
@@ -337,8 +337,7 @@ class PieceIndex {
         throw runtime_error(sources_[p->file].path + ": tensor " + t.name + " is " +
                                 std::string(safetensors::dtype_to_name(dtype)) + " " + shape_str(p->place.global_shape) +
                                 ", the model expects " + std::string(safetensors::dtype_to_name(target.values.dtype)) +
-                                " " +
-                                shape_str(t.global_shape),
+                                " " + shape_str(t.global_shape),
                             "load with the model flags the checkpoint was saved with (see its metadata.json)");
     }
     const Shape& g = t.global_shape;
