@@ -46,12 +46,27 @@ std::string placement_text(const FlatPiece& p) {
          shape_str({p.begin, p.end});
 }
 
-// A tensor as a file holds it: its name, its values and its placement text.
+// A tensor as a file holds it: its name, its values, its placement text and the dtype the
+// file stores (the tensor's, or F32 for a 16-bit tensor written widened).
 struct FileTensor {
   std::string name;
   Tensor tensor;
   std::string placement;
+  DType stored;
 };
+
+// The dtype a tensor is stored as under `storage`.
+DType stored_dtype(DType dtype, FloatStorage storage) {
+  const bool half = dtype == DType::BF16 || dtype == DType::F16;
+  return half && storage == FloatStorage::WidenToF32 ? DType::F32 : dtype;
+}
+
+// A staged piece of 16-bit values (`dtype`), widened to f32 (exact) in `wide`.
+void widen_piece(const void* piece, size_t bytes, DType dtype, std::vector<float>& wide) {
+  const uint16_t* bits = static_cast<const uint16_t*>(piece);
+  wide.resize(bytes / sizeof(uint16_t));
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = dtype == DType::BF16 ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+}
 
 // A tensor without a device is host memory: the CPU device's (its handle is the address).
 Tensor on_a_device(Tensor t) {
@@ -60,16 +75,16 @@ Tensor on_a_device(Tensor t) {
 }
 
 // Writes the safetensors file of `tensors`, each with its placement in the metadata, to
-// `path`: each tensor staged from its device through one bounded host buffer, so no host copy
-// of the whole file is ever made. Returns the file's checksum and size (path relative to the
-// iteration folder: `rel`).
+// `path`: each tensor staged from its device through one bounded host buffer (a widened one
+// through a second, twice the piece), so no host copy of the whole file is ever made.
+// Returns the file's checksum and size (path relative to the iteration folder: `rel`).
 CheckpointFile write_tensors_file(const std::string& path, const std::string& rel,
                                   const std::vector<FileTensor>& tensors) {
   std::vector<safetensors::WriteEntry> entries;
   std::map<std::string, std::string> metadata{{"format", "tessera-checkpoint"}};
   size_t largest = 1;
   for (const FileTensor& t : tensors) {
-    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape, nullptr});
+    entries.push_back({t.name, t.stored, t.tensor.shape, nullptr});
     metadata[t.name] = t.placement;
     largest = std::max(largest, t.tensor.bytes());
   }
@@ -85,6 +100,7 @@ CheckpointFile write_tensors_file(const std::string& path, const std::string& re
   append(header.data(), header.size());
   std::unique_ptr<HostStaging> stage;  // for the device of the tensors (in practice one)
   Device* staged_device = nullptr;
+  std::vector<float> wide;
   for (const FileTensor& t : tensors) {
     const Tensor src = on_a_device(t.tensor);
     if (src.device != staged_device) {
@@ -92,7 +108,15 @@ CheckpointFile write_tensors_file(const std::string& path, const std::string& re
       stage = std::make_unique<HostStaging>(*src.device, std::min(largest, HostStaging::kDefaultBytes));
       staged_device = src.device;
     }
-    if (src.bytes() > 0) stage->read(src, append);
+    if (src.bytes() == 0) continue;
+    if (t.stored == src.dtype) {
+      stage->read(src, append);
+      continue;
+    }
+    stage->read(src, [&](const void* piece, size_t bytes) {
+      widen_piece(piece, bytes, src.dtype, wide);
+      append(wide.data(), wide.size() * sizeof(float));
+    });
   }
   file.finish();
   written.sha256 = sha.hex();
@@ -229,6 +253,12 @@ bool checksum_ok(const SourceFile& src) {
   return total == src.bytes && sha.hex() == src.sha256;
 }
 
+// Whether saved values of `saved` fill a target of `target`: the same dtype, or F32 into a
+// 16-bit target (rounded to nearest even: a 16-bit model from f32 values).
+bool loads_into(DType saved, DType target) {
+  return saved == target || (saved == DType::F32 && (target == DType::BF16 || target == DType::F16));
+}
+
 // The pieces of every tensor of a kind of file (model or optimizer), by name, from the
 // (unverified, bounds-checked) headers; the data is read and verified only when copied.
 class PieceIndex {
@@ -283,9 +313,13 @@ class PieceIndex {
 
   const std::vector<SourceFile>& sources() const { return sources_; }
 
-  // The copies that fill `t` (targets[index]), preferring pieces of saved TP rank `preferred`.
-  void plan(const ShardedTensor& t, size_t index, int preferred, const char* what,
+  DType dtype(const std::string& name) const { return dtypes_.at(name); }
+
+  // The copies that fill `target` (targets[index]; the copies cover its whole slice),
+  // preferring pieces of saved TP rank `preferred`.
+  void plan(const FlatPiece& target, size_t index, int preferred, const char* what,
             std::vector<std::vector<CopyOp>>& ops_by_file) const {
+    const ShardedTensor& t = target.slice;
     auto it = pieces_.find(t.name);
     if (it == pieces_.end())
       throw runtime_error("checkpoint " + it_dir_ + " lacks " + what + " " + t.name + " (in none of its " +
@@ -299,11 +333,11 @@ class PieceIndex {
     });
     const DType dtype = dtypes_.at(t.name);
     for (const Piece* p : pieces) {
-      if (p->place.global_shape != t.global_shape || dtype != t.tensor.dtype)
+      if (p->place.global_shape != t.global_shape || !loads_into(dtype, target.values.dtype))
         throw runtime_error(sources_[p->file].path + ": tensor " + t.name + " is " +
                                 std::string(safetensors::dtype_to_name(dtype)) + " " + shape_str(p->place.global_shape) +
-                                ", the model expects " + std::string(safetensors::dtype_to_name(t.tensor.dtype)) + " " +
-                                shape_str(t.global_shape),
+                                ", the model expects " + std::string(safetensors::dtype_to_name(target.values.dtype)) +
+                                " " + shape_str(t.global_shape),
                             "load with the model flags the checkpoint was saved with (see its metadata.json)");
     }
     const Shape& g = t.global_shape;
@@ -409,31 +443,49 @@ class PieceIndex {
   std::map<std::string, DType> dtypes_;
 };
 
-// One copy from a saved piece's elements (`from`, laid out as op.src_shape) into its target.
-// The rows of a split copy go to the device one contiguous run at a time.
-void copy_piece(const CopyOp& op, const uint8_t* from, const ShardedTensor& t) {
-  const size_t es = dtype_size(t.tensor.dtype);
-  if (op.dim < 0) {
-    write_tensor_bytes(t.tensor, 0, from, t.tensor.bytes());
-    return;
+// Elements [first, first + count) of a target's slice, as `from` holds them in `dtype`: those
+// within the target's [begin, end) go to its values, rounded (through a bounded buffer) where
+// the values are 16-bit and the file's F32.
+void write_slice_elements(const FlatPiece& t, int64_t first, int64_t count, const uint8_t* from, DType dtype) {
+  const int64_t begin = std::max(first, t.begin), end = std::min(first + count, t.end);
+  if (begin >= end) return;
+  from += static_cast<size_t>(begin - first) * dtype_size(dtype);
+  const size_t at = static_cast<size_t>(begin - t.begin) * dtype_size(t.values.dtype);
+  if (dtype == t.values.dtype)
+    return write_tensor_bytes(t.values, at, from, static_cast<size_t>(end - begin) * dtype_size(dtype));
+  constexpr int64_t kRoundedRun = int64_t{1} << 20;  // elements rounded per copy to the device
+  std::vector<uint16_t> bits(static_cast<size_t>(std::min(end - begin, kRoundedRun)));
+  for (int64_t done = 0; done < end - begin; done += kRoundedRun) {
+    const size_t n = static_cast<size_t>(std::min(end - begin - done, kRoundedRun));
+    const float* values = reinterpret_cast<const float*>(from) + done;
+    for (size_t i = 0; i < n; ++i)
+      bits[i] = t.values.dtype == DType::BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+    write_tensor_bytes(t.values, at + static_cast<size_t>(done) * sizeof(uint16_t), bits.data(), n * sizeof(uint16_t));
   }
-  const Shape& dst_shape = t.tensor.shape;
+}
+
+// One copy from a saved piece's elements (`from`, laid out as op.src_shape, in `dtype`) into
+// its target. The rows of a split copy go to the device one contiguous run at a time.
+void copy_piece(const CopyOp& op, const uint8_t* from, DType dtype, const FlatPiece& t) {
+  const size_t es = dtype_size(dtype);
+  const Shape& dst_shape = t.slice.tensor.shape;
+  if (op.dim < 0) return write_slice_elements(t, 0, shape_numel(dst_shape), from, dtype);
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < op.dim; ++d) outer *= dst_shape[d];
   for (size_t d = op.dim + 1; d < dst_shape.size(); ++d) inner *= dst_shape[d];
   const int64_t src_rows = op.src_shape[op.dim], dst_rows = dst_shape[op.dim];
-  const size_t count = static_cast<size_t>((op.end - op.begin) * inner) * es;
   for (int64_t o = 0; o < outer; ++o)
-    write_tensor_bytes(t.tensor, static_cast<size_t>((o * dst_rows + op.begin - op.dst_start) * inner) * es,
-                       from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, count);
+    write_slice_elements(t, (o * dst_rows + op.begin - op.dst_start) * inner, (op.end - op.begin) * inner,
+                         from + static_cast<size_t>((o * src_rows + op.begin - op.src_start) * inner) * es, dtype);
 }
 
 // Verifies each file that `ops_by_file` copies from, then copies from the file mapped
 // (safetensors::Reader::open): a load holds no host copy of a file, only the page cache
-// (committed checkpoint files are never rewritten in place).
+// (committed checkpoint files are never rewritten in place), and each tensor's mapped pages
+// are dropped once it is copied.
 // A piece saved in flat parts is joined in one host buffer of its slice first. Each file is
 // verified once, when first read, and stays mapped until the end.
-void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
+void execute(const PieceIndex& index, const std::vector<FlatPiece>& targets,
              const std::vector<std::vector<CopyOp>>& ops_by_file) {
   std::vector<std::optional<safetensors::Reader>> readers(index.sources().size());
   auto reader = [&](size_t f) -> const safetensors::Reader& {
@@ -444,27 +496,33 @@ void execute(const PieceIndex& index, const std::vector<ShardedTensor>& targets,
     }
     return *readers[f];
   };
-  auto tensor_bytes = [&](size_t f, const std::string& name, const Shape& shape, DType dtype) {
+  // use(bytes) on a saved tensor's bytes; its mapped pages are dropped after (one tensor at a
+  // time resident, not whole files).
+  auto with_tensor = [&](size_t f, const std::string& name, const Shape& shape, DType dtype, auto&& use) {
     const safetensors::TensorInfo* info = reader(f).find(name);
     if (!info || info->shape != shape || info->dtype != dtype)
       throw runtime_error("checkpoint file " + index.sources()[f].path + " changed while it was being loaded (tensor " +
                           name + ")");
-    return reader(f).bytes(*info);
+    use(reader(f).bytes(*info));
+    reader(f).drop_pages(*info);
   };
   std::vector<float> joined;
   for (size_t f = 0; f < ops_by_file.size(); ++f) {
     for (const CopyOp& op : ops_by_file[f]) {
-      const ShardedTensor& t = targets[op.target];
+      const FlatPiece& t = targets[op.target];
+      const std::string& name = t.slice.name;
       if (!op.joined) {
-        copy_piece(op, tensor_bytes(f, t.name, op.src_shape, t.tensor.dtype).data(), t);
+        const DType dtype = index.dtype(name);
+        with_tensor(f, name, op.src_shape, dtype,
+                    [&](std::span<const uint8_t> bytes) { copy_piece(op, bytes.data(), dtype, t); });
         continue;
       }
       joined.resize(static_cast<size_t>(shape_numel(op.joined->shape)));
-      for (const FlatPart& part : op.joined->parts) {
-        const std::span<const uint8_t> bytes = tensor_bytes(part.file, t.name, {part.end - part.begin}, DType::F32);
-        std::memcpy(joined.data() + part.begin, bytes.data(), bytes.size());
-      }
-      copy_piece(op, reinterpret_cast<const uint8_t*>(joined.data()), t);
+      for (const FlatPart& part : op.joined->parts)
+        with_tensor(part.file, name, {part.end - part.begin}, DType::F32, [&](std::span<const uint8_t> bytes) {
+          std::memcpy(joined.data() + part.begin, bytes.data(), bytes.size());
+        });
+      copy_piece(op, reinterpret_cast<const uint8_t*>(joined.data()), DType::F32, t);
     }
   }
 }
@@ -624,16 +682,18 @@ fs::path make_shard_folder(const std::string& tmp_dir, const std::string& shard)
 
 std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
                                                    const std::vector<ShardedTensor>& model,
-                                                   const std::vector<ShardedTensor>& optimizer) {
+                                                   const std::vector<ShardedTensor>& optimizer,
+                                                   FloatStorage model_storage) {
   const fs::path folder = make_shard_folder(tmp_dir, shard);
   std::vector<CheckpointFile> files;
-  auto write = [&](const char* file, const std::vector<ShardedTensor>& tensors) {
+  auto write = [&](const char* file, const std::vector<ShardedTensor>& tensors, FloatStorage storage) {
     std::vector<FileTensor> entries;
-    for (const ShardedTensor& t : tensors) entries.push_back({t.name, t.tensor, placement_text(t)});
+    for (const ShardedTensor& t : tensors)
+      entries.push_back({t.name, t.tensor, placement_text(t), stored_dtype(t.tensor.dtype, storage)});
     files.push_back(write_tensors_file((folder / file).string(), shard + "/" + file, entries));
   };
-  write(kModelFile, model);
-  if (!optimizer.empty()) write(kOptimizerFile, optimizer);
+  write(kModelFile, model, model_storage);
+  if (!optimizer.empty()) write(kOptimizerFile, optimizer, FloatStorage::AsIs);
   fsync_directory(folder.string());
   return files;
 }
@@ -650,7 +710,7 @@ CheckpointFile write_optimizer_dp_shard(const std::string& tmp_dir, const std::s
   std::vector<FileTensor> entries;
   for (const FlatPiece& p : pieces) {
     TESSERA_CHECK(p.values.dtype == DType::F32 && p.values.numel() == p.end - p.begin, "flat piece of " + p.slice.name);
-    entries.push_back({p.slice.name, p.values, placement_text(p)});
+    entries.push_back({p.slice.name, p.values, placement_text(p), DType::F32});
   }
   const std::string file = optimizer_dp_shard_file(dp_rank);
   CheckpointFile written = write_tensors_file((folder / file).string(), shard + "/" + file, entries);
@@ -748,9 +808,22 @@ CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iterati
   }
 }
 
+std::vector<FlatPiece> whole_pieces(const std::vector<ShardedTensor>& slices) {
+  std::vector<FlatPiece> out;
+  for (const ShardedTensor& t : slices) out.push_back({t, 0, t.tensor.numel(), t.tensor});
+  return out;
+}
+
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<ShardedTensor>& model,
                                 const std::vector<ShardedTensor>& optimizer, bool load_optimizer, int tp_rank,
                                 int tp_size) {
+  return load_checkpoint_pieces(dir, iteration, whole_pieces(model), whole_pieces(optimizer), load_optimizer, tp_rank,
+                                tp_size);
+}
+
+CheckpointState load_checkpoint_pieces(const std::string& dir, int64_t iteration, const std::vector<FlatPiece>& model,
+                                       const std::vector<FlatPiece>& optimizer, bool load_optimizer, int tp_rank,
+                                       int tp_size) {
   if (is_megatron_checkpoint(dir, iteration))
     return load_megatron_checkpoint(dir, iteration, model, optimizer, load_optimizer, tp_rank, tp_size);
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
@@ -828,21 +901,18 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const
 }
 
 void load_external_pieces(const std::string& it_dir, const std::vector<ExternalSource>& sources,
-                          const std::vector<ExternalPiece>& pieces, const std::vector<ShardedTensor>& targets,
+                          const std::vector<ExternalPiece>& pieces, const std::vector<FlatPiece>& targets,
                           int preferred_tp_rank, const char* what,
                           const std::function<std::vector<float>(size_t)>& read) {
   std::vector<SourceFile> files;
   for (const ExternalSource& src : sources) files.push_back({src.path, src.path, "", 0, src.tp_rank});
   PieceIndex index(it_dir, std::move(files), pieces);
   std::vector<std::vector<CopyOp>> ops(sources.size());
-  for (size_t i = 0; i < targets.size(); ++i) {
-    TESSERA_CHECK(targets[i].tensor.dtype == DType::F32, "external pieces load into F32 tensors");
-    index.plan(targets[i], i, preferred_tp_rank, what, ops);
-  }
+  for (size_t i = 0; i < targets.size(); ++i) index.plan(targets[i], i, preferred_tp_rank, what, ops);
   for (const std::vector<CopyOp>& file_ops : ops)
     for (const CopyOp& op : file_ops) {
       const std::vector<float> values = read(op.piece);
-      copy_piece(op, reinterpret_cast<const uint8_t*>(values.data()), targets[op.target]);
+      copy_piece(op, reinterpret_cast<const uint8_t*>(values.data()), DType::F32, targets[op.target]);
     }
 }
 

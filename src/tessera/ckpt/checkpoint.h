@@ -127,13 +127,19 @@ std::string prepare_checkpoint_save(const std::string& dir, int64_t iteration, i
 std::string checkpoint_temp_dir(const std::string& dir, int64_t iteration, int64_t token);
 // 2. Every writer (data-parallel rank 0 of each (tp, pp)): writes TMP/<shard>/model.safetensors
 //    and, unless `optimizer` is empty, optimizer.safetensors, fsynced; returns their records.
+//    `model_storage` WidenToF32: the model's 16-bit tensors are written as F32 (exact), widened
+//    piece by piece as they are staged (a 16-bit run's model file beside the distributed
+//    optimizer's f32 main parameters, as Megatron's).
+enum class FloatStorage { AsIs, WidenToF32 };
 std::vector<CheckpointFile> write_checkpoint_shard(const std::string& tmp_dir, const std::string& shard,
                                                    const std::vector<ShardedTensor>& model,
-                                                   const std::vector<ShardedTensor>& optimizer);
+                                                   const std::vector<ShardedTensor>& optimizer,
+                                                   FloatStorage model_storage = FloatStorage::AsIs);
 // 2b. With the distributed optimizer, every data-parallel rank of each (tp, pp): writes its
 //    owned ranges of the optimizer state as TMP/<shard>/optimizer_dp_<dp_rank>.safetensors.
+//    (Loads take flat pieces too: load_checkpoint_pieces.)
 struct FlatPiece {
-  ShardedTensor slice;  // the (tp, pp) rank's slice it is cut from (its tensor is not read)
+  ShardedTensor slice;  // the (tp, pp) rank's slice it is cut from (only its tensor's shape is used)
   int64_t begin = 0, end = 0;  // flat elements within the slice
   Tensor values;               // [end - begin]
 };
@@ -186,6 +192,17 @@ CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iterati
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<ShardedTensor>& model,
                                 const std::vector<ShardedTensor>& optimizer, bool load_optimizer, int tp_rank = 0,
                                 int tp_size = 1);
+// The same with targets that are flat pieces of their slices (the distributed optimizer's
+// owned ranges): each slice's saved pieces stream past its target, which keeps only its
+// elements [begin, end), so no host copy of a slice is made beyond one saved piece (one
+// joined from data-parallel files, or a Megatron tensor). A target's values may be 16-bit
+// where the files hold F32 (a 16-bit model's parameters from f32 values): they are rounded
+// to nearest even, as the optimizer rounds its main parameters.
+CheckpointState load_checkpoint_pieces(const std::string& dir, int64_t iteration, const std::vector<FlatPiece>& model,
+                                       const std::vector<FlatPiece>& optimizer, bool load_optimizer, int tp_rank = 0,
+                                       int tp_size = 1);
+// Whole slices as flat pieces of all their elements.
+std::vector<FlatPiece> whole_pieces(const std::vector<ShardedTensor>& slices);
 // Whole tensors (tools): the full parameters, assembled from any layout.
 CheckpointState load_checkpoint(const std::string& dir, int64_t iteration, const std::vector<NamedTensor>& model,
                                 const std::vector<NamedTensor>& optimizer, bool load_optimizer);
@@ -212,11 +229,12 @@ struct ExternalPiece {
   TensorPlacement place;
   size_t source = 0;  // index into the sources
 };
-// Fills every target (F32) from the pieces that overlap it, reading first the pieces of saved
-// TP rank `preferred_tp_rank`; read(i) returns piece i's elements as float. A target no piece
-// covers, or a global shape that differs, is an Error naming the tensor and the file.
+// Fills every target (its elements [begin, end) of its slice; F32, or 16-bit rounded) from
+// the pieces that overlap it, reading first the pieces of saved TP rank `preferred_tp_rank`;
+// read(i) returns piece i's elements as float. A target no piece covers, or a global shape
+// that differs, is an Error naming the tensor and the file.
 void load_external_pieces(const std::string& it_dir, const std::vector<ExternalSource>& sources,
-                          const std::vector<ExternalPiece>& pieces, const std::vector<ShardedTensor>& targets,
+                          const std::vector<ExternalPiece>& pieces, const std::vector<FlatPiece>& targets,
                           int preferred_tp_rank, const char* what,
                           const std::function<std::vector<float>(size_t)>& read);
 

@@ -608,8 +608,8 @@ CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration
 }
 
 CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
-                                         const std::vector<ShardedTensor>& model,
-                                         const std::vector<ShardedTensor>& optimizer, bool load_optimizer,
+                                         const std::vector<FlatPiece>& model,
+                                         const std::vector<FlatPiece>& optimizer, bool load_optimizer,
                                          int tp_rank, int tp_size) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_megatron_metadata(dir, iteration);

@@ -57,12 +57,12 @@ bool is_megatron_checkpoint(const std::string& dir, int64_t iteration);
 // an enum member {"$enum": "megatron.core.enums.ModelType", "value": 1}.
 CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration);
 
-// load_checkpoint (checkpoint.h) for Megatron's files: fills this rank's slices from any saved
-// TP/PP layout; the optimizer state only when load_optimizer (an Error when the checkpoint has
-// none, or keeps it in distrib_optim.pt).
+// load_checkpoint_pieces (checkpoint.h) for Megatron's files: fills this rank's slices (or
+// pieces of them) from any saved TP/PP layout; the optimizer state only when load_optimizer
+// (an Error when the checkpoint has none, or keeps it in distrib_optim.pt).
 CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
-                                         const std::vector<ShardedTensor>& model,
-                                         const std::vector<ShardedTensor>& optimizer, bool load_optimizer,
+                                         const std::vector<FlatPiece>& model,
+                                         const std::vector<FlatPiece>& optimizer, bool load_optimizer,
                                          int tp_rank, int tp_size);
 
 // What `tessera ckpt inspect` shows of one file; every model tensor's storage is checked

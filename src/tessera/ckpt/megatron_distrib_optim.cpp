@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera {
 namespace {
@@ -50,44 +51,43 @@ DistribOptimPlacement distrib_optim_placement(const GradBufferLayout& layout, co
   return p;
 }
 
-DistribOptimState distrib_optim_state(const GradBufferLayout& layout, const std::vector<int>& chunks,
-                                      const std::vector<const float*>& whole) {
-  const DistribOptimPlacement place = distrib_optim_placement(layout, chunks);
-  DistribOptimState s;
-  s.buffers.resize(place.numel_unpadded.size());
-  for (size_t c = 0; c < s.buffers.size(); ++c)
-    for (size_t k = 0; k < whole.size(); ++k) s.buffers[c].emplace_back().reserve(place.numel_unpadded[c]);
-  for (const GradBufferLayout::Bucket& b : layout.buckets) {
-    auto& buffer = s.buffers[static_cast<size_t>(chunks[b.first_param])];
-    for (size_t k = 0; k < whole.size(); ++k)
-      buffer[k].insert(buffer[k].end(), whole[k] + b.start, whole[k] + b.start + b.numel_unpadded);
-  }
-  return s;
-}
-
-std::vector<uint8_t> distrib_optim_file_bytes(const DistribOptimState& state) {
+void write_distrib_optim_file(const std::string& path, const DistribOptimState& state) {
+  const GradBufferLayout& layout = *state.layout;
+  const DistribOptimPlacement place = distrib_optim_placement(layout, state.chunks);
   pickle::Document doc;
-  std::vector<TorchStorageBytes> storages;
-  auto tensor = [&](const std::vector<float>& values) {
-    const int64_t n = static_cast<int64_t>(values.size());
-    TorchStorageBytes s{std::to_string(storages.size()), std::vector<uint8_t>(values.size() * sizeof(float))};
-    if (n > 0) std::memcpy(s.bytes.data(), values.data(), s.bytes.size());
-    storages.push_back(std::move(s));
+  std::vector<TorchStorageSource> storages;
+  // Buffer c's tensor of kind k: its buckets cut to their numel_unpadded, one after another.
+  auto tensor = [&](size_t c, size_t k) {
+    const int64_t n = place.numel_unpadded[c];
+    storages.push_back({std::to_string(storages.size()), [&layout, &state, c, k, n] {
+      std::vector<uint8_t> bytes(static_cast<size_t>(n) * sizeof(float));
+      size_t at = 0;
+      for (const GradBufferLayout::Bucket& b : layout.buckets) {
+        if (static_cast<size_t>(state.chunks[b.first_param]) != c) continue;
+        const size_t count = static_cast<size_t>(b.numel_unpadded) * sizeof(float);
+        if (count > 0) std::memcpy(bytes.data() + at, state.whole[k] + b.start, count);
+        at += count;
+      }
+      return bytes;
+    }});
     return doc.tensor({{storages.back().key, "FloatStorage", "cpu", n}, 0, {n}, {1}});
   };
   Value* root = doc.dict();
   doc.set(root, "buckets_coalesced", doc.boolean(true));
-  for (size_t c = 0; c < state.buffers.size(); ++c) {
+  for (size_t c = 0; c < place.numel_unpadded.size(); ++c) {
     Value* tensors = doc.dict();
-    for (size_t k = 0; k < state.buffers[c].size(); ++k) doc.set(tensors, kDistribOptimKeys[k], tensor(state.buffers[c][k]));
-    doc.set(tensors, "numel_unpadded", doc.integer(static_cast<int64_t>(state.buffers[c].front().size())));
+    for (size_t k = 0; k < state.whole.size(); ++k) doc.set(tensors, kDistribOptimKeys[k], tensor(c, k));
+    doc.set(tensors, "numel_unpadded", doc.integer(place.numel_unpadded[c]));
     Value* by_dtype = doc.dict();
     doc.set(by_dtype, doc.tuple({doc.global(torch_dtype(state.param_dtype)), doc.global(torch_dtype(state.grad_dtype))}),
             tensors);
     doc.set(root, doc.integer(static_cast<int64_t>(c)), by_dtype);
   }
   doc.root = root;
-  return torch_file_bytes("distrib_optim", *root, storages);
+  SyncedFileWriter file(path);
+  write_torch_file([&file](std::span<const uint8_t> b) { file.append({reinterpret_cast<const char*>(b.data()), b.size()}); },
+                   "distrib_optim", *root, storages);
+  file.finish();
 }
 
 DistribOptimFile open_distrib_optim(const std::string& path) {

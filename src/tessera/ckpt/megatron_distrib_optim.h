@@ -41,16 +41,18 @@ struct DistribOptimPlacement {
 // chunks: each parameter's model chunk (non-decreasing), as the layout was built with.
 DistribOptimPlacement distrib_optim_placement(const GradBufferLayout& layout, const std::vector<int>& chunks);
 
-// What one file holds: per buffer, the three tensors.
+// What one rank's file holds: its tensors are cut from whole buffers laid out by `layout` in
+// host memory (whole[k]: kDistribOptimKeys[k], layout.numel floats; chunks as for
+// distrib_optim_placement). torch.save's format holds each of them as one flat tensor.
 struct DistribOptimState {
   DType param_dtype = DType::F32, grad_dtype = DType::F32;  // the dtype pair key
-  std::vector<std::vector<std::vector<float>>> buffers;      // [buffer][kDistribOptimKeys index]
+  const GradBufferLayout* layout = nullptr;
+  std::vector<int> chunks;
+  std::vector<const float*> whole;
 };
-// The file's tensors of one rank, cut from whole buffers laid out by `layout` in host memory
-// (whole[k]: kDistribOptimKeys[k], layout.numel floats).
-DistribOptimState distrib_optim_state(const GradBufferLayout& layout, const std::vector<int>& chunks,
-                                      const std::vector<const float*>& whole);
-std::vector<uint8_t> distrib_optim_file_bytes(const DistribOptimState& state);
+// Writes the file at `path` (fsynced), each tensor cut from the whole buffers only when the
+// writer reaches it: one tensor's bytes in memory at a time, never the file's.
+void write_distrib_optim_file(const std::string& path, const DistribOptimState& state);
 
 // A distrib_optim.pt opened for reading: each buffer's tensors, checked to be flat fp32
 // tensors of its numel_unpadded elements. Anything else is an Error naming the file.

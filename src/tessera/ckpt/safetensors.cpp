@@ -316,6 +316,18 @@ std::span<const uint8_t> Reader::bytes(const TensorInfo& t) const {
   return {file_ + data_offset_ + t.begin, static_cast<size_t>(t.end - t.begin)};
 }
 
+void Reader::drop_pages(const TensorInfo& t) const {
+  if (!storage_->map) return;
+  const std::span<const uint8_t> b = bytes(t);
+  // Whole pages around the bytes: a neighbour's page dropped too is only read again.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t map = reinterpret_cast<uintptr_t>(storage_->map);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(b.data()) / page * page;
+  const uintptr_t end = std::min((reinterpret_cast<uintptr_t>(b.data() + b.size()) + page - 1) / page * page,
+                                 map + (storage_->map_len + page - 1) / page * page);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 std::vector<float> Reader::read_f32(const TensorInfo& t) const {
   std::span<const uint8_t> b = bytes(t);
   std::vector<float> out(t.numel);

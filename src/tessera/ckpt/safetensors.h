@@ -60,6 +60,10 @@ class Reader {
 
   // The raw little-endian bytes of a tensor (always inside the file; may be unaligned).
   std::span<const uint8_t> bytes(const TensorInfo& t) const;
+  // Hands back the mapped pages under a tensor's bytes once they are copied (a later bytes()
+  // reads them again from the page cache), so that a load that copies a file tensor by
+  // tensor stays resident by one tensor, not by the file. A no-op for an in-memory file.
+  void drop_pages(const TensorInfo& t) const;
   // The tensor converted to float: F32 as is, F16 and BF16 widened. Other dtypes throw.
   std::vector<float> read_f32(const TensorInfo& t) const;
   std::vector<float> read_f32(const std::string& name) const { return read_f32(at(name)); }

@@ -114,16 +114,14 @@ class Trainer {
   size_t norm_slot(size_t i) const;
   bool distributed_optimizer() const { return dp_buckets_ && args_.use_distributed_optimizer; }
   // f32 values of whole parameters in host memory, one buffer over the gradient-buffer layout
-  // per name prefix, with checkpoint tensors "<prefix><parameter name>" viewing them.
+  // per name prefix, with checkpoint tensors "<prefix><parameter name>" viewing them: only
+  // for Megatron's distrib_optim.pt, which holds them whole (tessera's own checkpoints stream
+  // every tensor and piece in place).
   struct HostOptimizerState {
     std::vector<std::vector<float>> buffers;
     std::vector<ShardedTensor> tensors;
   };
   HostOptimizerState host_whole_params(const std::vector<std::string>& prefixes, bool with_embedding_copy) const;
-  // Optimizer state of the distributed optimizer ("<kind>.<name>") as whole parameters: a
-  // load reads any checkpoint's into it and each rank keeps its owned pieces.
-  HostOptimizerState host_optimizer_state(bool with_embedding_copy) const;
-  void scatter_optimizer_state(const HostOptimizerState& state);
   // Megatron's distrib_optim.pt: the main parameters and, unless main_only, the optimizer
   // state as whole buffers over the buffer layout, prefixes "" and "<kind>." (collective over
   // the DP group with the distributed optimizer; copied at DP 1); and the files DP rank 0
@@ -131,17 +129,21 @@ class Trainer {
   HostOptimizerState host_distrib_optim_state(bool main_only) const;
   void write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
   // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the
-  // state and of a 16-bit model's main parameters ("main.<name>"), as flat pieces.
+  // state and of a 16-bit model's main parameters ("main.<name>"), as flat pieces viewing
+  // the optimizer's tensors (a load fills the same pieces).
   std::vector<FlatPiece> owned_optimizer_pieces() const;
+  std::vector<FlatPiece> owned_state_pieces(bool with_embedding_copy) const;  // "<kind>.<name>"
+  // Owned piece `piece` (of dp_buckets_->owned_pieces()) as "<prefix><name>" viewing `values`.
+  void add_owned_piece(std::vector<FlatPiece>& out, const std::string& prefix, size_t piece, const Tensor& values,
+                       bool with_embedding_copy) const;
   // A 16-bit model's f32 main parameters, which checkpoints keep under the parameters' names
-  // (a 16-bit weight is their rounding), as whole parameters in host memory (one buffer).
-  // With the distributed optimizer, whose data-parallel files hold the main parameters,
-  // model.safetensors holds the 16-bit parameters widened (as Megatron's model file).
+  // (a 16-bit weight is their rounding): the optimizer's whole tensors, or with the
+  // distributed optimizer its owned pieces. With the distributed optimizer, whose
+  // data-parallel files hold the main parameters, model.safetensors holds the 16-bit
+  // parameters widened (as Megatron's model file).
   bool main_params_apart() const { return model_.config().params_dtype != DType::F32; }
-  HostOptimizerState host_main_params(bool with_embedding_copy) const;
-  void gather_main_params(HostOptimizerState& main) const;
-  // After a load: the main parameters from the host values, the 16-bit parameters rounded.
-  void install_main_params(const HostOptimizerState& main);
+  std::vector<ShardedTensor> main_param_tensors(bool with_embedding_copy) const;
+  std::vector<FlatPiece> main_param_pieces(bool with_embedding_copy) const;
   void print_evaluation(const std::string& prefix, const char* split);
   void write_tensorboard(const IterationResult& r);
   [[noreturn]] void report_non_finite(const IterationResult& r) const;

@@ -163,11 +163,7 @@ void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, 
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
   write_megatron_file((folder / kMegatronFile).string(), spec, params);
-  if (distrib) {
-    const std::vector<uint8_t> bytes = distrib_optim_file_bytes(*distrib);
-    write_file_synced((folder / kDistribOptimFile).string(),
-                      {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-  }
+  if (distrib) write_distrib_optim_file((folder / kDistribOptimFile).string(), *distrib);
   fsync_directory(folder.string());
 }
 
@@ -331,12 +327,6 @@ Trainer::HostOptimizerState Trainer::host_whole_params(const std::vector<std::st
   return state;
 }
 
-Trainer::HostOptimizerState Trainer::host_optimizer_state(bool with_embedding_copy) const {
-  std::vector<std::string> prefixes;
-  for (const char* kind : optimizer_->state_kinds()) prefixes.push_back(std::string(kind) + ".");
-  return host_whole_params(prefixes, with_embedding_copy);
-}
-
 namespace {
 
 // The optimizer's state tensors of kind k, one per owned piece (its parameters), in order.
@@ -348,37 +338,56 @@ std::vector<Tensor> state_of_kind(const Optimizer& optimizer, size_t k) {
   return out;
 }
 
-// Checkpoint tensors under "<prefix><name>" (a 16-bit model's main parameters as "main.*").
-std::vector<ShardedTensor> prefixed(std::vector<ShardedTensor> tensors, const std::string& prefix) {
-  for (ShardedTensor& t : tensors) t.name = prefix + t.name;
-  return tensors;
+// Checkpoint pieces under "<prefix><name>" (a 16-bit model's main parameters as "main.*").
+std::vector<FlatPiece> prefixed(std::vector<FlatPiece> pieces, const std::string& prefix) {
+  for (FlatPiece& p : pieces) p.slice.name = prefix + p.slice.name;
+  return pieces;
 }
 
 }  // namespace
 
-std::vector<FlatPiece> Trainer::owned_optimizer_pieces() const {
-  const std::vector<DataParallelBuckets::OwnedPiece>& owned = dp_buckets_->owned_pieces();
+void Trainer::add_owned_piece(std::vector<FlatPiece>& out, const std::string& prefix, size_t piece,
+                              const Tensor& values, bool with_embedding_copy) const {
+  const DataParallelBuckets::OwnedPiece& owned = dp_buckets_->owned_pieces().at(piece);
+  const ParamShard& s = model_.shards()[owned.param];
+  if (s.is_embedding_copy && !with_embedding_copy) return;
+  out.push_back({{prefix + s.spec.name, model_.params()[owned.param], s.spec.shape, s.split_dim, s.offset},
+                 owned.begin, owned.end, values});
+}
+
+std::vector<FlatPiece> Trainer::owned_state_pieces(bool with_embedding_copy) const {
   std::vector<FlatPiece> out;
-  auto add = [&](const std::string& prefix, size_t piece, const Tensor& values) {
-    const size_t i = owned[piece].param;
-    const ParamShard& s = model_.shards()[i];
-    if (s.is_embedding_copy) return;  // the first stage's word embedding holds the same state
-    out.push_back({{prefix + s.spec.name, model_.params()[i], s.spec.shape, s.split_dim, s.offset},
-                   owned[piece].begin, owned[piece].end, values});
-  };
-  for (const Optimizer::StateTensor& t : optimizer_->state_tensors()) add(std::string(t.kind) + ".", t.param, t.tensor);
-  if (main_params_apart())
-    for (size_t j = 0; j < owned.size(); ++j) add("main.", j, optimizer_->main_param(j));
+  for (const Optimizer::StateTensor& t : optimizer_->state_tensors())
+    add_owned_piece(out, std::string(t.kind) + ".", t.param, t.tensor, with_embedding_copy);
   return out;
 }
 
-void Trainer::scatter_optimizer_state(const HostOptimizerState& state) {
-  for (size_t k = 0; k < state.buffers.size(); ++k)
-    dp_buckets_->scatter_from_host(state_of_kind(*optimizer_, k), state.buffers[k].data());
+std::vector<ShardedTensor> Trainer::main_param_tensors(bool with_embedding_copy) const {
+  std::vector<ShardedTensor> out;
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const ParamShard& s = model_.shards()[i];
+    if (s.is_embedding_copy && !with_embedding_copy) continue;
+    out.push_back({s.spec.name, optimizer_->main_param(i), s.spec.shape, s.split_dim, s.offset});
+  }
+  return out;
 }
 
-Trainer::HostOptimizerState Trainer::host_main_params(bool with_embedding_copy) const {
-  return host_whole_params({""}, with_embedding_copy);
+std::vector<FlatPiece> Trainer::main_param_pieces(bool with_embedding_copy) const {
+  if (!distributed_optimizer()) return whole_pieces(main_param_tensors(with_embedding_copy));
+  std::vector<FlatPiece> out;
+  for (size_t j = 0; j < dp_buckets_->owned_pieces().size(); ++j)
+    add_owned_piece(out, "", j, optimizer_->main_param(j), with_embedding_copy);
+  return out;
+}
+
+std::vector<FlatPiece> Trainer::owned_optimizer_pieces() const {
+  // The first stage's word embedding holds the same state as its copy.
+  std::vector<FlatPiece> out = owned_state_pieces(false);
+  if (main_params_apart()) {
+    const std::vector<FlatPiece> main = prefixed(main_param_pieces(false), "main.");
+    out.insert(out.end(), main.begin(), main.end());
+  }
+  return out;
 }
 
 // The optimizer's main parameters, one per optimizer parameter (whole parameters, or the
@@ -387,29 +396,6 @@ static std::vector<Tensor> main_params_of(const Optimizer& optimizer) {
   std::vector<Tensor> out;
   for (size_t j = 0; j < optimizer.params().size(); ++j) out.push_back(optimizer.main_param(j));
   return out;
-}
-
-void Trainer::gather_main_params(HostOptimizerState& main) const {
-  const GradBufferLayout& layout = model_.buffer_layout();
-  for (size_t i = 0; i < model_.shards().size(); ++i) {
-    // The distributed optimizer's main pieces go to its data-parallel files instead.
-    const Tensor m = distributed_optimizer() ? model_.params()[i] : optimizer_->main_param(i);
-    copy_floats_to_host(main.buffers[0].data() + layout.params[i].start, static_cast<size_t>(m.numel()), m);
-  }
-}
-
-void Trainer::install_main_params(const HostOptimizerState& main) {
-  const GradBufferLayout& layout = model_.buffer_layout();
-  const float* values = main.buffers[0].data();
-  for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const Tensor p = model_.params()[i];
-    copy_floats_from_host(p, values + layout.params[i].start, static_cast<size_t>(p.numel()));
-  }
-  if (distributed_optimizer()) return dp_buckets_->scatter_from_host(main_params_of(*optimizer_), values);
-  for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const Tensor m = optimizer_->main_param(i);
-    copy_from_host(m, values + layout.params[i].start, m.bytes());
-  }
 }
 
 Trainer::HostOptimizerState Trainer::host_distrib_optim_state(bool main_only) const {
@@ -424,8 +410,11 @@ Trainer::HostOptimizerState Trainer::host_distrib_optim_state(bool main_only) co
     return s;
   }
   // One data-parallel rank: the optimizer's parameters are whole.
-  gather_main_params(s);
   const GradBufferLayout& layout = model_.buffer_layout();
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const Tensor m = optimizer_->main_param(i);
+    copy_to_host(s.buffers[0].data() + layout.params[i].start, m.bytes(), m);
+  }
   const std::vector<const char*> kinds = optimizer_->state_kinds();
   for (const Optimizer::StateTensor& t : main_only ? std::vector<Optimizer::StateTensor>{} : optimizer_->state_tensors()) {
     const size_t k = static_cast<size_t>(std::find(kinds.begin(), kinds.end(), t.kind) - kinds.begin());
@@ -460,11 +449,10 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
     main.push_back(spec.distributed_optimizer ? whole.tensors.at(i * kinds).tensor : optimizer_->main_param(i));
   std::optional<DistribOptimState> distrib;
   if (spec.distributed_optimizer && spec.with_optimizer) {
-    std::vector<int> chunks;
-    for (const ParamShard& s : model_.shards()) chunks.push_back(s.chunk);
-    std::vector<const float*> buffers;
-    for (const std::vector<float>& b : whole.buffers) buffers.push_back(b.data());
-    distrib = distrib_optim_state(model_.buffer_layout(), chunks, buffers);
+    distrib.emplace();
+    distrib->layout = &model_.buffer_layout();
+    for (const ParamShard& s : model_.shards()) distrib->chunks.push_back(s.chunk);
+    for (const std::vector<float>& b : whole.buffers) distrib->whole.push_back(b.data());
     // Megatron's buffer key: fp32 gradients unless fp16 without --accumulate-allreduce-grads-in-fp32.
     distrib->param_dtype = spec.model_dtype;
     distrib->grad_dtype = args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16
@@ -518,19 +506,19 @@ void Trainer::save_checkpoint(const std::string& dir) {
   // it lives: every DP rank writes its owned ranges, in parallel, into a file of its own.
   const bool sharded_optimizer = distributed_optimizer() && !args_.no_save_optim;
   const std::string shard = checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size);
-  HostOptimizerState main;
-  if (main_params_apart() && dp == 0) {
-    main = host_main_params(false);
-    gather_main_params(main);
-  }
   std::vector<CheckpointFile> mine;
   on_every_rank(world, write_failed, [&] {
     if (sharded_optimizer) mine.push_back(write_optimizer_dp_shard(tmp_dir, shard, dp, owned_optimizer_pieces()));
     if (dp != 0) return;
-    const std::vector<CheckpointFile> written =
-        write_checkpoint_shard(tmp_dir, shard, main_params_apart() ? main.tensors : model_tensors(model_, false),
-                               args_.no_save_optim || sharded_optimizer ? std::vector<ShardedTensor>{}
-                                                                        : optimizer_tensors(*optimizer_, model_, false));
+    // The model file holds f32 values, staged one tensor at a time: a 16-bit model's main
+    // parameters, or with the distributed optimizer (whose files hold those) its 16-bit
+    // parameters widened.
+    const bool whole_main_params = main_params_apart() && !distributed_optimizer();
+    const std::vector<CheckpointFile> written = write_checkpoint_shard(
+        tmp_dir, shard, whole_main_params ? main_param_tensors(false) : model_tensors(model_, false),
+        args_.no_save_optim || sharded_optimizer ? std::vector<ShardedTensor>{}
+                                                 : optimizer_tensors(*optimizer_, model_, false),
+        FloatStorage::WidenToF32);
     mine.insert(mine.end(), written.begin(), written.end());
   }, abandon);
   // After every file is written and fsynced: rank 0 records them, renames, updates the tracker.
@@ -577,29 +565,29 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Every rank reads the slices it needs; a failure on any rank stops every rank, each with
   // an error (the ranks that failed with theirs).
   CheckpointState s;
-  // The distributed optimizer loads whole parameters' state into host memory and keeps its pieces.
-  HostOptimizerState sharded, main;
-  if (distributed_optimizer()) sharded = host_optimizer_state(true);
-  if (main_params_apart()) main = host_main_params(true);
   const std::string which = *latest == kReleaseIteration ? "release" : "iteration " + std::to_string(*latest);
   on_every_rank(world, "load the checkpoint of " + which + " in " + dir, [&] {
     const CheckpointState saved = read_checkpoint_metadata(dir, *latest);
     check_padded_vocab(args_, saved, dir);
     const bool with_optimizer = load_optimizer && !saved.release;
-    const std::vector<ShardedTensor> params = main_params_apart() ? main.tensors : model_tensors(model_, true);
-    std::vector<ShardedTensor> state =
-        distributed_optimizer() ? sharded.tensors : optimizer_tensors(*optimizer_, model_, true);
+    // Every target is filled in place (the distributed optimizer's: its owned pieces), one
+    // saved piece at a time. A 16-bit model's parameters are rounded from the files' f32
+    // values, which fill its main parameters too.
+    std::vector<FlatPiece> params = whole_pieces(model_tensors(model_, true));
+    std::vector<FlatPiece> state =
+        distributed_optimizer() ? owned_state_pieces(true) : whole_pieces(optimizer_tensors(*optimizer_, model_, true));
+    const std::vector<FlatPiece> main = main_params_apart() ? main_param_pieces(true) : params;
+    if (main_params_apart()) params.insert(params.end(), main.begin(), main.end());
     // A 16-bit run of the distributed optimizer saved its exact main parameters with the
-    // optimizer state (its model.safetensors holds their rounding): they replace the values
-    // loaded from the model's files (the optimizer's files are read second).
+    // optimizer state (its model.safetensors holds their rounding, which rounds to the same
+    // 16-bit parameters): they replace the f32 values loaded from the model's files (the
+    // optimizer's files are read second).
     if (saved.main_params_in_optimizer) {
-      const std::vector<ShardedTensor> exact = prefixed(params, "main.");
+      const std::vector<FlatPiece> exact = prefixed(main, "main.");
       state.insert(state.end(), exact.begin(), exact.end());
     }
-    s = tessera::load_checkpoint(dir, *latest, params, state, with_optimizer, rank_in(groups_.tp),
-                                 args_.tensor_parallel_size);
-    if (distributed_optimizer() && with_optimizer) scatter_optimizer_state(sharded);
-    if (main_params_apart()) install_main_params(main);
+    s = load_checkpoint_pieces(dir, *latest, params, state, with_optimizer, rank_in(groups_.tp),
+                               args_.tensor_parallel_size);
   });
   const char* format = s.release           ? " (Megatron-LM's release checkpoint)"
                        : s.megatron_format ? " (Megatron-LM's torch format)"

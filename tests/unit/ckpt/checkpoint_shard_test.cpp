@@ -1,7 +1,8 @@
 // Sharded checkpoints without processes: several "ranks" of one layout write their shards
 // through the save steps (prepare, write_checkpoint_shard, commit), and every slice of other
 // layouts loads the right elements (row splits, column splits, replicated tensors, slices
-// that straddle saved pieces, whole tensors); the placement record's parser; and the errors
+// that straddle saved pieces, whole tensors, flat pieces of slices, 16-bit tensors widened on
+// save and rounded on load); the placement record's parser; and the errors
 // that name the file, tensor or shard; tensors on devices that are not host memory.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -291,6 +292,61 @@ TEST_F(CheckpointShardTest, DeviceTensorsSaveTheSameBytesAndLoad) {
       expect_slice(model[i], kGlobals[i], m[i].offset);
     }
   }
+}
+
+// Flat pieces of slices (the distributed optimizer's owned ranges) load only their elements,
+// from whole saved pieces (TP 4) and from data-parallel files (TP 2 over 3 files), for slices
+// of another layout; the elements outside a piece's range are never written.
+TEST_F(CheckpointShardTest, FlatPiecesLoadOnlyTheirElements) {
+  for (const std::string& dir : {save(4), save_dp_sharded(2, 3, 3)}) {
+    std::vector<Slice> slices;  // TP 2's rank 1 slices, as the wanted values
+    std::vector<std::vector<float>> values;
+    std::vector<tessera::FlatPiece> pieces;
+    for (const Global& g : kGlobals) slices.push_back(make_slice(g, g.split >= 0 ? g.shape[g.split] / 2 : 0,
+                                                                 g.split >= 0 ? g.shape[g.split] / 2 : 0, true,
+                                                                 "exp_avg."));
+    for (Slice& sl : slices) {
+      const int64_t n = tessera::shape_numel(sl.t.tensor.shape), begin = 1, end = n - 2;
+      values.emplace_back(static_cast<size_t>(end - begin), -1.0f);
+      pieces.push_back({sl.t, begin, end, Tensor(values.back().data(), DType::F32, {end - begin}, nullptr)});
+    }
+    tessera::load_checkpoint_pieces(dir, 5, {}, pieces, true, 1, 2);
+    for (size_t i = 0; i < slices.size(); ++i)
+      EXPECT_EQ(values[i], std::vector<float>(slices[i].data.begin() + 1, slices[i].data.end() - 2))
+          << dir << " " << kGlobals[i].name;
+  }
+}
+
+// A 16-bit target loads from f32 values rounded to nearest even, and a 16-bit tensor saved
+// with FloatStorage::WidenToF32 is an F32 tensor of the file holding its exact values.
+TEST_F(CheckpointShardTest, SixteenBitTensorsWidenOnSaveAndRoundOnLoad) {
+  const std::string dir = save(2);
+  const Global& cols = kGlobals[1];  // 1000..1023: bf16 keeps every fourth
+  const Slice saved = make_slice(cols, 0, 12, true);
+  std::vector<uint16_t> bf16(saved.data.size());
+  tessera::FlatPiece whole{saved.t, 0, static_cast<int64_t>(bf16.size()),
+                           Tensor(bf16.data(), DType::BF16, saved.t.tensor.shape, nullptr)};
+  tessera::load_checkpoint_pieces(dir, 5, {whole}, {}, false);
+  int rounded = 0;
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    EXPECT_EQ(bf16[i], tessera::f32_to_bf16(saved.data[i])) << i;
+    rounded += tessera::bf16_to_f32(bf16[i]) != saved.data[i];
+  }
+  EXPECT_GT(rounded, 0);
+  // The rounded values saved widened read back as F32, exactly.
+  const std::string widened = (dir_ / "widened").string();
+  const std::string tmp = tessera::prepare_checkpoint_save(widened, 5, 4242);
+  ShardedTensor t = saved.t;
+  t.tensor = whole.values;
+  const std::vector<CheckpointFile> files =
+      tessera::write_checkpoint_shard(tmp, "mp_rank_00", {t}, {}, tessera::FloatStorage::WidenToF32);
+  CheckpointState state;
+  state.iteration = 5;
+  state.args = nlohmann::json::array();
+  tessera::commit_checkpoint_save(widened, tmp, state, files);
+  Slice back = make_slice(cols, 0, 12, false);
+  tessera::load_checkpoint(widened, 5, {back.t}, {}, false);
+  for (size_t i = 0; i < bf16.size(); ++i) EXPECT_EQ(back.data[i], tessera::bf16_to_f32(bf16[i])) << i;
 }
 
 TEST_F(CheckpointShardTest, ASaveOfTheSameIterationReplacesTheOldFolder) {
