@@ -11,6 +11,7 @@
   the parallel layouts are held to);
 - checkpoint: a checkpoint saved on CUDA at iteration 5 resumes on the CPU with the next
   losses of an uninterrupted CPU run (within 1e-5), and one saved on the CPU resumes on CUDA;
+  a --bf16 one saved on CUDA resumes on the CPU within the bf16 bounds below;
 - bf16: `--bf16` (16-bit storage, f32 main parameters) on CUDA stays within 2e-3 (loss) and
   2e-2 (gradient norm) relative of `--bf16` on the CPU over 10 iterations (the GEMMs round
   their bf16 outputs after summing in another order);
@@ -39,6 +40,8 @@ RTOL = 1e-5
 # TF32 rounds each GEMM operand to 10 mantissa bits (relative 2^-11 ~ 5e-4 per element);
 # over 10 iterations of a 2-layer model the loss and grad norm move by a few times that.
 TF32_RTOL = 5e-3
+# --bf16 on two backends: the GEMMs round their bf16 outputs after summing in another order.
+BF16_LOSS_RTOL, BF16_NORM_RTOL = 2e-3, 2e-2
 NO_GPU = "no CUDA device is visible"
 
 
@@ -124,6 +127,15 @@ def test_checkpoint():
             gap = relative_gap(cpu[5:], resumed)
             assert gap <= RTOL, "saved on %s, resumed on %s: %.3g relative of the CPU" % (saver, loader, gap)
             print("ok  saved on %s at 5, resumed on %s: iterations 6-10 within %.2g relative" % (saver, loader, gap))
+        # 16-bit parameters and f32 main parameters staged out of and into the GPU.
+        cpu16 = train(tmp, "cpu", ["--bf16"])
+        ckpt = os.path.join(tmp, "ckpt_bf16")
+        train(tmp, "cuda", ["--bf16", "--save", ckpt, "--save-interval", "5", "--exit-interval", "5"])
+        resumed = train(tmp, "cpu", ["--bf16", "--load", ckpt])
+        loss, norm = relative_gap(cpu16[5:], resumed, "lm_loss"), relative_gap(cpu16[5:], resumed, "grad_norm")
+        assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, "bf16 saved on cuda: loss %.3g, norm %.3g" % (loss,
+                                                                                                              norm)
+        print("ok  --bf16 saved on cuda at 5, resumed on cpu: loss within %.2g, grad norm within %.2g" % (loss, norm))
     return 0
 
 
@@ -132,7 +144,8 @@ def test_bf16():
         cpu, gpu = train(tmp, "cpu", ["--bf16"]), train(tmp, "cuda", ["--bf16"])
     assert [r["iteration"] for r in gpu] == list(range(1, 11)), [r["iteration"] for r in gpu]
     loss, norm = relative_gap(cpu, gpu, "lm_loss"), relative_gap(cpu, gpu, "grad_norm")
-    assert loss <= 2e-3 and norm <= 2e-2, "cuda --bf16: loss %.3g, grad norm %.3g relative of the CPU" % (loss, norm)
+    assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, "cuda --bf16: loss %.3g, grad norm %.3g relative of the CPU" % (
+        loss, norm)
     print("ok  cuda --bf16: 10 iterations, loss within %.2g and grad norm within %.2g relative of the CPU"
           % (loss, norm))
     return 0
