@@ -133,8 +133,8 @@ def test_checkpoint():
         train(tmp, "cuda", ["--bf16", "--save", ckpt, "--save-interval", "5", "--exit-interval", "5"])
         resumed = train(tmp, "cpu", ["--bf16", "--load", ckpt])
         loss, norm = relative_gap(cpu16[5:], resumed, "lm_loss"), relative_gap(cpu16[5:], resumed, "grad_norm")
-        assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, "bf16 saved on cuda: loss %.3g, norm %.3g" % (loss,
-                                                                                                              norm)
+        assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, \
+            "bf16 saved on cuda: loss %.3g, norm %.3g" % (loss, norm)
         print("ok  --bf16 saved on cuda at 5, resumed on cpu: loss within %.2g, grad norm within %.2g" % (loss, norm))
     return 0
 
@@ -144,8 +144,8 @@ def test_bf16():
         cpu, gpu = train(tmp, "cpu", ["--bf16"]), train(tmp, "cuda", ["--bf16"])
     assert [r["iteration"] for r in gpu] == list(range(1, 11)), [r["iteration"] for r in gpu]
     loss, norm = relative_gap(cpu, gpu, "lm_loss"), relative_gap(cpu, gpu, "grad_norm")
-    assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, "cuda --bf16: loss %.3g, grad norm %.3g relative of the CPU" % (
-        loss, norm)
+    assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, \
+        "cuda --bf16: loss %.3g, grad norm %.3g relative of the CPU" % (loss, norm)
     print("ok  cuda --bf16: 10 iterations, loss within %.2g and grad norm within %.2g relative of the CPU"
           % (loss, norm))
     return 0
