@@ -347,6 +347,48 @@ TEST_P(BackendOps, BiasAdd) {
   expect_close("dbias", dbias, 0);
 }
 
+// More rows and columns than a CUDA kernel's block handles at once: LayerNorm's row per
+// block of 256 threads (ops/cuda/layernorm.cpp) striding over C = 300 columns, and the
+// column sums (dbias, LayerNorm's dweight/dbias) in two passes over blocks of 64 rows
+// (ops/cuda/column_sums.h), N = 200 rows: four blocks, the last one short.
+TEST_P(BackendOps, RowsAndColumnsBeyondOneBlock) {
+  const int64_t N = 200, C = 300;
+  // CUDA adds each column's blocks of rows, then the blocks' partial sums: another order
+  // than the CPU's rows one after the other, a few ulp of partial sums up to ~30 (N(0,1)
+  // terms) per add. Elsewhere the rows add in order on both: exact.
+  const bool blocked = GetParam().rfind("cuda", 0) == 0;
+  const double sum_rel = blocked ? 1e-5 : 0.0, sum_abs = blocked ? 1e-4 : 0.0;
+  Twin& inp = normal({N, C}, 2.0f, 3.0f);
+  Twin& weight = normal({C});
+  Twin& bias = normal({C});
+  Twin& out = zeros({N, C});
+  Twin& mean = zeros({N});
+  Twin& rstd = zeros({N});
+  run([&](Side s) { ops::layernorm_forward(out[s], mean[s], rstd[s], inp[s], weight[s], bias[s], 1e-5f); });
+  expect_close("mean", mean, 1e-6, 1e-6);  // as LayerNorm: row sums (300 terms) in another order
+  expect_close("rstd", rstd, 1e-5);
+  expect_close("out", out, 1e-5, 1e-5);
+  copy_cpu_to_device(mean);
+  copy_cpu_to_device(rstd);
+  Twin& dout = normal({N, C});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({C});
+  Twin& dbias = normal({C});
+  run([&](Side s) {
+    ops::layernorm_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], mean[s], rstd[s]);
+  });
+  expect_close("dinp", dinp, 1e-5, 1e-5);
+  expect_close("dweight", dweight, 1e-5, 1e-4);  // 200 products (FMA may differ), blocked on CUDA
+  expect_close("dbias", dbias, sum_rel, sum_abs);
+  Twin& bias_grad = normal({C});
+  run([&](Side s) { ops::bias_add_backward(bias_grad[s], dout[s]); });
+  expect_close("bias_add dbias", bias_grad, sum_rel, sum_abs);
+  // A bf16 gradient: the f32 sum (as above) added and rounded once, so one bf16 ulp more.
+  Twin& bias_grad16 = normal_as(DType::BF16, {C});
+  run([&](Side s) { ops::bias_add_backward(bias_grad16[s], dout[s]); });
+  expect_close("bias_add dbias (bf16)", bias_grad16, blocked ? sum_rel + 0x1p-7 : 0.0, sum_abs);
+}
+
 // ---- attention -----------------------------------------------------------------------
 
 ops::Dropout dropout_of(float p, uint32_t site, uint64_t element_offset = 0) {

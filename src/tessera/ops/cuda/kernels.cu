@@ -17,3 +17,4 @@
 
 #include "tessera/ops/cuda/block_reduce.cuh"
 #include "tessera/ops/cuda/attention_kernels.cuh"
+#include "tessera/ops/cuda/row_kernels.cuh"
