@@ -347,10 +347,10 @@ TEST_P(BackendOps, BiasAdd) {
   expect_close("dbias", dbias, 0);
 }
 
-// More rows and columns than a CUDA kernel's block handles at once: LayerNorm's row per
+// More rows and columns than a CUDA kernel's block handles at once: the norms' row per
 // block of 256 threads (ops/cuda/layernorm.cpp) striding over C = 300 columns, and the
-// column sums (dbias, LayerNorm's dweight/dbias) in two passes over blocks of 64 rows
-// (ops/cuda/column_sums.h), N = 200 rows: four blocks, the last one short.
+// column sums (dbias, the norms' dweight and LayerNorm's dbias) in two passes over blocks
+// of 64 rows (ops/cuda/column_sums.h), N = 200 rows: four blocks, the last one short.
 TEST_P(BackendOps, RowsAndColumnsBeyondOneBlock) {
   const int64_t N = 200, C = 300;
   // CUDA adds each column's blocks of rows, then the blocks' partial sums: another order
@@ -380,6 +380,17 @@ TEST_P(BackendOps, RowsAndColumnsBeyondOneBlock) {
   expect_close("dinp", dinp, 1e-5, 1e-5);
   expect_close("dweight", dweight, 1e-5, 1e-4);  // 200 products (FMA may differ), blocked on CUDA
   expect_close("dbias", dbias, sum_rel, sum_abs);
+  Twin& rms_out = zeros({N, C});
+  Twin& rms_rstd = zeros({N});
+  run([&](Side s) { ops::rmsnorm_forward(rms_out[s], rms_rstd[s], inp[s], weight[s], 1e-5f); });
+  expect_close("rmsnorm rstd", rms_rstd, 1e-5);  // as RmsNorm
+  expect_close("rmsnorm out", rms_out, 1e-5, 1e-5);
+  copy_cpu_to_device(rms_rstd);
+  Twin& rms_dinp = normal({N, C});
+  Twin& rms_dweight = normal({C});
+  run([&](Side s) { ops::rmsnorm_backward(rms_dinp[s], rms_dweight[s], dout[s], inp[s], weight[s], rms_rstd[s]); });
+  expect_close("rmsnorm dinp", rms_dinp, 1e-5, 1e-5);
+  expect_close("rmsnorm dweight", rms_dweight, 1e-5, 1e-4);  // as dweight above
   Twin& bias_grad = normal({C});
   run([&](Side s) { ops::bias_add_backward(bias_grad[s], dout[s]); });
   expect_close("bias_add dbias", bias_grad, sum_rel, sum_abs);

@@ -1,8 +1,8 @@
 // Column sums on CUDA in two deterministic passes (row_kernels.cuh: a fixed order of adds,
 // no atomics, so the result never depends on timing): pass 1 sums blocks of
 // kColumnBlockRows rows of every column into f32 partials, pass 2 adds each column's
-// partials in block order. The bias gradients (linear_host.inc's column_sums) and
-// LayerNorm's weight and bias gradients (layernorm.cpp) run this way.
+// partials in block order. The bias gradients (linear_host.inc's column_sums) and the
+// norms' parameter gradients (layernorm.cpp) run this way.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,7 @@
-// CUDA's host side of ops/kernels/layernorm_host.inc, with LayerNorm's own kernels
-// (row_kernels.cuh): the forward and the input gradient a row per block of kRowThreads
-// threads (launched over kRowThreads * N work-items, so blockIdx.x is the row), the weight
-// and bias gradients as column sums in two passes (column_sums.h). RMSNorm runs the shared
-// kernels.
+// CUDA's host side of ops/kernels/layernorm_host.inc, with its own kernels for LayerNorm
+// and RMSNorm (row_kernels.cuh): each forward and input gradient a row per block of
+// kRowThreads threads (launched over kRowThreads * N work-items, so blockIdx.x is the row),
+// the parameter gradients as column sums in two passes (column_sums.h).
 #include "tessera/ops/cuda/column_sums.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
@@ -39,15 +38,34 @@ void layernorm_params(const Tensor& dweight, const Tensor& dbias, const Tensor& 
   if (!dbias.empty()) add_column_partials(dbias, b, C, blocks);
 }
 
+// layernorm_host.inc's rmsnorm_weight, likewise.
+void rmsnorm_weight(const Tensor& dweight, const Tensor& dout, const Tensor& inp, const Tensor& rstd, int64_t C,
+                    int64_t N) {
+  const int64_t blocks = column_blocks(N);
+  if (blocks == 0) return;  // no rows: nothing to add
+  const Pieces partials(*dout.device, {static_cast<size_t>(blocks * C) * sizeof(float)});
+  auto* w = static_cast<float*>(partials[0]);
+  CudaLaunch(dout, "rmsnorm_backward_weight_partials")
+      .pointer(w)
+      .floats(dout)
+      .floats(inp)
+      .tensor(rstd)
+      .scalar<int64_t>(C)
+      .scalar<int64_t>(N)
+      .scalar<int64_t>(kColumnBlockRows)
+      .run(C, blocks);
+  add_column_partials(dweight, w, C, blocks);
+}
+
 }  // namespace
 }  // namespace tessera::ops::cuda
 
 #define TESSERA_BACKEND cuda
-#define TESSERA_LAYERNORM_ROW_KERNEL(name) name "_rows"
-#define TESSERA_LAYERNORM_ROW_ITEMS(N) (kRowThreads * (N))
-#define TESSERA_OWN_LAYERNORM_PARAMS
+#define TESSERA_NORM_ROW_KERNEL(name) name "_rows"
+#define TESSERA_NORM_ROW_ITEMS(N) (kRowThreads * (N))
+#define TESSERA_OWN_NORM_PARAMS
 #include "tessera/ops/kernels/layernorm_host.inc"
-#undef TESSERA_OWN_LAYERNORM_PARAMS
-#undef TESSERA_LAYERNORM_ROW_ITEMS
-#undef TESSERA_LAYERNORM_ROW_KERNEL
+#undef TESSERA_OWN_NORM_PARAMS
+#undef TESSERA_NORM_ROW_ITEMS
+#undef TESSERA_NORM_ROW_KERNEL
 #undef TESSERA_BACKEND

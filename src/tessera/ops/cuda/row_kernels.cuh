@@ -1,12 +1,12 @@
-// CUDA-only kernels of LayerNorm, the cross-entropy row statistics and the column sums
-// (bias gradients), replacing on CUDA the shared kernels of layernorm.cl, cross_entropy.cl
+// CUDA-only kernels of LayerNorm and RMSNorm, the cross-entropy row statistics and the
+// column sums (bias gradients), replacing on CUDA the shared kernels of layernorm.cl, cross_entropy.cl
 // and elementwise.cl that give one work-item a whole row or a whole column (uncoalesced,
 // and too few work-items for a GPU). Each keeps its shared kernel's arguments and
 // arithmetic (the index logic is checked against it by tests/unit/ops/backend_ops_test.cpp);
 // only which thread adds what changes. Included by kernels.cu after the shared sources
 // (dtype.cl's FLOATS / LOAD / STORE / ADD_TO, common.cl's exp_approx) and block_reduce.cuh.
 
-// ---- LayerNorm: a row per thread block ------------------------------------------------
+// ---- LayerNorm and RMSNorm: a row per thread block -------------------------------------
 // Thread block n = blockIdx.x over row n of [N, C] (the host launches global0 = blockDim.x
 // * N, layernorm.cpp), its threads striding over the row's columns c = threadIdx.x + k *
 // blockDim.x, the row sums combined by block_reduce.
@@ -52,6 +52,35 @@ __kernel void layernorm_backward_input_rows(FLOATS(dinp), CONST_FLOATS(dout), CO
     const float xhat = (LOAD(inp, x + c) - m) * r;
     ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - g_mean - xhat * gx_mean) * r);
   }
+}
+
+// layernorm.cl's rmsnorm_forward: out = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2)
+// + eps).
+__kernel void rmsnorm_forward_rows(FLOATS(out), __global float* rstd, ulong rstd_off, CONST_FLOATS(inp),
+                                   CONST_FLOATS(weight), long C, float eps) {
+  const long n = blockIdx.x, x = n * C;  // x: the row's first element
+  float sq = 0.0f;
+  for (long c = threadIdx.x; c < C; c += blockDim.x) {
+    const float v = LOAD(inp, x + c);
+    sq += v * v;
+  }
+  const float rs = 1.0f / sqrt(block_reduce(sq, false) / (float)C + eps);
+  for (long c = threadIdx.x; c < C; c += blockDim.x) STORE(out, x + c, LOAD(inp, x + c) * rs * LOAD(weight, c));
+  if (threadIdx.x == 0 && rstd) rstd[rstd_off + n] = rs;
+}
+
+// layernorm.cl's rmsnorm_backward_input: dinp += rstd * (g - xhat * mean(g * xhat)),
+// g = dout * weight, xhat = inp * rstd.
+__kernel void rmsnorm_backward_input_rows(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
+                                          __global const float* rstd, ulong rstd_off, long C) {
+  const long n = blockIdx.x, x = n * C;  // x: the row's first element
+  const float r = rstd[rstd_off + n];
+  float gx_sum = 0.0f;
+  for (long c = threadIdx.x; c < C; c += blockDim.x)
+    gx_sum += LOAD(dout, x + c) * LOAD(weight, c) * (LOAD(inp, x + c) * r);
+  const float gx_mean = block_reduce(gx_sum, false) / (float)C;
+  for (long c = threadIdx.x; c < C; c += blockDim.x)
+    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - LOAD(inp, x + c) * r * gx_mean) * r);
 }
 
 // ---- cross-entropy row statistics: a row per warp --------------------------------------
@@ -125,6 +154,16 @@ __kernel void layernorm_backward_params_partials(__global float* partials_w, __g
   }
   partials_w[b * C + c] = acc_w;
   partials_b[b * C + c] = acc_b;
+}
+
+// layernorm.cl's rmsnorm_backward_weight, pass 1.
+__kernel void rmsnorm_backward_weight_partials(__global float* partials, CONST_FLOATS(dout), CONST_FLOATS(inp),
+                                               __global const float* rstd, ulong rstd_off, long C, long N,
+                                               long rows) {
+  const long c = get_global_id(0), b = get_global_id(1), end = min(N, (b + 1) * rows);
+  float acc = 0.0f;
+  for (long n = b * rows; n < end; ++n) acc += LOAD(dout, n * C + c) * (LOAD(inp, n * C + c) * rstd[rstd_off + n]);
+  partials[b * C + c] = acc;
 }
 
 // Pass 2, work-item c: out[c] += partials[0 * C + c] + partials[1 * C + c] + ... in block
