@@ -6,7 +6,12 @@
 namespace tessera::ops::cuda {
 
 void add_column_partials(const Tensor& out, const float* partials, int64_t C, int64_t blocks) {
-  CudaLaunch(out, "column_partials_add").floats(out).pointer(partials).scalar<int64_t>(C).scalar<int64_t>(blocks).run(C);
+  CudaLaunch(out, "column_partials_add")
+      .floats(out)
+      .pointer(partials)
+      .scalar<int64_t>(C)
+      .scalar<int64_t>(blocks)
+      .run(C);
 }
 
 void column_sums(const Tensor& dbias, const Tensor& dout) {

@@ -9,8 +9,9 @@
 namespace tessera::ops::cuda {
 namespace {
 
-// Threads per row (a multiple of 32 that divides the launcher's block of 256, so one
-// block is one row): GPT-2's C = 768 gives each thread 3 columns.
+// Threads per row: the launcher's largest block (cuda_launch.cpp), so kRowThreads * N
+// work-items run in blocks of exactly kRowThreads and a block is a row (a smaller value
+// would put several rows in one block). GPT-2's C = 768 gives each thread 3 columns.
 constexpr int64_t kRowThreads = 256;
 
 // layernorm_host.inc's layernorm_params: pass 1 into both partials, pass 2 for each
