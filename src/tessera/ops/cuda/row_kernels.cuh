@@ -1,7 +1,7 @@
 // CUDA-only kernels of LayerNorm and RMSNorm, the cross-entropy row statistics and the
-// column sums (bias gradients), replacing on CUDA the shared kernels of layernorm.cl, cross_entropy.cl
-// and elementwise.cl that give one work-item a whole row or a whole column (uncoalesced,
-// and too few work-items for a GPU). Each keeps its shared kernel's arguments and
+// column sums (bias gradients), replacing on CUDA the shared kernels of layernorm.cl,
+// cross_entropy.cl and elementwise.cl that give one work-item a whole row or a whole column
+// (uncoalesced, and too few work-items for a GPU). Each keeps its shared kernel's arguments and
 // arithmetic (the index logic is checked against it by tests/unit/ops/backend_ops_test.cpp);
 // only which thread adds what changes. Included by kernels.cu after the shared sources
 // (dtype.cl's FLOATS / LOAD / STORE / ADD_TO, common.cl's exp_approx) and block_reduce.cuh.
