@@ -347,6 +347,59 @@ TEST_P(BackendOps, BiasAdd) {
   expect_close("dbias", dbias, 0);
 }
 
+// More rows and columns than a CUDA kernel's block handles at once: the norms' row per
+// block of 256 threads (ops/cuda/layernorm.cpp) striding over C = 300 columns, and the
+// column sums (dbias, the norms' dweight and LayerNorm's dbias) in two passes over blocks
+// of 64 rows (ops/cuda/column_sums.h), N = 200 rows: four blocks, the last one short.
+TEST_P(BackendOps, RowsAndColumnsBeyondOneBlock) {
+  const int64_t N = 200, C = 300;
+  // CUDA adds each column's blocks of rows, then the blocks' partial sums: another order
+  // than the CPU's rows one after the other, a few ulp of partial sums up to ~30 (N(0,1)
+  // terms) per add. Elsewhere the rows add in order on both: exact.
+  const bool blocked = GetParam().rfind("cuda", 0) == 0;
+  const double sum_rel = blocked ? 1e-5 : 0.0, sum_abs = blocked ? 1e-4 : 0.0;
+  Twin& inp = normal({N, C}, 2.0f, 3.0f);
+  Twin& weight = normal({C});
+  Twin& bias = normal({C});
+  Twin& out = zeros({N, C});
+  Twin& mean = zeros({N});
+  Twin& rstd = zeros({N});
+  run([&](Side s) { ops::layernorm_forward(out[s], mean[s], rstd[s], inp[s], weight[s], bias[s], 1e-5f); });
+  expect_close("mean", mean, 1e-6, 1e-6);  // as LayerNorm: row sums (300 terms) in another order
+  expect_close("rstd", rstd, 1e-5);
+  expect_close("out", out, 1e-5, 1e-5);
+  copy_cpu_to_device(mean);
+  copy_cpu_to_device(rstd);
+  Twin& dout = normal({N, C});
+  Twin& dinp = normal({N, C});
+  Twin& dweight = normal({C});
+  Twin& dbias = normal({C});
+  run([&](Side s) {
+    ops::layernorm_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], mean[s], rstd[s]);
+  });
+  expect_close("dinp", dinp, 1e-5, 1e-5);
+  expect_close("dweight", dweight, 1e-5, 1e-4);  // 200 products (FMA may differ), blocked on CUDA
+  expect_close("dbias", dbias, sum_rel, sum_abs);
+  Twin& rms_out = zeros({N, C});
+  Twin& rms_rstd = zeros({N});
+  run([&](Side s) { ops::rmsnorm_forward(rms_out[s], rms_rstd[s], inp[s], weight[s], 1e-5f); });
+  expect_close("rmsnorm rstd", rms_rstd, 1e-5);  // as RmsNorm
+  expect_close("rmsnorm out", rms_out, 1e-5, 1e-5);
+  copy_cpu_to_device(rms_rstd);
+  Twin& rms_dinp = normal({N, C});
+  Twin& rms_dweight = normal({C});
+  run([&](Side s) { ops::rmsnorm_backward(rms_dinp[s], rms_dweight[s], dout[s], inp[s], weight[s], rms_rstd[s]); });
+  expect_close("rmsnorm dinp", rms_dinp, 1e-5, 1e-5);
+  expect_close("rmsnorm dweight", rms_dweight, 1e-5, 1e-4);  // as dweight above
+  Twin& bias_grad = normal({C});
+  run([&](Side s) { ops::bias_add_backward(bias_grad[s], dout[s]); });
+  expect_close("bias_add dbias", bias_grad, sum_rel, sum_abs);
+  // A bf16 gradient: the f32 sum (as above) added and rounded once, so one bf16 ulp more.
+  Twin& bias_grad16 = normal_as(DType::BF16, {C});
+  run([&](Side s) { ops::bias_add_backward(bias_grad16[s], dout[s]); });
+  expect_close("bias_add dbias (bf16)", bias_grad16, blocked ? sum_rel + 0x1p-7 : 0.0, sum_abs);
+}
+
 // ---- attention -----------------------------------------------------------------------
 
 ops::Dropout dropout_of(float p, uint32_t site, uint64_t element_offset = 0) {

@@ -4,7 +4,7 @@
 // softmax, its dropout and its backward, a row of the [T,T] scores per thread block.
 // Included by kernels.cu after the shared sources (dtype.cl's FLOATS / LOAD / STORE,
 // common.cl's exp_approx and DROPOUT_FACTOR), whose index logic attention.cl's kernels are
-// the tested reference of.
+// the tested reference of, and after block_reduce.cuh.
 //
 // Legend as attention.cl: B batch, T sequence, NH heads, HD head dim, BH = B*NH. A row of
 // qkv [B,T,NH*3*HD] holds per head h [q;k;v] at h*3*HD; out and dout [B,T,NH*HD] head h at
@@ -35,26 +35,6 @@ __kernel void attention_blocks_to_heads(FLOATS(x), __global const float* blocks,
   STORE(x, j, accumulate ? LOAD(x, j) + v : v);
 }
 
-// The max (max_not_sum) or the sum of v over the thread block, returned to every thread
-// (blockDim.x a multiple of 32, at most 1024).
-__device__ float attention_block_reduce(float v, bool max_not_sum) {
-  __shared__ float warps[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  for (int o = 16; o > 0; o /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = max_not_sum ? fmaxf(v, other) : v + other;
-  }
-  __syncthreads();  // an earlier reduction's readers are done with warps
-  if (lane == 0) warps[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? warps[lane] : (max_not_sum ? -INFINITY : 0.0f);
-  for (int o = 16; o > 0; o /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = max_not_sum ? fmaxf(v, other) : v + other;
-  }
-  return v;
-}
-
 // Thread block (query t = blockIdx.x, bh = get_global_id(1)); launched with global0 =
 // blockDim.x * T. scores: q_t . k_t2 of the row (from the GEMM), in place to the row of the
 // dropped-out f32 probabilities the output GEMM multiplies with v: attention.cl's
@@ -72,13 +52,13 @@ __kernel void attention_softmax_forward(__global float* scores, FLOATS(att), lon
     s[t2] *= scale;
     mx = fmax(mx, s[t2]);
   }
-  mx = attention_block_reduce(mx, true);
+  mx = block_reduce(mx, true);
   float sum = 0.0f;
   for (long t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
     s[t2] = exp_approx(s[t2] - mx);
     sum += s[t2];
   }
-  const float inv = 1.0f / attention_block_reduce(sum, false);
+  const float inv = 1.0f / block_reduce(sum, false);
   for (long t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
     const float a = t2 <= t ? s[t2] * inv : 0.0f;
     STORE(att, row + t2, a);
@@ -111,7 +91,7 @@ __kernel void attention_softmax_backward(__global float* dscores, CONST_FLOATS(a
     if (drop_p > 0.0f) ds[t2] *= DROPOUT_FACTOR(b, (ulong)((h * T + t) * T + t2));
     ada += LOAD(att, row + t2) * ds[t2];
   }
-  ada = attention_block_reduce(ada, false);
+  ada = block_reduce(ada, false);
   for (long t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
     ds[t2] = t2 <= t ? LOAD(att, row + t2) * (ds[t2] - ada) * scale : 0.0f;
 }

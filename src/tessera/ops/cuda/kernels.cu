@@ -15,4 +15,6 @@
 #include "tessera/ops/kernels/sum_squares.cl"
 #include "tessera/ops/kernels/fp64.cl"
 
+#include "tessera/ops/cuda/block_reduce.cuh"
 #include "tessera/ops/cuda/attention_kernels.cuh"
+#include "tessera/ops/cuda/row_kernels.cuh"

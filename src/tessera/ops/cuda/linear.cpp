@@ -1,5 +1,6 @@
-// Linear layer on CUDA: the GEMMs through cuBLASLt, the bias and its gradient through
-// ops/kernels/elementwise.cl. Shapes and the dtype contract as ops/cpu/linear.cpp:
+// Linear layer on CUDA: the GEMMs through cuBLASLt, the bias through
+// ops/kernels/elementwise.cl, its gradient as column sums in two passes (column_sums.h).
+// Shapes and the dtype contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
 // All-F32 calls multiply f32 operands with f32 accumulation (CUBLAS_COMPUTE_32F: exact
@@ -14,13 +15,16 @@
 // after adding the old value (beta = 1); where cuBLASLt has no such type combination
 // (f32 operands with a 16-bit output, a bias of another dtype than out) the GEMM lands in
 // f32 scratch and a kernel adds and rounds once.
+#include "tessera/ops/cuda/column_sums.h"
 #include "tessera/ops/cuda/cublaslt_gemm.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
 #include "tessera/ops/kernels/float_args.h"
 
 #define TESSERA_BACKEND cuda
+#define TESSERA_OWN_COLUMN_SUMS  // column_sums.h
 #include "tessera/ops/kernels/linear_host.inc"
+#undef TESSERA_OWN_COLUMN_SUMS
 #undef TESSERA_BACKEND
 
 namespace tessera::ops::cuda {
