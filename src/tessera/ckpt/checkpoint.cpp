@@ -63,9 +63,8 @@ DType stored_dtype(DType dtype, FloatStorage storage) {
 
 // A staged piece of 16-bit values (`dtype`), widened to f32 (exact) in `wide`.
 void widen_piece(const void* piece, size_t bytes, DType dtype, std::vector<float>& wide) {
-  const uint16_t* bits = static_cast<const uint16_t*>(piece);
   wide.resize(bytes / sizeof(uint16_t));
-  for (size_t i = 0; i < wide.size(); ++i) wide[i] = dtype == DType::BF16 ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+  widen_16bit(static_cast<const uint16_t*>(piece), wide.size(), dtype, wide.data());
 }
 
 // A tensor without a device is host memory: the CPU device's (its handle is the address).
@@ -457,9 +456,7 @@ void write_slice_elements(const FlatPiece& t, int64_t first, int64_t count, cons
   std::vector<uint16_t> bits(static_cast<size_t>(std::min(end - begin, kRoundedRun)));
   for (int64_t done = 0; done < end - begin; done += kRoundedRun) {
     const size_t n = static_cast<size_t>(std::min(end - begin - done, kRoundedRun));
-    const float* values = reinterpret_cast<const float*>(from) + done;
-    for (size_t i = 0; i < n; ++i)
-      bits[i] = t.values.dtype == DType::BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+    round_to_16bit(reinterpret_cast<const float*>(from) + done, n, t.values.dtype, bits.data());
     write_tensor_bytes(t.values, at + static_cast<size_t>(done) * sizeof(uint16_t), bits.data(), n * sizeof(uint16_t));
   }
 }

@@ -39,4 +39,12 @@ float f16_to_f32(uint16_t u) {
   return static_cast<float>(h);
 }
 
+void widen_16bit(const uint16_t* bits, size_t n, DType dtype, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = dtype == DType::BF16 ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+}
+
+void round_to_16bit(const float* values, size_t n, DType dtype, uint16_t* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = dtype == DType::BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+}
+
 }  // namespace tessera

@@ -30,4 +30,9 @@ inline float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 
+// n 16-bit values of `dtype` (BF16 or F16) widened to f32 (exact), and n f32 values rounded
+// to `dtype` (round-to-nearest-even): the host side of 16-bit storage.
+void widen_16bit(const uint16_t* bits, size_t n, DType dtype, float* out);
+void round_to_16bit(const float* values, size_t n, DType dtype, uint16_t* out);
+
 }  // namespace tessera

@@ -70,7 +70,7 @@ void copy_floats_from_host(Tensor dst, const float* src, size_t count) {
   check_float_count(dst, count, "copy_floats_from_host");
   if (dst.dtype == DType::F32) return copy_from_host(dst, src, count * sizeof(float));
   std::vector<uint16_t> bits(count);
-  for (size_t i = 0; i < count; ++i) bits[i] = dst.dtype == DType::BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+  round_to_16bit(src, count, dst.dtype, bits.data());
   copy_from_host(dst, bits.data(), count * sizeof(uint16_t));
 }
 
@@ -79,7 +79,7 @@ void copy_floats_to_host(float* dst, size_t count, Tensor src) {
   if (src.dtype == DType::F32) return copy_to_host(dst, count * sizeof(float), src);
   std::vector<uint16_t> bits(count);
   copy_to_host(bits.data(), count * sizeof(uint16_t), src);
-  for (size_t i = 0; i < count; ++i) dst[i] = src.dtype == DType::BF16 ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+  widen_16bit(bits.data(), count, src.dtype, dst);
 }
 
 void copy_tensor(Tensor dst, Tensor src) {

@@ -79,7 +79,8 @@ int device_count(const std::string& backend) {
 namespace {
 
 // A backend built into this binary that sees no device here: a runtime error (exit 1) that
-// says why, rather than "no backend".
+// says why, rather than "no backend". Only CUDA and OpenCL can see none (cpu and strict
+// always have their one), so past CUDA's case the backend is OpenCL.
 Error no_device_visible(const std::string& spec_text, const std::string& backend) {
 #ifdef TESSERA_WITH_CUDA
   if (backend == "cuda") {

@@ -1,7 +1,6 @@
 #include "tessera/ops/opencl/cl_launch.h"
 
 #include <string>
-#include <vector>
 
 #include "tessera/device/opencl/opencl_device.h"
 #include "tessera/ops/kernels/float_args.h"
@@ -90,6 +89,5 @@ void ClLaunch::run(size_t global0, size_t global1) {
 
 ClScratch::ClScratch(ClContext& cl, size_t bytes) : cl_(cl), mem_(cl.create_buffer(bytes > 0 ? bytes : 4)) {}
 ClScratch::~ClScratch() { cl_.release_buffer(mem_); }
-
 
 }  // namespace tessera::ops::opencl
