@@ -64,3 +64,22 @@ else
   echo "setup: installing ${TOKENIZER_PACKAGES[*]} from PyPI into $TEST_VENV (test-only)"
   $SUDO "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TOKENIZER_PACKAGES[@]}"
 fi
+# The real tools as references: megatron-core writes and reads
+# Megatron-LM checkpoints, and transformers 5 writes and reads today's Hugging Face folders
+# (the test venv above keeps transformers 4.47.1 beside it). torch comes from PyPI with its CUDA
+# wheels, though only its CPU path runs here; megatron-core's own requirements (apex, TE,
+# tensorstore, wandb, ...) are for training with it and are left out (--no-deps).
+TOOLS_VENV=${TESSERA_TOOLS_VENV:-/opt/tessera/tools-venv}
+TOOLS_PACKAGES=("torch==2.6.0" "numpy==1.26.4" "transformers==5.25.0" "tokenizers==0.23.3")
+MEGATRON_CORE=megatron-core==0.10.0
+if "$TOOLS_VENV/bin/python" -c "
+import sys, importlib.metadata as m
+sys.exit(any(m.version(p.split('==')[0]) != p.split('==')[1] for p in sys.argv[1:]))" \
+    "${TOOLS_PACKAGES[@]}" "$MEGATRON_CORE" 2>/dev/null; then
+  echo "setup: ${TOOLS_PACKAGES[*]} $MEGATRON_CORE present in $TOOLS_VENV (test-only)"
+else
+  echo "setup: installing ${TOOLS_PACKAGES[*]} $MEGATRON_CORE from PyPI into $TOOLS_VENV (test-only)"
+  $SUDO /usr/bin/python3 -m venv "$TOOLS_VENV"
+  $SUDO "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TOOLS_PACKAGES[@]}"
+  $SUDO "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$MEGATRON_CORE"
+fi
