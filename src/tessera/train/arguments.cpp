@@ -137,6 +137,9 @@ std::vector<OptionDef> train_option_defs() {
        "Split LayerNorm/dropout activations along the sequence over the tensor-parallel ranks"},
       {"--num-layers-per-virtual-pipeline-stage", K::Int, nullptr,
        "Layers per virtual stage: the interleaved 1F1B schedule"},
+      {"--no-overlap-p2p-communication", K::StoreFalse, nullptr,
+       "Megatron's unbatched p2p (tessera's p2p never overlaps); the interleaved schedule then needs "
+       "--pipeline-model-parallel-size > 2, as in Megatron", nullptr, kSpeed, "overlap_p2p_comm"},
       {"--decoder-first-pipeline-num-layers", K::Int, nullptr, "Layers on the first pipeline stage (uneven split)"},
       {"--decoder-last-pipeline-num-layers", K::Int, nullptr, "Layers on the last pipeline stage (uneven split)"},
       {"--distributed-backend", K::Choice, "nccl", "Collectives: nccl = the device's native library (Gloo on CPU)",
@@ -246,6 +249,60 @@ void parse_llama_options(const ParsedOptions& p, GPTConfig& m) {
                             " is not divisible by --num-query-groups " + std::to_string(m.num_query_groups),
                         "every query group serves the same number of heads");
   }
+}
+
+// The pipeline's layer split, with Megatron's rules for the interleaved schedule
+// (validate_args in megatron/training/arguments.py): PP > 1, or PP > 2 without the
+// overlapped p2p communication, and whole virtual stages of --num-layers-per-virtual-pipeline-stage.
+PipelineSplit parse_pipeline_split(const ParsedOptions& p, int num_layers, int pp) {
+  PipelineSplit split;
+  split.pp_size = pp;
+  if (p.raw("--decoder-first-pipeline-num-layers"))
+    split.first_stage_layers = static_cast<int>(positive(p, "--decoder-first-pipeline-num-layers"));
+  if (p.raw("--decoder-last-pipeline-num-layers"))
+    split.last_stage_layers = static_cast<int>(positive(p, "--decoder-last-pipeline-num-layers"));
+  if (!p.raw("--num-layers-per-virtual-pipeline-stage")) return split;
+  const int per = static_cast<int>(positive(p, "--num-layers-per-virtual-pipeline-stage"));
+  const bool overlap_p2p = p.raw("--no-overlap-p2p-communication").value_or("True") == "True";
+  if (overlap_p2p && pp < 2)
+    throw usage_error("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1 "
+                      "(Megatron's rule for the interleaved schedule)",
+                      "raise --pipeline-model-parallel-size, or drop --num-layers-per-virtual-pipeline-stage");
+  if (!overlap_p2p && pp < 3)
+    throw usage_error("--num-layers-per-virtual-pipeline-stage with --no-overlap-p2p-communication needs "
+                      "--pipeline-model-parallel-size > 2 (Megatron's rule for the interleaved schedule)",
+                      "drop --no-overlap-p2p-communication, or raise --pipeline-model-parallel-size");
+  if (num_layers % (per * pp) != 0)
+    throw usage_error("--num-layers " + std::to_string(num_layers) + " is not divisible by "
+                      "--num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size (" +
+                      std::to_string(per) + " x " + std::to_string(pp) + ")");
+  split.virtual_stages = num_layers / (per * pp);
+  return split;
+}
+
+// --save, --load and how they save and resume (docs/checkpoints.md).
+void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
+  a.save = p.get_string("--save");
+  a.load = p.get_string("--load");
+  if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
+  if (!a.save.empty() && a.save_interval == 0)
+    throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
+  a.no_save_optim = p.get_bool("--no-save-optim");
+  a.no_save_rng = p.get_bool("--no-save-rng");
+  a.no_load_optim = p.get_bool("--no-load-optim");
+  a.finetune = p.get_bool("--finetune");
+  a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");
+  a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
+  if (a.use_checkpoint_scheduler && a.override_scheduler)
+    throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
+  // torch_dist (Megatron's default) and zarr are not written yet: say so whenever it matters,
+  // once per job.
+  const std::string format = p.get_string("--ckpt-format");
+  a.save_megatron_format = format == "torch";
+  if (!a.save_megatron_format && (p.given("--ckpt-format") || !a.save.empty()) && log_rank() == 0)
+    log_warn("--ckpt-format %s%s is not written yet: tessera writes checkpoints in its own format instead "
+             "(safetensors + JSON, docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes "
+             "Megatron-LM's files", format.c_str(), p.given("--ckpt-format") ? "" : " (Megatron's default)");
 }
 
 }  // namespace
@@ -369,22 +426,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (a.sequence_parallel && m.seq_length % tp != 0)
     throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is not divisible by "
                       "--tensor-model-parallel-size " + std::to_string(tp) + " (needed by --sequence-parallel)");
-  a.pipeline_split.pp_size = pp;
-  if (p.raw("--decoder-first-pipeline-num-layers"))
-    a.pipeline_split.first_stage_layers = static_cast<int>(positive(p, "--decoder-first-pipeline-num-layers"));
-  if (p.raw("--decoder-last-pipeline-num-layers"))
-    a.pipeline_split.last_stage_layers = static_cast<int>(positive(p, "--decoder-last-pipeline-num-layers"));
-  if (p.raw("--num-layers-per-virtual-pipeline-stage")) {
-    const int per = static_cast<int>(positive(p, "--num-layers-per-virtual-pipeline-stage"));
-    if (pp <= 2)
-      throw usage_error("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2 "
-                        "(Megatron's rule for the interleaved schedule)");
-    if (m.num_layers % (per * pp) != 0)
-      throw usage_error("--num-layers " + std::to_string(m.num_layers) + " is not divisible by "
-                        "--num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size (" +
-                        std::to_string(per) + " x " + std::to_string(pp) + ")");
-    a.pipeline_split.virtual_stages = m.num_layers / (per * pp);
-  }
+  a.pipeline_split = parse_pipeline_split(p, m.num_layers, pp);
   // Every stage's layer count is checked here, before anything is allocated.
   for (int r = 0; r < pp; ++r) pipeline_chunks(m.num_layers, a.pipeline_split, r);
   a.world_size = world_size;
@@ -607,9 +649,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   o.clip_grad = static_cast<float>(p.get_float("--clip-grad"));
   if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
 
-  a.save = p.get_string("--save");
-  a.load = p.get_string("--load");
-  if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
+  parse_checkpoint_options(p, a);
   if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
   if (auto minutes = p.get_opt_float("--exit-duration-in-mins")) {
     if (!(*minutes > 0)) throw usage_error("--exit-duration-in-mins must be > 0");
@@ -624,21 +664,6 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     if (!(*z > 0)) throw usage_error("--skip-spikes must be > 0 (a z-score)");
     a.skip_spikes = *z;
   }
-  if (!a.save.empty() && a.save_interval == 0)
-    throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
-  a.no_save_optim = p.get_bool("--no-save-optim");
-  a.no_save_rng = p.get_bool("--no-save-rng");
-  a.no_load_optim = p.get_bool("--no-load-optim");
-  a.finetune = p.get_bool("--finetune");
-  a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");
-  a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
-  if (a.use_checkpoint_scheduler && a.override_scheduler)
-    throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
-  a.save_megatron_format = p.get_string("--ckpt-format") == "torch";
-  if (p.given("--ckpt-format") && !a.save_megatron_format)
-    log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
-             "docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes Megatron's",
-             p.get_string("--ckpt-format").c_str());
   for (int i = 0; i < argc; ++i) a.command_line.push_back(argv[i]);
   a.init_from_hf = p.get_string("--init-from-hf");
   a.log_json = p.get_string("--log-json");
