@@ -19,6 +19,14 @@ add_test(NAME flags.readme
                  ${PROJECT_SOURCE_DIR})
 set_tests_properties(flags.readme PROPERTIES TIMEOUT 120 LABELS flags)
 
+# README.md and docs/ against the option tables: every flag they name exists (in its
+# subcommand, for command lines), docs/flags.md names every train flag, `tessera --help` and
+# --init-from-hf's help name what ckpt does.
+add_test(NAME flags.docs
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/flags_area/docs_flags_test.py $<TARGET_FILE:tessera>
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(flags.docs PROPERTIES TIMEOUT 60 LABELS flags)
+
 # One node, 4 processes (TP 2 x PP 2) on loopback, the bundled corpus, a checkpoint; plus the
 # guide's full-size single-node configuration with --dry-run.
 add_test(NAME flags.example_script

@@ -28,8 +28,8 @@ TRAIN = ["--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "1
          "--mock-data", "--lr", "1e-3", "--lr-warmup-iters", "1", "--train-iters", "10", "--log-interval", "1",
          "--eval-iters", "1", "--eval-interval", "5", "--weight-decay", "0.1", "--clip-grad", "0.5"]
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
-# 4 layers, except for the interleaved schedule, which needs PP 4 x 2 virtual stages (TP runs
-# are latency-bound on loopback: fewer layers keep them short).
+# 4 layers, except for the interleaved schedule, which runs PP 4 and PP 2 with 2 virtual stages
+# each (TP runs are latency-bound on loopback: fewer layers keep them short).
 FOUR, EIGHT = ["--num-layers", "4"], ["--num-layers", "8"]
 RTOL = 1e-5
 
@@ -76,6 +76,9 @@ LAYOUTS = [
     ("pp4", 4, ["--pipeline-model-parallel-size", "4"]),
     ("pp2 uneven 1+3", 2, ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"]),
     ("pp4 interleaved", 4, ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1"]),
+    # Two ranks exchange two chunks' activations both ways (Megatron allows PP 2 with its
+    # default overlapped p2p communication).
+    ("pp2 interleaved", 2, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"]),
     ("tp2 pp2", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
     ("tp2 dp2", 4, ["--tensor-model-parallel-size", "2"]),
     ("pp2 dp2", 4, ["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce", "--ddp-bucket-size", "3000"]),
@@ -88,7 +91,7 @@ LAYOUTS = [
     ("pp4 interleaved dp2", 8, ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage",
                                 "1"]),
 ]
-WITH_DROPOUT = ["tp2", "pp4 interleaved", "tp2 sp pp2 dp2", "tp4 sp pp2"]
+WITH_DROPOUT = ["tp2", "pp4 interleaved", "pp2 interleaved", "tp2 sp pp2 dp2", "tp4 sp pp2"]
 
 
 def test_layouts(tmp, dropout):
@@ -153,7 +156,7 @@ def test_layout_errors(tmp):
         (1, ["--pipeline-model-parallel-size", "1", "--num-layers", "6", "--decoder-first-pipeline-num-layers", "2"],
          "--pipeline-model-parallel-size > 1"),
         (1, ["--tensor-model-parallel-size", "1", "--num-layers-per-virtual-pipeline-stage", "1"],
-         "--pipeline-model-parallel-size > 2"),
+         "--pipeline-model-parallel-size > 1"),
     ]
     for procs, flags, message in cases:
         p = subprocess.run([TESSERA, "train"] + TRAIN + EIGHT + flags + ["--dry-run"], capture_output=True, text=True,
@@ -166,6 +169,14 @@ def test_layout_errors(tmp):
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2 and "--num-layers 8 is not divisible by --pipeline-model-parallel-size 3" in p.stderr, (
         p.stderr[-2000:])
+    # Megatron's interleaved rule: PP 2 only with its (default) overlapped p2p communication.
+    env["WORLD_SIZE"] = "2"  # refused while parsing: nothing connects
+    p = subprocess.run([TESSERA, "train"] + TRAIN + EIGHT + ["--pipeline-model-parallel-size", "2",
+                                                             "--num-layers-per-virtual-pipeline-stage", "2",
+                                                             "--no-overlap-p2p-communication", "--dry-run"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "with --no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2" in (
+        p.stderr), p.stderr[-2000:]
     print("ok  layout errors name the flags", flush=True)
 
 

@@ -16,6 +16,12 @@ add_test(NAME train_checkpoints
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_checkpoints PROPERTIES TIMEOUT 600)
 
+# Start-up checks of --save (writable), --load (not past --train-iters) and --ckpt-format's
+# warning, before any iteration.
+add_test(NAME train_startup_checks
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/train_startup_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_startup_checks PROPERTIES TIMEOUT 120)
+
 # Tensor, pipeline and data parallelism and their products against the single-process run.
 add_test(NAME train_model_parallel
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/model_parallel_test.py $<TARGET_FILE:tessera>)

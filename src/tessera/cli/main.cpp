@@ -23,7 +23,9 @@ const Subcommand kSubcommands[] = {
     {"data", tessera::cli::run_data, "indexed datasets: merge, inspect"},
     {"launch", tessera::cli::run_launch, "start workers on this node as torchrun does (RANK, WORLD_SIZE, ...)"},
     {"doctor", tessera::cli::run_doctor, "pre-flight checks of a training job on every rank (train's flags)"},
-    {"ckpt", tessera::cli::run_ckpt, "checkpoints: inspect, export-hf, import-hf (Hugging Face GPT-2)"},
+    {"ckpt", tessera::cli::run_ckpt,
+     "checkpoints: inspect, export-hf, import-hf (Hugging Face GPT-2, Llama, Qwen2), convert (tessera <-> "
+     "Megatron-LM torch)"},
     {"bench", tessera::cli::run_bench, "benchmarks: comm (collectives, nccl-tests style)"},
     {"flags", tessera::cli::run_flags, "status in tessera of every Megatron-LM training flag (docs/megatron-flags.md)"},
 };

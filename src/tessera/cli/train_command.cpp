@@ -11,6 +11,7 @@
 #include "tessera/ckpt/hf_export.h"
 #include "tessera/cli/commands.h"
 #include "tessera/comm/backend.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/log.h"
 #include "tessera/device/registry.h"
 #include "tessera/launch/job_store.h"
@@ -29,13 +30,39 @@ namespace tessera::cli {
 
 namespace {
 
+// The metadata of --load's latest checkpoint, when there is one to resume.
+std::optional<CheckpointState> checkpoint_to_resume(const TrainArgs& args) {
+  if (args.load.empty()) return std::nullopt;
+  const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
+  if (!latest) return std::nullopt;
+  return read_checkpoint_metadata(args.load, *latest);
+}
+
+// --train-iters (or --train-samples) as the user gave it.
+std::string train_length_flag(const TrainArgs& args) {
+  if (args.train_samples)
+    return "--train-samples " + std::to_string(*args.train_samples) + " (" + std::to_string(args.train_iters) +
+           " iterations)";
+  return "--train-iters " + std::to_string(args.train_iters);
+}
+
+// A checkpoint past the flags' last iteration leaves nothing to train. Megatron's loop would
+// run no iteration (its schedule check stops it first unless --override-opt_param-scheduler),
+// then evaluate and exit 0: a run that silently did nothing. tessera refuses before any
+// allocation, naming both numbers.
+void check_checkpoint_not_past_train_iters(const TrainArgs& args, const CheckpointState& saved) {
+  if (args.finetune || saved.release || saved.iteration <= args.train_iters) return;
+  throw usage_error("the checkpoint in --load " + args.load + " is at iteration " + std::to_string(saved.iteration) +
+                        ", already past " + train_length_flag(args) + ": there is nothing to train",
+                    "raise --train-iters above " + std::to_string(saved.iteration) +
+                        " to train on (add --override-opt_param-scheduler to take the new length's learning-rate "
+                        "schedule), or add --finetune to start a new run from its weights");
+}
+
 // Megatron takes the padded vocabulary from the checkpoint's arguments: a checkpoint saved at
 // another TP (and so another padding) resumes with its own size, which the new TP must divide.
-void keep_checkpoint_padded_vocab(TrainArgs& args) {
-  if (args.load.empty()) return;
-  const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
-  if (!latest) return;
-  const int64_t saved = read_checkpoint_metadata(args.load, *latest).layout.padded_vocab_size;
+void keep_checkpoint_padded_vocab(TrainArgs& args, const CheckpointState& checkpoint) {
+  const int64_t saved = checkpoint.layout.padded_vocab_size;
   GPTConfig& m = args.model;
   if (saved == 0 || saved == m.padded_vocab_size) return;  // 0: format 1 records none
   if (saved < m.vocab_size || saved % args.tensor_parallel_size != 0)
@@ -47,6 +74,15 @@ void keep_checkpoint_padded_vocab(TrainArgs& args) {
   print_rank_0(" > keeping the checkpoint's padded vocabulary %lld (the flags alone give %d)",
                static_cast<long long>(saved), m.padded_vocab_size);
   m.padded_vocab_size = static_cast<int>(saved);
+}
+
+// Whether this rank writes files into --save: rank 0 (the folder, the metadata), data-parallel
+// rank 0 of every (tp, pp) (the model), and with tessera's distributed-optimizer files every
+// rank (its own shard of the optimizer state).
+bool writes_checkpoints(const TrainArgs& args, const Topology& topology) {
+  if (args.save.empty()) return false;
+  const bool every_rank = args.use_distributed_optimizer && !args.no_save_optim && !args.save_megatron_format;
+  return topology.rank() == 0 || topology.dp_rank() == 0 || every_rank;
 }
 
 }  // namespace
@@ -64,6 +100,8 @@ int run_train(int argc, char** argv) {
   TrainArgs args = parse_train_args(argc, argv, &parsed, id.world_size);  // before any allocation
   if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
+  const std::optional<CheckpointState> resumed = checkpoint_to_resume(args);
+  if (resumed) check_checkpoint_not_past_train_iters(args, *resumed);
 
   Device& device = open_device(args.device);
   device.set_tf32_matmul(args.tf32);
@@ -92,7 +130,8 @@ int run_train(int argc, char** argv) {
   print_rank_0("> %s", run_device_line(device).c_str());
   print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
 
-  keep_checkpoint_padded_vocab(args);
+  if (writes_checkpoints(args, topology)) check_folder_writable(args.save, "--save");  // not at the first save
+  if (resumed) keep_checkpoint_padded_vocab(args, *resumed);
   const GPTConfig& c = args.model;
   ModelPartition partition;
   partition.tp_size = args.tensor_parallel_size;
@@ -133,7 +172,11 @@ int run_train(int argc, char** argv) {
   if (!args.load.empty()) trainer.load_checkpoint(args.load);
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);
-  print_rank_0("training ...");
+  if (trainer.iteration() < args.train_iters)
+    print_rank_0("training ...");
+  else  // Megatron would say "training ..." and run no iteration
+    print_rank_0("not training: the checkpoint in --load %s is at iteration %lld, which %s already reaches",
+                 args.load.c_str(), static_cast<long long>(trainer.iteration()), train_length_flag(args).c_str());
   trainer.train();
 
   // Every rank's own peak (Megatron's memory report line, one per rank): with TP/PP they differ.

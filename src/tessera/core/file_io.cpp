@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +81,29 @@ void write_file_atomic(const std::string& path, std::span<const char> bytes) {
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   fsync_directory(parent.empty() ? "." : parent.string());
+}
+
+void check_folder_writable(const std::string& dir, const std::string& flag) {
+  namespace fs = std::filesystem;
+  const std::string hint = "pass " + flag + " a folder this process can create files in";
+  fs::path at = fs::absolute(fs::path(dir)).lexically_normal();
+  if (!at.has_filename()) at = at.parent_path();  // "ckpt/" -> "ckpt"
+  for (;;) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(at, ec);
+    if (st.type() == fs::file_type::directory) break;
+    if (st.type() != fs::file_type::not_found)  // a file, or a path it cannot look through
+      throw usage_error(flag + " " + dir + ": " + at.string() +
+                            (ec ? " cannot be read: " + ec.message() : " is a file, not a folder"),
+                        hint);
+    at = at.parent_path();
+  }
+  std::string probe = (at / ".tessera-write-check-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0)
+    throw usage_error(flag + " " + dir + ": cannot create files in " + at.string() + ": " + errno_text(), hint);
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace tessera

@@ -37,4 +37,10 @@ void write_file_atomic(const std::string& path, std::span<const char> bytes);
 // fsyncs a folder, making renames and creations inside it durable.
 void fsync_directory(const std::string& path);
 
+// Throws a usage error naming `flag` and `dir` unless files can be created in `dir`, or, when
+// it does not exist yet, in the nearest parent that does (where it would be created): a
+// parent that is a regular file, an unreadable path or a refused file fail. It creates and
+// removes a file, since access() grants root every permission that a read-only mount refuses.
+void check_folder_writable(const std::string& dir, const std::string& flag);
+
 }  // namespace tessera

@@ -137,6 +137,9 @@ std::vector<OptionDef> train_option_defs() {
        "Split LayerNorm/dropout activations along the sequence over the tensor-parallel ranks"},
       {"--num-layers-per-virtual-pipeline-stage", K::Int, nullptr,
        "Layers per virtual stage: the interleaved 1F1B schedule"},
+      {"--no-overlap-p2p-communication", K::StoreFalse, nullptr,
+       "Megatron's unbatched p2p (tessera's p2p never overlaps); the interleaved schedule then needs "
+       "--pipeline-model-parallel-size > 2, as in Megatron", nullptr, kSpeed, "overlap_p2p_comm"},
       {"--decoder-first-pipeline-num-layers", K::Int, nullptr, "Layers on the first pipeline stage (uneven split)"},
       {"--decoder-last-pipeline-num-layers", K::Int, nullptr, "Layers on the last pipeline stage (uneven split)"},
       {"--distributed-backend", K::Choice, "nccl", "Collectives: nccl = the device's native library (Gloo on CPU)",
@@ -194,7 +197,8 @@ std::vector<OptionDef> train_option_defs() {
       {"--skip-spikes", K::Float, nullptr,
        "Skip an update whose loss or grad norm is more than Z standard deviations above the last 128 (llm.c)"},
       {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
-      {"--init-from-hf", K::String, nullptr, "Initialise from a Hugging Face GPT-2 folder (config.json, model.safetensors)"},
+      {"--init-from-hf", K::String, nullptr,
+       "Initialise from a Hugging Face GPT-2, Llama or Qwen2 folder (config.json, model.safetensors or its shards)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
       {"--device", K::String, "cpu",
        "Compute device: cpu, opencl[:N], cuda[:N] (the N-th device of a backend this build has; `tessera doctor` "
@@ -246,6 +250,246 @@ void parse_llama_options(const ParsedOptions& p, GPTConfig& m) {
                             " is not divisible by --num-query-groups " + std::to_string(m.num_query_groups),
                         "every query group serves the same number of heads");
   }
+}
+
+// The pipeline's layer split, with Megatron's rules for the interleaved schedule
+// (validate_args in megatron/training/arguments.py): PP > 1, or PP > 2 without the
+// overlapped p2p communication, and whole virtual stages of --num-layers-per-virtual-pipeline-stage.
+PipelineSplit parse_pipeline_split(const ParsedOptions& p, int num_layers, int pp) {
+  PipelineSplit split;
+  split.pp_size = pp;
+  if (p.raw("--decoder-first-pipeline-num-layers"))
+    split.first_stage_layers = static_cast<int>(positive(p, "--decoder-first-pipeline-num-layers"));
+  if (p.raw("--decoder-last-pipeline-num-layers"))
+    split.last_stage_layers = static_cast<int>(positive(p, "--decoder-last-pipeline-num-layers"));
+  if (!p.raw("--num-layers-per-virtual-pipeline-stage")) return split;
+  const int per = static_cast<int>(positive(p, "--num-layers-per-virtual-pipeline-stage"));
+  const bool overlap_p2p = p.raw("--no-overlap-p2p-communication").value_or("True") == "True";
+  if (overlap_p2p && pp < 2)
+    throw usage_error("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1 "
+                      "(Megatron's rule for the interleaved schedule)",
+                      "raise --pipeline-model-parallel-size, or drop --num-layers-per-virtual-pipeline-stage");
+  if (!overlap_p2p && pp < 3)
+    throw usage_error("--num-layers-per-virtual-pipeline-stage with --no-overlap-p2p-communication needs "
+                      "--pipeline-model-parallel-size > 2 (Megatron's rule for the interleaved schedule)",
+                      "drop --no-overlap-p2p-communication, or raise --pipeline-model-parallel-size");
+  if (num_layers % (per * pp) != 0)
+    throw usage_error("--num-layers " + std::to_string(num_layers) + " is not divisible by "
+                      "--num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size (" +
+                      std::to_string(per) + " x " + std::to_string(pp) + ")");
+  split.virtual_stages = num_layers / (per * pp);
+  return split;
+}
+
+// --save, --load and how they save and resume (docs/checkpoints.md).
+void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
+  a.save = p.get_string("--save");
+  a.load = p.get_string("--load");
+  if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
+  if (!a.save.empty() && a.save_interval == 0)
+    throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
+  a.no_save_optim = p.get_bool("--no-save-optim");
+  a.no_save_rng = p.get_bool("--no-save-rng");
+  a.no_load_optim = p.get_bool("--no-load-optim");
+  a.finetune = p.get_bool("--finetune");
+  a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");
+  a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
+  if (a.use_checkpoint_scheduler && a.override_scheduler)
+    throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
+  // torch_dist (Megatron's default) and zarr are not written yet: say so whenever it matters,
+  // once per job.
+  const std::string format = p.get_string("--ckpt-format");
+  a.save_megatron_format = format == "torch";
+  if (!a.save_megatron_format && (p.given("--ckpt-format") || !a.save.empty()) && log_rank() == 0)
+    log_warn("--ckpt-format %s%s is not written yet: tessera writes checkpoints in its own format instead "
+             "(safetensors + JSON, docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes "
+             "Megatron-LM's files", format.c_str(), p.given("--ckpt-format") ? "" : " (Megatron's default)");
+}
+
+// The tokenizer, and from it the vocabulary size and the end-of-document and pad ids
+// (pretrain_gpt's default tokenizer is GPT-2 BPE).
+void parse_tokenizer(const ParsedOptions& p, TrainArgs& a) {
+  a.make_vocab_size_divisible_by = static_cast<int>(positive(p, "--make-vocab-size-divisible-by"));
+  a.tokenizer.type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
+  a.tokenizer.vocab_file = p.get_string("--vocab-file");
+  a.tokenizer.merge_file = p.get_string("--merge-file");
+  a.tokenizer.tokenizer_model = p.get_string("--tokenizer-model");
+  if (p.raw("--vocab-size")) a.tokenizer.vocab_size = positive(p, "--vocab-size");
+  if (a.tokenizer.type == "NullTokenizer" && !a.tokenizer.vocab_size)
+    throw usage_error("--tokenizer-type NullTokenizer needs --vocab-size");
+  if (a.tokenizer.type == "GPT2BPETokenizer" && (a.tokenizer.vocab_file.empty() || a.tokenizer.merge_file.empty()))
+    throw usage_error("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
+  std::unique_ptr<data::Tokenizer> tokenizer = data::build_tokenizer(a.tokenizer);
+  a.model.vocab_size = static_cast<int>(tokenizer->vocab_size());
+  a.eod = tokenizer->eod();
+  a.pad = tokenizer->pad();
+}
+
+// The training data (docs/data.md); the seed and sequence length come from the model.
+data::DataArgs parse_data_options(const ParsedOptions& p) {
+  data::DataArgs d;
+  d.mock_data = p.get_bool("--mock-data");
+  auto list = [&](const char* flag) {
+    return p.given(flag) ? std::optional<std::vector<std::string>>(p.get_list(flag)) : std::nullopt;
+  };
+  auto text = [&](const char* flag) { return p.raw(flag); };
+  d.data_path = list("--data-path");
+  d.data_args_path = text("--data-args-path");
+  d.train_data_path = list("--train-data-path");
+  d.valid_data_path = list("--valid-data-path");
+  d.test_data_path = list("--test-data-path");
+  d.per_split_data_args_path = text("--per-split-data-args-path");
+  d.split = text("--split");
+  d.data_cache_path = text("--data-cache-path");
+  d.renormalize_blend_weights = p.get_bool("--renormalize-blend-weights");
+  d.reset_position_ids = p.get_bool("--reset-position-ids");
+  d.reset_attention_mask = p.get_bool("--reset-attention-mask");
+  d.eod_mask_loss = p.get_bool("--eod-mask-loss");
+  if (d.reset_attention_mask)
+    throw usage_error("--reset-attention-mask is not supported yet",
+                      "the model's attention is plain causal; drop the flag (--reset-position-ids works)");
+  if (!d.mock_data && !d.data_path && !d.data_args_path && !d.train_data_path && !d.per_split_data_args_path)
+    throw usage_error("no training data", "pass --data-path PREFIX (from `tessera preprocess`) or --mock-data");
+  return d;
+}
+
+// Mixed precision: Megatron's choice of scaler (get_megatron_optimizer in
+// megatron/core/optimizer/__init__.py).
+void parse_precision(const ParsedOptions& p, TrainArgs& a) {
+  a.fp16 = p.get_bool("--fp16");
+  a.bf16 = p.get_bool("--bf16");
+  if (a.fp16 && a.bf16) throw usage_error("--fp16 and --bf16 cannot both be given");
+  a.model.params_dtype = a.fp16 ? DType::F16 : a.bf16 ? DType::BF16 : DType::F32;
+  if (auto static_scale = p.get_opt_float("--loss-scale"); static_scale && (a.fp16 || a.bf16)) {
+    if (!(*static_scale > 0)) throw usage_error("--loss-scale must be > 0");
+    a.loss_scaler = LossScalerConfig{};
+    a.loss_scaler->dynamic = false;
+    a.loss_scaler->static_scale = *static_scale;
+  } else if (a.fp16) {
+    a.loss_scaler = LossScalerConfig{};
+    a.loss_scaler->initial_scale = p.get_float("--initial-loss-scale");
+    a.loss_scaler->min_scale = p.get_float("--min-loss-scale");
+    a.loss_scaler->window = static_cast<int>(positive(p, "--loss-scale-window"));
+    a.loss_scaler->hysteresis = static_cast<int>(positive(p, "--hysteresis"));
+  }
+}
+
+// Batch-size ramp-up: every global batch of the ramp must split into micro-batches of
+// every data-parallel rank (and, interleaved, into multiples of the pipeline size).
+void parse_batch_rampup(const ParsedOptions& p, TrainArgs& a, int dp, int pp) {
+  const std::vector<std::string> ramp = p.get_list("--rampup-batch-size");
+  if (ramp.empty()) return;
+  if (ramp.size() != 3) throw usage_error("--rampup-batch-size takes three values: START INCREMENT SAMPLES");
+  TrainArgs::BatchRampup r;
+  try {
+    r = {std::stoll(ramp[0]), std::stoll(ramp[1]), std::stoll(ramp[2])};
+  } catch (const std::exception&) {
+    throw usage_error("--rampup-batch-size takes three integers: START INCREMENT SAMPLES");
+  }
+  const int64_t unit = a.micro_batch_size * dp;
+  if (r.start <= 0 || r.increment <= 0 || r.samples <= 0 || r.start > a.global_batch_size ||
+      (a.global_batch_size - r.start) % r.increment != 0)
+    throw usage_error("--rampup-batch-size " + ramp[0] + " " + ramp[1] + " " + ramp[2] +
+                      ": START and INCREMENT must be positive and step from START to --global-batch-size " +
+                      std::to_string(a.global_batch_size));
+  if (r.start % unit != 0 || r.increment % unit != 0)
+    throw usage_error("--rampup-batch-size START and INCREMENT must be multiples of --micro-batch-size x "
+                      "data-parallel size (" + std::to_string(unit) + ")");
+  if (r.start < a.global_batch_size) a.rampup = r;  // else there is nothing to ramp
+  if (a.pipeline_split.virtual_stages > 1)
+    for (int64_t b = r.start; b <= a.global_batch_size; b += r.increment)
+      if ((b / unit) % pp != 0)
+        throw usage_error("the interleaved schedule needs micro-batches divisible by --pipeline-model-parallel-size; "
+                          "the ramp's global batch " + std::to_string(b) + " gives " + std::to_string(b / unit));
+}
+
+// Iterations or samples, and the schedule in samples (megatron/training/training.py's
+// get_optimizer_param_scheduler).
+void parse_schedule(const ParsedOptions& p, TrainArgs& a) {
+  const int64_t gbs = a.global_batch_size;
+  LrScheduleConfig& s = a.lr_schedule;
+  auto warmup_fraction = p.get_opt_float("--lr-warmup-fraction");
+  const bool by_samples = p.get_opt_int("--train-samples").has_value();
+  if (by_samples == p.get_opt_int("--train-iters").has_value())
+    throw usage_error("give exactly one of --train-iters and --train-samples");
+  if (by_samples) {
+    if (p.raw("--lr-decay-iters") || p.get_int("--lr-warmup-iters") != 0 || p.raw("--lr-wsd-decay-iters"))
+      throw usage_error("with --train-samples, use the *-samples schedule flags (--lr-decay-samples, "
+                        "--lr-warmup-samples, --lr-wsd-decay-samples), not the *-iters ones");
+    a.train_samples = positive(p, "--train-samples");
+    a.train_iters = *a.train_samples / gbs;
+    if (a.rampup) {
+      // Megatron's update_train_iters: the ramp's iterations (through the first batch that
+      // starts beyond SAMPLES), then whole global batches; a partial last batch is dropped.
+      int64_t consumed = 0, iterations = 0;
+      while (consumed <= a.rampup->samples) consumed += a.global_batch_at(consumed), ++iterations;
+      a.train_iters = iterations + (*a.train_samples - consumed) / gbs;
+    }
+    s.decay_steps = p.get_opt_int("--lr-decay-samples").value_or(*a.train_samples);
+    s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
+                                     : p.get_int("--lr-warmup-samples");
+    if (warmup_fraction && p.get_int("--lr-warmup-samples") != 0)
+      throw usage_error("give only one of --lr-warmup-fraction and --lr-warmup-samples");
+    s.wsd_decay_steps = p.get_opt_int("--lr-wsd-decay-samples").value_or(0);
+    s.wd_incr_steps = *a.train_samples;
+  } else {
+    if (p.raw("--lr-decay-samples") || p.get_int("--lr-warmup-samples") != 0 || p.raw("--lr-wsd-decay-samples"))
+      throw usage_error("with --train-iters, use the *-iters schedule flags (--lr-decay-iters, --lr-warmup-iters, "
+                        "--lr-wsd-decay-iters), not the *-samples ones");
+    if (a.rampup)
+      throw usage_error("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron");
+    a.train_iters = positive(p, "--train-iters");
+    s.decay_steps = p.get_opt_int("--lr-decay-iters").value_or(a.train_iters) * gbs;
+    if (warmup_fraction && p.get_int("--lr-warmup-iters") != 0)
+      throw usage_error("give only one of --lr-warmup-fraction and --lr-warmup-iters");
+    s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
+                                     : p.get_int("--lr-warmup-iters") * gbs;
+    s.wsd_decay_steps = p.get_opt_int("--lr-wsd-decay-iters").value_or(0) * gbs;
+    s.wd_incr_steps = a.train_iters * gbs;
+  }
+  if (a.train_iters <= 0) throw usage_error("--train-samples is smaller than one global batch");
+  s.max_lr = p.get_float("--lr");
+  s.min_lr = p.get_float("--min-lr");
+  s.init_lr = p.get_float("--lr-warmup-init");
+  const std::string style = p.get_string("--lr-decay-style");
+  s.decay_style = style == "constant" ? LrDecayStyle::Constant
+                  : style == "linear" ? LrDecayStyle::Linear
+                  : style == "cosine" ? LrDecayStyle::Cosine
+                  : style == "inverse-square-root" ? LrDecayStyle::InverseSquareRoot
+                                                   : LrDecayStyle::WSD;
+  const std::string wsd = p.get_string("--lr-wsd-decay-style");
+  s.wsd_style = wsd == "linear" ? WsdDecayStyle::Linear : wsd == "cosine" ? WsdDecayStyle::Cosine
+                                                                          : WsdDecayStyle::Exponential;
+  const std::string wd_style = p.get_string("--weight-decay-incr-style");
+  if (wd_style == "constant") {
+    if (p.raw("--start-weight-decay") || p.raw("--end-weight-decay"))
+      throw usage_error("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+    s.wd_style = WdIncrStyle::Constant;
+    s.start_wd = s.end_wd = p.get_float("--weight-decay");
+  } else {
+    if (!p.raw("--start-weight-decay") || !p.raw("--end-weight-decay"))
+      throw usage_error("--weight-decay-incr-style " + wd_style + " needs --start-weight-decay and --end-weight-decay");
+    s.wd_style = wd_style == "linear" ? WdIncrStyle::Linear : WdIncrStyle::Cosine;
+    s.start_wd = p.get_float("--start-weight-decay");
+    s.end_wd = p.get_float("--end-weight-decay");
+  }
+  LrScheduler check(s);  // Megatron's asserts, as usage errors naming the flags.
+}
+
+// The optimizer and gradient clipping.
+void parse_optimizer(const ParsedOptions& p, TrainArgs& a) {
+  OptimizerConfig& o = a.optimizer;
+  o.kind = p.get_string("--optimizer") == "sgd" ? OptimizerKind::SGD : OptimizerKind::Adam;
+  // Megatron's distributed optimizer is Adam only (megatron/core/optimizer/distrib_optimizer.py).
+  if (a.use_distributed_optimizer && o.kind != OptimizerKind::Adam)
+    throw usage_error("--use-distributed-optimizer works with --optimizer adam only",
+                      "drop --optimizer sgd, or drop --use-distributed-optimizer");
+  o.adam_beta1 = static_cast<float>(p.get_float("--adam-beta1"));
+  o.adam_beta2 = static_cast<float>(p.get_float("--adam-beta2"));
+  o.adam_eps = static_cast<float>(p.get_float("--adam-eps"));
+  o.sgd_momentum = static_cast<float>(p.get_float("--sgd-momentum"));
+  o.clip_grad = static_cast<float>(p.get_float("--clip-grad"));
+  if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
 }
 
 }  // namespace
@@ -369,22 +613,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (a.sequence_parallel && m.seq_length % tp != 0)
     throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is not divisible by "
                       "--tensor-model-parallel-size " + std::to_string(tp) + " (needed by --sequence-parallel)");
-  a.pipeline_split.pp_size = pp;
-  if (p.raw("--decoder-first-pipeline-num-layers"))
-    a.pipeline_split.first_stage_layers = static_cast<int>(positive(p, "--decoder-first-pipeline-num-layers"));
-  if (p.raw("--decoder-last-pipeline-num-layers"))
-    a.pipeline_split.last_stage_layers = static_cast<int>(positive(p, "--decoder-last-pipeline-num-layers"));
-  if (p.raw("--num-layers-per-virtual-pipeline-stage")) {
-    const int per = static_cast<int>(positive(p, "--num-layers-per-virtual-pipeline-stage"));
-    if (pp <= 2)
-      throw usage_error("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2 "
-                        "(Megatron's rule for the interleaved schedule)");
-    if (m.num_layers % (per * pp) != 0)
-      throw usage_error("--num-layers " + std::to_string(m.num_layers) + " is not divisible by "
-                        "--num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size (" +
-                        std::to_string(per) + " x " + std::to_string(pp) + ")");
-    a.pipeline_split.virtual_stages = m.num_layers / (per * pp);
-  }
+  a.pipeline_split = parse_pipeline_split(p, m.num_layers, pp);
   // Every stage's layer count is checked here, before anything is allocated.
   for (int r = 0; r < pp; ++r) pipeline_chunks(m.num_layers, a.pipeline_split, r);
   a.world_size = world_size;
@@ -403,23 +632,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.ddp_bucket_size = p.raw("--ddp-bucket-size") ? positive(p, "--ddp-bucket-size")
                                                  : std::max<int64_t>(40000000, 1000000LL * dp);
 
-  // Tokenizer and vocabulary (pretrain_gpt's default tokenizer is GPT-2 BPE).
-  a.make_vocab_size_divisible_by = static_cast<int>(positive(p, "--make-vocab-size-divisible-by"));
-  a.tokenizer.type = p.raw("--tokenizer-type").value_or("GPT2BPETokenizer");
-  a.tokenizer.vocab_file = p.get_string("--vocab-file");
-  a.tokenizer.merge_file = p.get_string("--merge-file");
-  a.tokenizer.tokenizer_model = p.get_string("--tokenizer-model");
-  if (p.raw("--vocab-size")) a.tokenizer.vocab_size = positive(p, "--vocab-size");
-  if (a.tokenizer.type == "NullTokenizer" && !a.tokenizer.vocab_size)
-    throw usage_error("--tokenizer-type NullTokenizer needs --vocab-size");
-  if (a.tokenizer.type == "GPT2BPETokenizer" && (a.tokenizer.vocab_file.empty() || a.tokenizer.merge_file.empty()))
-    throw usage_error("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
-  {
-    std::unique_ptr<data::Tokenizer> tokenizer = data::build_tokenizer(a.tokenizer);
-    m.vocab_size = static_cast<int>(tokenizer->vocab_size());
-    a.eod = tokenizer->eod();
-    a.pad = tokenizer->pad();
-  }
+  parse_tokenizer(p, a);
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
   for (auto [n, flag] : {std::pair{m.num_attention_heads, "--num-attention-heads"},
                          std::pair{m.ffn_hidden_size, "--ffn-hidden-size"}})
@@ -427,30 +640,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
       throw usage_error(std::string(flag) + " " + std::to_string(n) + " is not divisible by "
                         "--tensor-model-parallel-size " + std::to_string(tp));
 
-  // Data.
-  data::DataArgs& d = a.data;
-  d.mock_data = p.get_bool("--mock-data");
-  auto list = [&](const char* flag) {
-    return p.given(flag) ? std::optional<std::vector<std::string>>(p.get_list(flag)) : std::nullopt;
-  };
-  auto text = [&](const char* flag) { return p.raw(flag); };
-  d.data_path = list("--data-path");
-  d.data_args_path = text("--data-args-path");
-  d.train_data_path = list("--train-data-path");
-  d.valid_data_path = list("--valid-data-path");
-  d.test_data_path = list("--test-data-path");
-  d.per_split_data_args_path = text("--per-split-data-args-path");
-  d.split = text("--split");
-  d.data_cache_path = text("--data-cache-path");
-  d.renormalize_blend_weights = p.get_bool("--renormalize-blend-weights");
-  d.reset_position_ids = p.get_bool("--reset-position-ids");
-  d.reset_attention_mask = p.get_bool("--reset-attention-mask");
-  d.eod_mask_loss = p.get_bool("--eod-mask-loss");
-  if (d.reset_attention_mask)
-    throw usage_error("--reset-attention-mask is not supported yet",
-                      "the model's attention is plain causal; drop the flag (--reset-position-ids works)");
-  if (!d.mock_data && !d.data_path && !d.data_args_path && !d.train_data_path && !d.per_split_data_args_path)
-    throw usage_error("no training data", "pass --data-path PREFIX (from `tessera preprocess`) or --mock-data");
+  a.data = parse_data_options(p);
 
   // Batch.
   a.micro_batch_size = positive(p, "--micro-batch-size");
@@ -472,144 +662,17 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.log_validation_ppl_to_tensorboard = p.get_bool("--log-validation-ppl-to-tensorboard");
   a.log_memory_to_tensorboard = p.get_bool("--log-memory-to-tensorboard");
 
-  // Mixed precision: Megatron's choice of scaler (get_megatron_optimizer in
-  // megatron/core/optimizer/__init__.py).
-  a.fp16 = p.get_bool("--fp16");
-  a.bf16 = p.get_bool("--bf16");
-  if (a.fp16 && a.bf16) throw usage_error("--fp16 and --bf16 cannot both be given");
-  m.params_dtype = a.fp16 ? DType::F16 : a.bf16 ? DType::BF16 : DType::F32;
-  if (auto static_scale = p.get_opt_float("--loss-scale"); static_scale && (a.fp16 || a.bf16)) {
-    if (!(*static_scale > 0)) throw usage_error("--loss-scale must be > 0");
-    a.loss_scaler = LossScalerConfig{};
-    a.loss_scaler->dynamic = false;
-    a.loss_scaler->static_scale = *static_scale;
-  } else if (a.fp16) {
-    a.loss_scaler = LossScalerConfig{};
-    a.loss_scaler->initial_scale = p.get_float("--initial-loss-scale");
-    a.loss_scaler->min_scale = p.get_float("--min-loss-scale");
-    a.loss_scaler->window = static_cast<int>(positive(p, "--loss-scale-window"));
-    a.loss_scaler->hysteresis = static_cast<int>(positive(p, "--hysteresis"));
-  }
+  parse_precision(p, a);
   a.eval_interval = static_cast<int>(positive(p, "--eval-interval"));
   a.eval_iters = static_cast<int>(p.get_int("--eval-iters"));
-  d.seed = m.seed;
-  d.seq_length = m.seq_length;
+  a.data.seed = m.seed;
+  a.data.seq_length = m.seq_length;
   if (a.eval_iters < 0) throw usage_error("--eval-iters must be >= 0");
 
-  // Batch-size ramp-up: every global batch of the ramp must split into micro-batches of
-  // every data-parallel rank (and, interleaved, into multiples of the pipeline size).
-  if (std::vector<std::string> ramp = p.get_list("--rampup-batch-size"); !ramp.empty()) {
-    if (ramp.size() != 3) throw usage_error("--rampup-batch-size takes three values: START INCREMENT SAMPLES");
-    TrainArgs::BatchRampup r;
-    try {
-      r = {std::stoll(ramp[0]), std::stoll(ramp[1]), std::stoll(ramp[2])};
-    } catch (const std::exception&) {
-      throw usage_error("--rampup-batch-size takes three integers: START INCREMENT SAMPLES");
-    }
-    const int64_t unit = a.micro_batch_size * dp;
-    if (r.start <= 0 || r.increment <= 0 || r.samples <= 0 || r.start > a.global_batch_size ||
-        (a.global_batch_size - r.start) % r.increment != 0)
-      throw usage_error("--rampup-batch-size " + ramp[0] + " " + ramp[1] + " " + ramp[2] +
-                        ": START and INCREMENT must be positive and step from START to --global-batch-size " +
-                        std::to_string(a.global_batch_size));
-    if (r.start % unit != 0 || r.increment % unit != 0)
-      throw usage_error("--rampup-batch-size START and INCREMENT must be multiples of --micro-batch-size x "
-                        "data-parallel size (" + std::to_string(unit) + ")");
-    if (r.start < a.global_batch_size) a.rampup = r;  // else there is nothing to ramp
-    if (a.pipeline_split.virtual_stages > 1)
-      for (int64_t b = r.start; b <= a.global_batch_size; b += r.increment)
-        if ((b / unit) % pp != 0)
-          throw usage_error("the interleaved schedule needs micro-batches divisible by --pipeline-model-parallel-size; "
-                            "the ramp's global batch " + std::to_string(b) + " gives " + std::to_string(b / unit));
-  }
-
-  // Iterations or samples, and the schedule in samples (megatron/training/training.py's
-  // get_optimizer_param_scheduler).
-  const int64_t gbs = a.global_batch_size;
-  LrScheduleConfig& s = a.lr_schedule;
-  auto warmup_fraction = p.get_opt_float("--lr-warmup-fraction");
-  const bool by_samples = p.get_opt_int("--train-samples").has_value();
-  if (by_samples == p.get_opt_int("--train-iters").has_value())
-    throw usage_error("give exactly one of --train-iters and --train-samples");
-  if (by_samples) {
-    if (p.raw("--lr-decay-iters") || p.get_int("--lr-warmup-iters") != 0 || p.raw("--lr-wsd-decay-iters"))
-      throw usage_error("with --train-samples, use the *-samples schedule flags (--lr-decay-samples, "
-                        "--lr-warmup-samples, --lr-wsd-decay-samples), not the *-iters ones");
-    a.train_samples = positive(p, "--train-samples");
-    a.train_iters = *a.train_samples / gbs;
-    if (a.rampup) {
-      // Megatron's update_train_iters: the ramp's iterations (through the first batch that
-      // starts beyond SAMPLES), then whole global batches; a partial last batch is dropped.
-      int64_t consumed = 0, iterations = 0;
-      while (consumed <= a.rampup->samples) consumed += a.global_batch_at(consumed), ++iterations;
-      a.train_iters = iterations + (*a.train_samples - consumed) / gbs;
-    }
-    s.decay_steps = p.get_opt_int("--lr-decay-samples").value_or(*a.train_samples);
-    s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
-                                     : p.get_int("--lr-warmup-samples");
-    if (warmup_fraction && p.get_int("--lr-warmup-samples") != 0)
-      throw usage_error("give only one of --lr-warmup-fraction and --lr-warmup-samples");
-    s.wsd_decay_steps = p.get_opt_int("--lr-wsd-decay-samples").value_or(0);
-    s.wd_incr_steps = *a.train_samples;
-  } else {
-    if (p.raw("--lr-decay-samples") || p.get_int("--lr-warmup-samples") != 0 || p.raw("--lr-wsd-decay-samples"))
-      throw usage_error("with --train-iters, use the *-iters schedule flags (--lr-decay-iters, --lr-warmup-iters, "
-                        "--lr-wsd-decay-iters), not the *-samples ones");
-    if (a.rampup)
-      throw usage_error("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron");
-    a.train_iters = positive(p, "--train-iters");
-    s.decay_steps = p.get_opt_int("--lr-decay-iters").value_or(a.train_iters) * gbs;
-    if (warmup_fraction && p.get_int("--lr-warmup-iters") != 0)
-      throw usage_error("give only one of --lr-warmup-fraction and --lr-warmup-iters");
-    s.warmup_steps = warmup_fraction ? static_cast<int64_t>(*warmup_fraction * s.decay_steps)
-                                     : p.get_int("--lr-warmup-iters") * gbs;
-    s.wsd_decay_steps = p.get_opt_int("--lr-wsd-decay-iters").value_or(0) * gbs;
-    s.wd_incr_steps = a.train_iters * gbs;
-  }
-  if (a.train_iters <= 0) throw usage_error("--train-samples is smaller than one global batch");
-  s.max_lr = p.get_float("--lr");
-  s.min_lr = p.get_float("--min-lr");
-  s.init_lr = p.get_float("--lr-warmup-init");
-  const std::string style = p.get_string("--lr-decay-style");
-  s.decay_style = style == "constant" ? LrDecayStyle::Constant
-                  : style == "linear" ? LrDecayStyle::Linear
-                  : style == "cosine" ? LrDecayStyle::Cosine
-                  : style == "inverse-square-root" ? LrDecayStyle::InverseSquareRoot
-                                                   : LrDecayStyle::WSD;
-  const std::string wsd = p.get_string("--lr-wsd-decay-style");
-  s.wsd_style = wsd == "linear" ? WsdDecayStyle::Linear : wsd == "cosine" ? WsdDecayStyle::Cosine
-                                                                          : WsdDecayStyle::Exponential;
-  const std::string wd_style = p.get_string("--weight-decay-incr-style");
-  if (wd_style == "constant") {
-    if (p.raw("--start-weight-decay") || p.raw("--end-weight-decay"))
-      throw usage_error("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
-    s.wd_style = WdIncrStyle::Constant;
-    s.start_wd = s.end_wd = p.get_float("--weight-decay");
-  } else {
-    if (!p.raw("--start-weight-decay") || !p.raw("--end-weight-decay"))
-      throw usage_error("--weight-decay-incr-style " + wd_style + " needs --start-weight-decay and --end-weight-decay");
-    s.wd_style = wd_style == "linear" ? WdIncrStyle::Linear : WdIncrStyle::Cosine;
-    s.start_wd = p.get_float("--start-weight-decay");
-    s.end_wd = p.get_float("--end-weight-decay");
-  }
-  LrScheduler check(s);  // Megatron's asserts, as usage errors naming the flags.
-
-  OptimizerConfig& o = a.optimizer;
-  o.kind = p.get_string("--optimizer") == "sgd" ? OptimizerKind::SGD : OptimizerKind::Adam;
-  // Megatron's distributed optimizer is Adam only (megatron/core/optimizer/distrib_optimizer.py).
-  if (a.use_distributed_optimizer && o.kind != OptimizerKind::Adam)
-    throw usage_error("--use-distributed-optimizer works with --optimizer adam only",
-                      "drop --optimizer sgd, or drop --use-distributed-optimizer");
-  o.adam_beta1 = static_cast<float>(p.get_float("--adam-beta1"));
-  o.adam_beta2 = static_cast<float>(p.get_float("--adam-beta2"));
-  o.adam_eps = static_cast<float>(p.get_float("--adam-eps"));
-  o.sgd_momentum = static_cast<float>(p.get_float("--sgd-momentum"));
-  o.clip_grad = static_cast<float>(p.get_float("--clip-grad"));
-  if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
-
-  a.save = p.get_string("--save");
-  a.load = p.get_string("--load");
-  if (p.raw("--save-interval")) a.save_interval = positive(p, "--save-interval");
+  parse_batch_rampup(p, a, dp, pp);
+  parse_schedule(p, a);
+  parse_optimizer(p, a);
+  parse_checkpoint_options(p, a);
   if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
   if (auto minutes = p.get_opt_float("--exit-duration-in-mins")) {
     if (!(*minutes > 0)) throw usage_error("--exit-duration-in-mins must be > 0");
@@ -624,21 +687,6 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     if (!(*z > 0)) throw usage_error("--skip-spikes must be > 0 (a z-score)");
     a.skip_spikes = *z;
   }
-  if (!a.save.empty() && a.save_interval == 0)
-    throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
-  a.no_save_optim = p.get_bool("--no-save-optim");
-  a.no_save_rng = p.get_bool("--no-save-rng");
-  a.no_load_optim = p.get_bool("--no-load-optim");
-  a.finetune = p.get_bool("--finetune");
-  a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");
-  a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
-  if (a.use_checkpoint_scheduler && a.override_scheduler)
-    throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
-  a.save_megatron_format = p.get_string("--ckpt-format") == "torch";
-  if (p.given("--ckpt-format") && !a.save_megatron_format)
-    log_warn("--ckpt-format %s: tessera writes checkpoints in its own format (safetensors + JSON, "
-             "docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes Megatron's",
-             p.get_string("--ckpt-format").c_str());
   for (int i = 0; i < argc; ++i) a.command_line.push_back(argv[i]);
   a.init_from_hf = p.get_string("--init-from-hf");
   a.log_json = p.get_string("--log-json");
