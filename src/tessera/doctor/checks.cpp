@@ -21,6 +21,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/comm/net_interface.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/dataset_config.h"
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/token_id_range.h"
@@ -366,7 +367,7 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan, const 
     rows.push_back(r);
   }
   if (!plan.cache_dir.empty()) {
-    Row w = check_writable("data: cache folder", plan.cache_dir);
+    Row w = check_writable("data: cache folder", plan.cache_dir, "--data-cache-path");
     rows.push_back(w);
     Row c{"data: caches", Status::Info, "", "", ""};
     int npy = 0;
@@ -426,19 +427,17 @@ Row check_tokenizer(const ParsedOptions& p) {
   return r;
 }
 
-Row check_writable(const std::string& label, const std::string& dir) {
+Row check_writable(const std::string& label, const std::string& dir, const std::string& flag) {
   Row r{label, Status::Pass, "", "", ""};
-  const std::string at = existing_parent(dir);
-  std::string tmpl = at + "/.tessera-doctor-XXXXXX";
-  int fd = mkstemp(tmpl.data());
-  if (fd < 0) {
+  try {
+    check_folder_writable(dir, flag);  // the same check `train` makes at start-up
+  } catch (const Error& e) {
     r.status = Status::Fail;
-    r.detail = "cannot create a file in " + at + ": " + std::strerror(errno);
-    r.fix = "make " + dir + " writable on every node, or point --data-cache-path at a writable folder";
+    r.detail = e.what();
+    r.fix = e.hint() + ", on every node";
     return r;
   }
-  close(fd);
-  unlink(tmpl.c_str());
+  const std::string at = existing_parent(dir);
   r.detail = dir + (at == dir ? " is writable" : " will be created under " + at + " (writable)");
   return r;
 }

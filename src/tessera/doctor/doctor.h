@@ -108,8 +108,9 @@ std::vector<Row> check_data(const ParsedOptions& p, const DataPlan& plan,
 Row check_tokenizer(const ParsedOptions& p);
 // Free space at `path` (or its nearest existing parent) against `min_free_bytes`.
 Row check_disk(const std::string& label, const std::string& path, uint64_t min_free_bytes);
-// Whether a file can be created in `dir` (or, when it does not exist, its nearest parent).
-Row check_writable(const std::string& label, const std::string& dir);
+// Whether a file can be created in `dir` (or, when it does not exist, its nearest parent):
+// check_folder_writable's verdict as a row, its hint naming `flag`.
+Row check_writable(const std::string& label, const std::string& dir, const std::string& flag);
 // Every rank's estimate from its own layout (train/rank_memory.h): the largest is reported,
 // and the ranks on this node (`node_ranks`, global ranks) together against the machine.
 Row check_memory(const std::vector<RankMemory>& ranks, const std::vector<int>& node_ranks, const MemoryInfo& memory,

@@ -539,8 +539,7 @@ void check_checkpoints(const DoctorOptions& opt, const TrainFlags& f, std::vecto
     return;
   }
   if (opt.save) {
-    Row w = check_writable("checkpoints: --save", *opt.save);
-    if (w.status == Status::Fail) w.fix = "make --save " + *opt.save + " writable on every node (each rank writes its shard)";
+    Row w = check_writable("checkpoints: --save", *opt.save, "--save");
     if (const uint64_t bytes = checkpoint_bytes(opt, f))
       w.detail += "; one checkpoint ~" + std::to_string(bytes >> 20) + " MiB";
     rows.push_back(w);

@@ -147,7 +147,18 @@ TEST(DoctorChecks, DiskBelowThresholdFails) {
   EXPECT_EQ(check_disk("disk: x", t.path.string(), 1).status, Status::Pass);
   Row r = check_disk("disk: x", (t.path / "not" / "yet").string(), ~uint64_t{0} / 2);
   EXPECT_EQ(r.status, Status::Fail);
-  EXPECT_EQ(check_writable("w", (t.path / "a" / "b").string()).status, Status::Pass);
+  EXPECT_EQ(check_writable("w", (t.path / "a" / "b").string(), "--save").status, Status::Pass);
+}
+
+// A --save under a regular file cannot be created; doctor used to skip past the file to its
+// writable folder and pass it.
+TEST(DoctorChecks, SaveUnderARegularFileFails) {
+  TempDir t;
+  std::ofstream(t.path / "file") << "x";
+  Row r = check_writable("checkpoints: --save", (t.path / "file" / "ckpt").string(), "--save");
+  EXPECT_EQ(r.status, Status::Fail);
+  EXPECT_NE(r.detail.find("is a file, not a folder"), std::string::npos) << r.detail;
+  EXPECT_NE(r.fix.find("--save"), std::string::npos) << r.fix;
 }
 
 TEST(DoctorChecks, ModelTooLargeFailsWithTheFlagsThatHelp) {
