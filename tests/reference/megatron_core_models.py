@@ -4,9 +4,9 @@ Runs in the tools venv (torch 2.6, numpy<2, megatron-core 0.10.0) on the CPU: gl
 1, the local layer spec. What needs CUDA is stubbed, and nothing else: torch.cuda.current_device
 ("cpu"), torch.cuda.synchronize (a no-op) and the CUDA RNG tracker's fork (a null context; no
 model_parallel_cuda_manual_seed). The kernels' CUDA-only fusions are off in the config
-(rope, bias-dropout, bias-activation, masked softmax, gradient accumulation, apex's persistent
-LayerNorm), which leaves
-the arithmetic as it is.
+(rope, bias-dropout, masked softmax, gradient accumulation, apex's persistent LayerNorm), which
+leaves the arithmetic as it is; the bias-GELU fusion (tanh GELU) runs on the CPU and stays as
+the Namespace says.
 
     python megatron_core_models.py save OUT --model gpt|llama
 writes megatron-core's model (random weights: biases and norms too) as Megatron's
@@ -137,7 +137,7 @@ def config_from_args(args):
     if len(args.cp_comm_type) == 1:
         kw["cp_comm_type"] = args.cp_comm_type[0]
     kw.update(use_cpu_initialization=True, persist_layer_norm=False, apply_rope_fusion=False, bias_dropout_fusion=False,
-              bias_activation_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False)
+              masked_softmax_fusion=False, gradient_accumulation_fusion=False)
     return TransformerConfig(**kw)
 
 

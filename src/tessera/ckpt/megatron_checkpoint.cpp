@@ -970,7 +970,8 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   FileTensors tensors(doc);
   Value* root = doc.dict();
   Value* args = doc.object("argparse.Namespace");
-  for (const auto& [k, v] : namespace_at_iteration(spec).items()) doc.set(args, k, from_json(doc, v));
+  const json ns = namespace_at_iteration(spec);
+  for (const auto& [k, v] : ns.items()) doc.set(args, k, from_json(doc, v));
   doc.set(root, "args", args);
   doc.set(root, "checkpoint_version", doc.real(3.0));
   doc.set(root, "iteration", doc.integer(spec.iteration));
