@@ -111,3 +111,10 @@ target_compile_definitions(megatron_core_test PRIVATE
   TESSERA_TOOLS_PYTHON="${TESSERA_TOOLS_VENV}/bin/python" TESSERA_EXE="$<TARGET_FILE:tessera>")
 add_dependencies(megatron_core_test tessera)
 gtest_discover_tests(megatron_core_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 240 LABELS ckpt)
+
+# A Megatron-format checkpoint of a HuggingFaceTokenizer run: ckpt convert / export-hf take the
+# Namespace's tokenizer_model, or --tokenizer-model when the file records none.
+add_test(NAME ckpt.megatron_tokenizer
+         COMMAND ${TESSERA_TOOLS_VENV}/bin/python ${PROJECT_SOURCE_DIR}/tests/ckpt_area/megatron_tokenizer_test.py
+                 $<TARGET_FILE:tessera>)
+set_tests_properties(ckpt.megatron_tokenizer PROPERTIES TIMEOUT 120 LABELS ckpt)
