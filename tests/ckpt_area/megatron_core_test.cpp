@@ -20,7 +20,9 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/pickle.h"
 #include "tessera/ckpt/safetensors.h"
+#include "tessera/ckpt/torch_file.h"
 #include "tessera/comm/in_process/in_process_communicator.h"
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
@@ -153,6 +155,65 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
   EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + (dir / "ckpt").string() + " " +
                       (dir / "tessera.safetensors").string() + " --model " + GetParam(),
                   dir / "check.log"));
+  fs::remove_all(dir);
+}
+
+// torch.save of what Megatron's checkpoints hold besides the model, read back as data.
+TEST(TorchPickles, WhatTorchAndNumpyWriteReadsAsData) {
+  const fs::path dir = scratch("torch_pickles");
+  const std::string save_script = R"(
+import pickle, sys, collections, numpy as np, torch
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+sd = torch.nn.Linear(2, 3).state_dict()
+sd._other = 5
+with_attrs = torch.nn.Parameter(torch.arange(4.0))
+set_tensor_model_parallel_attributes(with_attrs, True, 0, 1)
+np.random.seed(3)
+torch.save({'state_dict': sd, 'parameter': torch.nn.Parameter(torch.zeros(3)), 'megatron_parameter': with_attrs,
+            'size': torch.ones(2, 3).shape, 'np_rng_state': np.random.get_state()}, sys.argv[1])
+)";
+  const std::string numpy2_script = R"(
+import pickle, sys, numpy as np
+np.random.seed(3)
+open(sys.argv[1], 'wb').write(pickle.dumps(np.random.get_state(), protocol=2))
+)";
+  std::ofstream(dir / "save.py") << save_script;
+  std::ofstream(dir / "numpy2.py") << numpy2_script;
+  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "save.py").string() + " " + (dir / "t.pt").string(),
+                  dir / "save.log"));
+  ASSERT_TRUE(run(std::string(TESSERA_TEST_PYTHON) + " " + (dir / "numpy2.py").string() + " " +
+                      (dir / "numpy2.pkl").string(),
+                  dir / "numpy2.log"));
+  const TorchFile f = TorchFile::open((dir / "t.pt").string());
+  const pickle::Value& root = f.root();
+  const pickle::Value* sd = root.get("state_dict");
+  ASSERT_TRUE(sd && sd->kind == pickle::Kind::Dict && sd->state);
+  EXPECT_EQ(sd->text, "OrderedDict");
+  EXPECT_EQ(sd->get("weight")->tensor.shape, (std::vector<int64_t>{3, 2}));
+  ASSERT_TRUE(sd->state->get("_metadata"));
+  EXPECT_EQ(sd->state->get("_metadata")->get("")->get("version")->integer, 1);
+  EXPECT_EQ(sd->state->get("_other")->integer, 5);
+  EXPECT_EQ(root.get("parameter")->tensor.shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(f.f32(root.get("megatron_parameter")->tensor, "megatron_parameter"), (std::vector<float>{0, 1, 2, 3}));
+  const pickle::Value* size = root.get("size");
+  ASSERT_EQ(size->kind, pickle::Kind::Tuple);
+  EXPECT_EQ(size->items.size(), 2u);
+  EXPECT_EQ(size->items[1]->integer, 3);
+  // numpy's MT19937 state: ('MT19937', uint32[624], pos, has_gauss, cached_gaussian), the
+  // array as numpy's reconstruction record whose BUILD state ends with its raw bytes.
+  std::ifstream in(dir / "numpy2.pkl", std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const pickle::Document numpy2 = pickle::unpickle(bytes, "numpy2.pkl");
+  for (const pickle::Value* state : {root.get("np_rng_state"), static_cast<const pickle::Value*>(numpy2.root)}) {
+    ASSERT_EQ(state->kind, pickle::Kind::Tuple);
+    ASSERT_EQ(state->items.size(), 5u);
+    EXPECT_TRUE(state->items[0]->is_str("MT19937"));
+    const pickle::Value* array = state->items[1];
+    ASSERT_EQ(array->kind, pickle::Kind::Object);
+    ASSERT_TRUE(array->state && array->state->kind == pickle::Kind::Tuple);
+    EXPECT_EQ(array->state->items.back()->text.size(), 624u * 4);
+    EXPECT_EQ(state->items[2]->integer, 624);
+  }
   fs::remove_all(dir);
 }
 

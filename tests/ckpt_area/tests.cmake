@@ -108,7 +108,8 @@ add_executable(megatron_core_test ${PROJECT_SOURCE_DIR}/tests/ckpt_area/megatron
 target_link_libraries(megatron_core_test PRIVATE tessera_all GTest::gtest_main OpenMP::OpenMP_CXX)
 target_compile_definitions(megatron_core_test PRIVATE
   TESSERA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TESSERA_BINARY_DIR="${PROJECT_BINARY_DIR}"
-  TESSERA_TOOLS_PYTHON="${TESSERA_TOOLS_VENV}/bin/python" TESSERA_EXE="$<TARGET_FILE:tessera>")
+  TESSERA_TOOLS_PYTHON="${TESSERA_TOOLS_VENV}/bin/python" TESSERA_TEST_PYTHON="${TESSERA_TEST_VENV}/bin/python"
+  TESSERA_EXE="$<TARGET_FILE:tessera>")
 add_dependencies(megatron_core_test tessera)
 gtest_discover_tests(megatron_core_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 240 LABELS ckpt)
 
