@@ -74,14 +74,16 @@ namespace {
 // numpy 2's array reconstruction (the RNG state's).
 std::vector<uint8_t> torch_save_constructs() {
   static const char kPickle[] =
-      "\x80\x02}(X\x02\x00\x00\x00sdccollections\nOrderedDict\n)RX\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n"
-      "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x02tQK\x00K\x02\x85K\x01\x85\x89" "ccollections\n"
-      "OrderedDict\n)RtRs}X\x09\x00\x00\x00_metadataccollections\nOrderedDict\n)RsbX\x01\x00\x00\x00pctorch._utils\n"
-      "_rebuild_parameter_with_state\n(ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\n"
-      "FloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x02tQK\x00K\x02\x85K\x01\x85\x89" "ccollections\n"
-      "OrderedDict\n)RtR\x88" "ccollections\nOrderedDict\n)R}tRX\x01\x00\x00\x00sctorch\nSize\nK\x02K\x03\x86\x85R"
-      "X\x01\x00\x00\x00ncnumpy._core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85" "C\x01" "b\x87R"
-      "(K\x01K\x02\x85" "cnumpy\ndtype\nX\x02\x00\x00\x00u4\x89\x88\x87R(K\x03X\x01\x00\x00\x00<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89" "C\x08" "12345678tbu.";
+      "\x80\x02}(X\x02\x00\x00\x00sdccollections\nOrderedDict\n)RX\x01\x00\x00\x00wctorch._utils\n_rebuild_tens"
+      "or_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x02"
+      "tQK\x00K\x02\x85K\x01\x85\x89" "ccollections\nOrderedDict\n)RtRs}X\x09\x00\x00\x00_metadataccollections"
+      "\nOrderedDict\n)RsbX\x01\x00\x00\x00pctorch._utils\n_rebuild_parameter_with_state\n(ctorch._utils\n_rebu"
+      "ild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00"
+      "cpuK\x02tQK\x00K\x02\x85K\x01\x85\x89" "ccollections\nOrderedDict\n)RtR\x88" "ccollections\nOrderedDict"
+      "\n)R}tRX\x01\x00\x00\x00sctorch\nSize\nK\x02K\x03\x86\x85RX\x01\x00\x00\x00ncnumpy._core.multiarray\n_re"
+      "construct\ncnumpy\nndarray\nK\x00\x85" "C\x01" "b\x87R(K\x01K\x02\x85" "cnumpy\ndtype\nX\x02\x00\x00\x00"
+      "u4\x89\x88\x87R(K\x03X\x01\x00\x00\x00<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89" "C\x08" "123456"
+      "78tbu.";
   return {kPickle, kPickle + sizeof kPickle - 1};
 }
 

@@ -51,6 +51,10 @@ def without_tokenizer_model(src, dst):
         f.write(tracker)
 
 
+def same_file(a, b):
+    return open(a, "rb").read() == open(b, "rb").read()
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         tok, mg, bare = (os.path.join(tmp, n) for n in ("tokenizer", "mg", "bare"))
@@ -61,7 +65,7 @@ def main():
                           weights_only=False)["args"].tokenizer_model == tok
         tessera(["ckpt", "convert", mg, os.path.join(tmp, "converted"), "--to", "tessera"])
         tessera(["ckpt", "export-hf", mg, os.path.join(tmp, "hf")])
-        assert open(os.path.join(tmp, "hf", "tokenizer.json")).read() == open(os.path.join(tok, "tokenizer.json")).read()
+        assert same_file(os.path.join(tmp, "hf", "tokenizer.json"), os.path.join(tok, "tokenizer.json"))
         print("ok  the Namespace's tokenizer_model serves convert and export-hf", flush=True)
 
         without_tokenizer_model(mg, bare)
@@ -70,7 +74,7 @@ def main():
             p = tessera(["ckpt"] + action, expect_rc=2)
             assert "--tokenizer-model" in p.stderr, p.stderr
             tessera(["ckpt"] + action + ["--tokenizer-model", tok])
-        assert open(os.path.join(tmp, "hf2", "tokenizer.json")).read() == open(os.path.join(tok, "tokenizer.json")).read()
+        assert same_file(os.path.join(tmp, "hf2", "tokenizer.json"), os.path.join(tok, "tokenizer.json"))
         print("ok  without it in the file, both name --tokenizer-model and take it", flush=True)
 
 

@@ -152,8 +152,8 @@ class Unpickler {
 
   std::span<const uint8_t> take(uint64_t n) {
     if (n > in_.size() - pos_)
-      throw runtime_error(label_ + ": the pickle ends early, at byte " + std::to_string(in_.size()) + " inside opcode " +
-                              opcode_name(op_) + " (at byte " + std::to_string(op_pos_) + ")",
+      throw runtime_error(label_ + ": the pickle ends early, at byte " + std::to_string(in_.size()) +
+                              " inside opcode " + opcode_name(op_) + " (at byte " + std::to_string(op_pos_) + ")",
                           "the file is truncated; copy it again from its source");
     std::span<const uint8_t> s = in_.subspan(pos_, static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);

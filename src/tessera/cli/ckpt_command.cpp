@@ -195,7 +195,8 @@ CheckpointModel checkpoint_model(const std::string& dir, int64_t iteration, cons
     const std::string it_dir = iteration_dir(dir, iteration);
     m.flags = recorded_args(read_metadata(it_dir), it_dir);
   }
-  if (options.given("--tokenizer-model")) set_flag(m.flags, "--tokenizer-model", options.get_string("--tokenizer-model"));
+  if (options.given("--tokenizer-model"))
+    set_flag(m.flags, "--tokenizer-model", options.get_string("--tokenizer-model"));
   m.args = model_args(m.flags, l.tensor_parallel * l.pipeline_parallel * l.data_parallel);
   // The saved padded vocabulary wins, as in Megatron (a converter may pad for another TP).
   if (l.padded_vocab_size > 0) m.args.model.padded_vocab_size = static_cast<int>(l.padded_vocab_size);

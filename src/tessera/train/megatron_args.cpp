@@ -27,7 +27,8 @@ constexpr MegatronDest kMegatronDests[] = {
 #undef MEGATRON_DEST
 };
 
-// The Megatron attribute a flag writes; nullptr for tessera's own flags.
+}  // namespace
+
 const char* megatron_dest_of_flag(std::string_view flag) {
   for (const MegatronDest& d : kMegatronDests) {
     std::string_view flags = d.flags;
@@ -39,6 +40,8 @@ const char* megatron_dest_of_flag(std::string_view flag) {
   }
   return nullptr;
 }
+
+namespace {
 
 // A parsed value of tessera's option table as Megatron's parser would have typed it.
 json typed(const OptionDef& d, const ParsedOptions& p) {
@@ -232,7 +235,8 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "max_position_embeddings", "make_vocab_size_divisible_by", "normalization", "norm_epsilon",
       "position_embedding_type", "openai_gelu", "bias_gelu_fusion", "untie_embeddings_and_output_weights",
       "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
-      "rotary_percent", "tokenizer_type", "tokenizer_model", "vocab_size", "vocab_file", "merge_file", "init_method_std",
+      "rotary_percent", "tokenizer_type", "tokenizer_model", "vocab_size", "vocab_file", "merge_file",
+      "init_method_std",
       "hidden_dropout", "attention_dropout", "fp16", "bf16", "tensor_model_parallel_size",
       "pipeline_model_parallel_size"};
   std::vector<std::string> flags;
