@@ -68,6 +68,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
 namespace {
 
+// What torch.save (torch 2.6) and numpy write that the writer never emits: a state_dict()'s
+// OrderedDict with BUILD {'_metadata': OrderedDict()}, a Parameter with Python attributes
+// (_rebuild_parameter_with_state) over a tensor with its backward-hook OrderedDict, torch.Size,
+// numpy 2's array reconstruction (the RNG state's).
+std::vector<uint8_t> torch_save_constructs() {
+  static const char kPickle[] =
+      "\x80\x02}(X\x02\x00\x00\x00sdccollections\nOrderedDict\n)RX\x01\x00\x00\x00wctorch._utils\n_rebuild_tens"
+      "or_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x02"
+      "tQK\x00K\x02\x85K\x01\x85\x89" "ccollections\nOrderedDict\n)RtRs}X\x09\x00\x00\x00_metadataccollections"
+      "\nOrderedDict\n)RsbX\x01\x00\x00\x00pctorch._utils\n_rebuild_parameter_with_state\n(ctorch._utils\n_rebu"
+      "ild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00"
+      "cpuK\x02tQK\x00K\x02\x85K\x01\x85\x89" "ccollections\nOrderedDict\n)RtR\x88" "ccollections\nOrderedDict"
+      "\n)R}tRX\x01\x00\x00\x00sctorch\nSize\nK\x02K\x03\x86\x85RX\x01\x00\x00\x00ncnumpy._core.multiarray\n_re"
+      "construct\ncnumpy\nndarray\nK\x00\x85" "C\x01" "b\x87R(K\x01K\x02\x85" "cnumpy\ndtype\nX\x02\x00\x00\x00"
+      "u4\x89\x88\x87R(K\x03X\x01\x00\x00\x00<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89" "C\x08" "123456"
+      "78tbu.";
+  return {kPickle, kPickle + sizeof kPickle - 1};
+}
+
 // A small checkpoint-like document: a Namespace with an enum and a dtype, an OrderedDict of
 // tensors over storages of several types.
 std::vector<std::vector<uint8_t>> builtin_seeds() {
@@ -101,6 +120,7 @@ std::vector<std::vector<uint8_t>> builtin_seeds() {
     return v;
   }());
   std::vector<std::vector<uint8_t>> seeds;
+  seeds.push_back(torch_save_constructs());
   seeds.push_back(tessera::torch_file_bytes("archive", *root, storages));
   seeds.push_back(pk::dump(*root));
   seeds.push_back(pk::dump(*args));

@@ -951,6 +951,17 @@ Value* rerun_state_dict(pickle::Document& doc, int64_t iteration) {
   return d;
 }
 
+// The Namespace as Megatron's training loop leaves it at this save: the fields it updates
+// every iteration (megatron/training/training.py train: curr_iteration is the last step's).
+json namespace_at_iteration(const MegatronFileSpec& spec) {
+  json ns = spec.args;
+  if (ns.contains("curr_iteration")) ns["curr_iteration"] = std::max<int64_t>(spec.iteration - 1, 0);
+  if (ns.contains("iteration")) ns["iteration"] = spec.iteration;
+  if (ns.contains("num_floating_point_operations_so_far"))
+    ns["num_floating_point_operations_so_far"] = spec.floating_point_operations;
+  return ns;
+}
+
 }  // namespace
 
 void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
@@ -959,7 +970,8 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   FileTensors tensors(doc);
   Value* root = doc.dict();
   Value* args = doc.object("argparse.Namespace");
-  for (const auto& [k, v] : spec.args.items()) doc.set(args, k, from_json(doc, v));
+  const json ns = namespace_at_iteration(spec);
+  for (const auto& [k, v] : ns.items()) doc.set(args, k, from_json(doc, v));
   doc.set(root, "args", args);
   doc.set(root, "checkpoint_version", doc.real(3.0));
   doc.set(root, "iteration", doc.integer(spec.iteration));

@@ -13,6 +13,8 @@ namespace {
 enum class Role {
   TensorRebuild,
   ParameterRebuild,
+  ParameterWithStateRebuild,  // a Parameter with Python attributes (Megatron's tensor_model_parallel, ...)
+  Size,                       // torch.Size(tuple): the tuple
   OrderedDict,
   Namespace,
   Enum,
@@ -28,6 +30,8 @@ Role role_of(const std::string& name, const std::string& label) {
     std::map<std::string, Role> m = {
         {"torch._utils._rebuild_tensor_v2", Role::TensorRebuild},
         {"torch._utils._rebuild_parameter", Role::ParameterRebuild},
+        {"torch._utils._rebuild_parameter_with_state", Role::ParameterWithStateRebuild},
+        {"torch.Size", Role::Size},
         {"collections.OrderedDict", Role::OrderedDict},
         {"argparse.Namespace", Role::Namespace},
         {"__builtin__.getattr", Role::EnumByName},
@@ -37,8 +41,10 @@ Role role_of(const std::string& name, const std::string& label) {
         {"megatron.core.rerun_state_machine.RerunMode", Role::Enum},
         {"megatron.core.rerun_state_machine.RerunState", Role::Enum},
         {"megatron.core.rerun_state_machine.RerunDiagnostic", Role::Enum},
-        {"numpy.core.multiarray._reconstruct", Role::NumpyData},
+        {"numpy.core.multiarray._reconstruct", Role::NumpyData},  // numpy 1
         {"numpy.core.multiarray.scalar", Role::NumpyData},
+        {"numpy._core.multiarray._reconstruct", Role::NumpyData},  // numpy 2
+        {"numpy._core.multiarray.scalar", Role::NumpyData},
         {"numpy.ndarray", Role::NumpyData},
         {"numpy.dtype", Role::NumpyData},
     };
@@ -57,6 +63,60 @@ Role role_of(const std::string& name, const std::string& label) {
   return it->second;
 }
 
+// pickletools' names of the opcodes the reader takes, for messages.
+const char* opcode_name(uint8_t op) {
+  switch (op) {
+    case 0x80: return "PROTO";
+    case 0x95: return "FRAME";
+    case '(': return "MARK";
+    case '0': return "POP";
+    case '1': return "POP_MARK";
+    case '2': return "DUP";
+    case 'N': return "NONE";
+    case 0x88: return "NEWTRUE";
+    case 0x89: return "NEWFALSE";
+    case 'J': return "BININT";
+    case 'K': return "BININT1";
+    case 'M': return "BININT2";
+    case 0x8a: return "LONG1";
+    case 'G': return "BINFLOAT";
+    case 'X': return "BINUNICODE";
+    case 0x8c: return "SHORT_BINUNICODE";
+    case 0x8d: return "BINUNICODE8";
+    case 'T': return "BINSTRING";
+    case 'U': return "SHORT_BINSTRING";
+    case 'B': return "BINBYTES";
+    case 'C': return "SHORT_BINBYTES";
+    case 0x8e: return "BINBYTES8";
+    case ']': return "EMPTY_LIST";
+    case 'l': return "LIST";
+    case 'a': return "APPEND";
+    case 'e': return "APPENDS";
+    case ')': return "EMPTY_TUPLE";
+    case 't': return "TUPLE";
+    case 0x85: return "TUPLE1";
+    case 0x86: return "TUPLE2";
+    case 0x87: return "TUPLE3";
+    case '}': return "EMPTY_DICT";
+    case 'd': return "DICT";
+    case 's': return "SETITEM";
+    case 'u': return "SETITEMS";
+    case 'c': return "GLOBAL";
+    case 0x93: return "STACK_GLOBAL";
+    case 'R': return "REDUCE";
+    case 0x81: return "NEWOBJ";
+    case 'b': return "BUILD";
+    case 'Q': return "BINPERSID";
+    case 'q': return "BINPUT";
+    case 'r': return "LONG_BINPUT";
+    case 0x94: return "MEMOIZE";
+    case 'h': return "BINGET";
+    case 'j': return "LONG_BINGET";
+    case '.': return "STOP";
+    default: return "?";
+  }
+}
+
 constexpr int kMaxDepth = 512;
 constexpr size_t kMaxDims = 16;
 
@@ -66,9 +126,10 @@ class Unpickler {
 
   Document run() {
     while (true) {
-      const uint8_t op = take(1)[0];
-      if (op == '.') break;
-      step(op);
+      op_pos_ = pos_;
+      op_ = take(1)[0];
+      if (op_ == '.') break;
+      step(op_);
     }
     if (stack_.size() != 1 || !marks_.empty()) fail("the pickle does not end with exactly one value");
     doc_.root = stack_.back();
@@ -78,13 +139,22 @@ class Unpickler {
   }
 
  private:
+  // What the opcode at op_pos_ met, named; the file is blamed only when it ends early.
   [[noreturn]] void fail(const std::string& what) const {
-    throw runtime_error(label_ + ": malformed pickle at byte " + std::to_string(pos_) + ": " + what,
-                        "the file is truncated or damaged; copy it again from its source");
+    throw runtime_error(label_ + ": pickle opcode " + opcode_name(op_) + " at byte " + std::to_string(op_pos_) + ": " +
+                            what + "; nothing was executed",
+                        "tessera reads what torch.save writes for Megatron-LM's checkpoints (docs/checkpoints.md); "
+                        "if a Megatron-LM or PyTorch release wrote this file, report it with the message");
+  }
+  [[noreturn]] void unsupported(const std::string& what) const {
+    fail(std::string(opcode_name(op_)) + " " + what + " is not supported");
   }
 
   std::span<const uint8_t> take(uint64_t n) {
-    if (n > in_.size() - pos_) fail("it ends early");
+    if (n > in_.size() - pos_)
+      throw runtime_error(label_ + ": the pickle ends early, at byte " + std::to_string(in_.size()) +
+                              " inside opcode " + opcode_name(op_) + " (at byte " + std::to_string(op_pos_) + ")",
+                          "the file is truncated; copy it again from its source");
     std::span<const uint8_t> s = in_.subspan(pos_, static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);
     return s;
@@ -176,12 +246,22 @@ class Unpickler {
         if (t.shape.size() != t.stride.size()) fail("a tensor's size and stride differ in length");
         return doc_.tensor(std::move(t));
       }
-      case Role::ParameterRebuild:
-        if (args.empty() || args[0]->kind != Kind::Tensor) fail("_rebuild_parameter of " + describe(*args_value));
+      case Role::ParameterRebuild:  // (data, requires_grad, backward_hooks)
+      case Role::ParameterWithStateRebuild:  // (..., state): the Parameter's Python attributes, dropped
+        if (args.size() != (role(callable) == Role::ParameterRebuild ? 3u : 4u) || args[0]->kind != Kind::Tensor ||
+            args[1]->kind != Kind::Bool || args[2]->kind != Kind::Dict || !args[2]->entries.empty())
+          fail(callable->text + " of " + describe(*args_value));
         return args[0];
-      case Role::OrderedDict:
+      case Role::Size:
+        if (args.size() != 1) fail("torch.Size of " + describe(*args_value));
+        int_tuple(args[0], "a torch.Size");
+        return args[0];
+      case Role::OrderedDict: {
         if (!args.empty()) fail("OrderedDict called with arguments");
-        return doc_.dict();
+        Value* d = doc_.dict();
+        d->text = "OrderedDict";
+        return d;
+      }
       case Role::Enum:
         if (args.size() != 1 || (args[0]->kind != Kind::Int && args[0]->kind != Kind::Str))
           fail(callable->text + " called with " + describe(*args_value));
@@ -319,13 +399,7 @@ class Unpickler {
       }
       case 'b': {  // BUILD: the object's state
         Value* state = pop();
-        Value* obj = as(top(), Kind::Object, "an object to BUILD");
-        if (state->kind == Kind::Dict && obj->entries.empty() && !obj->state)
-          obj->entries = state->entries;
-        else if (!obj->state && obj->entries.empty())
-          obj->state = state;
-        else
-          fail("BUILD twice on " + describe(*obj));
+        build(top(), state);
         break;
       }
       case 'Q': push(persistent(pop())); break;
@@ -348,6 +422,23 @@ class Unpickler {
                             "the file is not a PyTorch checkpoint of Megatron-LM, or it is damaged");
       }
     }
+  }
+
+  // An object's state: a Namespace's attributes, numpy's array data; on a dict, its instance
+  // attributes (nn.Module.state_dict()'s OrderedDict carries `_metadata`, the modules' versions).
+  void build(Value* obj, Value* state) {
+    if (obj->kind == Kind::Dict) {
+      if (state->kind != Kind::Dict || obj->state)
+        unsupported("on " + describe(*obj) + " with the state " + describe(*state));
+      obj->state = state;
+      return;
+    }
+    if (obj->kind != Kind::Object) unsupported("on " + describe(*obj));
+    if (obj->state || !obj->entries.empty()) unsupported("twice on " + describe(*obj));
+    if (state->kind == Kind::Dict)
+      obj->entries = state->entries;
+    else
+      obj->state = state;
   }
 
   // The code points (all below 256) of UTF-8 text as bytes.
@@ -391,6 +482,8 @@ class Unpickler {
 
   std::span<const uint8_t> in_;
   size_t pos_ = 0;
+  size_t op_pos_ = 0;  // where the opcode being run starts
+  uint8_t op_ = 0;
   const std::string& label_;
   Document doc_;
   std::vector<Value*> stack_;
@@ -626,7 +719,7 @@ std::string describe_at(const Value& v, int depth) {
       for (size_t i = 0; i < v.items.size() && i < 8; ++i) s += (i ? ", " : "") + describe_at(*v.items[i], depth + 1);
       return s + (v.items.size() > 8 ? ", ...)" : ")");
     }
-    case Kind::Dict: return "dict(" + std::to_string(v.entries.size()) + ")";
+    case Kind::Dict: return (v.text.empty() ? "dict(" : v.text + "(") + std::to_string(v.entries.size()) + ")";
     case Kind::Global: return "global " + v.text;
     case Kind::Object:
       if (v.items.size() == 1 && v.items[0]->kind != Kind::Object) return v.text + "(" + describe_at(*v.items[0], depth + 1) + ")";

@@ -2,22 +2,28 @@
 // checkpoint files (Megatron-LM's model_optim_rng.pt).
 //
 // The reader executes nothing. It builds a tree of plain values and accepts only the globals a
-// Megatron checkpoint holds, each in the one role it has there:
-//   - torch._utils._rebuild_tensor_v2 (and _rebuild_parameter) under REDUCE: a tensor record
-//     (storage, offset, shape, strides), whose storage is a persistent id
-//     ('storage', torch.<Type>Storage, key, location, numel);
-//   - collections.OrderedDict under REDUCE: a dict; argparse.Namespace under NEWOBJ + BUILD:
-//     an object holding its attributes;
+// Megatron checkpoint holds, each in the one role it has there (docs/checkpoints.md lists where
+// each was seen in files torch 2.6 and megatron-core 0.10.0 write):
+//   - torch._utils._rebuild_tensor_v2 under REDUCE: a tensor record (storage, offset, shape,
+//     strides; requires_grad and an empty backward-hook OrderedDict), whose storage is a
+//     persistent id ('storage', torch.<Type>Storage, key, location, numel);
+//     _rebuild_parameter (data, requires_grad, hooks) and _rebuild_parameter_with_state (...,
+//     the Parameter's Python attributes, dropped): the tensor; torch.Size(tuple): the tuple;
+//   - collections.OrderedDict under REDUCE: a dict, and BUILD on it sets its instance
+//     attributes (state_dict()'s `_metadata`), kept as the dict's `state`;
+//     argparse.Namespace under NEWOBJ + BUILD: an object holding its attributes;
 //   - torch dtypes (torch.float32, ...) as data, and Megatron's enums as data:
 //     megatron.core.enums.ModelType and megatron.core.rerun_state_machine.RerunMode /
 //     RerunState / RerunDiagnostic, pickled as Class(value) or (Python 3.11+)
 //     builtins.getattr(Class, "member"): class name and value or member name, nothing
 //     constructed and getattr accepted for nothing else;
 //   - numpy's array reconstruction records of the saved RNG state (numpy.core.multiarray.
-//     _reconstruct, numpy.ndarray, numpy.dtype, numpy.core.multiarray.scalar), as data, and
+//     _reconstruct, numpy.ndarray, numpy.dtype, numpy.core.multiarray.scalar; numpy 2 spells
+//     the module numpy._core.multiarray), as data, and
 //     _codecs.encode(text, 'latin1'), protocol 2's spelling of bytes, as the bytes.
 // Anything else (os.system, builtins.eval, a class whose __reduce__ would run code, an opcode
-// outside the binary protocols) is a tessera::Error naming the global or opcode and the file.
+// outside the binary protocols) is a tessera::Error naming the global or opcode, its byte
+// offset, what it met and the file; only a file that ends early is called truncated.
 // Every length is checked against the input, values live in an arena (no reference cycles
 // leak), and a cyclic or too deeply nested result is refused.
 #pragma once
@@ -52,11 +58,13 @@ struct Value {
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  std::string text;  // Str / Bytes: the contents; Global / Object: the qualified class name
+  std::string text;  // Str / Bytes: the contents; Global / Object: the qualified class name;
+                     // Dict: "OrderedDict" for one, else empty
   std::vector<Value*> items;                       // List, Tuple; Object: its constructor arguments
   std::vector<std::pair<Value*, Value*>> entries;  // Dict; Object: its attributes (BUILD's dict)
   Value* state = nullptr;                          // Object: BUILD's state when it is not a dict
-                                                   // (an enum member: integer 1 when items[0] is its name)
+                                                   // (an enum member: integer 1 when items[0] is its name);
+                                                   // Dict: its attributes (state_dict()'s _metadata)
   StorageRef storage;                              // Storage
   TensorRef tensor;                                // Tensor
 

@@ -46,7 +46,7 @@ void print_help() {
       "      every tensor (dtype, shape, bytes) and every file's checksum status (OK, MISMATCH,\n"
       "      MISSING); exits 1 when any check fails. --summary: iteration, layout, parameter count,\n"
       "      dtypes, sizes and one line per shard folder, without verifying checksums\n"
-      "  export-hf DIR OUT [--iteration N]\n"
+      "  export-hf DIR OUT [--iteration N] [--tokenizer-model PATH]\n"
       "      write a Hugging Face folder: OUT/config.json, OUT/model.safetensors (F32) and, for\n"
       "      GPT2BPETokenizer, OUT/vocab.json and OUT/merges.txt; GPT2LMHeadModel, or for\n"
       "      RMSNorm/RoPE/SwiGLU models LlamaForCausalLM (Qwen2ForCausalLM with --add-qkv-bias)\n"
@@ -55,11 +55,13 @@ void print_help() {
       "      `tessera train --load OUT --finetune`; the model flags are derived from\n"
       "      HF_DIR/config.json unless given\n"
       "  convert SRC DST --to torch|tessera [--target-tensor-parallel-size N]\n"
-      "          [--target-pipeline-parallel-size M] [--iteration N]\n"
+      "          [--target-pipeline-parallel-size M] [--iteration N] [--tokenizer-model PATH]\n"
       "      write SRC's model (either format) into DST in Megatron-LM's --ckpt-format torch\n"
       "      files or tessera's, sharded for the target TP/PP (default: SRC's); the iteration,\n"
       "      consumed samples and arguments carry over, the optimizer state does not\n"
-      "DIR and SRC may hold tessera's checkpoints or Megatron-LM's (--ckpt-format torch).\n");
+      "DIR and SRC may hold tessera's checkpoints or Megatron-LM's (--ckpt-format torch).\n"
+      "--tokenizer-model PATH: the tokenizer the checkpoint's run used (HuggingFaceTokenizer,\n"
+      "SentencePieceTokenizer, ...), for a checkpoint that records none or a path not on this machine.\n");
 }
 
 const OptionTable& ckpt_option_table() {
@@ -68,7 +70,10 @@ const OptionTable& ckpt_option_table() {
                                   {"--summary", OptKind::StoreTrue, nullptr, "inspect: one line per shard folder"},
                                   {"--to", OptKind::Choice, nullptr, "convert: the target format", "torch|tessera"},
                                   {"--target-tensor-parallel-size", OptKind::Int, nullptr, "convert: the target TP"},
-                                  {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"}},
+                                  {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"},
+                                  {"--tokenizer-model", OptKind::String, nullptr,
+                                   "convert, export-hf: the tokenizer's model file or folder, for a checkpoint that "
+                                   "records none (or one not on this machine)"}},
                                  {nullptr, false});
   return table;
 }
@@ -162,6 +167,16 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// `flags` with `flag`'s value replaced (or appended).
+void set_flag(std::vector<std::string>& flags, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == flag) {
+      flags[i + 1] = value;
+      return;
+    }
+  flags.insert(flags.end(), {flag, value});
+}
+
 // A checkpoint's model, either format: the flags that describe it, parsed, and its state.
 struct CheckpointModel {
   std::vector<std::string> flags;
@@ -169,7 +184,8 @@ struct CheckpointModel {
   CheckpointState state;
 };
 
-CheckpointModel checkpoint_model(const std::string& dir, int64_t iteration) {
+// --tokenizer-model, when given, stands for the one the checkpoint records.
+CheckpointModel checkpoint_model(const std::string& dir, int64_t iteration, const ParsedOptions& options) {
   CheckpointModel m;
   m.state = read_checkpoint_metadata(dir, iteration);
   const CheckpointLayout& l = m.state.layout;
@@ -179,6 +195,8 @@ CheckpointModel checkpoint_model(const std::string& dir, int64_t iteration) {
     const std::string it_dir = iteration_dir(dir, iteration);
     m.flags = recorded_args(read_metadata(it_dir), it_dir);
   }
+  if (options.given("--tokenizer-model"))
+    set_flag(m.flags, "--tokenizer-model", options.get_string("--tokenizer-model"));
   m.args = model_args(m.flags, l.tensor_parallel * l.pipeline_parallel * l.data_parallel);
   // The saved padded vocabulary wins, as in Megatron (a converter may pad for another TP).
   if (l.padded_vocab_size > 0) m.args.model.padded_vocab_size = static_cast<int>(l.padded_vocab_size);
@@ -215,16 +233,6 @@ int run_inspect_megatron(const std::string& dir, int64_t iteration, const Parsed
   return 0;
 }
 
-// `flags` with `flag`'s value replaced (or appended).
-void set_flag(std::vector<std::string>& flags, const std::string& flag, const std::string& value) {
-  for (size_t i = 0; i + 1 < flags.size(); ++i)
-    if (flags[i] == flag) {
-      flags[i + 1] = value;
-      return;
-    }
-  flags.insert(flags.end(), {flag, value});
-}
-
 // The slice of a whole tensor that one shard holds.
 std::vector<float> slice_of(const std::vector<float>& whole, const ParamShard& s) {
   std::vector<float> out(static_cast<size_t>(s.numel()));
@@ -240,7 +248,7 @@ int run_convert(const Command& c) {
   const int64_t iteration = choose_iteration(src, c.options);
   if (fs::exists(dst) && latest_checkpoint_iteration(dst))
     throw usage_error(dst + " already holds a checkpoint", "convert into a new folder");
-  CheckpointModel m = checkpoint_model(src, iteration);
+  CheckpointModel m = checkpoint_model(src, iteration, c.options);
   const CheckpointLayout& from = m.state.layout;
   const int tp = static_cast<int>(c.options.get_opt_int("--target-tensor-parallel-size").value_or(from.tensor_parallel));
   const int pp =
@@ -475,7 +483,7 @@ int run_export_hf(const Command& c) {
   const std::string dir = c.positional[0], out = c.positional[1];
   const int64_t iteration = choose_iteration(dir, c.options);
   const std::string it_dir = iteration_dir(dir, iteration);
-  const TrainArgs args = checkpoint_model(dir, iteration).args;
+  const TrainArgs args = checkpoint_model(dir, iteration, c.options).args;
   check_hf_expressible(args.model);  // before reading any weights
 
   HFExportSpec spec;

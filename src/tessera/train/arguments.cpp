@@ -155,7 +155,8 @@ std::vector<OptionDef> train_option_defs() {
       // Accepted: they only tune speed on other hardware.
       {"--transformer-impl", K::Choice, "transformer_engine", "Layer implementation (tessera is always local)",
        "local|transformer_engine", kSpeed},
-      {"--use-mcore-models", K::StoreTrue, nullptr, "Megatron-core models (tessera's model is one)", nullptr, kSpeed},
+      {"--use-mcore-models", K::StoreTrue, nullptr, "Megatron-core models (tessera's model is one)", nullptr, kSpeed,
+       "deprecated_use_mcore_models"},
       {"--no-masked-softmax-fusion", K::StoreFalse, nullptr, "Unfused masked softmax", nullptr, kSpeed,
        "masked_softmax_fusion"},
       {"--use-flash-attn", K::StoreTrue, nullptr, "FlashAttention", nullptr, kSpeed},

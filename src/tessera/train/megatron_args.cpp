@@ -13,30 +13,35 @@ namespace {
 
 using json = nlohmann::json;
 
-// A default literal of megatron_flags.inc as a value: None, True/False, numbers, quoted
-// strings, []; expressions (2**32, os.getenv(...)) as None.
-json python_literal(std::string_view s) {
-  if (s.empty() || s == "None") return nullptr;
-  if (s == "True") return true;
-  if (s == "False") return false;
-  if (s == "[]") return json::array();
-  if (s.size() >= 2 && (s.front() == '\'' || s.front() == '"') && s.back() == s.front())
-    return std::string(s.substr(1, s.size() - 2));
-  const std::string text(s);
-  char* end = nullptr;
-  const long long i = std::strtoll(text.c_str(), &end, 10);
-  if (*end == '\0') return static_cast<int64_t>(i);
-  const double d = std::strtod(text.c_str(), &end);
-  if (*end == '\0') return d;
+// One attribute of the Namespace Megatron-LM core_r0.10.0 saves (megatron_namespace.inc,
+// generated from Megatron's parser by tests/reference/megatron_namespace.py).
+struct MegatronDest {
+  const char* name;
+  const char* default_json;  // the parser's default; null for what Megatron derives
+  const char* flags;         // the option strings that write it, separated by '|'
+};
+
+constexpr MegatronDest kMegatronDests[] = {
+#define MEGATRON_DEST(name, default_json, flags) {name, default_json, flags},
+#include "tessera/train/megatron_namespace.inc"
+#undef MEGATRON_DEST
+};
+
+}  // namespace
+
+const char* megatron_dest_of_flag(std::string_view flag) {
+  for (const MegatronDest& d : kMegatronDests) {
+    std::string_view flags = d.flags;
+    while (!flags.empty()) {
+      const size_t bar = flags.find('|');
+      if (flags.substr(0, bar) == flag) return d.name;
+      flags = bar == std::string_view::npos ? std::string_view{} : flags.substr(bar + 1);
+    }
+  }
   return nullptr;
 }
 
-std::string dest_of_flag(std::string_view flag) {
-  std::string d(flag.substr(2));
-  for (char& c : d)
-    if (c == '-') c = '_';
-  return d;
-}
+namespace {
 
 // A parsed value of tessera's option table as Megatron's parser would have typed it.
 json typed(const OptionDef& d, const ParsedOptions& p) {
@@ -82,50 +87,98 @@ bool same_number(const json& a, double b) {
 
 }  // namespace
 
+namespace {
+
+// What megatron/training/arguments.py validate_args derives from the parsed flags, in its
+// order, for the settings a tessera run can hold.
+void apply_validate_args(json& ns, const TrainArgs& a) {
+  const int tp = a.tensor_parallel_size, pp = a.pipeline_parallel_size;
+  ns["rank"] = 0;  // parse_args: RANK of the saving process; rank 0's Namespace is the one read
+  ns["world_size"] = a.world_size;
+  ns["use_dist_ckpt"] = ns["ckpt_format"] != "torch";
+  ns["transformer_pipeline_model_parallel_size"] = ns["standalone_embedding_stage"] == true ? pp - 1 : pp;
+  ns["data_parallel_size"] = a.data_parallel_size;
+  if (ns["expert_tensor_parallel_size"].is_null()) ns["expert_tensor_parallel_size"] = tp;
+  if (a.model.recompute == Recompute::Selective) ns["recompute_granularity"] = "selective";  // --recompute-activations
+  if (!ns["data_path"].is_null() && ns["split"].is_null()) ns["split"] = "969, 30, 1";
+  ns["global_batch_size"] = a.global_batch_size;
+  const int virtual_stages = a.pipeline_split.virtual_stages;
+  if (virtual_stages > 1) {
+    ns["num_layers_per_virtual_pipeline_stage"] = a.model.num_layers / (pp * virtual_stages);
+    ns["virtual_pipeline_model_parallel_size"] = virtual_stages;
+  } else {
+    ns["virtual_pipeline_model_parallel_size"] = nullptr;
+    ns["overlap_p2p_comm"] = false;
+    ns["align_param_gather"] = false;
+  }
+  ns["params_dtype"] = {{"$global", a.bf16 ? "torch.bfloat16" : a.fp16 ? "torch.float16" : "torch.float32"}};
+  if (a.fp16 && ns["loss_scale"].is_null()) ns["check_for_nan_in_loss_and_grad"] = false;
+  if (a.bf16) ns["accumulate_allreduce_grads_in_fp32"] = true;
+  if (ns["dataloader_type"].is_null()) ns["dataloader_type"] = "single";
+  ns["variable_seq_lengths"] = false;
+  const GPTConfig& m = a.model;
+  ns["num_layers"] = m.num_layers;
+  ns["encoder_num_layers"] = m.num_layers;
+  ns["hidden_size"] = m.hidden_size;
+  ns["num_attention_heads"] = m.num_attention_heads;
+  ns["ffn_hidden_size"] = m.ffn_hidden_size;
+  ns["kv_channels"] = m.kv_channels;
+  ns["encoder_seq_length"] = ns["seq_length"];
+  if (ns["weight_decay_incr_style"] == "constant") {
+    ns["start_weight_decay"] = ns["weight_decay"];
+    ns["end_weight_decay"] = ns["weight_decay"];
+  }
+  if (tp == 1) ns["sequence_parallel"] = false;
+  if (ns["sequence_parallel"] == true) ns["async_tensor_model_parallel_allreduce"] = false;
+  if (!m.add_bias_linear) ns["bias_gelu_fusion"] = false;
+  if (m.add_bias_linear) ns["add_qkv_bias"] = true;
+  ns["position_embedding_type"] = m.position_embedding == PositionEmbedding::Rope   ? "rope"
+                                  : m.position_embedding == PositionEmbedding::None ? "none"
+                                                                                    : "learned_absolute";
+  if (ns["position_embedding_type"] != "rope") ns["apply_rope_fusion"] = false;
+  if (ns["num_experts"] == 0) ns["num_experts"] = nullptr;
+  if (ns["moe_ffn_hidden_size"].is_null()) ns["moe_ffn_hidden_size"] = m.ffn_hidden_size;
+  if (ns["apply_query_key_layer_scaling"] == true) ns["attention_softmax_in_fp32"] = true;
+  ns["consumed_train_samples"] = 0;
+  ns["skipped_train_samples"] = 0;
+  ns["consumed_valid_samples"] = 0;
+}
+
+// What training sets on `args` before a save (megatron/training/training.py, tokenizer.py);
+// the iteration's fields are write_megatron_file's (megatron_checkpoint.h).
+void apply_training(json& ns, const TrainArgs& a, int64_t consumed_train_samples, int64_t consumed_valid_samples) {
+  ns["padded_vocab_size"] = a.model.padded_vocab_size;
+  ns["model_type"] = {{"$enum", "megatron.core.enums.ModelType"}, {"value", 1}};  // encoder_or_decoder
+  ns["train_iters"] = a.train_iters;
+  if (ns["lr_decay_iters"].is_null() && ns["lr_decay_samples"].is_null()) ns["lr_decay_iters"] = a.train_iters;
+  ns["num_query_groups"] = a.model.query_groups();  // num_floating_point_operations: heads without GQA
+  ns["consumed_train_samples"] = consumed_train_samples;
+  ns["consumed_valid_samples"] = consumed_valid_samples;
+  // build_train_valid_test_data_loaders: 1 or 0, as the broadcast tensor's items.
+  ns["do_train"] = a.train_iters > 0 ? 1 : 0;
+  ns["do_valid"] = ns["do_test"] = ns["eval_iters"].is_number() && ns["eval_iters"].get<int64_t>() > 0 ? 1 : 0;
+  ns["iteration"] = 0;
+  ns["curr_iteration"] = 0;
+  ns["num_floating_point_operations_so_far"] = 0;
+}
+
+}  // namespace
+
 json megatron_namespace(const TrainArgs& a, int64_t consumed_train_samples, int64_t consumed_valid_samples) {
   json ns = json::object();
-#define MEGATRON_FLAG(name, kind, default_value) ns[dest_of_flag(name)] = python_literal(default_value);
-#include "tessera/train/megatron_flags.inc"
-#undef MEGATRON_FLAG
+  for (const MegatronDest& d : kMegatronDests) ns[d.name] = json::parse(d.default_json);
   std::vector<char*> argv;
   std::vector<std::string> line = a.command_line;
   for (std::string& s : line) argv.push_back(s.data());
   const ParsedOptions p = train_option_table().parse(static_cast<int>(argv.size()), argv.data());
-  for (const OptionDef& d : train_option_table().defs()) ns[option_dest(d)] = typed(d, p);
-
-  // What validate_args and the training loop derive.
-  const GPTConfig& m = a.model;
-  ns["num_layers"] = m.num_layers;
-  ns["hidden_size"] = m.hidden_size;
-  ns["num_attention_heads"] = m.num_attention_heads;
-  ns["kv_channels"] = m.kv_channels;
-  ns["ffn_hidden_size"] = m.ffn_hidden_size;
-  ns["num_query_groups"] = m.query_groups();
-  ns["padded_vocab_size"] = m.padded_vocab_size;
+  // The flags given; the others keep Megatron's defaults (tessera's equal them).
+  for (const OptionDef& d : train_option_table().defs())
+    if (const char* dest = megatron_dest_of_flag(d.flag); dest && p.given(d.flag)) ns[dest] = typed(d, p);
   ns["tokenizer_type"] = a.tokenizer.type;
-  ns["position_embedding_type"] = m.position_embedding == PositionEmbedding::Rope   ? "rope"
-                                  : m.position_embedding == PositionEmbedding::None ? "none"
-                                                                                    : "learned_absolute";
-  ns["tensor_model_parallel_size"] = a.tensor_parallel_size;
-  ns["pipeline_model_parallel_size"] = a.pipeline_parallel_size;
-  const int virtual_stages = a.pipeline_split.virtual_stages;
-  ns["virtual_pipeline_model_parallel_size"] = virtual_stages > 1 ? json(virtual_stages) : json(nullptr);
-  ns["num_layers_per_virtual_pipeline_stage"] =
-      virtual_stages > 1 ? json(m.num_layers / (a.pipeline_parallel_size * virtual_stages)) : json(nullptr);
-  ns["data_parallel_size"] = a.data_parallel_size;
-  ns["world_size"] = a.world_size;
-  ns["rank"] = 0;
-  ns["micro_batch_size"] = a.micro_batch_size;
-  ns["global_batch_size"] = a.global_batch_size;
-  ns["train_iters"] = a.train_iters;
-  ns["consumed_train_samples"] = consumed_train_samples;
-  ns["skipped_train_samples"] = 0;
-  ns["consumed_valid_samples"] = consumed_valid_samples;
   ns["transformer_impl"] = "local";
   ns["ckpt_format"] = "torch";
-  ns["use_distributed_optimizer"] = a.use_distributed_optimizer;
-  ns["params_dtype"] = {{"$global", a.bf16 ? "torch.bfloat16" : a.fp16 ? "torch.float16" : "torch.float32"}};
-  ns["model_type"] = {{"$enum", "megatron.core.enums.ModelType"}, {"value", 1}};  // encoder_or_decoder
+  apply_validate_args(ns, a);
+  apply_training(ns, a, consumed_train_samples, consumed_valid_samples);
   return ns;
 }
 
@@ -182,7 +235,8 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "max_position_embeddings", "make_vocab_size_divisible_by", "normalization", "norm_epsilon",
       "position_embedding_type", "openai_gelu", "bias_gelu_fusion", "untie_embeddings_and_output_weights",
       "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
-      "rotary_percent", "tokenizer_type", "vocab_size", "vocab_file", "merge_file", "init_method_std",
+      "rotary_percent", "tokenizer_type", "tokenizer_model", "vocab_size", "vocab_file", "merge_file",
+      "init_method_std",
       "hidden_dropout", "attention_dropout", "fp16", "bf16", "tensor_model_parallel_size",
       "pipeline_model_parallel_size"};
   std::vector<std::string> flags;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -13,12 +14,18 @@
 
 namespace tessera {
 
-// The Namespace Megatron's parse_args + validate_args would hold for this run: every flag of
-// Megatron-LM (megatron_flags.inc) at its default, the run's values over them, and what
-// validate_args and training derive (padded vocabulary, parallel sizes, params_dtype,
-// model_type, consumed samples). JSON in megatron_checkpoint.h's convention.
+// The Namespace Megatron-LM core_r0.10.0 saves for this run: exactly its attributes
+// (megatron_namespace.inc, from Megatron's own parser), each at Megatron's default unless the
+// run gave its flag, then what validate_args and training derive (padded vocabulary, parallel
+// sizes, params_dtype, model_type, consumed samples, ...); tessera's own flags are not in it.
+// A later Megatron's attribute is added by one line after the others, where tessera's value
+// differs from what that Megatron assumes without it. JSON in megatron_checkpoint.h's convention.
 nlohmann::json megatron_namespace(const TrainArgs& args, int64_t consumed_train_samples,
                                   int64_t consumed_valid_samples);
+
+// The attribute of Megatron core_r0.10.0's Namespace that a flag writes ("--disable-bias-linear"
+// -> "add_bias_linear"); nullptr for a flag Megatron does not have.
+const char* megatron_dest_of_flag(std::string_view flag);
 
 // OptimizerParamScheduler.state_dict() (megatron/core/optimizer_param_scheduler.py).
 nlohmann::json megatron_scheduler_state(const LrScheduleConfig& c, int64_t num_steps);
@@ -29,7 +36,7 @@ bool same_megatron_schedule(const nlohmann::json& saved, const LrScheduleConfig&
 LrScheduleConfig schedule_from_megatron(const nlohmann::json& saved, LrScheduleConfig base);
 
 // `tessera train` flags for the model a Megatron Namespace describes (shape, vocabulary and
-// tokenizer, norms, activation, precision, parallel sizes).
+// tokenizer with its model/vocab/merge files, norms, activation, precision, parallel sizes).
 std::vector<std::string> train_flags_from_megatron_args(const nlohmann::json& args);
 
 }  // namespace tessera

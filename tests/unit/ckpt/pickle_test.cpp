@@ -27,12 +27,12 @@ std::string raw(const char (&s)[N]) {
   return std::string(s, N - 1);
 }
 
-// The Error's message of unpickling `data`, or "" when it reads.
+// The Error's message and hint of unpickling `data`, or "" when it reads.
 std::string error_of(const std::string& data) {
   try {
     pickle::unpickle(bytes(data), "test.pkl");
   } catch (const Error& e) {
-    return e.what();
+    return std::string(e.what()) + "\nhint: " + e.hint();
   }
   return "";
 }
@@ -101,6 +101,37 @@ TEST(Pickle, RefusesWhatAMegatronCheckpointNeverHolds) {
   EXPECT_NE(error_of(raw("\x80\x02X\x01\x00\x00\x00xQ.")).find("persistent id"), std::string::npos);
   // A memo entry read before it is written.
   EXPECT_NE(error_of("\x80\x02h\x07.").find("memo entry 7"), std::string::npos);
+}
+
+// nn.Module.state_dict() pickles as OrderedDict() REDUCE, its items, then BUILD with
+// {'_metadata': ...}: the dict's attributes, kept beside its items.
+TEST(Pickle, BuildOnAnOrderedDictKeepsItsAttributes) {
+  const std::string pickled = raw("\x80\x02" "ccollections\nOrderedDict\n)R"
+                                  "X\x01\x00\x00\x00wK\x01s"
+                                  "}(X\x09\x00\x00\x00_metadataK\x02X\x05\x00\x00\x00otherK\x03u"
+                                  "b.");
+  const pickle::Document doc = pickle::unpickle(bytes(pickled), "test.pkl");
+  ASSERT_EQ(doc.root->kind, Kind::Dict);
+  EXPECT_EQ(doc.root->text, "OrderedDict");
+  EXPECT_EQ(doc.root->get("w")->integer, 1);
+  ASSERT_NE(doc.root->state, nullptr);
+  EXPECT_EQ(doc.root->state->get("_metadata")->integer, 2);
+  EXPECT_EQ(doc.root->state->get("other")->integer, 3);
+}
+
+// What the reader does not take is named with its opcode and byte, not called damage.
+TEST(Pickle, AnUnsupportedConstructIsNamedNotBlamedOnTheFile) {
+  // BUILD on an OrderedDict with a tuple state (at byte 32).
+  const std::string e = error_of(raw("\x80\x02" "ccollections\nOrderedDict\n)R" "K\x01\x85" "b."));
+  EXPECT_NE(e.find("pickle opcode BUILD at byte 32"), std::string::npos) << e;
+  EXPECT_NE(e.find("BUILD on OrderedDict(0) with the state (1) is not supported"), std::string::npos) << e;
+  EXPECT_EQ(e.find("truncated"), std::string::npos) << e;
+  // BUILD on a plain value.
+  EXPECT_NE(error_of(raw("\x80\x02K\x01}b.")).find("BUILD on 1 is not supported"), std::string::npos);
+  // Only a file that ends early is called truncated.
+  const std::string t = error_of(raw("\x80\x02X\xff\x00\x00\x00ab"));
+  EXPECT_NE(t.find("ends early"), std::string::npos) << t;
+  EXPECT_NE(t.find("truncated"), std::string::npos) << t;
 }
 
 TEST(Pickle, DeepNestingIsRefusedNotACrash) {

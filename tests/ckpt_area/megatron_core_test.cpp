@@ -1,0 +1,225 @@
+// Megatron-LM's checkpoints against the real tools (tests/reference/megatron_core_models.py,
+// run in the tools venv: torch 2.6, megatron-core 0.10.0 on the CPU), both ways, for a tiny
+// GPT with biases and a tiny Llama (RMSNorm, RoPE base 500000, SwiGLU, GQA, no biases, untied):
+//   - megatron-core's GPTModel saved as Megatron's save_checkpoint writes it (its own
+//     state_dict(): an OrderedDict with _metadata; torch's optimizer, megatron-core's scheduler
+//     and rerun state, numpy's RNG state) loads into tessera, the model flags taken from the
+//     file's Namespace, and tessera's logits equal megatron-core's within 1e-5;
+//   - tessera's `--ckpt-format torch` save loads into megatron-core's GPTModel built from the
+//     saved Namespace as pretrain_gpt.py builds it (load_state_dict strict), the Namespace's
+//     attributes are exactly Megatron's (megatron_namespace_dests.txt) with the values loaders
+//     read, and megatron-core's logits equal tessera's within 1e-5;
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/pickle.h"
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/ckpt/torch_file.h"
+#include "tessera/comm/in_process/in_process_communicator.h"
+#include "tessera/device/device.h"
+#include "tessera/model/gpt.h"
+#include "tessera/train/arguments.h"
+#include "tessera/train/megatron_args.h"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+namespace {
+
+const std::string kScript = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/megatron_core_models.py";
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" / (name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Runs a command line; its output goes to LOG, whose tail the failure shows.
+testing::AssertionResult run(const std::string& cmd, const fs::path& log) {
+  const int s = std::system(("timeout 200 " + cmd + " > " + log.string() + " 2>&1").c_str());
+  if (WIFEXITED(s) && WEXITSTATUS(s) == 0) return testing::AssertionSuccess();
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return testing::AssertionFailure() << cmd << "\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
+}
+
+const std::vector<std::string> kGpt = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                       "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type",
+                                       "NullTokenizer", "--vocab-size", "99", "--make-vocab-size-divisible-by", "64",
+                                       "--hidden-dropout", "0", "--attention-dropout", "0"};
+const std::vector<std::string> kLlama = {"--group-query-attention", "--num-query-groups", "2", "--kv-channels", "8",
+                                         "--ffn-hidden-size", "64", "--swiglu", "--normalization", "RMSNorm",
+                                         "--norm-epsilon", "1e-5", "--position-embedding-type", "rope",
+                                         "--rotary-base", "500000", "--disable-bias-linear",
+                                         "--untie-embeddings-and-output-weights"};
+
+// The model a checkpoint's Namespace describes, as `tessera ckpt` derives it.
+GPTConfig config_of(const CheckpointState& s) {
+  std::vector<std::string> flags = train_flags_from_megatron_args(s.args);
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-4"});
+  std::vector<char*> argv;
+  for (std::string& f : flags) argv.push_back(f.data());
+  GPTConfig c = parse_train_args(static_cast<int>(argv.size()), argv.data()).model;
+  c.padded_vocab_size = static_cast<int>(s.layout.padded_vocab_size);
+  return c;
+}
+
+// tessera's logits [B*T, V] for `tokens` of the latest checkpoint in `dir` (one process).
+std::vector<float> tessera_logits(const fs::path& dir, const std::vector<int32_t>& tokens, int B) {
+  const int64_t iteration = *latest_checkpoint_iteration(dir.string());
+  const CheckpointState meta = read_checkpoint_metadata(dir.string(), iteration);
+  EXPECT_TRUE(meta.megatron_format);
+  const GPTConfig c = config_of(meta);
+  const int T = c.seq_length;
+  std::vector<float> out;
+  run_in_process_ranks(1, [&](Communicator& comm) {
+    GPTModel model(c, cpu_device(), B, ModelPartition::whole(c), {1}, {1}, &comm);
+    std::vector<ShardedTensor> targets;
+    for (size_t i = 0; i < model.shards().size(); ++i) {
+      const ParamShard& s = model.shards()[i];
+      targets.push_back({s.spec.name, model.params()[i], s.spec.shape, s.split_dim, s.offset});
+    }
+    load_checkpoint(dir.string(), iteration, targets, {}, false, 0, 1);
+    std::vector<int32_t> tok = tokens, pos, labels(tokens.size(), 0);
+    for (int i = 0; i < B * T; ++i) pos.push_back(i % T);
+    std::vector<float> mask(static_cast<size_t>(B * T), 1.0f);
+    Device* d = &cpu_device();
+    const MicroBatch mb{Tensor(tok.data(), DType::I32, {B, T}, d), Tensor(pos.data(), DType::I32, {B, T}, d),
+                        Tensor(labels.data(), DType::I32, {B, T}, d), Tensor(mask.data(), DType::F32, {B, T}, d)};
+    model.forward(mb, StepContext{0, 0, false});
+    const Tensor logits = model.logits();
+    out.assign(logits.f32(), logits.f32() + logits.numel());
+  });
+  return out;
+}
+
+class MegatronCore : public testing::TestWithParam<std::string> {
+ protected:
+  bool llama() const { return GetParam() == "llama"; }
+};
+
+TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
+  const fs::path dir = scratch("megatron_core_" + GetParam());
+  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " save " + (dir / "ckpt").string() +
+                      " --model " + GetParam(),
+                  dir / "save.log"));
+  const safetensors::Reader expected = safetensors::Reader::open((dir / "ckpt" / "expected.safetensors").string());
+  const std::vector<int64_t> tokens64 = expected.read_i64("tokens");
+  const std::vector<float> want = expected.read_f32("logits");
+  const std::vector<float> got = tessera_logits(dir / "ckpt", {tokens64.begin(), tokens64.end()}, 2);
+  ASSERT_EQ(got.size(), want.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+  }
+  EXPECT_GT(scale, 0.1);
+  EXPECT_LE(diff, 1e-5 * scale) << "max |logit| " << scale;
+  // The Namespace's fields tessera takes: the Llama's RoPE base, GQA and no biases.
+  std::string flags;
+  for (const std::string& f : train_flags_from_megatron_args(read_checkpoint_metadata((dir / "ckpt").string(), 7).args))
+    flags += f + " ";
+  if (llama()) {
+    EXPECT_NE(flags.find("--rotary-base 500000 "), std::string::npos) << flags;
+    EXPECT_NE(flags.find("--disable-bias-linear "), std::string::npos) << flags;
+    EXPECT_NE(flags.find("--num-query-groups 2 "), std::string::npos) << flags;
+  }
+  fs::remove_all(dir);
+}
+
+TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
+  const fs::path dir = scratch("tessera_torch_save_" + GetParam());
+  std::vector<std::string> flags = kGpt;
+  if (llama()) flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  // Initial weights of std 0.2, so that the GELU's tanh approximation differs from erf by more
+  // than the bound.
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters",
+                             "2", "--lr", "1e-2", "--min-lr", "1e-4", "--eval-iters", "0", "--init-method-std", "0.2",
+                             "--save", (dir / "ckpt").string(), "--save-interval", "2", "--ckpt-format", "torch"});
+  std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
+  for (const std::string& f : flags) cmd += " " + f;
+  ASSERT_TRUE(run(cmd, dir / "train.log"));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
+  const std::vector<float> logits = tessera_logits(dir / "ckpt", tokens, 2);
+  const int64_t V = static_cast<int64_t>(logits.size()) / 32;
+  safetensors::write((dir / "tessera.safetensors").string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
+                                                             {"logits", DType::F32, {2, 16, V}, logits.data()}});
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + (dir / "ckpt").string() + " " +
+                      (dir / "tessera.safetensors").string() + " --model " + GetParam(),
+                  dir / "check.log"));
+  fs::remove_all(dir);
+}
+
+// torch.save of what Megatron's checkpoints hold besides the model, read back as data.
+TEST(TorchPickles, WhatTorchAndNumpyWriteReadsAsData) {
+  const fs::path dir = scratch("torch_pickles");
+  const std::string save_script = R"(
+import pickle, sys, collections, numpy as np, torch
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+sd = torch.nn.Linear(2, 3).state_dict()
+sd._other = 5
+with_attrs = torch.nn.Parameter(torch.arange(4.0))
+set_tensor_model_parallel_attributes(with_attrs, True, 0, 1)
+np.random.seed(3)
+torch.save({'state_dict': sd, 'parameter': torch.nn.Parameter(torch.zeros(3)), 'megatron_parameter': with_attrs,
+            'size': torch.ones(2, 3).shape, 'np_rng_state': np.random.get_state()}, sys.argv[1])
+)";
+  const std::string numpy2_script = R"(
+import pickle, sys, numpy as np
+np.random.seed(3)
+open(sys.argv[1], 'wb').write(pickle.dumps(np.random.get_state(), protocol=2))
+)";
+  std::ofstream(dir / "save.py") << save_script;
+  std::ofstream(dir / "numpy2.py") << numpy2_script;
+  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "save.py").string() + " " + (dir / "t.pt").string(),
+                  dir / "save.log"));
+  ASSERT_TRUE(run(std::string(TESSERA_TEST_PYTHON) + " " + (dir / "numpy2.py").string() + " " +
+                      (dir / "numpy2.pkl").string(),
+                  dir / "numpy2.log"));
+  const TorchFile f = TorchFile::open((dir / "t.pt").string());
+  const pickle::Value& root = f.root();
+  const pickle::Value* sd = root.get("state_dict");
+  ASSERT_TRUE(sd && sd->kind == pickle::Kind::Dict && sd->state);
+  EXPECT_EQ(sd->text, "OrderedDict");
+  EXPECT_EQ(sd->get("weight")->tensor.shape, (std::vector<int64_t>{3, 2}));
+  ASSERT_TRUE(sd->state->get("_metadata"));
+  EXPECT_EQ(sd->state->get("_metadata")->get("")->get("version")->integer, 1);
+  EXPECT_EQ(sd->state->get("_other")->integer, 5);
+  EXPECT_EQ(root.get("parameter")->tensor.shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(f.f32(root.get("megatron_parameter")->tensor, "megatron_parameter"), (std::vector<float>{0, 1, 2, 3}));
+  const pickle::Value* size = root.get("size");
+  ASSERT_EQ(size->kind, pickle::Kind::Tuple);
+  EXPECT_EQ(size->items.size(), 2u);
+  EXPECT_EQ(size->items[1]->integer, 3);
+  // numpy's MT19937 state: ('MT19937', uint32[624], pos, has_gauss, cached_gaussian), the
+  // array as numpy's reconstruction record whose BUILD state ends with its raw bytes.
+  std::ifstream in(dir / "numpy2.pkl", std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const pickle::Document numpy2 = pickle::unpickle(bytes, "numpy2.pkl");
+  for (const pickle::Value* state : {root.get("np_rng_state"), static_cast<const pickle::Value*>(numpy2.root)}) {
+    ASSERT_EQ(state->kind, pickle::Kind::Tuple);
+    ASSERT_EQ(state->items.size(), 5u);
+    EXPECT_TRUE(state->items[0]->is_str("MT19937"));
+    const pickle::Value* array = state->items[1];
+    ASSERT_EQ(array->kind, pickle::Kind::Object);
+    ASSERT_TRUE(array->state && array->state->kind == pickle::Kind::Tuple);
+    EXPECT_EQ(array->state->items.back()->text.size(), 624u * 4);
+    EXPECT_EQ(state->items[2]->integer, 624);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(GptAndLlama, MegatronCore, testing::Values("gpt", "llama"));
+
+}  // namespace
+}  // namespace tessera
