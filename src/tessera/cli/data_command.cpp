@@ -44,6 +44,25 @@ const OptionTable& merge_option_table() {
   return table;
 }
 
+bool exists(const std::string& path, bool folder) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && (S_ISDIR(st.st_mode) == folder);
+}
+
+// The datasets one --input names: the prefix's own .bin/.idx when either file is there, else
+// every pair in the folder of that name. A prefix a run has trained on is both: training
+// keeps its index cache in <prefix>/cache/GPTDataset_indices (Megatron's default
+// --data-cache-path), so the pair beside the folder wins.
+std::vector<std::string> merge_input_prefixes(const std::string& in) {
+  if (exists(in + ".bin", false) || exists(in + ".idx", false) || !exists(in, true)) return {in};
+  std::vector<std::string> found = data::dataset_prefixes_in(in);
+  if (found.empty())
+    throw runtime_error("--input " + in + " holds no dataset: there is no " + in + ".bin/.idx pair, and the folder " +
+                            in + " holds no .bin/.idx pair",
+                        "give a dataset prefix (the path without .bin/.idx) or a folder of them");
+  return found;
+}
+
 int run_merge(int argc, char** argv) {
   ParsedOptions p = merge_option_table().parse(argc, argv);
   if (p.get_bool("--multimodal")) throw usage_error("--multimodal datasets are not supported yet");
@@ -53,14 +72,8 @@ int run_merge(int argc, char** argv) {
   const std::string output_prefix = p.get_string("--output-prefix");
   std::vector<std::string> prefixes;
   for (const auto& in : p.get_list("--input")) {
-    struct stat st{};
-    if (::stat(in.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      auto found = data::dataset_prefixes_in(in);
-      if (found.empty()) throw runtime_error("folder " + in + " holds no .bin/.idx pair");
-      prefixes.insert(prefixes.end(), found.begin(), found.end());
-    } else {
-      prefixes.push_back(in);
-    }
+    const std::vector<std::string> found = merge_input_prefixes(in);
+    prefixes.insert(prefixes.end(), found.begin(), found.end());
   }
   data::install_temp_file_cleanup();
   for (const auto& pre : prefixes) std::printf("Merging %s\n", pre.c_str());
