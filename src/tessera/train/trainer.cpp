@@ -292,10 +292,10 @@ IterationResult Trainer::train_step() {
   ++iteration_;
   IterationResult r;
   r.lr = scheduler_.lr();
-  r.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
+  const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   r.global_batch = args_.global_batch_at(consumed_samples_);
   model_.zero_grads();
-  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, r.loss_scale);
+  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, loss_scale);
   r.lm_loss = loss_sum / mask_sum;
   r.tokens = r.global_batch * args_.model.seq_length;
   // The norm is the same on every rank and non-finite wherever any gradient is (every
@@ -307,6 +307,7 @@ IterationResult Trainer::train_step() {
   if (loss_scaler_) {
     const bool overflow = !std::isfinite(scaled_norm);
     loss_scaler_->update(overflow);
+    r.loss_scale = loss_scaler_->scale();
     if (overflow) {
       r.skipped = true;
       r.grad_norm = std::nan("");
@@ -314,7 +315,7 @@ IterationResult Trainer::train_step() {
       return r;
     }
   }
-  r.grad_norm = scaled_norm / r.loss_scale;
+  r.grad_norm = scaled_norm / loss_scale;
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   if (args_.skip_spikes > 0) {
     // The same values on every replica, so every replica decides alike.
@@ -324,7 +325,7 @@ IterationResult Trainer::train_step() {
   }
   if (!r.skipped) {
     // Unscaling folds into the clipping coefficient: one pass over the gradients.
-    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / r.loss_scale);
+    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / loss_scale);
     if (distributed_optimizer()) dp_buckets_->gather_params();
     scheduler_.step(r.global_batch);
   }

@@ -32,7 +32,9 @@ struct IterationResult {
   double lr = 0.0;         // the learning rate this iteration's update used
   int64_t tokens = 0;      // tokens processed
   bool skipped = false;    // the update was skipped (--skip-spikes, an fp16 overflow)
-  double loss_scale = 1.0; // the scale this iteration's backward used
+  // The scaler's scale after this iteration's update, which Megatron logs (training.py reads
+  // optimizer.get_loss_scale() after the step); the backward used the one before it.
+  double loss_scale = 1.0;
   int64_t global_batch = 0;  // samples in this iteration (smaller during --rampup-batch-size)
 };
 
