@@ -1,5 +1,7 @@
 #include "tessera/train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <algorithm>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
+#include "tessera/core/python_format.h"
 #include "tessera/device/device.h"
 #include "tessera/ops/ops.h"
 #include "tessera/train/exit_signal.h"
@@ -469,6 +472,17 @@ void Trainer::train() {
     print_evaluation("iteration " + std::to_string(iteration_) + " on validation set", "validation");
   if (test_loader_ && args_.eval_iters > 0)
     print_evaluation("iteration " + std::to_string(iteration_) + " on test set", "test");
+}
+
+std::string memory_report_line(int rank, int64_t iterations, const Device& device) {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  const std::string allocated = python_float_repr(device.allocated_bytes() / 1048576.0);
+  const std::string peak = python_float_repr(device.peak_allocated_bytes() / 1048576.0);
+  return "[Rank " + std::to_string(rank) + "] (after " + std::to_string(iterations) +
+         " iterations) memory (MB) | allocated: " + allocated + " | max allocated: " + peak +
+         " | reserved: " + allocated + " | max reserved: " + peak +
+         " | peak resident: " + python_float_repr(usage.ru_maxrss / 1024.0);
 }
 
 // Megatron's training log line (training_log in megatron/training/training.py) with tokens/s

@@ -464,9 +464,21 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {
+  // Megatron's lines around a save (save_checkpoint in megatron/training/checkpointing.py);
+  // tessera's own format is named as such where Megatron names its --ckpt-format.
+  print_rank_0("saving checkpoint at iteration %7lld to %s in %s format", static_cast<long long>(iteration_),
+               dir.c_str(), args_.save_megatron_format ? "torch" : "tessera");
+  const auto t0 = std::chrono::steady_clock::now();
+  write_checkpoint(dir);
+  print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
+               static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
+               args_.pipeline_parallel_size,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void Trainer::write_checkpoint(const std::string& dir) {
   // The parameters every rank saves are whole again (an overlapped gather may still run).
   if (dp_buckets_ && distributed_optimizer()) dp_buckets_->wait_all_params();
-  const auto t0 = std::chrono::steady_clock::now();
   Communicator* world = groups_.world && groups_.world->size() > 1 ? groups_.world : nullptr;
   const int rank = rank_in(world), tp = rank_in(groups_.tp), pp = rank_in(groups_.pp), dp = rank_in(groups_.dp);
   // Everyone writes into global rank 0's temporary folder, named by its process id.
@@ -495,10 +507,6 @@ void Trainer::save_checkpoint(const std::string& dir) {
     on_every_rank(world, commit_failed, [&] {
       if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
     }, abandon);
-    print_rank_0("  successfully saved checkpoint from iteration %7lld to %s in torch format [ t 1/%d, p 1/%d ] "
-                 "(%.1f s)", static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
-                 args_.pipeline_parallel_size,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
   // Data-parallel replicas hold the same parameters: DP rank 0 of each (tp, pp) writes them,
@@ -541,10 +549,6 @@ void Trainer::save_checkpoint(const std::string& dir) {
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
     commit_checkpoint_save(dir, tmp_dir, state, files);
   }, abandon);
-  print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
-               static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
-               args_.pipeline_parallel_size,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
