@@ -279,6 +279,7 @@ void on_every_rank(Communicator* world, const std::string& what_step, Step step,
                    const std::function<void()>& on_failure = {}) {
   std::optional<Error> failure;
   try {
+    throw_if_save_interrupted();
     step();
   } catch (const Error& e) {
     failure = e;
@@ -464,16 +465,30 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {
-  // Megatron's lines around a save (save_checkpoint in megatron/training/checkpointing.py);
-  // tessera's own format is named as such where Megatron names its --ckpt-format.
-  print_rank_0("saving checkpoint at iteration %7lld to %s in %s format", static_cast<long long>(iteration_),
-               dir.c_str(), args_.save_megatron_format ? "torch" : "tessera");
   const auto t0 = std::chrono::steady_clock::now();
-  write_checkpoint(dir);
+  // SIGINT/SIGTERM that would kill the process mid-save stop the save and remove its
+  // temporary folder first (ckpt/checkpoint.h); --exit-signal-handler blocks them instead,
+  // and they ask for an exit after the save.
+  std::optional<SaveSignalScope> signals;
+  if (!args_.exit_signal_handler) signals.emplace();
+  auto stop_for_signal = [&](const char* what) {
+    log_warn("%s during the save of iteration %lld%s; stopping", save_signal_name(signals->received()).c_str(),
+             static_cast<long long>(iteration_), what);
+    signals->reraise();
+  };
+  try {
+    write_checkpoint(dir);
+  } catch (const Error&) {
+    if (signals && signals->received()) stop_for_signal(": removed its unfinished folder");
+    throw;
+  }
+  // Megatron's line after a save (save_checkpoint in megatron/training/checkpointing.py).
   print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
                static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
                args_.pipeline_parallel_size,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  // A signal after the last check: the checkpoint is whole.
+  if (signals && signals->received()) stop_for_signal(", which finished first");
 }
 
 void Trainer::write_checkpoint(const std::string& dir) {
@@ -489,6 +504,10 @@ void Trainer::write_checkpoint(const std::string& dir) {
   });
   if (world) world->broadcast(Tensor(&token, DType::I64, {1}, nullptr), 0);
   const std::string tmp_dir = checkpoint_temp_dir(dir, iteration_, token);
+  // Megatron's line before a save, with tessera's own format named as such where Megatron
+  // names its --ckpt-format; printed once the temporary folder exists.
+  print_rank_0("saving checkpoint at iteration %7lld to %s in %s format", static_cast<long long>(iteration_),
+               dir.c_str(), args_.save_megatron_format ? "torch" : "tessera");
   // A failed step removes the temporary folder (rank 0 made it), so a full disk is not left full.
   auto abandon = [&] {
     if (rank == 0) abandon_checkpoint_save(tmp_dir);
