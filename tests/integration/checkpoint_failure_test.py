@@ -95,7 +95,7 @@ def test_interrupted_save(tmp, launch):
     assert rc == (128 + signal.SIGINT if launch else -signal.SIGINT), "rc %d\n%s" % (rc, context)
     assert glob.glob(os.path.join(ckpt, "*.tmp-*")) == [], "%s\n%s" % (os.listdir(ckpt), context)
     # It came mid-save (the folder existed when the line was printed), and nothing was committed.
-    assert "SIGINT during the save of iteration 1: removed its unfinished folder" in context, context
+    assert "SIGINT during the save of iteration 1: stopped it, leaving no temporary folder" in context, context
     assert os.listdir(ckpt) == [], os.listdir(ckpt)
 
 

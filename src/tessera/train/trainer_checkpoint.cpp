@@ -479,7 +479,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   try {
     write_checkpoint(dir);
   } catch (const Error&) {
-    if (signals && signals->received()) stop_for_signal(": removed its unfinished folder");
+    if (signals && signals->received()) stop_for_signal(": stopped it, leaving no temporary folder");
     throw;
   }
   // Megatron's line after a save (save_checkpoint in megatron/training/checkpointing.py).
