@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""What a new user meets with data and tokenizer files (each case failed before its fix):
-a wrong or damaged GPT-2 merges file is an error in preprocess, train and doctor, not silent
-garbage; data tokenized with a larger vocabulary than the model is an error before training
-(not an abort) and a doctor FAIL; Alpaca-shaped records get a --text-template hint and an input
-where every record is bad writes nothing; `data merge` refuses its own output as an input,
-however spelled, and merges a prefix that training made a folder too; `data inspect` prints document-length statistics and decodes a document."""
+"""What a new user meets with data and tokenizer files (each case failed before its fix): a
+wrong or damaged GPT-2 merges file is an error in preprocess, train and doctor, not silent
+garbage; data tokenized with a larger vocabulary than the model is an error before training (not
+an abort) and a doctor FAIL; Alpaca-shaped records get a --text-template hint and an input where
+every record is bad writes nothing; `data merge` refuses its own output as an input, however
+spelled, and merges a prefix that training made a folder too; `data inspect` prints
+document-length statistics and decodes a document."""
 import glob
 import math
 import os
