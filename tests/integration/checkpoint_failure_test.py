@@ -6,7 +6,9 @@
   rank that does not write fails too, naming the reason, instead of waiting);
 - temporary folders found at start-up are reported; those provably abandoned (made on this
   machine, in this boot and PID namespace, by a process that no longer runs) are removed,
-  the others left in place; a folder whose maker still runs is not touched.
+  the others left in place; a folder whose maker still runs is not touched;
+- SIGINT during a save without --exit-signal-handler removes the save's temporary folder
+  before the process dies of it, with one process and with DP=2.
 usage: checkpoint_failure_test.py TESSERA_BINARY"""
 import glob
 import json
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 TESSERA = os.path.abspath(sys.argv[1])
@@ -58,6 +61,42 @@ def test_failed_save(tmp, launch):
     assert glob.glob(os.path.join(ckpt, "*.tmp-*")) == [], os.listdir(ckpt)
     assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read() == "2"
     assert sorted(os.listdir(ckpt)) == ["iter_0000002", "latest_checkpointed_iteration.txt"], os.listdir(ckpt)
+
+
+# A checkpoint of ~90 MB (model and Adam state of 7M parameters): writing and hashing it takes
+# long enough that a signal sent on the "saving checkpoint" line arrives while files are written.
+LARGE = ["--hidden-size", "384", "--num-layers", "4", "--train-iters", "1000", "--save-interval", "1"]
+
+
+def test_interrupted_save(tmp, launch):
+    """SIGINT during a save, without --exit-signal-handler: the process still dies of it, but
+    its iter_N.tmp-PID folder goes first (with DP=2 the launcher forwards the signal to both
+    ranks, which write into the same folder)."""
+    ckpt = os.path.join(tmp, "interrupted_%s" % ("dp2" if launch else "one"))
+    cmd = [TESSERA] + (["launch", "--standalone", "--nproc_per_node", "2"] if launch else []) + ["train"] + \
+        TRAIN + LARGE + ["--save", ckpt]
+    with open(os.path.join(tmp, "interrupted.err"), "w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env())
+        watchdog = threading.Timer(120, p.kill)  # bounds the whole run, however it goes wrong
+        watchdog.start()
+        try:
+            out = []
+            for line in p.stdout:  # the event: the save has started
+                out.append(line)
+                if "saving checkpoint at iteration" in line:  # under launch: "[rank0]: saving ..."
+                    p.send_signal(signal.SIGINT)
+                    break
+            out += p.stdout.readlines()
+            rc = p.wait()
+        finally:
+            watchdog.cancel()
+        err.seek(0)
+        context = "".join(out)[-2000:] + "\n--- stderr ---\n" + err.read()[-3000:]
+    assert rc == (128 + signal.SIGINT if launch else -signal.SIGINT), "rc %d\n%s" % (rc, context)
+    assert glob.glob(os.path.join(ckpt, "*.tmp-*")) == [], "%s\n%s" % (os.listdir(ckpt), context)
+    # It came mid-save (the folder existed when the line was printed), and nothing was committed.
+    assert "SIGINT during the save of iteration 1: stopped it, leaving no temporary folder" in context, context
+    assert os.listdir(ckpt) == [], os.listdir(ckpt)
 
 
 def owner_record(pid, start_time, boot_id=None, pid_namespace=None):
@@ -110,7 +149,9 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in (("failed save, 1 process", lambda: test_failed_save(tmp, False)),
                          ("failed save, DP=2", lambda: test_failed_save(tmp, True)),
-                         ("stale temporary folders", lambda: test_stale_folders(tmp))):
+                         ("stale temporary folders", lambda: test_stale_folders(tmp)),
+                         ("SIGINT during a save, 1 process", lambda: test_interrupted_save(tmp, False)),
+                         ("SIGINT during a save, DP=2", lambda: test_interrupted_save(tmp, True))):
             t0 = time.monotonic()
             fn()
             print("ok  %-30s %.1f s" % (name, time.monotonic() - t0), flush=True)

@@ -51,15 +51,20 @@ print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in 
 """
 
 
+def tensorboard_scalars(folder):
+    """{tag: [[step, value], ...]} as TensorBoard's EventAccumulator reads `folder`."""
+    python = os.path.join(VENV, "bin", "python")
+    assert os.access(python, os.X_OK), "no TensorBoard test environment at %s: run scripts/setup.sh" % VENV
+    p = subprocess.run([python, "-c", READ_EVENTS, folder], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
 def test_tensorboard(tmp):
     tb, log = os.path.join(tmp, "tb"), os.path.join(tmp, "tb.jsonl")
     run(TINY + ["--tensorboard-dir", tb, "--log-json", log, "--log-validation-ppl-to-tensorboard",
                 "--log-memory-to-tensorboard", "--log-throughput", "--peak-tflops-per-device", "1"])
-    python = os.path.join(VENV, "bin", "python")
-    assert os.access(python, os.X_OK), "no TensorBoard test environment at %s: run scripts/setup.sh" % VENV
-    p = subprocess.run([python, "-c", READ_EVENTS, tb], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    scalars = json.loads(p.stdout)
+    scalars = tensorboard_scalars(tb)
     for tag in ("learning-rate", "learning-rate vs samples", "batch-size", "lm loss", "lm loss vs samples",
                 "loss-scale", "world-size", "grad-norm", "grad-norm vs samples", "mem-allocated-bytes",
                 "lm loss validation", "lm loss validation vs samples", "lm loss validation ppl", "throughput"):
@@ -158,11 +163,11 @@ def test_rampup(tmp):
 
 
 def megatron_scales(overflows, initial=2.0 ** 32, window=1000, hysteresis=2, minimum=1.0):
-    """The scale each iteration used under Megatron's DynamicGradScaler
-    (megatron/core/optimizer/grad_scaler.py)."""
+    """The loss scale Megatron logs for each iteration: its DynamicGradScaler's
+    (megatron/core/optimizer/grad_scaler.py) after that iteration's update, as training.py reads
+    optimizer.get_loss_scale() after the step."""
     scale, growth, hyst, out = initial, 0, hysteresis, []
     for inf in overflows:
-        out.append(scale)
         if inf:
             growth, hyst = 0, hyst - 1
             if hyst <= 0:
@@ -171,24 +176,33 @@ def megatron_scales(overflows, initial=2.0 ** 32, window=1000, hysteresis=2, min
             growth += 1
             if growth == window:
                 growth, hyst, scale = 0, hysteresis, scale * 2.0
+        out.append(scale)
     return out
 
 
 def test_precision(tmp):
     flags = [f for f in TINY if f not in ("--train-iters", "8")] + ["--train-iters", "24", "--eval-iters", "0"]
-    logs = {}
+    logs, lines = {}, {}
     for name, extra in (("fp32", []), ("bf16", ["--bf16"]), ("fp16", ["--fp16"]),
                         ("fp16-window", ["--fp16", "--loss-scale-window", "4", "--initial-loss-scale", "65536"])):
-        logs[name] = records(os.path.join(tmp, name + ".jsonl")) if run(
-            flags + extra + ["--log-json", os.path.join(tmp, name + ".jsonl")]) else None
+        if name == "fp16":
+            extra = extra + ["--tensorboard-dir", os.path.join(tmp, "tb-fp16")]
+        lines[name] = run(flags + extra + ["--log-json", os.path.join(tmp, name + ".jsonl")]).stdout
+        logs[name] = records(os.path.join(tmp, name + ".jsonl"))
     # fp16 at 2^32: the half-precision GEMM results overflow, those iterations are skipped
-    # (no lm loss, skipped counted) and the scale backs off; then training proceeds.
+    # (no lm loss, skipped counted) and the scale backs off; then training proceeds. The log
+    # line and the JSON record show the scale after each iteration's update (2^32 after the
+    # first overflow, which only spends the hysteresis; 2^31 after the second).
     for name in ("fp16", "fp16-window"):
         skipped = [r["skipped_iterations"] == 1 for r in logs[name]]
         scales = [r["loss_scale"] for r in logs[name]]
         initial = 2.0 ** 32 if name == "fp16" else 65536.0
         window = 1000 if name == "fp16" else 4
         assert scales == megatron_scales(skipped, initial=initial, window=window), (name, scales, skipped)
+        assert [float(x) for x in re.findall(r" loss scale: ([\d.]+) \|", lines[name])] == scales, lines[name]
+    assert [v for _, v in tensorboard_scalars(os.path.join(tmp, "tb-fp16"))["loss-scale"]] == \
+        [r["loss_scale"] for r in logs["fp16"]]
+    assert logs["fp16"][0]["loss_scale"] == 2.0 ** 32 and logs["fp16"][1]["loss_scale"] == 2.0 ** 31, logs["fp16"][:2]
     # 2^32 cannot fit half's range: a run of skips while the scale backs off, then training
     # proceeds. The 16-bit activations and their gradients grow as it does, so an occasional
     # later overflow halves the scale again (the rule above checked each one).

@@ -27,6 +27,19 @@ LOG_LINE = re.compile(
     r" number of skipped iterations: +0 \| number of nan iterations: +0 \| tokens per second: \d+\.\d \|$")
 
 
+# Megatron's report_memory line (megatron/training/utils.py), values as Python prints floats,
+# then tessera's peak resident memory.
+MEMORY_LINE = re.compile(
+    r"^\[Rank 0\] \(after 6 iterations\) memory \(MB\) \| allocated: (\d+\.\d+) \| max allocated: (\d+\.\d+) \|"
+    r" reserved: (\d+\.\d+) \| max reserved: (\d+\.\d+) \| peak resident: \d+\.\d+$")
+
+
+def saved_lines(iteration, folder, ckpt_format):
+    """Megatron's lines around a save (save_checkpoint in megatron/training/checkpointing.py)."""
+    return ["saving checkpoint at iteration %7d to %s in %s format" % (iteration, folder, ckpt_format),
+            "  successfully saved checkpoint from iteration %7d to %s [ t 1/1, p 1/1 ]" % (iteration, folder)]
+
+
 def run(args, expect_rc=0):
     p = subprocess.run([TESSERA, "train"] + args, capture_output=True, text=True, timeout=120)
     assert p.returncode == expect_rc, "rc %d (want %d)\nstdout:\n%s\nstderr:\n%s" % (
@@ -35,8 +48,8 @@ def run(args, expect_rc=0):
 
 
 def test_log_format_and_json(tmp):
-    log_json = os.path.join(tmp, "log.jsonl")
-    out = run(TINY + ["--log-json", log_json]).stdout
+    log_json, ckpt = os.path.join(tmp, "log.jsonl"), os.path.join(tmp, "ckpt")
+    out = run(TINY + ["--log-json", log_json, "--save", ckpt, "--save-interval", "6"]).stdout
     lines = out.splitlines()
     start = lines.index("------------------------ arguments ------------------------")
     end = lines.index("-------------------- end of arguments ---------------------")
@@ -51,12 +64,24 @@ def test_log_format_and_json(tmp):
     assert [int(m.group(1)) for m in logged] == [2, 4, 6]
     assert [int(m.group(3)) for m in logged] == [8, 16, 24]
     assert " > padded vocab (size: 61) with 67 dummy tokens (new size: 128)" in lines
+    # Megatron's mock ids (up to 4094) cannot index 128 rows: the run says it folds them.
+    assert any(l.startswith(" > --mock-data: its ids 1..4094 do not fit the padded vocabulary (128), so they are "
+                            "taken modulo 61") for l in lines), out[-3000:]
     records = [json.loads(l) for l in open(log_json)]
     assert [r["iteration"] for r in records] == [2, 4, 6]
     for r, m in zip(records, logged):
         assert "%.6E" % r["lm_loss"] == m.group(6) and "%.6E" % r["learning_rate"] == m.group(4)
         assert r["tokens_per_second"] > 0
-    assert "[Rank 0] (after " in out and "max allocated:" in out and "peak resident:" in out
+    memory = [MEMORY_LINE.match(l) for l in lines if "memory (MB)" in l]
+    assert len(memory) == 1 and memory[0], [l for l in lines if "memory (MB)" in l]
+    allocated, peak, reserved, peak_reserved = (float(x) for x in memory[0].groups())
+    assert 0 < allocated <= peak and (reserved, peak_reserved) == (allocated, peak), memory[0].group(0)
+    saving, saved = saved_lines(6, ckpt, "tessera")
+    assert lines.index(saving) < lines.index(next(l for l in lines if l.startswith(saved))), out[-3000:]
+    out = run(TINY + ["--train-iters", "2", "--save", ckpt + "_torch", "--save-interval", "2", "--ckpt-format",
+                      "torch"]).stdout
+    saving, saved = saved_lines(2, ckpt + "_torch", "torch")
+    assert saving in out.splitlines() and "\n" + saved + " (" in out, out[-3000:]
 
 
 def test_init_from_hf(tmp):

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -24,6 +26,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+// The signal a SaveSignalScope recorded (0: none); written from a signal handler.
+std::atomic<int> g_save_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the save signal is set from a signal handler");
+constexpr int kSaveSignals[2] = {SIGINT, SIGTERM};
+
+extern "C" void record_save_signal(int sig) { g_save_signal.store(sig); }
 
 constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
 constexpr const char* kModelFile = "model.safetensors";
@@ -91,6 +100,7 @@ CheckpointFile write_tensors_file(const std::string& path, const std::string& re
   Sha256 sha;
   CheckpointFile written{rel, "", 0};
   auto append = [&](const void* piece, size_t bytes) {
+    throw_if_save_interrupted();
     file.append({static_cast<const char*>(piece), bytes});
     sha.update({static_cast<const unsigned char*>(piece), bytes});
     written.bytes += bytes;
@@ -643,6 +653,44 @@ std::optional<TensorPlacement> parse_tensor_placement(const std::string& text, c
   }
   return TensorPlacement{*global, *split, *split >= 0 ? (*offsets)[*split] : 0};
 }
+
+SaveSignalScope::SaveSignalScope() {
+  g_save_signal.store(0);
+  struct sigaction record {};
+  record.sa_handler = record_save_signal;
+  sigemptyset(&record.sa_mask);
+  // SA_RESTART: the writes, fsyncs and collectives the signal lands in carry on to the next check.
+  record.sa_flags = SA_RESETHAND | SA_RESTART;
+  for (int i = 0; i < 2; ++i) {
+    if (::sigaction(kSaveSignals[i], nullptr, &previous_[i]) != 0 || previous_[i].sa_handler == SIG_IGN) continue;
+    installed_[i] = ::sigaction(kSaveSignals[i], &record, nullptr) == 0;
+  }
+}
+
+SaveSignalScope::~SaveSignalScope() { restore(); }
+
+void SaveSignalScope::restore() {
+  for (int i = 0; i < 2; ++i)
+    if (installed_[i]) ::sigaction(kSaveSignals[i], &previous_[i], nullptr);
+  installed_[0] = installed_[1] = false;
+}
+
+int SaveSignalScope::received() const { return g_save_signal.load(); }
+
+void SaveSignalScope::reraise() {
+  const int sig = received();
+  TESSERA_CHECK(sig != 0, "SaveSignalScope::reraise without a signal");
+  restore();
+  ::raise(sig);
+  std::_Exit(128 + sig);
+}
+
+void throw_if_save_interrupted() {
+  if (const int sig = g_save_signal.load())
+    throw runtime_error("interrupted by " + save_signal_name(sig));
+}
+
+std::string save_signal_name(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
 
 std::string checkpoint_temp_dir(const std::string& dir, int64_t iteration, int64_t token) {
   return checkpoint_iteration_dir(dir, iteration) + ".tmp-" + std::to_string(token);

@@ -32,6 +32,8 @@
 // and global shape before anything is copied, and never executes anything from a file.
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -150,6 +152,40 @@ std::string optimizer_dp_shard_file(int dp_rank);
 //    rename to DIR/iter_N (replacing an older folder of that iteration), the tracker.
 void commit_checkpoint_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& state,
                             const std::vector<CheckpointFile>& files);
+
+// SIGINT and SIGTERM during a save (a process without --exit-signal-handler, whose signals
+// kill it): for the life of this object a handler only records the signal; the writers
+// check for it between the pieces they stage (throw_if_save_interrupted), so the save fails
+// like any other failed save, and its failure path removes TMP, on rank 0, after every rank
+// has stopped writing into it; then reraise() lets the signal kill the process as it would
+// have. Recording and checking, rather than removing TMP inside the handler: removing a tree
+// is not async-signal-safe (std::filesystem allocates), and with several ranks the others may
+// still be writing into TMP. A handler on a computing thread is unsafe in tessera
+// (train/exit_signal.h); no thread computes while a save runs. The handler resets itself when
+// it runs (SA_RESETHAND), so a second signal kills at once: a save stuck on a dead rank can
+// still be stopped, leaving TMP to the next run's clean-up (report_stale_checkpoint_saves).
+// A signal ignored when the scope starts (nohup) stays ignored.
+class SaveSignalScope {
+ public:
+  SaveSignalScope();
+  ~SaveSignalScope();
+  SaveSignalScope(const SaveSignalScope&) = delete;
+  SaveSignalScope& operator=(const SaveSignalScope&) = delete;
+  // The signal received since the scope began, 0 if none.
+  int received() const;
+  // Restores the previous handlers and raises received() (which must be set): the process
+  // dies of it, or, where a previous handler returns, exits with 128 + the signal.
+  [[noreturn]] void reraise();
+
+ private:
+  void restore();
+  struct sigaction previous_[2] = {};  // SIGINT's and SIGTERM's handlers before the scope
+  bool installed_[2] = {false, false};
+};
+// Throws a runtime Error ("interrupted by SIGINT") once a SaveSignalScope has recorded a signal.
+void throw_if_save_interrupted();
+// "SIGINT", "SIGTERM".
+std::string save_signal_name(int sig);
 
 // A failed save: removes TMP and everything in it (never throws: the save's own error is the
 // one to report, and its partial files must not stay to fill the disk).

@@ -3,6 +3,10 @@
 
 namespace tessera {
 class OptionTable;
+class ParsedOptions;
+}
+namespace tessera::data {
+struct TokenizerOptions;
 }
 
 namespace tessera::cli {
@@ -18,5 +22,9 @@ int run_flags(int argc, char** argv);
 
 // The option table of `tessera preprocess` (`tessera flags` reports on it).
 const OptionTable& preprocess_option_table();
+// The tokenizer that preprocess's tokenizer flags name (--tokenizer-type, --vocab-file,
+// --merge-file, --vocab-size, --tokenizer-model), from options parsed by a table that holds
+// them; `tessera data inspect --decode` takes the same flags.
+data::TokenizerOptions preprocess_tokenizer_options(const ParsedOptions& p);
 
 }  // namespace tessera::cli

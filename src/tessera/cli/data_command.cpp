@@ -27,9 +27,10 @@ void print_help() {
       "  merge --input PREFIX|DIR [...] --output-prefix PREFIX\n"
       "      concatenate indexed datasets in the given order (a folder stands for all the\n"
       "      .bin/.idx pairs in it, sorted by name, as Megatron's tools/merge_datasets.py does)\n"
-      "  inspect PREFIX [...] [--decode N --tokenizer-type T --vocab-file V --merge-file M | --vocab-size N]\n"
+      "  inspect PREFIX [...] [--decode N <the tokenizer flags of tessera preprocess>]\n"
       "      validate <PREFIX>.idx/.bin and print dtype, sequences, documents, tokens and the\n"
-      "      document lengths (min, percentiles, mean, max); --decode prints document N as text\n");
+      "      document lengths (min, percentiles, mean, max); --decode prints document N as text\n"
+      "      (--tokenizer-type T with --vocab-file V --merge-file M, --tokenizer-model M or --vocab-size N)\n");
 }
 
 // Megatron's tools/merge_datasets.py flags (argparse defaults: unique prefixes accepted).
@@ -44,6 +45,25 @@ const OptionTable& merge_option_table() {
   return table;
 }
 
+bool exists(const std::string& path, bool folder) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && (S_ISDIR(st.st_mode) == folder);
+}
+
+// The datasets one --input names: the prefix's own .bin/.idx when either file is there, else
+// every pair in the folder of that name. A prefix a run has trained on is both: training
+// keeps its index cache in <prefix>/cache/GPTDataset_indices (Megatron's default
+// --data-cache-path), so the pair beside the folder wins.
+std::vector<std::string> merge_input_prefixes(const std::string& in) {
+  if (exists(in + ".bin", false) || exists(in + ".idx", false) || !exists(in, true)) return {in};
+  std::vector<std::string> found = data::dataset_prefixes_in(in);
+  if (found.empty())
+    throw runtime_error("--input " + in + " holds no dataset: there is no " + in + ".bin/.idx pair, and the folder " +
+                            in + " holds no .bin/.idx pair",
+                        "give a dataset prefix (the path without .bin/.idx) or a folder of them");
+  return found;
+}
+
 int run_merge(int argc, char** argv) {
   ParsedOptions p = merge_option_table().parse(argc, argv);
   if (p.get_bool("--multimodal")) throw usage_error("--multimodal datasets are not supported yet");
@@ -53,14 +73,8 @@ int run_merge(int argc, char** argv) {
   const std::string output_prefix = p.get_string("--output-prefix");
   std::vector<std::string> prefixes;
   for (const auto& in : p.get_list("--input")) {
-    struct stat st{};
-    if (::stat(in.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      auto found = data::dataset_prefixes_in(in);
-      if (found.empty()) throw runtime_error("folder " + in + " holds no .bin/.idx pair");
-      prefixes.insert(prefixes.end(), found.begin(), found.end());
-    } else {
-      prefixes.push_back(in);
-    }
+    const std::vector<std::string> found = merge_input_prefixes(in);
+    prefixes.insert(prefixes.end(), found.begin(), found.end());
   }
   data::install_temp_file_cleanup();
   for (const auto& pre : prefixes) std::printf("Merging %s\n", pre.c_str());
@@ -71,18 +85,17 @@ int run_merge(int argc, char** argv) {
   return 0;
 }
 
-// `data inspect`'s flags; everything else on its command line is a dataset prefix.
+// `data inspect`'s flags: --decode and the tokenizer flags of `tessera preprocess` (its own
+// definitions, so the two cannot drift); everything else on its command line is a prefix.
 const OptionTable& inspect_option_table() {
-  static const OptionTable table(
-      "tessera data inspect",
-      {
-          {"--decode", OptKind::Int, nullptr, "print document N of each dataset as text (needs the tokenizer flags)"},
-          {"--tokenizer-type", OptKind::Choice, nullptr, "the tokenizer the data was preprocessed with",
-           "GPT2BPETokenizer|NullTokenizer"},
-          {"--vocab-file", OptKind::String, nullptr, "GPT-2 vocab.json"},
-          {"--merge-file", OptKind::String, nullptr, "GPT-2 merges.txt"},
-          {"--vocab-size", OptKind::Int, nullptr, "NullTokenizer's vocabulary size"},
-      });
+  static const OptionTable table = [] {
+    std::vector<OptionDef> defs = {
+        {"--decode", OptKind::Int, nullptr, "print document N of each dataset as text (needs the tokenizer flags)"}};
+    for (const OptionDef& def : preprocess_option_table().defs())
+      for (const char* flag : {"--tokenizer-type", "--vocab-file", "--merge-file", "--vocab-size", "--tokenizer-model"})
+        if (std::strcmp(def.flag, flag) == 0) defs.push_back(def);
+    return OptionTable("tessera data inspect", std::move(defs));
+  }();
   return table;
 }
 
@@ -115,15 +128,12 @@ int run_inspect(int argc, char** argv) {
   if (decode) {
     if (!p.given("--tokenizer-type"))
       throw usage_error("--decode needs the tokenizer the data was preprocessed with",
-                        "add --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt "
-                        "(or NullTokenizer --vocab-size N)");
+                        "add the tokenizer flags of `tessera preprocess`: --tokenizer-type GPT2BPETokenizer "
+                        "--vocab-file vocab.json --merge-file merges.txt, HuggingFaceTokenizer --tokenizer-model "
+                        "FOLDER, Llama2Tokenizer or GPTSentencePieceTokenizer --tokenizer-model FILE.model, or "
+                        "NullTokenizer --vocab-size N");
     if (*decode < 0) throw usage_error("--decode takes a document number >= 0");
-    data::TokenizerOptions options;
-    options.type = p.get_string("--tokenizer-type");
-    options.vocab_file = p.get_string("--vocab-file");
-    options.merge_file = p.get_string("--merge-file");
-    options.vocab_size = p.get_opt_int("--vocab-size");
-    tokenizer = data::build_tokenizer(options);
+    tokenizer = data::build_tokenizer(preprocess_tokenizer_options(p));
   }
   for (const std::string& prefix : prefixes) {
     data::IndexedDataset ds(prefix);

@@ -60,6 +60,16 @@ const OptionTable& preprocess_option_table() {
   return table;
 }
 
+data::TokenizerOptions preprocess_tokenizer_options(const ParsedOptions& p) {
+  data::TokenizerOptions o;
+  o.type = p.get_string("--tokenizer-type");
+  o.vocab_file = p.get_string("--vocab-file");
+  o.merge_file = p.get_string("--merge-file");
+  o.tokenizer_model = p.get_string("--tokenizer-model");
+  if (p.raw("--vocab-size")) o.vocab_size = p.get_int("--vocab-size");
+  return o;
+}
+
 namespace {
 
 int64_t in_range(const ParsedOptions& p, const char* flag, int64_t lo, int64_t hi) {
@@ -83,11 +93,7 @@ data::PreprocessOptions preprocess_options(const ParsedOptions& p) {
   o.inputs = p.get_list("--input");
   if (p.given("--json-keys")) o.json_keys = p.get_list("--json-keys");
   if (p.raw("--text-template")) o.text_template = p.get_string("--text-template");
-  o.tokenizer.type = p.get_string("--tokenizer-type");
-  o.tokenizer.vocab_file = p.get_string("--vocab-file");
-  o.tokenizer.merge_file = p.get_string("--merge-file");
-  o.tokenizer.tokenizer_model = p.get_string("--tokenizer-model");
-  if (p.raw("--vocab-size")) o.tokenizer.vocab_size = p.get_int("--vocab-size");
+  o.tokenizer = preprocess_tokenizer_options(p);
   o.append_eod = p.get_bool("--append-eod");
   o.output_prefix = p.get_string("--output-prefix");
   if (p.raw("--workers")) o.workers = static_cast<int>(in_range(p, "--workers", 1, 1024));

@@ -1,7 +1,5 @@
 // `tessera train`: Megatron's pretrain_gpt. One process, or one of many started by
 // `tessera launch`, torchrun or Slurm (launch/worker_env.h says how each is recognised).
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -179,12 +177,8 @@ int run_train(int argc, char** argv) {
                  args.load.c_str(), static_cast<long long>(trainer.iteration()), train_length_flag(args).c_str());
   trainer.train();
 
-  // Every rank's own peak (Megatron's memory report line, one per rank): with TP/PP they differ.
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  log_info("[Rank %d] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | "
-           "peak resident: %.1f", id.rank, static_cast<long long>(trainer.iteration()),
-           device.allocated_bytes() / 1048576.0, device.peak_allocated_bytes() / 1048576.0, usage.ru_maxrss / 1024.0);
+  // Every rank's own peaks over the run (Megatron's line, one per rank): with TP/PP they differ.
+  log_info("%s", memory_report_line(id.rank, trainer.iteration(), device).c_str());
   return 0;
 }
 

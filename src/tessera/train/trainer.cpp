@@ -1,5 +1,7 @@
 #include "tessera/train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <algorithm>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
+#include "tessera/core/python_format.h"
 #include "tessera/device/device.h"
 #include "tessera/ops/ops.h"
 #include "tessera/train/exit_signal.h"
@@ -292,10 +295,10 @@ IterationResult Trainer::train_step() {
   ++iteration_;
   IterationResult r;
   r.lr = scheduler_.lr();
-  r.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
+  const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   r.global_batch = args_.global_batch_at(consumed_samples_);
   model_.zero_grads();
-  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, r.loss_scale);
+  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, loss_scale);
   r.lm_loss = loss_sum / mask_sum;
   r.tokens = r.global_batch * args_.model.seq_length;
   // The norm is the same on every rank and non-finite wherever any gradient is (every
@@ -307,6 +310,7 @@ IterationResult Trainer::train_step() {
   if (loss_scaler_) {
     const bool overflow = !std::isfinite(scaled_norm);
     loss_scaler_->update(overflow);
+    r.loss_scale = loss_scaler_->scale();
     if (overflow) {
       r.skipped = true;
       r.grad_norm = std::nan("");
@@ -314,7 +318,7 @@ IterationResult Trainer::train_step() {
       return r;
     }
   }
-  r.grad_norm = scaled_norm / r.loss_scale;
+  r.grad_norm = scaled_norm / loss_scale;
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   if (args_.skip_spikes > 0) {
     // The same values on every replica, so every replica decides alike.
@@ -324,7 +328,7 @@ IterationResult Trainer::train_step() {
   }
   if (!r.skipped) {
     // Unscaling folds into the clipping coefficient: one pass over the gradients.
-    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / r.loss_scale);
+    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / loss_scale);
     if (distributed_optimizer()) dp_buckets_->gather_params();
     scheduler_.step(r.global_batch);
   }
@@ -468,6 +472,17 @@ void Trainer::train() {
     print_evaluation("iteration " + std::to_string(iteration_) + " on validation set", "validation");
   if (test_loader_ && args_.eval_iters > 0)
     print_evaluation("iteration " + std::to_string(iteration_) + " on test set", "test");
+}
+
+std::string memory_report_line(int rank, int64_t iterations, const Device& device) {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  const std::string allocated = python_float_repr(device.allocated_bytes() / 1048576.0);
+  const std::string peak = python_float_repr(device.peak_allocated_bytes() / 1048576.0);
+  return "[Rank " + std::to_string(rank) + "] (after " + std::to_string(iterations) +
+         " iterations) memory (MB) | allocated: " + allocated + " | max allocated: " + peak +
+         " | reserved: " + allocated + " | max reserved: " + peak +
+         " | peak resident: " + python_float_repr(usage.ru_maxrss / 1024.0);
 }
 
 // Megatron's training log line (training_log in megatron/training/training.py) with tokens/s

@@ -32,7 +32,9 @@ struct IterationResult {
   double lr = 0.0;         // the learning rate this iteration's update used
   int64_t tokens = 0;      // tokens processed
   bool skipped = false;    // the update was skipped (--skip-spikes, an fp16 overflow)
-  double loss_scale = 1.0; // the scale this iteration's backward used
+  // The scaler's scale after this iteration's update, which Megatron logs (training.py reads
+  // optimizer.get_loss_scale() after the step); the backward used the one before it.
+  double loss_scale = 1.0;
   int64_t global_batch = 0;  // samples in this iteration (smaller during --rampup-batch-size)
 };
 
@@ -46,6 +48,13 @@ struct TrainerGroups {
   Communicator* model_parallel = nullptr;  // tp x pp: the gradient norm
   Communicator* embedding = nullptr;       // the tied embedding's gradient, first and last stage
 };
+
+// Megatron's memory report (report_memory in megatron/training/utils.py) for this rank, in MB
+// as Python prints floats, with the process's peak resident memory (getrusage) after it:
+// "[Rank R] (after N iterations) memory (MB) | allocated: A | max allocated: M | reserved: A |
+// max reserved: M | peak resident: P". Every buffer comes from the backend directly (there is
+// no caching allocator holding freed blocks), so reserved equals allocated.
+std::string memory_report_line(int rank, int64_t iterations, const Device& device);
 
 // --save's folders that a save left unfinished (ckpt/checkpoint.h, find_stale_checkpoint_saves):
 // each reported, and removed when provably abandoned. Global rank 0 runs it at start-up.
@@ -128,6 +137,8 @@ class Trainer {
   // writes with --ckpt-format torch.
   HostOptimizerState host_distrib_optim_state(bool main_only) const;
   void write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
+  // save_checkpoint's work between Megatron's "saving" and "successfully saved" lines.
+  void write_checkpoint(const std::string& dir);
   // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the
   // state and of a 16-bit model's main parameters ("main.<name>"), as flat pieces viewing
   // the optimizer's tensors (a load fills the same pieces).

@@ -279,6 +279,7 @@ void on_every_rank(Communicator* world, const std::string& what_step, Step step,
                    const std::function<void()>& on_failure = {}) {
   std::optional<Error> failure;
   try {
+    throw_if_save_interrupted();
     step();
   } catch (const Error& e) {
     failure = e;
@@ -464,9 +465,35 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // SIGINT/SIGTERM that would kill the process mid-save stop the save and remove its
+  // temporary folder first (ckpt/checkpoint.h); --exit-signal-handler blocks them instead,
+  // and they ask for an exit after the save.
+  std::optional<SaveSignalScope> signals;
+  if (!args_.exit_signal_handler) signals.emplace();
+  auto stop_for_signal = [&](const char* what) {
+    log_warn("%s during the save of iteration %lld%s; stopping", save_signal_name(signals->received()).c_str(),
+             static_cast<long long>(iteration_), what);
+    signals->reraise();
+  };
+  try {
+    write_checkpoint(dir);
+  } catch (const Error&) {
+    if (signals && signals->received()) stop_for_signal(": stopped it, leaving no temporary folder");
+    throw;
+  }
+  // Megatron's line after a save (save_checkpoint in megatron/training/checkpointing.py).
+  print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
+               static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
+               args_.pipeline_parallel_size,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  // A signal after the last check: the checkpoint is whole.
+  if (signals && signals->received()) stop_for_signal(", which finished first");
+}
+
+void Trainer::write_checkpoint(const std::string& dir) {
   // The parameters every rank saves are whole again (an overlapped gather may still run).
   if (dp_buckets_ && distributed_optimizer()) dp_buckets_->wait_all_params();
-  const auto t0 = std::chrono::steady_clock::now();
   Communicator* world = groups_.world && groups_.world->size() > 1 ? groups_.world : nullptr;
   const int rank = rank_in(world), tp = rank_in(groups_.tp), pp = rank_in(groups_.pp), dp = rank_in(groups_.dp);
   // Everyone writes into global rank 0's temporary folder, named by its process id.
@@ -477,6 +504,10 @@ void Trainer::save_checkpoint(const std::string& dir) {
   });
   if (world) world->broadcast(Tensor(&token, DType::I64, {1}, nullptr), 0);
   const std::string tmp_dir = checkpoint_temp_dir(dir, iteration_, token);
+  // Megatron's line before a save, with tessera's own format named as such where Megatron
+  // names its --ckpt-format; printed once the temporary folder exists.
+  print_rank_0("saving checkpoint at iteration %7lld to %s in %s format", static_cast<long long>(iteration_),
+               dir.c_str(), args_.save_megatron_format ? "torch" : "tessera");
   // A failed step removes the temporary folder (rank 0 made it), so a full disk is not left full.
   auto abandon = [&] {
     if (rank == 0) abandon_checkpoint_save(tmp_dir);
@@ -495,10 +526,6 @@ void Trainer::save_checkpoint(const std::string& dir) {
     on_every_rank(world, commit_failed, [&] {
       if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
     }, abandon);
-    print_rank_0("  successfully saved checkpoint from iteration %7lld to %s in torch format [ t 1/%d, p 1/%d ] "
-                 "(%.1f s)", static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
-                 args_.pipeline_parallel_size,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
   // Data-parallel replicas hold the same parameters: DP rank 0 of each (tp, pp) writes them,
@@ -541,10 +568,6 @@ void Trainer::save_checkpoint(const std::string& dir) {
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};
     commit_checkpoint_save(dir, tmp_dir, state, files);
   }, abandon);
-  print_rank_0("  successfully saved checkpoint from iteration %7lld to %s [ t 1/%d, p 1/%d ] (%.1f s)",
-               static_cast<long long>(iteration_), dir.c_str(), args_.tensor_parallel_size,
-               args_.pipeline_parallel_size,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {

@@ -9,6 +9,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
+#include "tessera/data/gpt_dataset_mock.h"
 #include "tessera/data/token_id_range.h"
 
 namespace tessera {
@@ -47,6 +48,23 @@ void check_vocabulary_holds_data(const TrainArgs& args, const data::GPTDatasetCo
                  m.padded_vocab_size, static_cast<long long>(largest), bytes / 1048576.0, seconds);
 }
 
+// Megatron's mock documents hold the ids 1 .. 4094 and EOD (MockGPTLowLevelDataset in
+// megatron/core/datasets/gpt_dataset.py), which it trains on as they are; so does tessera
+// wherever the padded vocabulary holds them. A smaller one (a tiny test model) cannot:
+// Megatron would index past its embedding there (an IndexError, or with TP > 1 zero vectors
+// from its vocab-parallel embedding), where tessera folds the ids modulo the
+// vocabulary (EOD, its last id, stays) and says so. Returns the modulus, 0 for none.
+int32_t mock_id_modulus(const TrainArgs& args) {
+  constexpr int64_t kLargestMockId = data::MockLowLevelDataset::kMaxSequenceLength - 2;
+  const GPTConfig& m = args.model;
+  if (!args.data.mock_data || kLargestMockId < m.padded_vocab_size) return 0;
+  print_rank_0(" > --mock-data: its ids 1..%lld do not fit the padded vocabulary (%d), so they are taken modulo %d "
+               "(Megatron takes them as they are and fails; a padded vocabulary of %lld or more does too)",
+               static_cast<long long>(kLargestMockId), m.padded_vocab_size, m.vocab_size,
+               static_cast<long long>(kLargestMockId + 1));
+  return m.vocab_size;
+}
+
 }  // namespace
 
 ResumePosition resume_position(const TrainArgs& args) {
@@ -78,9 +96,7 @@ TrainingData build_training_data(const TrainArgs& args, const ResumePosition& fr
   }
   print_rank_0("%s", data::format_target_sizes(sizes).c_str());
   data::GPTDatasets datasets = data::build_gpt_datasets(config, sizes);
-  // Megatron's mock documents count up to 4095; a real dataset's ids come from the same
-  // tokenizer as the model and are used as they are.
-  const int32_t modulo = args.data.mock_data && args.model.vocab_size < 4096 ? args.model.vocab_size : 0;
+  const int32_t modulo = mock_id_modulus(args);
   TrainingData out;
   auto wrap = [&](const std::shared_ptr<const data::SampleDataset>& d) {
     return d ? std::make_unique<DatasetSamples>(d, modulo) : nullptr;

@@ -11,8 +11,8 @@
 
 namespace tessera {
 
-// A split of a GPT dataset as a SampleSource. Megatron's mock documents hold ids up to
-// 4095; with a smaller vocabulary they are reduced modulo it (EOD is the last id and stays).
+// A split of a GPT dataset as a SampleSource; with a vocab_modulo, every id is taken modulo
+// it (--mock-data under a vocabulary too small for its ids: build_training_data says when).
 class DatasetSamples final : public SampleSource {
  public:
   DatasetSamples(std::shared_ptr<const data::SampleDataset> dataset, int32_t vocab_modulo);

@@ -2,7 +2,7 @@
 megatron/training/tokenizer/tokenizer.py (core_r0.10.0) on the real libraries: transformers'
 AutoTokenizer for _HuggingFaceTokenizer, sentencepiece for _Llama2Tokenizer and
 _GPTSentencePieceTokenizer. Each has what preprocess_data.py reads: tokenize(text), eod and
-vocab_size. Test-only: needs the test venv (scripts/setup.sh), never Debian's python3.
+vocab_size, and detokenize(ids). Test-only: needs the test venv (scripts/setup.sh), never Debian's python3.
 """
 
 
@@ -19,6 +19,9 @@ class HuggingFaceTokenizer:
     def tokenize(self, text):
         return self._tokenizer(text).input_ids
 
+    def detokenize(self, ids):
+        return self._tokenizer.decode(ids)
+
 
 class _SentencePiece:
     def __init__(self, model_file):
@@ -27,6 +30,9 @@ class _SentencePiece:
         # _populate_vocab: one entry per piece id, so len(vocab) is the piece count.
         self.vocab_size = len({self.tokenizer.id_to_piece(i): i for i in range(len(self.tokenizer))})
         self.eod = self.tokenizer.eos_id()
+
+    def detokenize(self, ids):
+        return self.tokenizer.decode_ids(ids)
 
 
 class Llama2Tokenizer(_SentencePiece):

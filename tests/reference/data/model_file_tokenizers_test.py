@@ -13,6 +13,7 @@ Run with the test venv's python (scripts/setup.sh); -k hf or -k sp selects one f
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -232,6 +233,36 @@ def test_sp_llama2_english_chinese_tricky():
 def test_sp_gpt_english_chinese_tricky():
     english, chinese = corpus_texts()
     compare_preprocess(TRICKY + english + chinese, "GPTSentencePieceTokenizer", train_sp())
+
+
+def inspect_decode_cases(tokenizer_type, model):
+    """`data inspect --decode N` with preprocess's tokenizer flags prints document N as
+    Megatron's tokenizer detokenizes its ids."""
+    import megatron_tokenizers
+    english, chinese = corpus_texts()
+    write_jsonl("in.jsonl", TRICKY[1:12] + english[:3] + chinese[:3])
+    tok = ["--tokenizer-type", tokenizer_type, "--tokenizer-model", model]
+    tessera("preprocess", "--input", "in.jsonl", "--output-prefix", "d", *tok, "--append-eod", "--no-progress-bar")
+    reference = megatron_tokenizers.build(tokenizer_type, model)
+    for n, ids in enumerate(documents("d_text_document")):
+        p = subprocess.run([harness.TESSERA, "data", "inspect", "d_text_document", "--decode", str(n), *tok],
+                           capture_output=True, timeout=60)  # bytes: text mode would turn "\r\n" into "\n"
+        expect(p.returncode == 0, p.stderr.decode())
+        out = p.stdout.decode("utf-8")
+        head = "  document %d (%d tokens):\n" % (n, len(ids))
+        expect(head in out, out)
+        want = reference.detokenize(ids)
+        got = out.split(head, 1)[1][:-1]  # the text, then one newline
+        expect(got == want, f"document {n}: tessera decodes {got!r}, Megatron's tokenizer {want!r}")
+
+
+def test_hf_inspect_decode():
+    inspect_decode_cases("HuggingFaceTokenizer", llama3())
+
+
+def test_sp_inspect_decode():
+    inspect_decode_cases("Llama2Tokenizer", train_sp())
+    inspect_decode_cases("GPTSentencePieceTokenizer", train_sp())
 
 
 SMALL_MODEL = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""What a new user meets with data and tokenizer files (each case failed before its fix):
-a wrong or damaged GPT-2 merges file is an error in preprocess, train and doctor, not silent
-garbage; data tokenized with a larger vocabulary than the model is an error before training
-(not an abort) and a doctor FAIL; Alpaca-shaped records get a --text-template hint and an input
-where every record is bad writes nothing; `data merge` refuses its own output as an input,
-however spelled; `data inspect` prints document-length statistics and decodes a document."""
+"""What a new user meets with data and tokenizer files (each case failed before its fix): a
+wrong or damaged GPT-2 merges file is an error in preprocess, train and doctor, not silent
+garbage; data tokenized with a larger vocabulary than the model is an error before training (not
+an abort) and a doctor FAIL; Alpaca-shaped records get a --text-template hint and an input where
+every record is bad writes nothing; `data merge` refuses its own output as an input, however
+spelled, and merges a prefix that training made a folder too; `data inspect` prints
+document-length statistics and decodes a document."""
 import glob
 import math
 import os
@@ -107,6 +108,20 @@ def test_merge_refuses_its_own_output():
                 "--output-prefix", "./alias/../alias/all_text_document", check=False)
     expect_error(p, 2, "is also an input (parts/all_text_document)")
     expect(os.path.getsize("parts/all_text_document.bin") == size, "the refused merge changed its output")
+
+
+def test_merge_a_prefix_that_is_also_a_folder():
+    """Training keeps its index cache in <prefix>/cache/GPTDataset_indices (Megatron's default
+    --data-cache-path), so a prefix trained on is also a folder: its own pair is merged."""
+    for name in ("a", "b"):
+        tessera("preprocess", "--input", ALPACA, *TEMPLATE, "--output-prefix", name, *GPT2, "--workers", 1,
+                "--no-progress-bar")
+    os.makedirs("a_text_document/cache/GPTDataset_indices")
+    p = tessera("data", "merge", "--input", "a_text_document", "b_text_document", "--output-prefix", "ab")
+    expect("2638 documents" in p.stdout, p.stdout)
+    os.mkdir("empty")
+    p = tessera("data", "merge", "--input", "empty", "--output-prefix", "e", check=False)
+    expect_error(p, 1, "there is no empty.bin/.idx pair, and the folder empty holds no .bin/.idx pair")
 
 
 def document_lengths(prefix):
