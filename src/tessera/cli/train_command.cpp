@@ -98,6 +98,7 @@ int run_train(int argc, char** argv) {
   TrainArgs args = parse_train_args(argc, argv, &parsed, id.world_size);  // before any allocation
   if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
+  if (id.rank == 0 && !args.ckpt_format_warning.empty()) log_warn("%s", args.ckpt_format_warning.c_str());
   const std::optional<CheckpointState> resumed = checkpoint_to_resume(args);
   if (resumed) check_checkpoint_not_past_train_iters(args, *resumed);
 

@@ -297,14 +297,15 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
   a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
   if (a.use_checkpoint_scheduler && a.override_scheduler)
     throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
-  // torch_dist (Megatron's default) and zarr are not written yet: say so whenever it matters,
-  // once per job.
+  // torch_dist (Megatron's default) and zarr are not written yet: `train` says so at start-up
+  // whenever it matters (the parser itself prints nothing: doctor and ckpt parse these flags too).
   const std::string format = p.get_string("--ckpt-format");
   a.save_megatron_format = format == "torch";
-  if (!a.save_megatron_format && (p.given("--ckpt-format") || !a.save.empty()) && log_rank() == 0)
-    log_warn("--ckpt-format %s%s is not written yet: tessera writes checkpoints in its own format instead "
-             "(safetensors + JSON, docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes "
-             "Megatron-LM's files", format.c_str(), p.given("--ckpt-format") ? "" : " (Megatron's default)");
+  if (!a.save_megatron_format && (p.given("--ckpt-format") || !a.save.empty()))
+    a.ckpt_format_warning = "--ckpt-format " + format + (p.given("--ckpt-format") ? "" : " (Megatron's default)") +
+                            " is not written yet: tessera writes checkpoints in its own format instead (safetensors "
+                            "+ JSON, docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes "
+                            "Megatron-LM's files";
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids

@@ -69,6 +69,7 @@ struct TrainArgs {
   // --ckpt-format torch: --save writes Megatron-LM's own files (ckpt/megatron_checkpoint.h);
   // otherwise tessera's. --load reads either, whatever this says.
   bool save_megatron_format = false;
+  std::string ckpt_format_warning;  // what `train` warns at start-up when --ckpt-format is not written yet
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 
   // Parallel layout: world = TP x PP x DP.
