@@ -277,15 +277,26 @@ std::string status_text(const FlagStatus& s) {
   return out;
 }
 
+// The guide's and the common scripts' `tessera train` flags are pretrain_gpt.py's: each must be
+// a flag of Megatron's parser (megatron_flags.inc), or these lists are wrong.
+void check_listed_train_flags() {
+  std::vector<std::string> wrong;
+  for (const GuideFlag& g : kGuideTrain)
+    if (!is_megatron_flag(g.flag)) wrong.push_back(g.flag);
+  for (const auto& usage : kCommonUsages)
+    if (!is_megatron_flag(usage[0])) wrong.push_back(usage[0]);
+  if (wrong.empty()) return;
+  std::string list;
+  for (const std::string& f : wrong) list += (list.empty() ? "" : ", ") + f;
+  throw runtime_error("tessera flags: not flags of Megatron-LM core_r0.10.0's parser: " + list,
+                      "fix kGuideTrain / kCommonUsages in src/tessera/cli/flags_command.cpp");
+}
+
 // The status of one usage (a flag and its values) from the parser itself.
 std::string usage_status(const std::vector<const char*>& usage) {
   const std::string flag = usage[0];
   const OptionDef* d = train_def(flag);
-  if (!d) {
-    if (!is_megatron_flag(flag))
-      throw runtime_error("tessera flags: " + flag + " is neither Megatron-LM's nor tessera's (fix kCommonUsages)");
-    return status_name(Status::NotSupported);
-  }
+  if (!d) return status_name(Status::NotSupported);
   FlagStatus s = train_flag_status(flag);
   if (s.status == Status::NotSupported) return status_name(s.status);
   if (d->kind == OptKind::Choice || d->kind == OptKind::List || usage.size() > 1) {
@@ -492,6 +503,7 @@ int run_flags(int argc, char** argv) {
     }
   }
   if (markdown && only) throw usage_error("--status filters the text listing, not --markdown");
+  check_listed_train_flags();
   if (markdown) print_markdown();
   else print_text(only);
   return 0;
