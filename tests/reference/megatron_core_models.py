@@ -69,7 +69,7 @@ def megatron_defaults():
     out = {}
     for line in open(DEFAULTS):
         if line.startswith("MEGATRON_DEST("):
-            name, default, _ = json.loads("[" + line[len("MEGATRON_DEST("):line.rindex(")")] + "]")
+            name, default = json.loads("[" + line[len("MEGATRON_DEST("):line.rindex(")")] + "]")
             out[name] = json.loads(default)
     return out
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""The attributes of the `args` Namespace Megatron-LM core_r0.10.0 saves in its checkpoints,
-taken from Megatron's own parser: regenerates tests/ckpt_area/megatron_namespace_dests.txt
-(the names, test data) and src/tessera/train/megatron_namespace.inc (names, parser defaults as
-JSON and the option strings that write each one, which tessera's Namespace writer uses).
+"""tessera's tables of Megatron-LM core_r0.10.0's training arguments, taken from Megatron's own
+parser. Regenerates:
+  src/tessera/train/megatron_flags.inc      every option string parse_args accepts: its kind,
+                                            default and dest (tessera's flag table, `tessera flags`);
+  src/tessera/train/megatron_namespace.inc  every attribute of the `args` Namespace a checkpoint
+                                            saves, with the parser's default as JSON (tessera's
+                                            Namespace writer);
+  tests/ckpt_area/megatron_namespace_dests.txt  the same attribute names (test data).
 
     /opt/tessera/tools-venv/bin/python tests/reference/megatron_namespace.py \
         MEGATRON_LM_CHECKOUT/megatron/training/arguments.py
@@ -10,9 +14,10 @@ JSON and the option strings that write each one, which tessera's Namespace write
 ARGUMENTS_PY is Megatron-LM's megatron/training/arguments.py at tag core_r0.10.0 (commit
 7ee599a25ca15f042c1087176b73ebddb0566d02); megatron-core 0.10.0 must be importable (its
 parse_args imports megatron.core). The script runs Megatron's parse_args and validate_args
-(with pretrain_gpt.py's defaults) for a tiny run, so the set is what those functions leave:
-the parser's dests less the five validate_args deletes, plus what parse_args and validate_args
-add. Training then adds TRAINING_ATTRIBUTES before any save (places cited below).
+(with pretrain_gpt.py's defaults) for a tiny run, so the attribute set is what those functions
+leave: the parser's dests less the five validate_args deletes, plus what parse_args and
+validate_args add. Training then adds TRAINING_ATTRIBUTES before any save (places cited below).
+pretrain_gpt.py passes no extra_args_provider, so parse_args' parser holds all its flags.
 """
 import importlib.util
 import json
@@ -51,14 +56,20 @@ def load_arguments_module(path):
     return module
 
 
-def parser_actions(arguments):
-    """Every action of parse_args' parser, captured as parse_args builds it."""
+def run_parser(arguments):
+    """parse_args' Namespace for RUN, and its parser, captured as parse_args uses it. The
+    environment is made the same on every machine: the ranks unset (LOCAL_RANK is
+    --local-rank's default), and CUDA_DEVICE_MAX_CONNECTIONS=1, which validate_args requires
+    with the default --async-tensor-model-parallel-allreduce."""
     import argparse
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     captured = []
     real = argparse.ArgumentParser.parse_args
 
     def capture(self, *a, **k):
-        captured.extend(a for a in self._actions if a.dest != "help")
+        captured.append(self)
         return real(self, *a, **k)
 
     argparse.ArgumentParser.parse_args = capture
@@ -67,7 +78,7 @@ def parser_actions(arguments):
         args = arguments.parse_args()
     finally:
         argparse.ArgumentParser.parse_args = real
-    return args, captured
+    return args, captured[0]
 
 
 def json_default(value):
@@ -78,14 +89,55 @@ def json_default(value):
     return None  # an object (an enum, a dtype): written by tessera for the run, not defaulted
 
 
-def main():
-    arguments = load_arguments_module(sys.argv[1])
-    args, actions = parser_actions(arguments)
-    arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
-    names = sorted(set(vars(args)) | set(TRAINING_ATTRIBUTES))
-    flags, defaults = {}, {}
+def c_string(text):
+    return json.dumps(text)  # a JSON string literal is a valid C++ one
+
+
+def flag_kind(action):
+    """MegatronFlagKind (train/megatron_flags.h) of an argparse action."""
+    if action.nargs == 0:
+        return "Switch"  # store_true, store_false
+    if action.nargs is None:
+        return "Value"
+    if action.nargs in ("*", "+"):
+        return "List"
+    raise SystemExit("%s: nargs=%r has no MegatronFlagKind; add one" % (action.option_strings[0], action.nargs))
+
+
+def write_flags_inc(parser):
+    """One MEGATRON_FLAG line per option string (an alias has its own), in the order parse_args
+    adds them, under a comment naming the argument group."""
+    group_of = {id(a): g.title for g in parser._action_groups for a in g._group_actions}
+    actions = [a for a in parser._actions if a.dest != "help"]
+    lines, group = [], None
     for a in actions:
-        flags.setdefault(a.dest, []).extend(a.option_strings)
+        if group_of[id(a)] != group:
+            group = group_of[id(a)]
+            lines.append("\n// ---- %s ----\n" % group)
+        for option in a.option_strings:
+            lines.append("MEGATRON_FLAG(%s, %s, %s, %s)\n" % (c_string(option), flag_kind(a), c_string(repr(a.default)),
+                                                               c_string(a.dest)))
+    count = sum(len(a.option_strings) for a in actions)
+    with open(os.path.join(ROOT, "src", "tessera", "train", "megatron_flags.inc"), "w") as f:
+        f.write("// Every option string of the parser parse_args builds in Megatron-LM core_r0.10.0's\n"
+                "// megatron/training/arguments.py (commit 7ee599a25ca15f042c1087176b73ebddb0566d02),\n"
+                "// read from that parser by tests/reference/megatron_namespace.py. Regenerate, do not edit:\n"
+                "//   /opt/tessera/tools-venv/bin/python tests/reference/megatron_namespace.py ARGUMENTS_PY\n"
+                "// with ARGUMENTS_PY megatron/training/arguments.py of a Megatron-LM checkout at that commit.\n"
+                "// MEGATRON_FLAG(option string, kind, default, dest):\n"
+                "//   kind     Value (one value), List (nargs '*' or '+'), Switch (store_true / store_false)\n"
+                "//   default  the parser's default as Python's repr prints it (LOCAL_RANK unset)\n"
+                "//   dest     the Namespace attribute the flag writes; an alias has its own line, same dest\n"
+                "// In the order parse_args adds them, by argument group: %d option strings, %d dests.\n"
+                % (count, len(actions)))
+        f.writelines(lines)
+    return count
+
+
+def write_namespace(args, parser):
+    names = sorted(set(vars(args)) | set(TRAINING_ATTRIBUTES))
+    defaults = {}
+    for a in parser._actions:
         defaults.setdefault(a.dest, json_default(a.default))
     source = ("Megatron-LM core_r0.10.0 (7ee599a25ca15f042c1087176b73ebddb0566d02) megatron/training/arguments.py: "
               "parse_args + validate_args, plus attributes training sets before a save; "
@@ -96,13 +148,21 @@ def main():
     with open(os.path.join(ROOT, "src", "tessera", "train", "megatron_namespace.inc"), "w") as f:
         f.write("// Every attribute of the args Namespace a Megatron-LM checkpoint saves, from\n"
                 "// " + source + ".\n"
-                "// MEGATRON_DEST(name, default as JSON, option strings writing it separated by '|'):\n"
-                "// the default is the parser's (null for attributes parse_args, validate_args or\n"
-                "// training set; tessera's writer sets those for the run).\n")
+                "// MEGATRON_DEST(name, default as JSON): the default is the parser's (null for\n"
+                "// attributes parse_args, validate_args or training set; tessera's writer sets those\n"
+                "// for the run). The flags writing each are in megatron_flags.inc.\n")
         for n in names:
-            f.write("MEGATRON_DEST(%s, %s, %s)\n" % (json.dumps(n), json.dumps(json.dumps(defaults.get(n))),
-                                                     json.dumps("|".join(flags.get(n, [])))))
-    print(len(names), "attributes")
+            f.write("MEGATRON_DEST(%s, %s)\n" % (c_string(n), c_string(json.dumps(defaults.get(n)))))
+    return len(names)
+
+
+def main():
+    arguments = load_arguments_module(sys.argv[1])
+    args, parser = run_parser(arguments)
+    arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    flags = write_flags_inc(parser)
+    attributes = write_namespace(args, parser)
+    print(flags, "option strings,", attributes, "attributes")
 
 
 if __name__ == "__main__":

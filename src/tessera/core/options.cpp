@@ -150,8 +150,9 @@ ParsedOptions OptionTable::parse(int argc, char** argv) const {
   std::vector<std::string> unsupported;
   for (const OptionDef& d : defs_) {
     out.defs_.push_back(&d);
-    const char* dflt = d.kind == OptKind::StoreTrue ? "False" : d.kind == OptKind::StoreFalse ? "True" : d.default_value;
-    out.values_[d.flag] = dflt ? std::optional<std::string>(dflt) : std::nullopt;
+    const char* dflt = d.kind == OptKind::StoreFalse ? "True" : d.default_value;
+    if (d.kind == OptKind::StoreTrue && !dflt) dflt = "False";
+    out.values_[d.flag] = dflt && std::string_view(dflt) != "None" ? std::optional<std::string>(dflt) : std::nullopt;
   }
   for (int i = 0; i < argc; ++i) {
     std::string arg = argv[i];

@@ -32,11 +32,11 @@ enum class OptUse {
 struct OptionDef {
   const char* flag;           // "--num-layers"
   OptKind kind;
-  const char* default_value;  // nullptr: None
+  const char* default_value;  // nullptr: None; StoreTrue: nullptr is False, "None" is None (argparse's default=None)
   const char* help;
   const char* choices = nullptr;  // Choice: the values tessera implements ("a|b")
   OptUse use = OptUse::Implemented;
-  const char* dest = nullptr;  // Megatron's attribute name when not derived from the flag
+  const char* dest = nullptr;  // the attribute it writes when not derived from the flag (train: Megatron's)
   // Choice: Megatron's other values ("c|d"), refused as "not supported yet" and named as such
   // by --help.
   const char* unsupported_choices = nullptr;

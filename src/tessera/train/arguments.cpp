@@ -5,6 +5,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 #include "tessera/device/registry.h"
+#include "tessera/train/megatron_flags.h"
 
 namespace tessera {
 namespace {
@@ -32,8 +33,7 @@ std::vector<OptionDef> train_option_defs() {
       {"--use-rotary-position-embeddings", K::StoreTrue, nullptr,
        "Deprecated spelling of --position-embedding-type rope"},
       {"--no-position-embedding", K::StoreFalse, nullptr,
-       "Deprecated: no learned absolute position embedding (--position-embedding-type none)", nullptr,
-       OptUse::Implemented, "add_position_embedding"},
+       "Deprecated: no learned absolute position embedding (--position-embedding-type none)"},
       {"--rotary-base", K::Int, "10000", "RoPE base period"},
       {"--rotary-percent", K::Float, "1.0", "Fraction of each head's channels that RoPE rotates"},
       {"--no-rope-fusion", K::StoreFalse, nullptr, "Unfused RoPE", nullptr, kSpeed, "apply_rope_fusion"},
@@ -45,11 +45,9 @@ std::vector<OptionDef> train_option_defs() {
       {"--hidden-dropout", K::Float, "0.1", "Dropout after the embedding, attention and MLP"},
       {"--attention-dropout", K::Float, "0.1", "Dropout on the attention probabilities"},
       {"--openai-gelu", K::StoreTrue, nullptr, "Use OpenAI's tanh GELU (same as the fused bias-GELU)"},
-      {"--no-bias-gelu-fusion", K::StoreFalse, nullptr, "Unfused GELU: exact erf instead of the tanh approximation",
-       nullptr, OptUse::Implemented, "bias_gelu_fusion"},
+      {"--no-bias-gelu-fusion", K::StoreFalse, nullptr, "Unfused GELU: exact erf instead of the tanh approximation"},
       {"--untie-embeddings-and-output-weights", K::StoreTrue, nullptr, "Separate output layer weights"},
-      {"--disable-bias-linear", K::StoreFalse, nullptr, "No biases in the linear layers", nullptr,
-       OptUse::Implemented, "add_bias_linear"},
+      {"--disable-bias-linear", K::StoreFalse, nullptr, "No biases in the linear layers"},
       {"--seed", K::Int, "1234", "Seed of initialisation, dropout and data"},
       // Tokenizer and data.
       {"--tokenizer-type", K::Choice, nullptr, "Tokenizer (pretrain_gpt's default: GPT2BPETokenizer)",
@@ -88,8 +86,7 @@ std::vector<OptionDef> train_option_defs() {
       {"--eval-interval", K::Int, "1000", "Iterations between evaluations on the validation split"},
       {"--tensorboard-dir", K::String, nullptr, "Write TensorBoard event files (Megatron's tags) into this folder"},
       {"--tensorboard-log-interval", K::Int, "1", "Iterations between TensorBoard scalars"},
-      {"--no-log-loss-scale-to-tensorboard", K::StoreFalse, nullptr, "Leave the loss scale out of TensorBoard",
-       nullptr, OptUse::Implemented, "log_loss_scale_to_tensorboard"},
+      {"--no-log-loss-scale-to-tensorboard", K::StoreFalse, nullptr, "Leave the loss scale out of TensorBoard"},
       {"--log-validation-ppl-to-tensorboard", K::StoreTrue, nullptr, "Also log validation perplexity"},
       {"--log-memory-to-tensorboard", K::StoreTrue, nullptr, "Also log memory use"},
       // Activation recomputation.
@@ -139,7 +136,7 @@ std::vector<OptionDef> train_option_defs() {
        "Layers per virtual stage: the interleaved 1F1B schedule"},
       {"--no-overlap-p2p-communication", K::StoreFalse, nullptr,
        "Megatron's unbatched p2p (tessera's p2p never overlaps); the interleaved schedule then needs "
-       "--pipeline-model-parallel-size > 2, as in Megatron", nullptr, kSpeed, "overlap_p2p_comm"},
+       "--pipeline-model-parallel-size > 2, as in Megatron", nullptr, kSpeed},
       {"--decoder-first-pipeline-num-layers", K::Int, nullptr, "Layers on the first pipeline stage (uneven split)"},
       {"--decoder-last-pipeline-num-layers", K::Int, nullptr, "Layers on the last pipeline stage (uneven split)"},
       {"--distributed-backend", K::Choice, "nccl", "Collectives: nccl = the device's native library (Gloo on CPU)",
@@ -155,17 +152,14 @@ std::vector<OptionDef> train_option_defs() {
       // Accepted: they only tune speed on other hardware.
       {"--transformer-impl", K::Choice, "transformer_engine", "Layer implementation (tessera is always local)",
        "local|transformer_engine", kSpeed},
-      {"--use-mcore-models", K::StoreTrue, nullptr, "Megatron-core models (tessera's model is one)", nullptr, kSpeed,
-       "deprecated_use_mcore_models"},
-      {"--no-masked-softmax-fusion", K::StoreFalse, nullptr, "Unfused masked softmax", nullptr, kSpeed,
-       "masked_softmax_fusion"},
+      {"--use-mcore-models", K::StoreTrue, nullptr, "Megatron-core models (tessera's model is one)", nullptr, kSpeed},
+      {"--no-masked-softmax-fusion", K::StoreFalse, nullptr, "Unfused masked softmax", nullptr, kSpeed},
       {"--use-flash-attn", K::StoreTrue, nullptr, "FlashAttention", nullptr, kSpeed},
       {"--no-persist-layer-norm", K::StoreTrue, nullptr, "Apex persistent LayerNorm off", nullptr, kSpeed},
-      {"--no-bias-dropout-fusion", K::StoreFalse, nullptr, "Unfused bias-dropout-add", nullptr, kSpeed,
-       "bias_dropout_fusion"},
+      {"--no-bias-dropout-fusion", K::StoreFalse, nullptr, "Unfused bias-dropout-add", nullptr, kSpeed},
       {"--no-gradient-accumulation-fusion", K::StoreFalse, nullptr, "Unfused weight-gradient accumulation", nullptr,
-       kSpeed, "gradient_accumulation_fusion"},
-      {"--use-cpu-initialization", K::StoreTrue, nullptr,
+       kSpeed},
+      {"--use-cpu-initialization", K::StoreTrue, "None",
        "Initialise on the CPU (tessera's initialisation is layout-independent anyway)", nullptr, kSpeed},
       {"--attention-softmax-in-fp32", K::StoreTrue, nullptr, "Softmax in fp32 (always, in tessera)", nullptr, kSpeed},
       {"--accumulate-allreduce-grads-in-fp32", K::StoreTrue, nullptr, "fp32 gradient accumulation (always)", nullptr,
@@ -180,11 +174,11 @@ std::vector<OptionDef> train_option_defs() {
       {"--exit-duration-in-mins", K::Float, nullptr,
        "Exit (saving first with --save) after this many minutes (tessera also takes fractions)"},
       {"--exit-signal-handler", K::StoreTrue, nullptr, "On SIGTERM/SIGINT, save (with --save) and exit 0"},
-      {"--no-save-optim", K::StoreTrue, nullptr, "Do not save the optimizer state"},
-      {"--no-save-rng", K::StoreTrue, nullptr,
+      {"--no-save-optim", K::StoreTrue, "None", "Do not save the optimizer state"},
+      {"--no-save-rng", K::StoreTrue, "None",
        "Leave out rng_state (--ckpt-format torch; tessera's own RNG is counter-based and needs none)"},
-      {"--no-load-optim", K::StoreTrue, nullptr, "Do not load the optimizer state"},
-      {"--no-load-rng", K::StoreTrue, nullptr, "Do not load RNG states (none are needed)"},
+      {"--no-load-optim", K::StoreTrue, "None", "Do not load the optimizer state"},
+      {"--no-load-rng", K::StoreTrue, "None", "Do not load RNG states (none are needed)"},
       {"--finetune", K::StoreTrue, nullptr, "Load only the model; start at iteration 0 with fresh optimizer and data"},
       {"--use-checkpoint-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the checkpoint"},
       {"--override-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the flags"},
@@ -193,8 +187,7 @@ std::vector<OptionDef> train_option_defs() {
        "torch|torch_dist|zarr"},
       // tessera's own.
       {"--no-check-for-nan-in-loss-and-grad", K::StoreFalse, nullptr,
-       "Do not stop on a non-finite loss or gradient (tessera checks by default, effectively)", nullptr,
-       OptUse::Implemented, "check_for_nan_in_loss_and_grad"},
+       "Do not stop on a non-finite loss or gradient (tessera checks by default, effectively)"},
       {"--skip-spikes", K::Float, nullptr,
        "Skip an update whose loss or grad norm is more than Z standard deviations above the last 128 (llm.c)"},
       {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
@@ -494,22 +487,19 @@ void parse_optimizer(const ParsedOptions& p, TrainArgs& a) {
   if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
 }
 
-}  // namespace
-
-bool is_megatron_flag(std::string_view flag) {
-#define MEGATRON_FLAG(name, kind, default_value) name,
-  static const char* const kMegatronFlags[] = {
-#include "tessera/train/megatron_flags.inc"
-  };
-#undef MEGATRON_FLAG
-  for (const char* f : kMegatronFlags)
-    if (flag == f) return true;
-  return false;
+// Each of Megatron's flags writes the attribute Megatron's parser gives it (Megatron's argument
+// dump, the Namespace of its checkpoints); tessera's own keep the name derived from the flag.
+std::vector<OptionDef> with_megatron_dests(std::vector<OptionDef> defs) {
+  for (OptionDef& d : defs)
+    if (const MegatronFlag* f = find_megatron_flag(d.flag)) d.dest = f->dest;
+  return defs;
 }
+
+}  // namespace
 
 const OptionTable& train_option_table() {
   // Megatron's parser sets allow_abbrev=False.
-  static const OptionTable table("tessera train", train_option_defs(), {is_megatron_flag, false});
+  static const OptionTable table("tessera train", with_megatron_dests(train_option_defs()), {is_megatron_flag, false});
   return table;
 }
 

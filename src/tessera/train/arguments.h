@@ -104,8 +104,6 @@ struct TrainArgs {
   }
 };
 
-// Whether Megatron-LM core_r0.10.0 has this flag (megatron_flags.inc).
-bool is_megatron_flag(std::string_view flag);
 // The option table of `tessera train`.
 const OptionTable& train_option_table();
 // Parses, fills defaults, derives (padded vocabulary, schedule in samples) and validates.

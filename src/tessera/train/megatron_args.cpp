@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/python_format.h"
+#include "tessera/train/megatron_flags.h"
 
 namespace tessera {
 namespace {
@@ -18,30 +19,13 @@ using json = nlohmann::json;
 struct MegatronDest {
   const char* name;
   const char* default_json;  // the parser's default; null for what Megatron derives
-  const char* flags;         // the option strings that write it, separated by '|'
 };
 
 constexpr MegatronDest kMegatronDests[] = {
-#define MEGATRON_DEST(name, default_json, flags) {name, default_json, flags},
+#define MEGATRON_DEST(name, default_json) {name, default_json},
 #include "tessera/train/megatron_namespace.inc"
 #undef MEGATRON_DEST
 };
-
-}  // namespace
-
-const char* megatron_dest_of_flag(std::string_view flag) {
-  for (const MegatronDest& d : kMegatronDests) {
-    std::string_view flags = d.flags;
-    while (!flags.empty()) {
-      const size_t bar = flags.find('|');
-      if (flags.substr(0, bar) == flag) return d.name;
-      flags = bar == std::string_view::npos ? std::string_view{} : flags.substr(bar + 1);
-    }
-  }
-  return nullptr;
-}
-
-namespace {
 
 // A parsed value of tessera's option table as Megatron's parser would have typed it.
 json typed(const OptionDef& d, const ParsedOptions& p) {
@@ -173,7 +157,7 @@ json megatron_namespace(const TrainArgs& a, int64_t consumed_train_samples, int6
   const ParsedOptions p = train_option_table().parse(static_cast<int>(argv.size()), argv.data());
   // The flags given; the others keep Megatron's defaults (tessera's equal them).
   for (const OptionDef& d : train_option_table().defs())
-    if (const char* dest = megatron_dest_of_flag(d.flag); dest && p.given(d.flag)) ns[dest] = typed(d, p);
+    if (const MegatronFlag* f = find_megatron_flag(d.flag); f && p.given(d.flag)) ns[f->dest] = typed(d, p);
   ns["tokenizer_type"] = a.tokenizer.type;
   ns["transformer_impl"] = "local";
   ns["ckpt_format"] = "torch";

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,10 +21,6 @@ namespace tessera {
 // differs from what that Megatron assumes without it. JSON in megatron_checkpoint.h's convention.
 nlohmann::json megatron_namespace(const TrainArgs& args, int64_t consumed_train_samples,
                                   int64_t consumed_valid_samples);
-
-// The attribute of Megatron core_r0.10.0's Namespace that a flag writes ("--disable-bias-linear"
-// -> "add_bias_linear"); nullptr for a flag Megatron does not have.
-const char* megatron_dest_of_flag(std::string_view flag);
 
 // OptimizerParamScheduler.state_dict() (megatron/core/optimizer_param_scheduler.py).
 nlohmann::json megatron_scheduler_state(const LrScheduleConfig& c, int64_t num_steps);

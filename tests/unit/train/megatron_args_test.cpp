@@ -8,7 +8,6 @@
 #include <set>
 #include <string>
 
-#include "tessera/core/options.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/megatron_args.h"
 
@@ -40,13 +39,6 @@ TEST(MegatronNamespace, HasExactlyMegatronsAttributes) {
   std::set<std::string> got;
   for (const auto& [k, v] : ns.items()) got.insert(k);
   EXPECT_EQ(got, want);
-}
-
-TEST(MegatronNamespace, TesserasFlagsWriteMegatronsDests) {
-  for (const OptionDef& d : train_option_table().defs())
-    if (const char* dest = megatron_dest_of_flag(d.flag)) EXPECT_EQ(option_dest(d), dest) << d.flag;
-  EXPECT_STREQ(megatron_dest_of_flag("--disable-bias-linear"), "add_bias_linear");
-  EXPECT_EQ(megatron_dest_of_flag("--init-from-hf"), nullptr);
 }
 
 TEST(MegatronNamespace, ValuesLoadersReadForAGptWithBiases) {
