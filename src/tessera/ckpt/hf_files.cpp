@@ -228,6 +228,12 @@ const std::vector<float>& checkpoint_param(const std::map<std::string, std::vect
   return it->second;
 }
 
+void write_special_token_ids(nlohmann::json& config, const HFExportSpec& spec) {
+  auto id = [](int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  config["bos_token_id"] = id(spec.bos_token_id);
+  config["eos_token_id"] = id(spec.eos_token_id);
+}
+
 std::string hf_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.10g", v);

@@ -102,12 +102,16 @@ class HFWeights {
 // What an export writes besides the weights.
 struct HFExportSpec {
   GPTConfig model;
-  int64_t bos_token_id = -1;  // -1: not written
+  int64_t bos_token_id = -1;  // -1: null (none)
   int64_t eos_token_id = -1;
   // The tokenizer's files, copied into OUT: name in OUT -> source path (GPT-2 BPE's vocab.json
   // and merges.txt; a HuggingFaceTokenizer folder's tokenizer.json and its companions).
   std::map<std::string, std::string> tokenizer_files;
 };
+
+// config.json's bos_token_id and eos_token_id (null for -1: an absent key would be the
+// family's default, e.g. LlamaConfig's 1 and 2).
+void write_special_token_ids(nlohmann::json& config, const HFExportSpec& spec);
 
 // One tensor of an exported state dict.
 struct HFTensor {

@@ -297,8 +297,7 @@ json llama_config_json(const HFExportSpec& spec) {
     j["mlp_bias"] = c.add_bias_linear;
     j["pretraining_tp"] = 1;
   }
-  if (spec.bos_token_id >= 0) j["bos_token_id"] = spec.bos_token_id;
-  if (spec.eos_token_id >= 0) j["eos_token_id"] = spec.eos_token_id;
+  write_special_token_ids(j, spec);
   return j;
 }
 
@@ -369,12 +368,10 @@ std::vector<std::string> llama_train_flags(const HFConfigFile& cfg) {
                                 "--seq-length", std::to_string(h.positions),
                                 "--max-position-embeddings", std::to_string(h.positions),
                                 "--position-embedding-type", "rope",
-                                "--rotary-base", hf_number(h.rope.theta),
-                                "--normalization", "RMSNorm",
-                                "--norm-epsilon", hf_number(h.eps),
-                                "--swiglu"};
+                                "--rotary-base", hf_number(h.rope.theta)};
   if (h.rope.llama3_factor)
     f.insert(f.end(), {"--use-rope-scaling", "--rope-scaling-factor", hf_number(*h.rope.llama3_factor)});
+  f.insert(f.end(), {"--normalization", "RMSNorm", "--norm-epsilon", hf_number(h.eps), "--swiglu"});
   if (h.kv_heads != h.heads)
     f.insert(f.end(), {"--group-query-attention", "--num-query-groups", std::to_string(h.kv_heads)});
   if (h.head_dim * h.heads != h.hidden) f.insert(f.end(), {"--kv-channels", std::to_string(h.head_dim)});
