@@ -148,8 +148,8 @@ def test_flag_errors(args):
         p = tessera(["train"] + args[:i + 1] + [value] + args[i + 2:] + ["--train-iters", "1"], expect_rc=2)
         assert all(n in p.stderr for n in needles), (flag, p.stderr[-2000:])
 
-    flag_error("--num-query-groups", "4", ["num_key_value_heads is 2 but --num-query-groups is 4",
-                                           "--num-query-groups 2"])
+    flag_error("--num-query-groups", "4", ["num_key_value_heads is 2 but the flags give each of the 4 heads its own",
+                                           "--group-query-attention --num-query-groups 2"])
     flag_error("--rotary-base", "500000", ["rope_theta is 10000 but --rotary-base is 500000"])
     flag_error("--ffn-hidden-size", "192", ["intermediate_size is 128 but --ffn-hidden-size is 192"])
     print("ok  mismatching flags name the config.json field and the flag", flush=True)

@@ -93,10 +93,10 @@ Biases flag_biases(const GPTConfig& c) { return {c.has_qkv_bias(), c.add_bias_li
 // (without it every head has its own key and value, whatever --num-query-groups says).
 void check_query_groups(HFFlagCheck& check, const LlamaShape& h, const GPTConfig& c) {
   if (h.kv_heads == c.query_groups()) return;
-  const std::string kv = "num_key_value_heads is " + std::to_string(h.kv_heads);
-  if (c.query_groups() == c.num_attention_heads && h.kv_heads != h.heads)
-    check.differ(kv + " but without --group-query-attention the flags give every one of the " +
-                     std::to_string(c.num_attention_heads) + " heads its own key and value",
+  if (c.query_groups() == c.num_attention_heads)
+    check.differ("num_key_value_heads is " + std::to_string(h.kv_heads) + " but the flags give each of the " +
+                     std::to_string(c.num_attention_heads) + " heads its own key and value (no "
+                     "--group-query-attention, or --num-query-groups " + std::to_string(c.num_attention_heads) + ")",
                  "pass --group-query-attention --num-query-groups " + std::to_string(h.kv_heads));
   else
     check.equal("num_key_value_heads", h.kv_heads, "--num-query-groups", c.query_groups());

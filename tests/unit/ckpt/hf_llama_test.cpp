@@ -462,7 +462,8 @@ TEST_F(HFLlama, GroupedQueriesNeedGroupQueryAttention) {
   // --num-query-groups 2 without --group-query-attention: one key/value head per query head.
   GPTConfig c = config();
   c.num_query_groups = c.num_attention_heads;
-  expect_error(loader(hf_config(), c), {"num_key_value_heads is 2 but without --group-query-attention",
+  expect_error(loader(hf_config(), c), {"num_key_value_heads is 2 but the flags give each of the 4 heads its own "
+                                        "key and value (no --group-query-attention, or --num-query-groups 4)",
                                         "pass --group-query-attention --num-query-groups 2"});
   c.num_query_groups = 1;
   expect_error(loader(hf_config(), c), {"num_key_value_heads is 2 but --num-query-groups is 1",
