@@ -170,6 +170,24 @@ TEST_F(HFVersions, TokenizersOfBothVersionsGiveTheirIds) {
   }
 }
 
+TEST_F(HFVersions, TokenizerClassesThatChangeTheTokenizerAreRefused) {
+  const fs::path work = tessera::testing_support::scratch_dir("hf_versions_test", "classes");
+  for (const auto& [key, value] : {std::pair<const char*, const char*>{"tokenizer_class", "LlamaTokenizer"},
+                                   {"tokenizer_class", "GPT2Tokenizer"},
+                                   {"backend", "sentencepiece"}}) {
+    SCOPED_TRACE(std::string(key) + " " + value);
+    const fs::path dir = work / value;
+    fs::create_directories(dir);
+    fs::copy_file(folder("5", "llama") / "tokenizer.json", dir / "tokenizer.json");
+    json cfg = json::parse(read_file(folder("5", "llama") / "tokenizer_config.json"));
+    cfg[key] = value;
+    std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+    tessera::testing_support::expect_error([&] { tessera::data::HuggingFaceTokenizer tok(dir.string()); },
+                                           {"tokenizer_config.json", key, value});
+  }
+  if (!HasFailure()) fs::remove_all(work);
+}
+
 TEST_F(HFVersions, ExportsLoadInBothVersionsToTheSameLogits) {
   const fs::path work = tessera::testing_support::scratch_dir("hf_versions_test", "export");
   std::string pairs;
