@@ -292,7 +292,8 @@ def main():
     m = dict(MODEL, seq_length=args.seq_length, max_position_embeddings=args.seq_length, rotary_base=args.rotary_base,
              rope_scaling_factor=args.rope_scaling_factor, vocab_size=args.vocab_size,
              init_method_std=args.init_method_std)
-    m["padded_vocab_size"] = -(-m["vocab_size"] // m["make_vocab_size_divisible_by"]) * m["make_vocab_size_divisible_by"]
+    multiple = m["make_vocab_size_divisible_by"]
+    m["padded_vocab_size"] = -(-m["vocab_size"] // multiple) * multiple
     c = dict(TRAIN, train_iters=args.train_iters)
     rng = np.random.RandomState(args.seed)
     V, T, B = m["vocab_size"], m["seq_length"], FORWARD_BATCH

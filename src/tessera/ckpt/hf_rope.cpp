@@ -28,11 +28,11 @@ void require_megatron_constant(const HFConfigFile& cfg, const json& params, cons
                                double megatron) {
   const std::string field = key + "." + name;
   if (required_number(cfg, params, field, name) != megatron)
-    cfg.unsupported_value(field, params.at(name),
-                          "but Megatron's --use-rope-scaling (and so tessera's) has " + std::string(name) + " " +
-                              hf_number(megatron),
-                          "only llama3 scaling with low_freq_factor 1, high_freq_factor 4 and "
-                          "original_max_position_embeddings 8192 (Llama 3.1 and 3.2) converts");
+    cfg.unsupported_value(
+        field, params.at(name),
+        "but Megatron's --use-rope-scaling (and so tessera's) has " + std::string(name) + " " + hf_number(megatron),
+        "only llama3 scaling with low_freq_factor 1, high_freq_factor 4 and "
+        "original_max_position_embeddings 8192 (Llama 3.1 and 3.2) converts");
 }
 
 // RoPE as one layout states it: `params` is config.json's object `key` (nullptr when absent
@@ -46,7 +46,8 @@ HFRope rope_from(const HFConfigFile& cfg, const std::string& key, const json* pa
     cfg.unsupported_value(key, *params, "which sets RoPE per layer type (or names no rope_type)",
                           "tessera reads one rope_type for every layer");
   if (auto it = params->find("rope_theta"); it != params->end() && !it->is_null()) {
-    if (!it->is_number() || it->get<double>() <= 0) cfg.unsupported_value(key + ".rope_theta", *it, "not a positive number", "");
+    if (!it->is_number() || it->get<double>() <= 0)
+      cfg.unsupported_value(key + ".rope_theta", *it, "not a positive number", "");
     r.theta = it->get<double>();
   }
   if (auto it = params->find("partial_rotary_factor"); it != params->end() && *it != 1.0)

@@ -52,7 +52,8 @@ std::string read_file(const fs::path& p) {
 
 // Runs `cmd` (bounded by `timeout` seconds) with its output in `log`: the exit status and output.
 std::pair<int, std::string> run(const std::string& cmd, const fs::path& log, int timeout = 120) {
-  const int s = std::system(("timeout " + std::to_string(timeout) + " " + cmd + " > " + log.string() + " 2>&1").c_str());
+  const int s =
+      std::system(("timeout " + std::to_string(timeout) + " " + cmd + " > " + log.string() + " 2>&1").c_str());
   return {WIFEXITED(s) ? WEXITSTATUS(s) : -1, read_file(log)};
 }
 
@@ -64,8 +65,8 @@ fs::path saved_folders(const std::string& version) {
                        ("hf_versions_" + version + "_" + std::to_string(std::hash<std::string>{}(read_file(kScript))));
   if (fs::exists(dir / "ids.json")) return dir;
   const fs::path tmp = tessera::testing_support::scratch_dir("hf_versions_test", "save" + version);
-  const auto [status, output] = run(kPython + " " + kScript + " --transformers " + version + " save " +
-                                        (tmp / "out").string(), tmp / "save.log");
+  const auto [status, output] =
+      run(kPython + " " + kScript + " --transformers " + version + " save " + (tmp / "out").string(), tmp / "save.log");
   EXPECT_EQ(status, 0) << output;
   std::error_code ec;
   fs::rename(tmp / "out", dir, ec);  // fails harmlessly when another program got there first
@@ -101,8 +102,8 @@ std::vector<float> tessera_logits(const tessera::GPTConfig& c, const std::map<st
 }
 
 // max |ours - theirs| over the first V columns of [rows, ours_width] and [rows, V], and max |theirs|.
-std::pair<double, double> logit_error(const std::vector<float>& ours, int64_t ours_width, const std::vector<float>& theirs,
-                                      int64_t V) {
+std::pair<double, double> logit_error(const std::vector<float>& ours, int64_t ours_width,
+                                      const std::vector<float>& theirs, int64_t V) {
   double diff = 0, scale = 0;
   for (size_t r = 0; r < theirs.size() / V; ++r)
     for (int64_t v = 0; v < V; ++v) {
@@ -137,19 +138,22 @@ TEST_F(HFVersions, FoldersOfBothVersionsGiveTheirLogitsInTessera) {
       tessera::GPTConfig config = args_of(flags).model;
       const auto weights = tessera::load_hf_model(dir.string(), config);
 
-      tessera::safetensors::Reader expected = tessera::safetensors::Reader::open((dir / "expected.safetensors").string());
+      tessera::safetensors::Reader expected =
+          tessera::safetensors::Reader::open((dir / "expected.safetensors").string());
       const std::vector<int64_t> ids = expected.read_i64("tokens");
       const std::vector<int32_t> tokens(ids.begin(), ids.end());
       const std::vector<float> want = expected.read_f32("logits");
       const int B = static_cast<int>(expected.at("tokens").shape[0]);
       const int64_t V = expected.at("logits").shape[2];
-      const auto [diff, scale] = logit_error(tessera_logits(config, weights, tokens, B), config.padded_vocab_size, want, V);
+      const auto [diff, scale] =
+          logit_error(tessera_logits(config, weights, tokens, B), config.padded_vocab_size, want, V);
       EXPECT_LE(diff, kRtol * scale) << "max |diff| " << diff << " of max |logit| " << scale;
       if (config.use_rope_scaling) {
         // Without the scaling the logits are far off: the comparison above sees it.
         tessera::GPTConfig unscaled = config;
         unscaled.use_rope_scaling = false;
-        const auto [off, s] = logit_error(tessera_logits(unscaled, weights, tokens, B), config.padded_vocab_size, want, V);
+        const auto [off, s] =
+            logit_error(tessera_logits(unscaled, weights, tokens, B), config.padded_vocab_size, want, V);
         EXPECT_GT(off, 100 * kRtol * s);
       }
     }
@@ -160,7 +164,8 @@ TEST_F(HFVersions, TokenizersOfBothVersionsGiveTheirIds) {
     SCOPED_TRACE(std::string("transformers ") + v);
     const json ids = json::parse(read_file(dirs_.at(v) / "ids.json"));
     const json tokenizer_config = json::parse(read_file(folder(v, "llama") / "tokenizer_config.json"));
-    EXPECT_EQ(tokenizer_config["tokenizer_class"], std::string(v) == "5" ? "TokenizersBackend" : "PreTrainedTokenizerFast");
+    EXPECT_EQ(tokenizer_config["tokenizer_class"],
+              std::string(v) == "5" ? "TokenizersBackend" : "PreTrainedTokenizerFast");
     tessera::data::HuggingFaceTokenizer tok(folder(v, "llama").string());
     for (size_t i = 0; i < ids["texts"].size(); ++i)
       EXPECT_EQ(tok.encode(ids["texts"][i].get<std::string>()), ids["ids"][i].get<std::vector<int32_t>>())
@@ -200,9 +205,10 @@ TEST_F(HFVersions, ExportsLoadInBothVersionsToTheSameLogits) {
       ASSERT_EQ(status, 0) << output;
       if (std::string(c).starts_with("llama3"))
         EXPECT_NE(output.find(std::string("--use-rope-scaling --rope-scaling-factor ") + (c[7] == '8' ? "8" : "32")),
-                  std::string::npos) << output;
-      std::tie(status, output) = run(kTessera + " ckpt export-hf " + ckpt.string() + " " + out.string(),
-                                     work / ("export_" + name + ".log"));
+                  std::string::npos)
+            << output;
+      std::tie(status, output) =
+          run(kTessera + " ckpt export-hf " + ckpt.string() + " " + out.string(), work / ("export_" + name + ".log"));
       ASSERT_EQ(status, 0) << output;
       pairs += " " + out.string() + "=" + (folder(v, c) / "expected.safetensors").string();
     }
@@ -227,7 +233,8 @@ TEST_F(HFVersions, ExportWritesTheTokenizersBosAndEos) {
   cmd += " --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + hf.string();
   auto [status, output] = run(cmd, work / "import.log");
   ASSERT_EQ(status, 0) << output;
-  std::tie(status, output) = run(kTessera + " ckpt export-hf " + ckpt.string() + " " + out.string(), work / "export.log");
+  std::tie(status, output) =
+      run(kTessera + " ckpt export-hf " + ckpt.string() + " " + out.string(), work / "export.log");
   ASSERT_EQ(status, 0) << output;
   const json cfg = json::parse(read_file(out / "config.json"));
   EXPECT_EQ(cfg["bos_token_id"], 0);
