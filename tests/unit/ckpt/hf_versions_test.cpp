@@ -242,3 +242,32 @@ TEST_F(HFVersions, ExportWritesTheTokenizersBosAndEos) {
   EXPECT_EQ(read_file(out / "tokenizer.json"), read_file(hf / "tokenizer.json"));
   if (!HasFailure()) fs::remove_all(work);
 }
+
+TEST_F(HFVersions, MegatronFormatCheckpointsKeepRopeScaling) {
+  // --ckpt-format torch records --use-rope-scaling as Megatron's use_rope_scaling, and a factor
+  // other than core_r0.10.0's 8 as later Megatron's rope_scaling_factor; export-hf reads both.
+  const fs::path work = tessera::testing_support::scratch_dir("hf_versions_test", "megatron_format");
+  for (const char* factor : {"8", "32"}) {
+    SCOPED_TRACE(std::string("factor ") + factor);
+    const fs::path ckpt = work / (std::string("ckpt") + factor), out = work / (std::string("hf") + factor);
+    auto [status, output] = run(
+        kTessera +
+            " train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
+            "--max-position-embeddings 16 --position-embedding-type rope --rotary-base 500000 --use-rope-scaling "
+            "--rope-scaling-factor " +
+            factor +
+            " --normalization RMSNorm --swiglu --disable-bias-linear --tokenizer-type NullTokenizer --vocab-size 99 "
+            "--mock-data --micro-batch-size 1 --train-iters 1 --lr 1e-3 --eval-iters 0 --save-interval 1 --ckpt-format torch --save " +
+            ckpt.string(),
+        work / "train.log");
+    ASSERT_EQ(status, 0) << output;
+    std::tie(status, output) =
+        run(kTessera + " ckpt export-hf " + ckpt.string() + " " + out.string(), work / "export.log");
+    ASSERT_EQ(status, 0) << output;
+    const json cfg = json::parse(read_file(out / "config.json"));
+    ASSERT_TRUE(cfg["rope_scaling"].is_object()) << "the scaling was lost: " << cfg.dump();
+    EXPECT_EQ(cfg["rope_scaling"]["rope_type"], "llama3") << cfg.dump();
+    EXPECT_EQ(cfg["rope_scaling"]["factor"], std::stod(factor)) << cfg.dump();
+  }
+  if (!HasFailure()) fs::remove_all(work);
+}
