@@ -31,7 +31,7 @@ struct HFRope {
 HFRope read_hf_rope(const HFConfigFile& cfg);
 
 // "rope_theta 500000, llama3 factor 32", for messages.
-std::string describe(const HFRope& r);
+std::string rope_description(const HFRope& r);
 
 // Sets config's rope_theta, rope_scaling and rope_parameters for `c`.
 void write_hf_rope(nlohmann::json& config, const GPTConfig& c);
