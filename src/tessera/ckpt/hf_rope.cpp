@@ -78,8 +78,9 @@ HFRope read_hf_rope(const HFConfigFile& cfg) {
   if (!cfg.has("rope_parameters")) return v4;
   const HFRope v5 = rope_from(cfg, "rope_parameters", &j.at("rope_parameters"), theta);
   if ((cfg.has("rope_theta") || cfg.has("rope_scaling")) && v4 != v5)
-    throw usage_error(cfg.path() + ": rope_parameters says " + rope_description(v5) + " (what transformers 5 reads) but " +
-                          "rope_theta and rope_scaling say " + rope_description(v4) + " (what transformers 4 reads)",
+    throw usage_error(cfg.path() + ": rope_parameters says " + rope_description(v5) +
+                          " (what transformers 5 reads) but " + "rope_theta and rope_scaling say " +
+                          rope_description(v4) + " (what transformers 4 reads)",
                       "make the two layouts agree, or keep one of them");
   return v5;
 }
