@@ -119,3 +119,16 @@ add_test(NAME ckpt.megatron_tokenizer
          COMMAND ${TESSERA_TOOLS_VENV}/bin/python ${PROJECT_SOURCE_DIR}/tests/ckpt_area/megatron_tokenizer_test.py
                  $<TARGET_FILE:tessera>)
 set_tests_properties(ckpt.megatron_tokenizer PROPERTIES TIMEOUT 120 LABELS ckpt)
+
+# Hugging Face folders of transformers 4.47.1 and 5.x (tests/unit/ckpt/hf_versions_test.cpp):
+# the saving and checking script (tests/reference/hf_versions.py) runs in the tools venv.
+target_compile_definitions(hf_versions_test PRIVATE TESSERA_TOOLS_VENV="${TESSERA_TOOLS_VENV}")
+
+# Llama RoPE as transformers 5 and Llama 3.1/3.2 write it (tests/integration/
+# llama_rope_scaling_test.py): --init-from-hf of the float64 reference run with transformers 5
+# (base 500000 at sequence 16; rope_type llama3 factor 32 at sequence 1024) matches every
+# iteration within 1e-5, and RoPE flags left at the defaults are one error naming the fields.
+add_test(NAME ckpt.llama_rope_scaling
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/llama_rope_scaling_test.py
+                 $<TARGET_FILE:tessera> ${TESSERA_TOOLS_VENV})
+set_tests_properties(ckpt.llama_rope_scaling PROPERTIES TIMEOUT 300 LABELS ckpt)

@@ -21,9 +21,9 @@ def run(*args, code=0):
 
 
 def test_all_unsupported_flags_in_one_error():
-    p = run("train", *MODEL, "--use-rope-scaling", "--rotary-interleaved", "--qk-layernorm", "--apply-layernorm-1p",
+    p = run("train", *MODEL, "--rotary-interleaved", "--qk-layernorm", "--apply-layernorm-1p",
             "--rotary-seq-len-interpolation-factor=2", code=2)
-    want = ("error: 5 Megatron-LM flags are not supported yet: --use-rope-scaling, --rotary-interleaved, "
+    want = ("error: 4 Megatron-LM flags are not supported yet: --rotary-interleaved, "
             "--qk-layernorm, --apply-layernorm-1p, --rotary-seq-len-interpolation-factor")
     assert want in p.stderr, p.stderr
     p = run("train", *MODEL, "--tokenizer-type", "BertWordPieceCase", code=2)

@@ -77,10 +77,10 @@ json gpt2_config_json(const HFExportSpec& spec) {
       {"reorder_and_upcast_attn", false},
       {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
       {"use_cache", true},
-      {"torch_dtype", "float32"},
+      {"torch_dtype", "float32"},  // transformers 4's name
+      {"dtype", "float32"},        // transformers 5's
   };
-  if (spec.bos_token_id >= 0) j["bos_token_id"] = spec.bos_token_id;
-  if (spec.eos_token_id >= 0) j["eos_token_id"] = spec.eos_token_id;
+  write_special_token_ids(j, spec);
   return j;
 }
 

@@ -25,12 +25,6 @@ json read_json_object(const std::string& path, const std::string& hint) {
   return j;
 }
 
-std::string format_number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
 }  // namespace
 
 const char* hf_family_name(HFFamily f) {
@@ -110,21 +104,46 @@ std::string HFConfigFile::string(const char* key, const std::string& dflt) const
 }
 
 void HFConfigFile::unsupported(const char* key, const std::string& why, const std::string& hint) const {
-  const std::string value = j_.contains(key) ? j_.at(key).dump() : "absent";
-  throw usage_error(path_ + ": " + key + " is " + value + ", " + why, hint);
+  unsupported_value(key, j_.contains(key) ? j_.at(key) : nlohmann::json("absent"), why, hint);
 }
 
-void HFConfigFile::require_equal(const char* key, int64_t hf, const char* flag, int64_t ours) const {
-  if (hf == ours) return;
-  throw usage_error(path_ + ": " + key + " is " + std::to_string(hf) + " but " + flag + " is " + std::to_string(ours),
-                    std::string("pass ") + flag + " " + std::to_string(hf) + " to match the Hugging Face model");
+void HFConfigFile::unsupported_value(const std::string& field, const nlohmann::json& value, const std::string& why,
+                                     const std::string& hint) const {
+  throw usage_error(path_ + ": " + field + " is " + value.dump() + ", " + why, hint);
 }
 
-void HFConfigFile::require_close(const char* key, double hf, const char* flag, double ours) const {
-  // The flags hold floats: agree to float precision.
-  if (std::fabs(hf - ours) <= 1e-5 * std::max(std::fabs(hf), std::fabs(ours))) return;
-  throw usage_error(path_ + ": " + key + " is " + format_number(hf) + " but " + flag + " is " + format_number(ours),
-                    std::string("pass ") + flag + " " + format_number(hf) + " to match the Hugging Face model");
+void HFFlagCheck::equal(const char* key, int64_t hf, const char* flag, int64_t ours) {
+  if (hf != ours)
+    differ(std::string(key) + " is " + std::to_string(hf) + " but " + flag + " is " + std::to_string(ours),
+           "pass " + std::string(flag) + " " + std::to_string(hf));
+}
+
+void HFFlagCheck::close(const char* key, double hf, const char* flag, float ours) {
+  if (std::fabs(hf - ours) > 1e-5 * std::max(std::fabs(hf), std::fabs(double{ours})))
+    differ(std::string(key) + " is " + hf_number(hf) + " but " + flag + " is " + hf_number(hf_decimal(ours)),
+           "pass " + std::string(flag) + " " + hf_number(hf));
+}
+
+void HFFlagCheck::differ(const std::string& what, const std::string& fix) {
+  what_.push_back(what);
+  fixes_.push_back(fix);
+}
+
+void HFFlagCheck::done() const {
+  if (what_.empty()) return;
+  std::string message = cfg_.path() + ": ";
+  if (what_.size() > 1) message += std::to_string(what_.size()) + " differences from the flags: ";
+  for (size_t i = 0; i < what_.size(); ++i) message += (i ? "; " : "") + what_[i];
+  // "pass A; pass B; drop C" as "pass A B; drop C".
+  std::string pass, other;
+  for (const std::string& f : fixes_) {
+    if (f.starts_with("pass "))
+      pass += (pass.empty() ? "pass " : " ") + f.substr(5);
+    else
+      other += "; " + f;
+  }
+  const std::string hint = pass.empty() ? other.substr(2) : pass + other;
+  throw usage_error(message, hint + " to match the Hugging Face model");
 }
 
 HFWeights HFWeights::open(const std::string& dir, std::string prefix) {
@@ -209,6 +228,18 @@ const std::vector<float>& checkpoint_param(const std::map<std::string, std::vect
   return it->second;
 }
 
+void write_special_token_ids(nlohmann::json& config, const HFExportSpec& spec) {
+  auto id = [](int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  config["bos_token_id"] = id(spec.bos_token_id);
+  config["eos_token_id"] = id(spec.eos_token_id);
+}
+
+std::string hf_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
 double hf_decimal(float v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.7g", static_cast<double>(v));
@@ -238,14 +269,14 @@ void check_param_list(const std::map<std::string, std::vector<float>>& weights, 
   TESSERA_CHECK(weights.size() == specs.size(), "the " + family + " conversion produced tensors the model does not have");
 }
 
-void check_vocab_fits(const HFConfigFile& cfg, int64_t hf_vocab, const GPTConfig& c) {
+void check_vocab_fits(HFFlagCheck& check, const HFConfigFile& cfg, int64_t hf_vocab, const GPTConfig& c) {
   const char* path = cfg.path().c_str();
   if (hf_vocab > c.padded_vocab_size)
-    throw usage_error(cfg.path() + ": vocab_size " + std::to_string(hf_vocab) + " exceeds the padded vocabulary of " +
-                          std::to_string(c.padded_vocab_size) + " rows",
-                      "use a tokenizer whose vocabulary covers the model's (--vocab-size or --tokenizer-type), or "
-                      "raise --make-vocab-size-divisible-by");
-  if (c.vocab_size > 0 && c.vocab_size > hf_vocab)
+    check.differ("vocab_size " + std::to_string(hf_vocab) + " exceeds the padded vocabulary of " +
+                     std::to_string(c.padded_vocab_size) + " rows",
+                 "a tokenizer whose vocabulary covers the model's (--vocab-size or --tokenizer-type), or a larger "
+                 "--make-vocab-size-divisible-by");
+  else if (c.vocab_size > 0 && c.vocab_size > hf_vocab)
     log_warn("%s: vocab_size is %lld but the tokenizer's vocabulary is %d; embedding rows %lld..%d start at zero", path,
              static_cast<long long>(hf_vocab), c.vocab_size, static_cast<long long>(hf_vocab), c.vocab_size - 1);
   else if (c.vocab_size > 0 && c.vocab_size < hf_vocab)

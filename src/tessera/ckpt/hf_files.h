@@ -43,16 +43,35 @@ class HFConfigFile {
   bool boolean(const char* key, bool dflt) const;
   std::string string(const char* key, const std::string& dflt) const;
 
-  // A usage error "PATH: FIELD is VALUE, WHY" with `hint`.
+  // A usage error "PATH: FIELD is VALUE, WHY" with `hint`; `field` may name a nested field
+  // ("rope_scaling.rope_type").
   [[noreturn]] void unsupported(const char* key, const std::string& why, const std::string& hint) const;
-  // A usage error when config.json's `key` (`hf`) differs from `flag`'s value (`ours`); the
-  // hint says which flag value matches the model.
-  void require_equal(const char* key, int64_t hf, const char* flag, int64_t ours) const;
-  void require_close(const char* key, double hf, const char* flag, double ours) const;
+  [[noreturn]] void unsupported_value(const std::string& field, const nlohmann::json& value, const std::string& why,
+                                      const std::string& hint) const;
 
  private:
   std::string path_;
   nlohmann::json j_;
+};
+
+// The differences between config.json and the flags, gathered so that one usage error names
+// them all, with one hint giving every flag that matches the model.
+class HFFlagCheck {
+ public:
+  explicit HFFlagCheck(const HFConfigFile& cfg) : cfg_(cfg) {}
+  // config.json's `key` is `hf` where `flag` gives `ours`; the fix is `flag hf`.
+  void equal(const char* key, int64_t hf, const char* flag, int64_t ours);
+  // The same to float precision (the flags hold floats).
+  void close(const char* key, double hf, const char* flag, float ours);
+  // Any other difference: what it is ("... but ..."), and the flags that fix it ("pass
+  // --swiglu", "drop --rotary-percent").
+  void differ(const std::string& what, const std::string& fix);
+  // Throws the usage error when anything differs.
+  void done() const;
+
+ private:
+  const HFConfigFile& cfg_;
+  std::vector<std::string> what_, fixes_;
 };
 
 // The folder's tensors: DIR/model.safetensors, or every shard DIR/model.safetensors.index.json
@@ -83,12 +102,16 @@ class HFWeights {
 // What an export writes besides the weights.
 struct HFExportSpec {
   GPTConfig model;
-  int64_t bos_token_id = -1;  // -1: not written
+  int64_t bos_token_id = -1;  // -1: null (none)
   int64_t eos_token_id = -1;
   // The tokenizer's files, copied into OUT: name in OUT -> source path (GPT-2 BPE's vocab.json
   // and merges.txt; a HuggingFaceTokenizer folder's tokenizer.json and its companions).
   std::map<std::string, std::string> tokenizer_files;
 };
+
+// config.json's bos_token_id and eos_token_id (null for -1: an absent key would be the
+// family's default, e.g. LlamaConfig's 1 and 2).
+void write_special_token_ids(nlohmann::json& config, const HFExportSpec& spec);
 
 // One tensor of an exported state dict.
 struct HFTensor {
@@ -103,6 +126,8 @@ const std::vector<float>& checkpoint_param(const std::map<std::string, std::vect
 
 // The float flag's value as the decimal it most likely was (1e-05, not 9.99999974737875e-06).
 double hf_decimal(float v);
+// v as a flag value or in a message: 10 significant digits, no trailing zeros (500000, 1e-05).
+std::string hf_number(double v);
 
 // The [rows, h] matrix `w` as the first rows of a zero [padded, h] one.
 std::vector<float> pad_rows(const std::vector<float>& w, int64_t padded, int64_t h);
@@ -112,8 +137,8 @@ std::vector<float> pad_rows(const std::vector<float>& w, int64_t padded, int64_t
 void check_param_list(const std::map<std::string, std::vector<float>>& weights, const GPTConfig& c,
                       const std::string& family);
 
-// The vocabulary of config.json against the padded vocabulary of the flags: larger is an error,
-// a tokenizer vocabulary other than the model's only a warning.
-void check_vocab_fits(const HFConfigFile& cfg, int64_t hf_vocab, const GPTConfig& c);
+// The vocabulary of config.json against the padded vocabulary of the flags: larger is a
+// difference, a tokenizer vocabulary other than the model's only a warning.
+void check_vocab_fits(HFFlagCheck& check, const HFConfigFile& cfg, int64_t hf_vocab, const GPTConfig& c);
 
 }  // namespace tessera

@@ -42,23 +42,23 @@ HFConfig parse_hf_config(const HFConfigFile& j) {
 }
 
 void check_config(const HFConfig& h, const GPTConfig& c, const HFConfigFile& j) {
-  const std::string& path = j.path();
+  if (h.n_embd % h.n_head != 0)
+    throw runtime_error(j.path() + ": n_embd " + std::to_string(h.n_embd) + " is not divisible by n_head " +
+                        std::to_string(h.n_head));
+  HFFlagCheck check(j);
   if (c.normalization != Normalization::LayerNorm || c.position_embedding != PositionEmbedding::LearnedAbsolute ||
       c.swiglu || c.query_groups() != c.num_attention_heads)
-    throw usage_error(path + ": a GPT-2 model, but the flags describe a Llama-style one (--normalization, "
-                             "--position-embedding-type, --swiglu or --num-query-groups)",
-                      "drop the Llama flags to start from GPT-2 weights");
-  j.require_equal("n_layer", h.n_layer, "--num-layers", c.num_layers);
-  j.require_equal("n_embd", h.n_embd, "--hidden-size", c.hidden_size);
-  j.require_equal("n_head", h.n_head, "--num-attention-heads", c.num_attention_heads);
-  if (h.n_embd % h.n_head != 0)
-    throw runtime_error(path + ": n_embd " + std::to_string(h.n_embd) + " is not divisible by n_head " +
-                        std::to_string(h.n_head));
-  j.require_equal("n_embd / n_head", h.n_embd / h.n_head, "--kv-channels", c.kv_channels);
-  j.require_equal("n_inner", h.n_inner, "--ffn-hidden-size", c.ffn_hidden_size);
+    check.differ("a GPT-2 model, but the flags describe a Llama-style one (--normalization, "
+                 "--position-embedding-type, --swiglu or --num-query-groups)",
+                 "drop the Llama flags to start from GPT-2 weights");
+  check.equal("n_layer", h.n_layer, "--num-layers", c.num_layers);
+  check.equal("n_embd", h.n_embd, "--hidden-size", c.hidden_size);
+  check.equal("n_head", h.n_head, "--num-attention-heads", c.num_attention_heads);
+  check.equal("n_embd / n_head", h.n_embd / h.n_head, "--kv-channels", c.kv_channels);
+  check.equal("n_inner", h.n_inner, "--ffn-hidden-size", c.ffn_hidden_size);
   // HF's wpe has n_positions rows; Megatron's position table has --max-position-embeddings.
-  j.require_equal("n_positions", h.n_positions, "--max-position-embeddings", c.max_position_embeddings);
-  check_vocab_fits(j, h.vocab_size, c);
+  check.equal("n_positions", h.n_positions, "--max-position-embeddings", c.max_position_embeddings);
+  check_vocab_fits(check, j, h.vocab_size, c);
 
   ops::GeluKind hf_gelu;
   if (h.activation == "gelu_new" || h.activation == "gelu_pytorch_tanh" || h.activation == "gelu_fast")
@@ -66,25 +66,27 @@ void check_config(const HFConfig& h, const GPTConfig& c, const HFConfigFile& j) 
   else if (h.activation == "gelu")
     hf_gelu = ops::GeluKind::Erf;
   else
-    throw usage_error(path + ": activation_function \"" + h.activation + "\" is not supported",
+    throw usage_error(j.path() + ": activation_function \"" + h.activation + "\" is not supported",
                       "Megatron's GPT uses GELU: gelu_new (tanh) or gelu (erf)");
   if (hf_gelu != c.gelu) {
     if (hf_gelu == ops::GeluKind::Tanh)
-      throw usage_error(path + ": activation_function \"" + h.activation +
-                            "\" is the tanh GELU but --no-bias-gelu-fusion selects the erf GELU",
-                        "drop --no-bias-gelu-fusion (or pass --openai-gelu)");
-    throw usage_error(path + ": activation_function \"gelu\" is the erf GELU but the flags select "
-                      "the tanh GELU (bias-GELU fusion or --openai-gelu)",
-                      "pass --no-bias-gelu-fusion and drop --openai-gelu");
+      check.differ("activation_function \"" + h.activation +
+                       "\" is the tanh GELU but --no-bias-gelu-fusion selects the erf GELU",
+                   "drop --no-bias-gelu-fusion (or pass --openai-gelu)");
+    else
+      check.differ("activation_function \"gelu\" is the erf GELU but the flags select the tanh GELU (bias-GELU "
+                   "fusion or --openai-gelu)",
+                   "pass --no-bias-gelu-fusion and drop --openai-gelu");
   }
-  j.require_close("layer_norm_epsilon", h.layer_norm_epsilon, "--norm-epsilon", c.norm_epsilon);
+  check.close("layer_norm_epsilon", h.layer_norm_epsilon, "--norm-epsilon", c.norm_epsilon);
   if (!c.add_bias_linear)
-    throw usage_error("GPT-2 has biases in every linear layer but --disable-bias-linear removes them",
-                      "drop --disable-bias-linear");
+    check.differ("GPT-2 has biases in every linear layer but --disable-bias-linear removes them",
+                 "drop --disable-bias-linear");
   if (!h.tie_word_embeddings && !c.untie_embeddings_and_output_weights)
-    throw usage_error(path + ": tie_word_embeddings is false (lm_head differs from wte) but the "
-                      "output layer is tied to the embedding",
-                      "pass --untie-embeddings-and-output-weights");
+    check.differ("tie_word_embeddings is false (lm_head differs from wte) but the output layer is tied to the "
+                 "embedding",
+                 "pass --untie-embeddings-and-output-weights");
+  check.done();
 }
 
 // (transformer.)h.<digits>.attn.(bias|masked_bias): GPT-2's causal-mask buffers.

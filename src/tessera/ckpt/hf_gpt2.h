@@ -13,7 +13,8 @@
 //   - F32, F16 and BF16 tensors are converted to float.
 // config.json must agree with the flags (layers, hidden, heads, ffn, positions, vocab fits the
 // padded vocab, GELU flavour, layer-norm epsilon — a different epsilon is an error, not a
-// warning, so a run never silently diverges from the model it started from). A tokenizer
+// warning, so a run never silently diverges from the model it started from); one error names
+// every difference. A tokenizer
 // vocabulary that differs from HF's vocab_size is only a warning. A missing, unexpected or
 // mismatched tensor is an error naming the tensor and both shapes. Nothing in the files is
 // executed.

@@ -1,8 +1,8 @@
 #include "tessera/ckpt/hf_llama.h"
 
-#include <cstdio>
 #include <string_view>
 
+#include "tessera/ckpt/hf_rope.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
 
@@ -23,7 +23,8 @@ struct Biases {
 struct LlamaShape {
   HFFamily family = HFFamily::Llama;
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0, positions = 0;
-  double eps = 1e-6, rope_theta = 10000.0;
+  double eps = 1e-6;
+  HFRope rope;
   bool tied = false;
   Biases biases;
 };
@@ -50,15 +51,12 @@ LlamaShape parse_llama_config(const HFConfigFile& j) {
     throw runtime_error(j.path() + ": num_attention_heads " + std::to_string(s.heads) +
                         " is not divisible by num_key_value_heads " + std::to_string(s.kv_heads));
   s.eps = j.number("rms_norm_eps", 1e-6);
-  s.rope_theta = j.number("rope_theta", 10000.0);
+  s.rope = read_hf_rope(j);
   s.tied = j.boolean("tie_word_embeddings", false);
 
   // What Megatron's GPT cannot express.
   if (j.string("hidden_act", "silu") != "silu")
     j.unsupported("hidden_act", "but --swiglu gates with SiLU", "only hidden_act \"silu\" models convert");
-  if (j.has("rope_scaling"))
-    j.unsupported("rope_scaling", "but tessera's RoPE has no scaling (Megatron's --use-rope-scaling is not supported)",
-                  "only models with rope_scaling null convert");
   if (j.number("partial_rotary_factor", 1.0) != 1.0)
     j.unsupported("partial_rotary_factor", "but LlamaAttention rotates whole heads", "");
   if (llama) {
@@ -73,46 +71,79 @@ LlamaShape parse_llama_config(const HFConfigFile& j) {
     if (j.boolean("use_sliding_window", false))
       j.unsupported("use_sliding_window", "but tessera's attention is full causal attention",
                     "only models with use_sliding_window false convert");
+    // transformers 5 lists each layer's attention; only full attention converts.
+    if (j.has("layer_types"))
+      for (const json& type : j.json().at("layer_types"))
+        if (type != "full_attention")
+          j.unsupported("layer_types", "but tessera's attention is full causal attention in every layer",
+                        "only models whose layer_types are all \"full_attention\" convert");
   }
   return s;
 }
 
-// The flags that give `b`, for hints.
+// What to change in the flags to get `b`, for hints.
 std::string bias_flags(const Biases& b) {
-  if (b.mlp) return "no --disable-bias-linear";
-  return b.qkv ? "--disable-bias-linear --add-qkv-bias" : "--disable-bias-linear (without --add-qkv-bias)";
+  if (b.mlp) return "drop --disable-bias-linear";
+  return b.qkv ? "pass --disable-bias-linear --add-qkv-bias" : "pass --disable-bias-linear (without --add-qkv-bias)";
 }
 
 Biases flag_biases(const GPTConfig& c) { return {c.has_qkv_bias(), c.add_bias_linear, c.add_bias_linear}; }
 
+// The key/value heads: GQA's groups need --group-query-attention as well as --num-query-groups
+// (without it every head has its own key and value, whatever --num-query-groups says).
+void check_query_groups(HFFlagCheck& check, const LlamaShape& h, const GPTConfig& c) {
+  if (h.kv_heads == c.query_groups()) return;
+  if (c.query_groups() == c.num_attention_heads)
+    check.differ("num_key_value_heads is " + std::to_string(h.kv_heads) + " but the flags give each of the " +
+                     std::to_string(c.num_attention_heads) + " heads its own key and value (no "
+                     "--group-query-attention, or --num-query-groups " + std::to_string(c.num_attention_heads) + ")",
+                 "pass --group-query-attention --num-query-groups " + std::to_string(h.kv_heads));
+  else
+    check.equal("num_key_value_heads", h.kv_heads, "--num-query-groups", c.query_groups());
+}
+
+// RoPE's base and Llama 3.1's scaling (rope_type llama3: --use-rope-scaling).
+void check_rope(HFFlagCheck& check, const LlamaShape& h, const GPTConfig& c) {
+  check.close("rope_theta", h.rope.theta, "--rotary-base", c.rotary_base);
+  const std::optional<double>& factor = h.rope.llama3_factor;
+  if (factor && !c.use_rope_scaling)
+    check.differ("rope_type is \"llama3\" (Llama 3.1's scaling) but --use-rope-scaling is not given",
+                 "pass --use-rope-scaling --rope-scaling-factor " + hf_number(*factor));
+  else if (!factor && c.use_rope_scaling)
+    check.differ("rope_type is \"default\" (no scaling) but --use-rope-scaling is given", "drop --use-rope-scaling");
+  else if (factor)
+    check.close("rope_scaling factor", *factor, "--rope-scaling-factor", c.rope_scaling_factor);
+}
+
 void check_llama_config(const LlamaShape& h, const GPTConfig& c, const HFConfigFile& j) {
   const std::string model = std::string("a ") + hf_family_name(h.family) + " model";
+  HFFlagCheck check(j);
   if (c.normalization != Normalization::RMSNorm)
-    throw usage_error(j.path() + ": " + model + " (RMSNorm) but the flags select LayerNorm",
-                      "pass --normalization RMSNorm");
+    check.differ(model + " (RMSNorm) but the flags select LayerNorm", "pass --normalization RMSNorm");
   if (c.position_embedding != PositionEmbedding::Rope)
-    throw usage_error(j.path() + ": " + model + " (rotary positions) but the flags select other position "
-                      "embeddings", "pass --position-embedding-type rope");
-  if (!c.swiglu)
-    throw usage_error(j.path() + ": " + model + " (SwiGLU MLP) but --swiglu is not given", "pass --swiglu");
-  j.require_equal("num_hidden_layers", h.layers, "--num-layers", c.num_layers);
-  j.require_equal("hidden_size", h.hidden, "--hidden-size", c.hidden_size);
-  j.require_equal("num_attention_heads", h.heads, "--num-attention-heads", c.num_attention_heads);
-  j.require_equal("num_key_value_heads", h.kv_heads, "--num-query-groups", c.query_groups());
-  j.require_equal("head_dim", h.head_dim, "--kv-channels", c.kv_channels);
-  j.require_equal("intermediate_size", h.ffn, "--ffn-hidden-size", c.ffn_hidden_size);
-  j.require_close("rms_norm_eps", h.eps, "--norm-epsilon", c.norm_epsilon);
-  j.require_close("rope_theta", h.rope_theta, "--rotary-base", c.rotary_base);
+    check.differ(model + " (rotary positions) but the flags select other position embeddings",
+                 "pass --position-embedding-type rope");
+  if (!c.swiglu) check.differ(model + " (SwiGLU MLP) but --swiglu is not given", "pass --swiglu");
+  check.equal("num_hidden_layers", h.layers, "--num-layers", c.num_layers);
+  check.equal("hidden_size", h.hidden, "--hidden-size", c.hidden_size);
+  check.equal("num_attention_heads", h.heads, "--num-attention-heads", c.num_attention_heads);
+  check_query_groups(check, h, c);
+  check.equal("head_dim", h.head_dim, "--kv-channels", c.kv_channels);
+  check.equal("intermediate_size", h.ffn, "--ffn-hidden-size", c.ffn_hidden_size);
+  check.close("rms_norm_eps", h.eps, "--norm-epsilon", c.norm_epsilon);
+  check_rope(check, h, c);
   if (c.rotary_percent != 1.0f)
-    throw usage_error(j.path() + ": " + model + " rotates whole heads but --rotary-percent is " +
-                      std::to_string(c.rotary_percent), "drop --rotary-percent");
+    check.differ(model + " rotates whole heads but --rotary-percent is " + hf_number(hf_decimal(c.rotary_percent)),
+                 "drop --rotary-percent");
   if (h.biases != flag_biases(c))
-    throw usage_error(j.path() + ": the biases of " + model + " (attention_bias / mlp_bias / model_type) differ "
-                      "from those of the flags", "pass " + bias_flags(h.biases));
+    check.differ("the biases of " + model + " (attention_bias / mlp_bias / model_type) differ from those of the flags",
+                 bias_flags(h.biases));
   if (!h.tied && !c.untie_embeddings_and_output_weights)
-    throw usage_error(j.path() + ": tie_word_embeddings is false (lm_head differs from embed_tokens) but the output "
-                      "layer is tied to the embedding", "pass --untie-embeddings-and-output-weights");
-  check_vocab_fits(j, h.vocab, c);
+    check.differ("tie_word_embeddings is false (lm_head differs from embed_tokens) but the output layer is tied to "
+                 "the embedding",
+                 "pass --untie-embeddings-and-output-weights");
+  check_vocab_fits(check, j, h.vocab, c);
+  check.done();
   if (c.seq_length > h.positions)
     log_warn("%s: --seq-length %d exceeds max_position_embeddings %lld, the longest sequence the model was made for",
              j.path().c_str(), c.seq_length, static_cast<long long>(h.positions));
@@ -249,13 +280,13 @@ json llama_config_json(const HFExportSpec& spec) {
       {"max_position_embeddings", std::max(c.max_position_embeddings, c.seq_length)},
       {"initializer_range", hf_decimal(c.init_method_std)},
       {"rms_norm_eps", hf_decimal(c.norm_epsilon)},
-      {"rope_theta", hf_decimal(c.rotary_base)},
-      {"rope_scaling", nullptr},
       {"attention_dropout", hf_decimal(c.attention_dropout)},
       {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
       {"use_cache", true},
-      {"torch_dtype", "float32"},
+      {"torch_dtype", "float32"},  // transformers 4's name
+      {"dtype", "float32"},        // transformers 5's
   };
+  write_hf_rope(j, c);
   if (qwen2) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
@@ -266,8 +297,7 @@ json llama_config_json(const HFExportSpec& spec) {
     j["mlp_bias"] = c.add_bias_linear;
     j["pretraining_tp"] = 1;
   }
-  if (spec.bos_token_id >= 0) j["bos_token_id"] = spec.bos_token_id;
-  if (spec.eos_token_id >= 0) j["eos_token_id"] = spec.eos_token_id;
+  write_special_token_ids(j, spec);
   return j;
 }
 
@@ -331,11 +361,6 @@ std::vector<HFTensor> megatron_to_hf_llama(const std::map<std::string, std::vect
 
 std::vector<std::string> llama_train_flags(const HFConfigFile& cfg) {
   const LlamaShape h = parse_llama_config(cfg);
-  auto num = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", v);
-    return std::string(buf);
-  };
   std::vector<std::string> f = {"--num-layers", std::to_string(h.layers),
                                 "--hidden-size", std::to_string(h.hidden),
                                 "--num-attention-heads", std::to_string(h.heads),
@@ -343,10 +368,10 @@ std::vector<std::string> llama_train_flags(const HFConfigFile& cfg) {
                                 "--seq-length", std::to_string(h.positions),
                                 "--max-position-embeddings", std::to_string(h.positions),
                                 "--position-embedding-type", "rope",
-                                "--rotary-base", num(h.rope_theta),
-                                "--normalization", "RMSNorm",
-                                "--norm-epsilon", num(h.eps),
-                                "--swiglu"};
+                                "--rotary-base", hf_number(h.rope.theta)};
+  if (h.rope.llama3_factor)
+    f.insert(f.end(), {"--use-rope-scaling", "--rope-scaling-factor", hf_number(*h.rope.llama3_factor)});
+  f.insert(f.end(), {"--normalization", "RMSNorm", "--norm-epsilon", hf_number(h.eps), "--swiglu"});
   if (h.kv_heads != h.heads)
     f.insert(f.end(), {"--group-query-attention", "--num-query-groups", std::to_string(h.kv_heads)});
   if (h.head_dim * h.heads != h.hidden) f.insert(f.end(), {"--kv-channels", std::to_string(h.head_dim)});

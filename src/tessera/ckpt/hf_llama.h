@@ -13,10 +13,14 @@
 //   - tie_word_embeddings true with untied flags copies the embedding into output_layer (the
 //     run then trains them apart, as Megatron's converter always writes untied models);
 //   - rotary_emb.inv_freq buffers of older files are ignored (RoPE has no parameters).
-// config.json must agree with the flags; each difference is an error naming the field and the
-// flag. Not expressible, each an error naming the field: rope_scaling other than null (tessera
-// has no --use-rope-scaling), hidden_act other than silu, Qwen2's sliding window, an o_proj
-// bias without MLP biases (Megatron's --add-bias-linear is all four linears or none).
+//   - RoPE in either config layout (hf_rope.h): rope_type llama3 is --use-rope-scaling;
+//     exports write both layouts.
+// config.json must agree with the flags; one error names every difference with its field and
+// flag (GQA's key/value heads need --group-query-attention besides --num-query-groups). Not
+// expressible, each an error naming the field: rope types other than default and llama3,
+// hidden_act other than silu, Qwen2's sliding window (use_sliding_window, or layer_types other
+// than full_attention), an o_proj bias without MLP biases (Megatron's --add-bias-linear is all
+// four linears or none).
 #pragma once
 
 #include <map>

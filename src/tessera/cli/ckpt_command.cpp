@@ -28,6 +28,7 @@
 #include "tessera/core/file_io.h"
 #include "tessera/core/options.h"
 #include "tessera/core/sha256.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/megatron_args.h"
 
@@ -488,7 +489,10 @@ int run_export_hf(const Command& c) {
 
   HFExportSpec spec;
   spec.model = args.model;
-  spec.bos_token_id = spec.eos_token_id = args.eod;
+  // The tokenizer's own bos and eos (the end-of-document id is its eos).
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::build_tokenizer(args.tokenizer);
+  spec.bos_token_id = tokenizer->bos().value_or(-1);
+  spec.eos_token_id = tokenizer->eod();
   if (args.tokenizer.type == "GPT2BPETokenizer") {
     spec.tokenizer_files = {{"vocab.json", args.tokenizer.vocab_file}, {"merges.txt", args.tokenizer.merge_file}};
   } else if (args.tokenizer.type == "HuggingFaceTokenizer") {

@@ -33,6 +33,8 @@ class GPT2BPETokenizer final : public Tokenizer {
   std::string_view type() const override { return "GPT2BPETokenizer"; }
   int64_t vocab_size() const override;
   int32_t eod() const override;
+  // <|endoftext|> is GPT-2's bos token too (transformers' GPT2Tokenizer).
+  std::optional<int32_t> bos() const override { return eod(); }
   void encode(std::string_view text, std::vector<int32_t>& out) override;
   using Tokenizer::encode;
   // Python's detokenize: bytes of the tokens, decoded with errors='replace'.

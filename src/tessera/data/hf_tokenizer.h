@@ -39,7 +39,7 @@ class HuggingFaceTokenizer final : public Tokenizer {
   int32_t eod() const override;
   // The pad_token's id (Qwen2's default: <|endoftext|>, its EOD too), else -1.
   int32_t pad() const override;
-  std::optional<int32_t> bos() const;
+  std::optional<int32_t> bos() const override;
   // The largest token id (ids need not be dense: vocab_size may be smaller).
   int32_t max_token_id() const;
   void encode(std::string_view text, std::vector<int32_t>& out) override;

@@ -304,6 +304,26 @@ std::optional<std::string> token_text(const JsonFile& f, const Json& v, const st
   return f.string_at(v, at, "content");  // an AddedToken written as a dict
 }
 
+// The tokenizer class transformers' AutoTokenizer builds, when its tokenizer is tokenizer.json
+// itself: PreTrainedTokenizerFast (transformers 4), TokenizersBackend (what transformers 5's
+// save_pretrained writes for it) and Qwen2Tokenizer(Fast), whose pipeline in transformers 5 is
+// the one Qwen2's tokenizer.json holds. Other classes rebuild parts of the tokenizer in Python
+// (GPT-2's and Llama's pre-tokenizer or template), and a backend other than "tokenizers"
+// (transformers 5's sentencepiece one) never reads tokenizer.json: errors naming the class.
+std::string check_tokenizer_class(const JsonFile& config) {
+  const std::string cls = config.root.value("tokenizer_class", std::string("PreTrainedTokenizerFast"));
+  if (cls != "PreTrainedTokenizerFast" && cls != "TokenizersBackend" && cls != "Qwen2Tokenizer" &&
+      cls != "Qwen2TokenizerFast")
+    config.fail("tokenizer_class", "\"" + cls +
+                                       "\" is not supported (PreTrainedTokenizerFast, TokenizersBackend and "
+                                       "Qwen2Tokenizer(Fast) are; other classes change the tokenizer in Python, e.g. "
+                                       "GPT-2's and Llama's rewrite the pre-tokenizer or the template)");
+  if (auto backend = config.root.find("backend"); backend != config.root.end() && *backend != "tokenizers")
+    config.fail("backend", backend->dump() + " is not supported: only the \"tokenizers\" backend reads "
+                                             "tokenizer.json");
+  return cls;
+}
+
 SpecialTokens read_special_tokens(const std::string& dir) {
   const std::string config_path = dir + "/tokenizer_config.json";
   if (!exists(config_path))
@@ -315,18 +335,16 @@ SpecialTokens read_special_tokens(const std::string& dir) {
   static const char* kAttributes[] = {"bos_token", "eos_token", "unk_token", "sep_token",
                                       "pad_token", "cls_token", "mask_token"};
   std::unordered_map<std::string, Json> values;  // what the class defaults, then the files say
-  const std::string cls = config.root.value("tokenizer_class", std::string("PreTrainedTokenizerFast"));
-  if (cls == "Qwen2Tokenizer" || cls == "Qwen2TokenizerFast") {
+  const std::string cls = check_tokenizer_class(config);
+  if (cls == "Qwen2Tokenizer" || cls == "Qwen2TokenizerFast")
     for (const char* k : {"unk_token", "eos_token", "pad_token"}) values[k] = "<|endoftext|>";
-  } else if (cls != "PreTrainedTokenizerFast") {
-    config.fail("tokenizer_class", "\"" + cls +
-                                       "\" is not supported (PreTrainedTokenizerFast and Qwen2Tokenizer(Fast) "
-                                       "are; other classes change the tokenizer in Python, e.g. GPT-2's and "
-                                       "Llama's rewrite the pre-tokenizer or the template)");
-  }
   for (const char* k : kAttributes)
     if (config.root.contains(k)) values[k] = config.root[k];
+  // transformers 4 writes additional_special_tokens, 5 a list extra_special_tokens (4's
+  // extra_special_tokens is a dict of named tokens, always empty for these classes).
   Json additional = config.root.value("additional_special_tokens", Json::array());
+  if (auto extra = config.root.find("extra_special_tokens"); extra != config.root.end() && extra->is_array())
+    additional = *extra;
   const std::string map_path = dir + "/special_tokens_map.json";
   if (exists(map_path)) {  // transformers lets this file override tokenizer_config.json
     const JsonFile map = read_json(map_path, "special tokens map");

@@ -51,6 +51,9 @@ std::string_view SentencePieceTokenizer::type() const {
 
 int64_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 int32_t SentencePieceTokenizer::eod() const { return sp_->eos_id(); }
+std::optional<int32_t> SentencePieceTokenizer::bos() const {
+  return sp_->bos_id() >= 0 ? std::optional<int32_t>(sp_->bos_id()) : std::nullopt;
+}
 int32_t SentencePieceTokenizer::pad() const { return flavor_ == Flavor::GPT ? sp_->pad_id() : -1; }
 
 void SentencePieceTokenizer::encode(std::string_view text, std::vector<int32_t>& out) {

@@ -31,6 +31,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   // GPTSentencePieceTokenizer: the model's pad id (-1 without one). Llama2Tokenizer: -1, as in
   // Megatron, whose _Llama2Tokenizer stores pad_id where its `pad` property does not look.
   int32_t pad() const override;
+  // The model's bos piece (Llama2Tokenizer puts it before every document).
+  std::optional<int32_t> bos() const override;
   void encode(std::string_view text, std::vector<int32_t>& out) override;
   using Tokenizer::encode;
   std::string decode(std::span<const int32_t> ids) const override;

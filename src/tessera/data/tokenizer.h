@@ -27,6 +27,9 @@ class Tokenizer {
   // Megatron's tokenizer.pad as its GPTDataset reads it: labels equal to it get no loss and
   // inputs equal to it become 0. -1 (Megatron's _PAD_TOKEN_ID) when the tokenizer has none.
   virtual int32_t pad() const { return -1; }
+  // The tokenizer's beginning-of-text id (a Hugging Face export's bos_token_id); nullopt
+  // without one.
+  virtual std::optional<int32_t> bos() const { return std::nullopt; }
   // Appends the ids of `text` to `out`. Throws tessera::Error for text it cannot encode
   // (invalid UTF-8; for NullTokenizer, a piece that is not an id).
   virtual void encode(std::string_view text, std::vector<int32_t>& out) = 0;

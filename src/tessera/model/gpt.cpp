@@ -606,14 +606,12 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
 }
 
-ops::Rope GPTModel::rope() const { return {config_.rotary_dim(), config_.rotary_base}; }
-
 // What attention reads: the per-head [q;k;v] that attention_qkv builds from this layer's
 // grouped projection into the shared ws.heads (forward, and again in backward: a copy with
 // a rotation, cheaper to redo than to keep per layer), or the projection itself for GPT.
 Tensor GPTModel::attention_heads(Tensor qkv) {
   if (!config_.regroups_qkv()) return qkv;
-  ops::attention_qkv_forward(ws_->heads, qkv, config_.query_groups() / tp_.size(), rope());
+  ops::attention_qkv_forward(ws_->heads, qkv, config_.query_groups() / tp_.size(), config_.rope());
   return ws_->heads;
 }
 
@@ -649,7 +647,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
   if (config_.regroups_qkv()) {
     zero(ws.d_qkv);
-    ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, config_.query_groups() / tp_.size(), rope());
+    ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, config_.query_groups() / tp_.size(), config_.rope());
   }
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);

@@ -181,7 +181,6 @@ class GPTModel {
   void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step);
-  ops::Rope rope() const;
   Tensor attention_heads(Tensor qkv);
   void embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step);
   void need_params(size_t first, size_t end) const {

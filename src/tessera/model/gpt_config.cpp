@@ -12,6 +12,12 @@ int GPTConfig::rotary_dim() const {
   return rotary_percent >= 1.0f ? kv_channels : static_cast<int>(kv_channels * rotary_percent);
 }
 
+ops::Rope GPTConfig::rope() const {
+  ops::Rope r{rotary_dim(), rotary_base, {}};
+  if (use_rope_scaling) r.scaling.factor = rope_scaling_factor;
+  return r;
+}
+
 std::vector<ParamSpec> gpt_param_specs(const GPTConfig& c) {
   std::vector<ParamSpec> specs;
   auto add = [&](std::string name, Shape shape, ParamInit init) {

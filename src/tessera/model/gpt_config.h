@@ -48,6 +48,11 @@ struct GPTConfig {
   PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
   float rotary_base = 10000.0f;
   float rotary_percent = 1.0f;
+  // Llama 3.1's scaling of the rotary frequencies (--use-rope-scaling, --rope-scaling-factor:
+  // Llama 3.1 8, Llama 3.2 32), with Megatron's low/high frequency factors 1 and 4 and
+  // original context 8192 (ops.h RopeScaling's defaults).
+  bool use_rope_scaling = false;
+  float rope_scaling_factor = 8.0f;
   // fc1 produces [gate | up] (2 * ffn_hidden_size) and silu(gate) * up feeds fc2.
   bool swiglu = false;
   int num_query_groups = 0;  // key/value heads; num_attention_heads without GQA
@@ -67,6 +72,8 @@ struct GPTConfig {
   bool has_layernorm_bias() const { return normalization == Normalization::LayerNorm; }
   // Channels of each query/key head that RoPE rotates (Megatron: hn, or int(hn * percent)).
   int rotary_dim() const;
+  // RoPE as the attention_qkv ops take it (dim 0 without rotary position embedding).
+  ops::Rope rope() const;
   // The model has an attention_qkv step (RoPE, query groups) between the QKV projection and attention.
   bool regroups_qkv() const { return rotary_dim() > 0 || query_groups() != num_attention_heads; }
 };

@@ -151,11 +151,29 @@ AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, 
 // sin of the f32 angle to f32 accuracy (the CPU rounds double ones; devices use their f32
 // cos, sin and pow, so backends agree to a few ulp of the angle, not bit for bit: PoCL
 // within 4e-6 of the CPU at T = 4096). Channels [dim, HD) pass through. dim == 0: no
-// rotation.
+// rotation. With scaling, inv_freq is rope_inv_freq's.
+//
+// Llama 3.1's frequency scaling (Megatron's --use-rope-scaling: RotaryEmbedding._apply_scaling
+// in megatron/core/models/common/embeddings/rotary_pos_embedding.py; transformers' rope_type
+// "llama3"): of frequency f's wavelength w = 2*pi / f, with C = original_max_positions,
+// w < C / high_freq_factor keeps f, w > C / low_freq_factor gives f / factor, and between
+// the two s = (C / w - low_freq_factor) / (high_freq_factor - low_freq_factor) mixes them,
+// (1 - s) * f / factor + s * f; each step in f32 as Megatron's torch code evaluates it.
+struct RopeScaling {
+  float factor = 0.0f;  // 0: no scaling
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  float original_max_positions = 8192.0f;
+};
 struct Rope {
   int64_t dim = 0;  // even; kv_channels * --rotary-percent
   float base = 10000.0f;
+  RopeScaling scaling;
 };
+// inv_freq[i] of `rope` for i < dim / 2, scaled when rope.scaling.factor > 0: the one C++
+// evaluation (the CPU kernels' and the tests'); attention.cl's rope_inv_freq is the same
+// formula for the OpenCL and CUDA kernels.
+float rope_inv_freq(const Rope& rope, int64_t i);
 // The fused QKV projection of (grouped-query) attention, laid out per head for
 // attention_forward. qkv: [B,T,NG*(R+2)*HD] in Megatron's grouped layout (for query group
 // g of NG, R = NH/NG query heads, then the group's key, then its value, each HD wide:

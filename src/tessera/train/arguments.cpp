@@ -36,6 +36,10 @@ std::vector<OptionDef> train_option_defs() {
        "Deprecated: no learned absolute position embedding (--position-embedding-type none)"},
       {"--rotary-base", K::Int, "10000", "RoPE base period"},
       {"--rotary-percent", K::Float, "1.0", "Fraction of each head's channels that RoPE rotates"},
+      {"--use-rope-scaling", K::StoreTrue, nullptr,
+       "Llama 3.1's RoPE frequency scaling: --rope-scaling-factor, frequency factors 1 and 4, original context 8192"},
+      {"--rope-scaling-factor", K::Float, "8.0",
+       "Factor of --use-rope-scaling (later Megatron's flag): Llama 3.1 8, Llama 3.2 32"},
       {"--no-rope-fusion", K::StoreFalse, nullptr, "Unfused RoPE", nullptr, kSpeed, "apply_rope_fusion"},
       {"--swiglu", K::StoreTrue, nullptr, "SwiGLU MLP: fc1 gives gate and up, silu(gate) * up feeds fc2"},
       {"--group-query-attention", K::StoreTrue, nullptr, "Grouped-query attention (--num-query-groups)"},
@@ -236,6 +240,13 @@ void parse_llama_options(const ParsedOptions& p, GPTConfig& m) {
                           std::to_string(m.kv_channels) + " rotates " + std::to_string(m.rotary_dim()) +
                           " channels; RoPE needs an even number, at least 2",
                       "choose --rotary-percent so that kv-channels * percent is even");
+  m.use_rope_scaling = p.get_bool("--use-rope-scaling");
+  m.rope_scaling_factor = static_cast<float>(p.get_float("--rope-scaling-factor"));
+  if (!(m.rope_scaling_factor >= 1.0f))
+    throw usage_error("--rope-scaling-factor must be >= 1, got " + *p.raw("--rope-scaling-factor"),
+                      "Llama 3.1 uses 8, Llama 3.2 32");
+  if (p.given("--rope-scaling-factor") && !m.use_rope_scaling)
+    log_warn("--rope-scaling-factor has no effect without --use-rope-scaling");
   m.num_query_groups = m.num_attention_heads;
   if (p.get_bool("--group-query-attention")) {
     m.num_query_groups = static_cast<int>(positive(p, "--num-query-groups"));

@@ -147,6 +147,19 @@ class HFLlama : public ::testing::Test {
     c[key] = std::move(v);
     return c;
   }
+  // The reference's config.json as transformers 5 writes it: RoPE in rope_parameters only.
+  static json v5_config(json rope_parameters) {
+    json c = hf_config();
+    c.erase("rope_theta");
+    c.erase("rope_scaling");
+    c["rope_parameters"] = std::move(rope_parameters);
+    return c;
+  }
+  // Llama 3.1's rope_scaling (transformers 4) / rope_parameters without rope_theta (5).
+  static json llama3_params(double factor) {
+    return {{"rope_type", "llama3"}, {"factor", factor}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+            {"original_max_position_embeddings", 8192}};
+  }
 
   static fs::path* dir_;
   static int status_;
@@ -223,7 +236,7 @@ TEST_F(HFLlama, ConfigMustMatchTheFlags) {
   expect_error(loader(with("rms_norm_eps", 1e-6)), {"rms_norm_eps is 1e-06", "--norm-epsilon"});
   expect_error(loader(with("vocab_size", 129)), {"vocab_size 129", "128"});
   expect_error(loader(with("hidden_act", "gelu")), {"hidden_act is \"gelu\""});
-  expect_error(loader(with("rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}})), {"rope_scaling is {"});
+  expect_error(loader(with("rope_scaling", llama3_params(8.0))), {"rope_type is \"llama3\"", "--use-rope-scaling"});
   expect_error(loader(with("attention_bias", true)), {"attention_bias is true", "mlp_bias"});
   expect_error(loader(with("model_type", "mistral")), {"model_type is \"mistral\""});
 
@@ -338,4 +351,141 @@ TEST_F(HFLlama, ShardIndexMustAgreeWithTheShards) {
                {"model.safetensors.index.json", "model.norm.weight", "does not hold it"});
   fs::remove(sharded / "model.safetensors.index.json");
   expect_error([&] { tessera::load_hf_llama(sharded.string(), config()); }, {"model.safetensors: not found"});
+}
+
+TEST_F(HFLlama, RopeInBothLayoutsOfTransformers) {
+  GPTConfig base500k = config();
+  base500k.rotary_base = 500000.0f;
+  // transformers 5: rope_parameters, no top-level rope_theta. Its base is read, not 10000.
+  const json v5 = v5_config({{"rope_theta", 500000.0}, {"rope_type", "default"}});
+  EXPECT_NO_THROW(load(v5, hf_tensors(), base500k));
+  expect_error(loader(v5), {"rope_theta is 500000 but --rotary-base is 10000", "--rotary-base 500000"});
+  // Both layouts (tessera's export): they must agree.
+  json both = v5;
+  both["rope_theta"] = 500000.0;
+  both["rope_scaling"] = nullptr;
+  EXPECT_NO_THROW(load(both, hf_tensors(), base500k));
+  both["rope_theta"] = 10000.0;
+  expect_error(loader(both, base500k), {"rope_parameters says rope_theta 500000", "rope_theta and rope_scaling say "
+                                                                                   "rope_theta 10000"});
+  // rope_parameters without rope_theta takes the top-level one, then transformers' default.
+  EXPECT_NO_THROW(load(v5_config({{"rope_type", "default"}}), hf_tensors(), config()));
+}
+
+TEST_F(HFLlama, Llama3ScalingIsUseRopeScaling) {
+  GPTConfig scaled = config();
+  scaled.use_rope_scaling = true;
+  scaled.rope_scaling_factor = 32.0f;
+  json v5_params = llama3_params(32.0);
+  v5_params["rope_theta"] = 10000.0;
+  for (const json& cfg : {with("rope_scaling", llama3_params(32.0)), v5_config(v5_params)}) {
+    SCOPED_TRACE(cfg.contains("rope_parameters") ? "transformers 5" : "transformers 4");
+    EXPECT_NO_THROW(load(cfg, hf_tensors(), scaled));
+    expect_error(loader(cfg), {"rope_type is \"llama3\"", "--use-rope-scaling --rope-scaling-factor 32"});
+    GPTConfig factor8 = scaled;
+    factor8.rope_scaling_factor = 8.0f;
+    expect_error(loader(cfg, factor8), {"rope_scaling factor is 32 but --rope-scaling-factor is 8",
+                                        "--rope-scaling-factor 32"});
+  }
+  expect_error(loader(hf_config(), scaled), {"rope_type is \"default\"", "drop --use-rope-scaling"});
+  // Older files spell rope_type "type".
+  json typed = llama3_params(8.0);
+  typed["type"] = typed["rope_type"];
+  typed.erase("rope_type");
+  scaled.rope_scaling_factor = 8.0f;
+  EXPECT_NO_THROW(load(with("rope_scaling", typed), hf_tensors(), scaled));
+
+  // The flags import-hf derives, and the config an export writes: both layouts.
+  fs::remove_all(edited_);
+  write_folder(edited_, v5_config(v5_params), hf_tensors());
+  std::string joined;
+  for (const auto& a : tessera::train_flags_from_hf_config(edited_.string())) joined += a + " ";
+  EXPECT_NE(joined.find("--use-rope-scaling --rope-scaling-factor 32 "), std::string::npos) << joined;
+  tessera::HFExportSpec spec;
+  spec.model = config();
+  spec.model.use_rope_scaling = true;
+  spec.model.rope_scaling_factor = 32.0f;
+  spec.model.rotary_base = 500000.0f;
+  const json exported = tessera::llama_config_json(spec);
+  json want_scaling = llama3_params(32.0), want_params = want_scaling;
+  want_params["rope_theta"] = 500000.0;
+  EXPECT_EQ(exported["rope_theta"], 500000.0);
+  EXPECT_EQ(exported["rope_scaling"], want_scaling);
+  EXPECT_EQ(exported["rope_parameters"], want_params);
+  spec.model.use_rope_scaling = false;
+  EXPECT_EQ(tessera::llama_config_json(spec)["rope_scaling"], nullptr);
+  EXPECT_EQ(tessera::llama_config_json(spec)["rope_parameters"],
+            (json{{"rope_theta", 500000.0}, {"rope_type", "default"}}));
+}
+
+TEST_F(HFLlama, OtherRopeTypesAreRefusedNamingFieldAndValue) {
+  for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
+    SCOPED_TRACE(type);
+    expect_error(loader(with("rope_scaling", {{"rope_type", type}, {"factor", 4.0}})),
+                 {std::string("rope_scaling.rope_type is \"") + type + "\"", "does not implement"});
+    expect_error(loader(v5_config({{"rope_type", type}, {"rope_theta", 10000.0}, {"factor", 4.0}})),
+                 {std::string("rope_parameters.rope_type is \"") + type + "\""});
+  }
+  // llama3 with constants other than Megatron's.
+  GPTConfig scaled = config();
+  scaled.use_rope_scaling = true;
+  for (const auto& [field, value] : {std::pair<const char*, json>{"low_freq_factor", 2.0},
+                                     {"high_freq_factor", 8.0},
+                                     {"original_max_position_embeddings", 4096}}) {
+    json params = llama3_params(8.0);
+    params[field] = value;
+    expect_error(loader(with("rope_scaling", params), scaled),
+                 {std::string("rope_scaling.") + field + " is " + value.dump(), "Megatron's --use-rope-scaling"});
+  }
+  json params = llama3_params(8.0);
+  params.erase("factor");
+  expect_error(loader(with("rope_scaling", params), scaled), {"rope_scaling.factor is absent"});
+  expect_error(loader(v5_config({{"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.5}})),
+               {"rope_parameters.partial_rotary_factor is 0.5"});
+  expect_error(loader(v5_config({{"full_attention", {{"rope_type", "default"}}}})), {"per layer type"});
+}
+
+TEST_F(HFLlama, OneErrorNamesEveryDifference) {
+  json cfg = hf_config();
+  cfg["num_hidden_layers"] = 3;
+  cfg["intermediate_size"] = 96;
+  cfg["rms_norm_eps"] = 1e-6;
+  GPTConfig c = config();
+  c.swiglu = false;
+  expect_error(loader(cfg, c), {"4 differences from the flags", "num_hidden_layers is 3 but --num-layers is 2",
+                                "intermediate_size is 96 but --ffn-hidden-size is 128",
+                                "rms_norm_eps is 1e-06 but --norm-epsilon is 1e-05", "--swiglu is not given",
+                                "pass --swiglu --num-layers 3 --ffn-hidden-size 96 --norm-epsilon 1e-06"});
+}
+
+TEST_F(HFLlama, GroupedQueriesNeedGroupQueryAttention) {
+  // --num-query-groups 2 without --group-query-attention: one key/value head per query head.
+  GPTConfig c = config();
+  c.num_query_groups = c.num_attention_heads;
+  expect_error(loader(hf_config(), c), {"num_key_value_heads is 2 but the flags give each of the 4 heads its own "
+                                        "key and value (no --group-query-attention, or --num-query-groups 4)",
+                                        "pass --group-query-attention --num-query-groups 2"});
+  c.num_query_groups = 1;
+  expect_error(loader(hf_config(), c), {"num_key_value_heads is 2 but --num-query-groups is 1",
+                                        "pass --num-query-groups 2"});
+}
+
+TEST_F(HFLlama, Qwen2LayerTypesMustBeFullAttention) {
+  std::vector<HFTensor> ts = hf_tensors();
+  for (int l = 0; l < 2; ++l)
+    for (const char* p : {"q", "k", "v"}) {
+      const int64_t rows = std::string(p) == "q" ? 64 : 32;
+      ts.push_back({"model.layers." + std::to_string(l) + ".self_attn." + p + "_proj.bias", {rows},
+                    std::vector<float>(static_cast<size_t>(rows), 0.5f)});
+    }
+  json qwen = v5_config({{"rope_theta", 10000.0}, {"rope_type", "default"}});
+  qwen["model_type"] = "qwen2";
+  qwen["architectures"] = json::array({"Qwen2ForCausalLM"});
+  for (const char* key : {"head_dim", "attention_bias", "mlp_bias"}) qwen.erase(key);
+  qwen["layer_types"] = json::array({"full_attention", "full_attention"});
+  GPTConfig c = config();
+  c.add_qkv_bias = true;
+  EXPECT_NO_THROW(load(qwen, ts, c));
+  qwen["layer_types"][1] = "sliding_attention";
+  expect_error([&] { load(qwen, ts, c); }, {"layer_types is [\"full_attention\",\"sliding_attention\"]"});
 }

@@ -436,16 +436,21 @@ TEST_P(BackendOps, Attention) {
 
 // The grouped QKV layout with RoPE: GQA (R = 3) with half the channels rotated (rotary
 // percent 0.5), one group, and GPT's layout (NG == NH, no rotation: a copy).
+// And Llama 3.1's frequency scaling (ops.h RopeScaling) with a short original context, so
+// that 9 positions turn every region of it by whole radians.
 struct QkvCase {
   int64_t NG, NH, HD, dim;
+  float base = 10000.0f;
+  ops::RopeScaling scaling = {};
 };
-const QkvCase kQkvCases[] = {{2, 6, 8, 4}, {1, 4, 6, 6}, {3, 3, 8, 0}};
+const QkvCase kQkvCases[] = {
+    {2, 6, 8, 4}, {1, 4, 6, 6}, {3, 3, 8, 0}, {1, 2, 8, 8, 25.0f, {4.0f, 1.0f, 4.0f, 64.0f}}};
 
 TEST_P(BackendOps, AttentionQkv) {
   for (const QkvCase& c : kQkvCases) {
     SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " rope dim " + std::to_string(c.dim));
     const int64_t B = 2, T = 9, R = c.NH / c.NG;
-    const ops::Rope rope{c.dim, 10000.0f};
+    const ops::Rope rope{c.dim, c.base, c.scaling};
     Twin& qkv = normal({B, T, c.NG * (R + 2) * c.HD});
     Twin& out = normal({B, T, c.NH * 3 * c.HD});
     run([&](Side s) { ops::attention_qkv_forward(out[s], qkv[s], c.NG, rope); });
@@ -976,7 +981,7 @@ TEST_P(BackendOps, Storage16LlamaOps) {
     for (const QkvCase& c : kQkvCases) {
       SCOPED_TRACE("NG " + std::to_string(c.NG) + " rope dim " + std::to_string(c.dim));
       const int64_t B = 2, T = 9, R = c.NH / c.NG;
-      const ops::Rope rope{c.dim, 10000.0f};
+      const ops::Rope rope{c.dim, c.base, c.scaling};
       Twin& qkv = normal_as(st.act, {B, T, c.NG * (R + 2) * c.HD});
       Twin& per_head = normal_as(st.act, {B, T, c.NH * 3 * c.HD});
       run([&](Side s) { ops::attention_qkv_forward(per_head[s], qkv[s], c.NG, rope); });

@@ -128,13 +128,30 @@ TEST(OpsSwiglu, Gradients) {
 struct QkvCase {
   int64_t B, T, NG, NH, HD, dim;
   float base;
+  ops::RopeScaling scaling = {};
+  ops::Rope rope() const { return {dim, base, scaling}; }
 };
+
+// Megatron's inverse frequency i < dim/2 in double: 1 / base^(2i/dim), then with scaling
+// (factor > 0) RotaryEmbedding._apply_scaling (rotary_pos_embedding.py) written out again:
+// wavelength w = 2 pi / f; w < C / high keeps f, w > C / low gives f / factor, between them
+// s = (C / w - low) / (high - low) and (1 - s) f / factor + s f.
+double inv_freq_reference(const QkvCase& c, int64_t i) {
+  const double f = 1.0 / std::pow(static_cast<double>(c.base), 2.0 * i / c.dim);
+  const ops::RopeScaling& k = c.scaling;
+  if (k.factor == 0.0f) return f;
+  const double w = 2 * M_PI / f, C = k.original_max_positions;
+  if (w < C / k.high_freq_factor) return f;
+  if (w > C / k.low_freq_factor) return f / k.factor;
+  const double s = (C / w - k.low_freq_factor) / (k.high_freq_factor - k.low_freq_factor);
+  return (1 - s) * f / k.factor + s * f;
+}
 
 // out of attention_qkv_forward in double, straight from Megatron: split each grouped row
 // into [q_0 .. q_{R-1}, k, v] per group, give head h the k and v of group h / R, rotate q
 // and k by x cos(emb) + rotate_half(x) sin(emb) with emb = [freqs, freqs], freqs[i] =
-// t * inv_freq[i], inv_freq[i] = 1 / base^(2i/dim), rotate_half(x) = [-x2, x1] on the
-// first dim channels; the rest pass through.
+// t * inv_freq[i] (inv_freq_reference), rotate_half(x) = [-x2, x1] on the first dim
+// channels; the rest pass through.
 std::vector<double> qkv_reference(const QkvCase& c, const Tensor& qkv) {
   const int64_t R = c.NH / c.NG, in_row = c.NG * (R + 2) * c.HD, out_row = c.NH * 3 * c.HD, half = c.dim / 2;
   std::vector<double> out(static_cast<size_t>(c.B * c.T * out_row));
@@ -150,7 +167,7 @@ std::vector<double> qkv_reference(const QkvCase& c, const Tensor& qkv) {
           for (int64_t j = 0; j < c.HD; ++j) {
             double v = src[part][j];
             if (part < 2 && j < c.dim) {
-              const double freq = t / std::pow(static_cast<double>(c.base), 2.0 * (j % half) / c.dim);
+              const double freq = t * inv_freq_reference(c, j % half);
               const double rotated_half = j < half ? -src[part][j + half] : src[part][j - half];
               v = src[part][j] * std::cos(freq) + rotated_half * std::sin(freq);
             }
@@ -172,17 +189,28 @@ TEST(OpsAttentionQkv, ForwardMatchesMegatronRope) {
       {2, 9, 2, 4, 8, 4, 10000.0f},     // --rotary-percent 0.5: channels [4, 8) pass through
       {1, 7, 1, 4, 6, 6, 500000.0f},    // one group (MQA), Llama 3's base
       {1, 5, 3, 3, 4, 4, 10000.0f},     // NG == NH (no GQA) with rotation
+      // Llama 3.1's scaling with Megatron's constants, factor 8 and 32 (Llama 3.2): of the
+      // 8 frequencies of base 500000, wavelengths 6 to 861 stay, 4443 is interpolated, those
+      // above 8192 are divided (at t < 40 they move the angle by ~1e-3: far above the bound).
+      {1, 40, 2, 4, 16, 16, 500000.0f, {8.0f}},
+      {1, 40, 2, 4, 16, 16, 500000.0f, {32.0f}},
+      // A short original context, so that every region turns by whole radians: wavelengths
+      // 6, 14, 31, 70 with C = 64, low 1, high 4 (kept below 16, divided above 64).
+      {2, 30, 1, 2, 8, 8, 25.0f, {4.0f, 1.0f, 4.0f, 64.0f}},
   };
   for (const QkvCase& c : cases) {
-    SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " dim " + std::to_string(c.dim));
+    SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " dim " + std::to_string(c.dim) +
+                 " scaling " + std::to_string(c.scaling.factor));
     Arena arena;
     Tensor qkv = qkv_input(arena, c, 1), out = arena.f32({c.B, c.T, c.NH * 3 * c.HD});
-    ops::attention_qkv_forward(out, qkv, c.NG, {c.dim, c.base});
+    ops::attention_qkv_forward(out, qkv, c.NG, c.rope());
     const std::vector<double> ref = qkv_reference(c, qkv);
-    // The angle t * inv_freq is f32 (as Megatron's), off the double one by ~1 ulp of up to
-    // 8 rad (~5e-7); cos, sin and the two products round once each: ~1e-6 on |x| ~ 3.
+    // The angle t * inv_freq is f32 (as Megatron's), off the double one by a few ulp of up
+    // to 40 rad (~1e-5 at t = 39: inv_freq's and the product's roundings, each 6e-8
+    // relative); cos, sin and the two products round once each (~1e-6 on |x| ~ 3).
+    const double tol = c.T > 10 ? 1e-5 : 2e-6;
     for (int64_t i = 0; i < out.numel(); ++i)
-      ASSERT_NEAR(out.f32()[i], ref[static_cast<size_t>(i)], 2e-6 * (1 + std::fabs(ref[static_cast<size_t>(i)])))
+      ASSERT_NEAR(out.f32()[i], ref[static_cast<size_t>(i)], tol * (1 + std::fabs(ref[static_cast<size_t>(i)])))
           << "element " << i;
   }
 }
@@ -202,11 +230,13 @@ TEST(OpsAttentionQkv, GptLayoutIsAPlainCopy) {
 }
 
 TEST(OpsAttentionQkv, Gradients) {
-  const QkvCase cases[] = {{2, 5, 2, 6, 8, 6, 10000.0f}, {1, 4, 1, 3, 4, 4, 10000.0f}};
+  const QkvCase cases[] = {{2, 5, 2, 6, 8, 6, 10000.0f},
+                           {1, 4, 1, 3, 4, 4, 10000.0f},
+                           {1, 30, 1, 2, 8, 8, 25.0f, {4.0f, 1.0f, 4.0f, 64.0f}}};  // scaled (above)
   for (const QkvCase& c : cases) {
     SCOPED_TRACE("NG " + std::to_string(c.NG) + " NH " + std::to_string(c.NH) + " dim " + std::to_string(c.dim));
     Arena arena;
-    const ops::Rope rope{c.dim, c.base};
+    const ops::Rope rope = c.rope();
     Tensor qkv = qkv_input(arena, c, 1), out = arena.f32({c.B, c.T, c.NH * 3 * c.HD});
     Tensor R = arena.normal(out.shape, 2);
     Grad dqkv(arena, qkv, 3);
@@ -222,11 +252,30 @@ TEST(OpsAttentionQkv, Gradients) {
   }
 }
 
+TEST(OpsRope, InverseFrequenciesAreMegatrons) {
+  // megatron-core 0.10.0's RotaryEmbedding(kv_channels=16, rotary_base=500000) inv_freq after
+  // _apply_scaling(factor=8 / 32) with its defaults (low 1, high 4, original context 8192),
+  // printed with float.hex() on CPU torch 2.6: regions kept (i < 4), interpolated (4) and
+  // divided (5..7).
+  const float factor8[] = {0x1.000000p+0f,  0x1.8d2760p-3f,  0x1.341190p-5f,  0x1.ddee9ep-8f,
+                           0x1.132ba4p-11f, 0x1.1f91f0p-15f, 0x1.be2188p-18f, 0x1.5a0f4ep-20f};
+  const float factor32[] = {0x1.000000p+0f,  0x1.8d2760p-3f,  0x1.341190p-5f,  0x1.ddee9ep-8f,
+                            0x1.c26c40p-12f, 0x1.1f91f0p-17f, 0x1.be2188p-20f, 0x1.5a0f4ep-22f};
+  for (int i = 0; i < 8; ++i) {
+    // pow may differ from torch's by an ulp; the scaling's steps add a few roundings.
+    EXPECT_FLOAT_EQ(ops::rope_inv_freq({16, 500000.0f, {8.0f}}, i), factor8[i]) << i;
+    EXPECT_FLOAT_EQ(ops::rope_inv_freq({16, 500000.0f, {32.0f}}, i), factor32[i]) << i;
+  }
+  EXPECT_EQ(ops::rope_inv_freq({16, 500000.0f}, 5), 0x1.1f91f0p-12f);  // unscaled: 8x factor 8's
+}
+
 TEST(OpsLlamaDeathTest, RejectsBadShapesAndRopeDims) {
   Arena arena;
   Tensor qkv = arena.f32({1, 2, 2 * (3 + 2) * 4}), out = arena.f32({1, 2, 6 * 3 * 4});
   EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {3, 10000.0f}), "rope dim 3 must be even");
   EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {6, 10000.0f}), "rope dim 6 must be even and in \\[0, 4\\]");
+  EXPECT_DEATH(ops::attention_qkv_forward(out, qkv, 2, {4, 10000.0f, {8.0f, 4.0f, 1.0f, 8192.0f}}),
+               "rope scaling factor 8.0+ \\(0: none\\) must be");
   EXPECT_DEATH(ops::attention_qkv_forward(arena.f32({1, 2, 70}), qkv, 2, {}), "widths are not");
   EXPECT_DEATH(ops::attention_qkv_forward(out, arena.f32({1, 3, 40}), 2, {}), "want qkv");
   EXPECT_DEATH(ops::swiglu_forward(arena.f32({2, 4}), arena.f32({2, 7})), "must be \\[N,2F\\]");

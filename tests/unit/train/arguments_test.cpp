@@ -122,6 +122,22 @@ TEST(TrainArguments, LlamaFlagsFollowMegatron) {
   EXPECT_EQ(parse(with({"--num-query-groups", "2"})).model.query_groups(), parse(with({})).model.num_attention_heads);
 }
 
+// --use-rope-scaling (core_r0.10.0: factor 8) and later Megatron's --rope-scaling-factor.
+TEST(TrainArguments, RopeScaling) {
+  const std::vector<std::string> rope = {"--position-embedding-type", "rope", "--use-rope-scaling"};
+  ops::Rope r = parse(with(rope)).model.rope();
+  EXPECT_EQ(r.scaling.factor, 8.0f);
+  EXPECT_EQ(r.scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(r.scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(r.scaling.original_max_positions, 8192.0f);
+  std::vector<std::string> f = rope;
+  f.insert(f.end(), {"--rope-scaling-factor", "32"});
+  EXPECT_EQ(parse(with(f)).model.rope().scaling.factor, 32.0f);
+  EXPECT_EQ(parse(with({"--position-embedding-type", "rope"})).model.rope().scaling.factor, 0.0f);  // none
+  f.back() = "0.5";
+  EXPECT_NE(error_of(with(f)).find("--rope-scaling-factor must be >= 1"), std::string::npos) << error_of(with(f));
+}
+
 TEST(TrainArguments, SpeedOnlyFlagsAreAccepted) {
   TrainArgs a = parse(with({"--transformer-impl", "local", "--no-masked-softmax-fusion", "--use-flash-attn",
                             "--no-persist-layer-norm"}));

@@ -20,22 +20,22 @@
 namespace tessera::ops::cpu {
 namespace {
 
-// cos and sin of theta[t, i] = t * inv_freq[i], inv_freq[i] = 1 / base^(2i/D), for t < T
-// and i < D/2: cos at table[t*half + i], sin at table[T*half + t*half + i]. inv_freq and
-// theta are f32 as Megatron computes them (fp32 arange, pow, outer product); cos and sin of
-// the f32 angle are evaluated in double and rounded once. Computed once per call, in the
-// calling thread's Small workspace (no op of this call uses it otherwise), so each head
-// and each row only reads it.
+// cos and sin of theta[t, i] = t * inv_freq[i] (ops.h rope_inv_freq), for t < T and i < D/2:
+// cos at table[t*half + i], sin at table[T*half + t*half + i]. theta is f32 as Megatron
+// computes it (fp32 outer product); cos and sin of the f32 angle are evaluated in double and
+// rounded once. Computed once per call, in the calling thread's Small workspace (no op of
+// this call uses it otherwise), so each head and each row only reads it.
 const float* rope_table(const QkvLayout& s, const Rope& rope) {
   if (s.half == 0) return nullptr;
   const int64_t n = s.T * s.half;
-  float* table = static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(2 * n) * sizeof(float)));
-  const float dim = static_cast<float>(rope.dim);
+  float* table =
+      static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(2 * n + s.half) * sizeof(float)));
+  float* inv_freq = table + 2 * n;
+  for (int64_t i = 0; i < s.half; ++i) inv_freq[i] = rope_inv_freq(rope, i);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t)
     for (int64_t i = 0; i < s.half; ++i) {
-      const float inv_freq = 1.0f / std::pow(rope.base, static_cast<float>(2 * i) / dim);
-      const double theta = static_cast<float>(t) * inv_freq;
+      const double theta = static_cast<float>(t) * inv_freq[i];
       table[t * s.half + i] = static_cast<float>(std::cos(theta));
       table[n + t * s.half + i] = static_cast<float>(std::sin(theta));
     }

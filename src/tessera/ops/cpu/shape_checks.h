@@ -46,6 +46,11 @@ inline QkvLayout qkv_layout(const Tensor& grouped, const Tensor& per_head, int64
   TESSERA_CHECK(rope.dim >= 0 && rope.dim % 2 == 0 && rope.dim <= s.HD && (rope.dim == 0 || rope.base > 0.0f),
                 std::string(op) + ": rope dim " + std::to_string(rope.dim) + " must be even and in [0, " +
                     std::to_string(s.HD) + "] (the head dim), with a positive base");
+  const RopeScaling& k = rope.scaling;
+  TESSERA_CHECK(k.factor == 0.0f || (k.factor > 0.0f && k.low_freq_factor > 0.0f &&
+                                     k.high_freq_factor > k.low_freq_factor && k.original_max_positions > 0.0f),
+                std::string(op) + ": rope scaling factor " + std::to_string(k.factor) + " (0: none) must be >= 0, " +
+                    "with 0 < low_freq_factor < high_freq_factor and original_max_positions > 0");
   return s;
 }
 

@@ -117,24 +117,39 @@ __kernel void attention_backward_keys(FLOATS(dqkv), __global const float* scratc
 // row (qkv, dqkv) holds per group [q_0 .. q_{R-1}, k, v], a per-head row (out, dout) per
 // head h = g*R + i [q_h, k_g, v_g], HD wide each.
 
+// RoPE's frequency i of `pairs` (ops.h rope_inv_freq, the same steps in f32): 1 / base^(2i /
+// (2*pairs)), then, when factor > 0, Llama 3.1's scaling with low/high frequency factors and
+// the original context `context`.
+DEVICE_FN float rope_inv_freq(long i, long pairs, float base, float factor, float low, float high, float context) {
+  const float f = 1.0f / pow(base, (float)(2 * i) / (float)(2 * pairs));
+  if (factor == 0.0f) return f;
+  const float wavelen = 6.2831855f / f;
+  if (wavelen < context / high) return f;
+  if (wavelen > context / low) return f / factor;
+  const float smooth = (context / wavelen - low) / (high - low);
+  return (1.0f - smooth) * f / factor + smooth * f;
+}
+
 // Channel c of the head starting at element `head` of x, rotated by sign * theta_i of
-// position t (theta_i = t * inv_freq[i], inv_freq[i] = 1 / base^(2i / (2*pairs)), in f32),
-// channel i < pairs paired with i + pairs; channels [2*pairs, HD) as they are.
-DEVICE_FN float rope_channel(CONST_FLOATS(x), long head, long c, long pairs, long t, float base, float sign) {
+// position t (theta_i = t * inv_freq[i] in f32, inv_freq[i] rope_inv_freq's), channel
+// i < pairs paired with i + pairs; channels [2*pairs, HD) as they are.
+DEVICE_FN float rope_channel(CONST_FLOATS(x), long head, long c, long pairs, long t, float base, float factor,
+                             float low, float high, float context, float sign) {
   if (c >= 2 * pairs) return load_float(x, x_off + (ulong)(head + c), x_dt);
   const long i = c < pairs ? c : c - pairs;
-  const float inv_freq = 1.0f / pow(base, (float)(2 * i) / (float)(2 * pairs));
-  const float theta = (float)t * inv_freq;
+  const float theta = (float)t * rope_inv_freq(i, pairs, base, factor, low, high, context);
   const float co = cos(theta), si = sign * sin(theta);
   const float x1 = load_float(x, x_off + (ulong)(head + i), x_dt);
   const float x2 = load_float(x, x_off + (ulong)(head + i + pairs), x_dt);
   return c < pairs ? x1 * co - x2 * si : x2 * co + x1 * si;
 }
-#define ROPE(x, head, c, sign) rope_channel(x, x##_off, x##_dt, (head), (c), pairs, t, base, (sign))
+#define ROPE(x, head, c, sign) \
+  rope_channel(x, x##_off, x##_dt, (head), (c), pairs, t, base, factor, low, high, context, (sign))
+// The rope arguments every kernel below takes (Launch's scalars in attention_host.inc).
+#define ROPE_ARGS long pairs, float base, float factor, float low, float high, float context
 
 // Work-item (element of a per-head row, row = b*T + t).
-__kernel void attention_qkv_forward(FLOATS(out), CONST_FLOATS(qkv), long T, long NG, long R, long HD, long pairs,
-                                    float base) {
+__kernel void attention_qkv_forward(FLOATS(out), CONST_FLOATS(qkv), long T, long NG, long R, long HD, ROPE_ARGS) {
   const long col = get_global_id(0), row = get_global_id(1), t = row % T;
   const long h = col / (3 * HD), part = col / HD % 3, c = col % HD, g = h / R;
   // q_h, k_g or v_g of the group's [q_0 .. q_{R-1}, k, v]
@@ -144,8 +159,8 @@ __kernel void attention_qkv_forward(FLOATS(out), CONST_FLOATS(qkv), long T, long
 
 // Work-item (element of a grouped row, row). dq: its head's gradient rotated back; dk, dv:
 // those of the group's R heads (dk rotated back) added in head order, rounded once.
-__kernel void attention_qkv_backward(FLOATS(dqkv), CONST_FLOATS(dout), long T, long NG, long R, long HD, long pairs,
-                                     float base) {
+__kernel void attention_qkv_backward(FLOATS(dqkv), CONST_FLOATS(dout), long T, long NG, long R, long HD,
+                                     ROPE_ARGS) {
   const long col = get_global_id(0), row = get_global_id(1), t = row % T;
   const long g = col / ((R + 2) * HD), slot = col / HD % (R + 2), c = col % HD;
   const long heads = row * NG * R * 3 * HD + g * R * 3 * HD;  // head g*R's [q; k; v] in dout
