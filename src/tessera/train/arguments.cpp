@@ -40,7 +40,7 @@ std::vector<OptionDef> train_option_defs() {
        "Llama 3.1's RoPE frequency scaling: --rope-scaling-factor, frequency factors 1 and 4, original context 8192"},
       {"--rope-scaling-factor", K::Float, "8.0",
        "Factor of --use-rope-scaling (later Megatron's flag): Llama 3.1 8, Llama 3.2 32"},
-      {"--no-rope-fusion", K::StoreFalse, nullptr, "Unfused RoPE", nullptr, kSpeed, "apply_rope_fusion"},
+      {"--no-rope-fusion", K::StoreFalse, nullptr, "Unfused RoPE", nullptr, kSpeed},
       {"--swiglu", K::StoreTrue, nullptr, "SwiGLU MLP: fc1 gives gate and up, silu(gate) * up feeds fc2"},
       {"--group-query-attention", K::StoreTrue, nullptr, "Grouped-query attention (--num-query-groups)"},
       {"--num-query-groups", K::Int, "1", "Key/value heads with --group-query-attention"},

@@ -120,6 +120,8 @@ void apply_validate_args(json& ns, const TrainArgs& a) {
                                   : m.position_embedding == PositionEmbedding::None ? "none"
                                                                                     : "learned_absolute";
   if (ns["position_embedding_type"] != "rope") ns["apply_rope_fusion"] = false;
+  // core_r0.10.0's --use-rope-scaling has factor 8; another is later Megatron's rope_scaling_factor.
+  if (m.use_rope_scaling && m.rope_scaling_factor != 8.0f) ns["rope_scaling_factor"] = m.rope_scaling_factor;
   if (ns["num_experts"] == 0) ns["num_experts"] = nullptr;
   if (ns["moe_ffn_hidden_size"].is_null()) ns["moe_ffn_hidden_size"] = m.ffn_hidden_size;
   if (ns["apply_query_key_layer_scaling"] == true) ns["attention_softmax_in_fp32"] = true;
@@ -219,7 +221,7 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "max_position_embeddings", "make_vocab_size_divisible_by", "normalization", "norm_epsilon",
       "position_embedding_type", "openai_gelu", "bias_gelu_fusion", "untie_embeddings_and_output_weights",
       "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
-      "rotary_percent", "tokenizer_type", "tokenizer_model", "vocab_size", "vocab_file", "merge_file",
+      "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "tokenizer_type", "tokenizer_model", "vocab_size", "vocab_file", "merge_file",
       "init_method_std",
       "hidden_dropout", "attention_dropout", "fp16", "bf16", "tensor_model_parallel_size",
       "pipeline_model_parallel_size"};
