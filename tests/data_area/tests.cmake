@@ -71,9 +71,7 @@ set_tests_properties(data.idx_fuzz PROPERTIES
 
 # Model-file tokenizers (HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer)
 # against Megatron's classes on transformers / tokenizers / sentencepiece, which live in the
-# test venv of scripts/setup.sh (the same cache entry as tests/metrics_area's).
-set(TESSERA_TEST_VENV /opt/tessera/test-venv CACHE PATH
-    "Python venv with the test-only PyPI packages (scripts/setup.sh, TESSERA_TEST_VENV)")
+# test venv of scripts/setup.sh (TESSERA_TEST_VENV, tests/CMakeLists.txt).
 foreach(family hf sp)
   add_test(NAME data.model_file_tokenizers_${family}
            COMMAND ${TESSERA_TEST_VENV}/bin/python ${TESSERA_DATA_REF}/model_file_tokenizers_test.py

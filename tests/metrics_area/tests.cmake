@@ -3,8 +3,6 @@
 # step of scripts/setup.sh into TESSERA_TEST_VENV (keep the two defaults equal); the test fails,
 # saying so, when it is missing. Named metrics.* and labelled "metrics":
 #   ctest --test-dir build -L metrics
-set(TESSERA_TEST_VENV /opt/tessera/test-venv CACHE PATH
-    "Python venv with the test-only PyPI packages (scripts/setup.sh, TESSERA_TEST_VENV)")
 
 add_executable(write_tensorboard_events ${CMAKE_CURRENT_LIST_DIR}/write_tensorboard_events.cpp)
 target_link_libraries(write_tensorboard_events PRIVATE tessera_metrics)
