@@ -8,7 +8,8 @@ set(TESSERA_SAFETENSORS_FUZZ_SOURCES
   ${PROJECT_SOURCE_DIR}/fuzz/safetensors_fuzz.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/safetensors.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/core/error.cpp
-  ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp)
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/mapped_file.cpp)
 set(TESSERA_FUZZ_SANITIZERS -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   list(APPEND TESSERA_FUZZ_SANITIZERS -fsanitize=fuzzer)
@@ -62,7 +63,8 @@ add_executable(torch_checkpoint_fuzz
   ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/pickle.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/torch_file.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/core/error.cpp
-  ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp)
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/core/mapped_file.cpp)
 target_compile_options(torch_checkpoint_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS} -O1 -g -fno-omit-frame-pointer)
 target_link_options(torch_checkpoint_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS})
 target_link_libraries(torch_checkpoint_fuzz PRIVATE ZLIB::ZLIB Threads::Threads)

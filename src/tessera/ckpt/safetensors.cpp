@@ -1,11 +1,9 @@
 #include "tessera/ckpt/safetensors.h"
 
-// Depends only on core/error.h and core/dtype.cpp (and nlohmann-json), so that the fuzz target
-// can compile it alone with sanitizers.
+// Depends only on core/error.cpp, core/dtype.cpp and core/mapped_file.cpp (and nlohmann-json),
+// so that the fuzz target can compile it alone with sanitizers.
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +11,10 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+
+#include "tessera/core/mapped_file.h"
 
 namespace tessera::safetensors {
 
@@ -96,46 +97,19 @@ std::string_view dtype_to_name(DType t) {
 // ---------------------------------------------------------------------------------------------
 // Reader
 
+// The file's bytes: mapped, or owned in memory (from_bytes).
 struct Reader::Storage {
-  void* map = nullptr;
-  size_t map_len = 0;
+  std::optional<MappedFile> map;
   std::vector<uint8_t> owned;
-  ~Storage() {
-    if (map) munmap(map, map_len);
-  }
 };
 
 Reader Reader::open(const std::string& path) {
   Reader r;
   r.label_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw runtime_error(path + ": cannot open safetensors file: " + errno_str(),
-                        "check the path and its permissions");
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    std::string e = errno_str();
-    ::close(fd);
-    throw runtime_error(path + ": cannot stat: " + e);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw runtime_error(path + ": not a regular file", "pass the path of a .safetensors file");
-  }
   r.storage_ = std::make_shared<Storage>();
-  r.file_size_ = static_cast<uint64_t>(st.st_size);
-  if (r.file_size_ >= 8) {
-    void* m = mmap(nullptr, r.file_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      std::string e = errno_str();
-      ::close(fd);
-      throw runtime_error(path + ": cannot map the file: " + e);
-    }
-    r.storage_->map = m;
-    r.storage_->map_len = r.file_size_;
-    r.file_ = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
+  const MappedFile& map = r.storage_->map.emplace(path);
+  r.file_ = map.bytes().data();
+  r.file_size_ = map.size();
   r.parse();
   return r;
 }
@@ -317,15 +291,8 @@ std::span<const uint8_t> Reader::bytes(const TensorInfo& t) const {
 }
 
 void Reader::drop_pages(const TensorInfo& t) const {
-  if (!storage_->map) return;
   const std::span<const uint8_t> b = bytes(t);
-  // Whole pages around the bytes: a neighbour's page dropped too is only read again.
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t map = reinterpret_cast<uintptr_t>(storage_->map);
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(b.data()) / page * page;
-  const uintptr_t end = std::min((reinterpret_cast<uintptr_t>(b.data() + b.size()) + page - 1) / page * page,
-                                 map + (storage_->map_len + page - 1) / page * page);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  if (storage_->map) storage_->map->drop_pages(static_cast<uint64_t>(b.data() - file_), b.size());
 }
 
 std::vector<float> Reader::read_f32(const TensorInfo& t) const {

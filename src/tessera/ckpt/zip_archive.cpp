@@ -1,16 +1,13 @@
 #include "tessera/ckpt/zip_archive.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <cerrno>
-#include <cstring>
+#include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "tessera/core/error.h"
+#include "tessera/core/mapped_file.h"
 
 namespace tessera::zip {
 namespace {
@@ -52,39 +49,19 @@ uint32_t crc_of(std::span<const uint8_t> data) {
 
 }  // namespace
 
+// The archive's bytes: mapped, or owned in memory (from_bytes).
 struct Reader::Storage {
-  void* map = nullptr;
-  size_t map_len = 0;
+  std::optional<MappedFile> map;
   std::vector<uint8_t> owned;
-  ~Storage() {
-    if (map) munmap(map, map_len);
-  }
 };
 
 Reader Reader::open(const std::string& path) {
   Reader r;
   r.label_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw runtime_error("cannot open " + path + ": " + std::strerror(errno), "check the path");
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw runtime_error(path + " is not a regular file");
-  }
   r.storage_ = std::make_shared<Storage>();
-  r.size_ = static_cast<uint64_t>(st.st_size);
-  if (r.size_ > 0) {
-    void* m = mmap(nullptr, r.size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const std::string e = std::strerror(errno);
-      ::close(fd);
-      throw runtime_error("cannot map " + path + ": " + e);
-    }
-    r.storage_->map = m;
-    r.storage_->map_len = r.size_;
-    r.data_ = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
+  const MappedFile& map = r.storage_->map.emplace(path);
+  r.data_ = map.bytes().data();
+  r.size_ = map.size();
   r.parse();
   return r;
 }

@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace tessera {
 
@@ -30,6 +31,10 @@ inline Error usage_error(std::string what, std::string hint = "") {
 inline Error runtime_error(std::string what, std::string hint = "") {
   return Error(ErrorKind::Runtime, std::move(what), std::move(hint));
 }
+
+// "<action> <path>: <strerror(err)>" for a failed system call, with a hint for the errnos a
+// user can fix (a wrong path, permissions, a full disk, a folder given for a file).
+[[noreturn]] void throw_io_error(const std::string& path, std::string_view action, int err);
 
 [[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
 

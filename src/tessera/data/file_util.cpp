@@ -73,16 +73,6 @@ void fsync_dir(const std::string& dir) {
 
 }  // namespace
 
-[[noreturn]] void throw_io_error(const std::string& path, std::string_view action, int err) {
-  std::string what = std::string(action) + " " + path + ": " + std::strerror(err);
-  std::string hint;
-  if (err == ENOENT) hint = "check the path (relative paths are taken from the current folder)";
-  else if (err == EACCES || err == EPERM) hint = "check the permissions of the file and its folder";
-  else if (err == ENOSPC || err == EDQUOT) hint = "free some space or choose another output folder";
-  else if (err == EISDIR) hint = "the path names a folder; give a file";
-  throw runtime_error(what, hint);
-}
-
 std::string read_file(const std::string& path, std::string_view what) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_io_error(path, "cannot open " + std::string(what), errno);

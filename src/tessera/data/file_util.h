@@ -14,9 +14,6 @@ namespace tessera::data {
 // Reads a whole file; a tessera::Error names the file and the OS reason.
 std::string read_file(const std::string& path, std::string_view what = "file");
 
-// "<path>: <strerror(errno)>" style error for a failed system call.
-[[noreturn]] void throw_io_error(const std::string& path, std::string_view action, int err);
-
 // Installs SIGINT/SIGTERM handlers (once) that unlink every temporary file of a live
 // AtomicFile and then die of the signal as usual. Safe to call many times.
 void install_temp_file_cleanup();

@@ -1,10 +1,7 @@
 #include "tessera/data/indexed_dataset.h"
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -42,44 +39,6 @@ MappedFile open_index(const std::string& prefix) {
 }
 
 }  // namespace
-
-// ---- MappedFile -------------------------------------------------------------------------
-
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw_io_error(path, "cannot open", errno);
-  struct stat st{};
-  if (::fstat(fd_, &st) != 0) {
-    int err = errno;
-    ::close(fd_);
-    throw_io_error(path, "cannot stat", err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd_);
-    throw runtime_error(path + " is not a regular file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd_);
-      throw_io_error(path, "cannot map", err);
-    }
-    data_ = static_cast<const unsigned char*>(p);
-  }
-}
-
-MappedFile::MappedFile(MappedFile&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_), data_(o.data_), size_(o.size_) {
-  o.fd_ = -1;
-  o.data_ = nullptr;
-  o.size_ = 0;
-}
-
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
-  if (fd_ >= 0) ::close(fd_);
-}
 
 // ---- IndexedDataset ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/mapped_file.h"
 #include "tessera/data/file_util.h"
 #include "tessera/data/index_format.h"
 
@@ -27,26 +28,6 @@ std::string bin_path(const std::string& prefix);  // prefix + ".bin"
 // suffix, with the _text_document that preprocess adds, or what a prefix is. Shared by every
 // command that takes --data-path, and doctor's data check.
 std::string dataset_prefix_hint(const std::string& prefix);
-
-// A read-only memory map of a whole file (an empty file maps to nothing).
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path);
-  ~MappedFile();
-  MappedFile(MappedFile&& other) noexcept;
-  MappedFile& operator=(MappedFile&&) = delete;
-  MappedFile(const MappedFile&) = delete;
-  std::span<const unsigned char> bytes() const { return {data_, size_}; }
-  uint64_t size() const { return size_; }
-  int fd() const { return fd_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  const unsigned char* data_ = nullptr;
-  uint64_t size_ = 0;
-};
 
 // One sequence's tokens, in the dataset's dtype, pointing into the mapped .bin.
 struct TokenSpan {
