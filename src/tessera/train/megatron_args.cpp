@@ -69,10 +69,6 @@ bool same_number(const json& a, double b) {
   return a.is_number() && std::fabs(a.get<double>() - b) <= 1e-12 * std::max(1.0, std::fabs(b));
 }
 
-}  // namespace
-
-namespace {
-
 // What megatron/training/arguments.py validate_args derives from the parsed flags, in its
 // order, for the settings a tessera run can hold.
 void apply_validate_args(json& ns, const TrainArgs& a) {
@@ -221,10 +217,9 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "max_position_embeddings", "make_vocab_size_divisible_by", "normalization", "norm_epsilon",
       "position_embedding_type", "openai_gelu", "bias_gelu_fusion", "untie_embeddings_and_output_weights",
       "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
-      "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "tokenizer_type", "tokenizer_model", "vocab_size", "vocab_file", "merge_file",
-      "init_method_std",
-      "hidden_dropout", "attention_dropout", "fp16", "bf16", "tensor_model_parallel_size",
-      "pipeline_model_parallel_size"};
+      "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "tokenizer_type", "tokenizer_model",
+      "vocab_size", "vocab_file", "merge_file", "init_method_std", "hidden_dropout", "attention_dropout", "fp16",
+      "bf16", "tensor_model_parallel_size", "pipeline_model_parallel_size"};
   std::vector<std::string> flags;
   for (const OptionDef& d : train_option_table().defs()) {
     const std::string dest = option_dest(d);
