@@ -4,13 +4,15 @@ the Namespace's tokenizer_model; when the file records none (as a checkpoint wri
 may), both refuse naming --tokenizer-model, and take it. Run with the tools venv's python
 (torch, tokenizers).
 usage: megatron_tokenizer_test.py TESSERA_BINARY"""
-import json
 import os
 import subprocess
 import sys
 import tempfile
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference"))
+from hf_tokenizer_fixture import train_hf_tokenizer  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -26,17 +28,7 @@ def tessera(args, expect_rc=0):
 
 
 def train_tokenizer(folder):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end_of_text|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog %d" % i for i in range(100)], trainer)
-    os.makedirs(folder)
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|end_of_text|>"}, f)
+    train_hf_tokenizer(folder, ["the quick brown fox jumps over the lazy dog %d" % i for i in range(100)])
 
 
 def without_tokenizer_model(src, dst):

@@ -24,6 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import safetensors_io  # noqa: E402
 from llama_hf_check import load_model  # noqa: E402
+from hf_tokenizer_fixture import train_hf_tokenizer  # noqa: E402
 from llama_reference import import_transformers  # noqa: E402
 from model_parallel_test import env_without_launch, records  # noqa: E402
 
@@ -111,18 +112,7 @@ def without(args, flag, values):
 def train_tokenizer(folder):
     """A byte-level BPE with an end-of-text token, saved as a HuggingFaceTokenizer folder."""
     import_transformers()  # puts the test venv, which has `tokenizers`, on the path
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end_of_text|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog %d times" % i for i in range(200)], trainer)
-    os.makedirs(folder)
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|end_of_text|>"}, f)
-    return tok.get_vocab_size(), tok.token_to_id("<|end_of_text|>")
+    return train_hf_tokenizer(folder, ["the quick brown fox jumps over the lazy dog %d times" % i for i in range(200)])
 
 
 def test_export_with_hf_tokenizer(tmp, args):
