@@ -33,6 +33,13 @@ add_test(NAME train_model_parallel_two_hosts
                  two-hosts)
 set_tests_properties(train_model_parallel_two_hosts PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 
+# --deterministic-mode gives the bits of a log recorded before fused kernels existed; the
+# default mode stays near them.
+add_test(NAME train_deterministic_mode
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/deterministic_mode_test.py
+                 $<TARGET_FILE:tessera>)
+set_tests_properties(train_deterministic_mode PROPERTIES TIMEOUT 240)
+
 # 16-bit storage (--bf16): parallel layouts against one bf16 process, bit-exact pure PP, and
 # the activation memory against fp32 (estimate and measured).
 add_test(NAME train_mixed_precision

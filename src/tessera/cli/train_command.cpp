@@ -104,6 +104,7 @@ int run_train(int argc, char** argv) {
 
   Device& device = open_device(args.device);
   device.set_tf32_matmul(args.tf32);
+  device.set_deterministic_mode(args.deterministic_mode);
   if (args.tf32 && !device.tf32_matmul())
     log_warn("--tf32 has no effect on %s: its f32 GEMMs stay exact", device.name().c_str());
   ops::check_supported(device, training_ops(args));  // before any rank connects or allocates

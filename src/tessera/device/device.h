@@ -62,6 +62,12 @@ class Device {
   // Only CUDA has such a mode; the other backends ignore it and stay exact.
   virtual void set_tf32_matmul(bool allow) { (void)allow; }
   virtual bool tf32_matmul() const { return false; }
+  // --deterministic-mode (Megatron's flag): every op keeps the fixed-order, unfused path, so
+  // a run gives the same bits in every parallel layout and on every run (ops/precision.h).
+  // Off by default: ops may take their fused kernels and their own summation order, each
+  // within its precision class's bound; a run is still repeatable on one backend and layout.
+  void set_deterministic_mode(bool on) { deterministic_mode_ = on; }
+  bool deterministic_mode() const { return deterministic_mode_; }
 
   // Device memory. allocate(0) returns nullptr. Throws tessera::Error naming the size and
   // what is in use when the allocation fails. A backend's memory starts at least 64-byte
@@ -108,6 +114,7 @@ class Device {
  private:
   std::atomic<size_t> allocated_{0};
   std::atomic<size_t> peak_{0};
+  bool deterministic_mode_ = false;
 };
 
 // Whole-tensor transfers, through the tensor's device.

@@ -204,6 +204,9 @@ std::vector<OptionDef> train_option_defs() {
       {"--tf32", K::StoreTrue, nullptr,
        "Let f32 GEMMs round their operands to TF32 on CUDA tensor cores (PyTorch's "
        "torch.backends.cuda.matmul.allow_tf32); off: exact f32. No effect on cpu and opencl"},
+      {"--deterministic-mode", K::StoreTrue, nullptr,
+       "Fixed-order, unfused kernels: the same bits in every parallel layout and run (docs/ops.md). Off: fused "
+       "kernels, each op within its precision class's bound; still repeatable on one device and layout"},
   };
 }
 
@@ -696,6 +699,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.device = p.get_string("--device");
   parse_device_spec(a.device);  // the spelling now; whether this build has it when the device opens
   a.tf32 = p.get_bool("--tf32");
+  a.deterministic_mode = p.get_bool("--deterministic-mode");
   // Megatron's argument dump shows values after its validate_args.
   p.set_derived("--kv-channels", std::to_string(m.kv_channels));
   p.set_derived("--ffn-hidden-size", std::to_string(m.ffn_hidden_size));

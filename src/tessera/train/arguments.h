@@ -53,6 +53,7 @@ struct TrainArgs {
   std::string log_json;
   std::string device = "cpu";  // --device, as device/registry.h spells it
   bool tf32 = false;           // --tf32: Device::set_tf32_matmul (CUDA only)
+  bool deterministic_mode = false;  // --deterministic-mode: Device::set_deterministic_mode
   std::vector<std::string> command_line;  // the flags as given (recorded in checkpoints)
 
   // Checkpoints (docs/checkpoints.md).
