@@ -1,7 +1,8 @@
 // Times tessera's training step (forward, backward, clipping, AdamW) on the CPU backend and
 // prints ms/step, tokens/s and model FLOP/s by llm.c's formula:
 //   6 * params * tokens + 6 * layers * hidden * seq * tokens.
-// usage: train_step_bench [gpt2-124m|small] [steps]
+// usage: train_step_bench [gpt2-124m|gpt2-124m-t1024|small] [steps] [--deterministic-mode]
+// (--deterministic-mode: the unfused attention of that mode, for a side-by-side figure).
 #include <omp.h>
 
 #include <chrono>
@@ -19,10 +20,18 @@
 using namespace tessera;
 
 int main(int argc, char** argv) {
-  std::string shape = argc > 1 ? argv[1] : "gpt2-124m";
-  int steps = argc > 2 ? std::atoi(argv[2]) : 5;
-  // GPT-2 124M at micro-batch 4, sequence 64 (llm.c's CPU benchmark); "small" is a 6-layer,
-  // 384-wide model at sequence 256. Dropout off in both, as in llm.c and the PyTorch peer.
+  std::vector<std::string> positional;
+  bool deterministic = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--deterministic-mode") == 0) deterministic = true;
+    else positional.push_back(argv[i]);
+  }
+  const std::string shape = positional.size() > 0 ? positional[0] : "gpt2-124m";
+  const int steps = positional.size() > 1 ? std::atoi(positional[1].c_str()) : 5;
+  // GPT-2 124M at micro-batch 4, sequence 64 (llm.c's CPU benchmark), or at micro-batch 1,
+  // sequence 1024 (gpt2-124m-t1024); "small" is a 6-layer, 384-wide model at sequence 256.
+  // Dropout off in all, as in llm.c and the PyTorch peer.
+  const bool t1024 = shape == "gpt2-124m-t1024";
   std::vector<std::string> flags =
       shape == "small"
           ? std::vector<std::string>{"--num-layers", "6", "--hidden-size", "384", "--num-attention-heads", "6",
@@ -30,8 +39,8 @@ int main(int argc, char** argv) {
                                      "--micro-batch-size", "4", "--tokenizer-type", "NullTokenizer",
                                      "--vocab-size", "8191"}
           : std::vector<std::string>{"--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12",
-                                     "--seq-length", "64", "--max-position-embeddings", "1024",
-                                     "--micro-batch-size", "4", "--tokenizer-type", "NullTokenizer",
+                                     "--seq-length", t1024 ? "1024" : "64", "--max-position-embeddings", "1024",
+                                     "--micro-batch-size", t1024 ? "1" : "4", "--tokenizer-type", "NullTokenizer",
                                      "--vocab-size", "50256"};
   flags.insert(flags.end(), {"--mock-data", "--lr", "1e-4", "--train-iters", "1000", "--hidden-dropout", "0",
                              "--attention-dropout", "0", "--eval-iters", "0"});
@@ -39,6 +48,7 @@ int main(int argc, char** argv) {
   for (auto& f : flags) args_argv.push_back(f.data());
   TrainArgs args = parse_train_args(static_cast<int>(args_argv.size()), args_argv.data());
 
+  cpu_device().set_deterministic_mode(deterministic);
   GPTModel model(args.model, cpu_device(), static_cast<int>(args.micro_batch_size));
   model.init_weights();
   TrainingData data = build_training_data(args);
@@ -53,8 +63,8 @@ int main(int argc, char** argv) {
   const GPTConfig& c = args.model;
   const double params = static_cast<double>(model.num_parameters());
   const double flops = 6.0 * params * tokens + 6.0 * c.num_layers * c.hidden_size * c.seq_length * double(tokens);
-  std::printf("tessera %-10s params %.1fM threads %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s (model)\n",
-              shape.c_str(), params / 1e6, omp_get_max_threads(), seconds * 1000 / steps, tokens / seconds,
+  std::printf("tessera %s %-10s params %.1fM threads %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s (model)\n",
+              deterministic ? "deterministic" : "default", shape.c_str(), params / 1e6, omp_get_max_threads(), seconds * 1000 / steps, tokens / seconds,
               flops / seconds / 1e9);
   return 0;
 }

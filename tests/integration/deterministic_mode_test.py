@@ -3,7 +3,8 @@
 kernels and free summation orders (issue 28): the losses and gradient norms of tiny GPT and
 Llama runs (dropout on, fp32 and bf16, one process and TP=2) equal, to the last bit, a log
 recorded with the binary of commit 7a82980 (tests/data/deterministic/*.jsonl). Without the
-flag the same runs stay within 1e-4 relative of the log (fused attention, its own sums).
+flag the same runs stay within 1e-4 relative of the log (fused attention, its own sums; 2e-3
+for bf16 runs, whose logged attention rounded its probabilities to bf16).
 
 The CPU's f32 GEMM is oneDNN's JIT kernel, whose summation order depends on the instruction
 set, so the bits are those of the CPU the log was recorded on: the log names its features
@@ -83,7 +84,12 @@ def main():
                       % (name, features, here))
             compare(reference, run(tmp, name, procs, flags, ["--deterministic-mode"]), name + " deterministic",
                     0 if exact else 1e-6)
-            compare(reference, run(tmp, name, procs, flags, []), name + " default mode", 1e-4)
+            # The default mode's fused attention keeps the probabilities in f32 where the
+            # logged unfused path rounded them (and the per-head q, k, v copy) to bf16: a bf16
+            # run's gradient norm moves by up to ~1e-3 relative (measured 8.2e-4), an fp32
+            # run's by float rounding only (measured 4e-8).
+            compare(reference, run(tmp, name, procs, flags, []), name + " default mode",
+                    2e-3 if "--bf16" in flags else 1e-4)
             print("%s: --deterministic-mode gives the logged bits%s" % (name, "" if exact else " (within 1e-6)"))
     print("deterministic mode: OK")
 

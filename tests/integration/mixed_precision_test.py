@@ -151,8 +151,9 @@ def test_distributed_optimizer_memory():
         estimate = float(TOTAL.search(p.stdout).group(1))
         measured = [float(x) for x in MEASURED.findall(p.stdout)]
         assert len(measured) == 2, p.stdout[-2000:]
-        # The slabs are the estimate; the batch and the norm slots add well under 1%.
-        assert all(estimate <= m <= estimate * 1.01 for m in measured), (tag, estimate, measured)
+        # The slabs are the estimate; the batch and the norm slots add well under 1%. The log
+        # rounds the estimate to 0.01 MB, hence the 0.005 below it.
+        assert all(estimate - 0.005 <= m <= estimate * 1.01 for m in measured), (tag, estimate, measured)
         totals[tag] = estimate
     assert totals["distributed"] < 0.85 * totals["replicated"], totals
     print("ok  bf16 DP=2 per rank: %.1f MB replicated, %.1f MB with the distributed optimizer (estimate = max "

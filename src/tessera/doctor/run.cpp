@@ -486,6 +486,8 @@ void check_config(const TrainFlags& f, const launch::WorkerIdentity& id, std::ve
                     "fix the flags (config: flags) and run again", ""});
     return;
   }
+  // The run's mode decides attention's state (fused: a log-sum-exp; deterministic: [B,NH,T,T]).
+  cpu_device().set_deterministic_mode(f.args->deterministic_mode);
   rows.push_back(check_memory(estimate_memory_per_rank(*f.args), ranks_on_this_node(id), cpu_device().memory_info(),
                               available_memory_bytes(), static_cast<int>(f.args->micro_batch_size),
                               f.args->model.num_layers, f.args->model.hidden_size));

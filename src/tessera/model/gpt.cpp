@@ -5,6 +5,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
+#include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
 
 namespace tessera {
@@ -30,7 +31,9 @@ struct GPTModel::LayerActs {
   // [B,Tl,C], [B,T,C] (= ln1 without SP), [B,Tl], [B,Tl]; mean only with LayerNorm
   Tensor ln1, ln1_whole, ln1_mean, ln1_rstd;
   Tensor qkv;                                 // [B,T,QKVl] Megatron's grouped layout
-  Tensor att;                                 // attention's saved state (ops::attention_buffers)
+  // attention's saved state: the fused attention's log-sum-exp f32 [B,NHl,T], or the unfused
+  // ops' (ops::attention_buffers: the probabilities [B,NHl,T,T] on the CPU and OpenCL)
+  Tensor att;
   Tensor ctx;                                 // [B,T,Al]
   Tensor residual_mid;                        // [B,Tl,C] after attention + residual
   Tensor ln2, ln2_whole, ln2_mean, ln2_rstd;
@@ -62,14 +65,15 @@ struct GPTModel::Workspace {
   Tensor ce_sums;   // [2,B*T] per-row sum(exp) and target logit, reduced together
   Tensor d_residual, d_C, d_ln;      // [B,Tl,C]
   Tensor d_C_whole, d_ln_whole;      // [B,T,C] (= d_C, d_ln without SP)
-  Tensor d_ctx, d_qkv, d_att, d_F, d_act, d_logits, d_losses;
-  // attention_qkv's per-head [q;k;v] (RoPE applied, groups expanded) and its gradient,
-  // [B,T,3Al]: rebuilt from the kept qkv in backward. The qkv tensors themselves when the
-  // model has neither RoPE nor query groups (GPT: Megatron's layout is already per head).
+  Tensor d_ctx, d_qkv, d_F, d_act, d_logits, d_losses;
+  Tensor d_att;  // attention's backward workspace (ops::flash_attention_scratch or attention_buffers')
+  // The unfused path's attention_qkv per-head [q;k;v] (RoPE applied, groups expanded) and its
+  // gradient, [B,T,3Al]: rebuilt from the kept qkv in backward. The qkv tensors themselves when
+  // the model has neither RoPE nor query groups (GPT: Megatron's layout is already per head).
   Tensor heads, d_heads;
   Tensor loss_sums;  // I64 [2] of doubles: the single-slot forward's masked loss and mask sums
-  // Recomputation: the attention state of one layer (selective), the activations of one
-  // recomputed group of layers (full).
+  // Recomputation: the unfused attention state of one layer (selective), the activations of
+  // one recomputed group of layers (full).
   Tensor att;
   std::vector<LayerActs> recomputed;
 };
@@ -139,14 +143,16 @@ struct GPTModel::Layout {
   }
 
   // Everything a layer's backward reads; `out` (its output) separately. Selective
-  // recomputation keeps the attention probabilities in one shared buffer instead.
+  // recomputation keeps the unfused attention's probabilities in one shared buffer instead
+  // (the fused attention's log-sum-exp is as small as a norm's statistics: always kept).
   void reserve_layer(LayerActs& a, bool with_out) {
     reserve(a.ln1, {B, Tl, C});
     reserve_whole(a.ln1_whole, {B, T, C});
     if (layernorm) reserve_f32(a.ln1_mean, {B, Tl});
     reserve_f32(a.ln1_rstd, {B, Tl});
     reserve(a.qkv, {B, T, QKVl});
-    if (!selective) reserve(a.att, att_buffers.saved, att_buffers.saved_dtype);
+    if (fused) reserve_f32(a.att, {B, NHl, T});
+    else if (!selective) reserve(a.att, att_buffers.saved, att_buffers.saved_dtype);
     reserve(a.ctx, {B, T, Al});
     reserve(a.residual_mid, {B, Tl, C});
     reserve(a.ln2, {B, Tl, C});
@@ -158,10 +164,10 @@ struct GPTModel::Layout {
     if (with_out) reserve(a.out, {B, Tl, C});
   }
 
-  bool sp = false, selective = false, layernorm = true, regroup = false;
+  bool sp = false, selective = false, layernorm = true, regroup = false, fused = false;
   DType act = DType::F32;
   int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
-  ops::AttentionBuffers att_buffers;  // sized by the device's backend
+  ops::AttentionBuffers att_buffers;  // the unfused attention's, sized by the device's backend
 
   Layout(const Device& device, const GPTConfig& c, int micro_batch, const ModelPartition& part,
          const std::vector<int>& act_slots, const std::vector<int>& io_slots, std::vector<Chunk>& chunks,
@@ -176,7 +182,8 @@ struct GPTModel::Layout {
     Al = c.attention_width() / tp, QKVl = c.qkv_width() / tp, Fl = c.ffn_hidden_size / tp;
     Fl2 = c.swiglu ? 2 * Fl : Fl, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
-    att_buffers = ops::attention_buffers(device, B, NHl, T, act);
+    fused = uses_fused_attention(device);
+    if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, T, act);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -224,7 +231,7 @@ struct GPTModel::Layout {
     }
     reserve(ws.partial, {B, T, C});
     if (sp) reserve(ws.reduced, {B, Tl, C});
-    if (selective) reserve(ws.att, att_buffers.saved, att_buffers.saved_dtype);
+    if (selective && !fused) reserve(ws.att, att_buffers.saved, att_buffers.saved_dtype);
     ws.recomputed.resize(max_recomputed);
     for (LayerActs& a : ws.recomputed) reserve_layer(a, true);
     if (any_embedding && c.position_embedding == PositionEmbedding::LearnedAbsolute) reserve(ws.pos_emb, {B, T, C});
@@ -242,11 +249,11 @@ struct GPTModel::Layout {
     reserve_whole(ws.d_ln_whole, {B, T, C});
     reserve(ws.d_ctx, {B, T, Al});
     reserve(ws.d_qkv, {B, T, QKVl});
-    if (regroup) {
+    if (regroup && !fused) {
       reserve(ws.heads, {B, T, 3 * Al});
       reserve(ws.d_heads, {B, T, 3 * Al});
     }
-    reserve_f32(ws.d_att, att_buffers.scratch);
+    reserve_f32(ws.d_att, fused ? ops::flash_attention_scratch(device, B, NHl, T) : att_buffers.scratch);
     reserve(ws.d_F, {B, T, Fl2});
     reserve(ws.d_act, {B, T, Fl});
   }
@@ -255,7 +262,7 @@ struct GPTModel::Layout {
   void bind(const Buffer& slab, std::vector<Chunk>& chunks, Workspace& ws) {
     for (Pending& p : pending) *p.t = tensor_at(slab, p.offset, p.dtype, p.shape);
     auto alias = [&](LayerActs& a) {
-      if (selective) a.att = ws.att;
+      if (selective && !fused) a.att = ws.att;
       if (!sp) a.ln1_whole = a.ln1, a.ln2_whole = a.ln2;
     };
     for (LayerActs& a : ws.recomputed) alias(a);
@@ -276,6 +283,10 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
     : GPTModel(config, device, micro_batch_size, ModelPartition::whole(config), {1}, {1}, nullptr) {}
 
 GPTModel::~GPTModel() = default;
+
+bool GPTModel::uses_fused_attention(const Device& device) {
+  return !device.deterministic_mode() && ops::supports(device, "flash_attention_forward");
+}
 
 GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                   const std::vector<int>& act_slots, const std::vector<int>& io_slots,
@@ -331,6 +342,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
                       " is not divisible by --tensor-model-parallel-size with --sequence-parallel");
   vocab_start_ = int64_t{partition.tp_rank} * (config.padded_vocab_size / partition.tp_size);
   head_start_ = int64_t{partition.tp_rank} * (config.num_attention_heads / partition.tp_size);
+  fused_attention_ = uses_fused_attention(device);
 
   // Parameters (in params_dtype) and their f32 gradients: one slab each, at the same element
   // offsets (the buffer layout's).
@@ -587,12 +599,14 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
                              const StepContext& step) {
   const int64_t T = config_.seq_length;
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
-  const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
   // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
   norm_in_forward(a.ln1, a.ln1_whole, a.ln1_mean, a.ln1_rstd, in, w.ln1_w, w.ln1_b);
   ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b);
-  ops::attention_forward(a.ctx, a.att, attention_heads(a.qkv),
-                         dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
+  if (fused_attention_)
+    ops::flash_attention_forward(a.ctx, a.att, a.qkv, config_.query_groups() / tp_.size(), config_.rope(),
+                                 attention_dropout(l, step));
+  else
+    ops::attention_forward(a.ctx, a.att, attention_heads(a.qkv), attention_dropout(l, step));
   row_out_forward(a.residual_mid, in, a.ctx, w.proj_w, w.proj_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   // MLP: column-parallel fc1, row-parallel fc2.
@@ -606,7 +620,15 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
 }
 
-// What attention reads: the per-head [q;k;v] that attention_qkv builds from this layer's
+// The attention probabilities' dropout: this rank's heads start at head_start_ of the sample's
+// full [heads, T, T] tensor.
+ops::Dropout GPTModel::attention_dropout(int l, const StepContext& step) const {
+  const int64_t T = config_.seq_length;
+  return dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step,
+                 static_cast<uint64_t>(head_start_ * T * T));
+}
+
+// What the unfused attention reads: the per-head [q;k;v] that attention_qkv builds from this layer's
 // grouped projection into the shared ws.heads (forward, and again in backward: a copy with
 // a rotation, cheaper to redo than to keep per layer), or the projection itself for GPT.
 Tensor GPTModel::attention_heads(Tensor qkv) {
@@ -623,7 +645,6 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   auto zero = [](const Tensor& t) { fill_zero(t); };
   const int64_t T = config_.seq_length;
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
-  const uint64_t att_offset = static_cast<uint64_t>(head_start_ * T * T);
   // MLP branch.
   row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b,
                    dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
@@ -638,20 +659,31 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
                    dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
-  const Tensor heads = attention_heads(a.qkv);
-  if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
-    ops::attention_forward(a.ctx, a.att, heads,
-                           dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
-  zero(ws.d_heads);
-  ops::attention_backward(ws.d_heads, ws.d_att, ws.d_ctx, heads, a.att,
-                          dropout(config_.attention_dropout, layer_site(l, kAttentionProbs), step, att_offset));
-  if (config_.regroups_qkv()) {
-    zero(ws.d_qkv);
-    ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, config_.query_groups() / tp_.size(), config_.rope());
-  }
+  attention_backward(l, a, step);
   zero(ws.d_ln_whole);
   ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
+}
+
+// dL/d(qkv) into ws.d_qkv (overwritten) from dL/d(ctx) in ws.d_ctx.
+void GPTModel::attention_backward(int l, LayerActs& a, const StepContext& step) {
+  Workspace& ws = *ws_;
+  const int64_t groups = config_.query_groups() / tp_.size();
+  if (fused_attention_) {
+    fill_zero(ws.d_qkv);
+    ops::flash_attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.ctx, a.att, groups, config_.rope(),
+                                  attention_dropout(l, step));
+    return;
+  }
+  const Tensor heads = attention_heads(a.qkv);
+  if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
+    ops::attention_forward(a.ctx, a.att, heads, attention_dropout(l, step));
+  fill_zero(ws.d_heads);
+  ops::attention_backward(ws.d_heads, ws.d_att, ws.d_ctx, heads, a.att, attention_dropout(l, step));
+  if (config_.regroups_qkv()) {
+    fill_zero(ws.d_qkv);
+    ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, groups, config_.rope());
+  }
 }
 
 // Final LayerNorm, the vocabulary-parallel output layer and cross-entropy: the logits stay

@@ -92,6 +92,11 @@ class GPTModel {
                                  const std::vector<int>& act_slots, const std::vector<int>& io_slots,
                                  const GradBufferOptions& buffers, const Device& device);
 
+  // Whether attention runs fused on `device` (ops.h flash_attention_*: no [B,NH,T,T] state):
+  // when its backend has the op, unless it runs --deterministic-mode (the unfused ops, today's
+  // bits).
+  static bool uses_fused_attention(const Device& device);
+
   const GPTConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }
   int num_chunks() const { return static_cast<int>(partition_.chunks.size()); }
@@ -181,7 +186,9 @@ class GPTModel {
   void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step);
+  ops::Dropout attention_dropout(int layer, const StepContext& step) const;
   Tensor attention_heads(Tensor qkv);
+  void attention_backward(int layer, LayerActs& a, const StepContext& step);
   void embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step);
   void need_params(size_t first, size_t end) const {
     if (params_needed_ && first < end) params_needed_(first, end);
@@ -205,6 +212,7 @@ class GPTModel {
   TensorParallelRegion tp_;
   int64_t vocab_start_ = 0;  // first vocabulary row of this TP rank
   int64_t head_start_ = 0;   // first attention head of this TP rank
+  bool fused_attention_ = false;  // ops::flash_attention_* (else the unfused attention ops)
 };
 
 }  // namespace tessera

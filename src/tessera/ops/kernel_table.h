@@ -19,7 +19,10 @@ class Device;
 
 namespace tessera::ops {
 
-#define TESSERA_OPS(X)                                                                             \
+#define TESSERA_OPS(X) TESSERA_UNFUSED_OPS(X) TESSERA_FUSED_ATTENTION_OPS(X)
+// The fused attention (a backend may lack it: the model then runs attention_forward/backward).
+#define TESSERA_FUSED_ATTENTION_OPS(X) X(flash_attention_forward) X(flash_attention_backward) X(flash_attention_scratch)
+#define TESSERA_UNFUSED_OPS(X)                                                                     \
   X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
   X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward) X(linear_backward) X(bias_add_forward)  \
   X(bias_add_backward) X(attention_forward) X(attention_backward) X(attention_buffers)             \
@@ -50,12 +53,15 @@ struct KernelTable {
 // namespace where it expands (ops/<backend>/kernel_table.cpp), plus its name and libraries.
 #define TESSERA_KERNEL_TABLE_ASSIGN(op) table.op = op;
 #define TESSERA_COMPLETE_KERNEL_TABLE(backend_name, libraries_fn) \
-  [] {                                                           \
-    ::tessera::ops::KernelTable table;                           \
-    table.backend = backend_name;                                \
-    table.libraries = libraries_fn;                              \
-    TESSERA_OPS(TESSERA_KERNEL_TABLE_ASSIGN)                     \
-    return table;                                                \
+  TESSERA_KERNEL_TABLE_OF(backend_name, libraries_fn, TESSERA_OPS)
+// The same for the ops of the list OPS only (the other entries stay null: not supported).
+#define TESSERA_KERNEL_TABLE_OF(backend_name, libraries_fn, OPS) \
+  [] {                                                          \
+    ::tessera::ops::KernelTable table;                          \
+    table.backend = backend_name;                               \
+    table.libraries = libraries_fn;                             \
+    OPS(TESSERA_KERNEL_TABLE_ASSIGN)                            \
+    return table;                                               \
   }()
 
 // The table of the backend `device` belongs to.

@@ -168,6 +168,21 @@ AttentionBuffers attention_buffers(const Device& device, int64_t B, int64_t NH, 
   return fn(device, B, NH, T, act_dtype);
 }
 
+void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_groups, const Rope& rope,
+                             const Dropout& dropout) {
+  TESSERA_DISPATCH(flash_attention_forward, T_(&out, &lse, &qkv), out, lse, qkv, num_groups, rope, dropout);
+}
+void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                              int64_t num_groups, const Rope& rope, const Dropout& dropout) {
+  TESSERA_DISPATCH(flash_attention_backward, T_(&dqkv, &scratch, &dout, &qkv, &out, &lse), dqkv, scratch, dout, qkv,
+                   out, lse, num_groups, rope, dropout);
+}
+Shape flash_attention_scratch(const Device& device, int64_t B, int64_t NH, int64_t T) {
+  auto fn = kernels_for(device).flash_attention_scratch;
+  if (fn == nullptr) unsupported("flash_attention_scratch", device);
+  return fn(device, B, NH, T);
+}
+
 void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope) {
   TESSERA_DISPATCH(attention_qkv_forward, T_(&out, &qkv), out, qkv, num_groups, rope);
 }

@@ -188,6 +188,34 @@ void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rop
 // order (then rounded once, as every accumulating output).
 void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope);
 
+// Fused causal self-attention (FlashAttention's algorithm: Dao et al. 2022, FlashAttention-2),
+// straight from Megatron's grouped projection: qkv [B,T,NG*(R+2)*HD] as attention_qkv_forward
+// reads it (R = NH/NG query heads per group, then the group's key and value; GPT's layout is
+// R = 1), without materialising repeated heads. q and k are rotated by `rope` (rope.dim == 0:
+// none) as attention_qkv_forward rotates them; scores scaled by 1/sqrt(HD), keys t2 <= t only.
+// out: [B,T,NH*HD] as attention_forward's; lse: f32 [B,NH,T], the log-sum-exp of each row of
+// scaled scores, the only state the backward needs besides out (no [B,NH,T,T] buffer).
+// Attention dropout acts on the probabilities with attention_forward's mask: element
+// (head*T + query)*T + key of the sample over the full head count, so the same bits drop.
+// Precision: OrderFree. Every sum (scores, the softmax's max and denominator, probabilities
+// times values, the backward's) in f32 in the backend's own order: out, lse and dqkv within
+// 2e-6, 2e-6 and 1e-5 of float64 relative to 1 + |value| on unit-scale f32 inputs, T <= 131
+// (tests/unit/ops/flash_attention_test.cpp; the error grows with T as f32 sums do). Product16:
+// in a 16-bit run (16-bit qkv) a backend may round the probabilities to qkv's dtype before
+// they multiply the values, as FlashAttention and cuDNN do (the CPU and OpenCL kernels keep
+// them in f32); outputs are then within a few units of the 16-bit dtype's last place.
+void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_groups, const Rope& rope,
+                             const Dropout& dropout);
+// dqkv [B,T,NG*(R+2)*HD] += the gradient of out (dout) through the attention above,
+// recomputing the probabilities tile by tile from qkv and lse; out is the forward's output
+// (D = rowsum(dout * out) of the softmax backward). scratch: flash_attention_scratch's shape
+// on this device, f32 (no meaning outside the call). Precision as the forward's.
+void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                              int64_t num_groups, const Rope& rope, const Dropout& dropout);
+// The f32 workspace flash_attention_backward wants on `device` for B samples, NH heads and T
+// positions: the backend's choice, which the model allocates once.
+Shape flash_attention_scratch(const Device& device, int64_t B, int64_t NH, int64_t T);
+
 // SwiGLU (Megatron's --swiglu: megatron/core/transformer/mlp.py glu): inp: [N,2F], each
 // row [gate | up] (this tensor-parallel rank's halves); out: [N,F] = silu(gate) * up,
 // silu(x) = x / (1 + exp(-x)), in f32, rounded once. out must not overlap inp (nor dinp

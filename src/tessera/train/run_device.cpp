@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "tessera/model/gpt.h"
 #include "tessera/train/arguments.h"
 
 namespace tessera {
@@ -36,14 +37,20 @@ std::string run_device_line(const Device& device) {
          " OpenMP threads per process, " + widest_isa() + ", " + memory + ")";
 }
 
-std::vector<std::string_view> training_ops(const TrainArgs& args) {
+std::vector<std::string_view> training_ops(const TrainArgs& args, const Device& device) {
   const GPTConfig& c = args.model;
   std::vector<std::string_view> ops = {
       "init_normal",          "fill",                   "embedding_forward", "embedding_backward",
-      "linear_forward",       "linear_backward",        "attention_buffers", "attention_forward",
-      "attention_backward",   "dropout_forward",        "dropout_backward",  "residual_forward",
-      "cross_entropy_max",    "cross_entropy_sums",     "cross_entropy_finish", "cross_entropy_backward",
-      "masked_loss_sums",     "masked_loss_backward",   "sum_squares",       "scale_inplace"};
+      "linear_forward",       "linear_backward",        "dropout_forward",   "dropout_backward",
+      "residual_forward",     "cross_entropy_max",      "cross_entropy_sums", "cross_entropy_finish",
+      "cross_entropy_backward", "masked_loss_sums",     "masked_loss_backward", "sum_squares",
+      "scale_inplace"};
+  if (GPTModel::uses_fused_attention(device)) {
+    ops.insert(ops.end(), {"flash_attention_forward", "flash_attention_backward", "flash_attention_scratch"});
+  } else {
+    ops.insert(ops.end(), {"attention_buffers", "attention_forward", "attention_backward"});
+    if (c.regroups_qkv()) ops.insert(ops.end(), {"attention_qkv_forward", "attention_qkv_backward"});
+  }
   if (c.normalization == Normalization::RMSNorm)
     ops.insert(ops.end(), {"rmsnorm_forward", "rmsnorm_backward"});
   else
@@ -53,7 +60,6 @@ std::vector<std::string_view> training_ops(const TrainArgs& args) {
   else
     ops.insert(ops.end(), {"gelu_forward", "gelu_backward"});
   if (c.add_bias_linear || c.add_qkv_bias) ops.insert(ops.end(), {"bias_add_forward", "bias_add_backward"});
-  if (c.regroups_qkv()) ops.insert(ops.end(), {"attention_qkv_forward", "attention_qkv_backward"});
   if (args.bf16 || args.fp16) ops.push_back("convert");  // f32 main parameters, f32 sums of 16-bit activations
   ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "sgd_update" : "adamw_update");
   if (args.sequence_parallel) ops.insert(ops.end(), {"sequence_to_rank_major", "rank_major_to_sequence"});

@@ -24,9 +24,10 @@ bool has(const std::vector<std::string_view>& ops, std::string_view op) {
 TEST(TrainingOps, AreOpsTheCpuBackendHas) {
   TrainArgs args;
   args.sequence_parallel = true;
-  for (std::string_view op : tessera::training_ops(args))
+  tessera::Device& strict = tessera::open_device("strict");
+  for (std::string_view op : tessera::training_ops(args, tessera::cpu_device()))
     EXPECT_TRUE(tessera::ops::supports(tessera::cpu_device(), op)) << op;
-  EXPECT_NO_THROW(tessera::ops::check_supported(tessera::open_device("strict"), tessera::training_ops(args)));
+  EXPECT_NO_THROW(tessera::ops::check_supported(strict, tessera::training_ops(args, strict)));
 }
 
 // The strict device runs only the ops a run declared at start-up: an op outside the list
@@ -54,17 +55,18 @@ TEST(StrictDeviceDeathTest, RunsOnlyTheDeclaredOps) {
 }
 
 TEST(TrainingOps, FollowTheFlags) {
+  const tessera::Device& cpu = tessera::cpu_device();
   TrainArgs adam;
-  EXPECT_TRUE(has(tessera::training_ops(adam), "adamw_update"));
-  EXPECT_FALSE(has(tessera::training_ops(adam), "sgd_update"));
-  EXPECT_FALSE(has(tessera::training_ops(adam), "sequence_to_rank_major"));
+  EXPECT_TRUE(has(tessera::training_ops(adam, cpu), "adamw_update"));
+  EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "sgd_update"));
+  EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "sequence_to_rank_major"));
   TrainArgs sgd_sp;
   sgd_sp.optimizer.kind = tessera::OptimizerKind::SGD;
   sgd_sp.sequence_parallel = true;
-  EXPECT_TRUE(has(tessera::training_ops(sgd_sp), "sgd_update"));
-  EXPECT_FALSE(has(tessera::training_ops(sgd_sp), "adamw_update"));
-  EXPECT_TRUE(has(tessera::training_ops(sgd_sp), "rank_major_to_sequence"));
-  EXPECT_FALSE(has(tessera::training_ops(adam), "convert"));
+  EXPECT_TRUE(has(tessera::training_ops(sgd_sp, cpu), "sgd_update"));
+  EXPECT_FALSE(has(tessera::training_ops(sgd_sp, cpu), "adamw_update"));
+  EXPECT_TRUE(has(tessera::training_ops(sgd_sp, cpu), "rank_major_to_sequence"));
+  EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "convert"));
   TrainArgs llama;
   llama.bf16 = true;
   llama.model.normalization = tessera::Normalization::RMSNorm;
@@ -73,10 +75,29 @@ TEST(TrainingOps, FollowTheFlags) {
   llama.model.add_bias_linear = false;
   llama.model.num_attention_heads = 4;
   llama.model.kv_channels = 8;
-  for (std::string_view op : {"rmsnorm_backward", "swiglu_forward", "attention_qkv_backward", "convert"})
-    EXPECT_TRUE(has(tessera::training_ops(llama), op)) << op;
-  for (std::string_view op : {"layernorm_forward", "gelu_forward", "bias_add_forward"})
-    EXPECT_FALSE(has(tessera::training_ops(llama), op)) << op;
+  for (std::string_view op : {"rmsnorm_backward", "swiglu_forward", "flash_attention_backward", "convert"})
+    EXPECT_TRUE(has(tessera::training_ops(llama, cpu), op)) << op;
+  for (std::string_view op : {"layernorm_forward", "gelu_forward", "bias_add_forward", "attention_qkv_backward"})
+    EXPECT_FALSE(has(tessera::training_ops(llama, cpu), op)) << op;
+}
+
+// The fused attention by default; --deterministic-mode keeps the unfused ops (and the grouped
+// layout's regrouping for Llama), so the strict device would catch either list being wrong.
+TEST(TrainingOps, AttentionFollowsTheDeviceMode) {
+  TrainArgs llama;
+  llama.model.position_embedding = tessera::PositionEmbedding::Rope;
+  llama.model.num_attention_heads = 4;
+  llama.model.kv_channels = 8;
+  tessera::Device& strict = tessera::open_device("strict");
+  const auto fused = tessera::training_ops(llama, strict);
+  EXPECT_TRUE(has(fused, "flash_attention_forward"));
+  EXPECT_FALSE(has(fused, "attention_forward"));
+  strict.set_deterministic_mode(true);
+  const auto unfused = tessera::training_ops(llama, strict);
+  strict.set_deterministic_mode(false);
+  for (std::string_view op : {"attention_buffers", "attention_forward", "attention_backward", "attention_qkv_forward"})
+    EXPECT_TRUE(has(unfused, op)) << op;
+  EXPECT_FALSE(has(unfused, "flash_attention_forward"));
 }
 
 TEST(RunDeviceLine, NamesTheDeviceAndItsMemory) {

@@ -5,75 +5,22 @@
 // HD head dim, D = rope.dim rotated channels (D/2 angles). qkv, dqkv: [B,T,NG*(R+2)*HD];
 // out, dout: [B,T,NH*3*HD]. Any float dtype each, staged by rows of one (b, t) (storage.h).
 //
-// Rotation of a head x by the angles theta_i of position t (i < D/2):
-//   y[i]     = x[i] cos - x[i+D/2] sin,   y[i+D/2] = x[i+D/2] cos + x[i] sin,
-// (x cos + rotate_half(x) sin); its transpose is the rotation by -theta, so the backward
-// is the same code with sin negated.
+// Rotation: rope_rotation.h; the backward is the same code with sin negated.
 #include <cmath>
 #include <cstring>
 
 #include "tessera/ops/cpu/cpu_ops.h"
-#include "tessera/ops/cpu/low_precision.h"
+#include "tessera/ops/cpu/rope_rotation.h"
 #include "tessera/ops/cpu/shape_checks.h"
 #include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
-namespace {
-
-// cos and sin of theta[t, i] = t * inv_freq[i] (ops.h rope_inv_freq), for t < T and i < D/2:
-// cos at table[t*half + i], sin at table[T*half + t*half + i]. theta is f32 as Megatron
-// computes it (fp32 outer product); cos and sin of the f32 angle are evaluated in double and
-// rounded once. Computed once per call, in the calling thread's Small workspace (no op of
-// this call uses it otherwise), so each head and each row only reads it.
-const float* rope_table(const QkvLayout& s, const Rope& rope) {
-  if (s.half == 0) return nullptr;
-  const int64_t n = s.T * s.half;
-  float* table =
-      static_cast<float*>(workspace(Workspace::Small, static_cast<size_t>(2 * n + s.half) * sizeof(float)));
-  float* inv_freq = table + 2 * n;
-  for (int64_t i = 0; i < s.half; ++i) inv_freq[i] = rope_inv_freq(rope, i);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < s.T; ++t)
-    for (int64_t i = 0; i < s.half; ++i) {
-      const double theta = static_cast<float>(t) * inv_freq[i];
-      table[t * s.half + i] = static_cast<float>(std::cos(theta));
-      table[n + t * s.half + i] = static_cast<float>(std::sin(theta));
-    }
-  return table;
-}
-
-// dst[0, HD) = src rotated by the angles of (cs, sn) (sn negated when sign = -1: the
-// transpose), channels [2*half, HD) copied; Accumulate adds instead of setting.
-template <bool Accumulate>
-void rotate(float* dst, const float* src, const float* cs, const float* sn, float sign, int64_t half, int64_t HD) {
-#pragma omp simd
-  for (int64_t i = 0; i < half; ++i) {
-    const float c = cs[i], s = sign * sn[i], x1 = src[i], x2 = src[i + half];
-    const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-    if constexpr (Accumulate) {
-      dst[i] += y1;
-      dst[i + half] += y2;
-    } else {
-      dst[i] = y1;
-      dst[i + half] = y2;
-    }
-  }
-#pragma omp simd
-  for (int64_t i = 2 * half; i < HD; ++i) {
-    if constexpr (Accumulate)
-      dst[i] += src[i];
-    else
-      dst[i] = src[i];
-  }
-}
-
-}  // namespace
 
 void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope) {
   const QkvLayout s = qkv_layout(qkv, out, num_groups, rope, "attention_qkv_forward");
   check_float(out, "attention_qkv_forward", "out");
   check_float(qkv, "attention_qkv_forward", "qkv");
-  const float* table = rope_table(s, rope);
+  const float* table = rope_table(s.T, s.half, rope);
   const int64_t HD = s.HD, in_row = s.grouped_row(), out_row = s.per_head_row();
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < s.B * s.T; ++row) {
@@ -102,7 +49,7 @@ void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const 
   const QkvLayout s = qkv_layout(dqkv, dout, num_groups, rope, "attention_qkv_backward");
   check_float(dqkv, "attention_qkv_backward", "dqkv");
   check_float(dout, "attention_qkv_backward", "dout");
-  const float* table = rope_table(s, rope);
+  const float* table = rope_table(s.T, s.half, rope);
   const int64_t HD = s.HD, half = s.half, in_row = s.grouped_row(), out_row = s.per_head_row();
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < s.B * s.T; ++row) {

@@ -1,4 +1,5 @@
-// The sizes of the ops whose shapes take some working out (attention_qkv, swiglu; ops.h),
+// The sizes of the ops whose shapes take some working out (attention_qkv, flash_attention,
+// swiglu; ops.h),
 // checked: shared by the CPU kernels and the device backends' host code, so every backend
 // accepts and rejects the same calls with the same messages.
 #pragma once
@@ -52,6 +53,46 @@ inline QkvLayout qkv_layout(const Tensor& grouped, const Tensor& per_head, int64
                 std::string(op) + ": rope scaling factor " + std::to_string(k.factor) + " (0: none) must be >= 0, " +
                     "with 0 < low_freq_factor < high_freq_factor and original_max_positions > 0");
   return s;
+}
+
+// flash_attention's sizes (ops.h): qkv [B,T,NG*(R+2)*HD] grouped as attention_qkv's input,
+// out [B,T,NH*HD], lse [B,NH,T]; NH from lse, HD from out, R = NH/NG. half = rope.dim / 2.
+struct FlashLayout {
+  int64_t B, T, NH, NG, R, HD, half;
+  int64_t qkv_row() const { return NG * (R + 2) * HD; }
+  int64_t out_row() const { return NH * HD; }
+  int64_t q_col(int64_t h) const { return (h / R) * (R + 2) * HD + (h % R) * HD; }  // head h's q in a qkv row
+  int64_t k_col(int64_t g) const { return g * (R + 2) * HD + R * HD; }              // group g's k
+  int64_t v_col(int64_t g) const { return k_col(g) + HD; }
+};
+
+inline FlashLayout flash_layout(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t num_groups,
+                                const Rope& rope, const char* op) {
+  const std::string what = std::string(op) + ": qkv " + shape_str(qkv.shape) + ", out " + shape_str(out.shape) +
+                           ", lse " + shape_str(lse.shape) + " with " + std::to_string(num_groups) + " query groups";
+  const std::string want = ": want qkv [B,T,NG*(NH/NG+2)*HD], out [B,T,NH*HD], lse [B,NH,T]";
+  TESSERA_CHECK(qkv.ndim() == 3 && out.ndim() == 3 && lse.ndim() == 3 && num_groups > 0, what + want);
+  FlashLayout d{qkv.dim(0), qkv.dim(1), lse.dim(1), num_groups, 0, 0, rope.dim / 2};
+  TESSERA_CHECK(d.NH > 0 && d.NH % d.NG == 0 && out.dim(2) % d.NH == 0 && out.dim(0) == d.B && out.dim(1) == d.T &&
+                    lse.dim(0) == d.B && lse.dim(2) == d.T,
+                what + want);
+  d.R = d.NH / d.NG;
+  d.HD = out.dim(2) / d.NH;
+  TESSERA_CHECK(d.HD > 0 && qkv.dim(2) == d.qkv_row(), what + ": qkv's width is not NG*(NH/NG+2)*HD");
+  TESSERA_CHECK(rope.dim >= 0 && rope.dim % 2 == 0 && rope.dim <= d.HD && (rope.dim == 0 || rope.base > 0.0f),
+                std::string(op) + ": rope dim " + std::to_string(rope.dim) + " must be even and in [0, " +
+                    std::to_string(d.HD) + "] (the head dim), with a positive base");
+  TESSERA_CHECK(!overlap(qkv, out), what + ": qkv and out overlap");
+  return d;
+}
+
+// flash_attention_backward's further arguments, against the forward's.
+inline void check_flash_backward(const Tensor& dqkv, const Tensor& scratch, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse) {
+  TESSERA_CHECK(dqkv.shape == qkv.shape && dout.shape == out.shape && scratch.numel() == lse.numel(),
+                "flash_attention_backward: dqkv " + shape_str(dqkv.shape) + " for qkv " + shape_str(qkv.shape) +
+                    ", dout " + shape_str(dout.shape) + " for out " + shape_str(out.shape) + ", scratch " +
+                    shape_str(scratch.shape) + " for lse " + shape_str(lse.shape));
 }
 
 // F for swiglu's inp [N,2F] (or dinp) and out [N,F] (or dout).

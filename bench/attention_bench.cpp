@@ -1,0 +1,93 @@
+// The fused attention (flash_attention_*) against the unfused ops (attention_qkv +
+// attention_forward/backward, what --deterministic-mode runs) on one device, forward and
+// backward, with and without attention dropout, in ms and GFLOP/s of the causal products
+// (forward 2, backward 5 [T,T,HD] products per head, half of each masked: 2*T*T*HD resp.
+// 5*T*T*HD flops, the convention of FlashAttention's benchmarks; the fused backward's
+// recomputed scores are not counted).
+// usage: attention_bench [device] [B T NH NG HD] [iterations]   (default: cpu 1 1024 12 12 64 3,
+// GPT-2 124M at T=1024)
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/device/device.h"
+#include "tessera/device/registry.h"
+#include "tessera/ops/ops.h"
+
+using namespace tessera;
+
+namespace {
+
+double time_ms(Device& d, const std::function<void()>& f, int iterations) {
+  f();  // warm-up
+  d.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) f();
+  d.synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iterations;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string spec = argc > 1 ? argv[1] : "cpu";
+  auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
+  const int64_t B = arg(2, 1), T = arg(3, 1024), NH = arg(4, 12), NG = arg(5, NH), HD = arg(6, 64);
+  const int iterations = static_cast<int>(arg(7, 3));
+  Device& dev = open_device(spec);
+  std::vector<Buffer> buffers;
+  auto tensor = [&](Shape s) {
+    buffers.emplace_back(dev, static_cast<size_t>(shape_numel(s)) * 4);
+    Tensor t = tensor_at(buffers.back(), 0, DType::F32, s);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 7919) % 1000) / 1000.0f - 0.5f;
+    copy_from_host(t, v.data(), v.size() * 4);
+    return t;
+  };
+  const int64_t R = NH / NG;
+  const ops::Rope rope{NG == NH ? 0 : HD, 10000.0f};
+  Tensor qkv = tensor({B, T, NG * (R + 2) * HD}), dqkv = tensor(qkv.shape);
+  Tensor out = tensor({B, T, NH * HD}), dout = tensor(out.shape), lse = tensor({B, NH, T});
+  Tensor scratch = tensor(ops::flash_attention_scratch(dev, B, NH, T));
+  const bool regroup = NG != NH;
+  Tensor heads = regroup ? tensor({B, T, NH * 3 * HD}) : qkv, d_heads = regroup ? tensor(heads.shape) : dqkv;
+  const ops::AttentionBuffers ab = ops::attention_buffers(dev, B, NH, T, DType::F32);
+  Tensor att = tensor(ab.saved), att_scratch = tensor(ab.scratch);
+
+  std::printf("%s: B=%lld T=%lld NH=%lld NG=%lld HD=%lld%s, %d iterations\n", dev.name().c_str(), (long long)B,
+              (long long)T, (long long)NH, (long long)NG, (long long)HD, regroup ? " (RoPE)" : "", iterations);
+  std::printf("| dropout | pass | fused ms | unfused ms | fused GFLOP/s | unfused GFLOP/s | speed-up |\n");
+  std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  const double fwd_flops = 2.0 * B * NH * T * T * HD, bwd_flops = 2.5 * fwd_flops;
+  for (float p : {0.0f, 0.1f}) {
+    ops::Dropout drop;
+    drop.p = p;
+    const double ff = time_ms(dev, [&] { ops::flash_attention_forward(out, lse, qkv, NG, rope, drop); }, iterations);
+    const double uf = time_ms(
+        dev,
+        [&] {
+          if (regroup) ops::attention_qkv_forward(heads, qkv, NG, rope);
+          ops::attention_forward(out, att, heads, drop);
+        },
+        iterations);
+    ops::flash_attention_forward(out, lse, qkv, NG, rope, drop);
+    const double fb = time_ms(
+        dev, [&] { ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, NG, rope, drop); }, iterations);
+    ops::attention_forward(out, att, heads, drop);
+    const double ub = time_ms(
+        dev,
+        [&] {
+          ops::attention_backward(d_heads, att_scratch, dout, heads, att, drop);
+          if (regroup) ops::attention_qkv_backward(dqkv, d_heads, NG, rope);
+        },
+        iterations);
+    std::printf("| %.1f | forward | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", p, ff, uf, fwd_flops / ff / 1e6,
+                fwd_flops / uf / 1e6, uf / ff);
+    std::printf("| %.1f | backward | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", p, fb, ub, bwd_flops / fb / 1e6,
+                bwd_flops / ub / 1e6, ub / fb);
+  }
+  return 0;
+}

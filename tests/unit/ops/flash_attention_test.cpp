@@ -1,0 +1,417 @@
+// The fused attention of ops.h (flash_attention_forward/backward) on every backend that has it
+// (the CPU, the strict device, every OpenCL device):
+// - forward (out and the log-sum-exp) and backward (dqkv) against a float64 evaluation of the
+//   formulas: Megatron's grouped QKV split, RoPE (rope_utils.py, non-interleaved), causal
+//   softmax of q.k / sqrt(HD), its gradient, the group's heads summed into its k and v;
+// - the backward against central finite differences (CPU; gradient buffers pre-filled, so a
+//   kernel that sets instead of accumulating fails);
+// - against the unfused ops (attention_qkv + attention_forward/backward) with dropout on, in
+//   f32 and bf16: within the precision class, and the same elements dropped (a case whose
+//   output reads the dropout mask out directly, compared exactly);
+// GQA and GPT layouts, head dims that are and are not whole vectors, T not a multiple of the
+// kernel's tile. Each tolerance sits next to its case with the reason for its size.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grad_check.h"
+#include "tessera/core/dtype.h"
+#include "tessera/core/tensor.h"
+#include "tessera/device/device.h"
+#include "tessera/device/registry.h"
+#include "tessera/ops/kernel_table.h"
+#include "tessera/ops/ops.h"
+
+using namespace tessera;
+
+namespace {
+
+struct Case {
+  int64_t B, T, NG, R, HD, rope_dim;
+  int64_t NH() const { return NG * R; }
+  int64_t qkv_row() const { return NG * (R + 2) * HD; }
+  ops::Rope rope() const { return {.dim = rope_dim, .base = 10000.0f, .scaling = {}}; }
+};
+// GQA with half the channels rotated and T past one 64-wide tile; GPT's layout (R = 1, no
+// rotation) with a head dim that is not a whole vector; one group of 3 heads, fully rotated,
+// over three tiles and a bit.
+const Case kCases[] = {{2, 70, 2, 2, 16, 8}, {1, 37, 3, 1, 24, 0}, {1, 131, 1, 3, 8, 8}};
+
+std::string describe(const Case& c) {
+  return "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " NG" + std::to_string(c.NG) + " R" +
+         std::to_string(c.R) + " HD" + std::to_string(c.HD) + " rope" + std::to_string(c.rope_dim);
+}
+
+// ---- the float64 reference ------------------------------------------------------------
+
+// Head h's q (or the group's k, v) of sample b at position t, rotated in double by the f32
+// angle t * inv_freq as Megatron computes it.
+struct Reference {
+  const Case& c;
+  const std::vector<float>& qkv;
+  std::vector<double> cs, sn;  // [T, half]
+  explicit Reference(const Case& cs_, const std::vector<float>& qkv_) : c(cs_), qkv(qkv_) {
+    const int64_t half = c.rope_dim / 2;
+    cs.resize(static_cast<size_t>(c.T * half));
+    sn.resize(cs.size());
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta = static_cast<float>(t) * ops::rope_inv_freq(c.rope(), i);
+        cs[t * half + i] = std::cos(theta);
+        sn[t * half + i] = std::sin(theta);
+      }
+  }
+  // Rotates x (HD) of position t by sign * theta.
+  void rotate(double* x, int64_t t, double sign) const {
+    const int64_t half = c.rope_dim / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const double co = cs[t * half + i], si = sign * sn[t * half + i], a = x[i], b = x[i + half];
+      x[i] = a * co - b * si;
+      x[i + half] = b * co + a * si;
+    }
+  }
+  // col: the head's first column in the grouped row.
+  std::vector<double> head(int64_t b, int64_t col, bool rotated) const {
+    std::vector<double> x(static_cast<size_t>(c.T * c.HD));
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t i = 0; i < c.HD; ++i) x[t * c.HD + i] = qkv[(b * c.T + t) * c.qkv_row() + col + i];
+      if (rotated) rotate(&x[t * c.HD], t, 1.0);
+    }
+    return x;
+  }
+  int64_t q_col(int64_t h) const { return (h / c.R) * (c.R + 2) * c.HD + (h % c.R) * c.HD; }
+  int64_t k_col(int64_t g) const { return g * (c.R + 2) * c.HD + c.R * c.HD; }
+
+  // Probabilities [T,T] of head h of sample b, and the log-sum-exp of each row.
+  void probabilities(int64_t b, int64_t h, std::vector<double>& P, std::vector<double>& lse) const {
+    const std::vector<double> q = head(b, q_col(h), true), k = head(b, k_col(h / c.R), true);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.HD));
+    P.assign(static_cast<size_t>(c.T * c.T), 0.0);
+    lse.assign(static_cast<size_t>(c.T), 0.0);
+    for (int64_t t = 0; t < c.T; ++t) {
+      double mx = -INFINITY;
+      for (int64_t u = 0; u <= t; ++u) {
+        double s = 0;
+        for (int64_t i = 0; i < c.HD; ++i) s += q[t * c.HD + i] * k[u * c.HD + i];
+        P[t * c.T + u] = s * scale;
+        mx = std::max(mx, s * scale);
+      }
+      double sum = 0;
+      for (int64_t u = 0; u <= t; ++u) sum += std::exp(P[t * c.T + u] - mx);
+      for (int64_t u = 0; u <= t; ++u) P[t * c.T + u] = std::exp(P[t * c.T + u] - mx) / sum;
+      lse[t] = mx + std::log(sum);
+    }
+  }
+
+  // out [B,T,NH*HD], lse [B,NH,T].
+  void forward(std::vector<double>& out, std::vector<double>& lse) const {
+    const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+    out.assign(static_cast<size_t>(c.B * T * NH * HD), 0.0);
+    lse.assign(static_cast<size_t>(c.B * NH * T), 0.0);
+    std::vector<double> P, l;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < NH; ++h) {
+        probabilities(b, h, P, l);
+        const std::vector<double> v = head(b, k_col(h / c.R) + HD, false);
+        for (int64_t t = 0; t < T; ++t) {
+          lse[(b * NH + h) * T + t] = l[t];
+          for (int64_t u = 0; u <= t; ++u)
+            for (int64_t i = 0; i < HD; ++i) out[(b * T + t) * NH * HD + h * HD + i] += P[t * T + u] * v[u * HD + i];
+        }
+      }
+  }
+
+  // dqkv [B,T,qkv_row] of L = sum(out * dout).
+  std::vector<double> backward(const std::vector<float>& dout) const {
+    const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
+    std::vector<double> dqkv(static_cast<size_t>(c.B * T * c.qkv_row()), 0.0), P, l;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < NH; ++h) {
+        probabilities(b, h, P, l);
+        const int64_t g = h / c.R;
+        const std::vector<double> q = head(b, q_col(h), true), k = head(b, k_col(g), true),
+                                  v = head(b, k_col(g) + HD, false);
+        std::vector<double> dq(static_cast<size_t>(T * HD), 0.0), dk = dq, dv = dq;
+        for (int64_t t = 0; t < T; ++t) {
+          const float* g_t = &dout[(b * T + t) * NH * HD + h * HD];
+          std::vector<double> dp(static_cast<size_t>(t + 1));
+          double dot = 0;
+          for (int64_t u = 0; u <= t; ++u) {
+            double s = 0;
+            for (int64_t i = 0; i < HD; ++i) s += g_t[i] * v[u * HD + i];
+            dp[u] = s;
+            dot += P[t * T + u] * s;
+          }
+          for (int64_t u = 0; u <= t; ++u) {
+            const double ds = P[t * T + u] * (dp[u] - dot) * scale, p = P[t * T + u];
+            for (int64_t i = 0; i < HD; ++i) {
+              dq[t * HD + i] += ds * k[u * HD + i];
+              dk[u * HD + i] += ds * q[t * HD + i];
+              dv[u * HD + i] += p * g_t[i];
+            }
+          }
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          rotate(&dq[t * HD], t, -1.0);
+          rotate(&dk[t * HD], t, -1.0);
+          double* row = &dqkv[(b * T + t) * c.qkv_row()];
+          for (int64_t i = 0; i < HD; ++i) {
+            row[q_col(h) + i] += dq[t * HD + i];
+            row[k_col(g) + i] += dk[t * HD + i];
+            row[k_col(g) + HD + i] += dv[t * HD + i];
+          }
+        }
+      }
+    return dqkv;
+  }
+};
+
+// ---- devices --------------------------------------------------------------------------
+
+std::vector<std::string> backends_with_flash_attention() {
+  std::vector<std::string> specs = {"cpu", "strict"};
+  for (const std::string& backend : device_backends()) {
+    if (backend == "cpu" || backend == "cuda") continue;  // CUDA: cuDNN's SDPA comes later (issue 29)
+    for (int i = 0; i < device_count(backend); ++i) specs.push_back(backend + ":" + std::to_string(i));
+  }
+  return specs;
+}
+
+class FlashAttention : public ::testing::TestWithParam<std::string> {
+ protected:
+  Device& device() { return open_device(GetParam()); }
+  Tensor upload(DType dtype, const Shape& shape, const void* host) {
+    buffers_.emplace_back(device(), std::max<size_t>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), 1));
+    Tensor t = tensor_at(buffers_.back(), 0, dtype, shape);
+    if (host) copy_from_host(t, host, t.bytes());
+    return t;
+  }
+  // f32 values stored in dtype (rounded on the host).
+  Tensor values(DType dtype, const Shape& shape, const std::vector<float>& v) {
+    if (dtype == DType::F32) return upload(dtype, shape, v.data());
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = dtype == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+    return upload(dtype, shape, h.data());
+  }
+  Tensor zeros(DType dtype, const Shape& shape) {
+    Tensor t = upload(dtype, shape, nullptr);
+    fill_zero(t);
+    return t;
+  }
+  std::vector<float> normal(int64_t n, float std = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, std);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = dist(gen_);
+    return v;
+  }
+  static std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    if (t.dtype == DType::F32) {
+      copy_to_host(v.data(), v.size() * sizeof(float), t);
+      return v;
+    }
+    std::vector<uint16_t> h(v.size());
+    copy_to_host(h.data(), h.size() * sizeof(uint16_t), t);
+    for (size_t i = 0; i < h.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    return v;
+  }
+  // Every |got - ref| <= bound * (1 + |ref|); reports the worst element.
+  template <typename R>
+  static void expect_near_all(const char* what, const std::vector<float>& got, const std::vector<R>& ref,
+                              double bound) {
+    ASSERT_EQ(got.size(), ref.size()) << what;
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double e = std::fabs(got[i] - static_cast<double>(ref[i])) / (1.0 + std::fabs(static_cast<double>(ref[i])));
+      if (!(e <= worst)) worst = e, at = i;
+    }
+    EXPECT_LE(worst, bound) << what << ": worst at " << at << ", got " << got[at] << ", want " << ref[at];
+  }
+
+  // The unfused path of the model: attention_qkv (when the layout needs regrouping) then
+  // attention_forward; and back.
+  struct Unfused {
+    Tensor heads, att, out, d_heads, scratch;
+  };
+  Unfused unfused_forward(const Case& c, DType dtype, Tensor qkv, const ops::Dropout& drop) {
+    Unfused u;
+    const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+    const bool regroup = c.R > 1 || c.rope_dim > 0;
+    u.heads = regroup ? zeros(dtype, {c.B, T, NH * 3 * HD}) : qkv;
+    if (regroup) ops::attention_qkv_forward(u.heads, qkv, c.NG, c.rope());
+    const ops::AttentionBuffers buffers = ops::attention_buffers(device(), c.B, NH, T, dtype);
+    u.att = zeros(buffers.saved_dtype, buffers.saved);
+    u.scratch = zeros(DType::F32, buffers.scratch);
+    u.out = zeros(dtype, {c.B, T, NH * HD});
+    ops::attention_forward(u.out, u.att, u.heads, drop);
+    return u;
+  }
+  // dqkv += the unfused backward of dout.
+  void unfused_backward(const Case& c, DType dtype, Unfused& u, Tensor dqkv, Tensor dout, const ops::Dropout& drop) {
+    const bool regroup = c.R > 1 || c.rope_dim > 0;
+    u.d_heads = regroup ? zeros(dtype, u.heads.shape) : dqkv;
+    ops::attention_backward(u.d_heads, u.scratch, dout, u.heads, u.att, drop);
+    if (regroup) ops::attention_qkv_backward(dqkv, u.d_heads, c.NG, c.rope());
+  }
+
+  std::mt19937 gen_{2024};
+  std::vector<Buffer> buffers_;
+};
+
+ops::Dropout dropout_of(float p, uint64_t element_offset = 0) {
+  ops::Dropout d;
+  d.p = p;
+  d.key = {.seed = 42, .iteration = 3, .site = 7};
+  d.sample0 = 5;
+  d.element_offset = element_offset;
+  return d;
+}
+
+TEST_P(FlashAttention, MatchesFloat64) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+    const std::vector<float> qkv_h = normal(c.B * T * c.qkv_row()), dout_h = normal(c.B * T * NH * HD);
+    const std::vector<float> prefill = normal(c.B * T * c.qkv_row());
+    Tensor qkv = values(DType::F32, {c.B, T, c.qkv_row()}, qkv_h);
+    Tensor out = zeros(DType::F32, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
+    ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), ops::Dropout{});
+    const Reference ref(c, qkv_h);
+    std::vector<double> out_ref, lse_ref;
+    ref.forward(out_ref, lse_ref);
+    // f32 dot products of HD terms and sums of up to T exponentials (exp within 2 ulp), in
+    // tiles with a running max: tens of ulp on N(0,1) inputs; measured <= 3.2e-7.
+    expect_near_all("out", read(out), out_ref, 2e-6);
+    expect_near_all("lse", read(lse), lse_ref, 2e-6);
+
+    Tensor dqkv = values(DType::F32, qkv.shape, prefill), dout = values(DType::F32, out.shape, dout_h);
+    Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
+    ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, c.NG, c.rope(), ops::Dropout{});
+    std::vector<double> want = ref.backward(dout_h);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += prefill[i];  // the backward accumulates
+    // Gradients are sums over up to T keys or queries of products of the above, the group's R
+    // heads summed into k and v: measured <= 1.1e-6.
+    expect_near_all("dqkv", read(dqkv), want, 1e-5);
+  }
+}
+
+// Fused and unfused attention with dropout: the same function within the class bound, in f32
+// and with bf16 activations (16-bit qkv, out and gradients).
+TEST_P(FlashAttention, MatchesUnfusedWithDropout) {
+  for (const Case& c : kCases)
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(describe(c) + " " + std::string(dtype_name(dtype)));
+      const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+      // Heads 1.. of 4 more: this shard's mask starts at element_offset, as on a TP rank.
+      const ops::Dropout drop = dropout_of(0.25f, static_cast<uint64_t>(NH * T * T));
+      Tensor qkv = values(dtype, {c.B, T, c.qkv_row()}, normal(c.B * T * c.qkv_row()));
+      Tensor dout = values(dtype, {c.B, T, NH * HD}, normal(c.B * T * NH * HD));
+      const std::vector<float> prefill = normal(qkv.numel());
+      Tensor out = zeros(dtype, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
+      ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+      Tensor dqkv = values(dtype, qkv.shape, prefill);
+      Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
+      ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, c.NG, c.rope(), drop);
+
+      Unfused u = unfused_forward(c, dtype, qkv, drop);
+      Tensor dqkv_unfused = values(dtype, qkv.shape, prefill);
+      unfused_backward(c, dtype, u, dqkv_unfused, dout, drop);
+      // f32: two orders of the same f32 sums (dropped elements scale by 4/3 either way):
+      // measured <= 2.4e-7 (out), 1e-6 (dqkv).
+      // bf16: each output rounded once to bf16 (2^-9 relative) on both sides, so the two can
+      // differ by one bf16 ulp where their f32 values straddle a rounding boundary; the
+      // unfused path also rounds the probabilities, the per-head [q;k;v] copy and its gradient
+      // to bf16, the fused never does: measured 5.9e-3 (out), 1.3e-2 (dqkv).
+      const bool f32 = dtype == DType::F32;
+      expect_near_all("out", read(out), read(u.out), f32 ? 2e-6 : 1.6e-2);
+      expect_near_all("dqkv", read(dqkv), read(dqkv_unfused), f32 ? 1e-5 : 3e-2);
+    }
+}
+
+// The dropout mask itself, read out: with q = k = 0 every visible key has probability
+// 1/(t+1), and with v_u the one-hot vector e_u (HD >= T) out[t, u] = factor(t, u) / (t+1).
+// So out is zero exactly where the mask dropped (t, u), on both paths, element for element.
+TEST_P(FlashAttention, DropsTheUnfusedOpsElements) {
+  const Case c{2, 40, 2, 2, 48, 0};
+  const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+  std::vector<float> qkv_h(static_cast<size_t>(c.B * T * c.qkv_row()), 0.0f);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < c.NG; ++g) qkv_h[(b * T + t) * c.qkv_row() + g * (c.R + 2) * HD + (c.R + 1) * HD + t] = 1;
+  const ops::Dropout drop = dropout_of(0.5f, static_cast<uint64_t>(3 * T * T));
+  Tensor qkv = values(DType::F32, {c.B, T, c.qkv_row()}, qkv_h);
+  Tensor out = zeros(DType::F32, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
+  ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+  const Unfused u = unfused_forward(c, DType::F32, qkv, drop);
+  const std::vector<float> fused = read(out), unfused = read(u.out);
+  int64_t kept = 0, dropped = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k <= t; ++k) {
+          const size_t i = static_cast<size_t>((b * T + t) * NH * HD + h * HD + k);
+          ASSERT_EQ(fused[i] == 0.0f, unfused[i] == 0.0f) << "b " << b << " head " << h << " query " << t << " key " << k;
+          (fused[i] == 0.0f ? dropped : kept) += 1;
+          if (fused[i] != 0.0f) EXPECT_NEAR(fused[i], 2.0 / (t + 1), 1e-6);
+        }
+  // p = 0.5 over 6560 elements: both kinds occur (else the comparison proves nothing).
+  EXPECT_GT(kept, 1000);
+  EXPECT_GT(dropped, 1000);
+}
+
+std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& ch : name)
+    if (ch == ':') ch = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FlashAttention, ::testing::ValuesIn(backends_with_flash_attention()), test_name);
+
+// Shape errors name the op and the shapes (internal checks: they abort, as attention_qkv's).
+TEST(FlashAttentionDeathTest, RejectsMismatchedShapes) {
+  using namespace tessera::ops_test;
+  Arena arena;
+  Tensor qkv = arena.f32({1, 5, 2 * 4 * 8}), out = arena.f32({1, 5, 4 * 8}), lse = arena.f32({1, 4, 5});
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 3, {}, {}), "with 3 query groups");  // 4 heads, 3 groups
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 1, {}, {}), "width is not");  // 64 wide, 1 group wants 48
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 2, {.dim = 10}, {}), "rope dim 10");  // above HD 8
+  ops::flash_attention_forward(out, lse, qkv, 2, {}, {});  // 2 groups of 2 heads: 64 wide
+}
+
+// ---- finite differences (CPU: the loss perturbs host memory) -----------------------------
+
+TEST(FlashAttentionGradients, MatchFiniteDifferences) {
+  using namespace tessera::ops_test;
+  for (const Case& c : {Case{1, 6, 2, 2, 4, 4}, Case{2, 5, 2, 1, 4, 0}}) {
+    SCOPED_TRACE(describe(c));
+    Arena arena;
+    const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+    Tensor qkv = arena.normal({c.B, T, c.qkv_row()}, 1), R = arena.normal({c.B, T, NH * HD}, 2);
+    Tensor out = arena.f32({c.B, T, NH * HD}), lse = arena.f32({c.B, NH, T});
+    Tensor scratch = arena.f32(ops::flash_attention_scratch(cpu_device(), c.B, NH, T));
+    // With dropout too: the mask is a function of the element, the same in every call.
+    for (float p : {0.0f, 0.3f}) {
+      const ops::Dropout drop = dropout_of(p);
+      ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+      Grad dqkv(arena, qkv, 3);
+      ops::flash_attention_backward(dqkv.t, scratch, R, qkv, out, lse, c.NG, c.rope(), drop);
+      const auto loss = [&] {
+        ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+        return weighted_sum(out, R);
+      };
+      // eps 1e-3 on O(1) inputs: f32 forward noise ~1e-7 / 2e-3 = 5e-5 on the difference
+      // quotient, curvature error ~eps^2 = 1e-6.
+      expect_gradient("dqkv", qkv, dqkv, loss, 1e-3f, 3e-4, 3e-3);
+    }
+  }
+}
+
+}  // namespace
