@@ -164,15 +164,15 @@ TEST(OpsEmbedding, ForwardAndGradients) {
   Tensor positions = arena.ints({B, T}, {0, 1, 2, 0, 1, 1});
   Tensor wte = arena.normal({V, C}, 1), wpe = arena.normal({P, C}, 2);
   Tensor out = arena.f32({B, T, C}), R = arena.normal({B, T, C}, 3);
-  ops::embedding_forward(out, tokens, positions, wte, wpe);
+  ops::embedding_forward(out, tokens, positions, wte, wpe, 0, 0);
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c)
       EXPECT_EQ(out.f32()[n * C + c], wte.f32()[tokens.i32()[n] * C + c] + wpe.f32()[positions.i32()[n] * C + c]);
 
   Grad dwte(arena, wte, 4), dwpe(arena, wpe, 5);
-  ops::embedding_backward(dwte.t, dwpe.t, R, tokens, positions);
+  ops::embedding_backward(dwte.t, dwpe.t, R, tokens, positions, 0, 0);
   auto loss = [&] {
-    ops::embedding_forward(out, tokens, positions, wte, wpe);
+    ops::embedding_forward(out, tokens, positions, wte, wpe, 0, 0);
     return weighted_sum(out, R);
   };
   // L is linear in the tables, so central differences are exact up to the float rounding
@@ -208,7 +208,7 @@ TEST(OpsEmbedding, ShardGradientsAndAbsentTables) {
   for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dwte.t.f32()[1 * C + c], dwte.prefill[1 * C + c]);
 
   // wte absent: out is wpe's rows (tokens not read: an empty tensor is fine).
-  ops::embedding_forward(out, Tensor(), positions, Tensor(), wpe);
+  ops::embedding_forward(out, Tensor(), positions, Tensor(), wpe, 0, 0);
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out.f32()[n * C + c], wpe.f32()[positions.i32()[n] * C + c]);
   // wpe absent: the shard's rows or zeros.
@@ -220,7 +220,7 @@ TEST(OpsEmbedding, ShardGradientsAndAbsentTables) {
   }
   // Both gradients absent except dwpe: dwte untouched (nothing to pass), dwpe += rows.
   Grad only_pe(arena, wpe, 6);
-  ops::embedding_backward(Tensor(), only_pe.t, R, Tensor(), positions);
+  ops::embedding_backward(Tensor(), only_pe.t, R, Tensor(), positions, 0, 0);
   std::vector<double> g = only_pe.analytic(), ref(static_cast<size_t>(P * C), 0.0);
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c) ref[positions.i32()[n] * C + c] += R.f32()[n * C + c];
@@ -233,15 +233,15 @@ TEST(OpsEmbeddingDeathTest, RejectsIdsOutsideTheVocabulary) {
   Tensor wte = arena.normal({4, 2}, 1), wpe = arena.normal({3, 2}, 2), out = arena.f32({1, 2, 2});
   Tensor pos = arena.ints({1, 2}, {0, 1});
   // Unsharded: a token beyond the table is an error, not "another rank's".
-  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {1, 4}), pos, wte, wpe), "token id 4");
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {1, 4}), pos, wte, wpe, 0, 0), "token id 4");
   // Sharded (rows [4, 8) of 10): tokens 0..9 are fine, 10 and -1 are not.
   ops::embedding_forward(out, arena.ints({1, 2}, {0, 9}), pos, wte, wpe, 4, 10);
   EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {10, 5}), pos, wte, wpe, 4, 10), "token id 10");
   EXPECT_DEATH(ops::embedding_backward(wte, Tensor(), out, arena.ints({1, 2}, {-1, 5}), pos, 4, 10), "token id -1");
   // A shard start without the full vocabulary, or a shard outside it.
-  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 4), "vocab_size");
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 4, 0), "vocab_size");
   EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 7, 10), "shard");
-  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {0, 1}), arena.ints({1, 2}, {0, 3}), wte, wpe),
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {0, 1}), arena.ints({1, 2}, {0, 3}), wte, wpe, 0, 0),
                "position id 3");
 }
 
@@ -1006,13 +1006,13 @@ TEST(OpsCrossEntropyDeathTest, RejectsTargetsOutsideTheVocabulary) {
   Tensor lse = arena.f32({2}), dl = arena.f32({2}), d = arena.f32({2, 5});
   ops::cross_entropy_max(m, logits);
   // Unsharded: a target beyond the logits' columns is an error, not "another rank's".
-  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 5}), m, 0), "target 5");
-  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {-1, 0}), lse, 0), "target -1");
+  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 5}), m, 0, 0), "target 5");
+  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {-1, 0}), lse, 0, 0), "target -1");
   // Columns [5, 10) of 12: targets in [0, 12) are fine.
   ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 11}), m, 5, 12);
   EXPECT_EQ(tl.f32()[0], 0.0f);
   EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 12}), m, 5, 12), "target 12");
-  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {0, 1}), lse, 5), "vocab_size");
+  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {0, 1}), lse, 5, 0), "vocab_size");
   EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 1}), m, 8, 12), "shard");
 }
 
@@ -1029,7 +1029,7 @@ TEST(OpsAdamW, MatchesTorchRuleInDouble) {
     for (int64_t step = 1; step <= 4; ++step) {
       Tensor g = arena.normal({n}, 10 + static_cast<uint32_t>(step));
       g.f32()[0] = 0.0f;  // a zero gradient: pure decay plus the moment's tail
-      ops::adamw_update(p, g, m, v, lr, beta1, beta2, eps, wd, step);
+      ops::adamw_update(p, g, m, v, lr, beta1, beta2, eps, wd, step, 1.0f);
       const double bc1 = 1 - std::pow(static_cast<double>(beta1), step);
       const double bc2 = 1 - std::pow(static_cast<double>(beta2), step);
       for (int64_t i = 0; i < n; ++i) {
@@ -1069,8 +1069,8 @@ TEST(OpsOptimizers, MatchTorchNumbers) {
   std::memcpy(q.host<void>(), p0, 12);
   for (int step = 1; step <= 2; ++step) {
     std::memcpy(g.host<void>(), step == 1 ? g1 : g2, 12);
-    ops::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step);
-    ops::sgd_update(q, g, buf, 0.1f, 0.9f, 0.01f, step);
+    ops::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step, 1.0f);
+    ops::sgd_update(q, g, buf, 0.1f, 0.9f, 0.01f, step, 1.0f);
     for (int i = 0; i < 3; ++i) {
       EXPECT_NEAR(p.f32()[i], adamw[step - 1][i], 5e-7) << "AdamW step " << step << " i " << i;
       EXPECT_NEAR(q.f32()[i], sgd[step - 1][i], 5e-7) << "SGD step " << step << " i " << i;
@@ -1087,7 +1087,7 @@ TEST(OpsSgd, MatchesTorchRuleInDouble) {
     const float lr = 0.1f, wd = 0.01f;
     for (int64_t step = 1; step <= 3; ++step) {
       Tensor g = arena.normal({n}, 10 + static_cast<uint32_t>(step));
-      ops::sgd_update(p, g, buf, lr, momentum, wd, step);
+      ops::sgd_update(p, g, buf, lr, momentum, wd, step, 1.0f);
       for (int64_t i = 0; i < n; ++i) {
         const double d = g.f32()[i] + static_cast<double>(wd) * pd[i];
         bd[i] = step == 1 ? d : momentum * bd[i] + d;
