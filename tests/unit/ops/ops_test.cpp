@@ -28,6 +28,7 @@
 #include "tessera/ops/cpu/fast_math.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/ops.h"
+#include "float64_reference.h"
 #include "grad_check.h"
 
 using namespace tessera;
@@ -423,49 +424,6 @@ TEST(OpsBiasAdd, BackwardIsLinearsBiasGradient) {
 // ---------------------------------------------------------------------------------------
 // Attention
 
-// Independent attention in double: Megatron's recipe over the full score matrix (scale,
-// fill masked scores with -10000, softmax, dropout on the probabilities with the mask
-// drawn by core/rng.h's scalar Philox, probs @ v).
-void attention_reference(const Tensor& qkv, int64_t B, int64_t T, int64_t NH, int64_t HD, const ops::Dropout& d,
-                         std::vector<double>& out, std::vector<double>& att) {
-  const int64_t C3 = 3 * NH * HD;
-  out.assign(static_cast<size_t>(B * T * NH * HD), 0.0);
-  att.assign(static_cast<size_t>(B * NH * T * T), 0.0);
-  const float* x = qkv.f32();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> s(static_cast<size_t>(T));
-        double mx = -1e300;
-        for (int64_t t2 = 0; t2 < T; ++t2) {
-          double dot = 0;
-          for (int64_t i = 0; i < HD; ++i)
-            dot += static_cast<double>(x[(b * T + t) * C3 + h * 3 * HD + i]) * x[(b * T + t2) * C3 + h * 3 * HD + HD + i];
-          s[t2] = t2 > t ? -10000.0 : dot / std::sqrt(static_cast<double>(HD));
-          mx = std::max(mx, s[t2]);
-        }
-        double sum = 0;
-        for (int64_t t2 = 0; t2 < T; ++t2) sum += std::exp(s[t2] - mx);
-        for (int64_t t2 = 0; t2 < T; ++t2) {
-          const double p = std::exp(s[t2] - mx) / sum;
-          att[static_cast<size_t>(((b * NH + h) * T + t) * T + t2)] = p;
-          double factor = 1.0;
-          if (d.p > 0) {
-            const uint64_t e = d.element_offset + static_cast<uint64_t>((h * T + t) * T + t2);
-            Philox4x32 r = philox4x32(d.key.seed, static_cast<uint32_t>(RngStream::Dropout),
-                                      {static_cast<uint32_t>(e / 4), d.sample0 + static_cast<uint32_t>(b),
-                                       d.key.site, d.key.iteration});
-            factor = uint_to_unit_float(r[e % 4]) >= d.p ? 1.0 / (1.0 - d.p) : 0.0;
-          }
-          for (int64_t i = 0; i < HD; ++i)
-            out[static_cast<size_t>((b * T + t) * NH * HD + h * HD + i)] +=
-                p * factor * x[(b * T + t2) * C3 + h * 3 * HD + 2 * HD + i];
-        }
-      }
-    }
-  }
-}
-
 ops::Dropout attention_dropout(float p) {
   ops::Dropout d;
   d.p = p;
@@ -491,7 +449,7 @@ TEST(OpsAttention, ForwardMatchesMegatronRecipeInDouble) {
     ops::Dropout d = attention_dropout(p);
     ops::attention_forward(out, att, qkv, d);
     std::vector<double> out_ref, att_ref;
-    attention_reference(qkv, B, T, NH, HD, d, out_ref, att_ref);
+    attention_reference(qkv.f32(), B, T, NH, HD, d, out_ref, att_ref);
     // Float scores, exp_approx (2 ulp) and sums of <= 21 terms: errors ~1e-6 on O(1)
     // values; 1e-5 is 10x that. A wrong scale, mask or dropout lane is off by >1e-2.
     for (size_t i = 0; i < att_ref.size(); ++i) EXPECT_NEAR(att.f32()[i], att_ref[i], 1e-5) << "att " << i;
@@ -568,11 +526,6 @@ TEST(OpsAttention, Gradients) {
 
 // ---------------------------------------------------------------------------------------
 // GELU
-
-double gelu_ref(double x, ops::GeluKind kind) {
-  if (kind == ops::GeluKind::Tanh) return 0.5 * x * (1 + std::tanh(0.79788456 * x * (1 + 0.044715 * x * x)));
-  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-}
 
 TEST(OpsGelu, ForwardMatchesFormulas) {
   for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
@@ -800,16 +753,6 @@ TEST(OpsSequenceRegroupDeathTest, RejectsBadParts) {
 
 // ---------------------------------------------------------------------------------------
 // Cross-entropy
-
-// log-softmax in double.
-std::vector<double> log_softmax_row(const float* x, int64_t V) {
-  double mx = -1e300, sum = 0;
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(x[v]));
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
-  std::vector<double> r(static_cast<size_t>(V));
-  for (int64_t v = 0; v < V; ++v) r[v] = x[v] - mx - std::log(sum);
-  return r;
-}
 
 // The cross-entropy pieces over vocabulary shards, with the tensor-parallel reductions
 // done by hand: max of the shards' row maxima, sums of their sum_exp and target_logit.
