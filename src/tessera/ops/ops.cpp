@@ -4,16 +4,10 @@
 #include <set>
 #include <string>
 
+#include "tessera/device/backend.h"
 #include "tessera/device/device.h"
-#include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
-#ifdef TESSERA_WITH_OPENCL
-#include "tessera/ops/opencl/opencl_ops.h"
-#endif
-#ifdef TESSERA_WITH_CUDA
-#include "tessera/ops/cuda/cuda_ops.h"
-#endif
 
 namespace tessera::ops {
 namespace {
@@ -92,24 +86,15 @@ const Device& CallDevice::device() const {
 }  // namespace op_detail
 
 AnyKernel resolve_kernel(OpId op, const Device& device) {
-  if (device.kind() == DeviceKind::Strict) check_declared_on_strict(op, device);
+  if (device.backend().runs_declared_ops_only) check_declared_on_strict(op, device);
   const AnyKernel kernel = kernels_for(device).get(op);
   if (kernel == nullptr) unsupported(op_name(op), device);
   return kernel;
 }
 
 const KernelTable& kernels_for(const Device& device) {
-  switch (device.kind()) {
-    case DeviceKind::CPU:
-    case DeviceKind::Strict: return cpu::kernel_table();
-#ifdef TESSERA_WITH_OPENCL
-    case DeviceKind::OpenCL: return opencl::kernel_table();
-#endif
-#ifdef TESSERA_WITH_CUDA
-    case DeviceKind::CUDA: return cuda::kernel_table();
-#endif
-    default: break;
-  }
+  const Backend& backend = device.backend();
+  if (backend.kernels != nullptr) return backend.kernels();
   static const KernelTable none("none", nullptr);
   return none;
 }
@@ -143,7 +128,7 @@ bool supports(const Device& device, std::string_view op) {
 void check_supported(const Device& device, const std::vector<OpId>& ops) {
   for (OpId op : ops)
     if (!supports(device, op)) unsupported(op_name(op), device);
-  if (device.kind() != DeviceKind::Strict) return;
+  if (!device.backend().runs_declared_ops_only) return;
   StrictDeclared& d = strict_declared();
   std::lock_guard<std::mutex> lock(d.mutex);
   d.ops.insert(ops.begin(), ops.end());

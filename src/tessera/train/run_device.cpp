@@ -32,7 +32,7 @@ const char* widest_isa() {
 std::string run_device_line(const Device& device) {
   char memory[48];
   std::snprintf(memory, sizeof memory, "%.1f GiB memory", device.memory_info().total_bytes / 1073741824.0);
-  if (device.kind() != DeviceKind::CPU)  // the host's processor and threads are not its figures
+  if (!device.is_host())  // the host's processor and threads are not its figures
     return "device: " + device.name() + ", " + device.description() + ", " + memory;
   return "device: " + device.name() + " (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) +
          " OpenMP threads per process, " + widest_isa() + ", " + memory + ")";
