@@ -99,11 +99,11 @@ std::vector<Timed> layer_ops(Tensors& m, const Shape4& s) {
       {"lm head bwd", [=] { ops::linear_backward(y, wte, Tensor(), dlogits, y, wte); }},
       {"cross-entropy fwd", [=] {
          ops::cross_entropy_max(per_row[0], logits);
-         ops::cross_entropy_sums(per_row[1], per_row[2], logits, tokens.view({N}), per_row[0], 0);
+         ops::cross_entropy_sums(per_row[1], per_row[2], logits, tokens.view({N}), per_row[0], 0, 0);
          ops::cross_entropy_finish(per_row[3], lse, per_row[1], per_row[0], per_row[2]);
        }},
-      {"cross-entropy bwd", [=] { ops::cross_entropy_backward(dlogits, dlosses, logits, tokens.view({N}), lse, 0); }},
-      {"adamw (4 C^2)", [=] { ops::adamw_update(param, grad, m1, v1, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1); }},
+      {"cross-entropy bwd", [=] { ops::cross_entropy_backward(dlogits, dlosses, logits, tokens.view({N}), lse, 0, 0); }},
+      {"adamw (4 C^2)", [=] { ops::adamw_update(param, grad, m1, v1, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f); }},
       {"sum_squares (4 C^2)", [=] { ops::sum_squares(norm_sums, 0, grad); }},
   };
 }

@@ -108,7 +108,7 @@ int run_train(int argc, char** argv) {
   if (args.tf32 && !device.tf32_matmul())
     log_warn("--tf32 has no effect on %s: its f32 GEMMs stay exact", device.name().c_str());
   ops::check_supported(device, training_ops(args, device));  // before any rank connects or allocates
-  const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.kind());
+  const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.backend());
   const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);
   launch::JobStore job_store;
   std::unique_ptr<Communicator> world;

@@ -1,25 +1,39 @@
 #include "tessera/comm/backend.h"
 
 #include "tessera/comm/gloo/gloo_communicator.h"
-#ifdef TESSERA_WITH_NCCL
-#include "tessera/comm/nccl/nccl_communicator.h"
-#endif
 #include "tessera/core/error.h"
+#include "tessera/device/registry.h"
 
 namespace tessera {
+namespace {
 
-CommBackendChoice choose_comm_backend(const std::string& requested, DeviceKind device) {
+// The native library registered under `name` ("nccl") by any backend, or nullptr.
+const NativeCollectives* collectives_named(const std::string& name) {
+  for (const Backend* b : registered_backends())
+    if (b->collectives != nullptr && name == b->collectives->name) return b->collectives;
+  return nullptr;
+}
+
+const NativeCollectives* collectives_of(const std::string& backend) {
+  const Backend* b = find_backend(backend);
+  return b ? b->collectives : nullptr;
+}
+
+}  // namespace
+
+CommBackendChoice choose_comm_backend(const std::string& requested, const Backend& device) {
   if (requested == "gloo") return {"gloo", "distributed backend: gloo (--distributed-backend gloo)"};
   if (requested == "nccl") {
-    if (device == DeviceKind::CUDA)
-      return {"nccl", "distributed backend: nccl (--distributed-backend nccl on a CUDA device)"};
-    if (device == DeviceKind::CPU)
+    if (device.collectives != nullptr)
+      return {device.collectives->name, std::string("distributed backend: ") + device.collectives->name +
+                                            " (--distributed-backend nccl on a " + device.name + " device)"};
+    if (device.host_memory)
       return {"gloo",
               "distributed backend: gloo (--distributed-backend nccl means the device's native collective library; "
               "for CPU tensors that is Gloo)"};
     return {"gloo", std::string("distributed backend: gloo (--distributed-backend nccl means the device's native "
                                 "collective library; ") +
-                        device_kind_name(device) + " has none, so collectives are staged through host memory)"};
+                        device.name + " has none, so collectives are staged through host memory)"};
   }
   throw usage_error("--distributed-backend must be nccl or gloo, got '" + requested + "'",
                     "nccl (Megatron's default) picks the device's native library: Gloo on the CPU, NCCL on CUDA");
@@ -28,30 +42,24 @@ CommBackendChoice choose_comm_backend(const std::string& requested, DeviceKind d
 std::unique_ptr<Communicator> create_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                                   const CommOptions& options) {
   if (options.backend == "gloo") return create_gloo_communicator(std::move(store), rank, world_size, options);
-#ifdef TESSERA_WITH_NCCL
-  if (options.backend == "nccl") return create_nccl_communicator(std::move(store), rank, world_size, options);
-#endif
+  if (const NativeCollectives* native = collectives_named(options.backend))
+    return native->create(std::move(store), rank, world_size, options);
   throw runtime_error("this build has no '" + options.backend + "' communicator",
                       "pass --distributed-backend gloo: every device's tensors then go through host memory (the "
                       "host-staged path), or build tessera with the backend's library");
 }
 
-std::string native_collectives_version(DeviceKind device) {
-#ifdef TESSERA_WITH_NCCL
-  if (device == DeviceKind::CUDA) return "NCCL " + nccl_version();
-#endif
-  (void)device;
-  return "";
+std::string native_collectives_version(const std::string& backend) {
+  const NativeCollectives* native = collectives_of(backend);
+  return native ? native->version() : "";
 }
 
-NativeAllReduceRun native_all_reduce_run(DeviceKind device, size_t bytes) {
-#ifdef TESSERA_WITH_NCCL
-  if (device == DeviceKind::CUDA) return nccl_all_reduce_run(bytes);
-#endif
-  (void)bytes;
-  (void)device;
-  throw runtime_error("no native collective library for this device in this build",
-                      "build with -DTESSERA_CUDA=ON where the CUDA toolkit and NCCL are installed");
+NativeAllReduceRun native_all_reduce_run(const std::string& backend, size_t bytes) {
+  const NativeCollectives* native = collectives_of(backend);
+  if (native == nullptr)
+    throw runtime_error("no native collective library for " + backend + " devices in this build",
+                        "build with -DTESSERA_CUDA=ON where the CUDA toolkit and NCCL are installed");
+  return native->all_reduce_run(bytes);
 }
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 
 #include "tessera/comm/communicator.h"
 #include "tessera/comm/store.h"
+#include "tessera/device/backend.h"
 #include "tessera/device/device.h"
 
 namespace tessera {
@@ -24,7 +25,8 @@ struct CommBackendChoice {
 };
 
 // Throws tessera::Error (usage) for a name other than nccl or gloo (Megatron's choices).
-CommBackendChoice choose_comm_backend(const std::string& requested, DeviceKind device);
+// `device`: the backend of the run's device (device/backend.h).
+CommBackendChoice choose_comm_backend(const std::string& requested, const Backend& device);
 
 struct CommOptions {
   std::string backend = "gloo";  // CommBackendChoice::backend
@@ -40,21 +42,33 @@ struct CommOptions {
   std::string key_prefix;
 };
 
-// The native collective library of `device`'s kind with its version ("NCCL 2.28.9"), or ""
-// when this build has none for it.
-std::string native_collectives_version(DeviceKind device);
-
-// doctor's all-reduce run through the native library of `device`'s kind: one process, one
-// rank per device of that kind on this node, an all-reduce of `bytes` of f32 whose exact
-// sum is checked on the host. Throws tessera::Error naming the failed call, or when this
-// build has no native library for the kind.
+// doctor's all-reduce run through a native library: one process, one rank per device of its
+// backend on this node, an all-reduce of `bytes` of f32 whose exact sum is checked on the
+// host.
 struct NativeAllReduceRun {
   int devices = 0;
   double ms = 0;         // the timed all-reduce (after one warm-up)
   double busbw_gbs = 0;  // nccl-tests' bus bandwidth: bytes / time x 2 (n - 1) / n
   int64_t wrong = 0;     // elements that are not the exact sum
 };
-NativeAllReduceRun native_all_reduce_run(DeviceKind device, size_t bytes);
+
+// A device backend's native collective library (NCCL for cuda, HCCL for an Ascend backend),
+// registered with its backend (Backend::collectives, in the backend's folder).
+struct NativeCollectives {
+  const char* name = "";  // --distributed-backend's spelling: "nccl"
+  std::string (*version)() = nullptr;  // "NCCL 2.28.9"
+  std::unique_ptr<Communicator> (*create)(std::shared_ptr<Store> store, int rank, int world_size,
+                                          const CommOptions& options) = nullptr;
+  // Throws tessera::Error naming the failed call.
+  NativeAllReduceRun (*all_reduce_run)(size_t bytes) = nullptr;
+};
+
+// The native collective library of the backend named `backend` with its version ("NCCL
+// 2.28.9"), or "" when this build has none for it.
+std::string native_collectives_version(const std::string& backend);
+// native collectives' all_reduce_run for the backend named `backend`; throws tessera::Error
+// when this build has no native library for it.
+NativeAllReduceRun native_all_reduce_run(const std::string& backend, size_t bytes);
 
 // The world communicator of rank `rank` of `world_size`, bootstrapped through `store`.
 // Throws tessera::Error naming the backend when this build lacks it.

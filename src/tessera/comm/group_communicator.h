@@ -9,10 +9,10 @@
 //
 // The primitives see memory the transport addresses (host memory for Gloo and in-process),
 // arguments already checked, more than one rank and at least one byte. A native device
-// library (NCCL, HCCL) derives from GroupCommunicator over a Gloo transport of the same
-// store (create_gloo_transport), overrides the calls for its device's tensors
-// (stream-ordered, communicator.h) and make_subgroup, and passes host tensors (the control
-// scalars) to this class.
+// library is meant to derive from GroupCommunicator over a Gloo transport of the same store
+// (create_gloo_transport; NCCL does not yet: comm/nccl), override the calls for its
+// device's tensors (stream-ordered, communicator.h) and make_subgroup, and pass host tensors
+// (the control scalars) to this class.
 #pragma once
 
 #include <chrono>

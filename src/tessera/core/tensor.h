@@ -1,7 +1,6 @@
-// Buffer owns device memory (RAII, move-only); Tensor is a non-owning typed view into a
-// Buffer: dtype, shape, device and the memory as (handle, byte offset). One owner per
-// buffer: models, optimizers and activation structs hold Buffers, everything else passes
-// Tensors.
+// Tensor: a non-owning typed view of device memory (dtype, shape, device and the memory as
+// (handle, byte offset)). The memory belongs to a Buffer (device/buffer.h): models,
+// optimizers and activation structs hold Buffers, everything else passes Tensors.
 //
 // A handle is opaque outside its backend (a cl_mem on OpenCL): views and slices move the
 // offset, never the handle. host<T>() / f32() / i32() give the address for host code and
@@ -22,28 +21,6 @@
 namespace tessera {
 
 class Device;
-
-class Buffer {
- public:
-  Buffer() = default;
-  // Zero-filled.
-  Buffer(Device& device, size_t bytes);
-  ~Buffer();
-  Buffer(Buffer&& o) noexcept;
-  Buffer& operator=(Buffer&& o) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  void* handle() const { return handle_; }
-  size_t bytes() const { return bytes_; }
-  Device* device() const { return device_; }
-
- private:
-  void release();
-  Device* device_ = nullptr;
-  void* handle_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
@@ -74,6 +51,8 @@ struct Tensor {
   template <typename T> T* host(Where where = Where::current()) const {
     return static_cast<T*>(host_address(where));
   }
+  // (host_address is defined in device/device.cpp: whether memory is host memory is the
+  // device's to say.)
   float* f32(Where where = Where::current()) const { check_dtype(DType::F32); return host<float>(where); }
   int32_t* i32(Where where = Where::current()) const { check_dtype(DType::I32); return host<int32_t>(where); }
 
@@ -92,20 +71,5 @@ struct Tensor {
  private:
   void* host_address(Where where) const;
 };
-
-// Carves tensors out of one Buffer (a slab): reserve all shapes first, then allocate once.
-class SlabBuilder {
- public:
-  // Returns the byte offset of the reserved tensor; offsets are 64-byte aligned.
-  size_t reserve(DType t, const Shape& s);
-  size_t total_bytes() const { return total_; }
-
- private:
-  size_t total_ = 0;
-};
-
-inline Tensor tensor_at(const Buffer& slab, size_t offset, DType t, Shape s) {
-  return Tensor(slab.handle(), offset, t, std::move(s), slab.device());
-}
 
 }  // namespace tessera

@@ -6,16 +6,29 @@
 #include <string>
 #include <vector>
 
+#include "tessera/device/backend.h"
+
 namespace tessera {
 
-const char* device_kind_name(DeviceKind kind) {
-  switch (kind) {
-    case DeviceKind::CPU: return "cpu";
-    case DeviceKind::Strict: return "strict";
-    case DeviceKind::OpenCL: return "opencl";
-    case DeviceKind::CUDA: return "cuda";
+void* Tensor::host_address(Where where) const {
+  if (handle == nullptr) return nullptr;
+  if (device != nullptr && !device->is_host())
+    check_failed("device->is_host()", where.file_name(), static_cast<int>(where.line()),
+                 "host access to a " + shape_str(shape) + " tensor on device " +
+                     (device ? device->name() : std::string("(none)")) +
+                     ", which is not host memory: copy it with copy_to_host / copy_from_host (device/device.h) "
+                     "or do the work in an op");
+  return static_cast<char*>(handle) + offset;
+}
+
+const Backend& Device::backend() const {
+  const Backend* b = backend_.load(std::memory_order_acquire);
+  if (b == nullptr) {
+    b = find_backend(backend_name());
+    TESSERA_CHECK(b != nullptr, std::string("device ") + name() + " of unregistered backend " + backend_name());
+    backend_.store(b, std::memory_order_release);
   }
-  return "?";
+  return *b;
 }
 
 void Device::account(ptrdiff_t delta) {

@@ -1,7 +1,7 @@
 // The Device interface: what model, optimizer, parallel and checkpoint code may ask of an
 // accelerator, shaped after ggml-backend (ggml/src/ggml-backend-impl.h: registry -> device
-// -> buffer/stream). Kernels live in ops/ (one kernel table per backend, reached from the
-// device's kind), collectives in comm/.
+// -> buffer/stream). Each device belongs to a backend (backend.h), which holds its kernel
+// table (ops/) and its collectives (comm/).
 //
 // Decisions every backend follows:
 // - Memory is an opaque handle plus a byte offset. allocate() returns the handle: a host
@@ -24,12 +24,11 @@
 #include <string>
 
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 
 namespace tessera {
 
-// The backend a device belongs to; ops/ keys its kernel tables by it.
-enum class DeviceKind { CPU, Strict, OpenCL, CUDA };
-const char* device_kind_name(DeviceKind kind);
+struct Backend;
 
 struct MemoryInfo {
   size_t total_bytes = 0;
@@ -48,8 +47,9 @@ class Device {
  public:
   virtual ~Device() = default;
 
-  // Identity.
-  virtual DeviceKind kind() const = 0;
+  // Identity. The backend it belongs to, by its registered name ("cpu", "strict", "cuda").
+  virtual const char* backend_name() const = 0;
+  const Backend& backend() const;
   virtual int ordinal() const { return 0; }
   // Short name as --device spells it: "cpu", "strict", "opencl:1".
   virtual std::string name() const = 0;
@@ -114,6 +114,7 @@ class Device {
  private:
   std::atomic<size_t> allocated_{0};
   std::atomic<size_t> peak_{0};
+  mutable std::atomic<const Backend*> backend_{nullptr};  // looked up by name on first use
   bool deterministic_mode_ = false;
 };
 

@@ -35,7 +35,7 @@ CudaFacts cuda_facts() {
   f.runtime = stack.runtime;
   f.gpus = stack.devices;
   f.no_gpu_reason = stack.no_device_reason;
-  f.nccl = native_collectives_version(DeviceKind::CUDA);
+  f.nccl = native_collectives_version("cuda");
   return f;
 }
 
@@ -126,7 +126,7 @@ std::vector<Row> check_cuda(const std::string& spec) {
   rows.push_back(gemm_run(*device));
   if (facts.nccl.empty()) return rows;  // "cuda: libraries" says NCCL is not built
   try {
-    const NativeAllReduceRun run = native_all_reduce_run(DeviceKind::CUDA, size_t{64} << 20);
+    const NativeAllReduceRun run = native_all_reduce_run("cuda", size_t{64} << 20);
     char detail[160];
     std::snprintf(detail, sizeof detail, "64 MiB f32 over %d GPU(s) of this node: %.2f ms, busbw %.1f GB/s, %lld wrong",
                   run.devices, run.ms, run.busbw_gbs, static_cast<long long>(run.wrong));

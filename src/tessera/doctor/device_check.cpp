@@ -87,7 +87,7 @@ std::vector<Row> check_compute_device(const std::string& spec) {
   } catch (const Error& e) {
     return {{"devices: --device " + spec, Status::Fail, e.what(), e.hint(), ""}};
   }
-  if (device->kind() == DeviceKind::CPU) return {};
+  if (device->is_host()) return {};  // the CPU: the host rows say it all
   const MemoryInfo m = device->memory_info();
   return {{"devices: " + device->name(), Status::Pass,
            device->description() + "; " + mib(m.total_bytes) + " memory, " + mib(m.free_bytes) + " free", "", ""},

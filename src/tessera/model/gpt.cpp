@@ -520,7 +520,7 @@ void GPTModel::embedding_forward(Tensor out, const MicroBatch& batch, const Step
                          config_.padded_vocab_size);
   tp_.all_reduce(whole, ReduceOp::Sum);
   if (ch.wpe != kAbsent) {
-    ops::embedding_forward(ws.pos_emb, batch.tokens, batch.positions, Tensor(), params_[ch.wpe]);
+    ops::embedding_forward(ws.pos_emb, batch.tokens, batch.positions, Tensor(), params_[ch.wpe], 0, 0);
     ops::residual_forward(whole, whole, ws.pos_emb);
   }
   ops::dropout_forward(whole, whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 #include "tessera/model/gpt_config.h"
 #include "tessera/model/model_partition.h"
 #include "tessera/parallel/grad_buffer_layout.h"

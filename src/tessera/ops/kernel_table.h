@@ -1,12 +1,27 @@
-// One kernel table per backend: a struct of function pointers with exactly the signatures
-// of the ops in ops.h, reached from the tensors' device (ops.cpp). A backend with every op
-// builds its table with TESSERA_COMPLETE_KERNEL_TABLE; a null entry means "not supported",
-// which check_supported() reports at start-up naming the op and the device.
+// One kernel table per backend: a kernel for each op of ops.inc, stored by the op's number
+// and set through the op itself, so a kernel of another signature does not compile. A
+// backend reaches it from its devices (device/backend.h); an unset entry means "not
+// supported", which check_supported() reports at start-up naming the op and the device.
 //
-// Adding an op: its contract in ops.h, its name in TESSERA_OPS below, and one kernel per
-// backend, defined in ops/<backend>/ (TESSERA_DECLARE_KERNELS declares it).
+// A backend declares its kernels and fills its table from the one list, so an op's
+// signature is written once (ops.inc):
+//
+//   // ops/<backend>/<backend>_ops.h, in namespace tessera::ops::<backend>:
+//   #define TESSERA_OP TESSERA_DECLARE_KERNEL
+//   #include "tessera/ops/ops.inc"
+//
+//   // ops/<backend>/kernel_table.cpp: a kernel for every op the backend has
+//   constexpr bool has_kernel(std::string_view op) { return op != "some_fused_op"; }
+//   KernelTable table("<backend>", libraries);
+//   #define TESSERA_OP TESSERA_SET_KERNEL
+//   #include "tessera/ops/ops.inc"
+//
+// A definition spelled differently from the declaration is another overload, leaving the
+// declared kernel undefined: the table's set() then fails to link.
 #pragma once
 
+#include <array>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,58 +34,53 @@ class Device;
 
 namespace tessera::ops {
 
-#define TESSERA_OPS(X) TESSERA_UNFUSED_OPS(X) TESSERA_FUSED_ATTENTION_OPS(X)
-// The fused attention (a backend may lack it: the model then runs attention_forward/backward).
-#define TESSERA_FUSED_ATTENTION_OPS(X) X(flash_attention_forward) X(flash_attention_backward) X(flash_attention_scratch)
-#define TESSERA_UNFUSED_OPS(X)                                                                     \
-  X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
-  X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward) X(linear_backward) X(bias_add_forward)  \
-  X(bias_add_backward) X(attention_forward) X(attention_backward) X(attention_buffers)             \
-  X(attention_qkv_forward) X(attention_qkv_backward) X(swiglu_forward) X(swiglu_backward)          \
-  X(gelu_forward) X(gelu_backward) X(dropout_forward) X(dropout_backward) X(residual_forward)      \
-  X(residual_backward) X(cross_entropy_max) X(cross_entropy_sums) X(cross_entropy_finish)          \
-  X(cross_entropy_backward) X(sequence_to_rank_major) X(rank_major_to_sequence) X(adamw_update)    \
-  X(sgd_update) X(sum_squares) X(scale_inplace) X(masked_loss_sums) X(masked_loss_backward)        \
-  X(init_normal) X(fill) X(convert)
+class KernelTable {
+ public:
+  // `backend` as doctor and the errors name it; `libraries`: the libraries the kernels run on,
+  // with versions ("oneDNN 2.6.3"), for doctor.
+  KernelTable(const char* backend, std::string (*libraries)()) : backend_(backend), libraries_(libraries) {}
 
-struct KernelTable {
-  const char* backend = "";
-  // The libraries the kernels run on, with versions ("oneDNN 2.6.3"), for doctor.
-  std::string (*libraries)() = nullptr;
-#define TESSERA_KERNEL_ENTRY(op) decltype(&ops::op) op = nullptr;
-  TESSERA_OPS(TESSERA_KERNEL_ENTRY)
-#undef TESSERA_KERNEL_ENTRY
+  template <typename Signature> void set(const Op<Signature>& op, Signature* kernel) {
+    kernels_[static_cast<size_t>(op.id)] = reinterpret_cast<AnyKernel>(kernel);
+  }
+  AnyKernel get(OpId op) const { return kernels_[static_cast<size_t>(op)]; }
+  bool has(OpId op) const { return get(op) != nullptr; }
+  const char* backend() const { return backend_; }
+  std::string libraries() const { return libraries_ ? libraries_() : std::string(); }
+
+ private:
+  const char* backend_;
+  std::string (*libraries_)();
+  std::array<AnyKernel, kOpCount> kernels_{};
 };
 
-// Declares, in the namespace where it expands, a kernel for every op with exactly the op's
-// type in ops.h: a backend's <backend>_ops.h is this one line, so a signature is written
-// once. A definition spelled differently would be another overload, leaving the declared
-// kernel undefined: TESSERA_COMPLETE_KERNEL_TABLE's assignment then fails to link.
-#define TESSERA_DECLARE_KERNEL(op) decltype(::tessera::ops::op) op;
-#define TESSERA_DECLARE_KERNELS() TESSERA_OPS(TESSERA_DECLARE_KERNEL)
-
-// The table of a backend with a kernel for every op: the functions of the ops' names in the
-// namespace where it expands (ops/<backend>/kernel_table.cpp), plus its name and libraries.
-#define TESSERA_KERNEL_TABLE_ASSIGN(op) table.op = op;
-#define TESSERA_COMPLETE_KERNEL_TABLE(backend_name, libraries_fn) \
-  TESSERA_KERNEL_TABLE_OF(backend_name, libraries_fn, TESSERA_OPS)
-// The same for the ops of the list OPS only (the other entries stay null: not supported).
-#define TESSERA_KERNEL_TABLE_OF(backend_name, libraries_fn, OPS) \
-  [] {                                                          \
-    ::tessera::ops::KernelTable table;                          \
-    table.backend = backend_name;                               \
-    table.libraries = libraries_fn;                             \
-    OPS(TESSERA_KERNEL_TABLE_ASSIGN)                            \
-    return table;                                               \
-  }()
+#define TESSERA_DECLARE_KERNEL(name, precision, signature) ::tessera::ops::signatures::name name;
+// In a function building a KernelTable `table`, with a constexpr has_kernel(std::string_view)
+// in scope: sets the backend's kernel of every op it has. The kernels of the others are never
+// named (a discarded statement), so they need no definition.
+#define TESSERA_SET_KERNEL(name, precision, signature) \
+  if constexpr (has_kernel(#name)) table.set(::tessera::ops::name, name);
 
 // The table of the backend `device` belongs to.
 const KernelTable& kernels_for(const Device& device);
-// Whether `device` has a kernel for the op named `op` (as in ops.h); false for unknown names.
+
+// The op named `name` (as in ops.inc), if there is one.
+std::optional<OpId> op_named(std::string_view name);
+const char* op_name(OpId op);
+Precision precision_of(OpId op);
+std::optional<Precision> precision_of(std::string_view name);
+// Every op, in ops.inc's order.
+std::vector<OpId> all_ops();
+
+// Whether `device` has a kernel for `op`; false for unknown names.
+bool supports(const Device& device, OpId op);
 bool supports(const Device& device, std::string_view op);
-// Throws a runtime Error naming the first op of `ops` that `device` lacks, and the device.
+template <typename Signature> bool supports(const Device& device, const Op<Signature>& op) {
+  return supports(device, op.id);
+}
+// Throws a runtime Error naming the first of `ops` that `device` lacks, and the device.
 // On the strict test device it also declares them: from then on an op outside every list it
 // was given fails there, naming the op (the test that the start-up list is complete).
-void check_supported(const Device& device, const std::vector<std::string_view>& ops);
+void check_supported(const Device& device, const std::vector<OpId>& ops);
 
 }  // namespace tessera::ops

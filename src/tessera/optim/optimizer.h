@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 
 namespace tessera {
 

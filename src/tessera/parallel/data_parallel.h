@@ -20,6 +20,7 @@
 
 #include "tessera/comm/communicator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 #include "tessera/parallel/grad_buffer_layout.h"
 
 namespace tessera {

@@ -22,6 +22,7 @@
 
 #include "tessera/comm/communicator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 
 namespace tessera {
 

@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 
 #include "tessera/model/gpt.h"
+#include "tessera/ops/ops.h"
 #include "tessera/train/arguments.h"
 
 namespace tessera {
@@ -31,39 +33,39 @@ const char* widest_isa() {
 std::string run_device_line(const Device& device) {
   char memory[48];
   std::snprintf(memory, sizeof memory, "%.1f GiB memory", device.memory_info().total_bytes / 1073741824.0);
-  if (device.kind() != DeviceKind::CPU)  // the host's processor and threads are not its figures
+  if (!device.is_host())  // the host's processor and threads are not its figures
     return "device: " + device.name() + ", " + device.description() + ", " + memory;
   return "device: " + device.name() + " (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) +
          " OpenMP threads per process, " + widest_isa() + ", " + memory + ")";
 }
 
-std::vector<std::string_view> training_ops(const TrainArgs& args, const Device& device) {
+std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device) {
   const GPTConfig& c = args.model;
-  std::vector<std::string_view> ops = {
-      "init_normal",          "fill",                   "embedding_forward", "embedding_backward",
-      "linear_forward",       "linear_backward",        "dropout_forward",   "dropout_backward",
-      "residual_forward",     "cross_entropy_max",      "cross_entropy_sums", "cross_entropy_finish",
-      "cross_entropy_backward", "masked_loss_sums",     "masked_loss_backward", "sum_squares",
-      "scale_inplace"};
+  using namespace ops;
+  std::vector<OpId> list;
+  auto add = [&list](std::initializer_list<OpId> ids) { list.insert(list.end(), ids); };
+  add({init_normal, fill, embedding_forward, embedding_backward, linear_forward, linear_backward, dropout_forward,
+       dropout_backward, residual_forward, cross_entropy_max, cross_entropy_sums, cross_entropy_finish,
+       cross_entropy_backward, masked_loss_sums, masked_loss_backward, sum_squares, scale_inplace});
   if (GPTModel::uses_fused_attention(device)) {
-    ops.insert(ops.end(), {"flash_attention_forward", "flash_attention_backward", "flash_attention_scratch"});
+    add({flash_attention_forward, flash_attention_backward, flash_attention_scratch});
   } else {
-    ops.insert(ops.end(), {"attention_buffers", "attention_forward", "attention_backward"});
-    if (c.regroups_qkv()) ops.insert(ops.end(), {"attention_qkv_forward", "attention_qkv_backward"});
+    add({attention_buffers, attention_forward, attention_backward});
+    if (c.regroups_qkv()) add({attention_qkv_forward, attention_qkv_backward});
   }
   if (c.normalization == Normalization::RMSNorm)
-    ops.insert(ops.end(), {"rmsnorm_forward", "rmsnorm_backward"});
+    add({rmsnorm_forward, rmsnorm_backward});
   else
-    ops.insert(ops.end(), {"layernorm_forward", "layernorm_backward"});
+    add({layernorm_forward, layernorm_backward});
   if (c.swiglu)
-    ops.insert(ops.end(), {"swiglu_forward", "swiglu_backward"});
+    add({swiglu_forward, swiglu_backward});
   else
-    ops.insert(ops.end(), {"gelu_forward", "gelu_backward"});
-  if (c.add_bias_linear || c.add_qkv_bias) ops.insert(ops.end(), {"bias_add_forward", "bias_add_backward"});
-  if (args.bf16 || args.fp16) ops.push_back("convert");  // f32 main parameters, f32 sums of 16-bit activations
-  ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "sgd_update" : "adamw_update");
-  if (args.sequence_parallel) ops.insert(ops.end(), {"sequence_to_rank_major", "rank_major_to_sequence"});
-  return ops;
+    add({gelu_forward, gelu_backward});
+  if (c.add_bias_linear || c.add_qkv_bias) add({bias_add_forward, bias_add_backward});
+  if (args.bf16 || args.fp16) add({convert});  // f32 main parameters, f32 sums of 16-bit activations
+  add({args.optimizer.kind == OptimizerKind::SGD ? OpId(sgd_update) : OpId(adamw_update)});
+  if (args.sequence_parallel) add({sequence_to_rank_major, rank_major_to_sequence});
+  return list;
 }
 
 }  // namespace tessera

@@ -4,10 +4,10 @@
 #pragma once
 
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "tessera/device/device.h"
+#include "tessera/ops/op.h"
 
 namespace tessera {
 
@@ -17,9 +17,10 @@ struct TrainArgs;
 // another device by its own description and memory: "device: opencl:0, pthread-haswell-AMD EPYC (CPU, Portable
 // Computing Language, driver 3.1+debian, OpenCL 3.0 ...), 11.8 GiB memory".
 std::string run_device_line(const Device& device);
-// The ops (ops/kernel_table.h's names) a training run with these flags calls: what
-// ops::check_supported tests at start-up, so a backend that lacks one fails before training.
-// Attention's ops depend on the device (its mode and whether its backend has the fused op).
-std::vector<std::string_view> training_ops(const TrainArgs& args, const Device& device);
+// The ops a training run with these flags calls: what ops::check_supported tests at
+// start-up, so a backend that lacks one fails before training (and the strict device runs
+// nothing else, so a missing entry fails the tests). Attention's ops depend on the device:
+// its mode and whether its backend has the fused attention.
+std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device);
 
 }  // namespace tessera

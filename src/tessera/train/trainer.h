@@ -13,6 +13,7 @@
 #include "tessera/comm/communicator.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 #include "tessera/metrics/tensorboard_writer.h"
 #include "tessera/model/gpt.h"
 #include "tessera/optim/lr_schedule.h"

@@ -19,6 +19,7 @@
 #include "tessera/core/error.h"
 #include "tessera/device/cpu/cpu_device.h"
 #include "tessera/device/device.h"
+#include "tessera/device/registry.h"
 #include "tessera/parallel/topology.h"
 
 using namespace tessera;
@@ -441,14 +442,19 @@ TEST(GlooComm, SingleProcessWorldNeedsNoNetwork) {
 
 TEST(CommBackend, NcclMeansTheDevicesNativeLibrary) {
   std::string e;
-  auto cpu = choose_comm_backend("nccl", DeviceKind::CPU);
+  const Backend& cpu_backend = *find_backend("cpu");
+  auto cpu = choose_comm_backend("nccl", cpu_backend);
   EXPECT_EQ(cpu.backend, "gloo");
   EXPECT_NE(cpu.log_line.find("native collective library"), std::string::npos);
-  EXPECT_EQ(choose_comm_backend("gloo", DeviceKind::CPU).backend, "gloo");
-  EXPECT_EQ(choose_comm_backend("gloo", DeviceKind::CUDA).backend, "gloo");
-  EXPECT_EQ(choose_comm_backend("nccl", DeviceKind::CUDA).backend, "nccl");
+  // A backend with a native library (as CUDA registers NCCL), made here so that every build
+  // runs the case.
+  const NativeCollectives native{.name = "nccl"};
+  const Backend gpu{.name = "gpu", .collectives = &native};
+  EXPECT_EQ(choose_comm_backend("gloo", cpu_backend).backend, "gloo");
+  EXPECT_EQ(choose_comm_backend("gloo", gpu).backend, "gloo");
+  EXPECT_EQ(choose_comm_backend("nccl", gpu).backend, "nccl");
   // A device without a native library: Gloo on host copies, and the log says so.
-  auto opencl = choose_comm_backend("nccl", DeviceKind::OpenCL);
+  auto opencl = choose_comm_backend("nccl", Backend{.name = "opencl"});
   EXPECT_EQ(opencl.backend, "gloo");
   EXPECT_NE(opencl.log_line.find("opencl has none, so collectives are staged through host memory"), std::string::npos)
       << opencl.log_line;
@@ -458,6 +464,6 @@ TEST(CommBackend, NcclMeansTheDevicesNativeLibrary) {
   e = error_of([&] { create_communicator(std::shared_ptr<Store>(make_local_store(1s)), 0, 1, o); });
   EXPECT_NE(e.find("this build has no 'hccl' communicator"), std::string::npos) << e;
   EXPECT_NE(e.find("--distributed-backend gloo"), std::string::npos) << e;
-  e = error_of([] { choose_comm_backend("mpi", DeviceKind::CPU); });
+  e = error_of([&] { choose_comm_backend("mpi", cpu_backend); });
   EXPECT_NE(e.find("--distributed-backend must be nccl or gloo, got 'mpi'"), std::string::npos) << e;
 }

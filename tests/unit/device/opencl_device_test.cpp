@@ -32,7 +32,7 @@ Device* first_device() { return opencl_device_count() > 0 ? &open_device("opencl
 
 TEST(OpenClDevice, IdentityAndMemory) {
   REQUIRE_DEVICE(d);
-  EXPECT_EQ(d->kind(), DeviceKind::OpenCL);
+  EXPECT_STREQ(d->backend_name(), "opencl");
   EXPECT_EQ(d->name(), "opencl:0");
   EXPECT_FALSE(d->is_host());
   EXPECT_NE(d->description().find("driver"), std::string::npos) << d->description();

@@ -28,6 +28,7 @@
 #include "tessera/ops/cpu/fast_math.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/ops.h"
+#include "float64_reference.h"
 #include "grad_check.h"
 
 using namespace tessera;
@@ -164,15 +165,15 @@ TEST(OpsEmbedding, ForwardAndGradients) {
   Tensor positions = arena.ints({B, T}, {0, 1, 2, 0, 1, 1});
   Tensor wte = arena.normal({V, C}, 1), wpe = arena.normal({P, C}, 2);
   Tensor out = arena.f32({B, T, C}), R = arena.normal({B, T, C}, 3);
-  ops::embedding_forward(out, tokens, positions, wte, wpe);
+  ops::embedding_forward(out, tokens, positions, wte, wpe, 0, 0);
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c)
       EXPECT_EQ(out.f32()[n * C + c], wte.f32()[tokens.i32()[n] * C + c] + wpe.f32()[positions.i32()[n] * C + c]);
 
   Grad dwte(arena, wte, 4), dwpe(arena, wpe, 5);
-  ops::embedding_backward(dwte.t, dwpe.t, R, tokens, positions);
+  ops::embedding_backward(dwte.t, dwpe.t, R, tokens, positions, 0, 0);
   auto loss = [&] {
-    ops::embedding_forward(out, tokens, positions, wte, wpe);
+    ops::embedding_forward(out, tokens, positions, wte, wpe, 0, 0);
     return weighted_sum(out, R);
   };
   // L is linear in the tables, so central differences are exact up to the float rounding
@@ -208,7 +209,7 @@ TEST(OpsEmbedding, ShardGradientsAndAbsentTables) {
   for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dwte.t.f32()[1 * C + c], dwte.prefill[1 * C + c]);
 
   // wte absent: out is wpe's rows (tokens not read: an empty tensor is fine).
-  ops::embedding_forward(out, Tensor(), positions, Tensor(), wpe);
+  ops::embedding_forward(out, Tensor(), positions, Tensor(), wpe, 0, 0);
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out.f32()[n * C + c], wpe.f32()[positions.i32()[n] * C + c]);
   // wpe absent: the shard's rows or zeros.
@@ -220,7 +221,7 @@ TEST(OpsEmbedding, ShardGradientsAndAbsentTables) {
   }
   // Both gradients absent except dwpe: dwte untouched (nothing to pass), dwpe += rows.
   Grad only_pe(arena, wpe, 6);
-  ops::embedding_backward(Tensor(), only_pe.t, R, Tensor(), positions);
+  ops::embedding_backward(Tensor(), only_pe.t, R, Tensor(), positions, 0, 0);
   std::vector<double> g = only_pe.analytic(), ref(static_cast<size_t>(P * C), 0.0);
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c) ref[positions.i32()[n] * C + c] += R.f32()[n * C + c];
@@ -233,15 +234,15 @@ TEST(OpsEmbeddingDeathTest, RejectsIdsOutsideTheVocabulary) {
   Tensor wte = arena.normal({4, 2}, 1), wpe = arena.normal({3, 2}, 2), out = arena.f32({1, 2, 2});
   Tensor pos = arena.ints({1, 2}, {0, 1});
   // Unsharded: a token beyond the table is an error, not "another rank's".
-  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {1, 4}), pos, wte, wpe), "token id 4");
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {1, 4}), pos, wte, wpe, 0, 0), "token id 4");
   // Sharded (rows [4, 8) of 10): tokens 0..9 are fine, 10 and -1 are not.
   ops::embedding_forward(out, arena.ints({1, 2}, {0, 9}), pos, wte, wpe, 4, 10);
   EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {10, 5}), pos, wte, wpe, 4, 10), "token id 10");
   EXPECT_DEATH(ops::embedding_backward(wte, Tensor(), out, arena.ints({1, 2}, {-1, 5}), pos, 4, 10), "token id -1");
   // A shard start without the full vocabulary, or a shard outside it.
-  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 4), "vocab_size");
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 4, 0), "vocab_size");
   EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {4, 5}), pos, wte, wpe, 7, 10), "shard");
-  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {0, 1}), arena.ints({1, 2}, {0, 3}), wte, wpe),
+  EXPECT_DEATH(ops::embedding_forward(out, arena.ints({1, 2}, {0, 1}), arena.ints({1, 2}, {0, 3}), wte, wpe, 0, 0),
                "position id 3");
 }
 
@@ -423,49 +424,6 @@ TEST(OpsBiasAdd, BackwardIsLinearsBiasGradient) {
 // ---------------------------------------------------------------------------------------
 // Attention
 
-// Independent attention in double: Megatron's recipe over the full score matrix (scale,
-// fill masked scores with -10000, softmax, dropout on the probabilities with the mask
-// drawn by core/rng.h's scalar Philox, probs @ v).
-void attention_reference(const Tensor& qkv, int64_t B, int64_t T, int64_t NH, int64_t HD, const ops::Dropout& d,
-                         std::vector<double>& out, std::vector<double>& att) {
-  const int64_t C3 = 3 * NH * HD;
-  out.assign(static_cast<size_t>(B * T * NH * HD), 0.0);
-  att.assign(static_cast<size_t>(B * NH * T * T), 0.0);
-  const float* x = qkv.f32();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> s(static_cast<size_t>(T));
-        double mx = -1e300;
-        for (int64_t t2 = 0; t2 < T; ++t2) {
-          double dot = 0;
-          for (int64_t i = 0; i < HD; ++i)
-            dot += static_cast<double>(x[(b * T + t) * C3 + h * 3 * HD + i]) * x[(b * T + t2) * C3 + h * 3 * HD + HD + i];
-          s[t2] = t2 > t ? -10000.0 : dot / std::sqrt(static_cast<double>(HD));
-          mx = std::max(mx, s[t2]);
-        }
-        double sum = 0;
-        for (int64_t t2 = 0; t2 < T; ++t2) sum += std::exp(s[t2] - mx);
-        for (int64_t t2 = 0; t2 < T; ++t2) {
-          const double p = std::exp(s[t2] - mx) / sum;
-          att[static_cast<size_t>(((b * NH + h) * T + t) * T + t2)] = p;
-          double factor = 1.0;
-          if (d.p > 0) {
-            const uint64_t e = d.element_offset + static_cast<uint64_t>((h * T + t) * T + t2);
-            Philox4x32 r = philox4x32(d.key.seed, static_cast<uint32_t>(RngStream::Dropout),
-                                      {static_cast<uint32_t>(e / 4), d.sample0 + static_cast<uint32_t>(b),
-                                       d.key.site, d.key.iteration});
-            factor = uint_to_unit_float(r[e % 4]) >= d.p ? 1.0 / (1.0 - d.p) : 0.0;
-          }
-          for (int64_t i = 0; i < HD; ++i)
-            out[static_cast<size_t>((b * T + t) * NH * HD + h * HD + i)] +=
-                p * factor * x[(b * T + t2) * C3 + h * 3 * HD + 2 * HD + i];
-        }
-      }
-    }
-  }
-}
-
 ops::Dropout attention_dropout(float p) {
   ops::Dropout d;
   d.p = p;
@@ -491,7 +449,7 @@ TEST(OpsAttention, ForwardMatchesMegatronRecipeInDouble) {
     ops::Dropout d = attention_dropout(p);
     ops::attention_forward(out, att, qkv, d);
     std::vector<double> out_ref, att_ref;
-    attention_reference(qkv, B, T, NH, HD, d, out_ref, att_ref);
+    attention_reference(qkv.f32(), B, T, NH, HD, d, out_ref, att_ref);
     // Float scores, exp_approx (2 ulp) and sums of <= 21 terms: errors ~1e-6 on O(1)
     // values; 1e-5 is 10x that. A wrong scale, mask or dropout lane is off by >1e-2.
     for (size_t i = 0; i < att_ref.size(); ++i) EXPECT_NEAR(att.f32()[i], att_ref[i], 1e-5) << "att " << i;
@@ -568,11 +526,6 @@ TEST(OpsAttention, Gradients) {
 
 // ---------------------------------------------------------------------------------------
 // GELU
-
-double gelu_ref(double x, ops::GeluKind kind) {
-  if (kind == ops::GeluKind::Tanh) return 0.5 * x * (1 + std::tanh(0.79788456 * x * (1 + 0.044715 * x * x)));
-  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-}
 
 TEST(OpsGelu, ForwardMatchesFormulas) {
   for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
@@ -801,16 +754,6 @@ TEST(OpsSequenceRegroupDeathTest, RejectsBadParts) {
 // ---------------------------------------------------------------------------------------
 // Cross-entropy
 
-// log-softmax in double.
-std::vector<double> log_softmax_row(const float* x, int64_t V) {
-  double mx = -1e300, sum = 0;
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(x[v]));
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
-  std::vector<double> r(static_cast<size_t>(V));
-  for (int64_t v = 0; v < V; ++v) r[v] = x[v] - mx - std::log(sum);
-  return r;
-}
-
 // The cross-entropy pieces over vocabulary shards, with the tensor-parallel reductions
 // done by hand: max of the shards' row maxima, sums of their sum_exp and target_logit.
 // One shard with vocab_start 0 is the plain loss. Buffers are allocated once, so the
@@ -1006,13 +949,13 @@ TEST(OpsCrossEntropyDeathTest, RejectsTargetsOutsideTheVocabulary) {
   Tensor lse = arena.f32({2}), dl = arena.f32({2}), d = arena.f32({2, 5});
   ops::cross_entropy_max(m, logits);
   // Unsharded: a target beyond the logits' columns is an error, not "another rank's".
-  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 5}), m, 0), "target 5");
-  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {-1, 0}), lse, 0), "target -1");
+  EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 5}), m, 0, 0), "target 5");
+  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {-1, 0}), lse, 0, 0), "target -1");
   // Columns [5, 10) of 12: targets in [0, 12) are fine.
   ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 11}), m, 5, 12);
   EXPECT_EQ(tl.f32()[0], 0.0f);
   EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 12}), m, 5, 12), "target 12");
-  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {0, 1}), lse, 5), "vocab_size");
+  EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {0, 1}), lse, 5, 0), "vocab_size");
   EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 1}), m, 8, 12), "shard");
 }
 
@@ -1029,7 +972,7 @@ TEST(OpsAdamW, MatchesTorchRuleInDouble) {
     for (int64_t step = 1; step <= 4; ++step) {
       Tensor g = arena.normal({n}, 10 + static_cast<uint32_t>(step));
       g.f32()[0] = 0.0f;  // a zero gradient: pure decay plus the moment's tail
-      ops::adamw_update(p, g, m, v, lr, beta1, beta2, eps, wd, step);
+      ops::adamw_update(p, g, m, v, lr, beta1, beta2, eps, wd, step, 1.0f);
       const double bc1 = 1 - std::pow(static_cast<double>(beta1), step);
       const double bc2 = 1 - std::pow(static_cast<double>(beta2), step);
       for (int64_t i = 0; i < n; ++i) {
@@ -1069,8 +1012,8 @@ TEST(OpsOptimizers, MatchTorchNumbers) {
   std::memcpy(q.host<void>(), p0, 12);
   for (int step = 1; step <= 2; ++step) {
     std::memcpy(g.host<void>(), step == 1 ? g1 : g2, 12);
-    ops::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step);
-    ops::sgd_update(q, g, buf, 0.1f, 0.9f, 0.01f, step);
+    ops::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step, 1.0f);
+    ops::sgd_update(q, g, buf, 0.1f, 0.9f, 0.01f, step, 1.0f);
     for (int i = 0; i < 3; ++i) {
       EXPECT_NEAR(p.f32()[i], adamw[step - 1][i], 5e-7) << "AdamW step " << step << " i " << i;
       EXPECT_NEAR(q.f32()[i], sgd[step - 1][i], 5e-7) << "SGD step " << step << " i " << i;
@@ -1087,7 +1030,7 @@ TEST(OpsSgd, MatchesTorchRuleInDouble) {
     const float lr = 0.1f, wd = 0.01f;
     for (int64_t step = 1; step <= 3; ++step) {
       Tensor g = arena.normal({n}, 10 + static_cast<uint32_t>(step));
-      ops::sgd_update(p, g, buf, lr, momentum, wd, step);
+      ops::sgd_update(p, g, buf, lr, momentum, wd, step, 1.0f);
       for (int64_t i = 0; i < n; ++i) {
         const double d = g.f32()[i] + static_cast<double>(wd) * pd[i];
         bd[i] = step == 1 ? d : momentum * bd[i] + d;

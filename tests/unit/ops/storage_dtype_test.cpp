@@ -417,8 +417,8 @@ TEST_P(StorageOps, EmbeddingWithRepeatedTokens) {
   const Pair dwte = arena.normal(grad(), {V, C}, 4), dwpe = arena.normal(grad(), {P, C}, 5);
   for (bool lo : {true, false}) {
     const auto& t = [lo](const Pair& p) { return lo ? p.lo : p.ref; };
-    ops::embedding_forward(t(out), tokens, positions, t(wte), t(wpe));
-    ops::embedding_backward(t(dwte), t(dwpe), t(dout), tokens, positions);
+    ops::embedding_forward(t(out), tokens, positions, t(wte), t(wpe), 0, 0);
+    ops::embedding_backward(t(dwte), t(dwpe), t(dout), tokens, positions, 0, 0);
   }
   expect_rounded(out, "embedding out");
   expect_rounded(dwte, "embedding dwte");
@@ -439,9 +439,9 @@ TEST_P(StorageOps, CrossEntropy) {
   for (bool lo : {true, false}) {
     const auto& t = [lo](const Pair& p) { return lo ? p.lo : p.ref; };
     ops::cross_entropy_max(t(row_max), t(logits));
-    ops::cross_entropy_sums(t(sum_exp), t(target_logit), t(logits), targets, t(row_max), 0);
+    ops::cross_entropy_sums(t(sum_exp), t(target_logit), t(logits), targets, t(row_max), 0, 0);
     ops::cross_entropy_finish(t(losses), t(lse), t(sum_exp), t(row_max), t(target_logit));
-    ops::cross_entropy_backward(t(dlogits), t(dlosses), t(logits), targets, t(lse), 0);
+    ops::cross_entropy_backward(t(dlogits), t(dlosses), t(logits), targets, t(lse), 0, 0);
   }
   expect_rounded(row_max, "row_max");
   expect_rounded(sum_exp, "sum_exp");
@@ -515,7 +515,7 @@ TEST(StorageOpsErrors, NameTheOpTheArgumentAndTheDtype) {
                      "i32");
   expect_dtype_error([&] { ops::cross_entropy_max(stats16, x); }, "cross_entropy_max", "row_max", "bf16");
   const Tensor p16 = a.zeros(DType::F16, {16}).lo, g = a.zeros(DType::F32, {16}).lo;
-  expect_dtype_error([&] { ops::adamw_update(p16, g, g, g, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1); }, "adamw_update",
+  expect_dtype_error([&] { ops::adamw_update(p16, g, g, g, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f); }, "adamw_update",
                      "param", "f16");
   const Tensor scratch16 = a.zeros(DType::BF16, {1, 1, 2, 2}).lo, att = a.zeros(DType::BF16, {1, 1, 2, 2}).lo;
   const Tensor qkv = a.zeros(DType::BF16, {1, 2, 3}).lo, out = a.zeros(DType::BF16, {1, 2, 1}).lo;

@@ -17,23 +17,23 @@ namespace {
 
 using tessera::TrainArgs;
 
-bool has(const std::vector<std::string_view>& ops, std::string_view op) {
-  return std::find(ops.begin(), ops.end(), op) != ops.end();
+bool has(const std::vector<tessera::ops::OpId>& ops, std::string_view op) {
+  return std::find(ops.begin(), ops.end(), tessera::ops::op_named(op)) != ops.end();
 }
 
 TEST(TrainingOps, AreOpsTheCpuBackendHas) {
   TrainArgs args;
   args.sequence_parallel = true;
   tessera::Device& strict = tessera::open_device("strict");
-  for (std::string_view op : tessera::training_ops(args, tessera::cpu_device()))
-    EXPECT_TRUE(tessera::ops::supports(tessera::cpu_device(), op)) << op;
+  for (tessera::ops::OpId op : tessera::training_ops(args, tessera::cpu_device()))
+    EXPECT_TRUE(tessera::ops::supports(tessera::cpu_device(), op)) << tessera::ops::op_name(op);
   EXPECT_NO_THROW(tessera::ops::check_supported(strict, tessera::training_ops(args, strict)));
 }
 
 // The strict device runs only the ops a run declared at start-up: an op outside the list
 // fails there, naming it. Each case runs in a child process (a declaration lasts for the
 // process, and the other tests here run ops on strict undeclared).
-void run_after_declaring(const std::vector<std::string_view>& declared) {
+void run_after_declaring(const std::vector<tessera::ops::OpId>& declared) {
   tessera::Device& strict = tessera::open_device("strict");
   tessera::ops::check_supported(strict, declared);
   tessera::Buffer buffer(strict, 4 * sizeof(float));
@@ -49,8 +49,8 @@ void run_after_declaring(const std::vector<std::string_view>& declared) {
 }
 
 TEST(StrictDeviceDeathTest, RunsOnlyTheDeclaredOps) {
-  EXPECT_EXIT(run_after_declaring({"fill", "scale_inplace"}), testing::ExitedWithCode(0), "");
-  EXPECT_EXIT(run_after_declaring({"fill"}), testing::ExitedWithCode(1),
+  EXPECT_EXIT(run_after_declaring({tessera::ops::fill, tessera::ops::scale_inplace}), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(run_after_declaring({tessera::ops::fill}), testing::ExitedWithCode(1),
               "op scale_inplace ran on device strict but the run did not declare it at start-up");
 }
 

@@ -168,7 +168,7 @@ ncclDataType_t reduce_type(DType d, const std::string& what) {
   }
 }
 
-bool on_gpu(const Tensor& t) { return t.device != nullptr && t.device->kind() == DeviceKind::CUDA; }
+bool on_gpu(const Tensor& t) { return t.device != nullptr && std::string_view(t.device->backend_name()) == "cuda"; }
 
 void* address(const Tensor& t) { return static_cast<char*>(t.handle) + t.offset; }
 
@@ -534,6 +534,16 @@ NativeAllReduceRun nccl_all_reduce_run(size_t bytes) {
       run.wrong += host[i] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 8));
   }
   return run;
+}
+
+const NativeCollectives& nccl_collectives() {
+  static const NativeCollectives nccl{
+      .name = "nccl",
+      .version = [] { return "NCCL " + nccl_version(); },
+      .create = create_nccl_communicator,
+      .all_reduce_run = nccl_all_reduce_run,
+  };
+  return nccl;
 }
 
 }  // namespace tessera

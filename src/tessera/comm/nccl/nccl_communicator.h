@@ -38,6 +38,9 @@ std::string nccl_version();
 // (ncclCommInitAll) in this process.
 NativeAllReduceRun nccl_all_reduce_run(size_t bytes);
 
+// NCCL as the CUDA backend's native collectives (device/cuda/cuda_backend.cpp registers it).
+const NativeCollectives& nccl_collectives();
+
 std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                                        const CommOptions& options);
 

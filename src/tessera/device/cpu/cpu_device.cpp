@@ -69,14 +69,14 @@ class HostMemoryDevice : public Device {
 
 class CpuDevice final : public HostMemoryDevice {
  public:
-  DeviceKind kind() const override { return DeviceKind::CPU; }
+  const char* backend_name() const override { return "cpu"; }
   std::string name() const override { return "cpu"; }
   bool is_host() const override { return true; }
 };
 
 class StrictDevice final : public HostMemoryDevice {
  public:
-  DeviceKind kind() const override { return DeviceKind::Strict; }
+  const char* backend_name() const override { return "strict"; }
   std::string name() const override { return "strict"; }
   std::string description() const override { return "strict (host memory that refuses host access; a test device)"; }
   bool is_host() const override { return false; }

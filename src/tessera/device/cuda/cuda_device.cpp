@@ -22,7 +22,7 @@ class CudaDevice final : public Device {
     TESSERA_CUDA_CALL(name(), cudaStreamCreateWithFlags, &stream_, cudaStreamNonBlocking);
   }
 
-  DeviceKind kind() const override { return DeviceKind::CUDA; }
+  const char* backend_name() const override { return "cuda"; }
   int ordinal() const override { return ordinal_; }
   std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
   std::string description() const override {
@@ -170,8 +170,9 @@ class CudaDevice final : public Device {
 };
 
 const CudaDevice& cuda_of(const Device& device) {
-  TESSERA_CHECK(device.kind() == DeviceKind::CUDA, "CUDA code given a tensor on " + device.name());
-  return static_cast<const CudaDevice&>(device);
+  const auto* cuda = dynamic_cast<const CudaDevice*>(&device);
+  TESSERA_CHECK(cuda != nullptr, "CUDA code given a tensor on " + device.name());
+  return *cuda;
 }
 
 }  // namespace

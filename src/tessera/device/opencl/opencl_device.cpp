@@ -15,7 +15,7 @@ class OpenClDevice final : public Device {
  public:
   explicit OpenClDevice(opencl::ClContext& cl) : cl_(cl) {}
 
-  DeviceKind kind() const override { return DeviceKind::OpenCL; }
+  const char* backend_name() const override { return "opencl"; }
   int ordinal() const override { return cl_.info().ordinal; }
   std::string name() const override { return "opencl:" + std::to_string(ordinal()); }
   std::string description() const override {
@@ -127,8 +127,9 @@ Device& opencl_device(int ordinal) {
 }
 
 opencl::ClContext& opencl_context(const Device& device) {
-  TESSERA_CHECK(device.kind() == DeviceKind::OpenCL, "OpenCL kernel given a tensor on " + device.name());
-  return static_cast<const OpenClDevice&>(device).cl();
+  const auto* cl = dynamic_cast<const OpenClDevice*>(&device);
+  TESSERA_CHECK(cl != nullptr, "OpenCL kernel given a tensor on " + device.name());
+  return cl->cl();
 }
 
 void build_opencl_program(const Device& device, const std::string& name, const std::string& source,

@@ -1,4 +1,5 @@
 #include <string>
+#include <string_view>
 
 #include <cublasLt.h>
 
@@ -15,11 +16,19 @@ std::string libraries() {
          std::to_string(v % 100) + " GEMMs";
 }
 
+// Every op but the fused attention (cuDNN's SDPA comes with issue 29): the model runs the
+// unfused attention here.
+constexpr bool has_kernel(std::string_view op) { return !op.starts_with("flash_attention_"); }
+
 }  // namespace
 
 const KernelTable& kernel_table() {
-  // No fused attention yet (cuDNN's SDPA, issue 29): the model runs the unfused ops here.
-  static const KernelTable table = TESSERA_KERNEL_TABLE_OF("cuda", libraries, TESSERA_UNFUSED_OPS);
+  static const KernelTable table = [] {
+    KernelTable table("cuda", libraries);
+#define TESSERA_OP TESSERA_SET_KERNEL
+#include "tessera/ops/ops.inc"
+    return table;
+  }();
   return table;
 }
 

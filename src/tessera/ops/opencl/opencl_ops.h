@@ -13,7 +13,8 @@ namespace tessera::ops::opencl {
 
 const KernelTable& kernel_table();
 
-// Every op of ops.h, with its exact signature (kernel_table.h).
-TESSERA_DECLARE_KERNELS()
+// Every op of ops.inc, with its exact signature (kernel_table.h).
+#define TESSERA_OP TESSERA_DECLARE_KERNEL
+#include "tessera/ops/ops.inc"
 
 }  // namespace tessera::ops::opencl

@@ -1,0 +1,78 @@
+// What an op is, apart from its list (ops.inc): a constexpr function object with its name,
+// its precision class and its signature, whose call finds the device of its Tensor (and
+// Device) arguments and runs that device's kernel. ops.h makes one per TESSERA_OP line.
+#pragma once
+
+#include <utility>
+
+#include "tessera/core/tensor.h"
+
+namespace tessera {
+class Device;
+}
+
+namespace tessera::ops {
+
+// How close an op's results must be, on any backend and in any mode, to the same op
+// evaluated in float64 (docs/ops.md). --deterministic-mode pins every op to its fixed-order
+// path, so a run gives the same bits in every layout; the classes bound the other paths.
+enum class Precision {
+  // The same bits on every backend: data movement, the embedding, the RNG, element-wise
+  // maps without transcendental functions, the optimizer updates' arithmetic.
+  Exact,
+  // Sums in any order, and each backend's exp/log/tanh: within a stated bound (a few f32
+  // ulp per term) of float64.
+  OrderFree,
+  // OrderFree, and in a --bf16/--fp16 run products may take 16-bit operands (attention's
+  // probabilities, as FlashAttention and cuDNN do): within a 16-bit ulp per term.
+  Product16,
+};
+const char* precision_name(Precision precision);
+
+// The ops, numbered in ops.inc's order (defined in ops.h).
+enum class OpId : int;
+
+// A kernel as the table stores it; Op casts it back to its own signature.
+using AnyKernel = void (*)();
+// The kernel of `op` for `device`. Throws a runtime Error naming the op and the device when
+// the backend has none, and on the strict device when the run did not declare the op at
+// start-up (check_supported in kernel_table.h).
+AnyKernel resolve_kernel(OpId op, const Device& device);
+
+namespace op_detail {
+
+// The one device of a call: every non-empty Tensor argument (and a Device argument) must be
+// on it, and there must be one (an op never copies between devices).
+class CallDevice {
+ public:
+  explicit CallDevice(const char* op) : op_(op) {}
+  void add(const Tensor& t);
+  void add(const Device& device);
+  template <typename T> void add(const T&) {}  // sizes and settings
+  const Device& device() const;
+
+ private:
+  const char* op_;
+  const Device* device_ = nullptr;
+};
+
+}  // namespace op_detail
+
+template <typename Signature> struct Op;
+
+template <typename R, typename... Args> struct Op<R(Args...)> {
+  using Signature = R(Args...);
+  OpId id;
+  const char* name;
+  Precision precision;
+
+  constexpr operator OpId() const { return id; }  // NOLINT: an op stands for its number in lists
+  R operator()(Args... args) const {
+    op_detail::CallDevice call(name);
+    (call.add(args), ...);
+    auto kernel = reinterpret_cast<Signature*>(resolve_kernel(id, call.device()));
+    return kernel(std::forward<Args>(args)...);
+  }
+};
+
+}  // namespace tessera::ops
