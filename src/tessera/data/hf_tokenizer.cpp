@@ -8,7 +8,7 @@
 
 namespace tessera::data {
 
-// One clone's working state: the regex match data, the pre-token cache and scratch space.
+// One clone's working state: the regex match data and the pre-token cache.
 class HfEncoder {
  public:
   explicit HfEncoder(const HfTables& t) : t_(t), cache_(t.byte_id) {

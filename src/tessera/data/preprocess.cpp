@@ -95,7 +95,8 @@ class RecordProcessor {
     wanted_ = tmpl ? tmpl->fields() : o.json_keys;
     nkeys_ = tmpl ? 1 : o.json_keys.size();
     values_.resize(wanted_.size());
-    for (size_t k = 0; k < nkeys_; ++k) document_names_.push_back(tmpl ? "the templated text" : "\"" + wanted_[k] + "\"");
+    for (size_t k = 0; k < nkeys_; ++k)
+      document_names_.push_back(tmpl ? "the templated text" : "\"" + wanted_[k] + "\"");
     token_mark_.resize(nkeys_);
     length_mark_.resize(nkeys_);
   }
