@@ -8,22 +8,7 @@
 namespace tessera::data {
 namespace {
 
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  return x;
-}
-
 uint64_t pack(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
-
-uint64_t prefix_of(std::string_view key) {
-  uint64_t p = 0;
-  std::memcpy(&p, key.data(), std::min<size_t>(key.size(), 8));
-  return p;
-}
 
 }  // namespace
 
@@ -38,23 +23,6 @@ std::array<char32_t, 256> byte_level_alphabet() {
   return map;
 }
 
-uint64_t hash_bytes(const char* p, size_t n) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    h = mix64(h ^ w);
-    p += 8;
-    n -= 8;
-  }
-  if (n > 0) {
-    uint64_t w = 0;
-    std::memcpy(&w, p, n);
-    h = mix64(h ^ w ^ (uint64_t{n} << 56));
-  }
-  return h | 1;
-}
-
 // ---- MergeTable ------------------------------------------------------------------------------
 
 void MergeTable::reserve(size_t n) {
@@ -67,7 +35,7 @@ void MergeTable::reserve(size_t n) {
 
 void MergeTable::set(int32_t a, int32_t b, Merge m) {
   const uint64_t key = pack(a, b);
-  size_t i = mix64(key) & mask_;
+  size_t i = bpe_detail::mix64(key) & mask_;
   while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
   keys_[i] = key;
   values_[i] = m;
@@ -76,7 +44,7 @@ void MergeTable::set(int32_t a, int32_t b, Merge m) {
 const MergeTable::Merge* MergeTable::find(int32_t a, int32_t b) const {
   if (keys_.empty()) return nullptr;
   const uint64_t key = pack(a, b);
-  for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
+  for (size_t i = bpe_detail::mix64(key) & mask_;; i = (i + 1) & mask_) {
     if (keys_[i] == key) return &values_[i];
     if (keys_[i] == kEmpty) return nullptr;
   }
@@ -175,37 +143,35 @@ void bpe_merge(const MergeTable& merges, std::vector<int32_t>& word) {
 
 // ---- PretokenCache ---------------------------------------------------------------------------
 
-PretokenCache::PretokenCache() { slots_.assign(kInitialSlots, Slot{}); }
-
-const int32_t* PretokenCache::find(std::string_view key, uint64_t h, uint32_t& count) const {
-  const size_t mask = slots_.size() - 1;
-  const uint64_t prefix = prefix_of(key);
-  for (size_t i = h & mask;; i = (i + 1) & mask) {
-    const Slot& s = slots_[i];
-    if (s.hash == 0) return nullptr;
-    if (s.hash == h && s.key_len == key.size() && s.prefix == prefix &&
-        (key.size() <= 8 || std::memcmp(keys_.data() + s.key_off + 8, key.data() + 8, key.size() - 8) == 0)) {
-      count = s.ids_len;
-      return ids_.data() + s.ids_off;
-    }
-  }
+PretokenCache::PretokenCache(const std::array<int32_t, 256>& byte_ids) : byte_ids_(byte_ids) {
+  slots_.assign(kInitialSlots, Slot{});
 }
 
-void PretokenCache::insert(std::string_view key, uint64_t h, const int32_t* ids, uint32_t count) {
-  if (size_ >= kMaxEntries || keys_.size() + key.size() > kMaxKeyBytes) clear();
+void PretokenCache::insert(const Key& key, const std::vector<int32_t>& ids) {
+  const bool long_key = key.bytes.size() > 8;  // a short key is all in its slot
+  if (size_ >= kMaxEntries || keys_.size() + key.bytes.size() > kMaxKeyBytes) clear();
   if (2 * (size_ + 1) > slots_.size()) grow();
-  Slot s{h, prefix_of(key), static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size()),
-         static_cast<uint32_t>(ids_.size()), count};
-  keys_.append(key);
-  ids_.insert(ids_.end(), ids, ids + count);
-  place(s);
+  Slot s;
+  s.prefix = key.prefix;
+  s.check = static_cast<uint32_t>(key.hash >> 32);
+  s.key_len = static_cast<uint32_t>(key.bytes.size());
+  s.key_off = static_cast<uint32_t>(keys_.size());
+  s.ids_len = static_cast<uint32_t>(ids.size());
+  if (long_key) keys_.append(key.bytes);
+  if (ids.size() <= kInlineIds) {
+    std::copy(ids.begin(), ids.end(), s.ids);
+  } else {
+    s.ids[0] = static_cast<int32_t>(ids_.size());
+    ids_.insert(ids_.end(), ids.begin(), ids.end());
+  }
+  place(s, key.hash);
   ++size_;
 }
 
-void PretokenCache::place(const Slot& s) {
+void PretokenCache::place(const Slot& s, uint64_t hash) {
   const size_t mask = slots_.size() - 1;
-  size_t i = s.hash & mask;
-  while (slots_[i].hash != 0) i = (i + 1) & mask;
+  size_t i = hash & mask;
+  while (slots_[i].key_len != 0) i = (i + 1) & mask;
   slots_[i] = s;
 }
 
@@ -213,7 +179,7 @@ void PretokenCache::grow() {
   std::vector<Slot> old(slots_.size() * 2);
   old.swap(slots_);
   for (const Slot& s : old)
-    if (s.hash != 0) place(s);
+    if (s.key_len != 0) place(s, hash_of(s.prefix, s.key_len, keys_.data() + s.key_off));
 }
 
 void PretokenCache::clear() {

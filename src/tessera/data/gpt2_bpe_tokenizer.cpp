@@ -54,6 +54,7 @@ struct Gpt2Tables {
   std::unordered_map<std::string, int32_t> symbol_of;
   std::vector<int32_t> symbol_vocab_id;  // Megatron: encoder.get(token, 0)
   std::array<int32_t, 256> byte_symbol{};
+  std::array<int32_t, 256> byte_token{};  // the vocab id of each byte's symbol
   MergeTable merges;
   // Decoding, by vocab id.
   std::vector<std::string> piece_of_id;  // vocab.json key
@@ -82,7 +83,12 @@ namespace {
   throw runtime_error(where + ": " + msg, hint);
 }
 
-std::string in_quotes(std::string_view s) { return "\"" + std::string(s.substr(0, 80)) + "\""; }
+std::string in_quotes(std::string_view s) {
+  std::string quoted(1, '"');  // appended piece by piece: GCC 12 warns (-Wrestrict) on "\"" + std::string
+  quoted.append(s.substr(0, 80));
+  quoted += '"';
+  return quoted;
+}
 
 // Where a vocab.json key is written (its first quoted occurrence), for error messages.
 TextPosition key_position(std::string_view text, std::string_view key) {
@@ -267,8 +273,7 @@ void load_merges(Gpt2Tables& t, const std::string& path, const std::string& voca
 
 }  // namespace
 
-GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file)
-    : cache_(std::make_unique<PretokenCache>()) {
+GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file) {
   auto t = std::make_shared<Gpt2Tables>();
   load_vocab(*t, vocab_file);
   auto byte_map = byte_level_alphabet();
@@ -300,12 +305,14 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     if (ok) t->bytes_of_id[id] = std::move(bytes);
   }
   load_merges(*t, merge_file, vocab_file);
+  for (int b = 0; b < 256; ++b) t->byte_token[b] = t->symbol_vocab_id[t->byte_symbol[b]];
   tables_ = std::move(t);
+  cache_ = std::make_unique<PretokenCache>(tables_->byte_token);
   gpt2_char_classes();  // build the class table now rather than inside the first encode
 }
 
 GPT2BPETokenizer::GPT2BPETokenizer(const GPT2BPETokenizer& other)
-    : tables_(other.tables_), cache_(std::make_unique<PretokenCache>()) {}
+    : tables_(other.tables_), cache_(std::make_unique<PretokenCache>(tables_->byte_token)) {}
 
 GPT2BPETokenizer::~GPT2BPETokenizer() = default;
 
@@ -324,27 +331,22 @@ std::string_view GPT2BPETokenizer::piece(int32_t id) const {
 void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
   if (size_t bad = utf8::find_invalid(text); bad != utf8::npos)
     throw runtime_error("invalid UTF-8 at byte " + std::to_string(bad) + " of the text");
-  gpt2_pretokenize(text, [&](std::string_view piece) { encode_piece(piece, out); });
-}
-
-void GPT2BPETokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   const Gpt2Tables& t = *tables_;
-  if (piece.size() == 1) {
-    out.push_back(t.symbol_vocab_id[t.byte_symbol[static_cast<unsigned char>(piece[0])]]);
-    return;
-  }
-  uint64_t h = hash_bytes(piece.data(), piece.size());
-  uint32_t count = 0;
-  if (const int32_t* ids = cache_->find(piece, h, count)) {
-    out.insert(out.end(), ids, ids + count);
-    return;
-  }
-  scratch_.clear();
-  for (unsigned char b : piece) scratch_.push_back(t.byte_symbol[b]);
-  bpe_merge(t.merges, scratch_);
-  for (int32_t& s : scratch_) s = t.symbol_vocab_id[s];
-  cache_->insert(piece, h, scratch_.data(), static_cast<uint32_t>(scratch_.size()));
-  out.insert(out.end(), scratch_.begin(), scratch_.end());
+  auto merge = [&t](std::string_view bytes, std::vector<int32_t>& word) {
+    for (unsigned char b : bytes) word.push_back(t.byte_symbol[b]);
+    bpe_merge(t.merges, word);
+    for (int32_t& s : word) s = t.symbol_vocab_id[s];
+  };
+  std::array<std::string_view, PretokenCache::kBatch> batch;  // the cache looks a batch up at once
+  size_t n = 0;
+  gpt2_pretokenize(text, [&](std::string_view piece) {
+    batch[n++] = piece;
+    if (n == batch.size()) {
+      cache_->append_ids(batch, out, merge);
+      n = 0;
+    }
+  });
+  cache_->append_ids(std::span(batch.data(), n), out, merge);
 }
 
 std::vector<int32_t> GPT2BPETokenizer::bpe_for_testing(std::string_view pretoken, bool heap) const {

@@ -48,11 +48,8 @@ class GPT2BPETokenizer final : public Tokenizer {
   std::vector<int32_t> bpe_for_testing(std::string_view pretoken, bool heap) const;
 
  private:
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out);
-
   std::shared_ptr<const Gpt2Tables> tables_;
   std::unique_ptr<PretokenCache> cache_;
-  std::vector<int32_t> scratch_;
 };
 
 }  // namespace tessera::data

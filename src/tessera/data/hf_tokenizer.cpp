@@ -8,10 +8,10 @@
 
 namespace tessera::data {
 
-// One clone's working state: the regex match data, the pre-token cache and scratch space.
+// One clone's working state: the regex match data and the pre-token cache.
 class HfEncoder {
  public:
-  explicit HfEncoder(const HfTables& t) : t_(t) {
+  explicit HfEncoder(const HfTables& t) : t_(t), cache_(t.byte_id) {
     for (const HfPretokenStep& step : t.pretokenizer)
       matchers_.push_back(step.pattern ? std::make_unique<RegexMatcher>(*step.pattern) : nullptr);
   }
@@ -109,32 +109,20 @@ class HfEncoder {
   // The BPE model on one pre-token's bytes (ByteLevel's alphabet is implicit: symbols are the
   // vocab ids of single bytes).
   void encode_pretoken(std::string_view piece, std::vector<int32_t>& out) {
-    if (piece.size() == 1) {
-      out.push_back(t_.byte_id[static_cast<unsigned char>(piece[0])]);
-      return;
-    }
-    const uint64_t h = hash_bytes(piece.data(), piece.size());
-    uint32_t count = 0;
-    if (const int32_t* ids = cache_.find(piece, h, count)) {
-      out.insert(out.end(), ids, ids + count);
-      return;
-    }
-    word_.clear();
-    auto whole = t_.ignore_merges ? t_.id_of_bytes.find(piece) : t_.id_of_bytes.end();
-    if (whole != t_.id_of_bytes.end()) {
-      word_.push_back(whole->second);
-    } else {
-      for (unsigned char b : piece) word_.push_back(t_.byte_id[b]);
-      bpe_merge(t_.merges, word_);
-    }
-    cache_.insert(piece, h, word_.data(), static_cast<uint32_t>(word_.size()));
-    out.insert(out.end(), word_.begin(), word_.end());
+    cache_.append_ids(piece, out, [this](std::string_view bytes, std::vector<int32_t>& word) {
+      auto whole = t_.ignore_merges ? t_.id_of_bytes.find(bytes) : t_.id_of_bytes.end();
+      if (whole != t_.id_of_bytes.end()) {
+        word.push_back(whole->second);
+        return;
+      }
+      for (unsigned char b : bytes) word.push_back(t_.byte_id[b]);
+      bpe_merge(t_.merges, word);
+    });
   }
 
   const HfTables& t_;
   std::vector<std::unique_ptr<RegexMatcher>> matchers_;  // by pre-tokenizer step; null for PrefixSpace
   PretokenCache cache_;
-  std::vector<int32_t> word_;
 };
 
 HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& dir)

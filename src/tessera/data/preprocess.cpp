@@ -95,10 +95,15 @@ class RecordProcessor {
     wanted_ = tmpl ? tmpl->fields() : o.json_keys;
     nkeys_ = tmpl ? 1 : o.json_keys.size();
     values_.resize(wanted_.size());
+    for (size_t k = 0; k < nkeys_; ++k)
+      document_names_.push_back(tmpl ? "the templated text" : "\"" + wanted_[k] + "\"");
+    token_mark_.resize(nkeys_);
+    length_mark_.resize(nkeys_);
   }
 
   void process(const Chunk& chunk, ChunkResult& r) {
     r.keys.assign(nkeys_, {});
+    for (auto& key : r.keys) key.tokens.reserve(chunk.data.size() / 3);  // English BPE: ~0.27 tokens a byte
     const size_t n = chunk.records.size();
     r.token_end.resize(n * nkeys_);
     r.length_end.resize(n * nkeys_);
@@ -110,17 +115,16 @@ class RecordProcessor {
       uint64_t chars = utf8::count_code_points(text);
       if (rec.newline) chars += text.ends_with('\r') ? 0 : 1;  // universal newlines: "\r\n" is "\n"
       r.chars[i] = chars;
-      std::vector<size_t> token_mark(nkeys_), length_mark(nkeys_);
       for (size_t k = 0; k < nkeys_; ++k) {
-        token_mark[k] = r.keys[k].tokens.size();
-        length_mark[k] = r.keys[k].lengths.size();
+        token_mark_[k] = r.keys[k].tokens.size();
+        length_mark_[k] = r.keys[k].lengths.size();
       }
       try {
         process_record(rec, text, r);
       } catch (const Error& e) {
         for (size_t k = 0; k < nkeys_; ++k) {  // drop what the record had produced
-          r.keys[k].tokens.resize(token_mark[k]);
-          r.keys[k].lengths.resize(length_mark[k]);
+          r.keys[k].tokens.resize(token_mark_[k]);
+          r.keys[k].lengths.resize(length_mark_[k]);
         }
         r.error_of[i] = static_cast<int32_t>(r.errors.size());
         r.errors.emplace_back(e.what(), e.hint());
@@ -256,13 +260,13 @@ class RecordProcessor {
   void emit(const Record& rec, std::string_view text, ChunkResult& r, KeyList&& key_list) {
     for (size_t i = 0; i < wanted_.size(); ++i) {
       const FieldValue& fv = values_[i];
-      const std::string what = tmpl_ ? "field" : "key";
+      const char* what = tmpl_ ? "field" : "key";
       if (fv.kind == FieldValue::Missing) {
         std::string keys = key_list();
         const bool alpaca = !tmpl_ && keys.find("\"instruction\"") != std::string::npos &&
                             keys.find("\"output\"") != std::string::npos;
         fail(rec, text, std::nullopt,
-             "record has no " + what + " \"" + wanted_[i] + "\"" +
+             std::string("record has no ") + what + " \"" + wanted_[i] + "\"" +
                  (keys.empty() ? " (it is empty)" : " (its keys: " + keys + ")"),
              alpaca ? kAlpacaHint : kRecordHint);
       }
@@ -276,11 +280,11 @@ class RecordProcessor {
       for (const auto& fv : values_) views_.push_back(fv.strings[0]);
       tmpl_->render(views_, rendered_);
       sentences_.assign(1, rendered_);
-      tokenize_document(rec, text, "the templated text", sentences_, r.keys[0]);
+      tokenize_document(rec, text, document_names_[0], sentences_, r.keys[0]);
       return;
     }
     for (size_t k = 0; k < nkeys_; ++k)
-      tokenize_document(rec, text, "\"" + wanted_[k] + "\"", values_[k].strings, r.keys[k]);
+      tokenize_document(rec, text, document_names_[k], values_[k].strings, r.keys[k]);
   }
 
   // Megatron's Encoder.encode for one key: each sentence tokenized on its own, empty results
@@ -311,6 +315,8 @@ class RecordProcessor {
   const std::vector<std::string>& files_;
   std::vector<std::string> wanted_;
   size_t nkeys_;
+  std::vector<std::string> document_names_;     // per output key, for errors: "\"text\""
+  std::vector<size_t> token_mark_, length_mark_;  // per output key: where the record's output starts
   std::vector<FieldValue> values_;
   std::vector<std::string_view> views_, sentences_;
   std::string rendered_;

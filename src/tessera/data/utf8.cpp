@@ -2,6 +2,10 @@
 
 #include <simdjson.h>
 
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
 namespace tessera::data::utf8 {
 namespace {
 
@@ -50,9 +54,17 @@ size_t find_invalid(std::string_view s) {
 bool is_valid(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
 
 size_t count_code_points(std::string_view s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
+  // Every byte but a continuation byte (10xxxxxx) starts a code point; eight bytes at a time,
+  // a continuation byte is one whose top bit is set and whose next bit is not.
+  constexpr uint64_t kTopBits = 0x8080808080808080ull;
+  size_t continuation = 0, i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    continuation += static_cast<size_t>(std::popcount(w & ~(w << 1) & kTopBits));
+  }
+  for (; i < s.size(); ++i) continuation += (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80;
+  return s.size() - continuation;
 }
 
 void append(std::string& out, char32_t c) {

@@ -1,6 +1,8 @@
 // GPT-2 BPE and Null tokenizers: the 27 ordinary vectors of expected_ids.json, the whole-corpus
 // count and sha256 of tinyshakespeare, random Unicode round trips, the fast pre-tokenizer
-// against the PCRE2 reference, the code point classes against python-regex's, and bad files.
+// against the PCRE2 reference (random Unicode, and mostly-ASCII text with long runs) and its
+// eight-byte ASCII class masks against the class table, the code point classes against
+// python-regex's, and bad files.
 #include <gtest/gtest.h>
 
 #include "tessera/core/sha256.h"
@@ -148,6 +150,20 @@ TEST(DataTokenizer, PretokenizerMatchesPcre2Reference) {
     ++compared;
   }
   EXPECT_GT(compared, 3500);
+  // Mostly ASCII, with runs longer than the eight bytes the scanner takes at a time, ending at
+  // every offset, at the end of the text and at non-ASCII letters, digits, spaces and symbols.
+  const std::vector<std::string> atoms = {"a", "Z", "q", "7", "0", "!", ".", "-", "\x1f", "\x7f", " ", "\n", "\t",
+                                          "'s", "\xC3\xA9", "\xD9\xA3", "\xC2\xA0", "\xC2\xA9", "\xE4\xB8\xAD"};
+  for (int i = 0; i < 3000; ++i) {
+    std::string s;
+    for (size_t runs = rng() % 8; runs > 0; --runs) {
+      const std::string& atom = atoms[rng() % atoms.size()];
+      for (size_t r = rng() % 20 + 1; r > 0; --r) s += atom;
+    }
+    std::vector<std::string_view> fast;
+    td::gpt2_pretokenize(s, [&](std::string_view piece) { fast.push_back(piece); });
+    ASSERT_EQ(fast, td::gpt2_pretokenize_regex(s)) << "ASCII case " << i;
+  }
   // Pre-tokens of GPT-2's pattern under Python's `regex` module (findall), measured.
   auto pre = [](std::string_view s) {
     std::vector<std::string> out;
@@ -181,6 +197,28 @@ TEST(DataTokenizer, CharClassesEqualPythonRegex) {
     next = hi + 1;
   }
   EXPECT_EQ(next, 0x110000u);
+}
+
+TEST(DataTokenizer, AsciiRunMasksAgreeWithTheClassTable) {
+  // The scanner's eight-bytes-at-a-time class masks against the table, for every byte at every
+  // position of a word, and for random words (a byte's neighbours must not change its bit).
+  namespace pd = td::pretokenizer_detail;
+  const td::CharClass* table = td::gpt2_char_classes();
+  std::mt19937_64 rng(5);
+  for (td::CharClass k : {td::CharClass::Letter, td::CharClass::Number, td::CharClass::Other}) {
+    for (int trial = 0; trial < 20000; ++trial) {
+      unsigned char w[8];
+      for (auto& b : w) b = static_cast<unsigned char>(rng());
+      if (trial < 256 * 8) w[trial % 8] = static_cast<unsigned char>(trial / 8);  // every byte, every position
+      const uint64_t mask = pd::ascii_class_mask(w, k);
+      for (int i = 0; i < 8; ++i) {
+        const bool want = w[i] < 0x80 && table[w[i]] == k;
+        ASSERT_EQ((mask >> (8 * i + 7)) & 1, uint64_t{want})
+            << "class " << int(k) << ", byte 0x" << std::hex << int(w[i]) << " at " << i;
+        ASSERT_EQ(mask & (uint64_t{0x7F} << (8 * i)), 0u);
+      }
+    }
+  }
 }
 
 TEST(DataTokenizer, HeapBpeEqualsRoundBpe) {
