@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     return t;
   };
   const int64_t R = NH / NG;
-  const ops::Rope rope{NG == NH ? 0 : HD, 10000.0f};
+  const ops::Rope rope{NG == NH ? 0 : HD, 10000.0f, {}};
   Tensor qkv = tensor({B, T, NG * (R + 2) * HD}), dqkv = tensor(qkv.shape);
   Tensor out = tensor({B, T, NH * HD}), dout = tensor(out.shape), lse = tensor({B, NH, T});
   Tensor scratch = tensor(ops::flash_attention_scratch(dev, B, NH, T));
