@@ -29,6 +29,8 @@ namespace tessera::ops {
   X(attention_qkv_forward) X(attention_qkv_backward) X(swiglu_forward) X(swiglu_backward)          \
   X(gelu_forward) X(gelu_backward) X(dropout_forward) X(dropout_backward) X(residual_forward)      \
   X(residual_backward) X(cross_entropy_max) X(cross_entropy_sums) X(cross_entropy_finish)          \
+  X(linear_bias_gelu_forward) X(linear_bias_gelu_backward) X(bias_dropout_add_forward)             \
+  X(bias_dropout_add_backward)                                                                     \
   X(cross_entropy_backward) X(sequence_to_rank_major) X(rank_major_to_sequence) X(adamw_update)    \
   X(sgd_update) X(sum_squares) X(scale_inplace) X(masked_loss_sums) X(masked_loss_backward)        \
   X(init_normal) X(fill) X(convert)

@@ -127,25 +127,27 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
                    bias, eps);
 }
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd) {
+                        Tensor mean, Tensor rstd, GradWrite write) {
   TESSERA_DISPATCH(layernorm_backward, T_(&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd), dinp,
-                   dweight, dbias, dout, inp, weight, mean, rstd);
+                   dweight, dbias, dout, inp, weight, mean, rstd, write);
 }
 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
   TESSERA_DISPATCH(rmsnorm_forward, T_(&out, &rstd, &inp, &weight), out, rstd, inp, weight, eps);
 }
-void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      GradWrite write) {
   TESSERA_DISPATCH(rmsnorm_backward, T_(&dinp, &dweight, &dout, &inp, &weight, &rstd), dinp, dweight, dout, inp,
-                   weight, rstd);
+                   weight, rstd, write);
 }
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   TESSERA_DISPATCH(linear_forward, T_(&out, &inp, &weight, &bias), out, inp, weight, bias);
 }
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     GradWrite write) {
   TESSERA_DISPATCH(linear_backward, T_(&dinp, &dweight, &dbias, &dout, &inp, &weight), dinp, dweight, dbias, dout,
-                   inp, weight);
+                   inp, weight, write);
 }
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
   TESSERA_DISPATCH(bias_add_forward, T_(&out, &inp, &bias), out, inp, bias);
@@ -191,22 +193,22 @@ void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const 
 }
 
 void swiglu_forward(Tensor out, Tensor inp) { TESSERA_DISPATCH(swiglu_forward, T_(&out, &inp), out, inp); }
-void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
-  TESSERA_DISPATCH(swiglu_backward, T_(&dinp, &dout, &inp), dinp, dout, inp);
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, GradWrite write) {
+  TESSERA_DISPATCH(swiglu_backward, T_(&dinp, &dout, &inp), dinp, dout, inp, write);
 }
 
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind) {
   TESSERA_DISPATCH(gelu_forward, T_(&out, &inp), out, inp, kind);
 }
-void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind) {
-  TESSERA_DISPATCH(gelu_backward, T_(&dinp, &dout, &inp), dinp, dout, inp, kind);
+void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind, GradWrite write) {
+  TESSERA_DISPATCH(gelu_backward, T_(&dinp, &dout, &inp), dinp, dout, inp, kind, write);
 }
 
 void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
   TESSERA_DISPATCH(dropout_forward, T_(&out, &inp), out, inp, dropout);
 }
-void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
-  TESSERA_DISPATCH(dropout_backward, T_(&dinp, &dout), dinp, dout, dropout);
+void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout, GradWrite write) {
+  TESSERA_DISPATCH(dropout_backward, T_(&dinp, &dout), dinp, dout, dropout, write);
 }
 
 void residual_forward(Tensor out, Tensor a, Tensor b) {
@@ -214,6 +216,23 @@ void residual_forward(Tensor out, Tensor a, Tensor b) {
 }
 void residual_backward(Tensor da, Tensor db, Tensor dout) {
   TESSERA_DISPATCH(residual_backward, T_(&da, &db, &dout), da, db, dout);
+}
+
+void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias, GeluKind kind) {
+  TESSERA_DISPATCH(linear_bias_gelu_forward, T_(&out, &pre, &inp, &weight, &bias), out, pre, inp, weight, bias, kind);
+}
+void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
+                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write) {
+  TESSERA_DISPATCH(linear_bias_gelu_backward, T_(&dinp, &dweight, &dbias, &dpre, &dout, &inp, &weight, &pre), dinp,
+                   dweight, dbias, dpre, dout, inp, weight, pre, kind, write);
+}
+void bias_dropout_add_forward(Tensor out, Tensor inp, Tensor bias, Tensor residual, const Dropout& dropout) {
+  TESSERA_DISPATCH(bias_dropout_add_forward, T_(&out, &inp, &bias, &residual), out, inp, bias, residual, dropout);
+}
+void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tensor dout, const Dropout& dropout,
+                               GradWrite write) {
+  TESSERA_DISPATCH(bias_dropout_add_backward, T_(&dinp, &dbias, &dresidual, &dout), dinp, dbias, dresidual, dout,
+                   dropout, write);
 }
 
 void cross_entropy_max(Tensor row_max, Tensor logits) {
@@ -229,9 +248,9 @@ void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tenso
                    logsumexp, sum_exp, row_max, target_logit);
 }
 void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
-                            int64_t vocab_start, int64_t vocab_size) {
+                            int64_t vocab_start, int64_t vocab_size, GradWrite write) {
   TESSERA_DISPATCH(cross_entropy_backward, T_(&dlogits, &dlosses, &logits, &targets, &logsumexp), dlogits, dlosses,
-                   logits, targets, logsumexp, vocab_start, vocab_size);
+                   logits, targets, logsumexp, vocab_start, vocab_size, write);
 }
 
 void sequence_to_rank_major(Tensor out, Tensor inp, int parts) {
@@ -262,8 +281,8 @@ void scale_inplace(Tensor t, float scale) {
 void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
   TESSERA_DISPATCH(masked_loss_sums, T_(&sums, &losses, &mask), sums, losses, mask);
 }
-void masked_loss_backward(Tensor dlosses, Tensor mask, float scale) {
-  TESSERA_DISPATCH(masked_loss_backward, T_(&dlosses, &mask), dlosses, mask, scale);
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale, GradWrite write) {
+  TESSERA_DISPATCH(masked_loss_backward, T_(&dlosses, &mask), dlosses, mask, scale, write);
 }
 
 void init_normal(Tensor out, float std, uint32_t seed, uint32_t tensor_id, ShardIndex where) {

@@ -3,9 +3,12 @@
 //
 // Conventions, identical on every backend:
 // - Arguments: outputs first, then inputs, then sizes and settings.
-// - Every backward ACCUMULATES (+=) into every gradient output, parameters and inputs
-//   alike, so gradient accumulation over micro-batches and the residual stream need no
-//   extra adds. Callers zero gradient buffers when a new accumulation starts.
+// - Every backward ACCUMULATES (+=) into its gradient outputs by default, parameters and
+//   inputs alike, so gradient accumulation over micro-batches and the residual stream need
+//   no extra adds. A backward whose input gradient is often a first contribution takes a
+//   GradWrite: Assign overwrites that gradient instead, so the caller needs no zero fill
+//   first. Parameter gradients always accumulate; callers zero them when a new
+//   accumulation starts.
 // - An empty Tensor (ptr == nullptr) for an optional input (bias) or gradient output
 //   means "absent" / "not needed".
 // - Storage dtypes (Megatron's Float16Module: 16-bit parameters and activations, fp32
@@ -47,6 +50,12 @@ namespace tessera::ops {
 // (element_offset+e)%4, is >= p; kept elements are scaled by 1/(1-p). element_offset
 // places a shard (heads of a TP rank, rows of a sequence-parallel rank) inside the full
 // per-sample tensor so every layout draws the same mask. p == 0 disables dropout.
+// How a backward writes its input (activation) gradient: Accumulate adds into it (+=),
+// Assign overwrites it (=) without reading it, so it may hold anything, NaN included.
+// Assign gives exactly the bits of Accumulate into a zero-filled tensor (each kernel adds
+// its contribution to 0), so it is used in --deterministic-mode too.
+enum class GradWrite { Accumulate, Assign };
+
 struct Dropout {
   float p = 0.0f;
   DropoutKey key;
@@ -86,18 +95,20 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Te
 // inp, out: [N,C]; weight, bias: [C]; saves mean, rstd: [N].
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                        float eps);
+// write applies to dinp.
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd);
+                        Tensor mean, Tensor rstd, GradWrite write = GradWrite::Accumulate);
 
 // RMSNorm over the last dim (Megatron's --normalization RMSNorm, torch.nn.RMSNorm):
 // out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps), computed in f32 and rounded
 // once. inp, out: [N,C]; weight: [C]; saves rstd: f32 [N].
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
-void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      GradWrite write = GradWrite::Accumulate);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (Megatron's [out, in] weight layout).
-// backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
-// (the same reduction as bias_add_backward).
+// backward: dinp += dout @ weight (= with GradWrite::Assign), dweight += dout^T @ inp,
+// dbias += column sums of dout (the same reduction as bias_add_backward).
 // Dtypes: any float dtype each (Megatron's --bf16 / --fp16 keep inp, weight, out and dinp
 // in bf16 / f16); dweight and dbias are typically F32 (fp32 main grads:
 // Megatron's gradient-accumulation fusion adds weight gradients straight into them). The
@@ -106,7 +117,8 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
 // operands); each result is rounded once into out, or added into its gradient and rounded
 // once.
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     GradWrite write = GradWrite::Accumulate);
 
 // out[n,:] = inp[n,:] + bias; out, inp: [N,OC] (any leading dims), bias: [OC]. out may
 // alias inp. A row-parallel linear runs linear_forward without bias, all-reduces (or
@@ -221,20 +233,59 @@ Shape flash_attention_scratch(const Device& device, int64_t B, int64_t NH, int64
 // silu(x) = x / (1 + exp(-x)), in f32, rounded once. out must not overlap inp (nor dinp
 // dout).
 void swiglu_forward(Tensor out, Tensor inp);
-void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, GradWrite write = GradWrite::Accumulate);
 
 enum class GeluKind { Tanh, Erf };  // Megatron: tanh with bias-gelu fusion / --openai-gelu, erf otherwise
 void gelu_forward(Tensor out, Tensor inp, GeluKind kind);
-void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind);
+void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, GeluKind kind, GradWrite write = GradWrite::Accumulate);
 
 // out[B,...] = inp * mask / (1-p); the per-sample element index is the flat index within
 // one sample. out may alias inp.
 void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout);
-void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout);
+void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout, GradWrite write = GradWrite::Accumulate);
 
 // out = a + b; backward: da += dout, db += dout.
 void residual_forward(Tensor out, Tensor a, Tensor b);
 void residual_backward(Tensor da, Tensor db, Tensor dout);
+
+// Fused epilogues: each the composition of the ops above in one pass over memory where the
+// backend can, with the same contract otherwise. The model calls them outside
+// --deterministic-mode (their roundings differ from the unfused ops') where the device
+// supports them, and the unfused ops elsewhere.
+//
+// Linear + bias + GeLU (Megatron's bias-GeLU fusion; cuBLASLt's GELU_AUX_BIAS epilogue):
+// pre[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be absent), out = gelu(pre);
+// pre is what the backward needs (cuBLASLt's aux). out must not overlap pre.
+// Precision: OrderFree. The GEMM sums in the backend's order and the bias may be added
+// after the product (linear_forward adds the GEMM onto it): in f32 each element of pre is
+// within (C+1) * 2^-24 * (|bias| + sum_c |inp*weight|) of float64 (any summation order),
+// out is gelu of pre to the gelu_* ops' accuracy; a 16-bit pre or out is rounded once more.
+void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias, GeluKind kind);
+// The backward in cuBLASLt's DGELU_BGRAD shape: dpre = dout * gelu'(pre) (ASSIGNED: dpre
+// is a workspace, and may be dout itself), dbias += column sums of dpre from the same pass,
+// then dinp (+)= dpre @ weight per `write`, dweight += dpre^T @ inp, as linear_backward.
+// Precision: OrderFree, as linear_backward and gelu_backward (the column sums, of dpre as
+// stored, in any order).
+void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
+                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write = GradWrite::Accumulate);
+
+// Bias + dropout + residual add (Megatron's bias_dropout_add_fused_train,
+// megatron/core/fusions/fused_bias_dropout.py): out = residual + dropout(inp + bias) over
+// [B,...] tensors with bias [OC] on the last dim (bias may be absent). The mask is
+// dropout_forward's (the same Philox bits: ops.h Dropout, element index within a sample),
+// so the same elements drop. out may alias inp or residual.
+// Precision: OrderFree: in f32, out within 2^-22 * (|residual| + |(inp + bias) / (1-p)|)
+// of float64 (the unfused ops round after each step, this op may fuse the multiply-add).
+// With a 16-bit inp, inp + bias and its dropped value are rounded to inp's dtype, where
+// the unfused ops store them: the CPU gives the unfused ops' bits.
+void bias_dropout_add_forward(Tensor out, Tensor inp, Tensor bias, Tensor residual, const Dropout& dropout);
+// dinp (+)= dropout_backward of dout per `write`; dbias += column sums of that, from the
+// same pass; dresidual (+)= dout per `write` (absent when the caller keeps the residual
+// gradient in dout, as the model does; it must not alias dout).
+// Precision: OrderFree (the column sums, of the contributions as a 16-bit dinp stores them,
+// in any order; the CPU keeps bias_add_backward's row order and gives the unfused bits).
+void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tensor dout, const Dropout& dropout,
+                               GradWrite write = GradWrite::Accumulate);
 
 // Softmax cross-entropy, vocabulary-parallel (Megatron's vocab_parallel_cross_entropy) in
 // pieces; the caller reduces over the tensor-parallel ranks between them:
@@ -261,9 +312,11 @@ void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tens
 void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tensor row_max, Tensor target_logit);
 // dlogits[n,j] += (exp(logits[n,j] - logsumexp[n]) - [vocab_start + j == targets[n]]) * dlosses[n],
 // one pass over the local columns; no communication. vocab_start has no default so that
-// every call states its shard.
+// every call states its shard. With GradWrite::Assign dlogits may be logits itself (the
+// same tensor: each element is read before it is overwritten), so the gradient takes the
+// logits' memory and no [N,Vl] buffer is allocated or zeroed; the logits are gone after.
 void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
-                            int64_t vocab_start, int64_t vocab_size = 0);
+                            int64_t vocab_start, int64_t vocab_size = 0, GradWrite write = GradWrite::Accumulate);
 
 // Sequence-parallel regrouping: pure permutations (no arithmetic, so no backward: the
 // gradient of each is the other applied to the gradient), each the other's inverse.
@@ -281,7 +334,7 @@ void rank_major_to_sequence(Tensor out, Tensor inp, int parts);
 // double in index order first. losses, mask: f32 of the same element count.
 void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask);
 // The gradient of sum(losses * mask) * scale: dlosses[i] += mask[i] * scale.
-void masked_loss_backward(Tensor dlosses, Tensor mask, float scale);
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale, GradWrite write = GradWrite::Accumulate);
 
 // Where a parameter shard sits in its full tensor: local element e (row-major, rows of
 // `cols` elements) is element first + (e / cols) * full_cols + e % cols of the full one.
