@@ -63,7 +63,12 @@ std::vector<std::string_view> training_ops(const TrainArgs& args, const Device& 
   if (args.bf16 || args.fp16) ops.push_back("convert");  // f32 main parameters, f32 sums of 16-bit activations
   ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "sgd_update" : "adamw_update");
   if (args.sequence_parallel) ops.insert(ops.end(), {"sequence_to_rank_major", "rank_major_to_sequence"});
+  std::vector<std::string_view> fused = {"bias_dropout_add_forward", "bias_dropout_add_backward"};
+  if (!c.swiglu) fused.insert(fused.end(), {"linear_bias_gelu_forward", "linear_bias_gelu_backward"});
+  for (std::string_view op : fused)
+    if (GPTModel::uses_fused_epilogue(device, op)) ops.push_back(op);
   return ops;
 }
+
 
 }  // namespace tessera

@@ -19,7 +19,8 @@ struct TrainArgs;
 std::string run_device_line(const Device& device);
 // The ops (ops/kernel_table.h's names) a training run with these flags calls: what
 // ops::check_supported tests at start-up, so a backend that lacks one fails before training.
-// Attention's ops depend on the device (its mode and whether its backend has the fused op).
+// Attention's ops and the fused epilogues depend on the device (its mode and whether its
+// backend has the fused op: the model falls back to the unfused ops where it has not).
 std::vector<std::string_view> training_ops(const TrainArgs& args, const Device& device);
 
 }  // namespace tessera
