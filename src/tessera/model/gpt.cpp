@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
@@ -17,6 +18,9 @@ constexpr int kEmbeddingSite = 0;
 constexpr int kSitesPerLayer = 3;
 int layer_site(int layer, int which) { return 1 + layer * kSitesPerLayer + which; }
 enum LayerSite { kAttentionProbs = 0, kAfterAttention = 1, kAfterMlp = 2 };
+
+constexpr ops::GradWrite kAssign = ops::GradWrite::Assign;
+
 
 // Layers (chunk-local) in groups [first, end); a recomputed group keeps only its input and
 // output per slot and reruns its forward in backward (--recompute-granularity full).
@@ -65,7 +69,7 @@ struct GPTModel::Workspace {
   Tensor ce_sums;   // [2,B*T] per-row sum(exp) and target logit, reduced together
   Tensor d_residual, d_C, d_ln;      // [B,Tl,C]
   Tensor d_C_whole, d_ln_whole;      // [B,T,C] (= d_C, d_ln without SP)
-  Tensor d_ctx, d_qkv, d_F, d_act, d_logits, d_losses;
+  Tensor d_ctx, d_qkv, d_F, d_act, d_losses;  // the logits' gradient takes the logits' memory
   Tensor d_att;  // attention's backward workspace (ops::flash_attention_scratch or attention_buffers')
   // The unfused path's attention_qkv per-head [q;k;v] (RoPE applied, groups expanded) and its
   // gradient, [B,T,3Al]: rebuilt from the kept qkv in backward. The qkv tensors themselves when
@@ -238,7 +242,6 @@ struct GPTModel::Layout {
     if (any_head) {
       reserve_f32(ws.row_max, {B * T});
       reserve_f32(ws.ce_sums, {2, B * T});
-      reserve(ws.d_logits, {B, T, Vl});
       reserve_f32(ws.d_losses, {B, T});
       reserve(ws.loss_sums, {2}, DType::I64);
     }
@@ -286,6 +289,10 @@ GPTModel::~GPTModel() = default;
 
 bool GPTModel::uses_fused_attention(const Device& device) {
   return !device.deterministic_mode() && ops::supports(device, "flash_attention_forward");
+}
+
+bool GPTModel::uses_fused_epilogue(const Device& device, ops::OpId op) {
+  return !device.deterministic_mode() && ops::supports(device, op);
 }
 
 GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
@@ -531,15 +538,13 @@ void GPTModel::embedding_forward(Tensor out, const MicroBatch& batch, const Step
 void GPTModel::embedding_backward(const MicroBatch& batch, const StepContext& step) {
   const Chunk& ch = chunks_.front();
   Workspace& ws = *ws_;
-  auto zero = [](const Tensor& t) { fill_zero(t); };
   Tensor d_whole = ws.d_residual;
   if (tp_.sequence_parallel()) {
-    zero(ws.d_C_whole);
+    fill_zero(ws.d_C_whole);
     tp_.scatter_backward(ws.d_C_whole, ws.d_residual);
     d_whole = ws.d_C_whole;
   }
-  zero(ws.d_ln_whole);
-  ops::dropout_backward(ws.d_ln_whole, d_whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));
+  ops::dropout_backward(ws.d_ln_whole, d_whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0), kAssign);
   ops::embedding_backward(grads_[ch.wte], param_or_empty(grads_, ch.wpe), ws.d_ln_whole, batch.tokens, batch.positions, vocab_start_,
                           config_.padded_vocab_size);
 }
@@ -555,17 +560,18 @@ void GPTModel::norm_in_forward(Tensor ln, Tensor ln_whole, Tensor mean, Tensor r
   tp_.enter_forward(ln_whole, ln);
 }
 
-// Its backward: reads dL/d(ln_whole) from ws.d_ln_whole, accumulates dL/d(in) into
-// ws.d_residual and the LayerNorm's gradients.
-void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd) {
+// Its backward: reads dL/d(ln_whole) from ws.d_ln_whole, adds (or with Assign, writes)
+// dL/d(in) into ws.d_residual and accumulates the LayerNorm's gradients.
+void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd,
+                                ops::GradWrite write) {
   Workspace& ws = *ws_;
   if (tp_.sequence_parallel()) fill_zero(ws.d_ln);
   tp_.enter_backward(ws.d_ln, ws.d_ln_whole);
   if (config_.normalization == Normalization::RMSNorm)
-    ops::rmsnorm_backward(rows(ws.d_residual), d_weight, rows(ws.d_ln), rows(in), weight, flat_rows(rstd));
+    ops::rmsnorm_backward(rows(ws.d_residual), d_weight, rows(ws.d_ln), rows(in), weight, flat_rows(rstd), write);
   else
     ops::layernorm_backward(rows(ws.d_residual), d_weight, d_bias, rows(ws.d_ln), rows(in), weight, flat_rows(mean),
-                            flat_rows(rstd));
+                            flat_rows(rstd), write);
 }
 
 // A branch's end (Megatron's row-parallel linear and bias-dropout-add):
@@ -575,6 +581,8 @@ void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor w
   Workspace& ws = *ws_;
   ops::linear_forward(rows(ws.partial), rows(inp), weight, Tensor());
   tp_.leave_forward(ws.reduced, ws.partial);
+  if (uses_fused_epilogue(device_, ops::bias_dropout_add_forward))
+    return ops::bias_dropout_add_forward(out, ws.reduced, bias, residual, drop);
   if (!bias.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), bias);
   ops::dropout_forward(ws.reduced, ws.reduced, drop);
   ops::residual_forward(out, residual, ws.reduced);
@@ -585,14 +593,15 @@ void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor w
 void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
                                 const ops::Dropout& drop) {
   Workspace& ws = *ws_;
-  auto zero = [](const Tensor& t) { fill_zero(t); };
-  zero(ws.d_C);
-  ops::dropout_backward(ws.d_C, ws.d_residual, drop);
-  if (!d_bias.empty()) ops::bias_add_backward(d_bias, rows(ws.d_C));
-  if (tp_.sequence_parallel()) zero(ws.d_C_whole);
+  if (uses_fused_epilogue(device_, ops::bias_dropout_add_backward)) {
+    ops::bias_dropout_add_backward(ws.d_C, d_bias, Tensor(), ws.d_residual, drop, kAssign);
+  } else {
+    ops::dropout_backward(ws.d_C, ws.d_residual, drop, kAssign);
+    if (!d_bias.empty()) ops::bias_add_backward(d_bias, rows(ws.d_C));
+  }
+  if (tp_.sequence_parallel()) fill_zero(ws.d_C_whole);
   tp_.leave_backward(ws.d_C_whole, ws.d_C);
-  zero(d_inp);
-  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws.d_C_whole), rows(inp), weight);
+  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws.d_C_whole), rows(inp), weight, kAssign);
 }
 
 void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor in, Tensor out,
@@ -611,11 +620,15 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   // MLP: column-parallel fc1, row-parallel fc2.
   norm_in_forward(a.ln2, a.ln2_whole, a.ln2_mean, a.ln2_rstd, a.residual_mid, w.ln2_w, w.ln2_b);
-  ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
-  if (config_.swiglu)
+  if (config_.swiglu) {
+    ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
     ops::swiglu_forward(rows(a.act), rows(a.fc1));
-  else
+  } else if (uses_fused_epilogue(device_, ops::linear_bias_gelu_forward)) {
+    ops::linear_bias_gelu_forward(rows(a.act), rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b, config_.gelu);
+  } else {
+    ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
     ops::gelu_forward(a.act, a.fc1, config_.gelu);
+  }
   row_out_forward(out, a.residual_mid, a.act, w.fc2_w, w.fc2_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
 }
@@ -642,26 +655,28 @@ Tensor GPTModel::attention_heads(Tensor qkv) {
 void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                               const StepContext& step) {
   Workspace& ws = *ws_;
-  auto zero = [](const Tensor& t) { fill_zero(t); };
   const int64_t T = config_.seq_length;
   const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   // MLP branch.
   row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b,
                    dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
-  zero(ws.d_F);
-  if (config_.swiglu)
-    ops::swiglu_backward(rows(ws.d_F), rows(ws.d_act), rows(a.fc1));
-  else
-    ops::gelu_backward(ws.d_F, ws.d_act, a.fc1, config_.gelu);
-  zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w);
+  if (!config_.swiglu && uses_fused_epilogue(device_, ops::linear_bias_gelu_backward)) {
+    // dL/d(fc1) overwrites dL/d(act) in place.
+    ops::linear_bias_gelu_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_act), rows(ws.d_act),
+                                   rows(a.ln2_whole), w.fc1_w, rows(a.fc1), config_.gelu, kAssign);
+  } else {
+    if (config_.swiglu)
+      ops::swiglu_backward(rows(ws.d_F), rows(ws.d_act), rows(a.fc1), kAssign);
+    else
+      ops::gelu_backward(ws.d_F, ws.d_act, a.fc1, config_.gelu, kAssign);
+    ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, kAssign);
+  }
   norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
                    dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
   attention_backward(l, a, step);
-  zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w);
+  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign);
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
 }
 
@@ -704,20 +719,20 @@ void GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Micro
   ops::masked_loss_sums(loss_sums, flat_rows(h.losses), flat_rows(batch.loss_mask));
 }
 
-// Leaves dL/d(head input) in ws.d_residual (overwritten).
+// Leaves dL/d(head input) in ws.d_residual (overwritten). The logits' gradient overwrites
+// the logits, as Megatron's vocab-parallel cross-entropy turns its saved softmax (the
+// logits' memory) into the gradient (megatron/core/tensor_parallel/cross_entropy.py), so no
+// [N,Vl] buffer is kept or zeroed.
 void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight) {
   Workspace& ws = *ws_;
-  auto zero = [](const Tensor& t) { fill_zero(t); };
-  zero(ws.d_losses);
-  ops::masked_loss_backward(flat_rows(ws.d_losses), flat_rows(batch.loss_mask), loss_weight);
-  zero(ws.d_logits);
-  ops::cross_entropy_backward(rows(ws.d_logits), flat_rows(ws.d_losses), rows(h.logits), flat_rows(batch.labels),
-                              flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size);
-  zero(ws.d_ln_whole);
-  ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), rows(ws.d_logits), rows(h.lnf_whole),
-                       params_[ch.output_w]);
-  zero(ws.d_residual);
-  norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], param_or_empty(grads_, ch.lnf_b), h.lnf_mean, h.lnf_rstd);
+  ops::masked_loss_backward(flat_rows(ws.d_losses), flat_rows(batch.loss_mask), loss_weight, kAssign);
+  const Tensor d_logits = rows(h.logits);
+  ops::cross_entropy_backward(d_logits, flat_rows(ws.d_losses), rows(h.logits), flat_rows(batch.labels),
+                              flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size, kAssign);
+  ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), d_logits, rows(h.lnf_whole),
+                       params_[ch.output_w], kAssign);
+  norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], param_or_empty(grads_, ch.lnf_b), h.lnf_mean, h.lnf_rstd,
+                   kAssign);
 }
 
 // The activations of chunk-local layer i for this slot: its own, or the shared ones of a

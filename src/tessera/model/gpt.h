@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/tensor.h"
@@ -97,6 +98,10 @@ class GPTModel {
   // when its backend has the op, unless it runs --deterministic-mode (the unfused ops, today's
   // bits).
   static bool uses_fused_attention(const Device& device);
+  // Whether the model runs ops.h's fused epilogue `op` (linear_bias_gelu_*,
+  // bias_dropout_add_*) in place of the unfused ops on `device`: when its backend has it,
+  // unless it runs --deterministic-mode.
+  static bool uses_fused_epilogue(const Device& device, ops::OpId op);
 
   const GPTConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }
@@ -157,7 +162,8 @@ class GPTModel {
                 const GradsReady& grads_ready = nullptr) {
     backward(0, {}, batch, step, loss_weight, grads_ready);
   }
-  // The last forward's logits in slot 0 of the head chunk: [B,T,Vl].
+  // The last forward's logits in slot 0 of the head chunk: [B,T,Vl]. The backward overwrites
+  // them with their gradient (cross_entropy_backward in place).
   Tensor logits() const;
 
  private:
@@ -180,7 +186,8 @@ class GPTModel {
   LayerParams layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const;
   ops::Dropout dropout(float p, int site, const StepContext& step, uint64_t element_offset) const;
   void norm_in_forward(Tensor ln, Tensor ln_whole, Tensor mean, Tensor rstd, Tensor in, Tensor weight, Tensor bias);
-  void norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd);
+  void norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor mean, Tensor rstd,
+                        ops::GradWrite write = ops::GradWrite::Accumulate);
   void row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias, const ops::Dropout& drop);
   void row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
                         const ops::Dropout& drop);

@@ -3,6 +3,8 @@
 // Device) arguments and runs that device's kernel. ops.h makes one per TESSERA_OP line.
 #pragma once
 
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "tessera/core/tensor.h"
@@ -28,6 +30,13 @@ enum class Precision {
   Product16,
 };
 const char* precision_name(Precision precision);
+
+// How a backward writes its input (activation) gradient: Accumulate adds into it (+=),
+// Assign overwrites it (=) without reading it, so it may hold anything, NaN included.
+// Assign gives exactly the bits of Accumulate into a zero-filled tensor (each kernel adds
+// its contribution to 0), so it is used in --deterministic-mode too. An op whose last
+// parameter is a GradWrite may be called without it: Accumulate.
+enum class GradWrite { Accumulate, Assign };
 
 // The ops, numbered in ops.inc's order (defined in ops.h).
 enum class OpId : int;
@@ -56,16 +65,51 @@ class CallDevice {
   const Device* device_ = nullptr;
 };
 
+
+// The parameters of a signature but its last, as a tuple.
+template <typename... Args> struct AllButLast;
+template <typename Last> struct AllButLast<Last> {
+  using type = std::tuple<>;
+};
+template <typename First, typename Second, typename... Rest> struct AllButLast<First, Second, Rest...> {
+  using rest = typename AllButLast<Second, Rest...>::type;
+  template <typename... T> static std::tuple<First, T...> prepend(std::tuple<T...>*);
+  using type = decltype(prepend(static_cast<rest*>(nullptr)));
+};
+
+// An op whose last parameter is a GradWrite may be called without it (Accumulate): the call
+// operator over the other parameters, with their own types (so braced arguments still
+// convert). Other ops get no second call operator.
+struct NoSecondCall {};
+template <typename Derived, typename R, typename Prefix> struct CallWithoutGradWrite {
+  void operator()(NoSecondCall) const = delete;
+};
+template <typename Derived, typename R, typename... Prefix>
+struct CallWithoutGradWrite<Derived, R, std::tuple<Prefix...>> {
+  R operator()(Prefix... args) const {
+    return static_cast<const Derived&>(*this)(std::forward<Prefix>(args)..., GradWrite::Accumulate);
+  }
+};
+// The prefix tuple when the last parameter is a GradWrite, else void (every op has one).
+template <typename... Args>
+using GradWritePrefix =
+    std::conditional_t<std::is_same_v<std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>, GradWrite>,
+                       typename AllButLast<Args...>::type, void>;
+template <typename Derived, typename R, typename... Args>
+using GradWriteDefault = CallWithoutGradWrite<Derived, R, GradWritePrefix<Args...>>;
+
 }  // namespace op_detail
 
 template <typename Signature> struct Op;
 
-template <typename R, typename... Args> struct Op<R(Args...)> {
+template <typename R, typename... Args>
+struct Op<R(Args...)> : op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...> {
   using Signature = R(Args...);
   OpId id;
   const char* name;
   Precision precision;
 
+  constexpr Op(OpId id_, const char* name_, Precision precision_) : id(id_), name(name_), precision(precision_) {}
   constexpr operator OpId() const { return id; }  // NOLINT: an op stands for its number in lists
   R operator()(Args... args) const {
     op_detail::CallDevice call(name);
@@ -73,6 +117,7 @@ template <typename R, typename... Args> struct Op<R(Args...)> {
     auto kernel = reinterpret_cast<Signature*>(resolve_kernel(id, call.device()));
     return kernel(std::forward<Args>(args)...);
   }
+  using op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...>::operator();
 };
 
 }  // namespace tessera::ops

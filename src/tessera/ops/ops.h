@@ -6,9 +6,12 @@
 //
 // Conventions, identical on every backend:
 // - Arguments: outputs first, then inputs, then sizes and settings.
-// - Every backward ACCUMULATES (+=) into every gradient output, parameters and inputs
-//   alike, so gradient accumulation over micro-batches and the residual stream need no
-//   extra adds. Callers zero gradient buffers when a new accumulation starts.
+// - Every backward ACCUMULATES (+=) into its gradient outputs by default, parameters and
+//   inputs alike, so gradient accumulation over micro-batches and the residual stream need
+//   no extra adds. A backward whose input gradient is often a first contribution takes a
+//   GradWrite last (op.h): Assign overwrites that gradient instead, so the caller needs no
+//   zero fill first; a call may leave it out for Accumulate. Parameter gradients always
+//   accumulate; callers zero them when a new accumulation starts.
 // - An empty Tensor (no handle: Tensor::empty()) for an optional input (bias) or gradient
 //   output means "absent" / "not needed".
 // - Storage dtypes (Megatron's Float16Module: 16-bit parameters and activations, fp32

@@ -65,6 +65,10 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
   if (args.bf16 || args.fp16) add({convert});  // f32 main parameters, f32 sums of 16-bit activations
   add({args.optimizer.kind == OptimizerKind::SGD ? OpId(sgd_update) : OpId(adamw_update)});
   if (args.sequence_parallel) add({sequence_to_rank_major, rank_major_to_sequence});
+  std::vector<OpId> fused = {bias_dropout_add_forward, bias_dropout_add_backward};
+  if (!c.swiglu) fused.insert(fused.end(), {linear_bias_gelu_forward, linear_bias_gelu_backward});
+  for (OpId op : fused)
+    if (GPTModel::uses_fused_epilogue(device, op)) list.push_back(op);
   return list;
 }
 

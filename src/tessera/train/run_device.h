@@ -19,8 +19,9 @@ struct TrainArgs;
 std::string run_device_line(const Device& device);
 // The ops a training run with these flags calls: what ops::check_supported tests at
 // start-up, so a backend that lacks one fails before training (and the strict device runs
-// nothing else, so a missing entry fails the tests). Attention's ops depend on the device:
-// its mode and whether its backend has the fused attention.
+// nothing else, so a missing entry fails the tests). Attention's ops and the fused
+// epilogues depend on the device (its mode and whether its backend has the fused op: the
+// model falls back to the unfused ops where it has not).
 std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device);
 
 }  // namespace tessera

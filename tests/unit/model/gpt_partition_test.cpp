@@ -42,9 +42,9 @@ Whole run_whole(const GPTConfig& c) {
   Batch batch = make_batch(c);
   Whole w;
   w.loss = model.forward(batch.view(), kStep);
-  model.backward(batch.view(), kStep, 0.1f);
-  const Tensor logits = model.logits();
+  const Tensor logits = model.logits();  // the backward overwrites them with their gradient
   w.logits.assign(logits.f32(), logits.f32() + logits.numel());
+  model.backward(batch.view(), kStep, 0.1f);
   for (size_t i = 0; i < model.shards().size(); ++i)
     w.grads[model.shards()[i].spec.name].assign(model.grads()[i].f32(),
                                                 model.grads()[i].f32() + model.grads()[i].numel());
@@ -77,6 +77,8 @@ TEST_P(TensorParallelModel, EveryRankMatchesTheWholeModel) {
     model.zero_grads();
     Batch batch = make_batch(c);
     const double loss = model.forward(batch.view(), kStep);
+    const Tensor logits_t = model.logits();  // the backward overwrites them with their gradient
+    const std::vector<float> logits(logits_t.f32(), logits_t.f32() + logits_t.numel());
     model.backward(batch.view(), kStep, 0.1f);
     // Replicated gradients under SP hold this rank's sequence slice: sum them as the
     // trainer does.
@@ -87,12 +89,11 @@ TEST_P(TensorParallelModel, EveryRankMatchesTheWholeModel) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " sp " + std::to_string(sp) + " rank " + std::to_string(comm.rank()));
     EXPECT_NEAR(loss, whole.loss, 1e-5 * std::abs(whole.loss));
     // Logits: this rank's vocabulary columns.
-    const Tensor logits = model.logits();
-    const int64_t Vl = logits.dim(-1), rows_n = logits.numel() / Vl;
+    const int64_t Vl = logits_t.dim(-1), rows_n = logits_t.numel() / Vl;
     std::vector<float> want;
     for (int64_t r = 0; r < rows_n; ++r)
       for (int64_t v = 0; v < Vl; ++v) want.push_back(whole.logits[r * c.padded_vocab_size + comm.rank() * Vl + v]);
-    EXPECT_LT(relative_error(logits.f32(), want), 1e-5);
+    EXPECT_LT(relative_error(logits.data(), want), 1e-5);
     for (size_t i = 0; i < model.shards().size(); ++i) {
       const ParamShard& s = model.shards()[i];
       std::vector<float> slice(static_cast<size_t>(s.numel()));

@@ -467,6 +467,10 @@ const std::vector<ops::OpId> kNoFloat64Case = {
     // The fused attention against float64, finite differences and the unfused ops, with RoPE,
     // grouped queries and dropout, within its stated bounds (flash_attention_test.cpp).
     ops::flash_attention_forward, ops::flash_attention_backward, ops::flash_attention_scratch,
+    // The fused epilogues against float64 within their stated bounds, finite differences and
+    // the unfused ops (epilogue_test.cpp).
+    ops::linear_bias_gelu_forward, ops::linear_bias_gelu_backward, ops::bias_dropout_add_forward,
+    ops::bias_dropout_add_backward,
     // No arithmetic: shapes, permutations, the RNG's and the dtype conversion's bits
     // (backend_ops_test.cpp, storage_dtype_test.cpp).
     ops::attention_buffers, ops::sequence_to_rank_major, ops::rank_major_to_sequence, ops::init_normal,

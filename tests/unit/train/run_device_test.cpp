@@ -1,6 +1,7 @@
 // What a run asks of its device at start-up: every op training_ops names is a real op (the
-// CPU backend has each), the optimizer's update and the sequence-parallel layout ops follow
-// the flags, and the start-up line names a device other than the CPU with its memory.
+// CPU backend has each), the optimizer's update, the sequence-parallel layout ops and the
+// fused epilogues follow the flags and the device's mode, and the start-up line names a
+// device other than the CPU with its memory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +99,25 @@ TEST(TrainingOps, AttentionFollowsTheDeviceMode) {
   for (std::string_view op : {"attention_buffers", "attention_forward", "attention_backward", "attention_qkv_forward"})
     EXPECT_TRUE(has(unfused, op)) << op;
   EXPECT_FALSE(has(unfused, "flash_attention_forward"));
+}
+
+// The fused epilogues replace unfused ops outside --deterministic-mode only, GeLU's only
+// without SwiGLU, and only where the device has them (the CPU backend, which strict runs, has
+// all).
+TEST(TrainingOps, FusedEpiloguesFollowTheDeviceModeAndTheModel) {
+  tessera::Device& strict = tessera::open_device("strict");
+  const std::vector<std::string_view> epilogues = {"bias_dropout_add_forward", "bias_dropout_add_backward",
+                                                   "linear_bias_gelu_forward", "linear_bias_gelu_backward"};
+  TrainArgs gpt;
+  for (std::string_view op : epilogues) EXPECT_TRUE(has(tessera::training_ops(gpt, strict), op)) << op;
+  TrainArgs swiglu;
+  swiglu.model.swiglu = true;
+  EXPECT_TRUE(has(tessera::training_ops(swiglu, strict), "bias_dropout_add_forward"));
+  EXPECT_FALSE(has(tessera::training_ops(swiglu, strict), "linear_bias_gelu_forward"));
+  strict.set_deterministic_mode(true);
+  const auto unfused = tessera::training_ops(gpt, strict);
+  strict.set_deterministic_mode(false);
+  for (std::string_view op : epilogues) EXPECT_FALSE(has(unfused, op)) << op;
 }
 
 TEST(RunDeviceLine, NamesTheDeviceAndItsMemory) {

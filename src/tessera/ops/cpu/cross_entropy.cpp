@@ -106,12 +106,13 @@ void cross_entropy_finish(Tensor losses, Tensor logsumexp, Tensor sum_exp, Tenso
 }
 
 void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tensor targets, Tensor logsumexp,
-                            int64_t vocab_start, int64_t vocab_size) {
+                            int64_t vocab_start, int64_t vocab_size, GradWrite write) {
   const int64_t N = check_rows(logits, {&dlosses, &targets, &logsumexp}, "cross_entropy_backward");
   const int64_t V = logits.dim(-1);
   TESSERA_CHECK(dlogits.numel() == logits.numel() && dlogits.dim(-1) == V,
                 "cross_entropy_backward: dlogits " + shape_str(dlogits.shape) + " vs logits " +
                     shape_str(logits.shape));
+  check_in_place(dlogits, logits, write);
   const VocabShard shard = vocab_shard(vocab_start, V, vocab_size, "cross_entropy_backward");
   const int32_t* tgt = i32(targets);
   check_ids(tgt, N, shard.total, "cross-entropy target");
@@ -123,10 +124,17 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
   for (int64_t n = 0; n < N; ++n) {
     Stage s;
     const float* xn = s.in(logits, n * V, V);
-    float* dxn = s.inout(dlogits, n * V, V);
+    // In place (dlogits is logits), xn and dxn are one f32 row or two staged copies of one
+    // 16-bit row: each element is read before it is written.
+    float* dxn = write == GradWrite::Assign ? s.out(dlogits, n * V, V) : s.inout(dlogits, n * V, V);
     const float l = lse[n], d = dl[n];
+    if (write == GradWrite::Assign) {
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) dxn[v] += exp_approx(xn[v] - l) * d;
+      for (int64_t v = 0; v < V; ++v) dxn[v] = 0.0f + exp_approx(xn[v] - l) * d;
+    } else {
+#pragma omp simd
+      for (int64_t v = 0; v < V; ++v) dxn[v] += exp_approx(xn[v] - l) * d;
+    }
     if (shard.holds(tgt[n])) dxn[tgt[n] - shard.start] -= d;
     s.done(dlogits, n * V, V, dxn);
   }

@@ -93,9 +93,11 @@ void dropout_factors(const Dropout& dropout, int64_t b, uint64_t first, int64_t 
 
 namespace {
 
-// out = dy * factor (forward: y = x * factor) or dx += dy * factor (backward) for the
-// chunks of every sample, in any float dtypes; the factors of p == 0 are all 1.
-void apply_mask(const Tensor& out, const Tensor& inp, const Dropout& dropout, bool accumulate) {
+// out = dy * factor (forward: y = x * factor) or dx += dy * factor (backward, written per
+// `write`) for the chunks of every sample, in any float dtypes; the factors of p == 0 are
+// all 1.
+void apply_mask(const Tensor& out, const Tensor& inp, const Dropout& dropout, bool accumulate,
+                GradWrite write = GradWrite::Accumulate) {
   const int64_t n = inp.numel();
   const bool drop = dropout.p != 0.0f;  // 0: disabled (evaluation, or --*-dropout 0)
   if (drop) dropout_scale(dropout);     // checks p
@@ -106,7 +108,7 @@ void apply_mask(const Tensor& out, const Tensor& inp, const Dropout& dropout, bo
     const int64_t b = w / chunks, e0 = (w % chunks) * kChunk, len = std::min(kChunk, S - e0), off = b * S + e0;
     Stage s;
     const float* x = s.in(inp, off, len);
-    float* y = accumulate ? s.inout(out, off, len) : s.out(out, off, len);
+    float* y = accumulate ? s.grad(out, off, len, write) : s.out(out, off, len);
     if (!drop) {
       if (accumulate) {
 #pragma omp simd
@@ -140,12 +142,12 @@ void dropout_forward(Tensor out, Tensor inp, const Dropout& dropout) {
   apply_mask(out, inp, dropout, false);
 }
 
-void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout) {
+void dropout_backward(Tensor dinp, Tensor dout, const Dropout& dropout, GradWrite write) {
   if (dinp.empty()) return;
   TESSERA_CHECK(dinp.numel() == dout.numel(), "dropout: dinp " + shape_str(dinp.shape) + " vs dout " + shape_str(dout.shape));
   check_float(dinp, "dropout_backward", "dinp");
   check_float(dout, "dropout_backward", "dout");
-  apply_mask(dinp, dout, dropout, true);
+  apply_mask(dinp, dout, dropout, true, write);
 }
 
 }  // namespace tessera::ops::cpu

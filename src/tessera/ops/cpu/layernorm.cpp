@@ -59,7 +59,7 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
 }
 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd) {
+                        Tensor mean, Tensor rstd, GradWrite write) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C;
   TESSERA_CHECK(dout.numel() == N * C && weight.numel() == C && mean.numel() == N && rstd.numel() == N,
                 "layernorm backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape));
@@ -92,7 +92,7 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
         gx_sum += g * ((xn[c] - m) * r);
       }
       const float g_mean = g_sum / static_cast<float>(C), gx_mean = gx_sum / static_cast<float>(C);
-      float* dxn = s.inout(dinp, n * C, C);
+      float* dxn = s.grad(dinp, n * C, C, write);
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
         const float xhat = (xn[c] - m) * r;

@@ -1,7 +1,7 @@
 // Linear layer on Megatron's [out, in] weight layout, all GEMMs through oneDNN (gemm.h).
 // Legend: N rows (= B*T, leading dims flattened), C input channels, OC output channels.
 //   forward:  out[N,OC]   = inp[N,C] @ W[OC,C]^T + bias[OC]
-//   backward: dinp[N,C]  += dout[N,OC] @ W[OC,C]
+//   backward: dinp[N,C]  += dout[N,OC] @ W[OC,C]     (= with GradWrite::Assign: beta = 0)
 //             dW[OC,C]   += dout[N,OC]^T @ inp[N,C]
 //             dbias[OC]  += column sums of dout (bias_add_backward)
 // The accumulating GEMMs use beta = 1, so gradient accumulation costs nothing extra.
@@ -168,22 +168,26 @@ void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) 
   }
 }
 
-void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                             GradWrite write) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (!dbias.empty()) bias_add_backward(dbias, dout);
   if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
+  const bool assign = write == GradWrite::Assign;
   const Storage st{all_bf16({&dout, &inp, &weight})};
   const int64_t tile = tile_rows(OC, C, N);
   const Operand x = dweight.empty() ? Operand{} : st.operand(inp, 0, N, C, C, Workspace::Input);
-  // dinp collects every tile's dout @ W in f32 and is rounded once at the end.
+  // dinp collects every tile's dout @ W in f32 (the first tile's GEMM overwrites it when
+  // assigning) and is rounded once at the end.
   const std::optional<Accumulator> dx =
-      dinp.empty() ? std::nullopt : std::optional<Accumulator>(std::in_place, dinp, 0, N, C, C, Workspace::Out, true);
+      dinp.empty() ? std::nullopt
+                   : std::optional<Accumulator>(std::in_place, dinp, 0, N, C, C, Workspace::Out, !assign);
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
     const int64_t len = std::min(tile, OC - o0);
     const Operand g = st.operand(dout, o0, N, len, OC, Workspace::Dout);  // dout[:, o0:o0+len]
     if (dx) {
       const Operand w = st.operand(weight, o0 * C, len, C, C, Workspace::Weight);
-      st.gemm(false, false, N, C, len, g, w, 1.0f, dx->b.p, dx->b.ld);
+      st.gemm(false, false, N, C, len, g, w, assign && o0 == 0 ? 0.0f : 1.0f, dx->b.p, dx->b.ld);
     }
     if (!dweight.empty()) {
       const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, true);
@@ -224,15 +228,19 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   sgemm(false, true, N, OC, C, 1.0f, f32(inp), C, f32(weight), C, beta, y, OC);
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     GradWrite write) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
+  // An empty product assigns zeros (the GEMMs below do not run).
+  if (write == GradWrite::Assign && !dinp.empty() && weight.dim(0) == 0) cpu::fill(dinp, 0.0f);
   if (check_dtypes("linear_backward",
                    {{&dinp, "dinp"}, {&dweight, "dweight"}, {&dbias, "dbias"}, {&dout, "dout"}, {&inp, "inp"},
                     {&weight, "weight"}}))
-    return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight);
+    return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight, write);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   const float* dy = f32(dout);
-  if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, 1.0f, f32(dinp), C);
+  if (!dinp.empty())
+    sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, write == GradWrite::Assign ? 0.0f : 1.0f, f32(dinp), C);
   if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, f32(inp), C, 1.0f, f32(dweight), C);
   if (!dbias.empty()) bias_add_backward(dbias, dout);
 }

@@ -1,5 +1,7 @@
 // The masked language-model loss around cross-entropy (ops.h masked_loss_sums and its
 // backward): reduced on the device so the host reads the sums once per step.
+#include <algorithm>
+
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/storage.h"
 
@@ -23,11 +25,12 @@ void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
   s[1] += mask_sum;
 }
 
-void masked_loss_backward(Tensor dlosses, Tensor mask, float scale) {
+void masked_loss_backward(Tensor dlosses, Tensor mask, float scale, GradWrite write) {
   TESSERA_CHECK(dlosses.numel() == mask.numel(), "masked_loss_backward: dlosses " + shape_str(dlosses.shape) +
                                                      ", mask " + shape_str(mask.shape));
   float* dl = f32_arg(dlosses, "masked_loss_backward", "dlosses");
   const float* m = f32_arg(mask, "masked_loss_backward", "mask");
+  if (write == GradWrite::Assign) std::fill(dl, dl + dlosses.numel(), 0.0f);
   for (int64_t i = 0; i < dlosses.numel(); ++i) dl[i] += m[i] * scale;
 }
 

@@ -41,7 +41,8 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float e
   }
 }
 
-void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      GradWrite write) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C;
   TESSERA_CHECK(dout.numel() == N * C && weight.numel() == C && rstd.numel() == N,
                 "rmsnorm backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape) + ", rstd " +
@@ -68,7 +69,7 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
 #pragma omp simd reduction(+ : gx_sum)
       for (int64_t c = 0; c < C; ++c) gx_sum += dyn[c] * w[c] * (xn[c] * r);
       const float gx_mean = gx_sum / static_cast<float>(C);
-      float* dxn = s.inout(dinp, n * C, C);
+      float* dxn = s.grad(dinp, n * C, C, write);
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) dxn[c] += (dyn[c] * w[c] - xn[c] * r * gx_mean) * r;
       s.done(dinp, n * C, C, dxn);

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "tessera/ops/cpu/cpu_tensor.h"
+#include "tessera/ops/ops.h"
 
 namespace tessera::ops::cpu {
 
@@ -63,6 +64,15 @@ class Stage {
   float* inout(const Tensor& t, int64_t off, int64_t n) { return in(t, off, 1, n, n).p; }
   Block inout(const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
     return in(t, off, rows, cols, ld);
+  }
+  // For a gradient output written per ops.h's GradWrite (then done()): its current values
+  // (Accumulate), or zeros without reading it (Assign), so that the kernel's += gives the
+  // bits of accumulating into a zeroed tensor while this block is in cache.
+  float* grad(const Tensor& t, int64_t off, int64_t n, GradWrite write) {
+    if (write == GradWrite::Accumulate) return inout(t, off, n);
+    float* p = out(t, off, n);
+    std::fill(p, p + n, 0.0f);
+    return p;
   }
   // Rounds a written block into t (nothing to do for F32: it was written in place).
   void done(const Tensor& t, int64_t off, int64_t n, float* p) { done(t, off, 1, n, n, {p, n}); }

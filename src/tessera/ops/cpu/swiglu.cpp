@@ -27,7 +27,7 @@ void swiglu_forward(Tensor out, Tensor inp) {
   }
 }
 
-void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, GradWrite write) {
   if (dinp.empty()) return;
   const int64_t F = swiglu_width(inp, dout, "swiglu_backward"), N = dout.numel() / F;
   TESSERA_CHECK(dinp.numel() == inp.numel(),
@@ -41,8 +41,8 @@ void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
     const float* gate = s.in(inp, n * 2 * F, F);
     const float* up = s.in(inp, n * 2 * F + F, F);
     const float* dy = s.in(dout, n * F, F);
-    float* dgate = s.inout(dinp, n * 2 * F, F);
-    float* dup = s.inout(dinp, n * 2 * F + F, F);
+    float* dgate = s.grad(dinp, n * 2 * F, F, write);
+    float* dup = s.grad(dinp, n * 2 * F + F, F, write);
 #pragma omp simd
     for (int64_t f = 0; f < F; ++f) {
       const float g = gate[f], e = 1.0f + exp_approx(-g);

@@ -1,12 +1,14 @@
 // Index checks shared by the embedding and the cross-entropy: token, target and position
 // ids, and the vocabulary shard [start, start+rows) a tensor-parallel rank holds (see
-// vocab_start / vocab_size in ops.h).
+// vocab_start / vocab_size in ops.h); and the cross-entropy gradient's in-place rule.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "tessera/core/error.h"
+#include "tessera/core/tensor.h"
+#include "tessera/ops/ops.h"
 
 namespace tessera::ops::cpu {
 
@@ -36,6 +38,15 @@ inline VocabShard vocab_shard(int64_t vocab_start, int64_t rows, int64_t vocab_s
                 std::string(op) + ": vocabulary shard [" + std::to_string(s.start) + ", " +
                     std::to_string(s.start + s.rows) + ") outside [0, " + std::to_string(s.total) + ")");
   return s;
+}
+
+// cross_entropy_backward may write dlogits over logits only as a whole (the same memory and
+// dtype) and with GradWrite::Assign: accumulating into the logits would be meaningless.
+inline void check_in_place(const Tensor& dlogits, const Tensor& logits, GradWrite write) {
+  if (!dlogits.same_memory(logits)) return;
+  TESSERA_CHECK(write == GradWrite::Assign && dlogits.dtype == logits.dtype,
+                "cross_entropy_backward: dlogits is logits (in place) but is accumulated into, or has another "
+                "dtype; in place needs GradWrite::Assign and one dtype");
 }
 
 }  // namespace tessera::ops::cpu

@@ -2,7 +2,8 @@
 // ops/kernels/elementwise.cl, its gradient as column sums in two passes (column_sums.h).
 // Shapes and the dtype contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
-//   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
+//   backward: dinp[N,C] += dout @ W (= when assigning: beta 0);  dW[OC,C] += dout^T @ inp;
+//             dbias[OC] += column sums
 // All-F32 calls multiply f32 operands with f32 accumulation (CUBLAS_COMPUTE_32F: exact
 // f32), or with TF32 operands when the device allows it (--tf32, device.h's
 // set_tf32_matmul); the forward adds the bias in cuBLASLt's epilogue (cublaslt_gemm.h).
@@ -45,16 +46,17 @@ const void* operand(void* dst, const Tensor& t, int64_t rows, int64_t cols, bool
   return dst;
 }
 
-// dst[M,N] += op(A) @ op(B) (A, B of type ab), rounded once into dst: by cuBLASLt directly
-// when it takes dst's type with these operands, else through the f32 scratch `tmp`.
+// dst[M,N] += op(A) @ op(B) (A, B of type ab; beta 0: = instead), rounded once into dst: by
+// cuBLASLt directly when it takes dst's type with these operands, else through the f32
+// scratch `tmp`.
 void accumulate_gemm(const Tensor& dst, void* tmp, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N,
-                     int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb) {
+                     int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, float beta = 1.0f) {
   Device& device = *dst.device;
   if (ab != CUDA_R_32F || dst.dtype == DType::F32)
-    return gemm(device, ab, ta, tb, M, N, K, A, lda, B, ldb, 1.0f, memory(dst), N, nullptr, lt_type(dst.dtype));
+    return gemm(device, ab, ta, tb, M, N, K, A, lda, B, ldb, beta, memory(dst), N, nullptr, lt_type(dst.dtype));
   const Tensor acc = f32_at(tmp, M, N, dst);
-  rows_plus_bias(acc, N, dst, N, Tensor(), M, N);
-  gemm(device, ab, ta, tb, M, N, K, A, lda, B, ldb, 1.0f, tmp, N);
+  if (beta != 0.0f) rows_plus_bias(acc, N, dst, N, Tensor(), M, N);
+  gemm(device, ab, ta, tb, M, N, K, A, lda, B, ldb, beta, tmp, N);
   rows_plus_bias(dst, N, acc, N, Tensor(), M, N);
 }
 
@@ -75,7 +77,7 @@ void forward_16bit(const Tensor& out, const Tensor& inp, const Tensor& weight, c
 }
 
 void backward_16bit(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                    const Tensor& weight, int64_t N, int64_t C, int64_t OC) {
+                    const Tensor& weight, int64_t N, int64_t C, int64_t OC, float dinp_beta) {
   const bool widen = dout.dtype != weight.dtype || dout.dtype != inp.dtype;
   const cudaDataType_t ab = widen ? CUDA_R_32F : lt_type(dout.dtype);
   auto via_scratch = [&](const Tensor& d) { return !d.empty() && ab == CUDA_R_32F && d.dtype != DType::F32; };
@@ -85,7 +87,8 @@ void backward_16bit(const Tensor& dinp, const Tensor& dweight, const Tensor& dou
                                       via_scratch(dweight) ? size_t(OC * C) * 4 : 0});
   const void* g = operand(scratch[0], dout, N, OC, widen);
   if (!dinp.empty())
-    accumulate_gemm(dinp, scratch[3], ab, false, false, N, C, OC, g, OC, operand(scratch[1], weight, OC, C, widen), C);
+    accumulate_gemm(dinp, scratch[3], ab, false, false, N, C, OC, g, OC, operand(scratch[1], weight, OC, C, widen), C,
+                    dinp_beta);
   if (!dweight.empty())
     accumulate_gemm(dweight, scratch[4], ab, true, false, OC, C, N, g, OC, operand(scratch[2], inp, N, C, widen), C);
 }
@@ -127,16 +130,20 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   gemm(*out.device, CUDA_R_32F, false, true, N, OC, C, f32(inp), C, f32(weight), C, 0.0f, f32(out), OC, f32(bias));
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     GradWrite write) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   Device& device = *dout.device;
+  const float dinp_beta = write == GradWrite::Assign ? 0.0f : 1.0f;  // cuBLASLt reads no C when beta is 0
   if (!dbias.empty()) column_sums(dbias, dout);
+  if (dinp_beta == 0.0f && !dinp.empty() && (OC == 0 || N == 0)) return fill_zero(dinp);  // an empty product
   if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight}))
-    return backward_16bit(dinp, dweight, dout, inp, weight, N, C, OC);
-  if (!dinp.empty()) gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, 1.0f, f32(dinp), C);
+    return backward_16bit(dinp, dweight, dout, inp, weight, N, C, OC, dinp_beta);
+  if (!dinp.empty())
+    gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, dinp_beta, f32(dinp), C);
   if (!dweight.empty())
     gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, 1.0f, f32(dweight), C);
 }

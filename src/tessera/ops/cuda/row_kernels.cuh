@@ -33,11 +33,11 @@ __kernel void layernorm_forward_rows(FLOATS(out), __global float* mean, ulong me
   if (threadIdx.x == 0 && rstd) rstd[rstd_off + n] = rs;
 }
 
-// layernorm.cl's layernorm_backward_input: dinp += rstd * (g - mean(g) - xhat *
+// layernorm.cl's layernorm_backward_input: dinp (+)= rstd * (g - mean(g) - xhat *
 // mean(g * xhat)), g = dout * weight.
 __kernel void layernorm_backward_input_rows(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
                                             __global const float* mean, ulong mean_off, __global const float* rstd,
-                                            ulong rstd_off, long C) {
+                                            ulong rstd_off, long C, int assign) {
   const long n = blockIdx.x, x = n * C;  // x: the row's first element
   const float m = mean[mean_off + n], r = rstd[rstd_off + n];
   float g_sum = 0.0f, gx_sum = 0.0f;
@@ -50,7 +50,7 @@ __kernel void layernorm_backward_input_rows(FLOATS(dinp), CONST_FLOATS(dout), CO
   const float gx_mean = block_reduce(gx_sum, false) / (float)C;
   for (long c = threadIdx.x; c < C; c += blockDim.x) {
     const float xhat = (LOAD(inp, x + c) - m) * r;
-    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - g_mean - xhat * gx_mean) * r);
+    GRAD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - g_mean - xhat * gx_mean) * r, assign);
   }
 }
 
@@ -69,10 +69,10 @@ __kernel void rmsnorm_forward_rows(FLOATS(out), __global float* rstd, ulong rstd
   if (threadIdx.x == 0 && rstd) rstd[rstd_off + n] = rs;
 }
 
-// layernorm.cl's rmsnorm_backward_input: dinp += rstd * (g - xhat * mean(g * xhat)),
+// layernorm.cl's rmsnorm_backward_input: dinp (+)= rstd * (g - xhat * mean(g * xhat)),
 // g = dout * weight, xhat = inp * rstd.
 __kernel void rmsnorm_backward_input_rows(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
-                                          __global const float* rstd, ulong rstd_off, long C) {
+                                          __global const float* rstd, ulong rstd_off, long C, int assign) {
   const long n = blockIdx.x, x = n * C;  // x: the row's first element
   const float r = rstd[rstd_off + n];
   float gx_sum = 0.0f;
@@ -80,7 +80,7 @@ __kernel void rmsnorm_backward_input_rows(FLOATS(dinp), CONST_FLOATS(dout), CONS
     gx_sum += LOAD(dout, x + c) * LOAD(weight, c) * (LOAD(inp, x + c) * r);
   const float gx_mean = block_reduce(gx_sum, false) / (float)C;
   for (long c = threadIdx.x; c < C; c += blockDim.x)
-    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - LOAD(inp, x + c) * r * gx_mean) * r);
+    GRAD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - LOAD(inp, x + c) * r * gx_mean) * r, assign);
 }
 
 // ---- cross-entropy row statistics: a row per warp --------------------------------------

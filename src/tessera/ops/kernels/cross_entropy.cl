@@ -43,15 +43,17 @@ __kernel void cross_entropy_finish(__global float* losses, ulong loss_off, __glo
   losses[loss_off + n] = lse - target_logit[tl_off + n];
 }
 
-// dlogits[n, v] += exp(logits[n, v] - lse[n]) * dlosses[n], minus dlosses[n] in the
+// dlogits[n, v] (+)= exp(logits[n, v] - lse[n]) * dlosses[n], minus dlosses[n] in the
 // target's column, in the CPU's order (the softmax term added, then the target's
-// subtracted), rounded once; work-item (v, n).
+// subtracted), rounded once; work-item (v, n). dlogits may be logits (assigning in place:
+// the logit is read before the gradient is stored).
 __kernel void cross_entropy_backward(FLOATS(dlogits), __global const float* dlosses, ulong dl_off,
                                      CONST_FLOATS(logits), __global const int* targets, ulong tgt_off,
-                                     __global const float* logsumexp, ulong lse_off, long V, long vocab_start) {
+                                     __global const float* logsumexp, ulong lse_off, long V, long vocab_start,
+                                     int assign) {
   const long v = get_global_id(0), n = get_global_id(1), i = n * V + v;
   const float d = dlosses[dl_off + n];
-  float g = LOAD(dlogits, i) + exp_approx(LOAD(logits, i) - logsumexp[lse_off + n]) * d;
+  float g = (assign ? 0.0f : LOAD(dlogits, i)) + exp_approx(LOAD(logits, i) - logsumexp[lse_off + n]) * d;
   if (targets[tgt_off + n] - vocab_start == v) g -= d;
   STORE(dlogits, i, g);
 }

@@ -66,6 +66,12 @@ DEVICE_FN void store_float(__global void* p, ulong i, int dt, float v) {
     ((__global ushort*)p)[i] = (ushort)(dt == DT_BF16 ? bf16_bits(v) : fp16_bits(v));
 }
 
+// v rounded once to dtype code dt (f32: v itself).
+DEVICE_FN float round_to(float v, int dt) {
+  if (dt == DT_F32) return v;
+  return dt == DT_BF16 ? as_float(bf16_bits(v) << 16) : fp16_to_f32(fp16_bits(v));
+}
+
 #define FLOATS(name) __global void* name, ulong name##_off, int name##_dt
 #define CONST_FLOATS(name) __global const void* name, ulong name##_off, int name##_dt
 // Element i (counted from the tensor's offset) of a FLOATS argument.
@@ -73,3 +79,6 @@ DEVICE_FN void store_float(__global void* p, ulong i, int dt, float v) {
 #define STORE(name, i, v) store_float(name, name##_off + (ulong)(i), name##_dt, (v))
 // An accumulating output: read, add in f32, round once.
 #define ADD_TO(name, i, v) STORE(name, i, LOAD(name, i) + (v))
+// A gradient output written per ops.h's GradWrite (assign: 1 for Assign): added to its
+// value, or to 0 without reading it (the bits of accumulating into a zeroed tensor).
+#define GRAD_TO(name, i, v, assign) STORE(name, i, ((assign) ? 0.0f : LOAD(name, i)) + (v))

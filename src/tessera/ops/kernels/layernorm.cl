@@ -23,10 +23,10 @@ __kernel void layernorm_forward(FLOATS(out), __global float* mean, ulong mean_of
   if (rstd) rstd[rstd_off + n] = rs;
 }
 
-// dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one work-item per row.
+// dinp (+)= rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one work-item per row.
 __kernel void layernorm_backward_input(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
                                        __global const float* mean, ulong mean_off, __global const float* rstd,
-                                       ulong rstd_off, long C) {
+                                       ulong rstd_off, long C, int assign) {
   const long n = get_global_id(0), x = n * C;  // x: the row's first element
   const float m = mean[mean_off + n], r = rstd[rstd_off + n];
   float g_sum = 0.0f, gx_sum = 0.0f;
@@ -38,7 +38,7 @@ __kernel void layernorm_backward_input(FLOATS(dinp), CONST_FLOATS(dout), CONST_F
   const float g_mean = g_sum / (float)C, gx_mean = gx_sum / (float)C;
   for (long c = 0; c < C; ++c) {
     const float xhat = (LOAD(inp, x + c) - m) * r;
-    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - g_mean - xhat * gx_mean) * r);
+    GRAD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - g_mean - xhat * gx_mean) * r, assign);
   }
 }
 
@@ -71,17 +71,17 @@ __kernel void rmsnorm_forward(FLOATS(out), __global float* rstd, ulong rstd_off,
   if (rstd) rstd[rstd_off + n] = rs;
 }
 
-// dinp += rstd * (g - xhat * mean(g * xhat)), g = dout * weight, xhat = inp * rstd; one
+// dinp (+)= rstd * (g - xhat * mean(g * xhat)), g = dout * weight, xhat = inp * rstd; one
 // work-item per row.
 __kernel void rmsnorm_backward_input(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp), CONST_FLOATS(weight),
-                                     __global const float* rstd, ulong rstd_off, long C) {
+                                     __global const float* rstd, ulong rstd_off, long C, int assign) {
   const long n = get_global_id(0), x = n * C;  // x: the row's first element
   const float r = rstd[rstd_off + n];
   float gx_sum = 0.0f;
   for (long c = 0; c < C; ++c) gx_sum += LOAD(dout, x + c) * LOAD(weight, c) * (LOAD(inp, x + c) * r);
   const float gx_mean = gx_sum / (float)C;
   for (long c = 0; c < C; ++c)
-    ADD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - LOAD(inp, x + c) * r * gx_mean) * r);
+    GRAD_TO(dinp, x + c, (LOAD(dout, x + c) * LOAD(weight, c) - LOAD(inp, x + c) * r * gx_mean) * r, assign);
 }
 
 // dweight += sum over rows of dout * xhat; one work-item per channel, rows in order.

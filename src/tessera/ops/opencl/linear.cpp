@@ -2,7 +2,8 @@
 // with element offsets), the bias and its gradient through kernels/elementwise.cl. Shapes
 // and the dtype contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
-//   backward: dinp[N,C] += dout @ W;  dW[OC,C] += dout^T @ inp;  dbias[OC] += column sums
+//   backward: dinp[N,C] += dout @ W (= when assigning: beta 0);  dW[OC,C] += dout^T @ inp;
+//             dbias[OC] += column sums
 // All-F32 calls multiply the tensors' own buffers.
 //
 // 16-bit tensors (ops.h: any of inp, weight, bias, out, dinp, dout, dweight, dbias may be
@@ -69,14 +70,15 @@ int64_t tile_rows(int64_t N, int64_t C) {
 }
 
 // An f32 block for the GEMMs: the rows x cols block of t at element `first` (leading
-// dimension ld) in place when t is F32, else widened into `copy` (contiguous).
+// dimension ld) in place when t is F32, else widened into `copy` (contiguous; left
+// unwidened when `load` is false, for a result the first GEMM overwrites).
 class F32Block {
  public:
-  F32Block(ClContext& cl, const Tensor& t, int64_t first, int64_t rows, int64_t cols, int64_t ld)
+  F32Block(ClContext& cl, const Tensor& t, int64_t first, int64_t rows, int64_t cols, int64_t ld, bool load = true)
       : t_(t), first_(first), rows_(rows), cols_(cols), ld_(ld) {
     if (t.dtype == DType::F32) return;
     copy_.emplace(cl, static_cast<size_t>(rows * cols) * sizeof(float));
-    rows_plus_bias(copy_tensor(), cols, from(t, first, {rows, cols}), ld, Tensor(), rows, cols);
+    if (load) rows_plus_bias(copy_tensor(), cols, from(t, first, {rows, cols}), ld, Tensor(), rows, cols);
   }
   Operand operand() const {
     return copy_ ? Operand{copy_->mem(), 0, cols_} : Operand{cl_buffer(t_), cl_offset(t_) + first_, ld_};
@@ -110,12 +112,13 @@ void forward_16bit(ClContext& cl, const Tensor& out, const Tensor& inp, const Te
 }
 
 // The 16-bit backward, by tiles of weight rows (dout's columns): dinp accumulates every
-// tile's dout[:, o0:o1] @ W[o0:o1] in f32 and is rounded once at the end; each tile of
-// dweight rows gets its dout[:, o0:o1]^T @ inp.
+// tile's dout[:, o0:o1] @ W[o0:o1] in f32 (the first tile's GEMM overwrites it when
+// assigning) and is rounded once at the end; each tile of dweight rows gets its
+// dout[:, o0:o1]^T @ inp.
 void backward_16bit(ClContext& cl, const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                    const Tensor& weight, int64_t N, int64_t C, int64_t OC) {
+                    const Tensor& weight, int64_t N, int64_t C, int64_t OC, bool assign) {
   std::optional<F32Block> dx, x;
-  if (!dinp.empty()) dx.emplace(cl, dinp, 0, N, C, C);
+  if (!dinp.empty()) dx.emplace(cl, dinp, 0, N, C, C, !assign);
   if (!dweight.empty()) x.emplace(cl, inp, 0, N, C, C);
   const int64_t tile = tile_rows(N, C);
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
@@ -123,7 +126,7 @@ void backward_16bit(ClContext& cl, const Tensor& dinp, const Tensor& dweight, co
     const F32Block g(cl, dout, o0, N, rows, OC);
     if (dx) {
       const F32Block w(cl, weight, o0 * C, rows, C, C);
-      sgemm(cl, false, false, N, C, rows, g.operand(), w.operand(), 1.0f, dx->operand());
+      sgemm(cl, false, false, N, C, rows, g.operand(), w.operand(), assign && o0 == 0 ? 0.0f : 1.0f, dx->operand());
     }
     if (x) {
       const F32Block dw(cl, dweight, o0 * C, rows, C, C);
@@ -173,16 +176,20 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   sgemm(cl, false, true, N, OC, C, operand(inp, C), operand(weight, C), bias.empty() ? 0.0f : 1.0f, operand(out, OC));
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                     GradWrite write) {
   check_backward(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   ClContext& cl = context_of(dout);
+  const bool assign = write == GradWrite::Assign;
   if (!dbias.empty()) column_sums(dbias, dout);
+  if (assign && !dinp.empty() && (OC == 0 || N == 0)) return fill_zero(dinp);  // an empty product
   if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight}))
-    return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC);
-  if (!dinp.empty()) sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), 1.0f, operand(dinp, C));
+    return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC, assign);
+  if (!dinp.empty())
+    sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), assign ? 0.0f : 1.0f, operand(dinp, C));
   if (!dweight.empty()) sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), 1.0f, operand(dweight, C));
 }
 
