@@ -244,6 +244,28 @@ void scale_inplace(Tensor t, float scale) {
   TESSERA_DISPATCH(scale_inplace, T_(&t), t, scale);
 }
 
+void multi_tensor_adamw(Tensor main, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor chunks, Tensor scalars,
+                        float beta1, float beta2, float eps) {
+  TESSERA_DISPATCH(multi_tensor_adamw, T_(&main, &param, &grad, &m, &v, &chunks, &scalars), main, param, grad, m, v,
+                   chunks, scalars, beta1, beta2, eps);
+}
+void multi_tensor_sgd(Tensor main, Tensor param, Tensor grad, Tensor momentum_buf, Tensor chunks, Tensor scalars,
+                      float momentum) {
+  TESSERA_DISPATCH(multi_tensor_sgd, T_(&main, &param, &grad, &momentum_buf, &chunks, &scalars), main, param, grad,
+                   momentum_buf, chunks, scalars, momentum);
+}
+void multi_tensor_sum_squares(Tensor sums, Tensor workspace, Tensor grad, Tensor chunks) {
+  TESSERA_DISPATCH(multi_tensor_sum_squares, T_(&sums, &workspace, &grad, &chunks), sums, workspace, grad, chunks);
+}
+Shape multi_tensor_sum_squares_workspace(const Device& device, int64_t chunks) {
+  auto fn = kernels_for(device).multi_tensor_sum_squares_workspace;
+  if (fn == nullptr) unsupported("multi_tensor_sum_squares_workspace", device);
+  return fn(device, chunks);
+}
+void grad_norm_finish(Tensor result, Tensor scalars, Tensor sums, float clip_grad) {
+  TESSERA_DISPATCH(grad_norm_finish, T_(&result, &scalars, &sums), result, scalars, sums, clip_grad);
+}
+
 void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
   TESSERA_DISPATCH(masked_loss_sums, T_(&sums, &losses, &mask), sums, losses, mask);
 }

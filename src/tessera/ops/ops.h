@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessera/core/rng.h"
 #include "tessera/core/tensor.h"
@@ -288,6 +289,90 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, float lr, float
 // and on step 1 is set to the gradient, as torch does. grad_scale as for adamw_update.
 void sgd_update(Tensor param, Tensor grad, Tensor momentum_buf, float lr, float momentum,
                 float weight_decay, int64_t step, float grad_scale = 1.0f);
+
+// ---- The multi-tensor optimizer step (Megatron's multi_tensor_apply: Apex FusedAdam,
+// multi_tensor_l2norm, multi_tensor_scale) ----
+// One call runs over every parameter of a slab (the optimizer's parameters, or the pieces a
+// data-parallel rank owns with the distributed optimizer) instead of one call per tensor.
+// The slabs are flat tensors (main: the F32 main parameters; param: the 16-bit parameters,
+// or empty when they are F32 and so their own main values; grad: F32 gradients; m, v,
+// momentum_buf: F32 state), and a chunk table says where each segment (a parameter or an
+// owned piece) sits in each of them: I64 [C, kChunkColumns], one row per chunk of at most
+// kMultiTensorChunk elements of a segment, in segment order (multi_tensor_chunk_table
+// builds it on the host once; the caller uploads it). Chunks are sum_squares' 65536-element
+// chunks, so the norm keeps its order.
+constexpr int64_t kMultiTensorChunk = 65536;
+enum ChunkColumn : int64_t {
+  kChunkMain,      // element offset of the chunk in main
+  kChunkParam,     // ... in param (the 16-bit copy; unused when param is empty)
+  kChunkGrad,      // ... in grad
+  kChunkState,     // ... in m, v or momentum_buf
+  kChunkNumel,     // elements in the chunk (1..kMultiTensorChunk)
+  kChunkDecay,     // 1: weight decay applies (Megatron's wd_mult); 0: the no-decay group (biases, norms)
+  kChunkSlot,      // the sums slot of the chunk's segment (multi_tensor_sum_squares)
+  kChunkSegment,   // on a segment's first chunk, its number of chunks; 0 on the others
+  kChunkColumns
+};
+struct MultiTensorSegment {
+  int64_t main = 0, param = 0, grad = 0, state = 0;  // element offsets of the segment's start
+  int64_t numel = 0;
+  bool decay = true;
+  int64_t slot = 0;
+};
+// The chunk table of `segments` (row-major, C * kChunkColumns values); empty segments take
+// no row.
+std::vector<int64_t> multi_tensor_chunk_table(const std::vector<MultiTensorSegment>& segments);
+
+// The step's scalars live in device memory, F32 [kStepScalars], so that the multi-tensor
+// ops read them there instead of taking them as launch arguments (a step whose launches do
+// not change can be captured and replayed). The host writes [0, kGradScale) once per step
+// (write_step_scalars' values: one host-to-device copy); grad_norm_finish writes kGradScale
+// on the device from the norm.
+enum StepScalar : int64_t {
+  kLossScale,    // the loss scale (1 without fp16's scaler)
+  kLr,           // float(lr)
+  kWeightDecay,  // float(weight decay)
+  kAdamDecay,    // float(1 - lr * wd), in double: torch's param.mul_(1 - lr * wd)
+  kAdamStepSize, // float(lr / (1 - beta1^t)), in double
+  kAdamBc2Sqrt,  // float(sqrt(1 - beta2^t)), in double
+  kSgdFirst,     // 1 on step 1 (torch's momentum buffer starts as the gradient), else 0
+  kGradScale,    // the factor every gradient is read with: clip coefficient / loss scale
+  kStepScalars
+};
+// The host-written scalars [0, kGradScale) of step t (1-based) of AdamW or SGD, computed as
+// adamw_update and sgd_update compute theirs (so the multi-tensor ops give their bits).
+void step_scalars(float out[kGradScale], double lr, double weight_decay, double loss_scale, float beta1,
+                  float beta2, int64_t step);
+
+// AdamW over a slab: for every chunk, adamw_update's arithmetic per element (the same bits:
+// Precision: Exact) on main[kChunkMain..], m and v[kChunkState..], reading grad[kChunkGrad..]
+// times scalars[kGradScale], with scalars' lr terms and weight decay only where kChunkDecay
+// is 1; then, in the same pass, param[kChunkParam..] = the updated main value rounded once to
+// param's dtype (ops.h convert: the bits of a following convert). main, m, v, grad: F32;
+// param: BF16, F16 or empty; scalars: F32 [kStepScalars]. beta1, beta2 and eps are the run's
+// constants.
+void multi_tensor_adamw(Tensor main, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor chunks, Tensor scalars,
+                        float beta1, float beta2, float eps);
+// SGD over a slab: sgd_update's arithmetic per element (Precision: Exact) with lr, weight
+// decay (kChunkDecay 0: none) and the first-step flag from scalars; momentum == 0 keeps no
+// buffer (momentum_buf may be empty). The 16-bit copy as for multi_tensor_adamw.
+void multi_tensor_sgd(Tensor main, Tensor param, Tensor grad, Tensor momentum_buf, Tensor chunks, Tensor scalars,
+                      float momentum);
+// sums[kChunkSlot] += the sum of squares of each segment of grad (F32), in double: for every
+// segment, exactly sum_squares(sums, slot, segment) (its chunks, lanes and order, so the
+// same bits; Precision: Exact, which is within n * 2^-53 of the float64 sum of n squares
+// relative to the sum, as any order is). Segments add into distinct slots. workspace: I64
+// of multi_tensor_sum_squares_workspace's shape for the table's C chunks (no meaning
+// outside the call): the caller allocates it once, so the call allocates nothing.
+void multi_tensor_sum_squares(Tensor sums, Tensor workspace, Tensor grad, Tensor chunks);
+Shape multi_tensor_sum_squares_workspace(const Device& device, int64_t chunks);
+// The end of the gradient norm, on the device: total = the slots of sums (I64 [S] holding
+// doubles, summed in slot order), norm = sqrt(total) / scalars[kLossScale]; result (I64 [2]
+// holding doubles) = {norm, 1 if total is inf or NaN (Megatron's found_inf) else 0}; and
+// scalars[kGradScale] = float(c / loss scale) with Megatron's clip coefficient c =
+// min(clip_grad / (norm + 1e-6), 1) (1 when clip_grad <= 0 or the quotient is NaN), each
+// step in double as the host computed it (Optimizer::clip_coefficient): Precision: Exact.
+void grad_norm_finish(Tensor result, Tensor scalars, Tensor sums, float clip_grad);
 
 // Tensors of doubles: tessera has no f64 dtype, so these are I64 tensors whose 8-byte
 // elements hold IEEE doubles (the host reads them back as double).

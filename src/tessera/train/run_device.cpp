@@ -43,7 +43,8 @@ std::vector<std::string_view> training_ops(const TrainArgs& args) {
       "linear_forward",       "linear_backward",        "attention_buffers", "attention_forward",
       "attention_backward",   "dropout_forward",        "dropout_backward",  "residual_forward",
       "cross_entropy_max",    "cross_entropy_sums",     "cross_entropy_finish", "cross_entropy_backward",
-      "masked_loss_sums",     "masked_loss_backward",   "sum_squares",       "scale_inplace"};
+      "masked_loss_sums",     "masked_loss_backward",   "scale_inplace",     "multi_tensor_sum_squares",
+      "multi_tensor_sum_squares_workspace", "grad_norm_finish"};
   if (c.normalization == Normalization::RMSNorm)
     ops.insert(ops.end(), {"rmsnorm_forward", "rmsnorm_backward"});
   else
@@ -55,7 +56,7 @@ std::vector<std::string_view> training_ops(const TrainArgs& args) {
   if (c.add_bias_linear || c.add_qkv_bias) ops.insert(ops.end(), {"bias_add_forward", "bias_add_backward"});
   if (c.regroups_qkv()) ops.insert(ops.end(), {"attention_qkv_forward", "attention_qkv_backward"});
   if (args.bf16 || args.fp16) ops.push_back("convert");  // f32 main parameters, f32 sums of 16-bit activations
-  ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "sgd_update" : "adamw_update");
+  ops.push_back(args.optimizer.kind == OptimizerKind::SGD ? "multi_tensor_sgd" : "multi_tensor_adamw");
   if (args.sequence_parallel) ops.insert(ops.end(), {"sequence_to_rank_major", "rank_major_to_sequence"});
   return ops;
 }

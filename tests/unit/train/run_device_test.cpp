@@ -55,14 +55,14 @@ TEST(StrictDeviceDeathTest, RunsOnlyTheDeclaredOps) {
 
 TEST(TrainingOps, FollowTheFlags) {
   TrainArgs adam;
-  EXPECT_TRUE(has(tessera::training_ops(adam), "adamw_update"));
-  EXPECT_FALSE(has(tessera::training_ops(adam), "sgd_update"));
+  EXPECT_TRUE(has(tessera::training_ops(adam), "multi_tensor_adamw"));
+  EXPECT_FALSE(has(tessera::training_ops(adam), "multi_tensor_sgd"));
   EXPECT_FALSE(has(tessera::training_ops(adam), "sequence_to_rank_major"));
   TrainArgs sgd_sp;
   sgd_sp.optimizer.kind = tessera::OptimizerKind::SGD;
   sgd_sp.sequence_parallel = true;
-  EXPECT_TRUE(has(tessera::training_ops(sgd_sp), "sgd_update"));
-  EXPECT_FALSE(has(tessera::training_ops(sgd_sp), "adamw_update"));
+  EXPECT_TRUE(has(tessera::training_ops(sgd_sp), "multi_tensor_sgd"));
+  EXPECT_FALSE(has(tessera::training_ops(sgd_sp), "multi_tensor_adamw"));
   EXPECT_TRUE(has(tessera::training_ops(sgd_sp), "rank_major_to_sequence"));
   EXPECT_FALSE(has(tessera::training_ops(adam), "convert"));
   TrainArgs llama;
