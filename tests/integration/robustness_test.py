@@ -11,7 +11,7 @@
 - --fp16: Megatron's dynamic loss scaler: overflows of the 16-bit activation gradients at the
   initial scale 2^32 skip iterations while the scale backs off exactly as the hysteresis
   rule of megatron/core/optimizer/grad_scaler.py says, then training proceeds; --bf16 trains
-  close to fp32.
+  close to fp32; every step (skipped or not) reads the device back once.
 usage: robustness_test.py TESSERA_BINARY TEST_VENV"""
 import json
 import os
@@ -215,7 +215,11 @@ def test_precision(tmp):
     for a, b in zip(logs["fp32"], logs["bf16"]):
         assert abs(a["lm_loss"] - b["lm_loss"]) <= 2e-3 * a["lm_loss"], (a["lm_loss"], b["lm_loss"])
     assert logs["bf16"] != logs["fp32"]  # the storage really rounds
-    print("ok  fp16 loss scaling follows Megatron's hysteresis rule; bf16 tracks fp32")
+    # The step waits for the device once: the loss sums, the grad norm and found-inf read
+    # together, on skipped (fp16 overflow) and updating iterations alike.
+    for name, log in logs.items():
+        assert [r["host_reads"] for r in log] == [1] * len(log), (name, [r["host_reads"] for r in log])
+    print("ok  fp16 loss scaling follows Megatron's hysteresis rule; bf16 tracks fp32; one host read-back per step")
 
 
 def main():
