@@ -19,7 +19,3 @@
 #define SCALAR_ADAM_BC2_SQRT 5
 #define SCALAR_SGD_FIRST 6
 #define SCALAR_GRAD_SCALE 7
-
-// Work-items per chunk of a multi-tensor update (dimension 0 of its NDRange; one chunk per
-// index of dimension 1).
-#define MT_LANES 256

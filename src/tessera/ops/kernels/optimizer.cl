@@ -5,8 +5,10 @@
 // same bits (with -cl-fp32-correctly-rounded-divide-sqrt for / and sqrt). param, m, v
 // are the fp32 main parameters and Adam state; grad may be any float dtype.
 // The multi-tensor kernels run the same element functions over a slab's chunk table
-// (multi_tensor.cl), work-item (lane, chunk) taking every MT_LANES-th element of its chunk,
-// with the step's scalars read from device memory.
+// (multi_tensor.cl), work-item (i, c) on element i of chunk c (none past the chunk's end:
+// the NDRange is 65536 x chunks), with the step's scalars read from device memory. One
+// element per work-item, as the per-tensor kernels (a strided loop per work-item ran 1.8x
+// slower still on PoCL; docs/benchmarks.md has what remains).
 #pragma OPENCL FP_CONTRACT OFF
 
 // AdamW on one element: updates *m and *v, returns the new parameter value.
@@ -60,38 +62,32 @@ __kernel void multi_tensor_adamw(__global float* mains, ulong mains_off, FLOATS(
                                  ulong grad_off, __global float* m, ulong m_off, __global float* v, ulong v_off,
                                  __global const long* chunks, ulong chunks_off, __global const float* s, ulong s_off,
                                  float w1, int lerp_low, float w1c, float beta2, float w2, float eps) {
-  const long lane = get_global_id(0), c = get_global_id(1);
+  const long i = get_global_id(0), c = get_global_id(1);
   __global const long* row = chunks + chunks_off + c * CHUNK_COLUMNS;
+  if (i >= row[CHUNK_NUMEL]) return;
   s += s_off;
   const float decay = row[CHUNK_DECAY] ? s[SCALAR_ADAM_DECAY] : 1.0f;  // adamw_update's 1 - lr * 0
-  const float step_size = s[SCALAR_ADAM_STEP_SIZE], bc2_sqrt = s[SCALAR_ADAM_BC2_SQRT], scale = s[SCALAR_GRAD_SCALE];
-  __global float* p = mains + mains_off + row[CHUNK_MAIN];
-  __global const float* g = grad + grad_off + row[CHUNK_GRAD];
-  const long state = row[CHUNK_STATE];
-  for (long i = lane; i < row[CHUNK_NUMEL]; i += MT_LANES) {
-    const float pi = adamw_element(p[i], m + m_off + state + i, v + v_off + state + i, g[i] * scale, decay, w1,
-                                   lerp_low, w1c, beta2, w2, step_size, bc2_sqrt, eps);
-    p[i] = pi;
-    MT_COPY_TO_PARAM(row, i, pi);
-  }
+  const long p = mains_off + row[CHUNK_MAIN] + i, state = row[CHUNK_STATE] + i;
+  const float pi = adamw_element(mains[p], m + m_off + state, v + v_off + state,
+                                 grad[grad_off + row[CHUNK_GRAD] + i] * s[SCALAR_GRAD_SCALE], decay, w1, lerp_low,
+                                 w1c, beta2, w2, s[SCALAR_ADAM_STEP_SIZE], s[SCALAR_ADAM_BC2_SQRT], eps);
+  mains[p] = pi;
+  MT_COPY_TO_PARAM(row, i, pi);
 }
 
 // momentum == 0: buf is null.
 __kernel void multi_tensor_sgd(__global float* mains, ulong mains_off, FLOATS(param), __global const float* grad,
                                ulong grad_off, __global float* buf, ulong buf_off, __global const long* chunks,
                                ulong chunks_off, __global const float* s, ulong s_off, float momentum) {
-  const long lane = get_global_id(0), c = get_global_id(1);
+  const long i = get_global_id(0), c = get_global_id(1);
   __global const long* row = chunks + chunks_off + c * CHUNK_COLUMNS;
+  if (i >= row[CHUNK_NUMEL]) return;
   s += s_off;
   const float weight_decay = row[CHUNK_DECAY] ? s[SCALAR_WEIGHT_DECAY] : 0.0f;
-  const float lr = s[SCALAR_LR], scale = s[SCALAR_GRAD_SCALE];
-  const int first = s[SCALAR_SGD_FIRST] != 0.0f;
-  __global float* p = mains + mains_off + row[CHUNK_MAIN];
-  __global const float* g = grad + grad_off + row[CHUNK_GRAD];
-  __global float* b = buf ? buf + buf_off + row[CHUNK_STATE] : buf;
-  for (long i = lane; i < row[CHUNK_NUMEL]; i += MT_LANES) {
-    const float pi = sgd_element(p[i], b ? b + i : b, g[i] * scale, lr, momentum, weight_decay, first);
-    p[i] = pi;
-    MT_COPY_TO_PARAM(row, i, pi);
-  }
+  const long p = mains_off + row[CHUNK_MAIN] + i;
+  const float pi = sgd_element(mains[p], buf ? buf + buf_off + row[CHUNK_STATE] + i : buf,
+                               grad[grad_off + row[CHUNK_GRAD] + i] * s[SCALAR_GRAD_SCALE], s[SCALAR_LR], momentum,
+                               weight_decay, s[SCALAR_SGD_FIRST] != 0.0f);
+  mains[p] = pi;
+  MT_COPY_TO_PARAM(row, i, pi);
 }
