@@ -28,9 +28,8 @@ namespace tessera::ops {
   X(residual_backward) X(cross_entropy_max) X(cross_entropy_sums) X(cross_entropy_finish)          \
   X(cross_entropy_backward) X(sequence_to_rank_major) X(rank_major_to_sequence) X(adamw_update)    \
   X(sgd_update) X(sum_squares) X(scale_inplace) X(masked_loss_sums) X(masked_loss_backward)        \
-  X(init_normal) X(fill) X(convert)  \
-  X(multi_tensor_adamw) X(multi_tensor_sgd) X(multi_tensor_sum_squares) X(multi_tensor_sum_squares_workspace)     \
-  X(grad_norm_finish)
+  X(init_normal) X(fill) X(convert) X(multi_tensor_adamw) X(multi_tensor_sgd)                      \
+  X(multi_tensor_sum_squares) X(multi_tensor_sum_squares_workspace) X(grad_norm_finish)
 
 struct KernelTable {
   const char* backend = "";
