@@ -68,9 +68,10 @@ fi
 # Megatron-LM checkpoints, and transformers 5 writes and reads today's Hugging Face folders
 # (the test venv above keeps transformers 4.47.1 beside it). torch comes from PyPI with its CUDA
 # wheels, though only its CPU path runs here; megatron-core's own requirements (apex, TE,
-# tensorstore, wandb, ...) are for training with it and are left out (--no-deps).
+# tensorstore, wandb, ...) are for training with it and are left out (--no-deps). six: what
+# Megatron-LM's own tools/preprocess_data.py imports (bench/preprocess_bench.py --megatron).
 TOOLS_VENV=${TESSERA_TOOLS_VENV:-/opt/tessera/tools-venv}
-TOOLS_PACKAGES=("torch==2.6.0" "numpy==1.26.4" "transformers==5.25.0" "tokenizers==0.23.3")
+TOOLS_PACKAGES=("torch==2.6.0" "numpy==1.26.4" "transformers==5.25.0" "tokenizers==0.23.3" "six==1.17.0")
 MEGATRON_CORE=megatron-core==0.10.0
 if "$TOOLS_VENV/bin/python" -c "
 import sys, importlib.metadata as m

@@ -81,6 +81,8 @@ def opencl_device_present():
 def test_one_process(tmp, cpu):
     ocl, out = train(tmp, "opencl", ["--device", "opencl"])
     compare(cpu, ocl, "opencl, 1 process")
+    # One wait for the device per step (the loss sums, grad norm and found-inf together).
+    assert [r["host_reads"] for r in ocl] == [1] * len(ocl), [r["host_reads"] for r in ocl]
     # Start-up names the device (after Megatron's argument block, before training starts).
     startup = out.split("training ...")[0].split("end of arguments")[-1]
     assert "> device: opencl:0, " in startup, "start-up does not name the device:\n" + startup

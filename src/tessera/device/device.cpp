@@ -58,6 +58,7 @@ void copy_to_host(void* dst, size_t dst_capacity, Tensor src) {
   TESSERA_CHECK(src.bytes() <= dst_capacity, "copy_to_host: " + std::to_string(src.bytes()) +
                                                  " bytes into a host buffer of " + std::to_string(dst_capacity));
   if (src.bytes() == 0) return;
+  src.device->count_host_read();
   src.device->copy_to_host(dst, src.handle, src.offset, src.bytes());
 }
 

@@ -107,6 +107,10 @@ class Device {
   // from the threads of in-process ranks that share the device.
   size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
   size_t peak_allocated_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  // Whole-tensor copies to the host (the free copy_to_host below) since construction: each
+  // one waits for the device, so the training step counts them (at most one per step).
+  uint64_t host_reads() const { return host_reads_.load(std::memory_order_relaxed); }
+  void count_host_read() { host_reads_.fetch_add(1, std::memory_order_relaxed); }
 
  protected:
   void account(ptrdiff_t delta);
@@ -115,6 +119,7 @@ class Device {
   std::atomic<size_t> allocated_{0};
   std::atomic<size_t> peak_{0};
   mutable std::atomic<const Backend*> backend_{nullptr};  // looked up by name on first use
+  std::atomic<uint64_t> host_reads_{0};
   bool deterministic_mode_ = false;
 };
 

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessera/core/rng.h"
 #include "tessera/core/tensor.h"
@@ -117,6 +118,60 @@ struct ShardIndex {
   int64_t cols = 1;
   int64_t full_cols = 1;
 };
+
+// ---- The multi-tensor optimizer step (Megatron's multi_tensor_apply: Apex FusedAdam,
+// multi_tensor_l2norm, multi_tensor_scale) ----
+// One call runs over every parameter of a slab (the optimizer's parameters, or the pieces a
+// data-parallel rank owns with the distributed optimizer) instead of one call per tensor.
+// The slabs are flat tensors (main: the F32 main parameters; param: the 16-bit parameters,
+// or empty when they are F32 and so their own main values; grad: F32 gradients; m, v,
+// momentum_buf: F32 state), and a chunk table says where each segment (a parameter or an
+// owned piece) sits in each of them: I64 [C, kChunkColumns], one row per chunk of at most
+// kMultiTensorChunk elements of a segment, in segment order (multi_tensor_chunk_table
+// builds it on the host once; the caller uploads it). Chunks are sum_squares' 65536-element
+// chunks, so the norm keeps its order.
+constexpr int64_t kMultiTensorChunk = 65536;
+enum ChunkColumn : int64_t {
+  kChunkMain,      // element offset of the chunk in main
+  kChunkParam,     // ... in param (the 16-bit copy; unused when param is empty)
+  kChunkGrad,      // ... in grad
+  kChunkState,     // ... in m, v or momentum_buf
+  kChunkNumel,     // elements in the chunk (1..kMultiTensorChunk)
+  kChunkDecay,     // 1: weight decay applies (Megatron's wd_mult); 0: the no-decay group (biases, norms)
+  kChunkSlot,      // the sums slot of the chunk's segment (multi_tensor_sum_squares)
+  kChunkSegment,   // on a segment's first chunk, its number of chunks; 0 on the others
+  kChunkColumns
+};
+struct MultiTensorSegment {
+  int64_t main = 0, param = 0, grad = 0, state = 0;  // element offsets of the segment's start
+  int64_t numel = 0;
+  bool decay = true;
+  int64_t slot = 0;
+};
+// The chunk table of `segments` (row-major, C * kChunkColumns values); empty segments take
+// no row.
+std::vector<int64_t> multi_tensor_chunk_table(const std::vector<MultiTensorSegment>& segments);
+
+// The step's scalars live in device memory, F32 [kStepScalars], so that the multi-tensor
+// ops read them there instead of taking them as launch arguments (a step whose launches do
+// not change can be captured and replayed). The host writes [0, kGradScale) once per step
+// (write_step_scalars' values: one host-to-device copy); grad_norm_finish writes kGradScale
+// on the device from the norm.
+enum StepScalar : int64_t {
+  kLossScale,    // the loss scale (1 without fp16's scaler)
+  kLr,           // float(lr)
+  kWeightDecay,  // float(weight decay)
+  kAdamDecay,    // float(1 - lr * wd), in double: torch's param.mul_(1 - lr * wd)
+  kAdamStepSize, // float(lr / (1 - beta1^t)), in double
+  kAdamBc2Sqrt,  // float(sqrt(1 - beta2^t)), in double
+  kSgdFirst,     // 1 on step 1 (torch's momentum buffer starts as the gradient), else 0
+  kGradScale,    // the factor every gradient is read with: clip coefficient / loss scale
+  kStepScalars
+};
+// The host-written scalars [0, kGradScale) of step t (1-based) of AdamW or SGD, computed as
+// adamw_update and sgd_update compute theirs (so the multi-tensor ops give their bits).
+void step_scalars(float out[kGradScale], double lr, double weight_decay, double loss_scale, float beta1,
+                  float beta2, int64_t step);
 
 // The ops, from ops.inc: their numbers, their signatures (what each backend's kernel is
 // declared with) and the function objects that dispatch them.

@@ -46,7 +46,8 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
   auto add = [&list](std::initializer_list<OpId> ids) { list.insert(list.end(), ids); };
   add({init_normal, fill, embedding_forward, embedding_backward, linear_forward, linear_backward, dropout_forward,
        dropout_backward, residual_forward, cross_entropy_max, cross_entropy_sums, cross_entropy_finish,
-       cross_entropy_backward, masked_loss_sums, masked_loss_backward, sum_squares, scale_inplace});
+       cross_entropy_backward, masked_loss_sums, masked_loss_backward, scale_inplace, multi_tensor_sum_squares,
+       multi_tensor_sum_squares_workspace, grad_norm_finish});
   if (GPTModel::uses_fused_attention(device)) {
     add({flash_attention_forward, flash_attention_backward, flash_attention_scratch});
   } else {
@@ -63,7 +64,7 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
     add({gelu_forward, gelu_backward});
   if (c.add_bias_linear || c.add_qkv_bias) add({bias_add_forward, bias_add_backward});
   if (args.bf16 || args.fp16) add({convert});  // f32 main parameters, f32 sums of 16-bit activations
-  add({args.optimizer.kind == OptimizerKind::SGD ? OpId(sgd_update) : OpId(adamw_update)});
+  add({args.optimizer.kind == OptimizerKind::SGD ? OpId(multi_tensor_sgd) : OpId(multi_tensor_adamw)});
   if (args.sequence_parallel) add({sequence_to_rank_major, rank_major_to_sequence});
   std::vector<OpId> fused = {bias_dropout_add_forward, bias_dropout_add_backward};
   if (!c.swiglu) fused.insert(fused.end(), {linear_bias_gelu_forward, linear_bias_gelu_backward});

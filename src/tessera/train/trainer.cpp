@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -142,15 +143,7 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
     main_grads_.assign(model.grads().size(), Tensor());
     for (const DataParallelBuckets::OwnedPiece& p : dp_buckets_->owned_pieces()) main_grads_[p.param] = p.grad;
   }
-  // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
-  norm_slots_.resize(gpt_param_specs(args.model).size() * args.tensor_parallel_size *
-                     (distributed_optimizer() ? args.data_parallel_size : 1));
-  SlabBuilder scalars;
-  const size_t loss_at = scalars.reserve(DType::I64, {2});
-  const size_t norm_at = scalars.reserve(DType::I64, {static_cast<int64_t>(norm_slots_.size())});
-  scalars_slab_ = Buffer(device, scalars.total_bytes());
-  loss_sums_ = tensor_at(scalars_slab_, loss_at, DType::I64, {2});
-  norm_sums_ = tensor_at(scalars_slab_, norm_at, DType::I64, {static_cast<int64_t>(norm_slots_.size())});
+  build_norm_tables();
   TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_size, "data-parallel group size differs from the args");
   layout_ = {B, M, args.data_parallel_size, dp_ ? dp_->rank() : 0};
   masks_ = data.masks;
@@ -208,8 +201,7 @@ const PipelineExecutor& Trainer::training_pipeline(int64_t num_micro) {
   return it->second;
 }
 
-std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
-                                                    double loss_scale) {
+void Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training, double loss_scale) {
   const int64_t num_micro = training ? args_.num_microbatches_at(consumed) : layout_.num_microbatches;
   const std::vector<int32_t>& samples = loader.global_batch(consumed);
   for (int64_t m = 0; m < num_micro; ++m) load_micro_batch(samples, m);
@@ -234,11 +226,12 @@ std::pair<double, double> Trainer::run_global_batch(BatchLoader& loader, int64_t
   };
   (training ? training_pipeline(num_micro) : eval_pipeline_).run(model_, if_split(groups_.pp), compute);
   if (training) finalize_grads();
-  // Masked loss and mask sums (zero but on the stage with the loss): the step's one read-back
-  // of the loss.
-  std::vector<double> sums(2);
-  copy_to_host(sums.data(), sums.size() * sizeof(double), loss_sums_);
-  // Loss sums over the replicas, then from the last stage to every stage.
+}
+
+// Masked loss and mask sums (zero but on the stage with the loss) over the replicas, then
+// from the last stage to every stage.
+std::pair<double, double> Trainer::global_loss_sums(const double* host_sums) {
+  std::vector<double> sums(host_sums, host_sums + 2);
   sum_in_rank_order(dp_, sums);
   if (Communicator* pp = if_split(groups_.pp))
     pp->broadcast(Tensor(sums.data(), DType::I64, {2}, nullptr), pp->size() - 1);
@@ -263,6 +256,62 @@ void Trainer::finalize_grads() {
         emb->all_reduce(main_grads_[i], ReduceOp::Sum);
 }
 
+// The slab of doubles (loss sums, norm slots, norm result: the span read back each step),
+// then the norm's chunk tables and their workspace: every buffer the step's norm uses,
+// allocated once here (the static plan; the step allocates nothing).
+void Trainer::build_norm_tables() {
+  // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
+  const int64_t slots = static_cast<int64_t>(gpt_param_specs(args_.model).size()) * args_.tensor_parallel_size *
+                        (distributed_optimizer() ? args_.data_parallel_size : 1);
+  // Each counted gradient is one segment, grouped by the buffer it lives in.
+  std::map<void*, std::vector<ops::MultiTensorSegment>> segments;
+  std::vector<Tensor> buffers;
+  int64_t most_rows = 0;
+  for (size_t i = 0; i < model_.shards().size(); ++i) {
+    const Tensor& g = main_grads_[i];
+    if (!model_.shards()[i].counts_in_norm || g.empty()) continue;
+    TESSERA_CHECK(g.dtype == DType::F32, "the gradients are f32");
+    if (!segments.count(g.handle)) buffers.push_back(g);
+    ops::MultiTensorSegment seg;
+    seg.grad = static_cast<int64_t>(g.offset / sizeof(float));
+    seg.numel = g.numel();
+    seg.slot = static_cast<int64_t>(norm_slot(i));
+    segments[g.handle].push_back(seg);
+  }
+  std::vector<std::vector<int64_t>> tables;
+  SlabBuilder layout;
+  const size_t loss_at = layout.reserve(DType::I64, {2});
+  const size_t norm_at = layout.reserve(DType::I64, {slots});
+  const size_t result_at = layout.reserve(DType::I64, {2});
+  const size_t span = result_at + 2 * sizeof(double);
+  std::vector<size_t> table_at;
+  std::vector<int64_t> ends;
+  for (const Tensor& b : buffers) {
+    int64_t end = 0;
+    for (const ops::MultiTensorSegment& seg : segments[b.handle]) end = std::max(end, seg.grad + seg.numel);
+    ends.push_back(end);
+    tables.push_back(ops::multi_tensor_chunk_table(segments[b.handle]));
+    const int64_t rows = static_cast<int64_t>(tables.back().size()) / ops::kChunkColumns;
+    most_rows = std::max(most_rows, rows);
+    table_at.push_back(layout.reserve(DType::I64, {rows, ops::kChunkColumns}));
+  }
+  const Shape workspace = ops::multi_tensor_sum_squares_workspace(device_, most_rows);
+  const size_t workspace_at = layout.reserve(DType::I64, workspace);
+  scalars_slab_ = Buffer(device_, layout.total_bytes());
+  loss_sums_ = tensor_at(scalars_slab_, loss_at, DType::I64, {2});
+  norm_sums_ = tensor_at(scalars_slab_, norm_at, DType::I64, {slots});
+  norm_result_ = tensor_at(scalars_slab_, result_at, DType::I64, {2});
+  norm_workspace_ = tensor_at(scalars_slab_, workspace_at, DType::I64, workspace);
+  step_sums_ = tensor_at(scalars_slab_, 0, DType::I64, {static_cast<int64_t>(span / sizeof(double))});
+  step_host_.resize(span / sizeof(double));
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    const int64_t rows = static_cast<int64_t>(tables[k].size()) / ops::kChunkColumns;
+    const Tensor chunks = tensor_at(scalars_slab_, table_at[k], DType::I64, {rows, ops::kChunkColumns});
+    copy_from_host(chunks, tables[k].data(), tables[k].size() * sizeof(int64_t));
+    norm_slabs_.push_back({Tensor(buffers[k].handle, 0, DType::F32, {ends[k]}, buffers[k].device), chunks});
+  }
+}
+
 size_t Trainer::norm_slot(size_t i) const {
   const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
   const size_t slot = model_.shards()[i].spec.id * tp + tp_rank;
@@ -274,41 +323,48 @@ size_t Trainer::norm_slot(size_t i) const {
 // total is added in parameter order whatever the layout: pure pipeline parallelism gives
 // the single process's norm to the bit. Exactly one rank fills each slot, so summing the
 // slots' 64-bit patterns as integers over the group moves them without rounding. The slots
-// are summed on the device and read back once.
+// are filled by one multi-tensor call per gradient buffer and summed on the device, which
+// also derives the clipping factor (ops::grad_norm_finish); the host reads the result with
+// the loss sums.
 // With the distributed optimizer each data-parallel rank fills the slots of its own pieces
 // (one per parameter: a parameter never spans buckets), and the slots travel over the world.
-double Trainer::global_grad_norm() {
+void Trainer::global_grad_norm() {
   fill_zero(norm_sums_);
-  for (size_t i = 0; i < model_.shards().size(); ++i)
-    if (model_.shards()[i].counts_in_norm && !main_grads_[i].empty())
-      ops::sum_squares(norm_sums_, static_cast<int64_t>(norm_slot(i)), main_grads_[i]);
-  std::vector<double>& slots = norm_slots_;
-  copy_to_host(slots.data(), slots.size() * sizeof(double), norm_sums_);
+  for (const NormSlab& n : norm_slabs_) ops::multi_tensor_sum_squares(norm_sums_, norm_workspace_, n.grad, n.chunks);
   if (Communicator* group = if_split(distributed_optimizer() ? groups_.world : groups_.model_parallel))
-    group->all_reduce(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(slots.size())}, nullptr), ReduceOp::Sum);
-  double sum = 0.0;
-  for (double v : slots) sum += v;
-  return std::sqrt(sum);
+    group->all_reduce(norm_sums_, ReduceOp::Sum);
+  ops::grad_norm_finish(norm_result_, optimizer_->step_scalars(), norm_sums_, args_.optimizer.clip_grad);
 }
+
+void Trainer::read_step_sums() { copy_to_host(step_host_.data(), step_host_.size() * sizeof(double), step_sums_); }
 
 IterationResult Trainer::train_step() {
   ++iteration_;
   IterationResult r;
   r.lr = scheduler_.lr();
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
+  const uint64_t reads_before = device_.host_reads();
+  optimizer_->prepare_step(r.lr, scheduler_.weight_decay(), loss_scale);
   r.global_batch = args_.global_batch_at(consumed_samples_);
   model_.zero_grads();
-  auto [loss_sum, mask_sum] = run_global_batch(*train_loader_, consumed_samples_, true, loss_scale);
-  r.lm_loss = loss_sum / mask_sum;
-  r.tokens = r.global_batch * args_.model.seq_length;
+  run_global_batch(*train_loader_, consumed_samples_, true, loss_scale);
   // The norm is the same on every rank and non-finite wherever any gradient is (every
   // gradient is counted, or copied from one that is), so it is also Megatron's found_inf.
-  const double scaled_norm = global_grad_norm();
+  global_grad_norm();
+  // The step's one wait for the device: the loss sums with the norm and found-inf, which
+  // decide the skip (fp16 overflow, --skip-spikes, the NaN check) as Megatron's step reads
+  // found_inf and the norm.
+  read_step_sums();
+  auto [loss_sum, mask_sum] = global_loss_sums(host_at(loss_sums_.offset));
+  r.lm_loss = loss_sum / mask_sum;
+  r.tokens = r.global_batch * args_.model.seq_length;
+  const double* norm = host_at(norm_result_.offset);
+  r.host_reads = static_cast<int64_t>(device_.host_reads() - reads_before);
   // Megatron's fp16 step (megatron/core/optimizer/optimizer.py's MixedPrecisionOptimizer):
   // an overflow in the scaled gradients skips the update, clipping and the scheduler; the
   // scaler backs off (or grows) either way.
   if (loss_scaler_) {
-    const bool overflow = !std::isfinite(scaled_norm);
+    const bool overflow = norm[1] != 0.0;
     loss_scaler_->update(overflow);
     r.loss_scale = loss_scaler_->scale();
     if (overflow) {
@@ -318,7 +374,7 @@ IterationResult Trainer::train_step() {
       return r;
     }
   }
-  r.grad_norm = scaled_norm / loss_scale;
+  r.grad_norm = norm[0];
   if (args_.check_for_nan && (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm))) report_non_finite(r);
   if (args_.skip_spikes > 0) {
     // The same values on every replica, so every replica decides alike.
@@ -327,8 +383,9 @@ IterationResult Trainer::train_step() {
     grad_norm_window_.push(r.grad_norm);
   }
   if (!r.skipped) {
-    // Unscaling folds into the clipping coefficient: one pass over the gradients.
-    optimizer_->step(r.lr, scheduler_.weight_decay(), optimizer_->clip_coefficient(r.grad_norm) / loss_scale);
+    // Unscaling folds into the clipping factor grad_norm_finish left on the device: one
+    // pass over the gradients, which also writes the 16-bit parameters.
+    optimizer_->step();
     if (distributed_optimizer()) dp_buckets_->gather_params();
     scheduler_.step(r.global_batch);
   }
@@ -343,7 +400,7 @@ void Trainer::report_non_finite(const IterationResult& r) const {
   std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const ParamShard& s = model_.shards()[i];
-    if (s.counts_in_norm && !main_grads_[i].empty() && !std::isfinite(norm_slots_[norm_slot(i)])) {
+    if (s.counts_in_norm && !main_grads_[i].empty() && !std::isfinite(host_at(norm_sums_.offset)[norm_slot(i)])) {
       what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
       what += model_.shards()[i].spec.name;
       break;
@@ -362,7 +419,10 @@ double Trainer::evaluate(const char* split) {
   int64_t consumed = valid ? consumed_valid_samples_ : 0;
   double loss_sum = 0.0, mask_sum = 0.0;
   for (int i = 0; i < args_.eval_iters; ++i) {
-    auto [l, m] = run_global_batch(*loader, consumed, false);
+    run_global_batch(*loader, consumed, false);
+    double host_sums[2];
+    copy_to_host(host_sums, sizeof(host_sums), loss_sums_);
+    auto [l, m] = global_loss_sums(host_sums);
     loss_sum += l;
     mask_sum += m;
     consumed += args_.global_batch_size;
@@ -557,7 +617,7 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
                         {"learning_rate", lr_next},       {"loss_scale", last.loss_scale},
                         {"elapsed_ms_per_iteration", ms_per_iter}, {"tokens_per_second", tokens_per_s},
                         {"skipped_iterations", skipped},  {"nan_iterations", 0},
-                        {"allocated_bytes", device_.allocated_bytes()}};
+                        {"allocated_bytes", device_.allocated_bytes()}, {"host_reads", last.host_reads}};
     // The data-parallel reductions and gathers the step waited for (bench/distributed_optimizer_bench.sh).
     if (dp_buckets_) {
       j["dp_comm_ms_per_iteration"] =

@@ -37,6 +37,7 @@ struct IterationResult {
   // optimizer.get_loss_scale() after the step); the backward used the one before it.
   double loss_scale = 1.0;
   int64_t global_batch = 0;  // samples in this iteration (smaller during --rampup-batch-size)
+  int64_t host_reads = 0;    // copies to the host the step waited for (train_step makes one)
 };
 
 // The groups one rank trains in (parallel/topology.h). A null member, or a group of one,
@@ -109,17 +110,25 @@ class Trainer {
  private:
   void load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro);
   // Runs the pipeline schedule (forward, and backward when training) over this rank's
-  // micro-batches of one global batch; returns the masked loss sum and the mask sum over the
-  // global batch, on every rank.
-  // Training scales the loss by loss_scale (fp16's loss scaler).
-  std::pair<double, double> run_global_batch(BatchLoader& loader, int64_t consumed, bool training,
-                                             double loss_scale = 1.0);
+  // micro-batches of one global batch, leaving this rank's masked loss and mask sums in
+  // loss_sums_ on the device. Training scales the loss by loss_scale (fp16's loss scaler).
+  void run_global_batch(BatchLoader& loader, int64_t consumed, bool training, double loss_scale = 1.0);
+  // The masked loss sum and the mask sum over the global batch, on every rank, from this
+  // rank's sums read back (host_sums: loss_sums_'s two doubles).
+  std::pair<double, double> global_loss_sums(const double* host_sums);
   const PipelineExecutor& training_pipeline(int64_t num_micro);
   // After backward: data-parallel averaging, then the gradients several ranks share.
   void finalize_grads();
   // The global gradient norm over the model-parallel ranks (with the distributed optimizer
-  // over every rank, each holding shards), each parameter counted once.
-  double global_grad_norm();
+  // over every rank, each holding shards), each parameter counted once, on the device: the
+  // slots in norm_sums_, the norm and found-inf in norm_result_, and the clipping factor in
+  // the optimizer's step scalars.
+  void global_grad_norm();
+  // The norm's chunk tables (ops.h), one per gradient buffer, and their workspace.
+  void build_norm_tables();
+  // The step's one read-back: loss_sums_, norm_sums_ and norm_result_ into step_host_.
+  void read_step_sums();
+  const double* host_at(size_t offset) const { return step_host_.data() + offset / sizeof(double); }
   // The norm slot of parameter i's gradient on this rank.
   size_t norm_slot(size_t i) const;
   bool distributed_optimizer() const { return dp_buckets_ && args_.use_distributed_optimizer; }
@@ -189,12 +198,18 @@ class Trainer {
   std::unique_ptr<void, std::function<void(void*)>> batch_staging_;
   std::vector<size_t> batch_offsets_;  // in both, per micro-batch: MicroBatch's four tensors in order
   std::vector<double> mask_sums_;    // per micro-batch, from the host staging
-  // Doubles on the device (ops.h: I64 tensors holding doubles), each read back once a step:
-  // the masked loss and mask sums of a global batch, and the squared gradient norm per
-  // (parameter, TP rank).
+  // Doubles on the device (ops.h: I64 tensors holding doubles), read back together once a
+  // training step: the masked loss and mask sums of a global batch, the squared gradient
+  // norm per (parameter, TP rank), and the norm and found-inf (grad_norm_finish). After them
+  // in the slab, not read back: the norm's chunk tables and workspace.
   Buffer scalars_slab_;
-  Tensor loss_sums_, norm_sums_;
-  std::vector<double> norm_slots_;   // norm_sums_ read back
+  Tensor loss_sums_, norm_sums_, norm_result_, norm_workspace_;
+  Tensor step_sums_;               // the slab's first bytes, from loss_sums_ to norm_result_'s end
+  std::vector<double> step_host_;  // step_sums_ read back
+  struct NormSlab {
+    Tensor grad, chunks;  // a gradient buffer from its start, and its table
+  };
+  std::vector<NormSlab> norm_slabs_;
   ZScoreWindow loss_window_, grad_norm_window_;  // --skip-spikes
   SamplerLayout layout_;
   data::LtorOptions masks_;

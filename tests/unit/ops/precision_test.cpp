@@ -471,6 +471,10 @@ const std::vector<ops::OpId> kNoFloat64Case = {
     // the unfused ops (epilogue_test.cpp).
     ops::linear_bias_gelu_forward, ops::linear_bias_gelu_backward, ops::bias_dropout_add_forward,
     ops::bias_dropout_add_backward,
+    // The multi-tensor step against the per-tensor ops bit for bit, the norm against float64
+    // (multi_tensor_test.cpp).
+    ops::multi_tensor_adamw, ops::multi_tensor_sgd, ops::multi_tensor_sum_squares,
+    ops::multi_tensor_sum_squares_workspace, ops::grad_norm_finish,
     // No arithmetic: shapes, permutations, the RNG's and the dtype conversion's bits
     // (backend_ops_test.cpp, storage_dtype_test.cpp).
     ops::attention_buffers, ops::sequence_to_rank_major, ops::rank_major_to_sequence, ops::init_normal,

@@ -58,14 +58,14 @@ TEST(StrictDeviceDeathTest, RunsOnlyTheDeclaredOps) {
 TEST(TrainingOps, FollowTheFlags) {
   const tessera::Device& cpu = tessera::cpu_device();
   TrainArgs adam;
-  EXPECT_TRUE(has(tessera::training_ops(adam, cpu), "adamw_update"));
-  EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "sgd_update"));
+  EXPECT_TRUE(has(tessera::training_ops(adam, cpu), "multi_tensor_adamw"));
+  EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "multi_tensor_sgd"));
   EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "sequence_to_rank_major"));
   TrainArgs sgd_sp;
   sgd_sp.optimizer.kind = tessera::OptimizerKind::SGD;
   sgd_sp.sequence_parallel = true;
-  EXPECT_TRUE(has(tessera::training_ops(sgd_sp, cpu), "sgd_update"));
-  EXPECT_FALSE(has(tessera::training_ops(sgd_sp, cpu), "adamw_update"));
+  EXPECT_TRUE(has(tessera::training_ops(sgd_sp, cpu), "multi_tensor_sgd"));
+  EXPECT_FALSE(has(tessera::training_ops(sgd_sp, cpu), "multi_tensor_adamw"));
   EXPECT_TRUE(has(tessera::training_ops(sgd_sp, cpu), "rank_major_to_sequence"));
   EXPECT_FALSE(has(tessera::training_ops(adam, cpu), "convert"));
   TrainArgs llama;

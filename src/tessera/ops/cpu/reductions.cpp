@@ -1,12 +1,39 @@
 // Reductions for the optimizer: squared norms (for global-norm clipping) and scaling, on
 // tensors of any float dtype (staged in chunks, storage.h); the sums stay in double.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
+namespace {
+
+// Fixed chunks, each summed in double, then the chunk sums added in order: the result
+// depends only on the data, never on the thread count or schedule.
+constexpr int64_t kChunk = kMultiTensorChunk;
+static_assert(kChunk == 1 << 16, "sum_squares' chunks are the multi-tensor chunks");
+
+// The sum of squares of one chunk: 32 double accumulators (four AVX-512 registers), four
+// independent FMA chains, so the loop runs at memory speed instead of waiting on one
+// chain's latency; element i of a full 32-block to accumulator i % 32, the tail to
+// accumulator 0; then the accumulators in order.
+double chunk_sum_squares(const float* x, int64_t len) {
+  constexpr int64_t kLanes = 32;
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes) {
+#pragma omp simd
+    for (int64_t j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(x[i + j]) * x[i + j];
+  }
+  for (; i < len; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+  double s = 0.0;
+  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+}  // namespace
 
 void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   TESSERA_CHECK(slot >= 0 && slot < sums.numel(),
@@ -14,33 +41,73 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   check_float(t, "sum_squares", "t");
   double* out = f64(sums);
   const int64_t n = t.numel();
-  // Fixed chunks, each summed in double, then the chunk sums added in order: the result
-  // depends only on the data, never on the thread count or schedule.
-  constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t len = std::min(kChunk, n - c * kChunk);
     Stage stage;
-    const float* x = stage.in(t, c * kChunk, len);
-    // 32 double accumulators (four AVX-512 registers): four independent FMA chains, so
-    // the loop runs at memory speed instead of waiting on one chain's latency.
-    constexpr int64_t kLanes = 32;
-    double acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= len; i += kLanes) {
-#pragma omp simd
-      for (int64_t j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(x[i + j]) * x[i + j];
-    }
-    for (; i < len; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
-    double s = 0.0;
-    for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
-    partial[static_cast<size_t>(c)] = s;
+    partial[static_cast<size_t>(c)] = chunk_sum_squares(stage.in(t, c * kChunk, len), len);
   }
   double total = 0.0;
   for (double s : partial) total += s;
   out[slot] += total;
+}
+
+Shape multi_tensor_sum_squares_workspace(const Device&, int64_t chunks) { return {chunks}; }
+
+void multi_tensor_sum_squares(Tensor sums, Tensor workspace, Tensor grad, Tensor chunks) {
+  f32_arg(grad, "multi_tensor_sum_squares", "grad");
+  chunks.check_dtype(DType::I64);
+  TESSERA_CHECK(chunks.ndim() == 2 && chunks.dim(1) == kChunkColumns,
+                "multi_tensor_sum_squares: chunks " + shape_str(chunks.shape) + ", expected [C, kChunkColumns]");
+  const int64_t rows = chunks.dim(0);
+  TESSERA_CHECK(workspace.numel() >= rows, "multi_tensor_sum_squares: workspace " + shape_str(workspace.shape) +
+                                               " for " + std::to_string(rows) + " chunks (see its workspace query)");
+  const int64_t* table = reinterpret_cast<const int64_t*>(cpu_memory(chunks));
+  double* out = f64(sums);
+  double* partial = f64(workspace);
+  const float* g = f32(grad);
+  for (int64_t c = 0; c < rows; ++c) {
+    const int64_t* row = table + c * kChunkColumns;
+    TESSERA_CHECK(row[kChunkGrad] >= 0 && row[kChunkNumel] >= 0 && row[kChunkGrad] + row[kChunkNumel] <= grad.numel() &&
+                      row[kChunkSlot] >= 0 && row[kChunkSlot] < sums.numel() && c + row[kChunkSegment] <= rows,
+                  "multi_tensor_sum_squares: chunk " + std::to_string(c) + " lies outside grad " +
+                      shape_str(grad.shape) + " or sums " + shape_str(sums.shape));
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < rows; ++c) {
+    const int64_t* row = table + c * kChunkColumns;
+    partial[c] = chunk_sum_squares(g + row[kChunkGrad], row[kChunkNumel]);
+  }
+  // Each segment's chunks in order, as sum_squares adds a tensor's.
+  for (int64_t c = 0; c < rows; ++c) {
+    const int64_t* row = table + c * kChunkColumns;
+    if (row[kChunkSegment] == 0) continue;
+    double total = 0.0;
+    for (int64_t k = 0; k < row[kChunkSegment]; ++k) total += partial[c + k];
+    out[row[kChunkSlot]] += total;
+  }
+}
+
+void grad_norm_finish(Tensor result, Tensor scalars, Tensor sums, float clip_grad) {
+  TESSERA_CHECK(result.numel() == 2, "grad_norm_finish: result " + shape_str(result.shape) + ", expected [2]");
+  TESSERA_CHECK(scalars.numel() == kStepScalars, "grad_norm_finish: scalars " + shape_str(scalars.shape));
+  const double* slots = f64(sums);
+  double total = 0.0;
+  for (int64_t i = 0; i < sums.numel(); ++i) total += slots[i];
+  float* s = f32(scalars);
+  const double loss_scale = s[kLossScale];
+  const double norm = std::sqrt(total) / loss_scale;
+  double coeff = 1.0;
+  if (clip_grad > 0.0f) {
+    const double c = clip_grad / (norm + 1e-6);
+    coeff = c < 1.0 ? c : 1.0;
+  }
+  s[kGradScale] = static_cast<float>(coeff / loss_scale);
+  double* out = f64(result);
+  out[0] = norm;
+  out[1] = std::isfinite(total) ? 0.0 : 1.0;
 }
 
 void scale_inplace(Tensor t, float scale) {

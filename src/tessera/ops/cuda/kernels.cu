@@ -11,6 +11,7 @@
 #include "tessera/ops/kernels/elementwise.cl"
 #include "tessera/ops/kernels/attention.cl"
 #include "tessera/ops/kernels/cross_entropy.cl"
+#include "tessera/ops/kernels/multi_tensor.cl"
 #include "tessera/ops/kernels/optimizer.cl"
 #include "tessera/ops/kernels/sum_squares.cl"
 #include "tessera/ops/kernels/fp64.cl"

@@ -32,6 +32,40 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
       .run(1);
 }
 
+Shape multi_tensor_sum_squares_workspace(const Device&, int64_t chunks) { return {chunks * kLanes}; }
+
+// ops/kernels/sum_squares.cl's multi-tensor kernels, as on OpenCL: into the caller's workspace.
+void multi_tensor_sum_squares(Tensor sums, Tensor workspace, Tensor grad, Tensor chunks) {
+  sums.check_dtype(DType::I64);
+  workspace.check_dtype(DType::I64);
+  check_f32("multi_tensor_sum_squares", {{"grad", grad}});
+  chunks.check_dtype(DType::I64);
+  TESSERA_CHECK(chunks.ndim() == 2 && chunks.dim(1) == kChunkColumns,
+                "multi_tensor_sum_squares: chunks " + shape_str(chunks.shape) + ", expected [C, kChunkColumns]");
+  const int64_t rows = chunks.dim(0);
+  if (rows == 0) return;
+  TESSERA_CHECK(workspace.numel() >= rows * kLanes, "multi_tensor_sum_squares: workspace " +
+                                                        shape_str(workspace.shape) + " for " + std::to_string(rows) +
+                                                        " chunks (see its workspace query)");
+  CudaLaunch(grad, "multi_tensor_sum_squares_lanes").tensor(workspace).tensor(grad).tensor(chunks).run(kLanes, rows);
+  CudaLaunch(grad, "multi_tensor_sum_squares_add").tensor(sums).tensor(workspace).tensor(chunks).run(rows);
+}
+
+void grad_norm_finish(Tensor result, Tensor scalars, Tensor sums, float clip_grad) {
+  result.check_dtype(DType::I64);
+  sums.check_dtype(DType::I64);
+  check_f32("grad_norm_finish", {{"scalars", scalars}});
+  TESSERA_CHECK(result.numel() == 2 && scalars.numel() == kStepScalars,
+                "grad_norm_finish: result " + shape_str(result.shape) + ", scalars " + shape_str(scalars.shape));
+  CudaLaunch(sums, "grad_norm_finish")
+      .tensor(result)
+      .tensor(scalars)
+      .tensor(sums)
+      .scalar<int64_t>(sums.numel())
+      .scalar<float>(clip_grad)
+      .run(1);
+}
+
 // ops/kernels/fp64.cl, as on OpenCL: the CPU's order of operations, into device memory.
 void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
   sums.check_dtype(DType::I64);

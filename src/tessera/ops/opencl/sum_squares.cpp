@@ -1,7 +1,8 @@
 // The reductions and initialisation that need doubles (kernels/sum_squares.cl, fp64.cl):
 // each reproduces its CPU kernel's order of operations, so the results have the CPU's bits,
 // and each writes device memory (no read-back). Devices without cl_khr_fp64 run the CPU
-// kernel on host copies instead, which costs the transfers but gives the same bits.
+// kernel on host copies instead, which costs the transfers (and host allocations) but
+// gives the same bits.
 #include <vector>
 
 #include "tessera/ops/opencl/cl_launch.h"
@@ -49,6 +50,53 @@ void sum_squares(Tensor sums, int64_t slot, Tensor t) {
   const ClScratch partial(cl, static_cast<size_t>(chunks * kLanes) * sizeof(double));
   ClLaunch::fp64(cl, "sum_squares_lanes").buffer(partial.mem()).floats(t).scalar<int64_t>(n).run(kLanes, chunks);
   ClLaunch::fp64(cl, "sum_squares_add").tensor(sums).scalar<int64_t>(slot).buffer(partial.mem()).scalar<int64_t>(chunks).run(1);
+}
+
+Shape multi_tensor_sum_squares_workspace(const Device&, int64_t chunks) { return {chunks * kLanes}; }
+
+void multi_tensor_sum_squares(Tensor sums, Tensor workspace, Tensor grad, Tensor chunks) {
+  sums.check_dtype(DType::I64);
+  check_f32("multi_tensor_sum_squares", {{"grad", grad}});
+  chunks.check_dtype(DType::I64);
+  TESSERA_CHECK(chunks.ndim() == 2 && chunks.dim(1) == kChunkColumns,
+                "multi_tensor_sum_squares: chunks " + shape_str(chunks.shape) + ", expected [C, kChunkColumns]");
+  const int64_t rows = chunks.dim(0);
+  if (rows == 0) return;
+  ClContext& cl = context_of(grad);
+  if (!cl.info().fp64) {
+    HostCopy host_sums(sums), host_ws(workspace), host_grad(grad), host_chunks(chunks);
+    ops::multi_tensor_sum_squares(host_sums.tensor, host_ws.tensor, host_grad.tensor, host_chunks.tensor);
+    host_sums.write_back(sums);
+    return;
+  }
+  workspace.check_dtype(DType::I64);
+  TESSERA_CHECK(workspace.numel() >= rows * kLanes, "multi_tensor_sum_squares: workspace " +
+                                                        shape_str(workspace.shape) + " for " + std::to_string(rows) +
+                                                        " chunks (see its workspace query)");
+  ClLaunch::fp64(cl, "multi_tensor_sum_squares_lanes").tensor(workspace).tensor(grad).tensor(chunks).run(kLanes, rows);
+  ClLaunch::fp64(cl, "multi_tensor_sum_squares_add").tensor(sums).tensor(workspace).tensor(chunks).run(rows);
+}
+
+void grad_norm_finish(Tensor result, Tensor scalars, Tensor sums, float clip_grad) {
+  check_sums(result, 2, "grad_norm_finish");
+  sums.check_dtype(DType::I64);
+  check_f32("grad_norm_finish", {{"scalars", scalars}});
+  TESSERA_CHECK(scalars.numel() == kStepScalars, "grad_norm_finish: scalars " + shape_str(scalars.shape));
+  ClContext& cl = context_of(sums);
+  if (!cl.info().fp64) {
+    HostCopy host_result(result), host_scalars(scalars), host_sums(sums);
+    ops::grad_norm_finish(host_result.tensor, host_scalars.tensor, host_sums.tensor, clip_grad);
+    host_result.write_back(result);
+    host_scalars.write_back(scalars);
+    return;
+  }
+  ClLaunch::fp64(cl, "grad_norm_finish")
+      .tensor(result)
+      .tensor(scalars)
+      .tensor(sums)
+      .scalar<int64_t>(sums.numel())
+      .scalar<float>(clip_grad)
+      .run(1);
 }
 
 void masked_loss_sums(Tensor sums, Tensor losses, Tensor mask) {
