@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "host_values.h"
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
 #include "tessera/device/registry.h"
@@ -99,17 +100,7 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
   }
 
   // The values of a floating tensor of any dtype, widened to f32 (exact).
-  static std::vector<float> read(const Tensor& t) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::F32) {
-      copy_to_host(v.data(), v.size() * sizeof(float), t);
-      return v;
-    }
-    std::vector<uint16_t> h(v.size());
-    copy_to_host(h.data(), h.size() * sizeof(uint16_t), t);
-    for (size_t i = 0; i < h.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-    return v;
-  }
+  static std::vector<float> read(const Tensor& t) { return testing_support::host_values(t); }
   // N(mean, std) values stored in dtype (rounded on the host by core/dtype.h).
   Twin& normal_as(DType dtype, const Shape& shape, float std = 1.0f, float mean = 0.0f) {
     if (dtype == DType::F32) return normal(shape, std, mean);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/core/dtype.h"
+#include "host_values.h"
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
 #include "tessera/device/registry.h"
@@ -89,17 +90,7 @@ class Epilogue : public ::testing::TestWithParam<std::string> {
   Tensor nans(const Shape& shape, DType dtype = DType::F32) {
     return filled(shape, std::numeric_limits<float>::quiet_NaN(), dtype);
   }
-  static Host read(const Tensor& t) {
-    Host v(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::F32) {
-      copy_to_host(v.data(), v.size() * sizeof(float), t);
-      return v;
-    }
-    std::vector<uint16_t> h(v.size());
-    copy_to_host(h.data(), h.size() * sizeof(uint16_t), t);
-    for (size_t i = 0; i < h.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-    return v;
-  }
+  static Host read(const Tensor& t) { return testing_support::host_values(t); }
   static std::vector<uint8_t> bytes(const Tensor& t) {
     std::vector<uint8_t> v(t.bytes());
     copy_to_host(v.data(), v.size(), t);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "grad_check.h"
+#include "host_values.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
@@ -210,17 +211,7 @@ class FlashAttention : public ::testing::TestWithParam<std::string> {
     for (float& x : v) x = dist(gen_);
     return v;
   }
-  static std::vector<float> read(const Tensor& t) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::F32) {
-      copy_to_host(v.data(), v.size() * sizeof(float), t);
-      return v;
-    }
-    std::vector<uint16_t> h(v.size());
-    copy_to_host(h.data(), h.size() * sizeof(uint16_t), t);
-    for (size_t i = 0; i < h.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-    return v;
-  }
+  static std::vector<float> read(const Tensor& t) { return testing_support::host_values(t); }
   // Every |got - ref| <= bound * (1 + |ref|); reports the worst element.
   template <typename R>
   static void expect_near_all(const char* what, const std::vector<float>& got, const std::vector<R>& ref,
