@@ -251,6 +251,24 @@ TEST_P(MegatronDist, TesseraSaveLoadsIntoMegatronCoreAtAnotherLayout) {
   EXPECT_GT(model.size(), llama ? 20u : 35u);
 }
 
+// A Megatron run continues in tessera: its TP=2 x PP=2 save resumes with --use-checkpoint-args
+// (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8.
+TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgs) {
+  const fs::path out = *dir_ / ("resume_" + GetParam());
+  fs::create_directories(out);
+  ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
+                      " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
+                      " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1",
+                  out / "train.log"));
+  const std::string log = read_text(out / "train.log");
+  EXPECT_NE(log.find("loading checkpoint from " + megatron_dir() + " at iteration 7 (Megatron-LM's torch_dist format)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("iteration        8/       8"), std::string::npos) << log;
+  EXPECT_EQ(log.find("iteration        7/"), std::string::npos) << log;
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, MegatronDist, testing::Values("gpt", "llama"));
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,17 +44,26 @@ std::optional<CheckpointState> checkpoint_to_resume(const TrainArgs& args) {
 // replace the values given for the same flags, as Megatron's load_args_from_checkpoint
 // (megatron/training/checkpointing.py) overrides the command line with the checkpoint's
 // Namespace. Megatron-LM's formats only (tessera's records its command line, not a Namespace).
-std::vector<std::string> with_checkpoint_args(const TrainArgs& args, std::vector<std::string> argv) {
-  if (!args.use_checkpoint_args) return argv;
-  if (args.load.empty()) throw usage_error("--use-checkpoint-args takes the model flags from --load's checkpoint",
-                                           "pass --load DIR");
-  const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
-  if (!latest) throw usage_error("--use-checkpoint-args: --load " + args.load + " holds no checkpoint");
-  const CheckpointState s = read_checkpoint_metadata(args.load, *latest);
+// The value of `flag` on a command line ("--load DIR" or "--load=DIR"), before it is parsed.
+std::optional<std::string> flag_value(const std::vector<std::string>& argv, const std::string& flag) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == flag && i + 1 < argv.size()) return argv[i + 1];
+    if (argv[i].rfind(flag + "=", 0) == 0) return argv[i].substr(flag.size() + 1);
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> with_checkpoint_args(std::vector<std::string> argv) {
+  if (std::find(argv.begin(), argv.end(), "--use-checkpoint-args") == argv.end()) return argv;
+  const std::optional<std::string> load = flag_value(argv, "--load");
+  if (!load) throw usage_error("--use-checkpoint-args takes the model flags from --load's checkpoint", "pass --load DIR");
+  const std::optional<int64_t> latest = latest_checkpoint_iteration(*load);
+  if (!latest) throw usage_error("--use-checkpoint-args: --load " + *load + " holds no checkpoint");
+  const CheckpointState s = read_checkpoint_metadata(*load, *latest);
   if (!s.megatron_format)
-    throw usage_error("--use-checkpoint-args reads the Namespace of Megatron-LM's checkpoints; " + args.load +
+    throw usage_error("--use-checkpoint-args reads the Namespace of Megatron-LM's checkpoints; " + *load +
                           " is in tessera's format, which records its command line instead",
-                      "pass the model flags `tessera ckpt inspect " + args.load + "` prints");
+                      "pass the model flags `tessera ckpt inspect " + *load + "` prints");
   const std::vector<std::string> flags = train_flags_from_megatron_args(s.args);
   for (size_t i = 0; i < flags.size(); ++i) {
     const bool valued = i + 1 < flags.size() && flags[i + 1].rfind("--", 0) != 0;
@@ -129,13 +139,11 @@ int run_train(int argc, char** argv) {
   const launch::WorkerIdentity id = launch::from_environment(argc, argv);
   set_log_rank(id.rank, id.world_size);
   ParsedOptions parsed;
-  TrainArgs args = parse_train_args(argc, argv, &parsed, id.world_size);  // before any allocation
-  if (args.use_checkpoint_args) {
-    std::vector<std::string> line = with_checkpoint_args(args, {argv, argv + argc});
-    std::vector<char*> line_argv;
-    for (std::string& a : line) line_argv.push_back(a.data());
-    args = parse_train_args(static_cast<int>(line_argv.size()), line_argv.data(), &parsed, id.world_size);
-  }
+  std::vector<std::string> line = with_checkpoint_args({argv, argv + argc});
+  std::vector<char*> line_argv;
+  for (std::string& a : line) line_argv.push_back(a.data());
+  // before any allocation
+  TrainArgs args = parse_train_args(static_cast<int>(line_argv.size()), line_argv.data(), &parsed, id.world_size);
   if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
   const std::optional<CheckpointState> resumed = checkpoint_to_resume(args);

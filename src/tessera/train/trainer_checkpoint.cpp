@@ -698,9 +698,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
     s = load_checkpoint_pieces(dir, *latest, params, state, with_optimizer, rank_in(groups_.tp),
                                args_.tensor_parallel_size);
   });
-  const char* format = s.release           ? " (Megatron-LM's release checkpoint)"
-                       : s.megatron_format ? " (Megatron-LM's torch format)"
-                                           : "";
+  const char* format = s.release                                  ? " (Megatron-LM's release checkpoint)"
+                       : is_torch_dist_checkpoint(dir, *latest) ? " (Megatron-LM's torch_dist format)"
+                       : s.megatron_format                      ? " (Megatron-LM's torch format)"
+                                                                  : "";
   print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(s.iteration),
                format);
   const CheckpointLayout& l = s.layout;
