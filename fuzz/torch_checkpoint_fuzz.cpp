@@ -1,8 +1,10 @@
 // Fuzz target for the readers of Megatron-LM's checkpoint files: tessera::TorchFile (the zip
-// container, zip_archive.h) and the restricted pickle reader (pickle.h). Any byte string must
-// either be read, with every tensor's elements inside its storage, or throw tessera::Error.
-// Anything else (another exception, a sanitizer report, a crash, a leak) is a bug. Inputs that
-// start with "PK" go to the zip reader, others straight to the pickle reader.
+// container, zip_archive.h), the restricted pickle reader (pickle.h) and torch_dist's .metadata
+// (dcp_metadata.h). Any byte string must either be read, with every tensor's elements inside its
+// storage, or throw tessera::Error. Anything else (another exception, a sanitizer report, a
+// crash, a leak) is a bug. Inputs that start with "PK" go to the zip reader, others to the pickle
+// reader with torch.save's allow-list and to the .metadata parser with its own (seed it with a
+// real .metadata: fuzz/corpus/dcp/).
 //
 // Built with AddressSanitizer and UndefinedBehaviorSanitizer (tests/ckpt_area/tests.cmake).
 // With Clang it is a libFuzzer target (TESSERA_LIBFUZZER); otherwise main() below mutates
@@ -14,6 +16,7 @@
 #include <set>
 #include <vector>
 
+#include "tessera/ckpt/dcp_metadata.h"
 #include "tessera/ckpt/pickle.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/error.h"
@@ -54,6 +57,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const tessera::Error&) {
     // The expected outcome for malformed input.
+  }
+  if (size >= 2 && data[0] == 'P' && data[1] == 'K') return 0;
+  try {
+    (void)tessera::parse_dcp_metadata({data, size}, "fuzz-input");
+  } catch (const tessera::Error&) {
   }
   return 0;
 }

@@ -84,3 +84,18 @@ else
   $SUDO "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TOOLS_PACKAGES[@]}"
   $SUDO "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$MEGATRON_CORE"
 fi
+# torch_dist (Megatron's distributed checkpoint) against the code that writes it: core_r0.10.0's
+# torch_dist writer fails on torch releases after it, so megatron-core 0.10.0 gets the torch it
+# was released with, in a venv of its own (tests/ckpt_area/torch_dist_test.cpp).
+TDIST_VENV=${TESSERA_TDIST_VENV:-/opt/tessera/tdist-venv}
+TDIST_PACKAGES=("torch==2.5.1" "numpy==1.26.4" "packaging" "psutil")
+if "$TDIST_VENV/bin/python" -c "
+import sys, importlib.metadata as m
+sys.exit(m.version('torch') != '2.5.1' or m.version('megatron-core') != '0.10.0')" 2>/dev/null; then
+  echo "setup: torch 2.5.1 and $MEGATRON_CORE present in $TDIST_VENV (test-only)"
+else
+  echo "setup: installing torch 2.5.1 and $MEGATRON_CORE from PyPI into $TDIST_VENV (test-only)"
+  $SUDO /usr/bin/python3 -m venv "$TDIST_VENV"
+  $SUDO "$TDIST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TDIST_PACKAGES[@]}"
+  $SUDO "$TDIST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$MEGATRON_CORE"
+fi

@@ -20,7 +20,8 @@ with tempfile.TemporaryDirectory() as tmp:
                         "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--micro-batch-size", "2",
                         "--global-batch-size", "4", "--lr", "1e-3", "--train-iters", "2", "--mock-data",
                         "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--eval-iters", "0",
-                        "--save", ckpt, "--save-interval", "2", "--tensor-model-parallel-size", "2"],
+                        "--save", ckpt, "--save-interval", "2", "--tensor-model-parallel-size", "2",
+                        "--ckpt-format", "tessera"],
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     p = subprocess.run([TESSERA, "ckpt", "inspect", "--summary", ckpt], capture_output=True, text=True, timeout=60)

@@ -54,14 +54,16 @@ add_test(NAME ckpt.reshard.strict
                  $<TARGET_FILE:tessera> --device strict)
 set_tests_properties(ckpt.reshard.strict PROPERTIES TIMEOUT 300 LABELS "ckpt;strict")
 
-# Megatron-LM's checkpoint files: the zip container and the restricted pickle reader under
-# fuzzing (fuzz/torch_checkpoint_fuzz.cpp), built and run as safetensors_fuzz is.
+# Megatron-LM's checkpoint files: the zip container, the restricted pickle reader and torch_dist's
+# .metadata under fuzzing (fuzz/torch_checkpoint_fuzz.cpp), built and run as safetensors_fuzz is,
+# seeded with a .metadata megatron-core 0.10.0 wrote (fuzz/corpus/dcp/).
 find_package(ZLIB REQUIRED)
 add_executable(torch_checkpoint_fuzz
   ${PROJECT_SOURCE_DIR}/fuzz/torch_checkpoint_fuzz.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/zip_archive.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/pickle.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/torch_file.cpp
+  ${PROJECT_SOURCE_DIR}/src/tessera/ckpt/dcp_metadata.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/core/error.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/core/dtype.cpp
   ${PROJECT_SOURCE_DIR}/src/tessera/core/mapped_file.cpp)
@@ -70,9 +72,11 @@ target_link_options(torch_checkpoint_fuzz PRIVATE ${TESSERA_FUZZ_SANITIZERS})
 target_link_libraries(torch_checkpoint_fuzz PRIVATE ZLIB::ZLIB Threads::Threads)
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   target_compile_definitions(torch_checkpoint_fuzz PRIVATE TESSERA_LIBFUZZER)
-  add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz -max_total_time=30 -rss_limit_mb=2048)
+  add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz -max_total_time=30 -rss_limit_mb=2048
+           ${PROJECT_SOURCE_DIR}/fuzz/corpus/dcp)
 else()
-  add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz --seconds 30)
+  add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz --seconds 30
+           ${PROJECT_SOURCE_DIR}/fuzz/corpus/dcp/gpt_tp2_pp2.metadata)
 endif()
 set_tests_properties(ckpt.torch_checkpoint_fuzz PROPERTIES
   TIMEOUT 120 LABELS "fuzz;ckpt"
@@ -134,3 +138,16 @@ add_test(NAME ckpt.llama_rope_scaling
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/llama_rope_scaling_test.py
                  $<TARGET_FILE:tessera> ${TESSERA_TOOLS_VENV})
 set_tests_properties(ckpt.llama_rope_scaling PROPERTIES TIMEOUT 300 LABELS ckpt)
+
+# Megatron's torch_dist format against megatron-core 0.10.0's own dist_checkpointing
+# (tests/ckpt_area/torch_dist_test.cpp, tests/reference/megatron_dist_checkpoint.py in the tdist
+# venv): its TP=2 x PP=2 saves of a tiny GPT and Llama load into tessera bit for bit. One CTest
+# entry (the reference runs once for every case); skipped without the venv.
+add_executable(torch_dist_test ${PROJECT_SOURCE_DIR}/tests/ckpt_area/torch_dist_test.cpp)
+target_link_libraries(torch_dist_test PRIVATE tessera_all GTest::gtest OpenMP::OpenMP_CXX)
+target_compile_definitions(torch_dist_test PRIVATE
+  TESSERA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TESSERA_BINARY_DIR="${PROJECT_BINARY_DIR}"
+  TESSERA_TDIST_VENV="${TESSERA_TDIST_VENV}" TESSERA_EXE="$<TARGET_FILE:tessera>")
+add_dependencies(torch_dist_test tessera)
+add_test(NAME ckpt.torch_dist COMMAND torch_dist_test)
+set_tests_properties(ckpt.torch_dist PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS ckpt)

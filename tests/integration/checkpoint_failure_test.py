@@ -22,7 +22,8 @@ import threading
 import time
 
 TESSERA = os.path.abspath(sys.argv[1])
-TRAIN = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+TRAIN = ["--ckpt-format", "tessera",
+         "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
          "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--mock-data", "--lr", "1e-3",
          "--eval-iters", "0", "--save-interval", "2"]

@@ -33,7 +33,8 @@ import tempfile
 import time
 
 TESSERA = os.path.abspath(sys.argv[1])
-MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+MODEL = ["--ckpt-format", "tessera",
+         "--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--max-position-embeddings", "16", "--tokenizer-type", "NullTokenizer", "--vocab-size", "60",
          "--make-vocab-size-divisible-by", "16"]
 TRAIN = MODEL + ["--micro-batch-size", "1", "--global-batch-size", "8", "--mock-data", "--lr", "1e-3",

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Checkpoints through `tessera train`: 20 iterations straight equal 10 + save + resume + 10
 bit for bit (losses, grad norms, validation lines; dropout on), for one process, for DP=2 and
-with --fp16's dynamic loss scaler (its state resumes);
+with --fp16's dynamic loss scaler (its state resumes), and with --ckpt-format torch_dist
+(--deterministic-mode) at DP=2, at TP=2 PP=2 and with --bf16 and the distributed optimizer;
 kill -9 at random moments of a run that saves every iteration always leaves a loadable latest
 checkpoint; corrupt, truncated or missing files and a different model are errors naming the
 file or tensor; --no-save-optim / --no-load-optim / --finetune and the schedule check behave
@@ -19,7 +20,8 @@ import tempfile
 import time
 
 TESSERA = os.path.abspath(sys.argv[1])
-BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+BASE = ["--ckpt-format", "tessera",
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
         "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--train-iters", "20", "--log-interval", "1",
@@ -67,6 +69,9 @@ def test_bit_exact_resume(tmp, launch=None, extra=(), tag=None):
         assert [repr(x.get(k)) for k in keys] == [repr(y.get(k)) for k in keys], (tag, x, y)
     assert validation(straight.stdout) == validation(first.stdout) + validation(second.stdout), tag
     assert open(f"{tmp}/{tag}_ckpt/latest_checkpointed_iteration.txt").read() == "10"
+
+
+TORCH_DIST = ["--ckpt-format", "torch_dist", "--deterministic-mode"]
 
 
 def test_kill_during_saves(tmp):
@@ -133,9 +138,6 @@ def test_flags(tmp):
     err = train(["--load", f"{tmp}/empty", "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0"]).stderr
     assert "could not find a checkpoint" in err, err
     assert "--save needs --save-interval" in train(["--save", ckpt], expect_rc=2).stderr
-    # torch_dist (Megatron's distributed format) is not written: tessera's own format is, and says so.
-    assert "tessera writes checkpoints in its own format" in train(
-        ["--ckpt-format", "torch_dist", "--train-iters", "1", "--eval-iters", "0", "--lr-warmup-iters", "0"]).stderr
 
 
 def test_non_finite_stops_cleanly(tmp):
@@ -253,6 +255,14 @@ if __name__ == "__main__":
             ("bit-exact resume, --fp16", lambda: test_bit_exact_resume(
                 tmp, extra=["--fp16", "--loss-scale-window", "4", "--initial-loss-scale", "65536"],
                 tag="fp16")),
+            # Megatron's torch_dist format (tessera's writer and reader) resumes bit for bit too.
+            ("bit-exact resume, torch_dist, DP=2", lambda: test_bit_exact_resume(
+                tmp, launch=2, extra=TORCH_DIST, tag="dist_dp2")),
+            ("bit-exact resume, torch_dist, TP=2 PP=2", lambda: test_bit_exact_resume(
+                tmp, launch=4, extra=TORCH_DIST + ["--tensor-model-parallel-size", "2",
+                                                   "--pipeline-model-parallel-size", "2"], tag="dist_tp2pp2")),
+            ("bit-exact resume, torch_dist, --bf16 distributed optimizer", lambda: test_bit_exact_resume(
+                tmp, launch=2, extra=TORCH_DIST + ["--bf16", "--use-distributed-optimizer"], tag="dist_bf16")),
             ("kill -9 during saves", lambda: test_kill_during_saves(tmp)),
             ("bad checkpoints", lambda: test_bad_checkpoints(tmp)),
             ("flags", lambda: test_flags(tmp)),

@@ -33,7 +33,8 @@ from model_parallel_test import compare, env_without_launch, records  # noqa: E4
 
 TESSERA = os.path.abspath(sys.argv[1])
 # Vocabulary 60 + eod padded to 64 for TP 1 and 2, so every layout trains the same model.
-TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+TRAIN = ["--ckpt-format", "tessera",
+         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "1", "--global-batch-size", "4",
          "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--make-vocab-size-divisible-by", "32",
          "--mock-data", "--lr", "1e-3", "--lr-warmup-iters", "1", "--train-iters", "4", "--log-interval", "1",

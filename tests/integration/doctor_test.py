@@ -165,7 +165,7 @@ def test_load(tmp, data):
     args = GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache")]
     ck = os.path.join(tmp, "ck")
     p = subprocess.run([TESSERA, "train"] + args + ["--train-iters", "2", "--eval-iters", "0", "--save", ck,
-                                                    "--save-interval", "2"],
+                                                    "--save-interval", "2", "--ckpt-format", "tessera"],
                        capture_output=True, text=True, timeout=120, env=clean_env())
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rc, out = doctor(args + ["--load", ck])

@@ -57,7 +57,8 @@ from megatron.core.enums import ModelType  # noqa: E402
 from megatron.core.rerun_state_machine import RerunMode, RerunState  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+MODEL = ["--ckpt-format", "tessera",
+         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--max-position-embeddings", "16", "--tokenizer-type", "NullTokenizer", "--vocab-size", "60",
          "--make-vocab-size-divisible-by", "16"]
 TRAIN = MODEL + ["--micro-batch-size", "1", "--global-batch-size", "4", "--mock-data", "--lr", "1e-3",

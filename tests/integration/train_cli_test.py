@@ -12,7 +12,8 @@ import sys
 import tempfile
 
 TESSERA, SOURCE = sys.argv[1], sys.argv[2]
-TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+TINY = ["--ckpt-format", "tessera",
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "60", "--mock-data", "--lr", "1e-3",
         "--train-iters", "6", "--log-interval", "2"]

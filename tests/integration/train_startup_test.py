@@ -7,8 +7,8 @@
 - a --load checkpoint past --train-iters is an error saying so, with or without
   --override-opt_param-scheduler (not a schedule error, not a run that does nothing and exits
   0); one exactly at --train-iters says it has nothing to train;
-- --ckpt-format torch_dist (Megatron's default) with --save warns that tessera's own format is
-  written instead.
+- --ckpt-format: torch_dist (the default, Megatron's) with --save writes Megatron's distributed
+  checkpoint, saying so and warning about nothing; zarr with --save is a usage error.
 usage: train_startup_test.py TESSERA_BINARY"""
 import os
 import shutil
@@ -87,18 +87,16 @@ def test_checkpoint_past_train_iters(tmp):
     print("ok  a checkpoint at --train-iters: nothing to train, said plainly; the end-of-run save as Megatron's")
 
 
-def test_torch_dist_warning(tmp):
-    warning = ("warning: --ckpt-format torch_dist (Megatron's default) is not written yet: tessera writes checkpoints "
-               "in its own format instead")
-    err = train(["--train-iters", "1", "--save", os.path.join(tmp, "dist"), "--save-interval", "1"]).stderr
-    assert warning in err, err
-    err = train(["--train-iters", "1", "--save", os.path.join(tmp, "dist2"), "--save-interval", "1", "--ckpt-format",
-                 "torch_dist"]).stderr
-    assert "warning: --ckpt-format torch_dist is not written yet" in err, err
-    for flags in (["--save", os.path.join(tmp, "torch"), "--save-interval", "1", "--ckpt-format", "torch"], []):
-        err = train(["--train-iters", "1"] + flags).stderr
-        assert "--ckpt-format" not in err, (flags, err)
-    print("ok  --ckpt-format torch_dist warns that tessera's format is written; torch and no --save do not")
+def test_ckpt_format(tmp):
+    p = train(["--train-iters", "1", "--save", os.path.join(tmp, "dist"), "--save-interval", "1"])
+    assert "--ckpt-format" not in p.stderr and "warning" not in p.stderr, p.stderr
+    assert "in torch_dist format" in p.stdout, p.stdout[-2000:]
+    assert open(os.path.join(tmp, "dist", "iter_0000001", "metadata.json")).read().startswith(
+        '{"common_backend":"torch"'), "not Megatron's metadata.json"
+    err = train(["--train-iters", "1", "--save", os.path.join(tmp, "zarr"), "--save-interval", "1", "--ckpt-format",
+                 "zarr"], rc=2).stderr
+    assert "--ckpt-format zarr is not written by tessera" in err, err
+    print("ok  --ckpt-format torch_dist (the default) writes Megatron's format; zarr with --save is a usage error")
 
 
 def main():
@@ -106,7 +104,7 @@ def main():
         os.chmod(tmp, 0o755)  # reachable by the unprivileged user of the permission case
         test_unwritable_save(tmp)
         test_checkpoint_past_train_iters(tmp)
-        test_torch_dist_warning(tmp)
+        test_ckpt_format(tmp)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ add_test(NAME train_checkpoints
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/checkpoint_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_checkpoints PROPERTIES TIMEOUT 600)
 
-# Start-up checks of --save (writable), --load (not past --train-iters) and --ckpt-format's
-# warning, before any iteration.
+# Start-up checks of --save (writable), --load (not past --train-iters) and --ckpt-format
+# (torch_dist written by default, zarr refused), before any iteration.
 add_test(NAME train_startup_checks
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/train_startup_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_startup_checks PROPERTIES TIMEOUT 120)

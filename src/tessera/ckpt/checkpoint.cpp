@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/torch_dist.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/ckpt/save_owner.h"
 #include "tessera/core/error.h"
@@ -842,6 +843,7 @@ std::optional<int64_t> latest_checkpoint_iteration(const std::string& dir) {
 
 CheckpointState read_checkpoint_metadata(const std::string& dir, int64_t iteration) {
   if (is_megatron_checkpoint(dir, iteration)) return read_megatron_metadata(dir, iteration);
+  if (is_torch_dist_checkpoint(dir, iteration)) return read_torch_dist_metadata(dir, iteration);
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const json meta = read_metadata_json(it_dir);
   try {
@@ -871,6 +873,8 @@ CheckpointState load_checkpoint_pieces(const std::string& dir, int64_t iteration
                                        int tp_size) {
   if (is_megatron_checkpoint(dir, iteration))
     return load_megatron_checkpoint(dir, iteration, model, optimizer, load_optimizer, tp_rank, tp_size);
+  if (is_torch_dist_checkpoint(dir, iteration))
+    return load_torch_dist_checkpoint(dir, iteration, model, optimizer, load_optimizer, tp_rank, tp_size);
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const json meta = read_metadata_json(it_dir);
   CheckpointState s;

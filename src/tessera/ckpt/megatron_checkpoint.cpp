@@ -99,6 +99,16 @@ std::optional<MappedName> map_name(const std::string& key) {
   return MappedName{-1, key};
 }
 
+}  // namespace
+
+std::optional<std::pair<int, std::string>> map_megatron_name(const std::string& key) {
+  const std::optional<MappedName> m = map_name(key);
+  if (!m) return std::nullopt;
+  return std::pair{m->local_layer, m->rest};
+}
+
+namespace {
+
 std::string global_name(const MappedName& m, int first_layer) {
   return m.local_layer < 0 ? m.rest : "decoder.layers." + std::to_string(first_layer + m.local_layer) + "." + m.rest;
 }
@@ -326,14 +336,25 @@ const Value* inner_optimizer(const Value* optimizer) {
 }
 
 CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const json& args) {
+  CheckpointState s = megatron_training_state(f);
+  const auto [tp, pp] = saved_layout(it_dir, args);
+  s.layout.tensor_parallel = tp;
+  s.layout.pipeline_parallel = pp;
+  return s;
+}
+
+}  // namespace
+
+CheckpointState megatron_training_state(const TorchFile& f) {
+  const json args = args_json(f);
   CheckpointState s;
   s.megatron_format = true;
   s.args = args;
   s.iteration = as_int(f.root().get("iteration"), f, "'iteration'");
   s.consumed_train_samples = args.value("consumed_train_samples", int64_t{0});
   s.consumed_valid_samples = args.value("consumed_valid_samples", int64_t{0});
-  const auto [tp, pp] = saved_layout(it_dir, args);
-  s.layout = {tp, pp, arg_int(args, "data_parallel_size", 1), arg_int(args, "virtual_pipeline_model_parallel_size", 1),
+  s.layout = {arg_int(args, "tensor_model_parallel_size", 1), arg_int(args, "pipeline_model_parallel_size", 1),
+              arg_int(args, "data_parallel_size", 1), arg_int(args, "virtual_pipeline_model_parallel_size", 1),
               args.value("padded_vocab_size", int64_t{0})};
   if (const Value* sched = f.root().get("opt_param_scheduler"); sched && sched->kind == Kind::Dict) {
     s.scheduler = to_json(*sched);
@@ -346,6 +367,9 @@ CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const js
     if (const Value* state = inner->get("state"); state && state->kind == Kind::Dict && !state->entries.empty()) {
       const Value* first = state->entries.front().second;
       if (first->kind == Kind::Dict && first->get("step")) s.optimizer_steps = as_int(first->get("step"), f, "step");
+      // torch_dist's common.pt: the step every parameter shares (megatron/core/optimizer/optimizer.py
+      // _extract_common_per_param_step)
+      if (const Value* common = state->get("common_step")) s.optimizer_steps = as_int(common, f, "state.common_step");
     } else if (const Value* groups = inner->get("param_groups"); groups && groups->kind == Kind::List &&
                                                                   !groups->items.empty() && groups->items[0]->get("step")) {
       s.optimizer_steps = as_int(groups->items[0]->get("step"), f, "param_groups[0].step");
@@ -358,6 +382,8 @@ CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const js
   }
   return s;
 }
+
+namespace {
 
 // Megatron's parameter groups: one per weight-decay class, in order of first appearance.
 std::vector<std::vector<size_t>> param_groups(const std::vector<SavedParam>& params) {
@@ -996,6 +1022,54 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
     file.append({reinterpret_cast<const char*>(b.data()), b.size()});
   };
   write_torch_file(append, "model_optim_rng", *root, tensors.storages());
+  file.finish();
+}
+
+void write_torch_dist_common(const std::string& path, const MegatronFileSpec& spec,
+                             const std::vector<bool>& group_weight_decay) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  Value* root = doc.dict();
+  Value* args = doc.object("argparse.Namespace");
+  const json ns = namespace_at_iteration(spec);
+  for (const auto& [k, v] : ns.items()) doc.set(args, k, from_json(doc, v));
+  doc.set(root, "args", args);
+  doc.set(root, "checkpoint_version", doc.real(3.0));
+  doc.set(root, "iteration", doc.integer(spec.iteration));
+  if (spec.with_optimizer) {
+    // What MegatronOptimizer.sharded_state_dict leaves unsharded (megatron/core/optimizer/
+    // optimizer.py): torch's groups without `params` (the loader's own), the step every
+    // parameter shares as state.common_step; a 16-bit run's wrapper adds the grad scaler.
+    Value* groups = doc.list();
+    for (bool wd : group_weight_decay) {
+      Value* g = param_group(doc, spec, wd, {});
+      g->entries.erase(std::remove_if(g->entries.begin(), g->entries.end(),
+                                      [](const auto& e) { return e.first->is_str("params"); }),
+                       g->entries.end());
+      groups->items.push_back(g);
+    }
+    Value* inner = doc.dict();
+    Value* state = doc.dict();
+    if (spec.optimizer.kind == OptimizerKind::Adam)
+      doc.set(state, "common_step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
+    doc.set(inner, "state", state);
+    doc.set(inner, "param_groups", groups);
+    Value* optimizer = inner;
+    if (spec.model_dtype != DType::F32 || !spec.grad_scaler.is_null()) {
+      optimizer = doc.dict();
+      doc.set(optimizer, "optimizer", inner);
+      if (!spec.grad_scaler.is_null()) doc.set(optimizer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
+    }
+    doc.set(root, "optimizer", optimizer);
+    doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
+  }
+  doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
+  doc.root = root;
+  SyncedFileWriter file(path);
+  const auto append = [&file](std::span<const uint8_t> b) {
+    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
+  };
+  write_torch_file(append, "common", *root, tensors.storages());
   file.finish();
 }
 

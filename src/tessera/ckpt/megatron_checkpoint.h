@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,15 @@ bool is_megatron_checkpoint(const std::string& dir, int64_t iteration);
 // `args` is the Namespace's attributes as JSON: a torch dtype is {"$global": "torch.bfloat16"},
 // an enum member {"$enum": "megatron.core.enums.ModelType", "value": 1}.
 CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration);
+
+// The training state of a Megatron file's top-level dict (model_optim_rng.pt, or torch_dist's
+// common.pt) with its `args` as JSON: as read_megatron_metadata, the layout from args alone.
+class TorchFile;
+CheckpointState megatron_training_state(const TorchFile& f);
+
+// A Megatron state-dict key as (stage-local layer or -1, tessera's name: the part after
+// "decoder.layers.N." for a layer, else the whole name); nullopt for _extra_state entries.
+std::optional<std::pair<int, std::string>> map_megatron_name(const std::string& key);
 
 // load_checkpoint_pieces (checkpoint.h) for Megatron's files: fills this rank's slices (or
 // pieces of them) from any saved TP/PP layout; the optimizer state only when load_optimizer
@@ -120,6 +130,14 @@ struct MegatronFileSpec {
 // tensor's host copy in memory at a time, not the whole file.
 void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
                          const std::vector<MegatronParam>& params);
+
+// torch_dist's common.pt (megatron/training/checkpointing.py generate_state_dict with
+// use_dist_ckpt, less what dist_checkpointing shards into the .distcp files): args,
+// checkpoint_version, iteration, the optimizer's unsharded part (param_groups without params, in
+// the order `group_weight_decay` gives, and state.common_step) and opt_param_scheduler unless
+// !spec.with_optimizer, num_floating_point_operations_so_far. Written and fsynced at `path`.
+void write_torch_dist_common(const std::string& path, const MegatronFileSpec& spec,
+                             const std::vector<bool>& group_weight_decay);
 
 // "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
 // "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.

@@ -22,10 +22,14 @@ enum class Role {
   Latin1Bytes,  // _codecs.encode(text, "latin1"): how protocol 2 pickles bytes (numpy's RNG state)
   NumpyData,
   Dtype,
-  StorageType
+  StorageType,
+  DcpRecord,  // a dataclass of torch.distributed.checkpoint: NEWOBJ () + BUILD of its fields
+  Layout,     // torch.serialization._get_layout("torch.strided"): the name
+  Path        // pathlib.PosixPath(*parts): the path
 };
 
-Role role_of(const std::string& name, const std::string& label) {
+// torch.save's files (Megatron's model_optim_rng.pt, common.pt, a .distcp payload).
+const std::map<std::string, Role>& torch_save_globals() {
   static const std::map<std::string, Role> kAllowed = [] {
     std::map<std::string, Role> m = {
         {"torch._utils._rebuild_tensor_v2", Role::TensorRebuild},
@@ -55,10 +59,40 @@ Role role_of(const std::string& name, const std::string& label) {
       m[std::string("torch.") + d] = Role::Dtype;
     return m;
   }();
-  auto it = kAllowed.find(name);
-  if (it == kAllowed.end())
-    throw runtime_error(label + ": the pickle names the global '" + name +
-                            "', which a Megatron checkpoint never holds; nothing was executed",
+  return kAllowed;
+}
+
+// torch.distributed.checkpoint's .metadata (torch 2.5's metadata.py and filesystem.py, as
+// megatron-core 0.10.0's torch_dist saves it): the Metadata dataclasses, torch.Size, dtypes,
+// the layout and memory-format records of TensorProperties, StorageMeta's checkpoint path.
+const std::map<std::string, Role>& dcp_metadata_globals() {
+  static const std::map<std::string, Role> kAllowed = [] {
+    const std::string dcp = "torch.distributed.checkpoint.metadata.";
+    std::map<std::string, Role> m = {
+        {"torch.distributed.checkpoint.filesystem._StorageInfo", Role::DcpRecord},
+        {dcp + "_MEM_FORMAT_ENCODING", Role::Enum},
+        {"torch.serialization._get_layout", Role::Layout},
+        {"torch.Size", Role::Size},
+        {"pathlib.PosixPath", Role::Path},
+    };
+    for (const char* c : {"Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
+                          "BytesStorageMetadata", "MetadataIndex", "StorageMeta"})
+      m[dcp + c] = Role::DcpRecord;
+    for (const auto& [name, role] : torch_save_globals())
+      if (role == Role::Dtype) m[name] = role;
+    return m;
+  }();
+  return kAllowed;
+}
+
+Role role_of(const std::string& name, const std::string& label, Dialect dialect) {
+  const std::map<std::string, Role>& allowed =
+      dialect == Dialect::DcpMetadata ? dcp_metadata_globals() : torch_save_globals();
+  auto it = allowed.find(name);
+  if (it == allowed.end())
+    throw runtime_error(label + ": the pickle names the global '" + name + "', which " +
+                            (dialect == Dialect::DcpMetadata ? "a torch_dist .metadata" : "a Megatron checkpoint") +
+                            " never holds; nothing was executed",
                         "the file is not a Megatron-LM checkpoint, or it has been tampered with; do not load it");
   return it->second;
 }
@@ -122,7 +156,8 @@ constexpr size_t kMaxDims = 16;
 
 class Unpickler {
  public:
-  Unpickler(std::span<const uint8_t> in, const std::string& label) : in_(in), label_(label) {}
+  Unpickler(std::span<const uint8_t> in, const std::string& label, Dialect dialect)
+      : in_(in), label_(label), dialect_(dialect) {}
 
   Document run() {
     while (true) {
@@ -207,7 +242,7 @@ class Unpickler {
 
   Value* global(const std::string& module, const std::string& name) {
     const std::string q = module + "." + name;
-    const Role r = role_of(q, label_);
+    const Role r = role_of(q, label_, dialect_);
     Value* g = doc_.global(q);
     g->integer = static_cast<int>(r);
     return g;
@@ -283,6 +318,17 @@ class Unpickler {
       }
       case Role::NumpyData:
         return doc_.object(callable->text, args);
+      case Role::Layout:
+        if (args.size() != 1 || args[0]->kind != Kind::Str) fail("_get_layout of " + describe(*args_value));
+        return args[0];
+      case Role::Path: {
+        std::string path;
+        for (const Value* part : args) {
+          if (part->kind != Kind::Str) fail("PosixPath of " + describe(*args_value));
+          path += (path.empty() || path == "/" ? "" : "/") + part->text;
+        }
+        return doc_.str(path);
+      }
       default:
         fail("the global " + callable->text + " called as a function");
     }
@@ -392,7 +438,9 @@ class Unpickler {
       case 0x81: {  // NEWOBJ: cls.__new__(cls, *args)
         Value* args = as(pop(), Kind::Tuple, "NEWOBJ's arguments");
         Value* cls = pop();
-        if (cls->kind != Kind::Global || (role(cls) != Role::Namespace && role(cls) != Role::NumpyData))
+        if (cls->kind != Kind::Global ||
+            (role(cls) != Role::Namespace && role(cls) != Role::NumpyData && role(cls) != Role::DcpRecord) ||
+            (role(cls) == Role::DcpRecord && !args->items.empty()))
           fail("NEWOBJ of " + describe(*cls));
         push(doc_.object(cls->text, args->items));
         break;
@@ -485,6 +533,7 @@ class Unpickler {
   size_t op_pos_ = 0;  // where the opcode being run starts
   uint8_t op_ = 0;
   const std::string& label_;
+  Dialect dialect_;
   Document doc_;
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
@@ -586,14 +635,18 @@ class Pickler {
           return byte('R');
         }
         global(v.text);
-        if (v.text == "argparse.Namespace") {  // copyreg.__newobj__: NEWOBJ, then BUILD
+        if (v.items.empty()) {  // copyreg.__newobj__: NEWOBJ, then BUILD (Namespace, DCP's dataclasses)
           byte(')');
           byte(0x81);
-          byte('}');
-          entries(v.entries);
+          if (v.state) {
+            write(*v.state);  // TensorProperties' __setstate__ tuple
+          } else {
+            byte('}');
+            entries(v.entries);
+          }
           return byte('b');
         }
-        tuple({v.items.begin(), v.items.end()});  // an enum member: Class(value)
+        tuple({v.items.begin(), v.items.end()});  // Class(*args): an enum member, torch.Size, ...
         return byte('R');
       case Kind::Tensor: {
         const TensorRef& t = v.tensor;
@@ -698,7 +751,9 @@ Value* Document::tensor(TensorRef t) {
   return v;
 }
 
-Document unpickle(std::span<const uint8_t> bytes, const std::string& label) { return Unpickler(bytes, label).run(); }
+Document unpickle(std::span<const uint8_t> bytes, const std::string& label, Dialect dialect) {
+  return Unpickler(bytes, label, dialect).run();
+}
 
 std::vector<uint8_t> dump(const Value& root) { return Pickler().run(root); }
 

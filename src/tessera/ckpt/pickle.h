@@ -21,6 +21,14 @@
 //     _reconstruct, numpy.ndarray, numpy.dtype, numpy.core.multiarray.scalar; numpy 2 spells
 //     the module numpy._core.multiarray), as data, and
 //     _codecs.encode(text, 'latin1'), protocol 2's spelling of bytes, as the bytes.
+// torch_dist's `.metadata` (torch.distributed.checkpoint's Metadata, as megatron-core 0.10.0 and
+// torch 2.5 pickle it, protocol 4) is read with its own allow-list, Dialect::DcpMetadata, and no
+// other: the dataclasses Metadata, TensorStorageMetadata, TensorProperties, ChunkStorageMetadata,
+// BytesStorageMetadata, MetadataIndex, StorageMeta (torch.distributed.checkpoint.metadata) and
+// filesystem._StorageInfo under NEWOBJ () + BUILD (their fields, or TensorProperties' state
+// tuple); torch.Size; torch dtypes; torch.serialization._get_layout("torch.strided") as the
+// name; metadata._MEM_FORMAT_ENCODING(n) as an enum member; pathlib.PosixPath(*parts) as the
+// path text. Each was seen in pickletools' listing of files megatron-core 0.10.0 wrote.
 // Anything else (os.system, builtins.eval, a class whose __reduce__ would run code, an opcode
 // outside the binary protocols) is a tessera::Error naming the global or opcode, its byte
 // offset, what it met and the file; only a file that ends early is called truncated.
@@ -99,12 +107,16 @@ class Document {
   std::vector<std::unique_ptr<Value>> arena_;
 };
 
+// Which globals a pickle may name: torch.save's (Megatron's files) or a torch_dist .metadata's.
+enum class Dialect { TorchSave, DcpMetadata };
+
 // Parses `bytes` (the pickle of file `label`, named in errors).
-Document unpickle(std::span<const uint8_t> bytes, const std::string& label);
+Document unpickle(std::span<const uint8_t> bytes, const std::string& label, Dialect dialect = Dialect::TorchSave);
 
 // Protocol 2, as torch.save writes: dicts, lists, tuples, scalars, strings, globals (torch
-// dtypes), objects (Namespace via NEWOBJ + BUILD, enums via REDUCE), tensors as
-// _rebuild_tensor_v2 records over persistent storage ids.
+// dtypes), objects (without arguments: NEWOBJ + BUILD of their attributes or `state`, as a
+// Namespace or DCP's dataclasses; with arguments: Class(*args) via REDUCE, as an enum member or
+// torch.Size), tensors as _rebuild_tensor_v2 records over persistent storage ids.
 std::vector<uint8_t> dump(const Value& root);
 
 // "OrderedDict", "[3, 4]", "argparse.Namespace(...)": a short description for messages.

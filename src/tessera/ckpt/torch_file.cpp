@@ -57,6 +57,10 @@ TorchFile::TorchFile(zip::Reader zip) : zip_(std::move(zip)) {
 
 TorchFile TorchFile::open(const std::string& path) { return TorchFile(zip::Reader::open(path)); }
 
+TorchFile TorchFile::from_view(std::string label, std::span<const uint8_t> bytes, std::shared_ptr<const void> owner) {
+  return TorchFile(zip::Reader::from_view(std::move(label), bytes, std::move(owner)));
+}
+
 TorchFile TorchFile::from_bytes(std::string label, std::vector<uint8_t> bytes) {
   return TorchFile(zip::Reader::from_bytes(std::move(label), std::move(bytes)));
 }

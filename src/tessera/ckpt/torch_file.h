@@ -27,6 +27,8 @@ class TorchFile {
   // Maps and parses `path`; errors name the file.
   static TorchFile open(const std::string& path);
   static TorchFile from_bytes(std::string label, std::vector<uint8_t> bytes);
+  // A torch.save payload inside memory that `owner` keeps alive (zip::Reader::from_view).
+  static TorchFile from_view(std::string label, std::span<const uint8_t> bytes, std::shared_ptr<const void> owner);
 
   const std::string& path() const { return zip_.label(); }
   const pickle::Value& root() const { return *doc_.root; }

@@ -53,6 +53,7 @@ uint32_t crc_of(std::span<const uint8_t> data) {
 struct Reader::Storage {
   std::optional<MappedFile> map;
   std::vector<uint8_t> owned;
+  std::shared_ptr<const void> owner;  // from_view: what keeps the bytes alive
 };
 
 Reader Reader::open(const std::string& path) {
@@ -73,6 +74,17 @@ Reader Reader::from_bytes(std::string label, std::vector<uint8_t> bytes) {
   r.storage_->owned = std::move(bytes);
   r.data_ = r.storage_->owned.data();
   r.size_ = r.storage_->owned.size();
+  r.parse();
+  return r;
+}
+
+Reader Reader::from_view(std::string label, std::span<const uint8_t> bytes, std::shared_ptr<const void> owner) {
+  Reader r;
+  r.label_ = std::move(label);
+  r.storage_ = std::make_shared<Storage>();
+  r.storage_->owner = std::move(owner);
+  r.data_ = bytes.data();
+  r.size_ = bytes.size();
   r.parse();
   return r;
 }

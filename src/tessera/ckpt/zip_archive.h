@@ -32,6 +32,9 @@ class Reader {
   static Reader open(const std::string& path);
   // An archive in memory; `label` names it in errors.
   static Reader from_bytes(std::string label, std::vector<uint8_t> bytes);
+  // An archive lying in memory that `owner` keeps alive (one torch.save payload inside a
+  // mapped torch_dist .distcp file): read in place, nothing copied.
+  static Reader from_view(std::string label, std::span<const uint8_t> bytes, std::shared_ptr<const void> owner);
 
   const std::string& label() const { return label_; }
   const std::vector<Entry>& entries() const { return entries_; }

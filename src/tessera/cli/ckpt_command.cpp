@@ -5,9 +5,9 @@
 //                                      model.safetensors, tokenizer files when known)
 //   import-hf HF_DIR OUT [train flags] a Hugging Face GPT-2, Llama or Qwen2 as a tessera checkpoint
 //                                      (iteration 0, model only) for --load OUT --finetune
-//   convert SRC DST --to torch|tessera  between tessera's format and Megatron-LM's (model only,
-//                                      any target TP/PP)
-// Each reads tessera's and Megatron-LM's (--ckpt-format torch) checkpoints alike.
+//   convert SRC DST --to torch_dist|torch|tessera  between tessera's format and Megatron-LM's
+//                                      two (model only, any target TP/PP)
+// Each reads tessera's and Megatron-LM's (--ckpt-format torch_dist and torch) checkpoints alike.
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "tessera/ckpt/hf_export.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
+#include "tessera/ckpt/torch_dist.h"
 #include "tessera/cli/ckpt_summary.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
@@ -55,7 +56,7 @@ void print_help() {
       "      write HF_DIR's GPT-2, Llama or Qwen2 as a tessera checkpoint (iteration 0, model only) for\n"
       "      `tessera train --load OUT --finetune`; the model flags are derived from\n"
       "      HF_DIR/config.json unless given\n"
-      "  convert SRC DST --to torch|tessera [--target-tensor-parallel-size N]\n"
+      "  convert SRC DST --to torch_dist|torch|tessera [--target-tensor-parallel-size N]\n"
       "          [--target-pipeline-parallel-size M] [--iteration N] [--tokenizer-model PATH]\n"
       "      write SRC's model (either format) into DST in Megatron-LM's --ckpt-format torch\n"
       "      files or tessera's, sharded for the target TP/PP (default: SRC's); the iteration,\n"
@@ -69,7 +70,8 @@ const OptionTable& ckpt_option_table() {
   static const OptionTable table("tessera ckpt",
                                  {{"--iteration", OptKind::Int, nullptr, "the checkpoint's iteration (default: latest)"},
                                   {"--summary", OptKind::StoreTrue, nullptr, "inspect: one line per shard folder"},
-                                  {"--to", OptKind::Choice, nullptr, "convert: the target format", "torch|tessera"},
+                                  {"--to", OptKind::Choice, nullptr, "convert: the target format",
+                                   "torch_dist|torch|tessera"},
                                   {"--target-tensor-parallel-size", OptKind::Int, nullptr, "convert: the target TP"},
                                   {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"},
                                   {"--tokenizer-model", OptKind::String, nullptr,
@@ -204,23 +206,32 @@ CheckpointModel checkpoint_model(const std::string& dir, int64_t iteration, cons
   return m;
 }
 
-int run_inspect_megatron(const std::string& dir, int64_t iteration, const ParsedOptions& options) {
-  const std::string it_dir = iteration_dir(dir, iteration);
-  const CheckpointState s = read_megatron_metadata(dir, iteration);
-  const std::vector<MegatronFileSummary> files = summarize_megatron_checkpoint(dir, iteration);
+// The state a Megatron-format checkpoint records (both of Megatron's formats).
+void print_megatron_state(const std::string& it_dir, const CheckpointState& s, const ParsedOptions& options,
+                          const std::string& format) {
   const CheckpointLayout& l = s.layout;
   std::printf("checkpoint %s\n", it_dir.c_str());
   std::printf("  iteration: %lld%s\n", static_cast<long long>(s.iteration),
               s.release ? " (release checkpoint: the model alone)"
               : options.given("--iteration") ? "" : " (latest)");
-  std::printf("  format: Megatron-LM torch (%s per rank), checkpoint_version %g\n", kMegatronFile,
-              files.front().checkpoint_version);
+  std::printf("  format: %s\n", format.c_str());
   std::printf("  layout: tensor-parallel %d, pipeline-parallel %d, data-parallel %d; padded vocabulary %lld\n",
               l.tensor_parallel, l.pipeline_parallel, l.data_parallel, static_cast<long long>(l.padded_vocab_size));
   std::printf("  consumed samples: train %lld, valid %lld; scheduler steps %lld; optimizer steps %lld\n",
               static_cast<long long>(s.consumed_train_samples), static_cast<long long>(s.consumed_valid_samples),
               static_cast<long long>(s.scheduler_num_steps), static_cast<long long>(s.optimizer_steps));
   std::printf("  model flags: %s\n", join(train_flags_from_megatron_args(s.args)).c_str());
+}
+
+int run_inspect_megatron(const std::string& dir, int64_t iteration, const ParsedOptions& options) {
+  const std::string it_dir = iteration_dir(dir, iteration);
+  const CheckpointState s = read_megatron_metadata(dir, iteration);
+  const std::vector<MegatronFileSummary> files = summarize_megatron_checkpoint(dir, iteration);
+  char version[32];
+  std::snprintf(version, sizeof version, "%g", files.front().checkpoint_version);
+  print_megatron_state(it_dir, s, options,
+                       std::string("Megatron-LM torch (") + kMegatronFile + " per rank), checkpoint_version " +
+                           version);
   for (const MegatronFileSummary& f : files) {
     std::string keys;
     for (const std::string& k : f.top_level_keys) keys += (keys.empty() ? "" : ", ") + k;
@@ -234,6 +245,18 @@ int run_inspect_megatron(const std::string& dir, int64_t iteration, const Parsed
   return 0;
 }
 
+// Megatron's torch_dist: common.pt's state, then each global key of .metadata (every chunk read
+// and checked).
+int run_inspect_torch_dist(const std::string& dir, int64_t iteration, const ParsedOptions& options) {
+  const std::string it_dir = iteration_dir(dir, iteration);
+  const CheckpointState s = read_torch_dist_metadata(dir, iteration);
+  const std::vector<std::string> tensors = summarize_torch_dist_checkpoint(dir, iteration);
+  print_megatron_state(it_dir, s, options, "Megatron-LM torch_dist (common.pt, .metadata, __R_I.distcp)");
+  if (options.get_bool("--summary")) return 0;
+  for (const std::string& line : tensors) std::printf("  %s\n", line.c_str());
+  return 0;
+}
+
 // The slice of a whole tensor that one shard holds.
 std::vector<float> slice_of(const std::vector<float>& whole, const ParamShard& s) {
   std::vector<float> out(static_cast<size_t>(s.numel()));
@@ -241,9 +264,16 @@ std::vector<float> slice_of(const std::vector<float>& whole, const ParamShard& s
   return out;
 }
 
+// The format of a checkpoint, as convert reports it.
+const char* source_format(const std::string& dir, int64_t iteration) {
+  if (is_megatron_checkpoint(dir, iteration)) return "Megatron-LM torch";
+  if (is_torch_dist_checkpoint(dir, iteration)) return "Megatron-LM torch_dist";
+  return "tessera";
+}
+
 int run_convert(const Command& c) {
   if (c.positional.size() != 2 || !c.options.given("--to"))
-    throw usage_error("convert takes SRC DST --to torch|tessera",
+    throw usage_error("convert takes SRC DST --to torch_dist|torch|tessera",
                       "e.g. tessera ckpt convert megatron-ckpt tessera-ckpt --to tessera");
   const std::string src = c.positional[0], dst = c.positional[1], to = c.options.get_string("--to");
   const int64_t iteration = choose_iteration(src, c.options);
@@ -265,7 +295,8 @@ int run_convert(const Command& c) {
   const std::map<std::string, std::vector<float>> weights = read_checkpoint_model(src, iteration, config);
 
   nlohmann::json ns;
-  if (to == "torch") {
+  const bool megatron_target = to == "torch" || to == "torch_dist";
+  if (megatron_target) {
     ns = m.state.megatron_format ? m.state.args
                                  : megatron_namespace(m.args, m.state.consumed_train_samples, m.state.consumed_valid_samples);
     ns["tensor_model_parallel_size"] = tp;
@@ -273,12 +304,15 @@ int run_convert(const Command& c) {
     ns["data_parallel_size"] = 1;
     ns["world_size"] = tp * pp;
     ns["padded_vocab_size"] = config.padded_vocab_size;
+    ns["ckpt_format"] = to;
+    ns["use_dist_ckpt"] = to == "torch_dist";
   }
   set_flag(m.flags, "--tensor-model-parallel-size", std::to_string(tp));
   set_flag(m.flags, "--pipeline-model-parallel-size", std::to_string(pp));
 
   const std::string tmp_dir = prepare_checkpoint_save(dst, m.state.iteration, ::getpid());
   std::vector<CheckpointFile> files;
+  std::vector<nlohmann::json> records;  // torch_dist's storage records, per rank
   for (int p = 0; p < pp; ++p)
     for (int t = 0; t < tp; ++t) {
       ModelPartition part;
@@ -306,17 +340,34 @@ int run_convert(const Command& c) {
         fs::create_directories(fs::path(tmp_dir) / shard);
         write_megatron_file((fs::path(tmp_dir) / shard / kMegatronFile).string(), spec, params);
         fsync_directory((fs::path(tmp_dir) / shard).string());
+        continue;
+      }
+      std::vector<ShardedTensor> model;
+      for (size_t i = 0; i < shards.size(); ++i)
+        if (!shards[i].is_embedding_copy)
+          model.push_back({shards[i].spec.name, Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr),
+                           shards[i].spec.shape, shards[i].split_dim, shards[i].offset});
+      if (to == "torch_dist") {
+        TorchDistShard dist;
+        dist.params = std::move(model);
+        dist.tp_rank = t;
+        dist.num_layers = config.num_layers;
+        dist.swiglu = config.swiglu;
+        for (const ModelChunk& chunk : part.chunks)
+          for (int l = chunk.first_layer; l < chunk.end_layer; ++l) dist.layers.push_back(l);
+        records.push_back(write_torch_dist_shard(tmp_dir, p * tp + t, dist));
       } else {
-        std::vector<ShardedTensor> model;
-        for (size_t i = 0; i < shards.size(); ++i)
-          if (!shards[i].is_embedding_copy)
-            model.push_back({shards[i].spec.name, Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr),
-                             shards[i].spec.shape, shards[i].split_dim, shards[i].offset});
         const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});
         files.insert(files.end(), written.begin(), written.end());
       }
     }
-  if (to == "torch") {
+  if (to == "torch_dist") {
+    MegatronFileSpec spec;
+    spec.args = ns;
+    spec.iteration = m.state.iteration;
+    write_torch_dist_index(tmp_dir, records, spec, {});
+  }
+  if (megatron_target) {
     commit_checkpoint_folder(dst, tmp_dir, m.state.iteration);
   } else {
     CheckpointState state = m.state;
@@ -330,8 +381,8 @@ int run_convert(const Command& c) {
   }
   std::printf("converted %s (iteration %lld, %s format, TP=%d PP=%d) to %s (%s format, TP=%d PP=%d), model only\n",
               iteration_dir(src, iteration).c_str(), static_cast<long long>(m.state.iteration),
-              m.state.megatron_format ? "Megatron-LM torch" : "tessera", from.tensor_parallel, from.pipeline_parallel,
-              dst.c_str(), to == "torch" ? "Megatron-LM torch" : "tessera", tp, pp);
+              source_format(src, iteration), from.tensor_parallel, from.pipeline_parallel, dst.c_str(),
+              to == "tessera" ? "tessera" : ("Megatron-LM " + to).c_str(), tp, pp);
   std::printf("  resume with --no-load-optim (the optimizer starts fresh) or fine-tune with --finetune\n");
   return 0;
 }
@@ -347,6 +398,7 @@ int run_inspect(const Command& c) {
   if (!fs::is_directory(it_dir))
     throw runtime_error("checkpoint " + it_dir + " does not exist", "list " + dir + " for the saved iterations");
   if (is_megatron_checkpoint(dir, iteration)) return run_inspect_megatron(dir, iteration, c.options);
+  if (is_torch_dist_checkpoint(dir, iteration)) return run_inspect_torch_dist(dir, iteration, c.options);
   const json meta = read_metadata(it_dir);
   if (c.options.get_bool("--summary"))
     return print_checkpoint_summary(it_dir, iteration, !c.options.given("--iteration"), meta);

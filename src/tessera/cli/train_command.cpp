@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
@@ -19,6 +22,7 @@
 #include "tessera/parallel/topology.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/exit_signal.h"
+#include "tessera/train/megatron_args.h"
 #include "tessera/train/memory_plan.h"
 #include "tessera/train/run_device.h"
 #include "tessera/train/trainer.h"
@@ -34,6 +38,45 @@ std::optional<CheckpointState> checkpoint_to_resume(const TrainArgs& args) {
   const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
   if (!latest) return std::nullopt;
   return read_checkpoint_metadata(args.load, *latest);
+}
+
+// --use-checkpoint-args: the command line with the model flags of --load's checkpoint, which
+// replace the values given for the same flags, as Megatron's load_args_from_checkpoint
+// (megatron/training/checkpointing.py) overrides the command line with the checkpoint's
+// Namespace. Megatron-LM's formats only (tessera's records its command line, not a Namespace).
+// The value of `flag` on a command line ("--load DIR" or "--load=DIR"), before it is parsed.
+std::optional<std::string> flag_value(const std::vector<std::string>& argv, const std::string& flag) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == flag && i + 1 < argv.size()) return argv[i + 1];
+    if (argv[i].rfind(flag + "=", 0) == 0) return argv[i].substr(flag.size() + 1);
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> with_checkpoint_args(std::vector<std::string> argv) {
+  if (std::find(argv.begin(), argv.end(), "--use-checkpoint-args") == argv.end()) return argv;
+  const std::optional<std::string> load = flag_value(argv, "--load");
+  if (!load) throw usage_error("--use-checkpoint-args takes the model flags from --load's checkpoint", "pass --load DIR");
+  const std::optional<int64_t> latest = latest_checkpoint_iteration(*load);
+  if (!latest) throw usage_error("--use-checkpoint-args: --load " + *load + " holds no checkpoint");
+  const CheckpointState s = read_checkpoint_metadata(*load, *latest);
+  if (!s.megatron_format)
+    throw usage_error("--use-checkpoint-args reads the Namespace of Megatron-LM's checkpoints; " + *load +
+                          " is in tessera's format, which records its command line instead",
+                      "pass the model flags `tessera ckpt inspect " + *load + "` prints");
+  const std::vector<std::string> flags = train_flags_from_megatron_args(s.args);
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const bool valued = i + 1 < flags.size() && flags[i + 1].rfind("--", 0) != 0;
+    auto given = std::find(argv.begin(), argv.end(), flags[i]);
+    if (given == argv.end()) {
+      argv.push_back(flags[i]);
+      if (valued) argv.push_back(flags[i + 1]);
+    } else if (valued && given + 1 != argv.end()) {
+      *(given + 1) = flags[i + 1];
+    }
+    if (valued) ++i;
+  }
+  return argv;
 }
 
 // --train-iters (or --train-samples) as the user gave it.
@@ -79,7 +122,8 @@ void keep_checkpoint_padded_vocab(TrainArgs& args, const CheckpointState& checkp
 // rank (its own shard of the optimizer state).
 bool writes_checkpoints(const TrainArgs& args, const Topology& topology) {
   if (args.save.empty()) return false;
-  const bool every_rank = args.use_distributed_optimizer && !args.no_save_optim && !args.save_megatron_format;
+  const bool every_rank =
+      args.use_distributed_optimizer && !args.no_save_optim && !args.save_megatron_format && !args.save_torch_dist;
   return topology.rank() == 0 || topology.dp_rank() == 0 || every_rank;
 }
 
@@ -95,10 +139,13 @@ int run_train(int argc, char** argv) {
   const launch::WorkerIdentity id = launch::from_environment(argc, argv);
   set_log_rank(id.rank, id.world_size);
   ParsedOptions parsed;
-  TrainArgs args = parse_train_args(argc, argv, &parsed, id.world_size);  // before any allocation
+  std::vector<std::string> line = with_checkpoint_args({argv, argv + argc});
+  std::vector<char*> line_argv;
+  for (std::string& a : line) line_argv.push_back(a.data());
+  // before any allocation
+  TrainArgs args = parse_train_args(static_cast<int>(line_argv.size()), line_argv.data(), &parsed, id.world_size);
   if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
-  if (id.rank == 0 && !args.ckpt_format_warning.empty()) log_warn("%s", args.ckpt_format_warning.c_str());
   const std::optional<CheckpointState> resumed = checkpoint_to_resume(args);
   if (resumed) check_checkpoint_not_past_train_iters(args, *resumed);
 

@@ -187,8 +187,14 @@ std::vector<OptionDef> train_option_defs() {
       {"--use-checkpoint-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the checkpoint"},
       {"--override-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the flags"},
       {"--ckpt-format", K::Choice, "torch_dist",
-       "torch: --save writes Megatron-LM's model_optim_rng.pt files; torch_dist/zarr: tessera's own format",
-       "torch|torch_dist|zarr"},
+       "What --save writes: torch_dist (Megatron's distributed checkpoint), torch (Megatron's model_optim_rng.pt "
+       "files) or tessera (tessera's own); zarr is not written",
+       "torch|torch_dist|zarr|tessera"},
+      {"--auto-detect-ckpt-format", K::StoreTrue, nullptr,
+       "Accepted: --load always detects the checkpoint's format (tessera, torch or torch_dist)"},
+      {"--use-dist-ckpt", K::StoreTrue, nullptr, "Megatron's deprecated alias of --ckpt-format torch_dist; no effect"},
+      {"--use-checkpoint-args", K::StoreTrue, nullptr,
+       "Take the model flags (--num-layers, --hidden-size, ...) from --load's checkpoint, as Megatron does"},
       // tessera's own.
       {"--no-check-for-nan-in-loss-and-grad", K::StoreFalse, nullptr,
        "Do not stop on a non-finite loss or gradient (tessera checks by default, effectively)"},
@@ -304,15 +310,13 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
   a.override_scheduler = p.get_bool("--override-opt_param-scheduler");
   if (a.use_checkpoint_scheduler && a.override_scheduler)
     throw usage_error("give only one of --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler");
-  // torch_dist (Megatron's default) and zarr are not written yet: `train` says so at start-up
-  // whenever it matters (the parser itself prints nothing: doctor and ckpt parse these flags too).
   const std::string format = p.get_string("--ckpt-format");
+  a.save_torch_dist = format == "torch_dist";
   a.save_megatron_format = format == "torch";
-  if (!a.save_megatron_format && (p.given("--ckpt-format") || !a.save.empty()))
-    a.ckpt_format_warning = "--ckpt-format " + format + (p.given("--ckpt-format") ? "" : " (Megatron's default)") +
-                            " is not written yet: tessera writes checkpoints in its own format instead (safetensors "
-                            "+ JSON, docs/checkpoints.md), which Megatron cannot load; --ckpt-format torch writes "
-                            "Megatron-LM's files";
+  if (format == "zarr" && !a.save.empty())
+    throw usage_error("--ckpt-format zarr is not written by tessera (Megatron-LM deprecates it)",
+                      "use --ckpt-format torch_dist, Megatron's default");
+  a.use_checkpoint_args = p.get_bool("--use-checkpoint-args");
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids

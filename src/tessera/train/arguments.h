@@ -67,10 +67,12 @@ struct TrainArgs {
   double skip_spikes = 0;            // --skip-spikes Z (0: off)
   bool no_save_optim = false, no_load_optim = false, finetune = false;
   bool no_save_rng = false;  // --ckpt-format torch leaves out Megatron's rng_state
-  // --ckpt-format torch: --save writes Megatron-LM's own files (ckpt/megatron_checkpoint.h);
-  // otherwise tessera's. --load reads either, whatever this says.
+  // --ckpt-format: what --save writes. torch_dist (the default, Megatron's): Megatron-LM's
+  // distributed checkpoint (ckpt/torch_dist.h); torch: its legacy files (ckpt/megatron_checkpoint.h);
+  // tessera: tessera's own (ckpt/checkpoint.h). --load reads any of them, whatever this says.
+  bool save_torch_dist = true;
   bool save_megatron_format = false;
-  std::string ckpt_format_warning;  // what `train` warns at start-up when --ckpt-format is not written yet
+  bool use_checkpoint_args = false;  // --use-checkpoint-args: the model flags from --load's checkpoint
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 
   // Parallel layout: world = TP x PP x DP.

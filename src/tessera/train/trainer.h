@@ -27,6 +27,8 @@
 
 namespace tessera {
 
+struct MegatronFileSpec;
+
 struct IterationResult {
   double lm_loss = 0.0;    // token-weighted mean over the global batch
   double grad_norm = 0.0;  // before clipping
@@ -147,6 +149,11 @@ class Trainer {
   // writes with --ckpt-format torch.
   HostOptimizerState host_distrib_optim_state(bool main_only) const;
   void write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
+  // What Megatron's files record of this run beside the tensors (--ckpt-format torch and torch_dist).
+  MegatronFileSpec megatron_file_spec() const;
+  // --ckpt-format torch_dist: this rank's .distcp (DP rank 0 of each (tp, pp)), with the
+  // distributed optimizer's state from `whole`; returns its storage records (ckpt/torch_dist.h).
+  nlohmann::json write_torch_dist_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
   // save_checkpoint's work between Megatron's "saving" and "successfully saved" lines.
   void write_checkpoint(const std::string& dir);
   // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the

@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/megatron_distrib_optim.h"
+#include "tessera/ckpt/torch_dist.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/log.h"
@@ -30,6 +32,8 @@
 #include "tessera/train/trainer.h"
 
 namespace tessera {
+
+using json = nlohmann::json;
 namespace {
 
 // The schedule's settings as a checkpoint records them; a resume compares them with the flags
@@ -199,6 +203,27 @@ std::vector<CheckpointFile> gather_files(Communicator* world, const std::vector<
     }
   }
   return files;
+}
+
+// Every rank's JSON value at every rank (torch_dist's storage records): the lengths, then the
+// texts padded to the longest.
+std::vector<json> gather_json(Communicator* world, const json& mine) {
+  if (!world) return {mine};
+  const std::string text = mine.dump();
+  int64_t length = static_cast<int64_t>(text.size());
+  const int n = world->size();
+  std::vector<int64_t> lengths(n);
+  world->all_gather(Tensor(lengths.data(), DType::I64, {n}, nullptr), Tensor(&length, DType::I64, {1}, nullptr));
+  const int64_t words = (*std::max_element(lengths.begin(), lengths.end()) + 7) / 8;
+  std::vector<int64_t> padded(static_cast<size_t>(words), 0), all(static_cast<size_t>(words * n));
+  std::memcpy(padded.data(), text.data(), text.size());
+  world->all_gather(Tensor(all.data(), DType::I64, {words * n}, nullptr),
+                    Tensor(padded.data(), DType::I64, {words}, nullptr));
+  std::vector<json> out;
+  for (int r = 0; r < n; ++r)
+    out.push_back(json::parse(std::string(reinterpret_cast<const char*>(&all[static_cast<size_t>(r * words)]),
+                                          static_cast<size_t>(lengths[static_cast<size_t>(r)]))));
+  return out;
 }
 
 // Megatron keeps the checkpoint's padded vocabulary: the flags must give the same one.
@@ -424,7 +449,7 @@ Trainer::HostOptimizerState Trainer::host_distrib_optim_state(bool main_only) co
   return s;
 }
 
-void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const {
+MegatronFileSpec Trainer::megatron_file_spec() const {
   const int tp = rank_in(groups_.tp), pp = rank_in(groups_.pp);
   MegatronFileSpec spec;
   spec.args = megatron_namespace(args_, consumed_samples_, consumed_valid_samples_);
@@ -442,6 +467,12 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
   spec.with_rng = !args_.no_save_rng;
   spec.tp_rank = tp;
   spec.pp_rank = pp;
+  return spec;
+}
+
+void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const {
+  const int tp = rank_in(groups_.tp), pp = rank_in(groups_.pp);
+  const MegatronFileSpec spec = megatron_file_spec();
   // The main parameters: the optimizer's, or the distributed optimizer's gathered (`whole`
   // holds, per parameter, its main values and then its state kinds).
   std::vector<Tensor> main;
@@ -462,6 +493,44 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
   write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
                        megatron_params(model_, main, spec.with_optimizer && !distrib ? optimizer_.get() : nullptr),
                        distrib ? &*distrib : nullptr);
+}
+
+json Trainer::write_torch_dist_files(const std::string& tmp_dir, const HostOptimizerState& whole) const {
+  TorchDistShard shard;
+  shard.tp_rank = rank_in(groups_.tp);
+  shard.num_layers = args_.model.num_layers;
+  shard.swiglu = args_.model.swiglu;
+  for (const ModelChunk& c : model_.partition().chunks)
+    for (int l = c.first_layer; l < c.end_layer; ++l) shard.layers.push_back(l);
+  shard.params = model_tensors(model_, false);
+  const bool with_optimizer = !args_.no_save_optim;
+  if (distributed_optimizer() && with_optimizer) {
+    // `whole` holds, per parameter (the tied copy too), its main values and then its state kinds.
+    std::set<std::string> copies;
+    for (const ParamShard& s : model_.shards())
+      if (s.is_embedding_copy) copies.insert(s.spec.name);
+    const size_t kinds = whole.buffers.size();
+    for (size_t i = 0; i < whole.tensors.size(); ++i) {
+      const ShardedTensor& t = whole.tensors[i];
+      const bool main = i % kinds == 0;  // "<name>"; the state kinds are "<kind>.<name>"
+      if (copies.count(main ? t.name : t.name.substr(t.name.find('.') + 1))) continue;
+      if (!main) shard.state.push_back(t);
+      else if (main_params_apart()) shard.main.push_back(t);
+    }
+  } else if (with_optimizer) {
+    shard.state = optimizer_tensors(*optimizer_, model_, false);
+    if (main_params_apart()) shard.main = main_param_tensors(false);
+  }
+  return write_torch_dist_shard(tmp_dir, rank_in(groups_.world), shard);
+}
+
+// Megatron's parameter groups of this rank's parameters: one per weight-decay class, in order of
+// first appearance (megatron/core/optimizer/__init__.py _get_param_groups).
+static std::vector<bool> group_weight_decay(const GPTModel& model) {
+  std::vector<bool> out;
+  for (const ParamShard& s : model.shards())
+    if (std::find(out.begin(), out.end(), s.spec.weight_decay) == out.end()) out.push_back(s.spec.weight_decay);
+  return out;
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {
@@ -507,13 +576,30 @@ void Trainer::write_checkpoint(const std::string& dir) {
   // Megatron's line before a save, with tessera's own format named as such where Megatron
   // names its --ckpt-format; printed once the temporary folder exists.
   print_rank_0("saving checkpoint at iteration %7lld to %s in %s format", static_cast<long long>(iteration_),
-               dir.c_str(), args_.save_megatron_format ? "torch" : "tessera");
+               dir.c_str(), args_.save_torch_dist ? "torch_dist" : args_.save_megatron_format ? "torch" : "tessera");
   // A failed step removes the temporary folder (rank 0 made it), so a full disk is not left full.
   auto abandon = [&] {
     if (rank == 0) abandon_checkpoint_save(tmp_dir);
   };
   const std::string write_failed = "write its part of" + at;
   const std::string commit_failed = "commit" + at;
+  if (args_.save_torch_dist) {
+    // The distributed optimizer's state whole, for DP rank 0 to write: collective over the DP
+    // group, so before any rank may fail alone.
+    HostOptimizerState whole;
+    if (distributed_optimizer() && !args_.no_save_optim) whole = host_distrib_optim_state(false);
+    json mine = json::array();
+    on_every_rank(world, write_failed, [&] {
+      if (dp == 0) mine = write_torch_dist_files(tmp_dir, whole);
+    }, abandon);
+    const std::vector<json> records = gather_json(world, mine);
+    on_every_rank(world, commit_failed, [&] {
+      if (rank != 0) return;
+      write_torch_dist_index(tmp_dir, records, megatron_file_spec(), group_weight_decay(model_));
+      commit_checkpoint_folder(dir, tmp_dir, iteration_);
+    }, abandon);
+    return;
+  }
   if (args_.save_megatron_format) {
     // The distributed optimizer's state whole, for DP rank 0 to write (Megatron gathers it
     // there too): collective over the DP group, so before any rank may fail alone.
@@ -612,9 +698,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
     s = load_checkpoint_pieces(dir, *latest, params, state, with_optimizer, rank_in(groups_.tp),
                                args_.tensor_parallel_size);
   });
-  const char* format = s.release           ? " (Megatron-LM's release checkpoint)"
-                       : s.megatron_format ? " (Megatron-LM's torch format)"
-                                           : "";
+  const char* format = s.release                                  ? " (Megatron-LM's release checkpoint)"
+                       : is_torch_dist_checkpoint(dir, *latest) ? " (Megatron-LM's torch_dist format)"
+                       : s.megatron_format                      ? " (Megatron-LM's torch format)"
+                                                                  : "";
   print_rank_0(" loading checkpoint from %s at iteration %lld%s", dir.c_str(), static_cast<long long>(s.iteration),
                format);
   const CheckpointLayout& l = s.layout;

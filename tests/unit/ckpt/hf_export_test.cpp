@@ -80,7 +80,8 @@ std::vector<std::string> tiny_model_flags() {
 std::vector<std::string> train_flags(const fs::path& save) {
   std::vector<std::string> f = tiny_model_flags();
   f.insert(f.end(), {"--mock-data", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
-                     "--lr", "1e-2", "--save", save.string(), "--save-interval", "3", "--eval-iters", "0"});
+                     "--lr", "1e-2", "--save", save.string(), "--save-interval", "3", "--eval-iters", "0",
+                     "--ckpt-format", "tessera"});
   return f;
 }
 
@@ -335,7 +336,8 @@ TEST(CkptExportHF, GPT2BPETokenizerFilesAndVocabulary) {
       "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
       "--max-position-embeddings", "8", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", data + "vocab.json",
       "--merge-file", data + "merges.txt", "--init-method-std", "0.2", "--mock-data", "--micro-batch-size", "1",
-      "--train-iters", "1", "--lr", "1e-3", "--save", ckpt.string(), "--save-interval", "1", "--eval-iters", "0"};
+      "--train-iters", "1", "--lr", "1e-3", "--save", ckpt.string(), "--save-interval", "1", "--eval-iters", "0",
+      "--ckpt-format", "tessera"};
   CmdResult t = run(kTessera + " train" + join(flags), dir / "train.log");
   ASSERT_EQ(t.status, 0) << t.output;
   expect_export_matches_tessera(dir, ckpt);

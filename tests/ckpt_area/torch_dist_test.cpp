@@ -1,0 +1,284 @@
+// Megatron's torch_dist checkpoints against megatron-core 0.10.0 itself
+// (tests/reference/megatron_dist_checkpoint.py in the tdist venv: torch 2.5.1 on the CPU, gloo):
+//   - Reading: megatron-core saves a tiny GPT and a tiny Llama (4 layers, random weights, one step
+//     of Megatron's optimizer) from TP=2 x PP=2 in four processes with dist_checkpointing.save;
+//     megatron-core loads them back at TP=1 PP=1 (dist_checkpointing.load, its own resharding)
+//     and dumps every parameter and Adam moment. tessera's load of the same files gives every one
+//     of them bit for bit, and the state common.pt records (iteration, consumed samples, scheduler
+//     steps, Adam's step); `tessera ckpt inspect` reads every chunk, and `ckpt convert --to
+//     tessera` gives the same weights.
+//
+// The binary exits 77 (CTest's SKIP_RETURN_CODE) when the tdist venv is absent.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/ckpt/torch_dist.h"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+namespace {
+
+const std::string kScript = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/megatron_dist_checkpoint.py";
+const std::string kPython = std::string(TESSERA_TDIST_VENV) + "/bin/python";
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::path(TESSERA_BINARY_DIR) / "Testing" / "tmp" / (name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Runs a command line; its output goes to LOG, whose tail the failure shows.
+testing::AssertionResult run(const std::string& cmd, const fs::path& log) {
+  const int s = std::system(("timeout 300 " + cmd + " > " + log.string() + " 2>&1").c_str());
+  if (WIFEXITED(s) && WEXITSTATUS(s) == 0) return testing::AssertionSuccess();
+  const std::string out = read_text(log);
+  return testing::AssertionFailure() << cmd << "\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
+}
+
+// megatron-core's TP=2 PP=2 saves of both models and its TP=1 PP=1 dumps of them, made once.
+class MegatronDist : public testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(scratch("torch_dist"));
+    ok_ = run(kPython + " -W ignore " + kScript + " save " + (*dir_ / "megatron").string() + " --models gpt llama",
+              *dir_ / "save.log") &&
+          run(kPython + " -W ignore " + kScript + " dump " + (*dir_ / "megatron").string() + " " + dir_->string() +
+                  " --models gpt llama --tp 1 --pp 1 --optim",
+              *dir_ / "dump.log");
+  }
+  static void TearDownTestSuite() {
+    if (!HasFailure()) fs::remove_all(*dir_);
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_TRUE(ok_) << read_text(*dir_ / "save.log") << read_text(*dir_ / "dump.log"); }
+
+  std::string megatron_dir() const { return (*dir_ / "megatron" / GetParam()).string(); }
+  safetensors::Reader expected() const {
+    return safetensors::Reader::open((*dir_ / (GetParam() + ".safetensors")).string());
+  }
+
+  static fs::path* dir_;
+  static bool ok_;
+};
+fs::path* MegatronDist::dir_ = nullptr;
+bool MegatronDist::ok_ = false;
+
+// tessera's shape of a dumped (TP=1, Megatron-named) tensor: SwiGLU's fc1 [2F, H] is [2, F, H].
+Shape tessera_shape(const std::string& name, Shape shape, bool swiglu) {
+  if (swiglu && name.find("mlp.linear_fc1.") != std::string::npos) {
+    shape[0] /= 2;
+    shape.insert(shape.begin(), 2);
+  }
+  return shape;
+}
+
+TEST_P(MegatronDist, ItsSaveLoadsIntoTesseraBitForBit) {
+  const std::string dir = megatron_dir();
+  ASSERT_TRUE(is_torch_dist_checkpoint(dir, 7));
+  const CheckpointState s = read_checkpoint_metadata(dir, 7);
+  EXPECT_TRUE(s.megatron_format);
+  EXPECT_EQ(s.iteration, 7);
+  EXPECT_EQ(s.consumed_train_samples, 56);
+  EXPECT_EQ(s.scheduler_num_steps, 56);
+  EXPECT_EQ(s.optimizer_steps, 1);
+  EXPECT_EQ(s.layout.tensor_parallel, 2);
+  EXPECT_EQ(s.layout.pipeline_parallel, 2);
+  EXPECT_EQ(s.layout.padded_vocab_size, 128);
+
+  const bool swiglu = GetParam() == "llama";
+  const safetensors::Reader want = expected();
+  std::vector<NamedTensor> model, optimizer;
+  std::vector<std::vector<float>> buffers;
+  buffers.reserve(want.tensors().size());
+  for (const safetensors::TensorInfo& t : want.tensors()) {
+    if (t.name == "iteration") continue;
+    const bool state = t.name.rfind("optimizer.", 0) == 0;
+    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
+    buffers.emplace_back(t.numel, -1.0f);
+    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
+                                                        tessera_shape(name, t.shape, swiglu), nullptr)});
+  }
+  ASSERT_FALSE(optimizer.empty());
+  load_checkpoint(dir, 7, model, optimizer, true);
+  size_t compared = 0;
+  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
+    for (const NamedTensor& t : *set) {
+      const std::string dumped = set == &optimizer ? "optimizer." + t.name : t.name;
+      const std::vector<float> w = want.read_f32(dumped);
+      ASSERT_EQ(std::memcmp(w.data(), t.tensor.f32(), w.size() * sizeof(float)), 0) << t.name;
+      ++compared;
+    }
+  EXPECT_GT(compared, GetParam() == "llama" ? 60u : 100u);
+}
+
+TEST_P(MegatronDist, InspectReadsEveryChunkAndConvertGivesTheSameWeights) {
+  const fs::path out = *dir_ / ("cli_" + GetParam());
+  fs::create_directories(out);
+  ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt inspect " + megatron_dir(), out / "inspect.log"));
+  const std::string inspect = read_text(out / "inspect.log");
+  EXPECT_NE(inspect.find("format: Megatron-LM torch_dist"), std::string::npos) << inspect;
+  EXPECT_NE(inspect.find("tensor-parallel 2, pipeline-parallel 2"), std::string::npos) << inspect;
+  EXPECT_NE(inspect.find("decoder.layers.self_attention.linear_qkv.weight  float32 ["), std::string::npos) << inspect;
+  ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + megatron_dir() + " " + (out / "tessera").string() +
+                      " --to tessera --target-tensor-parallel-size 1 --target-pipeline-parallel-size 1",
+                  out / "convert.log"));
+  const safetensors::Reader got =
+      safetensors::Reader::open((out / "tessera" / "iter_0000007" / "mp_rank_00" / "model.safetensors").string());
+  const safetensors::Reader want = expected();
+  size_t compared = 0;
+  for (const safetensors::TensorInfo& t : got.tensors()) {
+    const std::vector<float> g = got.read_f32(t), w = want.read_f32(t.name);
+    ASSERT_EQ(g, w) << t.name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 20u);
+}
+
+// A damaged chunk offset in .metadata is an error naming the file, and so is a global the
+// .metadata allow-list does not hold.
+TEST_P(MegatronDist, DamagedFilesAreErrorsNamingThem) {
+  const fs::path copy = *dir_ / ("damaged_" + GetParam());
+  fs::copy(megatron_dir(), copy, fs::copy_options::recursive);
+  const fs::path it = copy / "iter_0000007";
+  std::vector<char> meta;
+  {
+    std::ifstream in(it / ".metadata", std::ios::binary);
+    meta.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string needle = "torch.distributed.checkpoint.filesystem";
+  auto at = std::search(meta.begin(), meta.end(), needle.begin(), needle.end());
+  ASSERT_NE(at, meta.end());
+  std::string evil = "os                                     ";  // the same length: "os" + spaces
+  evil.resize(needle.size(), ' ');
+  std::copy(evil.begin(), evil.end(), at);
+  std::ofstream(it / ".metadata", std::ios::binary).write(meta.data(), static_cast<std::streamsize>(meta.size()));
+  try {
+    read_dcp_metadata(it.string());
+    FAIL() << "a .metadata naming another module loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(".metadata"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("never holds"), std::string::npos) << e.what();
+  }
+  // A .distcp cut short: the chunks past its end are named.
+  fs::copy(megatron_dir() + "/iter_0000007/.metadata", it / ".metadata", fs::copy_options::overwrite_existing);
+  fs::resize_file(it / "__0_0.distcp", 1000);
+  std::vector<NamedTensor> none;
+  try {
+    std::vector<float> buf(128 * 32);
+    load_checkpoint(copy.string(), 7, {{"embedding.word_embeddings.weight",
+                                        Tensor(buf.data(), DType::F32, {128, 32}, nullptr)}}, none, false);
+    FAIL() << "a truncated .distcp loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("__0_0.distcp"), std::string::npos) << e.what();
+  }
+}
+
+// The flags of the reference's models (megatron_dist_checkpoint.py GPT and LLAMA).
+std::vector<std::string> model_flags(bool llama) {
+  std::vector<std::string> f = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type",
+                                "NullTokenizer", "--vocab-size", "99", "--make-vocab-size-divisible-by", "64",
+                                "--hidden-dropout", "0", "--attention-dropout", "0"};
+  if (llama)
+    f.insert(f.end(), {"--group-query-attention", "--num-query-groups", "2", "--kv-channels", "8", "--ffn-hidden-size",
+                       "64", "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-5",
+                       "--position-embedding-type", "rope", "--rotary-base", "500000", "--disable-bias-linear",
+                       "--untie-embeddings-and-output-weights"});
+  return f;
+}
+
+// `tessera launch` of a TP=2 x PP=2 run of 3 iterations saving in `format` into `save`.
+std::string train_command(bool llama, const std::string& format, const fs::path& save) {
+  std::string cmd = "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
+                    " launch --standalone --nproc_per_node 4 train";
+  for (const std::string& f : model_flags(llama)) cmd += " " + f;
+  return cmd + " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --mock-data --micro-batch-size 1"
+               " --global-batch-size 4 --train-iters 3 --lr 1e-2 --min-lr 1e-4 --eval-iters 0 --init-method-std 0.2"
+               " --deterministic-mode --save " + save.string() + " --save-interval 3 --ckpt-format " + format;
+}
+
+// megatron-core loads tessera's TP=2 x PP=2 torch_dist save at TP=1 PP=1 with its own
+// dist_checkpointing.load (model and Adam moments) to the values of the same run's save in
+// tessera's format, bit for bit.
+TEST_P(MegatronDist, TesseraSaveLoadsIntoMegatronCoreAtAnotherLayout) {
+  const bool llama = GetParam() == "llama";
+  const fs::path out = *dir_ / ("tessera_" + GetParam());
+  fs::create_directories(out / "dist");
+  ASSERT_TRUE(run(train_command(llama, "torch_dist", out / "dist" / GetParam()), out / "train_dist.log"));
+  ASSERT_TRUE(run(train_command(llama, "tessera", out / "own"), out / "train_own.log"));
+  const std::string it = (out / "dist" / GetParam() / "iter_0000003").string();
+  for (const char* f : {".metadata", "common.pt", "metadata.json", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
+                        "__3_0.distcp"})
+    EXPECT_TRUE(fs::exists(fs::path(it) / f)) << f;
+  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "dist").string() + " " + out.string() +
+                      " --models " + GetParam() + " --tp 1 --pp 1 --optim",
+                  out / "dump.log"));
+  const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
+  EXPECT_EQ(megatron.read_i64("iteration"), (std::vector<int64_t>{3}));
+  std::vector<NamedTensor> model, optimizer;
+  std::vector<std::vector<float>> buffers;
+  buffers.reserve(megatron.tensors().size());
+  for (const safetensors::TensorInfo& t : megatron.tensors()) {
+    if (t.name == "iteration") continue;
+    const bool state = t.name.rfind("optimizer.", 0) == 0;
+    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
+    buffers.emplace_back(t.numel, -1.0f);
+    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
+                                                        tessera_shape(name, t.shape, llama), nullptr)});
+  }
+  load_checkpoint((out / "own").string(), 3, model, optimizer, true);
+  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
+    for (const NamedTensor& t : *set) {
+      const std::vector<float> m = megatron.read_f32(set == &optimizer ? "optimizer." + t.name : t.name);
+      ASSERT_EQ(std::memcmp(m.data(), t.tensor.f32(), m.size() * sizeof(float)), 0) << t.name;
+    }
+  EXPECT_EQ(optimizer.size(), 2 * model.size());
+  EXPECT_GT(model.size(), llama ? 20u : 35u);
+}
+
+// A Megatron run continues in tessera: its TP=2 x PP=2 save resumes with --use-checkpoint-args
+// (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8.
+TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgs) {
+  const fs::path out = *dir_ / ("resume_" + GetParam());
+  fs::create_directories(out);
+  ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
+                      " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
+                      " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1",
+                  out / "train.log"));
+  const std::string log = read_text(out / "train.log");
+  EXPECT_NE(log.find("loading checkpoint from " + megatron_dir() + " at iteration 7 (Megatron-LM's torch_dist format)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("iteration        8/       8"), std::string::npos) << log;
+  EXPECT_EQ(log.find("iteration        7/"), std::string::npos) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, MegatronDist, testing::Values("gpt", "llama"));
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  if (!fs::exists(tessera::kPython)) {
+    std::printf("torch_dist_test: %s is absent (scripts/setup.sh's tdist venv); skipped\n", tessera::kPython.c_str());
+    return 77;
+  }
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
