@@ -3,7 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "tessera/core/philox.h"
+#include "tessera/ops/cuda/element_math.h"
 
 namespace tessera::ops::cuda::native {
 namespace {
@@ -17,36 +17,11 @@ __device__ inline void store(float* p, int64_t i, float x) { p[i] = x; }
 __device__ inline void store(__nv_bfloat16* p, int64_t i, float x) { p[i] = __float2bfloat16_rn(x); }
 __device__ inline void store(__half* p, int64_t i, float x) { p[i] = __float2half_rn(x); }
 
-// GeLU's derivative, the formulas of elementwise.cl's gelu_grad with CUDA's expf / erff.
-__device__ inline float gelu_grad(float x, bool erf) {
-  if (erf) {
-    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-    const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
-    return cdf + x * pdf;
-  }
-  const float k0 = 0.79788456f, k1 = 0.044715f;
-  const float u = k0 * (x + k1 * x * x * x), du = k0 * (1.0f + 3.0f * k1 * x * x);
-  const float s = 1.0f / (1.0f + expf(-2.0f * u));
-  return s + 2.0f * x * s * (1.0f - s) * du;
-}
-
 template <typename T>
 __global__ void dgelu_kernel(T* dpre, const T* dout, const T* pre, int64_t n, bool erf) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
     store(dpre, i, load(dout, i) * gelu_grad(load(pre, i), erf));
-}
-
-// dropout_forward's factor of element `e` of sample `b` (common.cl's dropout_factor).
-__device__ inline float dropout_factor(const DropoutArgs& d, int64_t b, uint64_t e) {
-  const uint64_t index = d.element_offset + e;
-  tessera_philox4 ctr;
-  ctr.v[0] = static_cast<uint32_t>(index / 4);
-  ctr.v[1] = d.sample0 + static_cast<uint32_t>(b);
-  ctr.v[2] = d.site;
-  ctr.v[3] = d.iteration;
-  const tessera_philox4 r = tessera_philox4x32(d.seed, TESSERA_RNG_STREAM_DROPOUT, ctr);
-  return tessera_uint_to_unit_float(r.v[index % 4]) >= d.p ? d.scale : 0.0f;
 }
 
 template <typename T>

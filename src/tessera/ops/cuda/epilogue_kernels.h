@@ -10,21 +10,14 @@
 #include <cstdint>
 
 #include "tessera/core/dtype.h"
+#include "tessera/ops/cuda/element_math.h"
 
 namespace tessera::ops::cuda::native {
 
 // dpre[i] = dout[i] * gelu'(pre[i]) (tanh form, or erf), rounded once; dpre may be dout.
 void dgelu(DType dtype, void* dpre, const void* dout, const void* pre, int64_t n, bool erf, cudaStream_t stream);
 
-// The dropout mask of ops.h's Dropout (dropout_forward's Philox bits) as kernel arguments.
-struct DropoutArgs {
-  float p, scale;
-  uint32_t seed, site, iteration, sample0;
-  uint64_t element_offset;
-  int64_t per_sample;  // elements of one sample (the mask's index restarts per sample)
-};
-
-// c[i] = dout[i] * factor(i), rounded to the dtype; dinp (+)= c (assign: =), contrib = c
+// c[i] = dout[i] * dropout_factor(i) (element_math.h), rounded to the dtype; dinp (+)= c (assign: =), contrib = c
 // when given (the bias gradient's column sums read it), dresidual (+)= dout. Each of dinp,
 // contrib, dresidual may be null; dinp and contrib may not be the same.
 void bias_dropout_add_grad(DType dtype, void* dinp, void* contrib, void* dresidual, const void* dout, int64_t n,

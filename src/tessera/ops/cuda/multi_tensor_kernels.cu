@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "tessera/ops/cuda/element_math.h"
+
 namespace tessera::ops::cuda::native {
 namespace {
 
@@ -29,24 +31,6 @@ template <>
 __device__ inline void store_param<__half>(void* params, int64_t i, float x) {
   static_cast<__half*>(params)[i] = __float2half_rn(x);
 }
-
-struct AdamwStep {
-  float decay, gscale, w1, w1c, beta2, w2, step_size, bc2_sqrt, eps;
-  int lerp_low;
-  // optimizer.cl's adamw_element, operation for operation.
-  __device__ float operator()(float p, float& m, float& v, float g) const {
-    const float gi = g * gscale;
-    float pi = p * decay;
-    const float mo = m;
-    const float mi = lerp_low ? mo + w1 * (gi - mo) : gi - (gi - mo) * w1c;
-    const float vi = v * beta2 + w2 * (gi * gi);
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
-    pi = pi - step_size * (mi / denom);
-    m = mi;
-    v = vi;
-    return pi;
-  }
-};
 
 // Block (x, chunk): elements [x * 1024, x * 1024 + 1024) of the chunk, four per thread, as one
 // float4 of each array when the chunk's offsets are multiples of four.
