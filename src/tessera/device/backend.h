@@ -65,6 +65,11 @@ struct Backend {
   std::vector<BackendRow> (*doctor_rows)(bool requested, Device* device) = nullptr;
   // Its kernel table (ops/kernel_table.h).
   const ops::KernelTable& (*kernels)() = nullptr;
+  // Whether its fused attention (ops flash_attention_*) is also the fast path with attention
+  // dropout on. False (CUDA: cuDNN draws its own dropout bits, so a dropped call runs
+  // tessera's simple flash kernel): the model runs the unfused attention ops when attention
+  // dropout is on (GPTModel::uses_fused_attention).
+  bool fused_attention_dropout = true;
   // Its native collective library (comm/backend.h), for --distributed-backend nccl; null:
   // collectives go through Gloo, host-staged for device tensors.
   const NativeCollectives* collectives = nullptr;

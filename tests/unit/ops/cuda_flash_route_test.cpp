@@ -1,7 +1,7 @@
 // Which kernel serves CUDA's fused attention (ops/cuda/flash_route.h), decided on the CPU from
-// the call's sizes: cuDNN for 16-bit, unrotated, undropped, aligned calls on sm_80+ with head
-// dims of 8k <= 128 and one query stride; tessera's own flash kernel for everything else, each
-// refusal saying why.
+// the call's sizes: cuDNN for 16-bit, undropped, aligned calls on sm_80+ with head dims of
+// 8k <= 128 (RoPE and grouped query heads through a per-head copy); tessera's own flash kernel
+// for everything else, each refusal saying why.
 #include <gtest/gtest.h>
 
 #include "tessera/ops/cuda/flash_route.h"
@@ -9,6 +9,7 @@
 using namespace tessera;
 using tessera::ops::cuda::cudnn_refusal;
 using tessera::ops::cuda::FlashCall;
+using tessera::ops::cuda::per_head_copy;
 
 namespace {
 
@@ -27,6 +28,22 @@ TEST(CudaFlashRoute, CudnnServesSixteenBitAttention) {
   FlashCall hd128 = gpt2();
   hd128.HD = 128;
   EXPECT_EQ(cudnn_refusal(hd128, 90, true), "");
+  EXPECT_FALSE(per_head_copy(gpt2()));
+  EXPECT_FALSE(per_head_copy(one_group));
+}
+
+TEST(CudaFlashRoute, RopeAndGroupedQueryHeadsGoThroughAPerHeadCopy) {
+  FlashCall llama = gpt2();  // Llama 3.2 1B: 32 heads in 8 groups, RoPE on the whole head
+  llama.NH = 32;
+  llama.NG = 8;
+  llama.rope_dim = 64;
+  EXPECT_EQ(cudnn_refusal(llama, 90, true), "");
+  EXPECT_TRUE(per_head_copy(llama));
+  llama.rope_dim = 0;
+  EXPECT_TRUE(per_head_copy(llama));
+  FlashCall rotated = gpt2();
+  rotated.rope_dim = 32;
+  EXPECT_TRUE(per_head_copy(rotated));
 }
 
 TEST(CudaFlashRoute, EverythingElseRunsTheSharedKernelSayingWhy) {
@@ -41,15 +58,8 @@ TEST(CudaFlashRoute, EverythingElseRunsTheSharedKernelSayingWhy) {
   c.HD = 256;
   EXPECT_NE(cudnn_refusal(c, 90, true), "");
   c = gpt2();
-  c.rope_dim = 64;
-  EXPECT_EQ(cudnn_refusal(c, 90, true), "RoPE inside the kernel");
-  c = gpt2();
   c.dropout_p = 0.1f;
   EXPECT_EQ(cudnn_refusal(c, 90, true), "attention dropout (the unfused op's mask)");
-  c = gpt2();
-  c.NH = 32;
-  c.NG = 8;  // Llama's grouped-query attention: query heads are not one strided tensor
-  EXPECT_EQ(cudnn_refusal(c, 90, true), "query groups of several heads in several groups");
   c = gpt2();
   c.aligned = false;
   EXPECT_EQ(cudnn_refusal(c, 90, true), "tensors not 16-byte aligned");

@@ -41,6 +41,7 @@ const Backend kCuda{
     .no_device_hint = "nvidia-smi shows the GPUs and driver; check CUDA_VISIBLE_DEVICES, or run on --device cpu",
     .doctor_rows = cuda_doctor_rows,
     .kernels = ops::cuda::kernel_table,
+    .fused_attention_dropout = false,  // cuDNN's attention serves undropped calls only (ops/cuda/flash_route.h)
     .collectives = collectives(),
 };
 

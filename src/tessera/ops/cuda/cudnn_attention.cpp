@@ -13,6 +13,7 @@
 #include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
+#include "tessera/ops/cuda/flash_route.h"
 
 namespace tessera::ops::cuda {
 namespace {
@@ -160,6 +161,24 @@ const Plan& plan_for(const Device& device, bool backward, const cpu::FlashLayout
   return plans->emplace(key, std::move(p)).first->second;
 }
 
+// The per-head layout attention_qkv_forward writes: [B,T,NH*3*HD], head h's [q; k; v], i.e.
+// the grouped layout with NG = NH groups of one head.
+cpu::FlashLayout per_head(const cpu::FlashLayout& d) {
+  cpu::FlashLayout h = d;
+  h.NG = d.NH;
+  h.R = 1;
+  return h;
+}
+bool needs_copy(const cpu::FlashLayout& d, const Rope& rope) {
+  return per_head_copy(FlashCall{d.NH, d.NG, d.HD, DType::BF16, rope.dim, 0.0f, true});
+}
+size_t per_head_bytes(const cpu::FlashLayout& d, DType dtype) {
+  return static_cast<size_t>(d.B * d.T * d.NH * 3 * d.HD) * dtype_size(dtype);
+}
+Tensor per_head_tensor(void* p, const cpu::FlashLayout& d, const Tensor& like) {
+  return Tensor(p, 0, like.dtype, {d.B, d.T, d.NH * 3 * d.HD}, like.device);
+}
+
 void* at(const Tensor& t, int64_t elements = 0) {
   return static_cast<char*>(t.handle) + t.offset + elements * static_cast<int64_t>(dtype_size(t.dtype));
 }
@@ -175,32 +194,40 @@ void run(const Plan& p, Device& device, std::unordered_map<int64_t, void*>& pack
 
 }  // namespace
 
-void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const cpu::FlashLayout& d) {
+void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const cpu::FlashLayout& d,
+                             const Rope& rope) {
   Device& device = *qkv.device;
-  const Plan& p = plan_for(device, false, d, qkv.dtype);
-  const Layout l(d);
-  std::unordered_map<int64_t, void*> pack{{kQ, at(qkv)},
-                                          {kK, at(qkv, l.k_col)},
-                                          {kV, at(qkv, l.v_col)},
-                                          {kO, at(out)},
-                                          {kStats, at(lse)}};
-  Pieces scratch(device, {static_cast<size_t>(p.workspace)});
-  run(p, device, pack, p.workspace ? scratch[0] : nullptr, "flash_attention_forward");
+  const bool copy = needs_copy(d, rope);
+  const cpu::FlashLayout h = copy ? per_head(d) : d;
+  const Plan& p = plan_for(device, false, h, qkv.dtype);
+  Pieces scratch(device, {copy ? per_head_bytes(d, qkv.dtype) : 0, static_cast<size_t>(p.workspace)});
+  const Tensor q = copy ? per_head_tensor(scratch[0], d, qkv) : qkv;
+  if (copy) cuda::attention_qkv_forward(q, qkv, d.NG, rope);
+  const Layout l(h);
+  std::unordered_map<int64_t, void*> pack{
+      {kQ, at(q)}, {kK, at(q, l.k_col)}, {kV, at(q, l.v_col)}, {kO, at(out)}, {kStats, at(lse)}};
+  run(p, device, pack, p.workspace ? scratch[1] : nullptr, "flash_attention_forward");
 }
 
 void cudnn_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, const cpu::FlashLayout& d) {
+                              const Tensor& lse, const cpu::FlashLayout& d, const Rope& rope) {
   Device& device = *qkv.device;
-  const Plan& p = plan_for(device, true, d, qkv.dtype);
-  const Layout l(d);
-  Pieces scratch(device, {dqkv.bytes(), static_cast<size_t>(p.workspace)});
-  const Tensor grad(scratch[0], 0, dqkv.dtype, dqkv.shape, &device);
-  std::unordered_map<int64_t, void*> pack{{kQ, at(qkv)},           {kK, at(qkv, l.k_col)}, {kV, at(qkv, l.v_col)},
-                                          {kO, at(out)},           {kDO, at(dout)},        {kStats, at(lse)},
-                                          {kDQ, at(grad)},         {kDK, at(grad, l.k_col)},
-                                          {kDV, at(grad, l.v_col)}};
-  run(p, device, pack, p.workspace ? scratch[1] : nullptr, "flash_attention_backward");
-  // The op accumulates (dqkv += ...): one add of cuDNN's gradient, which fills every element.
+  const bool copy = needs_copy(d, rope);
+  const cpu::FlashLayout h = copy ? per_head(d) : d;
+  const Plan& p = plan_for(device, true, h, qkv.dtype);
+  const size_t grad_bytes = copy ? per_head_bytes(d, dqkv.dtype) : dqkv.bytes();
+  Pieces scratch(device, {copy ? per_head_bytes(d, qkv.dtype) : 0, grad_bytes, static_cast<size_t>(p.workspace)});
+  const Tensor q = copy ? per_head_tensor(scratch[0], d, qkv) : qkv;
+  if (copy) cuda::attention_qkv_forward(q, qkv, d.NG, rope);  // the forward's rotation again
+  const Tensor grad = copy ? per_head_tensor(scratch[1], d, dqkv) : Tensor(scratch[1], 0, dqkv.dtype, dqkv.shape, &device);
+  const Layout l(h);
+  std::unordered_map<int64_t, void*> pack{{kQ, at(q)},     {kK, at(q, l.k_col)},    {kV, at(q, l.v_col)},
+                                          {kO, at(out)},   {kDO, at(dout)},         {kStats, at(lse)},
+                                          {kDQ, at(grad)}, {kDK, at(grad, l.k_col)}, {kDV, at(grad, l.v_col)}};
+  run(p, device, pack, p.workspace ? scratch[2] : nullptr, "flash_attention_backward");
+  // The op accumulates (dqkv += ...): cuDNN's gradient fills every element of its buffer,
+  // which one add (or the per-head layout's transpose, rotating back) puts into dqkv.
+  if (copy) return cuda::attention_qkv_backward(dqkv, grad, d.NG, rope);
   cuda::residual_forward(dqkv, dqkv, grad);
 }
 

@@ -4,12 +4,16 @@
 // the call's sizes, so the choice is tested on the CPU (tests/unit/ops/cuda_flash_route_test.cpp).
 //
 // cuDNN serves 16-bit runs (qkv, out and the gradients in one of bf16 / f16, f32 accumulation)
-// on sm_80 and later, head dims that are multiples of 8 up to 128, 16-byte aligned tensors, no
-// RoPE (the model's flash call passes the rotation into the kernel; cuDNN has no rotation) and
-// query heads that are one strided tensor in Megatron's grouped layout (plain attention, R = 1,
-// or one query group, NG = 1). Attention dropout stays on tessera's kernel: the op's contract is
-// the unfused op's mask (Philox element (head*T + query)*T + key), and cuDNN's dropout draws its
-// own bits from its seed and offset.
+// on sm_80 and later, head dims that are multiples of 8 up to 128 and 16-byte aligned tensors.
+// Attention dropout stays on tessera's kernel: the op's contract is the unfused op's mask
+// (Philox element (head*T + query)*T + key), and cuDNN's dropout draws its own bits from its
+// seed and offset (so the CUDA backend tells the model to run the unfused attention when
+// attention dropout is on: Backend::fused_attention_dropout). cuDNN reads Q, K and V in
+// place from Megatron's grouped qkv when the query heads are one strided tensor (plain
+// attention, R = 1, or one query group, NG = 1) and nothing is rotated; otherwise (RoPE, or
+// grouped-query attention with several groups of several heads) the call first lays qkv out
+// per head with attention_qkv_forward (rotating q and k), and the backward adds its gradient
+// back through attention_qkv_backward.
 #pragma once
 
 #include <cstdint>
@@ -34,11 +38,13 @@ inline std::string cudnn_refusal(const FlashCall& c, int sm, bool have_cudnn) {
   if (sm < 80) return "sm_" + std::to_string(sm) + " < sm_80";
   if (c.dtype != DType::BF16 && c.dtype != DType::F16) return "activations are not all bf16 or all f16";
   if (c.HD % 8 != 0 || c.HD > 128) return "head dim " + std::to_string(c.HD) + " (cuDNN: a multiple of 8 up to 128)";
-  if (c.rope_dim != 0) return "RoPE inside the kernel";
   if (c.dropout_p != 0) return "attention dropout (the unfused op's mask)";
-  if (c.NG != c.NH && c.NG != 1) return "query groups of several heads in several groups";
   if (!c.aligned) return "tensors not 16-byte aligned";
   return "";
 }
+
+// Whether cuDNN needs qkv laid out per head first (attention_qkv_forward): RoPE, or query
+// heads that are not one strided tensor of the grouped layout.
+inline bool per_head_copy(const FlashCall& c) { return c.rope_dim != 0 || (c.NG != c.NH && c.NG != 1); }
 
 }  // namespace tessera::ops::cuda

@@ -1,13 +1,15 @@
-// The CUDA backend's doctor rows (device/cuda/cuda_doctor.h) from made-up machines, so every
-// case runs without a GPU: no driver, a driver older than the runtime, a driver but no GPU,
-// and a node with GPUs; each missing piece is INFO for a run on another device and a FAIL
-// with a fix for --device cuda. The real machine's rows are checked by
-// tests/integration/cuda_test.py (no-gpu); doctor prints them through Backend::doctor_rows.
+// The CUDA backend's registration, without a GPU: its doctor rows (device/cuda/cuda_doctor.h)
+// from made-up machines (no driver, a driver older than the runtime, a driver but no GPU, a
+// node with GPUs; each missing piece INFO for a run on another device and a FAIL with a fix
+// for --device cuda; the real machine's rows are checked by tests/integration/cuda_test.py
+// no-gpu), and its fused attention's dropout flag, which sends a GPT with attention dropout
+// to the unfused attention (GPTModel::uses_fused_attention).
 #include <gtest/gtest.h>
 
 #ifdef TESSERA_WITH_CUDA
 #include "tessera/device/cuda/cuda_doctor.h"
 #include "tessera/device/registry.h"
+#include "tessera/model/gpt.h"
 
 using namespace tessera;
 using Status = BackendRow::Status;
@@ -34,6 +36,15 @@ TEST(CudaDoctorRows, RegisteredWithTheBackend) {
   const Backend* cuda = find_backend("cuda");
   ASSERT_NE(cuda, nullptr);
   EXPECT_EQ(cuda->doctor_rows, &cuda_doctor_rows);
+}
+
+TEST(CudaBackend, AttentionDropoutRunsTheUnfusedAttention) {
+  const Backend* cuda = find_backend("cuda");
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_FALSE(cuda->fused_attention_dropout);
+  GPTConfig config;
+  config.attention_dropout = 0.1f;
+  EXPECT_TRUE(GPTModel::uses_fused_attention(config, cpu_device()));  // the CPU's flash kernel keeps the mask fast
 }
 
 TEST(CudaDoctorRows, NoDriverIsInfoUnlessCudaIsAskedFor) {
