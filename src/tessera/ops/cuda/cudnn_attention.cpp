@@ -3,6 +3,7 @@
 #include <cudnn_frontend.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,17 +23,23 @@ namespace fe = cudnn_frontend;
 using Graph = std::shared_ptr<fe::graph::Graph>;
 
 constexpr const char* kHint =
-    "cuDNN refused the attention graph: CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr shows why; "
-    "the model falls back to tessera's own kernel only where flash_route.h says so, so report the shape";
+    "CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr shows cuDNN's view; `tessera doctor --device cuda` "
+    "shows the GPU, driver and libraries";
 
 void check(fe::error_t e, const std::string& what) {
   if (!e.is_good()) throw runtime_error("cuDNN " + what + ": " + e.get_message(), kHint);
 }
 
+// Why cuDNN could not build a graph, or "" when it did.
+std::string refusal(fe::error_t e, const char* step) {
+  return e.is_good() ? "" : std::string(step) + ": " + e.get_message();
+}
+
 // The tensors' uids in the variant pack.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-// A graph built for one shape, dtype and direction on one GPU, with its handle and workspace.
+// A graph built for one shape, dtype and direction on one GPU, with its workspace; no graph
+// when cuDNN refused the shape (the call then runs the shared flash kernel).
 struct Plan {
   Graph graph;
   int64_t workspace = 0;
@@ -47,6 +54,7 @@ cudnnHandle_t handle_for(const Device& device) {
   auto it = handles->find(device.ordinal());
   if (it != handles->end()) return it->second;
   cudnnHandle_t h = nullptr;
+  tessera::cuda::activate(device);  // a handle belongs to the current GPU
   const cudnnStatus_t status = cudnnCreate(&h);
   if (status != CUDNN_STATUS_SUCCESS)
     throw runtime_error(std::string("cudnnCreate failed with ") + cudnnGetErrorString(status) + " on " + device.name(),
@@ -152,12 +160,18 @@ const Plan& plan_for(const Device& device, bool backward, const cpu::FlashLayout
   cudnnHandle_t h = handle_for(device);
   Plan p;
   p.graph = backward ? backward_graph(d, dtype) : forward_graph(d, dtype);
-  check(p.graph->validate(), "validate " + what);
-  check(p.graph->build_operation_graph(h), "build_operation_graph " + what);
-  check(p.graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans " + what);
-  check(p.graph->check_support(h), "check_support " + what);
-  check(p.graph->build_plans(h, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans " + what);
-  check(p.graph->get_workspace_size(p.workspace), "get_workspace_size " + what);
+  std::string why = refusal(p.graph->validate(), "validate");
+  if (why.empty()) why = refusal(p.graph->build_operation_graph(h), "build_operation_graph");
+  if (why.empty()) why = refusal(p.graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  if (why.empty()) why = refusal(p.graph->check_support(h), "check_support");
+  if (why.empty()) why = refusal(p.graph->build_plans(h, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+  if (why.empty()) why = refusal(p.graph->get_workspace_size(p.workspace), "get_workspace_size");
+  if (!why.empty()) {
+    // Once per shape: the run goes on, on tessera's own kernel, and says so.
+    std::fprintf(stderr, "warning: cuDNN refused the %s (%s); that shape runs tessera's flash kernel\n",
+                 what.c_str(), why.c_str());
+    p = Plan{};
+  }
   return plans->emplace(key, std::move(p)).first->second;
 }
 
@@ -184,6 +198,9 @@ void* at(const Tensor& t, int64_t elements = 0) {
 }
 
 void run(const Plan& p, Device& device, std::unordered_map<int64_t, void*>& pack, void* workspace, const char* op) {
+  // The handle takes each call's stream: in-process ranks are threads sharing a GPU's handle.
+  static std::mutex lock;
+  std::lock_guard<std::mutex> guard(lock);
   cudnnHandle_t h = handle_for(device);
   tessera::cuda::activate(device);
   const cudnnStatus_t status = cudnnSetStream(h, tessera::cuda::stream_of(device));
@@ -194,12 +211,13 @@ void run(const Plan& p, Device& device, std::unordered_map<int64_t, void*>& pack
 
 }  // namespace
 
-void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const cpu::FlashLayout& d,
+bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const cpu::FlashLayout& d,
                              const Rope& rope) {
   Device& device = *qkv.device;
   const bool copy = needs_copy(d, rope);
   const cpu::FlashLayout h = copy ? per_head(d) : d;
   const Plan& p = plan_for(device, false, h, qkv.dtype);
+  if (!p.graph) return false;
   Pieces scratch(device, {copy ? per_head_bytes(d, qkv.dtype) : 0, static_cast<size_t>(p.workspace)});
   const Tensor q = copy ? per_head_tensor(scratch[0], d, qkv) : qkv;
   if (copy) cuda::attention_qkv_forward(q, qkv, d.NG, rope);
@@ -207,14 +225,16 @@ void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   std::unordered_map<int64_t, void*> pack{
       {kQ, at(q)}, {kK, at(q, l.k_col)}, {kV, at(q, l.v_col)}, {kO, at(out)}, {kStats, at(lse)}};
   run(p, device, pack, p.workspace ? scratch[1] : nullptr, "flash_attention_forward");
+  return true;
 }
 
-void cudnn_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+bool cudnn_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const cpu::FlashLayout& d, const Rope& rope) {
   Device& device = *qkv.device;
   const bool copy = needs_copy(d, rope);
   const cpu::FlashLayout h = copy ? per_head(d) : d;
   const Plan& p = plan_for(device, true, h, qkv.dtype);
+  if (!p.graph) return false;
   const size_t grad_bytes = copy ? per_head_bytes(d, dqkv.dtype) : dqkv.bytes();
   Pieces scratch(device, {copy ? per_head_bytes(d, qkv.dtype) : 0, grad_bytes, static_cast<size_t>(p.workspace)});
   const Tensor q = copy ? per_head_tensor(scratch[0], d, qkv) : qkv;
@@ -227,8 +247,11 @@ void cudnn_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   run(p, device, pack, p.workspace ? scratch[2] : nullptr, "flash_attention_backward");
   // The op accumulates (dqkv += ...): cuDNN's gradient fills every element of its buffer,
   // which one add (or the per-head layout's transpose, rotating back) puts into dqkv.
-  if (copy) return cuda::attention_qkv_backward(dqkv, grad, d.NG, rope);
-  cuda::residual_forward(dqkv, dqkv, grad);
+  if (copy)
+    cuda::attention_qkv_backward(dqkv, grad, d.NG, rope);
+  else
+    cuda::residual_forward(dqkv, dqkv, grad);
+  return true;
 }
 
 }  // namespace tessera::ops::cuda

@@ -16,12 +16,14 @@
 
 namespace tessera::ops::cuda {
 
+// Each returns false, having done nothing, when cuDNN refused to build the shape's graph (a
+// warning says so once per shape); the caller then runs the shared flash kernel.
 // out, lse as flash_attention_forward's, qkv grouped with d's sizes.
-void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const cpu::FlashLayout& d,
+bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const cpu::FlashLayout& d,
                              const Rope& rope);
 // dqkv += the gradient (cuDNN writes dq, dk, dv into scratch of the device, then one add, or
 // attention_qkv_backward from the per-head copy's gradient).
-void cudnn_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+bool cudnn_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const cpu::FlashLayout& d, const Rope& rope);
 
 }  // namespace tessera::ops::cuda

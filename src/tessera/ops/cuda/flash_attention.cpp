@@ -59,7 +59,7 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_gro
                              const Dropout& dropout) {
 #ifdef TESSERA_WITH_CUDNN
   const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_forward");
-  if (cudnn_serves(d, {&qkv, &out}, lse, rope, dropout)) return cudnn_attention_forward(out, lse, qkv, d, rope);
+  if (cudnn_serves(d, {&qkv, &out}, lse, rope, dropout) && cudnn_attention_forward(out, lse, qkv, d, rope)) return;
 #endif
   shared_flash_attention_forward(out, lse, qkv, num_groups, rope, dropout);
 }
@@ -70,8 +70,9 @@ void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor q
   if (!dqkv.empty()) {
     const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_backward");
     cpu::check_flash_backward(dqkv, scratch, dout, qkv, out, lse);
-    if (cudnn_serves(d, {&dqkv, &dout, &qkv, &out}, lse, rope, dropout))
-      return cudnn_attention_backward(dqkv, dout, qkv, out, lse, d, rope);
+    if (cudnn_serves(d, {&dqkv, &dout, &qkv, &out}, lse, rope, dropout) &&
+        cudnn_attention_backward(dqkv, dout, qkv, out, lse, d, rope))
+      return;
   }
 #endif
   shared_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, num_groups, rope, dropout);

@@ -32,13 +32,14 @@ __device__ inline void store_param<__half>(void* params, int64_t i, float x) {
   static_cast<__half*>(params)[i] = __float2half_rn(x);
 }
 
-// Block (x, chunk): elements [x * 1024, x * 1024 + 1024) of the chunk, four per thread, as one
-// float4 of each array when the chunk's offsets are multiples of four.
+// Block (chunk, y): elements [y * 1024, y * 1024 + 1024) of the chunk, four per thread, as one
+// float4 of each array when the chunk's offsets are multiples of four. Chunks on grid.x, whose
+// limit (2^31 - 1) no slab reaches.
 template <typename P>
 __global__ void adamw_kernel(AdamwArgs a) {
-  const int64_t* row = a.chunks + blockIdx.y * kColumns;
+  const int64_t* row = a.chunks + static_cast<int64_t>(blockIdx.x) * kColumns;
   const int64_t n = row[kNumel];
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPerThread;
+  const int64_t first = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * kPerThread;
   if (first >= n) return;
   const AdamwStep step{row[kDecay] ? a.scalars[kAdamDecay] : 1.0f,
                        a.scalars[kGradScale],
@@ -82,7 +83,7 @@ __global__ void adamw_kernel(AdamwArgs a) {
 // Block c: the sum of squares of chunk c in double, each thread's strided elements then a
 // fixed tree over the block, into partial[c].
 __global__ void chunk_squares_kernel(double* partial, const float* grad, const int64_t* chunks) {
-  const int64_t* row = chunks + blockIdx.x * kColumns;
+  const int64_t* row = chunks + static_cast<int64_t>(blockIdx.x) * kColumns;
   const float* x = grad + row[kGrad];
   const int64_t n = row[kNumel];
   double acc = 0.0;
@@ -116,7 +117,7 @@ __global__ void segment_add_kernel(double* sums, const double* partial, const in
 
 void multi_tensor_adamw(const AdamwArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  const dim3 grid(kChunk / (kThreads * kPerThread), static_cast<unsigned>(a.rows));
+  const dim3 grid(static_cast<unsigned>(a.rows), kChunk / (kThreads * kPerThread));
   switch (a.param_type) {
     case ParamType::None: adamw_kernel<void><<<grid, kThreads, 0, stream>>>(a); break;
     case ParamType::BF16: adamw_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a); break;
