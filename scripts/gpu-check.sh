@@ -11,15 +11,20 @@
 #       machine with the source tree.
 #   scripts/gpu-check.sh run [BUNDLE] [--no-peers]
 #       On the GPU machine (default bundle: build-cuda/gpu-bundle.tar.xz): unpacks it, finds
-#       the CUDA 13 libraries (cuBLASLt, NCCL) among pip's nvidia-* packages, runs the gpu
-#       tests (every op against the CPU backend, 10 training iterations against the CPU),
-#       then the benchmark (GPT-2 124M and the 350M model at sequence 1024 in bf16:
-#       tokens/s and MFU against 989 TFLOP/s; an 8192^3 bf16 GEMM; PyTorch eager and
-#       torch.compile of the same models), and writes $OUT/gpu-check/summary.md with every
-#       log beside it. Each part has a time limit; the whole run stays under 8 minutes,
-#       and a part that fails or times out is recorded and the run goes on. --no-peers skips
-#       PyTorch's runs (a re-check of tessera alone, about 2 minutes) and adds a per-kernel
-#       profile of one GPT-2 124M iteration (Nsight Compute, when the machine has ncu).
+#       the CUDA 13 libraries (cuBLASLt, cuDNN, NCCL) among pip's nvidia-* packages, runs
+#       doctor and the gpu tests (every op against the CPU backend, 10 training iterations
+#       against the CPU), then the benchmark at sequence 1024 in bf16 without dropout (as
+#       PyTorch's side): GPT-2 124M and 350M at micro-batch 8 and a 1B Llama shape
+#       (Llama 3.2 1B: 16 layers, hidden 2048, 32 heads in 8 groups, SwiGLU 8192, RMSNorm,
+#       RoPE) at micro-batch 4, each in the default mode and --deterministic-mode, tokens/s
+#       and MFU by Megatron's formula against 989 TFLOP/s; an 8192^3 bf16 GEMM; PyTorch eager
+#       and torch.compile of the GPT models; Nsight Compute's per-kernel top list of one
+#       iteration of a 2-layer GPT-2 124M (when the machine has ncu); the remaining tests and
+#       compute-sanitizer's memcheck. Writes $OUT/gpu-check/summary.md with every log beside
+#       it. Each part has a time limit, the parts run in order of importance, and the whole
+#       run stays inside one 10-minute device command (GPU_CHECK_BUDGET, default 540 s after
+#       unpacking); a part that fails or times out is recorded and the run goes on.
+#       --no-peers skips PyTorch's runs (a re-check of tessera alone).
 set -uo pipefail
 
 die() {
@@ -42,7 +47,7 @@ bundle() {
   # Every library the two load, but glibc's (the GPU machine's own must match its loader)
   # and CUDA's (the GPU machine's driver and pip packages provide them).
   ldd "$tessera" "$ops_test" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/lib(cuda|cudart|cublas|cublasLt|nccl|cudnn[^/]*)\.so' |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/lib(cuda|cudart|cublas|cublasLt|nccl|nvrtc|cudnn[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/tessera-gpu/lib/"; done
   tar -C "$stage" -cf - tessera-gpu | xz -T2 -6 >"$build/gpu-bundle.tar.xz"
   local size
@@ -53,7 +58,7 @@ bundle() {
 
 # ---------------------------------------------------------------------------------------
 START=$SECONDS
-BUDGET=${GPU_CHECK_BUDGET:-450}  # seconds for everything after unpacking (default: under 8 minutes with the start-up)
+BUDGET=${GPU_CHECK_BUDGET:-540}  # seconds for everything after unpacking (one 10-minute command with the start-up)
 
 # limit SECONDS_WANTED: what a part may take, never past the budget.
 limit() {
@@ -92,18 +97,27 @@ print(":".join(dirs))
 EOF
 }
 
-# tessera's benchmark run: MODEL (124m|350m) -> $RESULTS/tessera_MODEL.jsonl
+# tessera's benchmark run: MODEL (124m|350m|1b) MODE (default|deterministic)
+#   -> $RESULTS/tessera_MODEL[_deterministic].jsonl
+# No dropout, as PyTorch's side: the fused attention then runs on cuDNN (ops/cuda/flash_route.h).
 tessera_bench() {
-  local model=$1 shape
+  local model=$1 mode=${2:-default} shape mb=8 vocab=50257 suffix=""
   case $model in
     124m) shape="--num-layers 12 --hidden-size 768 --num-attention-heads 12" ;;
     350m) shape="--num-layers 24 --hidden-size 1024 --num-attention-heads 16" ;;
+    1b)
+      shape="--num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32
+             --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm
+             --position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear"
+      mb=4 vocab=128256 ;;
   esac
+  [[ $mode == deterministic ]] && shape+=" --deterministic-mode" && suffix=_deterministic
   # shellcheck disable=SC2086  # shape is a list of flags
-  "$TESSERA" train $shape --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
-    --global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 50257 --mock-data \
+  "$TESSERA" train $shape --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size $mb \
+    --global-batch-size $mb --bf16 --tokenizer-type NullTokenizer --vocab-size $vocab --mock-data \
+    --hidden-dropout 0 --attention-dropout 0 \
     --lr 6e-4 --lr-warmup-iters 2 --train-iters 12 --log-interval 4 --eval-iters 1 --eval-interval 1000 \
-    --weight-decay 0.1 --clip-grad 1.0 --device cuda --log-json "$RESULTS/tessera_$model.jsonl"
+    --weight-decay 0.1 --clip-grad 1.0 --device cuda --log-json "$RESULTS/tessera_$model$suffix.jsonl"
 }
 
 # PyTorch's side: the same GPT (pre-LN, GeLU, tied embeddings, causal SDPA) in bf16 autocast
@@ -204,12 +218,16 @@ summarize() {
 import glob, json, os, sys
 res = sys.argv[1]
 PEAK = 989e12
-SHAPES = {"124m": (12, 768), "350m": (24, 1024)}
+# layers, hidden, query groups / heads, FFN / hidden x (3/2 with SwiGLU), padded vocabulary
+SHAPES = {"124m": (12, 768, 1.0, 4.0, 50304), "350m": (24, 1024, 1.0, 4.0, 50304),
+          "1b": (16, 2048, 0.25, 4.0 * 1.5, 128256)}
 
 
-def flops_per_token(model, s=1024, V=50304):
-    l, h = SHAPES[model]
-    return 72 * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))  # fwd + bwd, no recompute
+def flops_per_token(model, s=1024):
+    # Megatron's num_floating_point_operations (training.py, core_r0.10.0) per token: fwd +
+    # bwd, no recomputation, grouped-query attention and gated linear units included.
+    l, h, kv, ffn, V = SHAPES[model]
+    return 12 * l * h * h * ((1 + kv + s / h) + ffn + V / (2 * l * h))
 
 
 def last_json(path, key):
@@ -227,7 +245,7 @@ out = ["# gpu-check summary", "", open(os.path.join(res, "machine.md")).read(), 
 # Each test part's verdict lines (its figures, failures, the sanitizer's summary), else its
 # last lines: the summary is the one file sure to come back from the machine.
 VERDICT = ("ok ", "[  PASSED", "[  FAILED", "differ", "ERROR SUMMARY", "error:")
-for name in ("test_backend_ops", "test_train_parity", "test_checkpoint", "test_bf16", "test_tf32", "memcheck",
+for name in ("test_backend_ops", "test_train_parity", "test_cudnn", "test_checkpoint", "test_bf16", "test_tf32", "memcheck",
              "profile_124m"):
     try:
         lines = [l.rstrip() for l in open(os.path.join(res, name + ".log")) if l.strip()]
@@ -235,12 +253,14 @@ for name in ("test_backend_ops", "test_train_parity", "test_checkpoint", "test_b
         continue
     picked = [l for l in lines if any(v in l for v in VERDICT)][-16:] or lines[-4:]
     out += ["%s:" % name, "```"] + [l[:300] for l in picked] + ["```", ""]
-out += ["## Benchmark (bf16, sequence 1024, micro-batch 8)", ""]
+out += ["## Benchmark (bf16, sequence 1024, no dropout; micro-batch 8, 1b: 4)", ""]
 gemm = last_json(os.path.join(res, "gemm_8192.log"), "tflops")
 out.append("8192^3 bf16 GEMM (torch.matmul, cuBLAS): %s TFLOP/s" % ("%.0f" % gemm["tflops"] if gemm else "n/a"))
 out += ["", "| model | run | tokens/s | MFU (989 TFLOP/s) |", "| --- | --- | --- | --- |"]
-for model in ("124m", "350m"):
-    runs = [("tessera", last_json(os.path.join(res, "tessera_%s.jsonl" % model), "tokens_per_second"))]
+for model in ("124m", "350m", "1b"):
+    runs = [("tessera", last_json(os.path.join(res, "tessera_%s.jsonl" % model), "tokens_per_second")),
+            ("tessera --deterministic-mode",
+             last_json(os.path.join(res, "tessera_%s_deterministic.jsonl" % model), "tokens_per_second"))]
     for mode in ("eager", "compile"):
         runs.append(("PyTorch " + mode, last_json(os.path.join(res, "torch_%s_%s.log" % (model, mode)),
                                                   "tokens_per_second")))
@@ -256,14 +276,15 @@ print(text)
 EOF
 }
 
-# Nsight Compute's per-kernel GPU time of one GPT-2 124M iteration (with its evaluation):
-# the 15 kernels that take longest, from ncu's CSV.
+# Nsight Compute's per-kernel GPU time of one iteration (with its evaluation) of GPT-2 124M's
+# width with 2 layers (every layer runs the same kernels; ncu replays each one, so the full
+# 12 layers would not fit the budget): the 15 kernels that take longest, from ncu's CSV.
 tessera_profile() {
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [[ -n $ncu ]] || { echo "no ncu on this machine"; return 77; }
-  "$ncu" --metrics gpu__time_duration.sum --csv --print-units base -c 3000 "$TESSERA.bin" train \
-    --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
+  "$ncu" --metrics gpu__time_duration.sum --csv --print-units base -c 1000 "$TESSERA.bin" train \
+    --num-layers 2 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
     --micro-batch-size 8 --global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 50257 \
     --mock-data --lr 6e-4 --train-iters 1 --eval-iters 1 --eval-interval 1000 --device cuda >"$RESULTS/ncu.csv" || return 1
   python3 - "$RESULTS/ncu.csv" <<'EOF'
@@ -312,7 +333,7 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
     python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1
     echo "tessera's LD_LIBRARY_PATH=$libpath"
-    LD_LIBRARY_PATH=$libpath ldd "$bin/tessera.bin" | grep -E 'not found|cublas|nccl|cudart' || true
+    LD_LIBRARY_PATH=$libpath ldd "$bin/tessera.bin" | grep -E 'not found|cublas|cudnn|nvrtc|nccl|cudart' || true
     echo '```'
     echo
   } >"$RESULTS/machine.md"
@@ -323,38 +344,44 @@ run() {
     summarize
     return 1
   fi
+  # Ordered by importance: what is cut when the budget runs out comes last.
   # A tiny model's flags, so the doctor's config rows pass and its exit status is the GPU's.
-  part doctor 30 "$TESSERA" doctor --device cuda --mock-data --tokenizer-type NullTokenizer --vocab-size 60 \
+  part doctor 20 "$TESSERA" doctor --device cuda --mock-data --tokenizer-type NullTokenizer --vocab-size 60 \
     --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
     --micro-batch-size 2 --global-batch-size 8 --train-iters 2 --lr 1e-3
-  part test_backend_ops 90 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
-  part test_train_parity 60 python3 tests/integration/cuda_test.py "$TESSERA" train
-  part test_checkpoint 60 python3 tests/integration/cuda_test.py "$TESSERA" checkpoint
-  part test_bf16 40 python3 tests/integration/cuda_test.py "$TESSERA" bf16
-  part test_tf32 40 python3 tests/integration/cuda_test.py "$TESSERA" tf32
-  # Out-of-bounds accesses and uninitialised reads in tessera's kernels: a tiny run (dropout
-  # on, evaluation included) under compute-sanitizer, if the machine has it.
+  part test_backend_ops 60 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
+  part test_train_parity 40 python3 tests/integration/cuda_test.py "$TESSERA" train
+  part test_cudnn 30 python3 tests/integration/cuda_test.py "$TESSERA" cudnn
+  part tessera_124m 45 tessera_bench 124m
+  part tessera_124m_deterministic 45 tessera_bench 124m deterministic
+  if ((peers)); then
+    part torch_124m_eager 25 torch_bench 124m eager
+    part torch_124m_compile 50 torch_bench 124m compile
+  fi
+  part tessera_350m 50 tessera_bench 350m
+  part tessera_1b 60 tessera_bench 1b
+  part profile_124m 60 env LD_LIBRARY_PATH="$libpath" bash -c "$(declare -f tessera_profile); tessera_profile"
+  if ((peers)); then
+    part torch_350m_eager 25 torch_bench 350m eager
+    part torch_350m_compile 50 torch_bench 350m compile
+    part gemm_8192 15 torch_bench gemm
+  fi
+  part tessera_350m_deterministic 50 tessera_bench 350m deterministic
+  part tessera_1b_deterministic 60 tessera_bench 1b deterministic
+  part test_bf16 30 python3 tests/integration/cuda_test.py "$TESSERA" bf16
+  part test_checkpoint 40 python3 tests/integration/cuda_test.py "$TESSERA" checkpoint
+  part test_tf32 30 python3 tests/integration/cuda_test.py "$TESSERA" tf32
+  # Out-of-bounds accesses and uninitialised reads in tessera's kernels: a tiny f32 run
+  # (hidden dropout on; attention dropout off, so the fused attention runs, on the shared
+  # flash kernel as f32 does; evaluation included) under compute-sanitizer.
   local sanitizer
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   if [[ -n $sanitizer ]]; then
-    part memcheck 60 env LD_LIBRARY_PATH="$libpath" "$sanitizer" --error-exitcode 3 --tool memcheck \
+    part memcheck 40 env LD_LIBRARY_PATH="$libpath" "$sanitizer" --error-exitcode 3 --tool memcheck \
       "$bin/tessera.bin" train --device cuda --mock-data --tokenizer-type NullTokenizer --vocab-size 60 \
       --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
       --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --eval-interval 2 --eval-iters 1 --lr 1e-3 \
-      --hidden-dropout 0.1 --attention-dropout 0.1
-  fi
-  if ((peers)); then
-    part gemm_8192 20 torch_bench gemm
-    part tessera_124m 60 tessera_bench 124m
-    part torch_124m_eager 30 torch_bench 124m eager
-    part tessera_350m 70 tessera_bench 350m
-    part torch_350m_eager 30 torch_bench 350m eager
-    part torch_124m_compile 60 torch_bench 124m compile
-    part torch_350m_compile 60 torch_bench 350m compile
-  else
-    part tessera_124m 60 tessera_bench 124m
-    part tessera_350m 70 tessera_bench 350m
-    part profile_124m 90 env LD_LIBRARY_PATH="$libpath" bash -c "$(declare -f tessera_profile); tessera_profile"
+      --hidden-dropout 0.1 --attention-dropout 0
   fi
   summarize
 }

@@ -99,3 +99,30 @@ else
   $SUDO "$TDIST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TDIST_PACKAGES[@]}"
   $SUDO "$TDIST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$MEGATRON_CORE"
 fi
+# ---- build-only: the cuDNN frontend's headers ------------------------------------------------
+# The CUDA backend's fused attention calls cuDNN's SDPA through NVIDIA's cuDNN frontend
+# (header-only C++, MIT), which Debian does not package; its PyPI wheel carries the headers
+# under include/. Only those are unpacked, into a folder CMake finds (TESSERA_CUDNN_FRONTEND_DIR;
+# keep the two defaults equal); nothing is installed into any Python. Skipped when that folder
+# already holds this version. A build without them runs tessera's own flash kernel on CUDA.
+CUDNN_FRONTEND_VERSION=1.32.0
+CUDNN_FRONTEND_DIR=${TESSERA_CUDNN_FRONTEND_DIR:-/opt/tessera/cudnn-frontend}
+if [ -f "$CUDNN_FRONTEND_DIR/include/cudnn_frontend.h" ] &&
+   [ "$(cat "$CUDNN_FRONTEND_DIR/VERSION" 2>/dev/null)" = "$CUDNN_FRONTEND_VERSION" ]; then
+  echo "setup: cuDNN frontend $CUDNN_FRONTEND_VERSION headers present in $CUDNN_FRONTEND_DIR (build-only)"
+else
+  echo "setup: unpacking the cuDNN frontend $CUDNN_FRONTEND_VERSION headers from PyPI into $CUDNN_FRONTEND_DIR (build-only)"
+  wheel_dir=$(mktemp -d)
+  /usr/bin/python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.11 --platform manylinux_2_28_x86_64 -d "$wheel_dir" \
+    "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION"
+  $SUDO rm -rf "$CUDNN_FRONTEND_DIR"
+  $SUDO mkdir -p "$CUDNN_FRONTEND_DIR"
+  $SUDO /usr/bin/python3 -c "
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as w:
+    w.extractall(sys.argv[2], [n for n in w.namelist() if n.startswith('include/')])" \
+    "$(ls "$wheel_dir"/*.whl)" "$CUDNN_FRONTEND_DIR"
+  echo "$CUDNN_FRONTEND_VERSION" | $SUDO tee "$CUDNN_FRONTEND_DIR/VERSION" >/dev/null
+  rm -rf "$wheel_dir"
+fi

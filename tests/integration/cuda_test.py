@@ -16,12 +16,19 @@
   2e-2 (gradient norm) relative of `--bf16` on the CPU over 10 iterations (the GEMMs round
   their bf16 outputs after summing in another order);
 - tf32: with --tf32 the same run stays within 5e-3 relative of the CPU but is not the exact
-  f32 result (TF32 keeps 10 mantissa bits of each GEMM operand: the flag took effect).
+  f32 result (TF32 keeps 10 mantissa bits of each GEMM operand: the flag took effect);
+- cudnn: `--bf16` without attention dropout, where CUDA's fused attention runs cuDNN's SDPA
+  (ops/cuda/flash_route.h) and the linear + GeLU cuBLASLt's GELU_AUX_BIAS epilogue, within
+  the bf16 bounds of the CPU;
+- two-gpu: `tessera launch --nproc_per_node 2` on two GPUs with NCCL (data parallel with
+  --overlap-grad-reduce, then the distributed optimizer with --overlap-param-gather, then
+  tensor parallel with sequence parallelism), each within 1e-5 relative of one CPU process;
+  exit 77 with fewer than two GPUs.
 no-gpu also checks that --tf32 on the CPU says it has no effect and changes nothing, and
 that `tessera doctor` says there is no GPU: INFO rows with --device cpu (exit 0), FAIL rows
 with a fix for --device cuda (exit 1).
 ops, train and tf32 exit 77 (skipped) with a message when no GPU is visible.
-usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32 [BACKEND_OPS_TEST_BINARY]"""
+usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32|cudnn|two-gpu [BACKEND_OPS_TEST_BINARY]"""
 import json
 import os
 import re
@@ -59,9 +66,10 @@ def gpu_visible():
     return True
 
 
-def train(tmp, device, extra=()):
+def train(tmp, device, extra=(), launch=()):
     path = os.path.join(tmp, "%s_%d.jsonl" % (device, len(os.listdir(tmp))))
-    p = run([TESSERA, "train"] + TRAIN + ["--device", device, "--log-json", path] + list(extra))
+    cmd = [TESSERA] + (["launch", "--standalone"] + list(launch) if launch else []) + ["train"]
+    p = run(cmd + TRAIN + ["--device", device, "--log-json", path] + list(extra))
     assert p.returncode == 0, "%s: rc %d\n%s\n%s" % (device, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return [json.loads(l) for l in open(path)]
 
@@ -161,6 +169,45 @@ def test_tf32():
     return 0
 
 
+def without_dropout(flags):
+    return [f if flags[i - 1] not in ("--hidden-dropout", "--attention-dropout") else "0" for i, f in enumerate(flags)]
+
+
+def test_cudnn():
+    global TRAIN
+    TRAIN = without_dropout(TRAIN)
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu, gpu = train(tmp, "cpu", ["--bf16"]), train(tmp, "cuda", ["--bf16"])
+    loss, norm = relative_gap(cpu, gpu, "lm_loss"), relative_gap(cpu, gpu, "grad_norm")
+    assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, \
+        "cuda --bf16 on cuDNN: loss %.3g, grad norm %.3g relative of the CPU" % (loss, norm)
+    print("ok  cuda --bf16 without dropout (cuDNN attention, cuBLASLt GeLU epilogue): loss within %.2g and grad "
+          "norm within %.2g relative of the CPU" % (loss, norm))
+    return 0
+
+
+def gpu_count():
+    p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len([l for l in p.stdout.splitlines() if l.startswith("GPU ")]) if p.returncode == 0 else 0
+
+
+def test_two_gpu():
+    if gpu_count() < 2:
+        print("skipped: fewer than two GPUs (this test needs two; NCCL between ranks has not run anywhere else)")
+        return 77
+    layouts = [["--overlap-grad-reduce"],
+               ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"],
+               ["--tensor-model-parallel-size", "2", "--sequence-parallel"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu = train(tmp, "cpu")
+        for flags in layouts:
+            gpu = train(tmp, "cuda", flags + ["--distributed-backend", "nccl"], launch=["--nproc_per_node", "2"])
+            gap = relative_gap(cpu, gpu)
+            assert gap <= RTOL, "two GPUs with %s: %.3g relative of one CPU process" % (" ".join(flags), gap)
+            print("ok  two GPUs, NCCL, %s: 10 iterations within %.2g relative of the CPU" % (" ".join(flags), gap))
+    return 0
+
+
 def test_ops():
     p = run([os.path.abspath(sys.argv[3]), "--gtest_filter=*/cuda_*"], timeout=1200)
     print(p.stdout[-6000:])
@@ -196,7 +243,7 @@ def main():
         print("skipped: no CUDA device is visible (this test needs a GPU; scripts/gpu-check.sh runs it on one)")
         return 77
     parts = {"ops": test_ops, "train": test_train, "checkpoint": test_checkpoint, "bf16": test_bf16,
-             "tf32": test_tf32}
+             "tf32": test_tf32, "cudnn": test_cudnn, "two-gpu": test_two_gpu}
     return parts[part]()
 
 

@@ -14,11 +14,6 @@ const NativeCollectives* collectives_named(const std::string& name) {
   return nullptr;
 }
 
-const NativeCollectives* collectives_of(const std::string& backend) {
-  const Backend* b = find_backend(backend);
-  return b ? b->collectives : nullptr;
-}
-
 }  // namespace
 
 CommBackendChoice choose_comm_backend(const std::string& requested, const Backend& device) {
@@ -49,17 +44,5 @@ std::unique_ptr<Communicator> create_communicator(std::shared_ptr<Store> store, 
                       "host-staged path), or build tessera with the backend's library");
 }
 
-std::string native_collectives_version(const std::string& backend) {
-  const NativeCollectives* native = collectives_of(backend);
-  return native ? native->version() : "";
-}
-
-NativeAllReduceRun native_all_reduce_run(const std::string& backend, size_t bytes) {
-  const NativeCollectives* native = collectives_of(backend);
-  if (native == nullptr)
-    throw runtime_error("no native collective library for " + backend + " devices in this build",
-                        "build with -DTESSERA_CUDA=ON where the CUDA toolkit and NCCL are installed");
-  return native->all_reduce_run(bytes);
-}
 
 }  // namespace tessera

@@ -42,33 +42,13 @@ struct CommOptions {
   std::string key_prefix;
 };
 
-// doctor's all-reduce run through a native library: one process, one rank per device of its
-// backend on this node, an all-reduce of `bytes` of f32 whose exact sum is checked on the
-// host.
-struct NativeAllReduceRun {
-  int devices = 0;
-  double ms = 0;         // the timed all-reduce (after one warm-up)
-  double busbw_gbs = 0;  // nccl-tests' bus bandwidth: bytes / time x 2 (n - 1) / n
-  int64_t wrong = 0;     // elements that are not the exact sum
-};
-
 // A device backend's native collective library (NCCL for cuda, HCCL for an Ascend backend),
 // registered with its backend (Backend::collectives, in the backend's folder).
 struct NativeCollectives {
   const char* name = "";  // --distributed-backend's spelling: "nccl"
-  std::string (*version)() = nullptr;  // "NCCL 2.28.9"
   std::unique_ptr<Communicator> (*create)(std::shared_ptr<Store> store, int rank, int world_size,
                                           const CommOptions& options) = nullptr;
-  // Throws tessera::Error naming the failed call.
-  NativeAllReduceRun (*all_reduce_run)(size_t bytes) = nullptr;
 };
-
-// The native collective library of the backend named `backend` with its version ("NCCL
-// 2.28.9"), or "" when this build has none for it.
-std::string native_collectives_version(const std::string& backend);
-// native collectives' all_reduce_run for the backend named `backend`; throws tessera::Error
-// when this build has no native library for it.
-NativeAllReduceRun native_all_reduce_run(const std::string& backend, size_t bytes);
 
 // The world communicator of rank `rank` of `world_size`, bootstrapped through `store`.
 // Throws tessera::Error naming the backend when this build lacks it.

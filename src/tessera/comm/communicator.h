@@ -1,7 +1,8 @@
 // The Communicator: collectives over a group of ranks, the only way ranks exchange tensors.
 // Backends: gloo/ (host memory over TCP) and in_process/ (ranks as threads, for unit tests),
-// each a GroupCommunicator over its own Transport (group_communicator.h); nccl/ (CUDA), which
-// implements this interface itself with a Gloo group for host tensors. Calls are collective over the group: every member calls
+// each a GroupCommunicator over its own Transport (group_communicator.h); nccl/ (CUDA), a
+// GroupCommunicator over a Gloo transport with NCCL's DeviceTransport beside it for GPU
+// tensors. Calls are collective over the group: every member calls
 // them in the same order. Asynchronous variants return a Work handle to wait on.
 //
 // Semantics shared by every backend (tests/unit/comm hold them to it):

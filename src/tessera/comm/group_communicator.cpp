@@ -115,15 +115,20 @@ class StagedWork final : public Work {
 
 // ---- the communicator -----------------------------------------------------------------------------
 
-GroupCommunicator::GroupCommunicator(std::unique_ptr<Transport> transport) : transport_(std::move(transport)) {}
+GroupCommunicator::GroupCommunicator(std::unique_ptr<Transport> transport, std::unique_ptr<DeviceTransport> device)
+    : transport_(std::move(transport)), device_(std::move(device)) {}
 
 GroupCommunicator::~GroupCommunicator() = default;
 
 void GroupCommunicator::all_reduce(Tensor t, ReduceOp op) {
-  queue_.drain();
+  if (!on_device(t)) queue_.drain();
   check_memory(t, "all_reduce");
   check_reducible(t, "all_reduce");
   const Call c = next_call(call_text(std::string("all_reduce(") + reduce_op_name(op) + ")", t));
+  if (on_device(t)) {
+    if (t.bytes()) device_->all_reduce(t, op, c)->wait();
+    return;
+  }
   if (size() == 1 || t.bytes() == 0) return;
   char* p = host_bytes(t, stage_in_, /*load=*/true);
   transport_->all_reduce(p, static_cast<size_t>(t.numel()), t.dtype, op, c);
@@ -134,6 +139,10 @@ std::unique_ptr<Work> GroupCommunicator::all_reduce_async(Tensor t, ReduceOp op)
   check_memory(t, "all_reduce_async");
   check_reducible(t, "all_reduce_async");
   const Call c = next_call(call_text(std::string("all_reduce_async(") + reduce_op_name(op) + ")", t));
+  if (on_device(t)) {
+    if (t.bytes() == 0) return std::make_unique<FinishedWork>();
+    return device_->all_reduce(t, op, c);
+  }
   if (size() == 1 || t.bytes() == 0) return queue_.submit(c.what, [] {});
   // Each call stages into its own buffer: several may be queued at once (gradient buckets).
   std::shared_ptr<StagingBuffer> stage = idle_stage();
@@ -170,9 +179,10 @@ void check_scatter(const Tensor& out, const Tensor& in, int size, const char* op
 }  // namespace
 
 void GroupCommunicator::all_gather(Tensor out, Tensor in) {
-  queue_.drain();
+  if (!on_device(in)) queue_.drain();
   check_gather(out, in, size(), "all_gather");
   const Call c = next_call(call_text("all_gather", in));
+  if (on_device(in)) return device_call(c, out, in, [&] { return device_->all_gather(out, in, c); })->wait();
   if (in.bytes() == 0) return;
   const char* src = host_bytes(in, stage_in_, /*load=*/true);
   char* dst = host_bytes(out, stage_out_, /*load=*/false);
@@ -182,9 +192,12 @@ void GroupCommunicator::all_gather(Tensor out, Tensor in) {
 }
 
 void GroupCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
-  queue_.drain();
+  if (!on_device(in)) queue_.drain();
   check_scatter(out, in, size(), "reduce_scatter");
   const Call c = next_call(call_text(std::string("reduce_scatter(") + reduce_op_name(op) + ")", in));
+  if (on_device(in)) {
+    return device_call(c, out, in, [&] { return device_->reduce_scatter(out, in, op, c); })->wait();
+  }
   if (out.bytes() == 0) return;
   const char* src = host_bytes(in, stage_in_, /*load=*/true);
   char* dst = host_bytes(out, stage_out_, /*load=*/false);
@@ -214,6 +227,7 @@ std::unique_ptr<Work> GroupCommunicator::post_pair(const Call& c, const Tensor& 
 std::unique_ptr<Work> GroupCommunicator::all_gather_async(Tensor out, Tensor in) {
   check_gather(out, in, size(), "all_gather_async");
   const Call c = next_call(call_text("all_gather_async", in));
+  if (on_device(in)) return device_call(c, out, in, [&] { return device_->all_gather(out, in, c); });
   const size_t bytes = in.bytes();
   return post_pair(c, out, in, [this, bytes, c](char* dst, const char* src) {
     if (size() == 1) std::memmove(dst, src, bytes);
@@ -224,6 +238,7 @@ std::unique_ptr<Work> GroupCommunicator::all_gather_async(Tensor out, Tensor in)
 std::unique_ptr<Work> GroupCommunicator::reduce_scatter_async(Tensor out, Tensor in, ReduceOp op) {
   check_scatter(out, in, size(), "reduce_scatter_async");
   const Call c = next_call(call_text(std::string("reduce_scatter_async(") + reduce_op_name(op) + ")", in));
+  if (on_device(in)) return device_call(c, out, in, [&] { return device_->reduce_scatter(out, in, op, c); });
   const size_t n = static_cast<size_t>(out.numel()), bytes = out.bytes();
   return post_pair(c, out, in, [this, n, bytes, dtype = in.dtype, op, c](char* dst, const char* src) {
     if (size() == 1) std::memmove(dst, src, bytes);
@@ -232,11 +247,15 @@ std::unique_ptr<Work> GroupCommunicator::reduce_scatter_async(Tensor out, Tensor
 }
 
 void GroupCommunicator::broadcast(Tensor t, int root) {
-  queue_.drain();
+  if (!on_device(t)) queue_.drain();
   check_memory(t, "broadcast");
   TESSERA_CHECK(root >= 0 && root < size(),
                 "broadcast: root " + std::to_string(root) + " is not a rank of " + group().text());
   const Call c = next_call(call_text("broadcast(root " + std::to_string(root) + ")", t));
+  if (on_device(t)) {
+    if (t.bytes()) device_->broadcast(t, root, c)->wait();
+    return;
+  }
   if (size() == 1 || t.bytes() == 0) return;
   // Only the root's bytes matter: the others need not copy theirs off the device.
   char* p = host_bytes(t, stage_in_, /*load=*/rank() == root);
@@ -245,12 +264,12 @@ void GroupCommunicator::broadcast(Tensor t, int root) {
 }
 
 void GroupCommunicator::send(Tensor t, int dst) {
-  queue_.drain();
+  if (!on_device(t)) queue_.drain();
   post_p2p(t, dst, /*is_send=*/true, "send")->wait();
 }
 
 void GroupCommunicator::recv(Tensor t, int src) {
-  queue_.drain();
+  if (!on_device(t)) queue_.drain();
   post_p2p(t, src, /*is_send=*/false, "recv")->wait();
 }
 
@@ -259,6 +278,7 @@ std::unique_ptr<Work> GroupCommunicator::recv_async(Tensor t, int src) { return 
 
 void GroupCommunicator::barrier() {
   queue_.drain();
+  if (device_) device_->flush();
   const Call c = next_call("barrier");
   if (size() > 1) transport_->barrier(c);
 }
@@ -271,13 +291,21 @@ std::unique_ptr<Communicator> GroupCommunicator::split(const std::vector<std::ve
   plan.mine = find_split_group(groups, size(), rank());
   plan.seq = splits_++;
   plan.name = name.empty() ? group().name + "/split" + std::to_string(plan.seq) : name;
-  return make_subgroup(transport_->split(plan), plan);
+  if (device_) device_->flush();
+  std::unique_ptr<Transport> host = transport_->split(plan);
+  // Every rank of the parent splits the device library's communicator, those in no list too.
+  std::unique_ptr<DeviceTransport> device = device_ ? device_->split(plan, host ? &host->group() : nullptr) : nullptr;
+  if (!host) return nullptr;
+  return std::make_unique<GroupCommunicator>(std::move(host), std::move(device));
 }
 
-std::unique_ptr<Communicator> GroupCommunicator::make_subgroup(std::unique_ptr<Transport> transport,
-                                                               const SplitPlan&) {
-  if (!transport) return nullptr;
-  return std::make_unique<GroupCommunicator>(std::move(transport));
+// An asynchronous all_gather / reduce_scatter on the device transport: nothing to move for
+// zero bytes, and out and in on its one device.
+std::unique_ptr<Work> GroupCommunicator::device_call(const Call& c, const Tensor& out, const Tensor& in,
+                                                     const std::function<std::unique_ptr<Work>()>& run) {
+  TESSERA_CHECK(on_device(out), c.what + ": out and in are on different devices");
+  if (in.bytes() == 0 || out.bytes() == 0) return std::make_unique<FinishedWork>();
+  return run();
 }
 
 // p2p calls take no collective number: only two ranks make them, and the collective
@@ -290,6 +318,7 @@ std::unique_ptr<Work> GroupCommunicator::post_p2p(const Tensor& t, int peer, boo
   if (sent_to_.empty()) sent_to_.assign(size(), 0), received_from_.assign(size(), 0);
   const uint64_t k = is_send ? sent_to_[peer]++ : received_from_[peer]++;
   const P2PText text = p2p_text(op, t, is_send, k, group().name, group().world_ranks, rank(), peer);
+  if (on_device(t)) return device_->post(t, peer, is_send, text);
   if (host_addressable(t)) return transport_->post(t.host<char>(), t.bytes(), peer, is_send, k, text);
   // A staged message has its own buffer: any number may be outstanding.
   std::shared_ptr<StagingBuffer> stage = idle_stage();

@@ -2,17 +2,18 @@
 // does the group's bookkeeping (names and world ranks, call numbers, argument checks, split,
 // the queue that runs asynchronous all-reduces in issue order, p2p message numbers) and the
 // host-staged path for tensors of a device the transport cannot address; a backend supplies
-// only a Transport, the primitives that move bytes between the ranks of one group.
+// only transports: a Transport, the primitives that move bytes between the ranks of one
+// group in host memory, and for a native device library (NCCL, HCCL) a DeviceTransport
+// beside it, which takes the tensors of its device, stream-ordered.
 //
 //   class GlooTransport final : public Transport { ...primitives on host memory... };
 //   std::unique_ptr<Communicator> world = std::make_unique<GroupCommunicator>(std::move(t));
+//   // NCCL: the host group carries host tensors (the control scalars) and barriers.
+//   world = std::make_unique<GroupCommunicator>(create_gloo_transport(...), std::move(nccl));
 //
-// The primitives see memory the transport addresses (host memory for Gloo and in-process),
-// arguments already checked, more than one rank and at least one byte. A native device
-// library is meant to derive from GroupCommunicator over a Gloo transport of the same store
-// (create_gloo_transport; NCCL does not yet: comm/nccl), override the calls for its
-// device's tensors (stream-ordered, communicator.h) and make_subgroup, and pass host tensors
-// (the control scalars) to this class.
+// The host primitives see memory the transport addresses (host memory for Gloo and
+// in-process), arguments already checked, more than one rank and at least one byte. The
+// device transport's calls see checked arguments and at least one byte, one rank included.
 #pragma once
 
 #include <chrono>
@@ -95,6 +96,36 @@ class Transport {
   Group group_;
 };
 
+// A native device library's collectives on the memory of its device (NCCL on CUDA, HCCL on
+// an Ascend backend), stream-ordered as communicator.h says: each call runs after the work
+// issued so far on the device's compute stream, and the returned Work's wait() orders the
+// compute stream after the call without blocking the host. GroupCommunicator gives it the
+// tensors it `addresses`, numbered and checked; everything else goes to the host Transport
+// beside it, which is the same group (the same ranks, the same store).
+class DeviceTransport {
+ public:
+  virtual ~DeviceTransport() = default;
+  // The communicator's backend name: "nccl".
+  virtual const char* backend() const = 0;
+  // Whether t lives on this transport's device (then every call on t comes here).
+  virtual bool addresses(const Tensor& t) const = 0;
+
+  virtual std::unique_ptr<Work> all_reduce(const Tensor& t, ReduceOp op, const Call& call) = 0;
+  virtual std::unique_ptr<Work> all_gather(const Tensor& out, const Tensor& in, const Call& call) = 0;
+  virtual std::unique_ptr<Work> reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op,
+                                               const Call& call) = 0;
+  virtual std::unique_ptr<Work> broadcast(const Tensor& t, int root, const Call& call) = 0;
+  // A send or receive with group rank `peer`. A library that needs matching calls grouped
+  // (NCCL) may hold it until flush() or the Work's wait() (Megatron's batch_isend_irecv),
+  // so posting everything first and then waiting never deadlocks.
+  virtual std::unique_ptr<Work> post(const Tensor& t, int peer, bool is_send, const P2PText& text) = 0;
+  // Launches what post() holds.
+  virtual void flush() = 0;
+  // Collective over every rank of the parent (ncclCommSplit is called by all of them):
+  // the transport of this rank's subgroup `sub`, or nullptr when sub is null (in no list).
+  virtual std::unique_ptr<DeviceTransport> split(const SplitPlan& plan, const Group* sub) = 0;
+};
+
 // Host memory for a tensor the transport cannot address, kept between calls and grown on
 // demand (pinned through the tensor's device, as the async copies want).
 class StagingBuffer {
@@ -114,12 +145,14 @@ class StagingBuffer {
 
 class GroupCommunicator : public Communicator {
  public:
-  explicit GroupCommunicator(std::unique_ptr<Transport> transport);
+  // `device`: a native library's transport for its device's tensors, or null (host and
+  // host-staged tensors only).
+  explicit GroupCommunicator(std::unique_ptr<Transport> transport, std::unique_ptr<DeviceTransport> device = nullptr);
   ~GroupCommunicator() override;
 
   int rank() const override { return group().rank; }
   int size() const override { return group().size(); }
-  std::string backend_name() const override { return group().backend; }
+  std::string backend_name() const override { return device_ ? device_->backend() : group().backend; }
   std::string group_name() const override { return group().name; }
   std::vector<int> world_ranks() const override { return group().world_ranks; }
 
@@ -141,21 +174,21 @@ class GroupCommunicator : public Communicator {
  protected:
   const Group& group() const { return transport_->group(); }
   Call next_call(std::string what) { return Call{std::move(what), ++seq_}; }
-  // The communicator of this rank's subgroup over `transport` (the host group's split), or
-  // nullptr; called on every rank of the parent, with a null transport on a rank in none of
-  // the lists. A native library overrides it to split its own communicator alongside
-  // (ncclCommSplit, which every rank of the parent calls; HcclCreateSubCommConfig).
-  virtual std::unique_ptr<Communicator> make_subgroup(std::unique_ptr<Transport> transport, const SplitPlan& plan);
 
  private:
+  // Whether t goes to the device transport.
+  bool on_device(const Tensor& t) const { return device_ && t.device && device_->addresses(t); }
   std::unique_ptr<Work> post_p2p(const Tensor& t, int peer, bool is_send, const char* op);
   // The asynchronous all_gather / reduce_scatter: `in` staged (loaded) and `out` staged
   // behind it in one buffer when they are device memory; run(dst, src) on the queue.
   std::unique_ptr<Work> post_pair(const Call& c, const Tensor& out, const Tensor& in,
                                   std::function<void(char* dst, const char* src)> run);
   std::shared_ptr<StagingBuffer> idle_stage();
+  std::unique_ptr<Work> device_call(const Call& c, const Tensor& out, const Tensor& in,
+                                    const std::function<std::unique_ptr<Work>()>& run);
 
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<DeviceTransport> device_;
   uint64_t seq_ = 0;
   int splits_ = 0;
   std::vector<uint64_t> sent_to_, received_from_;  // p2p messages posted, per peer

@@ -28,17 +28,14 @@ class KernelTable;
 }
 struct NativeCollectives;  // comm/backend.h
 
-// What a backend's platform says about itself (doctor's rows), whether or not it has a
-// device: the version codes of its driver and of the runtime this binary links (CUDA's
-// encoding for cuda: 13000 is 13.0; driver 0: none installed), its devices as the log names
-// them, and when there are none, the platform's reason. `built` false: not in this binary
-// (every other field empty).
-struct BackendStack {
-  bool built = false;
-  int driver = 0;
-  int runtime = 0;
-  std::vector<std::string> devices;
-  std::string no_device_reason;
+// One row of `tessera doctor` that a backend reports about itself (doctor/ prints it among
+// its own rows, with the same meaning: PASS, INFO, WARN, FAIL; a fix for anything not PASS).
+struct BackendRow {
+  enum class Status { Pass, Info, Warn, Fail };
+  std::string check;  // "cuda: driver"
+  Status status = Status::Pass;
+  std::string detail;
+  std::string fix;
 };
 
 struct Backend {
@@ -61,10 +58,18 @@ struct Backend {
   int (*default_ordinal)(int count) = nullptr;
   // What to do when it is built but sees no device.
   const char* no_device_hint = "";
-  // Doctor's rows about the platform; null: only `built` and the devices.
-  BackendStack (*stack)() = nullptr;
+  // Its doctor rows: the platform (driver, libraries, devices) on every doctor run, and when
+  // `device` is given (--device names this backend and it opened) runs on it (a GEMM, its
+  // collectives). `requested`: --device names this backend, so a missing piece FAILs rather
+  // than INFO. Null: none.
+  std::vector<BackendRow> (*doctor_rows)(bool requested, Device* device) = nullptr;
   // Its kernel table (ops/kernel_table.h).
   const ops::KernelTable& (*kernels)() = nullptr;
+  // Whether its fused attention (ops flash_attention_*) is also the fast path with attention
+  // dropout on. False (CUDA: cuDNN draws its own dropout bits, so a dropped call runs
+  // tessera's simple flash kernel): the model runs the unfused attention ops when attention
+  // dropout is on (GPTModel::uses_fused_attention).
+  bool fused_attention_dropout = true;
   // Its native collective library (comm/backend.h), for --distributed-backend nccl; null:
   // collectives go through Gloo, host-staged for device tensors.
   const NativeCollectives* collectives = nullptr;

@@ -84,14 +84,6 @@ DeviceSpec parse_device_spec(const std::string& spec) {
   return r;
 }
 
-BackendStack backend_stack(const std::string& name) {
-  const Backend* b = find_backend(name);
-  if (b == nullptr) return {};
-  BackendStack s = b->stack ? b->stack() : BackendStack{};
-  s.built = true;
-  return s;
-}
-
 int device_count(const std::string& name) {
   const Backend* b = find_backend(name);
   return b ? b->device_count(nullptr) : 0;

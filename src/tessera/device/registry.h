@@ -25,8 +25,6 @@ DeviceSpec parse_device_spec(const std::string& spec);
 std::vector<std::string> device_backends();
 // How many devices a backend sees (the CPU: 1; 0 for a backend not built).
 int device_count(const std::string& backend);
-// What a backend's platform says about itself (doctor's rows): backend.h's BackendStack.
-BackendStack backend_stack(const std::string& backend);
 // The device a spec names; throws a usage Error when the backend is not built or the
 // ordinal is out of range, a runtime Error when it is built but sees no device.
 Device& open_device(const std::string& spec);

@@ -107,7 +107,7 @@ std::vector<Row> check_devices_and_build(uint64_t build_hash) {
   rows.push_back({"devices: backends", Status::Info, "built: " + backends + " (--device chooses)", "", ""});
   const std::string versions = std::string("tessera ") + TESSERA_VERSION + ", " +
                                ops::kernels_for(cpu_device()).libraries() +
-                               ", Gloo (libgloo, linked)";  // CUDA and NCCL: check_cuda's rows
+                               ", Gloo (libgloo, linked)";  // CUDA and NCCL: the backend's rows
   rows.push_back({"build: versions", Status::Pass, versions, "", ""});
   char hash[40];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(build_hash));

@@ -62,25 +62,10 @@ std::vector<Row> check_devices_and_build(uint64_t build_hash);
 // description, driver and memory, and a small linear + GELU on it against the CPU backend.
 // One FAIL row when it cannot be opened.
 std::vector<Row> check_compute_device(const std::string& spec);
-// The CUDA stack as the doctor reports it (cuda_facts() asks the machine through the seam:
-// backend_stack, native_collectives_version; tests make their own).
-struct CudaFacts {
-  bool built = false;             // this binary has the CUDA backend
-  int driver = 0;                 // cudaDriverGetVersion, e.g. 13000; 0: no driver installed
-  int runtime = 0;                // the CUDA runtime linked in
-  std::vector<std::string> gpus;  // cuda_device_names(); empty when none is visible
-  std::string no_gpu_reason;      // then the runtime's reason ("cudaErrorNoDevice: ...")
-  std::string nccl;               // "NCCL 2.28.9"; empty when NCCL is not built
-};
-CudaFacts cuda_facts();
-// Rows "cuda: driver", "cuda: libraries", "cuda: GPUs" (one "cuda: backend" row when not
-// built). A missing driver or GPU FAILs only when `cuda_requested` (--device cuda); else
-// it is INFO.
-std::vector<Row> cuda_rows(const CudaFacts& facts, bool cuda_requested);
-// cuda_rows for this machine (`spec`: --device; cuda[:N] asks for CUDA); with --device cuda
-// on a GPU also "cuda: GEMM" (bf16 4096^3 on that GPU, TFLOP/s, exact result) and "cuda:
-// NCCL all_reduce" (the node's GPUs in one process, busbw, exact sums).
-std::vector<Row> check_cuda(const std::string& spec);
+// The rows every built backend reports about itself (Backend::doctor_rows: CUDA's driver,
+// libraries and GPUs on every run; with --device cuda on a GPU its GEMM and NCCL rows).
+// `spec`: --device; the backend it names gets its device and FAILs what is missing.
+std::vector<Row> check_backends(const std::string& spec);
 // FNV-1a 64 of a file (the running binary: /proc/self/exe); 0 when unreadable.
 uint64_t file_hash(const std::string& path);
 // GLOO_SOCKET_IFNAME (or the route to MASTER_ADDR) and NCCL_SOCKET_IFNAME.

@@ -16,6 +16,7 @@
 #include "tessera/core/error.h"
 #include "tessera/data/dataset_config.h"
 #include "tessera/data/token_id_range.h"
+#include "tessera/device/registry.h"
 #include "tessera/doctor/doctor.h"
 #include "tessera/launch/job_store.h"
 #include "tessera/launch/worker_env.h"
@@ -469,6 +470,17 @@ TrainFlags parse_train_flags(const DoctorOptions& opt, const launch::WorkerIdent
 }
 
 // The parallel layout and every rank's memory.
+// The device the run's memory lives on: --device's when it opens (its own row says why when
+// not), else the host.
+Device& memory_device(const TrainFlags& f) {
+  if (!f.table) return cpu_device();
+  try {
+    return open_device(f.table->get_string("--device"));
+  } catch (const Error&) {
+    return cpu_device();
+  }
+}
+
 void check_config(const TrainFlags& f, const launch::WorkerIdentity& id, std::vector<Row>& rows) {
   if (f.table) {
     try {
@@ -486,11 +498,18 @@ void check_config(const TrainFlags& f, const launch::WorkerIdentity& id, std::ve
                     "fix the flags (config: flags) and run again", ""});
     return;
   }
-  // The run's mode decides attention's state (fused: a log-sum-exp; deterministic: [B,NH,T,T]).
-  cpu_device().set_deterministic_mode(f.args->deterministic_mode);
-  rows.push_back(check_memory(estimate_memory_per_rank(*f.args), ranks_on_this_node(id), cpu_device().memory_info(),
-                              available_memory_bytes(), static_cast<int>(f.args->micro_batch_size),
-                              f.args->model.num_layers, f.args->model.hidden_size));
+  // The run's device and mode decide attention's state (the device's fused kernels: a
+  // log-sum-exp; deterministic: [B,NH,T,T]) and whose memory holds the estimate: the host's,
+  // shared by this node's ranks, or the device's own (one device per rank).
+  Device& device = memory_device(f);
+  device.set_deterministic_mode(f.args->deterministic_mode);
+  const MemoryInfo memory = device.memory_info();
+  const bool host = device.is_host();
+  rows.push_back(check_memory(estimate_memory_per_rank(*f.args, device),
+                              host ? ranks_on_this_node(id) : std::vector<int>{id.rank}, memory,
+                              host ? available_memory_bytes() : memory.free_bytes,
+                              static_cast<int>(f.args->micro_batch_size), f.args->model.num_layers,
+                              f.args->model.hidden_size));
 }
 
 // Data, tokenizer and the cache folder; returns the cache folder ("" without one).
@@ -652,7 +671,7 @@ int run_doctor(int argc, char** argv) {
   const TrainFlags flags = parse_train_flags(opt, id, rows);
   const std::string device_spec = flags.table ? flags.table->get_string("--device") : "cpu";
   for (Row& r : check_compute_device(device_spec)) rows.push_back(r);
-  for (Row& r : check_cuda(device_spec)) rows.push_back(r);
+  for (Row& r : check_backends(device_spec)) rows.push_back(r);
   check_config(flags, id, rows);
   const std::string cache_dir = check_data_and_tokenizer(flags, rows);
   check_checkpoints(opt, flags, rows);

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "tessera/core/error.h"
+#include "tessera/device/backend.h"
 #include "tessera/device/device.h"
 #include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
@@ -186,7 +187,7 @@ struct GPTModel::Layout {
     Al = c.attention_width() / tp, QKVl = c.qkv_width() / tp, Fl = c.ffn_hidden_size / tp;
     Fl2 = c.swiglu ? 2 * Fl : Fl, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
-    fused = uses_fused_attention(device);
+    fused = uses_fused_attention(c, device);
     if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, T, act);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
@@ -287,8 +288,9 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
 
 GPTModel::~GPTModel() = default;
 
-bool GPTModel::uses_fused_attention(const Device& device) {
-  return !device.deterministic_mode() && ops::supports(device, "flash_attention_forward");
+bool GPTModel::uses_fused_attention(const GPTConfig& config, const Device& device) {
+  if (device.deterministic_mode() || !ops::supports(device, "flash_attention_forward")) return false;
+  return config.attention_dropout == 0.0f || device.backend().fused_attention_dropout;
 }
 
 bool GPTModel::uses_fused_epilogue(const Device& device, ops::OpId op) {
@@ -349,7 +351,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
                       " is not divisible by --tensor-model-parallel-size with --sequence-parallel");
   vocab_start_ = int64_t{partition.tp_rank} * (config.padded_vocab_size / partition.tp_size);
   head_start_ = int64_t{partition.tp_rank} * (config.num_attention_heads / partition.tp_size);
-  fused_attention_ = uses_fused_attention(device);
+  fused_attention_ = uses_fused_attention(config, device);
 
   // Parameters (in params_dtype) and their f32 gradients: one slab each, at the same element
   // offsets (the buffer layout's).

@@ -96,8 +96,9 @@ class GPTModel {
 
   // Whether attention runs fused on `device` (ops.h flash_attention_*: no [B,NH,T,T] state):
   // when its backend has the op, unless it runs --deterministic-mode (the unfused ops, today's
-  // bits).
-  static bool uses_fused_attention(const Device& device);
+  // bits) or the config's attention dropout is on where the backend's fused attention is not
+  // its fast path with dropout (Backend::fused_attention_dropout: CUDA).
+  static bool uses_fused_attention(const GPTConfig& config, const Device& device);
   // Whether the model runs ops.h's fused epilogue `op` (linear_bias_gelu_*,
   // bias_dropout_add_*) in place of the unfused ops on `device`: when its backend has it,
   // unless it runs --deterministic-mode.

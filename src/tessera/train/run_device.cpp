@@ -48,7 +48,7 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
        dropout_backward, residual_forward, cross_entropy_max, cross_entropy_sums, cross_entropy_finish,
        cross_entropy_backward, masked_loss_sums, masked_loss_backward, scale_inplace, multi_tensor_sum_squares,
        multi_tensor_sum_squares_workspace, grad_norm_finish});
-  if (GPTModel::uses_fused_attention(device)) {
+  if (GPTModel::uses_fused_attention(c, device)) {
     add({flash_attention_forward, flash_attention_backward, flash_attention_scratch});
   } else {
     add({attention_buffers, attention_forward, attention_backward});

@@ -66,6 +66,7 @@ TEST(GemmPlanCache, EveryFieldThePlanDependsOnMakesANewPlan) {
       [](GemmKey& k) { k.stride_a = 512; },
       [](GemmKey& k) { k.stride_b = 512; },
       [](GemmKey& k) { k.stride_c = 256; },
+      [](GemmKey& k) { k.gelu_aux = true; },  // linear_bias_gelu_forward's epilogue
   };
   PlanCache<FakePlan> cache;
   cache.get(base, [&] { return std::make_unique<FakePlan>(FakePlan{base}); });

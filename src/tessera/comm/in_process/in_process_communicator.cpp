@@ -299,8 +299,12 @@ InProcessWorld::~InProcessWorld() = default;
 int InProcessWorld::size() const { return group_->size; }
 
 std::unique_ptr<Communicator> InProcessWorld::communicator(int rank) {
+  return std::make_unique<GroupCommunicator>(transport(rank));
+}
+
+std::unique_ptr<comm_detail::Transport> InProcessWorld::transport(int rank) {
   TESSERA_CHECK(rank >= 0 && rank < group_->size, "InProcessWorld: rank out of range");
-  return std::make_unique<GroupCommunicator>(std::make_unique<InProcessTransport>(group_, rank));
+  return std::make_unique<InProcessTransport>(group_, rank);
 }
 
 void run_in_process_ranks(int size, const std::function<void(Communicator&)>& body, milliseconds timeout) {

@@ -25,6 +25,7 @@ namespace tessera {
 
 namespace comm_detail {
 struct InProcessGroup;
+class Transport;
 }
 
 class InProcessWorld {
@@ -34,6 +35,10 @@ class InProcessWorld {
   int size() const;
   // The world communicator of `rank` (group name "world"). Take each rank's once.
   std::unique_ptr<Communicator> communicator(int rank);
+  // The same rank's group as a bare host Transport (group_communicator.h), for tests that
+  // build a GroupCommunicator with a device transport beside it. Either this or
+  // communicator(rank), once per rank.
+  std::unique_ptr<comm_detail::Transport> transport(int rank);
 
  private:
   std::shared_ptr<comm_detail::InProcessGroup> group_;

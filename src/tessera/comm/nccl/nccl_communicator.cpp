@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,8 +25,6 @@ namespace tessera {
 namespace {
 
 using comm_detail::CommPoll;
-using comm_detail::group_text;
-using comm_detail::reduce_op_name;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kHint = comm_detail::kNcclHint;
@@ -168,11 +167,7 @@ ncclDataType_t reduce_type(DType d, const std::string& what) {
   }
 }
 
-bool on_gpu(const Tensor& t) { return t.device != nullptr && std::string_view(t.device->backend_name()) == "cuda"; }
-
 void* address(const Tensor& t) { return static_cast<char*>(t.handle) + t.offset; }
-
-class NcclCommunicator;
 
 // The sends and receives posted since the last flush, launched together in one NCCL group.
 struct P2PBatch {
@@ -184,21 +179,23 @@ struct P2PBatch {
   }
 };
 
-class NcclCommunicator final : public Communicator {
+// NCCL as the device transport of a GroupCommunicator (group_communicator.h): the calls on
+// this GPU's tensors, on the communicator's own stream. The group's call numbers, argument
+// checks, host tensors and barriers are GroupCommunicator's.
+class NcclTransport final : public comm_detail::DeviceTransport {
  public:
-  NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, Device& gpu,
-                   std::chrono::milliseconds timeout)
-      : host_(std::move(host)),
+  NcclTransport(const comm_detail::Group& group, ncclComm_t comm, Device& gpu, std::chrono::milliseconds timeout)
+      : group_(group),
         gpu_(gpu),
         stream_(gpu.create_stream()),
         watched_(std::make_shared<Watched>()),
         timeout_(timeout) {
     watched_->comm = comm;
-    watched_->group = group_text(host_->group_name(), host_->world_ranks());
+    watched_->group = group.text();
     watched_->ordinal = gpu.ordinal();
     Watchdog::instance().add(watched_, timeout);
   }
-  ~NcclCommunicator() override {
+  ~NcclTransport() override {
     if (comm()) flush();
     gpu_.synchronize(stream_);
     Watchdog::instance().remove(watched_);
@@ -214,82 +211,46 @@ class NcclCommunicator final : public Communicator {
     gpu_.destroy_stream(stream_);
   }
 
-  int rank() const override { return host_->rank(); }
-  int size() const override { return host_->size(); }
-  std::string backend_name() const override { return "nccl"; }
-  std::string group_name() const override { return host_->group_name(); }
-  std::vector<int> world_ranks() const override { return host_->world_ranks(); }
+  const char* backend() const override { return "nccl"; }
+  bool addresses(const Tensor& t) const override { return t.device == &gpu_; }
 
-  void all_reduce(Tensor t, ReduceOp op) override {
-    if (!on_gpu(t)) return host_->all_reduce(t, op);
-    join(reduce(t, op));
+  std::unique_ptr<Work> all_reduce(const Tensor& t, ReduceOp op, const comm_detail::Call& call) override {
+    const ncclDataType_t type = reduce_type(t.dtype, call.what);
+    return event_work(enqueue(call.what, [&](cudaStream_t s) {
+      return ncclAllReduce(address(t), address(t), static_cast<size_t>(t.numel()), type, nccl_op(op), comm(), s);
+    }));
   }
-  std::unique_ptr<Work> all_reduce_async(Tensor t, ReduceOp op) override {
-    if (!on_gpu(t)) return host_->all_reduce_async(t, op);
-    return std::make_unique<EventWork>(*this, reduce(t, op));
-  }
-  void all_gather(Tensor out, Tensor in) override {
-    if (!on_gpu(in)) return host_->all_gather(out, in);
-    check(out.bytes() == in.bytes() * static_cast<size_t>(size()), "all_gather: out must be size x in");
-    join(enqueue("all_gather of " + std::to_string(in.bytes()) + " bytes", [&](cudaStream_t s) {
+  std::unique_ptr<Work> all_gather(const Tensor& out, const Tensor& in, const comm_detail::Call& call) override {
+    return event_work(enqueue(call.what, [&](cudaStream_t s) {
       return ncclAllGather(address(in), address(out), in.bytes(), ncclUint8, comm(), s);
     }));
   }
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    if (!on_gpu(in)) return host_->reduce_scatter(out, in, op);
-    const std::string what = std::string("reduce_scatter(") + reduce_op_name(op) + ") of " +
-                             std::to_string(in.numel()) + " " + std::string(dtype_name(in.dtype));
-    check(in.numel() == out.numel() * size() && in.dtype == out.dtype, what + ": in must be size x out");
-    const ncclDataType_t type = reduce_type(in.dtype, what);
-    join(enqueue(what, [&](cudaStream_t s) {
+  std::unique_ptr<Work> reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op,
+                                       const comm_detail::Call& call) override {
+    const ncclDataType_t type = reduce_type(in.dtype, call.what);
+    return event_work(enqueue(call.what, [&](cudaStream_t s) {
       return ncclReduceScatter(address(in), address(out), static_cast<size_t>(out.numel()), type, nccl_op(op),
                                comm(), s);
     }));
   }
-  void broadcast(Tensor t, int root) override {
-    if (!on_gpu(t)) return host_->broadcast(t, root);
-    join(enqueue("broadcast of " + std::to_string(t.bytes()) + " bytes from group rank " + std::to_string(root),
-                 [&](cudaStream_t s) {
-                   return ncclBroadcast(address(t), address(t), t.bytes(), ncclUint8, root, comm(), s);
-                 }));
+  std::unique_ptr<Work> broadcast(const Tensor& t, int root, const comm_detail::Call& call) override {
+    return event_work(enqueue(call.what, [&](cudaStream_t s) {
+      return ncclBroadcast(address(t), address(t), t.bytes(), ncclUint8, root, comm(), s);
+    }));
   }
-  void send(Tensor t, int dst) override { send_async(t, dst)->wait(); }
-  void recv(Tensor t, int src) override { recv_async(t, src)->wait(); }
-  std::unique_ptr<Work> send_async(Tensor t, int dst) override {
-    if (!on_gpu(t)) return host_->send_async(t, dst);
-    return post(t, dst, true);
-  }
-  std::unique_ptr<Work> recv_async(Tensor t, int src) override {
-    if (!on_gpu(t)) return host_->recv_async(t, src);
-    return post(t, src, false);
-  }
-  void barrier() override {
-    flush();
-    host_->barrier();
-  }
-  std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups, const std::string& name) override {
-    flush();
-    std::unique_ptr<Communicator> host = host_->split(groups, name);
-    int colour = NCCL_SPLIT_NOCOLOR, key = 0;
-    for (size_t i = 0; i < groups.size(); ++i)
-      for (size_t j = 0; j < groups[i].size(); ++j)
-        if (groups[i][j] == rank()) colour = static_cast<int>(i), key = static_cast<int>(j);
-    tessera::cuda::activate(gpu_);
-    ncclComm_t sub = nullptr;
-    ncclConfig_t config = nonblocking_config();
-    const ncclResult_t result = ncclCommSplit(comm(), colour, key, &sub, &config);
-    const std::string what = "into '" + name + "' of " + std::to_string(groups.size()) + " groups of " +
-                             std::to_string(groups.empty() ? 0 : groups[0].size()) + " ranks, on " +
-                             watched_->group + ", this is world rank " +
-                             std::to_string(world_ranks()[static_cast<size_t>(rank())]);
-    settle(result, "ncclCommSplit " + what);
-    if (sub) finish(sub, ncclInProgress, "ncclCommSplit " + what, timeout_, [sub] { ncclCommAbort(sub); });
-    if (!host) return nullptr;
-    return std::make_unique<NcclCommunicator>(std::move(host), sub, gpu_, timeout_);
+  std::unique_ptr<Work> post(const Tensor& t, int peer, bool is_send, const comm_detail::P2PText& text) override {
+    batch_->what += (batch_->what.empty() ? "" : ", ") + text.what;
+    void* data = address(t);
+    const size_t bytes = t.bytes();
+    ncclComm_t c = comm();
+    batch_->posts.push_back([=](cudaStream_t s) {
+      return is_send ? ncclSend(data, bytes, ncclUint8, peer, c, s) : ncclRecv(data, bytes, ncclUint8, peer, c, s);
+    });
+    return std::make_unique<P2PWork>(*this, batch_);
   }
 
   // Launches the posted sends and receives as one NCCL group.
-  void flush() {
+  void flush() override {
     if (batch_->posts.empty()) return;
     const std::shared_ptr<P2PBatch> batch = std::move(batch_);
     batch_ = std::make_shared<P2PBatch>();
@@ -305,6 +266,30 @@ class NcclCommunicator final : public Communicator {
       return ncclGroupEnd();
     });
   }
+
+  // ncclCommSplit, each rank passing its list's index as the colour and its place in the
+  // list as the key.
+  std::unique_ptr<DeviceTransport> split(const comm_detail::SplitPlan& plan, const comm_detail::Group* sub) override {
+    int colour = NCCL_SPLIT_NOCOLOR, key = 0;
+    if (plan.mine >= 0) {
+      const std::vector<int>& list = plan.groups[static_cast<size_t>(plan.mine)];
+      colour = plan.mine;
+      key = static_cast<int>(std::find(list.begin(), list.end(), group_.rank) - list.begin());
+    }
+    tessera::cuda::activate(gpu_);
+    ncclComm_t made = nullptr;
+    ncclConfig_t config = nonblocking_config();
+    const ncclResult_t result = ncclCommSplit(comm(), colour, key, &made, &config);
+    const std::string what = "ncclCommSplit into '" + plan.name + "' of " + std::to_string(plan.groups.size()) +
+                             " groups of " + std::to_string(plan.groups.empty() ? 0 : plan.groups[0].size()) +
+                             " ranks, on " + watched_->group + ", this is world rank " +
+                             std::to_string(group_.world_ranks[static_cast<size_t>(group_.rank)]);
+    settle(result, what);
+    if (made) finish(made, ncclInProgress, what, timeout_, [made] { ncclCommAbort(made); });
+    if (!sub) return nullptr;
+    return std::make_unique<NcclTransport>(*sub, made, gpu_, timeout_);
+  }
+
   // Work enqueued on the GPU's default stream from now on starts after `done`.
   void join(cudaEvent_t done, bool destroy = true) {
     tessera::cuda::activate(gpu_);
@@ -316,7 +301,7 @@ class NcclCommunicator final : public Communicator {
   // A call's completion as a Work: wait() orders the default stream after it.
   class EventWork final : public Work {
    public:
-    EventWork(NcclCommunicator& c, cudaEvent_t done) : c_(c), done_(done) {}
+    EventWork(NcclTransport& c, cudaEvent_t done) : c_(c), done_(done) {}
     ~EventWork() override {
       if (done_) cudaEventDestroy(done_);
     }
@@ -327,13 +312,13 @@ class NcclCommunicator final : public Communicator {
     }
 
    private:
-    NcclCommunicator& c_;
+    NcclTransport& c_;
     cudaEvent_t done_;
   };
   // A posted send or receive: wait() launches its batch if still held, then joins it.
   class P2PWork final : public Work {
    public:
-    P2PWork(NcclCommunicator& c, std::shared_ptr<P2PBatch> batch) : c_(c), batch_(std::move(batch)) {}
+    P2PWork(NcclTransport& c, std::shared_ptr<P2PBatch> batch) : c_(c), batch_(std::move(batch)) {}
     ~P2PWork() override {
       try {
         wait();
@@ -348,10 +333,11 @@ class NcclCommunicator final : public Communicator {
     }
 
    private:
-    NcclCommunicator& c_;
+    NcclTransport& c_;
     std::shared_ptr<P2PBatch> batch_;
   };
 
+  std::unique_ptr<Work> event_work(cudaEvent_t done) { return std::make_unique<EventWork>(*this, done); }
   ncclComm_t comm() const { return watched_->comm; }
   // finish() for this communicator: a failure aborts it, and it is not used again, not even
   // by the watchdog.
@@ -363,34 +349,7 @@ class NcclCommunicator final : public Communicator {
       watched_->comm = nullptr;
     });
   }
-  static void check(bool ok, const std::string& what) {
-    if (!ok) throw runtime_error("NCCL " + what, "a caller bug: see comm/communicator.h for the shapes");
-  }
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
-
-  cudaEvent_t reduce(const Tensor& t, ReduceOp op) {
-    const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ") of " + std::to_string(t.numel()) +
-                             " " + std::string(dtype_name(t.dtype));
-    const ncclDataType_t type = reduce_type(t.dtype, what);
-    return enqueue(what, [&](cudaStream_t s) {
-      return ncclAllReduce(address(t), address(t), static_cast<size_t>(t.numel()), type, nccl_op(op), comm(), s);
-    });
-  }
-
-  std::unique_ptr<Work> post(const Tensor& t, int peer, bool is_send) {
-    check(peer >= 0 && peer < size() && peer != rank(), "p2p with group rank " + std::to_string(peer));
-    const std::string what = std::string(is_send ? "send of " : "recv of ") + std::to_string(t.bytes()) +
-                             " bytes " + (is_send ? "to" : "from") + " group rank " + std::to_string(peer) +
-                             " (world rank " + std::to_string(world_ranks()[static_cast<size_t>(peer)]) + ")";
-    batch_->what += (batch_->what.empty() ? "" : ", ") + what;
-    void* data = address(t);
-    const size_t bytes = t.bytes();
-    ncclComm_t c = comm();
-    batch_->posts.push_back([=](cudaStream_t s) {
-      return is_send ? ncclSend(data, bytes, ncclUint8, peer, c, s) : ncclRecv(data, bytes, ncclUint8, peer, c, s);
-    });
-    return std::make_unique<P2PWork>(*this, batch_);
-  }
 
   // Runs `call` on the communication stream after the work issued so far on the default
   // stream; returns its completion event (the caller's) and hands a second one to the
@@ -401,11 +360,12 @@ class NcclCommunicator final : public Communicator {
     const cudaStream_t comm_stream = tessera::cuda::stream_of(gpu_, stream_);
     cudaEvent_t ready = nullptr, done = nullptr, watched = nullptr;
     const std::string where = what + " on " + watched_->group;
+    if (comm() == nullptr)
+      throw runtime_error("NCCL " + where + ": the communicator was aborted by an earlier failure", kHint);
     TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &ready, cudaEventDisableTiming);
     TESSERA_CUDA_CALL(where, cudaEventRecord, ready, tessera::cuda::stream_of(gpu_));
     TESSERA_CUDA_CALL(where, cudaStreamWaitEvent, comm_stream, ready, 0);
     cudaEventDestroy(ready);  // released once it has fired
-    check(comm() != nullptr, where + ": the communicator was aborted by an earlier failure");
     settle(call(comm_stream), "NCCL " + where);
     TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &done, cudaEventDisableTiming);
     TESSERA_CUDA_CALL(where, cudaEventCreateWithFlags, &watched, cudaEventDisableTiming);
@@ -416,7 +376,7 @@ class NcclCommunicator final : public Communicator {
     return done;
   }
 
-  std::unique_ptr<Communicator> host_;
+  comm_detail::Group group_;
   Device& gpu_;
   Stream stream_;
   std::shared_ptr<Watched> watched_;
@@ -432,7 +392,7 @@ std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> st
   TESSERA_CUDA_CALL("the NCCL communicator (its GPU is the current one: open --device cuda first)", cudaGetDevice,
                     &ordinal);
   Device& gpu = cuda_device(ordinal);
-  std::unique_ptr<Communicator> host = create_gloo_communicator(store, rank, world_size, options);
+  std::unique_ptr<comm_detail::Transport> host = create_gloo_transport(store, rank, world_size, options);
   const std::vector<uint8_t> id = share_unique_id(
       *store, options.key_prefix + "nccl/world", rank == 0,
       [] {
@@ -448,12 +408,13 @@ std::unique_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Store> st
   ncclConfig_t config = nonblocking_config();
   const ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
   finish(comm, result,
-         "ncclCommInitRank of " + std::to_string(world_size) + " ranks on " + group_text("world", host->world_ranks()) +
+         "ncclCommInitRank of " + std::to_string(world_size) + " ranks on " + host->group().text() +
              ", this is world rank " + std::to_string(rank) + " (" + gpu.name() + ")",
          options.timeout, [comm] {
            if (comm) ncclCommAbort(comm);
          });
-  return std::make_unique<NcclCommunicator>(std::move(host), comm, gpu, options.timeout);
+  auto nccl = std::make_unique<NcclTransport>(host->group(), comm, gpu, options.timeout);
+  return std::make_unique<comm_detail::GroupCommunicator>(std::move(host), std::move(nccl));
 }
 
 }  // namespace tessera
@@ -491,9 +452,9 @@ void fill_input(std::vector<float>& host, int r) {
 
 }  // namespace
 
-NativeAllReduceRun nccl_all_reduce_run(size_t bytes) {
+NcclAllReduceRun nccl_all_reduce_run(size_t bytes) {
   const char* where = "doctor's all-reduce";
-  NativeAllReduceRun run;
+  NcclAllReduceRun run;
   TESSERA_CUDA_CALL(where, cudaGetDeviceCount, &run.devices);
   const int n = run.devices;
   const size_t count = bytes / sizeof(float);
@@ -539,9 +500,7 @@ NativeAllReduceRun nccl_all_reduce_run(size_t bytes) {
 const NativeCollectives& nccl_collectives() {
   static const NativeCollectives nccl{
       .name = "nccl",
-      .version = [] { return "NCCL " + nccl_version(); },
       .create = create_nccl_communicator,
-      .all_reduce_run = nccl_all_reduce_run,
   };
   return nccl;
 }

@@ -1,7 +1,9 @@
-// The NCCL backend (--distributed-backend nccl with --device cuda): collectives and p2p on
-// GPU tensors through NCCL, stream-ordered as communicator.h says; host tensors (the log's
-// scalars, the grad-norm slots) and barriers go to a Gloo group over the same ranks, built
-// from the same store.
+// The NCCL backend (--distributed-backend nccl with --device cuda): a GroupCommunicator
+// (group_communicator.h) over a Gloo transport of the job's store, with NCCL as its device
+// transport: collectives and p2p on GPU tensors through NCCL, stream-ordered as
+// communicator.h says; host tensors (the log's scalars, the grad-norm slots) and barriers go
+// to the Gloo group over the same ranks. Call numbers, argument checks and split's plan are
+// GroupCommunicator's, as for every backend; this file is only NCCL's transport.
 //
 // - Bootstrap: world rank 0 makes the ncclUniqueId, the store carries it to the others
 //   (unique_id.h, key "<key_prefix>nccl/world"); subgroups come from ncclCommSplit (each rank
@@ -34,9 +36,16 @@ namespace tessera {
 // "2.28.3": the NCCL this binary runs with (ncclGetVersion).
 std::string nccl_version();
 
-// native_all_reduce_run (comm/backend.h) on CUDA: one NCCL rank per visible GPU
-// (ncclCommInitAll) in this process.
-NativeAllReduceRun nccl_all_reduce_run(size_t bytes);
+// Doctor's all-reduce run (device/cuda/cuda_doctor.h): one NCCL rank per visible GPU of this
+// node (ncclCommInitAll) in this process, an all-reduce of `bytes` of f32 whose exact sum is
+// checked on the host. Throws tessera::Error naming the failed call.
+struct NcclAllReduceRun {
+  int devices = 0;
+  double ms = 0;         // the timed all-reduce (after one warm-up)
+  double busbw_gbs = 0;  // nccl-tests' bus bandwidth: bytes / time x 2 (n - 1) / n
+  int64_t wrong = 0;     // elements that are not the exact sum
+};
+NcclAllReduceRun nccl_all_reduce_run(size_t bytes);
 
 // NCCL as the CUDA backend's native collectives (device/cuda/cuda_backend.cpp registers it).
 const NativeCollectives& nccl_collectives();

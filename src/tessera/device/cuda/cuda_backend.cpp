@@ -1,10 +1,12 @@
 // The CUDA backend's registration (`--device cuda[:N]`): its GPUs, the kernels of ops/cuda,
-// NCCL (comm/nccl) as its native collective library when the build has it.
+// NCCL (comm/nccl) as its native collective library when the build has it, its doctor rows
+// (cuda_doctor.h).
 #include <cstdlib>
 #include <string>
 
 #include "tessera/device/backend.h"
 #include "tessera/device/cuda/cuda_device.h"
+#include "tessera/device/cuda/cuda_doctor.h"
 #include "tessera/ops/cuda/cuda_ops.h"
 #ifdef TESSERA_WITH_NCCL
 #include "tessera/comm/nccl/nccl_communicator.h"
@@ -22,14 +24,6 @@ int local_rank_gpu(int count) {
   return local_rank ? std::atoi(local_rank) % count : 0;
 }
 
-BackendStack stack() {
-  BackendStack s;
-  s.driver = cuda_driver_version();
-  s.runtime = cuda_runtime_version();
-  if (cuda_device_count(&s.no_device_reason) > 0) s.devices = cuda_device_names();
-  return s;
-}
-
 const NativeCollectives* collectives() {
 #ifdef TESSERA_WITH_NCCL
   return &nccl_collectives();
@@ -45,8 +39,9 @@ const Backend kCuda{
     .open_device = cuda_device,
     .default_ordinal = local_rank_gpu,
     .no_device_hint = "nvidia-smi shows the GPUs and driver; check CUDA_VISIBLE_DEVICES, or run on --device cpu",
-    .stack = stack,
+    .doctor_rows = cuda_doctor_rows,
     .kernels = ops::cuda::kernel_table,
+    .fused_attention_dropout = false,  // cuDNN's attention serves undropped calls only (ops/cuda/flash_route.h)
     .collectives = collectives(),
 };
 

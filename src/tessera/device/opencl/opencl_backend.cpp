@@ -15,20 +15,12 @@ int count(std::string* why) {
   return n;
 }
 
-BackendStack stack() {
-  BackendStack s;
-  s.devices = opencl_device_names();
-  if (s.devices.empty()) s.no_device_reason = "the OpenCL ICD loader lists no platform with a device";
-  return s;
-}
-
 const Backend kOpenCl{
     .name = "opencl",
     .device_count = count,
     .open_device = opencl_device,
     .no_device_hint = "install a driver (Debian: pocl-opencl-icd runs OpenCL on the CPU); clinfo lists what the "
                       "loader finds in /etc/OpenCL/vendors or OCL_ICD_VENDORS; or run on --device cpu",
-    .stack = stack,
     .kernels = ops::opencl::kernel_table,
 };
 

@@ -25,5 +25,9 @@ void add_column_partials(const Tensor& out, const float* partials, int64_t C, in
 // dbias[c] += the sum over rows of dout[r, c] (dout: [rows, OC]); linear_host.inc's
 // column_sums on CUDA.
 void column_sums(const Tensor& dbias, const Tensor& dout);
+// The same with pass 1's partials in the caller's scratch (column_partials_bytes of it), for
+// a caller that already holds the device's scratch.
+size_t column_partials_bytes(int64_t N, int64_t C);
+void column_sums(const Tensor& dbias, const Tensor& dout, void* partials);
 
 }  // namespace tessera::ops::cuda

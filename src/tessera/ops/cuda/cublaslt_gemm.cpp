@@ -92,6 +92,11 @@ void make_layout(const std::string& where, Layout& layout, cudaDataType_t type, 
                    &stride, sizeof(stride));
 }
 
+cublasLtEpilogue_t epilogue_of(const GemmKey& k) {
+  if (k.gelu_aux) return k.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  return k.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 // The plan of the GEMM `k` describes (see gemm() for the column-major view).
 std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t handle, const GemmKey& k, const std::string& where) {
   auto plan = std::make_unique<GemmPlan>();
@@ -99,7 +104,8 @@ std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t handle, const GemmKey& k, c
   TESSERA_CUBLASLT(where, cublasLtMatmulDescCreate, &plan->op.d, compute, CUDA_R_32F);
   set_attribute(where, plan->op.d, CUBLASLT_MATMUL_DESC_TRANSA, k.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attribute(where, plan->op.d, CUBLASLT_MATMUL_DESC_TRANSB, k.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
-  if (k.bias) set_attribute(where, plan->op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+  set_attribute(where, plan->op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(k));
+  if (k.gelu_aux) set_attribute(where, plan->op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, k.ldc);
   // The first operand is B as stored: [K,N] row-major (N x K column-major), or [N,K] if tb.
   const auto ab = static_cast<cudaDataType_t>(k.ab);
   make_layout(where, plan->first, ab, k.tb ? k.K : k.N, k.tb ? k.N : k.K, k.ldb, k.batch, k.stride_b);
@@ -128,9 +134,10 @@ size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 // its transpose in column-major order, with the same leading dimension.
 void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
           int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, const void* bias,
-          cudaDataType_t ct, const GemmBatch& batch) {
+          cudaDataType_t ct, const GemmBatch& batch, void* gelu_aux) {
   if (M == 0 || N == 0 || batch.count == 0) return;
   TESSERA_CHECK(batch.count <= INT32_MAX, "a batch of " + std::to_string(batch.count) + " GEMMs");
+  TESSERA_CHECK(!gelu_aux || (batch.count == 1 && beta == 0.0f), "the GELU epilogue on a batch or an accumulation");
   const cublasComputeType_t compute =
       ab == CUDA_R_32F && device.tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const GemmKey key{.compute = compute,
@@ -151,7 +158,8 @@ void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_
                     .batch = batch.count,
                     .stride_a = batch.stride_a,
                     .stride_b = batch.stride_b,
-                    .stride_c = batch.stride_c};
+                    .stride_c = batch.stride_c,
+                    .gelu_aux = gelu_aux != nullptr};
   const std::string where = "a " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
                             " GEMM" + (batch.count > 1 ? " (batch of " + std::to_string(batch.count) + ")" : "") +
                             " on " + device.name();
@@ -159,6 +167,7 @@ void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_
   std::lock_guard<std::mutex> guard(lt.lock);
   GemmPlan& plan = lt.plans.get(key, [&] { return make_plan(lt.handle, key, where); });
   if (bias) set_attribute(where, plan.op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (gelu_aux) set_attribute(where, plan.op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, gelu_aux);
   const float alpha = 1.0f;
   TESSERA_CUBLASLT(where, cublasLtMatmul, lt.handle, plan.op.d, &alpha, B, plan.first.l, A, plan.second.l, &beta, C,
                    plan.c.l, C, plan.c.l, &plan.heuristic.algo, lt.workspace, kWorkspaceBytes,

@@ -22,9 +22,11 @@ struct GemmBatch {
 // Row-major C[M,N] (of type ct, leading dimension ldc) = op(A)[M,K] @ op(B)[K,N] + beta * C
 // (+ bias[N] of C's type when given), A and B of type ab (leading dimensions lda, ldb as
 // stored: op(A) = A^T when ta, A then stored [K,M]), for each GEMM of `batch`. Enqueued on
-// the device's stream.
+// the device's stream. With gelu_aux (one GEMM, beta 0): C = gelu_tanh(product + bias) and
+// gelu_aux[M,N] (C's type, leading dimension ldc) = product + bias, in cuBLASLt's
+// GELU_AUX(_BIAS) epilogue.
 void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
           int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, const void* bias = nullptr,
-          cudaDataType_t ct = CUDA_R_32F, const GemmBatch& batch = {});
+          cudaDataType_t ct = CUDA_R_32F, const GemmBatch& batch = {}, void* gelu_aux = nullptr);
 
 }  // namespace tessera::ops::cuda

@@ -28,6 +28,9 @@ struct GemmKey {
   // A strided batch (cuBLASLt's BATCH_COUNT, STRIDED_BATCH_OFFSET): `batch` GEMMs, the i-th
   // on A + i*stride_a, B + i*stride_b, C + i*stride_c (in elements). 1 and 0s: one GEMM.
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  // CUBLASLT_EPILOGUE_GELU_AUX(_BIAS): D = gelu(product (+ bias)), the pre-activation into an
+  // aux matrix of D's type and leading dimension ldc (linear_bias_gelu_forward's pre).
+  bool gelu_aux = false;
 
   auto operator<=>(const GemmKey&) const = default;
 };

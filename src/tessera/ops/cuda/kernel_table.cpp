@@ -2,23 +2,37 @@
 #include <string_view>
 
 #include <cublasLt.h>
+#ifdef TESSERA_WITH_CUDNN
+#include <cudnn.h>
+#endif
 
 #include "tessera/ops/cuda/cuda_ops.h"
 
 namespace tessera::ops::cuda {
 namespace {
 
+// Who runs the fused attention: cuDNN (the version loaded) where it serves the call
+// (flash_route.h), else tessera's flash kernel.
+std::string attention() {
+#ifdef TESSERA_WITH_CUDNN
+  const size_t v = cudnnGetVersion();
+  return ", cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+         " attention";
+#else
+  return ", no cuDNN (tessera's flash kernel)";
+#endif
+}
+
 // The GPU, driver and runtime versions are in the device's description (doctor's device row).
 std::string libraries() {
   const size_t v = cublasLtGetVersion();
   return "tessera's kernels (ops/kernels, built with CUDA " + std::to_string(CUDART_VERSION / 1000) + "." +
          std::to_string(CUDART_VERSION % 1000 / 10) + "), cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-         std::to_string(v % 100) + " GEMMs";
+         std::to_string(v % 100) + " GEMMs" + attention();
 }
 
-// Every op but the fused attention (cuDNN's SDPA comes with issue 29): the model runs the
-// unfused attention here.
-constexpr bool has_kernel(std::string_view op) { return !op.starts_with("flash_attention_"); }
+// Every op (the fused attention: cuDNN's SDPA or the shared flash kernel, flash_attention.cpp).
+constexpr bool has_kernel(std::string_view) { return true; }
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include "tessera/ops/kernels/layernorm.cl"
 #include "tessera/ops/kernels/elementwise.cl"
 #include "tessera/ops/kernels/attention.cl"
+#include "tessera/ops/kernels/flash_attention.cl"
 #include "tessera/ops/kernels/cross_entropy.cl"
 #include "tessera/ops/kernels/multi_tensor.cl"
 #include "tessera/ops/kernels/optimizer.cl"

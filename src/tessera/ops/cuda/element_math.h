@@ -1,0 +1,76 @@
+// The per-element arithmetic of CUDA's native kernels (multi_tensor_kernels.cu,
+// epilogue_kernels.cu) in C++ that nvcc (device code) and the host compiler both read, so the
+// CPU tests hold it to the CPU kernels (tests/unit/ops/cuda_element_math_test.cpp): AdamW's
+// update (the same bits: the files that use it compile without contraction, --fmad=false
+// on CUDA, -ffp-contract=off on the host), dropout's keep factor (the same Philox bits as every
+// backend's mask), GeLU's derivative (within 1e-6 relative of the CPU's).
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include "tessera/core/philox.h"
+
+#if defined(__CUDACC__)
+#define TESSERA_HD __host__ __device__ inline
+#else
+#define TESSERA_HD inline
+#endif
+
+namespace tessera::ops::cuda::native {
+
+// One AdamW step on an element (optimizer.cl's adamw_element, ops/cpu/optimizer_updates.cpp),
+// with the step's scalars (ops.h StepScalar) already read.
+struct AdamwStep {
+  float decay, gscale, w1, w1c, beta2, w2, step_size, bc2_sqrt, eps;
+  int lerp_low;
+  // Updates m and v; returns the new parameter.
+  TESSERA_HD float operator()(float p, float& m, float& v, float g) const {
+    const float gi = g * gscale;
+    float pi = p * decay;
+    const float mo = m;
+    const float mi = lerp_low ? mo + w1 * (gi - mo) : gi - (gi - mo) * w1c;
+    const float vi = v * beta2 + w2 * (gi * gi);
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    pi = pi - step_size * (mi / denom);
+    m = mi;
+    v = vi;
+    return pi;
+  }
+};
+
+// ops.h's Dropout as a kernel argument, with the elements of one sample.
+struct DropoutArgs {
+  float p, scale;
+  uint32_t seed, site, iteration, sample0;
+  uint64_t element_offset;
+  int64_t per_sample;  // the mask's element index restarts per sample
+};
+
+// The factor of element e of batch sample b: scale if kept, 0 if dropped (common.cl's
+// dropout_factor, ops/cpu/dropout_mask.h).
+TESSERA_HD float dropout_factor(const DropoutArgs& d, int64_t b, uint64_t e) {
+  const uint64_t index = d.element_offset + e;
+  tessera_philox4 ctr;
+  ctr.v[0] = static_cast<uint32_t>(index / 4);
+  ctr.v[1] = d.sample0 + static_cast<uint32_t>(b);
+  ctr.v[2] = d.site;
+  ctr.v[3] = d.iteration;
+  const tessera_philox4 r = tessera_philox4x32(d.seed, TESSERA_RNG_STREAM_DROPOUT, ctr);
+  return tessera_uint_to_unit_float(r.v[index % 4]) >= d.p ? d.scale : 0.0f;
+}
+
+// GeLU's derivative (elementwise.cl's gelu_grad) with expf / erff.
+TESSERA_HD float gelu_grad(float x, bool erf) {
+  if (erf) {
+    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
+    return cdf + x * pdf;
+  }
+  const float k0 = 0.79788456f, k1 = 0.044715f;
+  const float u = k0 * (x + k1 * x * x * x), du = k0 * (1.0f + 3.0f * k1 * x * x);
+  const float s = 1.0f / (1.0f + expf(-2.0f * u));
+  return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+}  // namespace tessera::ops::cuda::native
