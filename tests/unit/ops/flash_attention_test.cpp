@@ -273,7 +273,7 @@ TEST_P(FlashAttention, MatchesFloat64) {
     const std::vector<float> prefill = normal(c.B * T * c.qkv_row());
     Tensor qkv = values(DType::F32, {c.B, T, c.qkv_row()}, qkv_h);
     Tensor out = zeros(DType::F32, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
-    ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), ops::Dropout{});
+    ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), ops::Dropout{}, {});
     const Reference ref(c, qkv_h);
     std::vector<double> out_ref, lse_ref;
     ref.forward(out_ref, lse_ref);
@@ -284,7 +284,7 @@ TEST_P(FlashAttention, MatchesFloat64) {
 
     Tensor dqkv = values(DType::F32, qkv.shape, prefill), dout = values(DType::F32, out.shape, dout_h);
     Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
-    ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, c.NG, c.rope(), ops::Dropout{});
+    ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, c.NG, c.rope(), ops::Dropout{}, {});
     std::vector<double> want = ref.backward(dout_h);
     for (size_t i = 0; i < want.size(); ++i) want[i] += prefill[i];  // the backward accumulates
     // Gradients are sums over up to T keys or queries of products of the above, the group's R
@@ -306,10 +306,10 @@ TEST_P(FlashAttention, MatchesUnfusedWithDropout) {
       Tensor dout = values(dtype, {c.B, T, NH * HD}, normal(c.B * T * NH * HD));
       const std::vector<float> prefill = normal(qkv.numel());
       Tensor out = zeros(dtype, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
-      ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+      ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
       Tensor dqkv = values(dtype, qkv.shape, prefill);
       Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
-      ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, c.NG, c.rope(), drop);
+      ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, c.NG, c.rope(), drop, {});
 
       Unfused u = unfused_forward(c, dtype, qkv, drop);
       Tensor dqkv_unfused = values(dtype, qkv.shape, prefill);
@@ -339,7 +339,7 @@ TEST_P(FlashAttention, DropsTheUnfusedOpsElements) {
   const ops::Dropout drop = dropout_of(0.5f, static_cast<uint64_t>(3 * T * T));
   Tensor qkv = values(DType::F32, {c.B, T, c.qkv_row()}, qkv_h);
   Tensor out = zeros(DType::F32, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
-  ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+  ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
   const Unfused u = unfused_forward(c, DType::F32, qkv, drop);
   const std::vector<float> fused = read(out), unfused = read(u.out);
   int64_t kept = 0, dropped = 0;
@@ -371,10 +371,10 @@ TEST(FlashAttentionDeathTest, RejectsMismatchedShapes) {
   using namespace tessera::ops_test;
   Arena arena;
   Tensor qkv = arena.f32({1, 5, 2 * 4 * 8}), out = arena.f32({1, 5, 4 * 8}), lse = arena.f32({1, 4, 5});
-  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 3, {}, {}), "with 3 query groups");  // 4 heads, 3 groups
-  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 1, {}, {}), "width is not");  // 64 wide, 1 group wants 48
-  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 2, {.dim = 10}, {}), "rope dim 10");  // above HD 8
-  ops::flash_attention_forward(out, lse, qkv, 2, {}, {});  // 2 groups of 2 heads: 64 wide
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, Tensor(), 3, {}, {}, {}), "with 3 query groups");  // 4 heads, 3 groups
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, Tensor(), 1, {}, {}, {}), "width is not");  // 64 wide, 1 group wants 48
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, Tensor(), 2, {.dim = 10}, {}, {}), "rope dim 10");  // above HD 8
+  ops::flash_attention_forward(out, lse, qkv, Tensor(), 2, {}, {}, {});  // 2 groups of 2 heads: 64 wide
 }
 
 // ---- finite differences (CPU: the loss perturbs host memory) -----------------------------
@@ -391,11 +391,11 @@ TEST(FlashAttentionGradients, MatchFiniteDifferences) {
     // With dropout too: the mask is a function of the element, the same in every call.
     for (float p : {0.0f, 0.3f}) {
       const ops::Dropout drop = dropout_of(p);
-      ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+      ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
       Grad dqkv(arena, qkv, 3);
-      ops::flash_attention_backward(dqkv.t, scratch, R, qkv, out, lse, c.NG, c.rope(), drop);
+      ops::flash_attention_backward(dqkv.t, Tensor(), scratch, R, qkv, Tensor(), out, lse, c.NG, c.rope(), drop, {});
       const auto loss = [&] {
-        ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+        ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
         return weighted_sum(out, R);
       };
       // eps 1e-3 on O(1) inputs: f32 forward noise ~1e-7 / 2e-3 = 5e-5 on the difference

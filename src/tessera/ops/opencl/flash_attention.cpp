@@ -41,28 +41,46 @@ ClLaunch& common_args(ClLaunch& launch, const cpu::FlashLayout& d, const Rope& r
 
 }  // namespace
 
-void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_groups, const Rope& rope,
-                             const Dropout& dropout) {
-  const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_forward");
-  check_floating("flash_attention_forward", {{"out", out}, {"qkv", qkv}});
-  ClLaunch launch(out, "flash_attention_forward");
-  launch.floats(out).tensor(lse).floats(qkv);
-  common_args(launch, d, rope, dropout).run(d.T, d.B * d.NH);
+// The block's positions (flash_attention.cl's POS_ARGS).
+ClLaunch& position_args(ClLaunch& launch, const AttentionBlock& block) {
+  launch.scalar<int64_t>(block.seq_length);
+  for (const SequenceRows* r : {&block.queries, &block.keys})
+    launch.scalar<int64_t>(r->split).scalar<int64_t>(r->first).scalar<int64_t>(r->second);
+  return launch;
 }
 
-void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                              int64_t num_groups, const Rope& rope, const Dropout& dropout) {
+void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int64_t num_groups, const Rope& rope,
+                             const Dropout& dropout, const AttentionBlock& block_in) {
+  const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_forward");
+  const AttentionBlock block = cpu::checked_block(block_in, qkv, kv, "flash_attention_forward");
+  if (kv.empty()) kv = qkv;
+  check_floating("flash_attention_forward", {{"out", out}, {"qkv", qkv}, {"kv", kv}});
+  ClLaunch launch(out, "flash_attention_forward");
+  launch.floats(out).tensor(lse).floats(qkv).floats(kv);
+  common_args(launch, d, rope, dropout);
+  position_args(launch, block).scalar<int32_t>(block.merge ? 1 : 0).run(d.T, d.B * d.NH);
+}
+
+void flash_attention_backward(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor kv, Tensor out,
+                              Tensor lse, int64_t num_groups, const Rope& rope, const Dropout& dropout,
+                              const AttentionBlock& block_in) {
   if (dqkv.empty()) return;
   const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_backward");
-  cpu::check_flash_backward(dqkv, scratch, dout, qkv, out, lse);
-  check_floating("flash_attention_backward", {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}});
+  const AttentionBlock block = cpu::checked_block(block_in, qkv, kv, "flash_attention_backward");
+  TESSERA_CHECK(!block.merge, "flash_attention_backward: a block is never merged in the backward");
+  cpu::check_flash_backward(dqkv, dkv, scratch, dout, qkv, kv, out, lse);
+  if (kv.empty()) kv = qkv, dkv = dqkv;
+  check_floating("flash_attention_backward",
+                 {{"dqkv", dqkv}, {"dkv", dkv}, {"dout", dout}, {"qkv", qkv}, {"kv", kv}, {"out", out}});
   check_f32("flash_attention_backward", {{"scratch", scratch}});
   ClLaunch rows(dout, "flash_attention_backward_rows");
-  rows.floats(dqkv).tensor(scratch).floats(dout).floats(qkv).floats(out).tensor(lse);
-  common_args(rows, d, rope, dropout).run(d.T, d.B * d.NH);
+  rows.floats(dqkv).tensor(scratch).floats(dout).floats(qkv).floats(kv).floats(out).tensor(lse);
+  common_args(rows, d, rope, dropout);
+  position_args(rows, block).run(d.T, d.B * d.NH);
   ClLaunch keys(dout, "flash_attention_backward_keys");
-  keys.floats(dqkv).tensor(scratch).floats(dout).floats(qkv).tensor(lse);
-  common_args(keys, d, rope, dropout).run(d.T, d.B * d.NG);
+  keys.floats(dkv).tensor(scratch).floats(dout).floats(qkv).floats(kv).tensor(lse);
+  common_args(keys, d, rope, dropout);
+  position_args(keys, block).run(d.T, d.B * d.NG);
 }
 
 // D = rowsum(dout * out) per row, f32.
