@@ -33,6 +33,12 @@ add_test(NAME train_model_parallel_two_hosts
                  two-hosts)
 set_tests_properties(train_model_parallel_two_hosts PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 
+# Context parallelism (the p2p ring, the gathered unfused attention) with TP, SP, PP, DP and the
+# distributed optimizer, recomputation, bf16, checkpoints and bad layouts, against one process.
+add_test(NAME train_context_parallel
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/context_parallel_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_context_parallel PROPERTIES TIMEOUT 600)
+
 # --deterministic-mode gives the bits of a log recorded before fused kernels existed; the
 # default mode stays near them.
 add_test(NAME train_deterministic_mode
