@@ -12,7 +12,8 @@
 - bad layouts (a sequence that 2 x CP does not divide, a world that TP x CP x PP does not
   divide, a --cp-comm-type other than p2p) exit 2 naming the flag.
 The runs are model_parallel_test's tiny model (sequence 16).
-usage: context_parallel_test.py TESSERA_BINARY"""
+With --device D: CP=2 runs on device D against one CPU process (test_device).
+usage: context_parallel_test.py TESSERA_BINARY [--device D]"""
 import os
 import subprocess
 import sys
@@ -130,7 +131,29 @@ def test_layout_errors(tmp):
     print("ok  bad context-parallel layouts exit 2 naming the flag", flush=True)
 
 
+def test_device(tmp, device):
+    """CP=2 on `device` (the strict test device, whose host memory refuses host access outside
+    a backend; OpenCL: the ring's kernels and transfers) against one CPU process within 1e-5:
+    GPT with dropout on and Llama."""
+    for family, model in (("gpt", []), ("llama", LLAMA + mp.NO_DROPOUT)):
+        reference, _ = mp.train(tmp, "device reference " + family, 1, model + mp.FOUR)
+        t0 = time.monotonic()
+        got, _ = mp.train(tmp, "cp2 %s %s" % (family, device), 2, model + mp.FOUR + CP2 + ["--device", device])
+        mp.compare(reference, got, "cp2 %s on %s" % (family, device))
+        print("ok  cp2 %-6s on %-8s 2 processes  %.1f s" % (family, device, time.monotonic() - t0), flush=True)
+
+
 def main():
+    if sys.argv[2:3] == ["--device"]:
+        device = sys.argv[3]
+        if device.startswith("opencl"):
+            import opencl_train_test  # noqa: E402  (its device probe)
+            if not opencl_train_test.opencl_device_present():
+                print("no OpenCL device: skipped")
+                return 77
+        with tempfile.TemporaryDirectory() as tmp:
+            test_device(tmp, device)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         test_layout_errors(tmp)
         for family, model in (("gpt", []), ("llama", LLAMA)):
@@ -139,7 +162,8 @@ def main():
         test_deterministic(tmp)
         test_checkpoint_resumes_at_cp1(tmp)
         test_bf16(tmp)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
