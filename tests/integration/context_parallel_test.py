@@ -3,7 +3,7 @@
 - GPT and Llama (RoPE, grouped queries, SwiGLU) at CP=2, CP=4, CP=2 x TP=2 (with and without
   --sequence-parallel), CP=2 x PP=2 (1F1B and interleaved), CP=2 x DP=2 with the distributed
   optimizer and CP=2 with full recomputation give the losses and gradient norms of one
-  process within 1e-5 relative over 10 iterations (model_parallel_test's bound), dropout on
+  process within 1e-5 relative over 10 iterations and in validation (model_parallel_test's bound), dropout on
   for some (the masks are keyed by true position, so every split draws one process's);
 - --deterministic-mode: CP=2 (the unfused attention on the gathered sequence) against one
   process: attention is one process's arithmetic; not bit-identical (test_deterministic says why);
@@ -66,10 +66,14 @@ def test_layouts(tmp, family, model, dropout):
             continue
         layers = layers_of(label)
         if layers[1] not in references:
-            references[layers[1]], _ = mp.train(tmp, "single %s %s" % (layers[1], tag), 1, model + layers + extra)
+            references[layers[1]] = mp.train(tmp, "single %s %s" % (layers[1], tag), 1, model + layers + extra)
+        reference, ref_valid = references[layers[1]]
         t0 = time.monotonic()
-        got, _ = mp.train(tmp, "%s %s" % (label, tag), procs, model + layers + flags + extra)
-        mp.compare(references[layers[1]], got, "%s %s" % (label, tag))
+        got, valid = mp.train(tmp, "%s %s" % (label, tag), procs, model + layers + flags + extra)
+        mp.compare(reference, got, "%s %s" % (label, tag))
+        # validation at iterations 5 and 10, at the end and on the test split
+        assert len(valid) == len(ref_valid) == 4 and all(abs(a - b) <= mp.RTOL * a for a, b in zip(ref_valid, valid)), (
+            label, ref_valid, valid)
         print("ok  %-30s %-20s %d processes  %.1f s" % (label, tag, procs, time.monotonic() - t0), flush=True)
 
 
