@@ -87,9 +87,11 @@ def test_deterministic(tmp):
     the first loss within 4e-9 relative of one process, every loss and norm within 1e-7; the
     bounds leave 10x margin."""
     flags = mp.FOUR + ["--deterministic-mode"]
-    for family, model in (("gpt", []), ("llama", LLAMA)):
+    # Llama's CP run recomputes the attention (selective: the gathered sequence's probabilities
+    # are not kept), which gives the same bits as keeping them.
+    for family, model, cp_only in (("gpt", [], []), ("llama", LLAMA, ["--recompute-activations"])):
         reference, _ = mp.train(tmp, "deterministic single " + family, 1, model + flags)
-        got, _ = mp.train(tmp, "deterministic cp2 " + family, 2, model + flags + CP2)
+        got, _ = mp.train(tmp, "deterministic cp2 " + family, 2, model + flags + CP2 + cp_only)
         first = abs(got[0]["lm_loss"] - reference[0]["lm_loss"]) / reference[0]["lm_loss"]
         assert first <= 4e-8, (family, got[0], reference[0])
         worst = 0.0
