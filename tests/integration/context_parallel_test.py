@@ -106,19 +106,21 @@ def test_deterministic(tmp):
 def test_checkpoint_resumes_at_cp1(tmp):
     """A CP=2 save holds no CP shard (CP splits no parameter): CP=1 resumes it with the
     reference's losses. With the distributed optimizer the optimizer state is sharded over
-    DP x CP (Megatron's dp-cp group): a CP=2 x DP=2 save in Megatron's torch format (its
-    distrib_optim.pt shards laid out for DP x CP) resumes at DP=2."""
-    for label, procs, extra in (("", 1, []), (" distributed optimizer torch", 2,
-                                              ["--use-distributed-optimizer", "--ckpt-format", "torch"])):
-        reference, _ = mp.train(tmp, "ckpt reference" + label, procs, mp.FOUR + extra)
-        save = os.path.join(tmp, "cp2_save" + label.replace(" ", "_"))
-        mp.train(tmp, "ckpt cp2 save" + label, 2 * procs,
-                 mp.FOUR + extra + CP2 + ["--save", save, "--save-interval", "5", "--exit-interval", "5"])
-        resumed, _ = mp.train(tmp, "ckpt cp1 resume" + label, procs, mp.FOUR + extra + ["--load", save])
+    DP x CP (Megatron's dp-cp group; its args' data_parallel_size excludes CP): a CP=3 save in
+    Megatron's torch format, whose distrib_optim.pt buffers are padded for 3 shards (to
+    lcm(3, 128) elements, not the lcm(1, 128) of its DP size), resumes in one process."""
+    seq12 = ["--seq-length", "12"]
+    for label, procs, extra in (("", 2, CP2), (" distributed optimizer torch", 3, [
+            "--context-parallel-size", "3", "--use-distributed-optimizer", "--ckpt-format", "torch"] + seq12)):
+        model = mp.FOUR + (seq12 if seq12[1] in extra else [])
+        reference, _ = mp.train(tmp, "ckpt reference" + label, 1, model)
+        save = os.path.join(tmp, "cp_save" + label.replace(" ", "_"))
+        mp.train(tmp, "ckpt cp save" + label, procs,
+                 mp.FOUR + extra + ["--save", save, "--save-interval", "5", "--exit-interval", "5"])
+        resumed, _ = mp.train(tmp, "ckpt cp1 resume" + label, 1, model + ["--load", save])
         assert [r["iteration"] for r in resumed] == list(range(6, 11)), resumed
-        mp.compare(reference[5:], resumed, "cp2 save resumed at cp1" + label)
-        print("ok  a CP=2%s checkpoint resumes at CP=1 with the reference's losses" % (" x DP=2" + label if label else ""),
-              flush=True)
+        mp.compare(reference[5:], resumed, "cp save resumed at cp1" + label)
+        print("ok  a CP=%d%s checkpoint resumes at CP=1 with the reference's losses" % (procs, label), flush=True)
 
 
 def test_bf16(tmp):
