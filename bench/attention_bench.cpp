@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   for (float p : {0.0f, 0.1f}) {
     ops::Dropout drop;
     drop.p = p;
-    const double ff = time_ms(dev, [&] { ops::flash_attention_forward(out, lse, qkv, NG, rope, drop); }, iterations);
+    const double ff = time_ms(dev, [&] { ops::flash_attention_forward(out, lse, qkv, Tensor(), NG, rope, drop, {}); }, iterations);
     const double uf = time_ms(
         dev,
         [&] {
@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
           ops::attention_forward(out, att, heads, drop);
         },
         iterations);
-    ops::flash_attention_forward(out, lse, qkv, NG, rope, drop);
+    ops::flash_attention_forward(out, lse, qkv, Tensor(), NG, rope, drop, {});
     const double fb = time_ms(
-        dev, [&] { ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, NG, rope, drop); }, iterations);
+        dev, [&] { ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, NG, rope, drop, {}); }, iterations);
     ops::attention_forward(out, att, heads, drop);
     const double ub = time_ms(
         dev,

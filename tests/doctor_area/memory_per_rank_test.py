@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """doctor's memory row against what `tessera train` allocates, under `tessera launch` with 2
-processes as TP 2 and as PP 2: the row's per-rank figure is the largest rank's own share (the
+processes as TP 2, as PP 2 and as CP 2: the row's per-rank figure is the largest rank's own share (the
 "max allocated" train prints per rank), not the whole model on every rank.
 usage: memory_per_rank_test.py TESSERA_BINARY"""
 import os
@@ -48,5 +48,8 @@ tp, _ = check_layout(["--tensor-model-parallel-size", "2"])
 assert tp < 0.6 * whole_mib, (tp, whole_mib)
 pp, allocated = check_layout(["--pipeline-model-parallel-size", "2"])
 assert allocated[0] != allocated[1] and pp < whole_mib, (allocated, whole_mib)
-print("ok: one process %.1f MiB; TP 2 %.1f MiB per rank; PP 2 up to %.1f MiB (ranks %s)" % (
-    whole_mib, tp, pp, allocated))
+# Context parallelism splits the activations, not the weights.
+cp, _ = check_layout(["--context-parallel-size", "2"])
+assert cp < whole_mib, (cp, whole_mib)
+print("ok: one process %.1f MiB; TP 2 %.1f MiB per rank; PP 2 up to %.1f MiB (ranks %s); CP 2 %.1f MiB per rank" % (
+    whole_mib, tp, pp, allocated, cp))

@@ -12,4 +12,9 @@ if(TESSERA_WITH_OPENCL)
     # Hang guards: 5 s, 20 s and 13 s on PoCL unloaded (2 cores); ten times that under ctest -j3.
     set_tests_properties(opencl.train_${part} PROPERTIES TIMEOUT 200 SKIP_RETURN_CODE 77 LABELS opencl)
   endforeach()
+  # Context parallelism (the ring on OpenCL's flash attention) against one CPU process.
+  add_test(NAME opencl.train_context_parallel
+           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/context_parallel_test.py
+                   $<TARGET_FILE:tessera> --device opencl)
+  set_tests_properties(opencl.train_context_parallel PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS opencl)
 endif()

@@ -33,6 +33,16 @@ add_test(NAME train_model_parallel_two_hosts
                  two-hosts)
 set_tests_properties(train_model_parallel_two_hosts PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 
+# Context parallelism (the p2p ring, the gathered unfused attention) with TP, SP, PP, DP and the
+# distributed optimizer, recomputation, bf16, checkpoints and bad layouts, against one process.
+add_test(NAME train_context_parallel
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/context_parallel_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_context_parallel PROPERTIES TIMEOUT 600)
+add_test(NAME train_context_parallel.strict
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/context_parallel_test.py $<TARGET_FILE:tessera>
+                 --device strict)
+set_tests_properties(train_context_parallel.strict PROPERTIES TIMEOUT 300 LABELS strict)
+
 # --deterministic-mode gives the bits of a log recorded before fused kernels existed; the
 # default mode stays near them.
 add_test(NAME train_deterministic_mode

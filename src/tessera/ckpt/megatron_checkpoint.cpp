@@ -535,7 +535,8 @@ void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, boo
 // shared embedding's bucket of its own. chunks: each parameter's chunk.
 GradBufferLayout saved_buffer_layout(const RankFile& f, const json& args, bool tied, std::vector<int>& chunks) {
   GradBufferOptions o;
-  o.data_parallel = arg_int(args, "data_parallel_size", 1);
+  // Megatron shards over the data-parallel group with context parallelism.
+  o.data_parallel = arg_int(args, "data_parallel_size", 1) * arg_int(args, "context_parallel_size", 1);
   o.distributed_optimizer = true;
   const auto overlap = args.find("overlap_grad_reduce");
   if (f.pp == 0 && overlap != args.end() && overlap->is_boolean() && overlap->get<bool>()) {

@@ -7,6 +7,7 @@
 #include "tessera/core/error.h"
 #include "tessera/device/backend.h"
 #include "tessera/device/device.h"
+#include "tessera/model/context_parallel.h"
 #include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
 
@@ -81,6 +82,10 @@ struct GPTModel::Workspace {
   // one recomputed group of layers (full).
   Tensor att;
   std::vector<LayerActs> recomputed;
+  // Context parallelism: the fused attention's ring buffers [B,T,QKVl]; the unfused path's
+  // whole-sequence tensors [B,S,QKVl] / [B,S,Al] and the all-gather's staging.
+  RingBuffers ring;
+  Tensor qkv_whole, ctx_whole, d_ctx_whole, d_qkv_whole, cp_staging;
 };
 
 struct GPTModel::Chunk {
@@ -171,7 +176,9 @@ struct GPTModel::Layout {
 
   bool sp = false, selective = false, layernorm = true, regroup = false, fused = false;
   DType act = DType::F32;
-  int64_t B = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
+  int cp = 1;
+  int64_t B = 0, S = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
+  int64_t Ta = 0;  // the attention ops' sequence: T, or S where context parallelism gathers it (unfused)
   ops::AttentionBuffers att_buffers;  // the unfused attention's, sized by the device's backend
 
   Layout(const Device& device, const GPTConfig& c, int micro_batch, const ModelPartition& part,
@@ -181,14 +188,16 @@ struct GPTModel::Layout {
     sp = part.sequence_parallel && tp > 1;
     selective = c.recompute == Recompute::Selective;
     act = c.params_dtype;
-    B = micro_batch, T = c.seq_length, C = c.hidden_size, Tl = sp ? T / tp : T;
+    cp = part.cp_size;
+    B = micro_batch, S = c.seq_length, T = S / cp, C = c.hidden_size, Tl = sp ? T / tp : T;
     layernorm = c.normalization == Normalization::LayerNorm;
     regroup = c.regroups_qkv();
     Al = c.attention_width() / tp, QKVl = c.qkv_width() / tp, Fl = c.ffn_hidden_size / tp;
     Fl2 = c.swiglu ? 2 * Fl : Fl, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
     fused = uses_fused_attention(c, device);
-    if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, T, act);
+    Ta = cp > 1 && !fused ? S : T;
+    if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, Ta, act);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -254,12 +263,25 @@ struct GPTModel::Layout {
     reserve(ws.d_ctx, {B, T, Al});
     reserve(ws.d_qkv, {B, T, QKVl});
     if (regroup && !fused) {
-      reserve(ws.heads, {B, T, 3 * Al});
-      reserve(ws.d_heads, {B, T, 3 * Al});
+      reserve(ws.heads, {B, Ta, 3 * Al});
+      reserve(ws.d_heads, {B, Ta, 3 * Al});
     }
     reserve_f32(ws.d_att, fused ? ops::flash_attention_scratch(device, B, NHl, T) : att_buffers.scratch);
     reserve(ws.d_F, {B, T, Fl2});
     reserve(ws.d_act, {B, T, Fl});
+    if (cp > 1) reserve_context_parallel(ws);
+  }
+
+  void reserve_context_parallel(Workspace& ws) {
+    if (fused) {
+      for (Tensor* t : {&ws.ring.kv[0], &ws.ring.kv[1], &ws.ring.dkv[0], &ws.ring.dkv[1]}) reserve(*t, {B, T, QKVl});
+      return;
+    }
+    reserve(ws.qkv_whole, {B, S, QKVl});
+    reserve(ws.ctx_whole, {B, S, Al});
+    reserve(ws.d_ctx_whole, {B, S, Al});
+    reserve(ws.d_qkv_whole, {B, S, QKVl});
+    reserve(ws.cp_staging, {B * S * std::max(QKVl, Al)});
   }
 
   // Binds every reserved tensor into the slab, then the whole-sequence aliases.
@@ -275,7 +297,7 @@ struct GPTModel::Layout {
         for (LayerActs& a : s.layers) alias(a);
         if (!sp) s.head.lnf_whole = s.head.lnf;
       }
-    if (!regroup) ws.d_heads = ws.d_qkv;
+    if (!regroup) ws.d_heads = cp > 1 && !fused ? ws.d_qkv_whole : ws.d_qkv;
     if (sp) return;
     ws.reduced = ws.partial;
     ws.d_C_whole = ws.d_C;
@@ -335,7 +357,7 @@ GradBufferLayout GPTModel::buffer_layout_for(const GPTConfig& config, const Mode
 
 GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
                    const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp,
-                   const GradBufferLayout* buffer_layout)
+                   const GradBufferLayout* buffer_layout, Communicator* cp)
     : config_(config),
       device_(device),
       micro_batch_(micro_batch_size),
@@ -343,11 +365,20 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
       shards_(shard_params(config, partition)),
       buffer_layout_(buffer_layout ? *buffer_layout : buffer_layout_for(config, partition, {})),
       ws_(std::make_unique<Workspace>()),
-      tp_(tp, partition.sequence_parallel, device, int64_t{micro_batch_size} * config.seq_length * config.hidden_size,
-          config.params_dtype) {
+      tp_(tp, partition.sequence_parallel, device,
+          int64_t{micro_batch_size} * (config.seq_length / partition.cp_size) * config.hidden_size,
+          config.params_dtype),
+      cp_(partition.cp_size > 1 ? cp : nullptr),
+      seq_(config.seq_length / partition.cp_size) {
   TESSERA_CHECK(tp_.size() == partition.tp_size, "the tensor-parallel group size differs from the partition's");
-  if (partition.sequence_parallel && config.seq_length % partition.tp_size != 0)
+  TESSERA_CHECK(partition.cp_size == 1 || (cp && cp->size() == partition.cp_size && cp->rank() == partition.cp_rank),
+                "the context-parallel group differs from the partition's");
+  if (config.seq_length % (2 * partition.cp_size) != 0 && partition.cp_size > 1)
+    throw usage_error("--seq-length " + std::to_string(config.seq_length) + " is not divisible by 2 x " +
+                      "--context-parallel-size " + std::to_string(partition.cp_size));
+  if (partition.sequence_parallel && seq_ % partition.tp_size != 0)
     throw usage_error("--seq-length " + std::to_string(config.seq_length) +
+                      (partition.cp_size > 1 ? " / --context-parallel-size" : "") +
                       " is not divisible by --tensor-model-parallel-size with --sequence-parallel");
   vocab_start_ = int64_t{partition.tp_rank} * (config.padded_vocab_size / partition.tp_size);
   head_start_ = int64_t{partition.tp_rank} * (config.num_attention_heads / partition.tp_size);
@@ -518,6 +549,38 @@ Tensor rows(const Tensor& t) { return t.view({t.dim(0) * t.dim(1), t.numel() / (
 Tensor flat_rows(const Tensor& t) { return t.view({t.numel()}); }
 }  // namespace
 
+// Each piece is one sample's rows at consecutive positions, so its element offset is the
+// position of its first row (Dropout's per-sample index of the full [B,S,width] tensor).
+std::vector<GPTModel::DropPiece> GPTModel::drop_pieces(const ops::Dropout& drop, int64_t B, int64_t rows,
+                                                      int64_t first_row, int64_t width) const {
+  const ops::SequenceRows at = cp_rows(config_.seq_length, partition_.cp_size, partition_.cp_rank);
+  if (!cp_ || drop.p == 0.0f) {
+    DropPiece whole{-1, 0, rows, drop};
+    whole.dropout.element_offset = static_cast<uint64_t>(at.position(first_row) * width);
+    return {whole};
+  }
+  std::vector<DropPiece> pieces;
+  const int64_t runs[2][3] = {{0, at.split, at.first}, {at.split, seq_ - at.split, at.second}};
+  for (int64_t b = 0; b < B; ++b)
+    for (const auto& [r0, n, pos] : runs) {
+      const int64_t lo = std::max(r0, first_row), hi = std::min(r0 + n, first_row + rows);
+      if (lo >= hi) continue;
+      DropPiece p{b, lo - first_row, hi - lo, drop};
+      p.dropout.sample0 += static_cast<uint32_t>(b);
+      p.dropout.element_offset = static_cast<uint64_t>((pos + lo - r0) * width);
+      pieces.push_back(p);
+    }
+  return pieces;
+}
+
+Tensor GPTModel::cp_staging(const Tensor& whole) const { return ws_->cp_staging.slice_rows(0, whole.numel()); }
+
+Tensor GPTModel::piece_of(const Tensor& t, const DropPiece& p) {
+  if (p.b < 0 || t.empty()) return t;
+  const int64_t rows_per_sample = t.dim(1), width = t.numel() / (t.dim(0) * rows_per_sample);
+  return rows(t).slice_rows(p.b * rows_per_sample + p.row, p.rows).view({1, p.rows, width});
+}
+
 // The embedding runs on the whole sequence with the vocabulary split over TP ranks: each
 // rank looks up the tokens it holds (zeros elsewhere), the sum over ranks is the lookup
 // (Megatron's VocabParallelEmbedding), then positions are added and dropout applied.
@@ -532,7 +595,9 @@ void GPTModel::embedding_forward(Tensor out, const MicroBatch& batch, const Step
     ops::embedding_forward(ws.pos_emb, batch.tokens, batch.positions, Tensor(), params_[ch.wpe], 0, 0);
     ops::residual_forward(whole, whole, ws.pos_emb);
   }
-  ops::dropout_forward(whole, whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0));
+  const ops::Dropout drop = dropout(config_.hidden_dropout, kEmbeddingSite, step, 0);
+  for (const DropPiece& p : drop_pieces(drop, micro_batch_, seq_, 0, config_.hidden_size))
+    ops::dropout_forward(piece_of(whole, p), piece_of(whole, p), p.dropout);
   if (tp_.sequence_parallel()) tp_.scatter_forward(out, whole);
 }
 
@@ -546,7 +611,9 @@ void GPTModel::embedding_backward(const MicroBatch& batch, const StepContext& st
     tp_.scatter_backward(ws.d_C_whole, ws.d_residual);
     d_whole = ws.d_C_whole;
   }
-  ops::dropout_backward(ws.d_ln_whole, d_whole, dropout(config_.hidden_dropout, kEmbeddingSite, step, 0), kAssign);
+  const ops::Dropout drop = dropout(config_.hidden_dropout, kEmbeddingSite, step, 0);
+  for (const DropPiece& p : drop_pieces(drop, micro_batch_, seq_, 0, config_.hidden_size))
+    ops::dropout_backward(piece_of(ws.d_ln_whole, p), piece_of(d_whole, p), p.dropout, kAssign);
   ops::embedding_backward(grads_[ch.wte], param_or_empty(grads_, ch.wpe), ws.d_ln_whole, batch.tokens, batch.positions, vocab_start_,
                           config_.padded_vocab_size);
 }
@@ -583,10 +650,14 @@ void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor w
   Workspace& ws = *ws_;
   ops::linear_forward(rows(ws.partial), rows(inp), weight, Tensor());
   tp_.leave_forward(ws.reduced, ws.partial);
-  if (uses_fused_epilogue(device_, ops::bias_dropout_add_forward))
-    return ops::bias_dropout_add_forward(out, ws.reduced, bias, residual, drop);
+  const std::vector<DropPiece> pieces = hidden_drop_pieces(drop);
+  if (uses_fused_epilogue(device_, ops::bias_dropout_add_forward)) {
+    for (const DropPiece& p : pieces)
+      ops::bias_dropout_add_forward(piece_of(out, p), piece_of(ws.reduced, p), bias, piece_of(residual, p), p.dropout);
+    return;
+  }
   if (!bias.empty()) ops::bias_add_forward(rows(ws.reduced), rows(ws.reduced), bias);
-  ops::dropout_forward(ws.reduced, ws.reduced, drop);
+  for (const DropPiece& p : pieces) ops::dropout_forward(piece_of(ws.reduced, p), piece_of(ws.reduced, p), p.dropout);
   ops::residual_forward(out, residual, ws.reduced);
 }
 
@@ -595,10 +666,14 @@ void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor w
 void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
                                 const ops::Dropout& drop) {
   Workspace& ws = *ws_;
+  const std::vector<DropPiece> pieces = hidden_drop_pieces(drop);
   if (uses_fused_epilogue(device_, ops::bias_dropout_add_backward)) {
-    ops::bias_dropout_add_backward(ws.d_C, d_bias, Tensor(), ws.d_residual, drop, kAssign);
+    for (const DropPiece& p : pieces)
+      ops::bias_dropout_add_backward(piece_of(ws.d_C, p), d_bias, Tensor(), piece_of(ws.d_residual, p), p.dropout,
+                                     kAssign);
   } else {
-    ops::dropout_backward(ws.d_C, ws.d_residual, drop, kAssign);
+    for (const DropPiece& p : pieces)
+      ops::dropout_backward(piece_of(ws.d_C, p), piece_of(ws.d_residual, p), p.dropout, kAssign);
     if (!d_bias.empty()) ops::bias_add_backward(d_bias, rows(ws.d_C));
   }
   if (tp_.sequence_parallel()) fill_zero(ws.d_C_whole);
@@ -608,18 +683,12 @@ void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor 
 
 void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor in, Tensor out,
                              const StepContext& step) {
-  const int64_t T = config_.seq_length;
-  const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   // Attention: column-parallel QKV over this rank's heads, row-parallel projection.
   norm_in_forward(a.ln1, a.ln1_whole, a.ln1_mean, a.ln1_rstd, in, w.ln1_w, w.ln1_b);
   ops::linear_forward(rows(a.qkv), rows(a.ln1_whole), w.qkv_w, w.qkv_b);
-  if (fused_attention_)
-    ops::flash_attention_forward(a.ctx, a.att, a.qkv, config_.query_groups() / tp_.size(), config_.rope(),
-                                 attention_dropout(l, step));
-  else
-    ops::attention_forward(a.ctx, a.att, attention_heads(a.qkv), attention_dropout(l, step));
+  attention_forward(l, a, step);
   row_out_forward(a.residual_mid, in, a.ctx, w.proj_w, w.proj_b,
-                  dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
+                  dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0));
   // MLP: column-parallel fc1, row-parallel fc2.
   norm_in_forward(a.ln2, a.ln2_whole, a.ln2_mean, a.ln2_rstd, a.residual_mid, w.ln2_w, w.ln2_b);
   if (config_.swiglu) {
@@ -632,7 +701,23 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
     ops::gelu_forward(a.act, a.fc1, config_.gelu);
   }
   row_out_forward(out, a.residual_mid, a.act, w.fc2_w, w.fc2_b,
-                  dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
+                  dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0));
+}
+
+// ctx and the saved state from qkv: one process's fused or unfused attention, or with context
+// parallelism the ring (fused) or the gathered sequence (unfused).
+void GPTModel::attention_forward(int l, LayerActs& a, const StepContext& step) {
+  Workspace& ws = *ws_;
+  const int64_t groups = config_.query_groups() / tp_.size();
+  const ops::Dropout drop = attention_dropout(l, step);
+  if (fused_attention_ && cp_)
+    return ring_attention_forward(*cp_, ws.ring, a.ctx, a.att, a.qkv, groups, config_.rope(), drop,
+                                  config_.seq_length);
+  if (fused_attention_) return ops::flash_attention_forward(a.ctx, a.att, a.qkv, Tensor(), groups, config_.rope(), drop, {});
+  if (!cp_) return ops::attention_forward(a.ctx, a.att, attention_heads(a.qkv), drop);
+  cp_gather_sequence(*cp_, ws.qkv_whole, cp_staging(ws.qkv_whole), a.qkv);
+  ops::attention_forward(ws.ctx_whole, a.att, attention_heads(ws.qkv_whole), drop);
+  cp_take_local(a.ctx, ws.ctx_whole, partition_.cp_size, partition_.cp_rank);
 }
 
 // The attention probabilities' dropout: this rank's heads start at head_start_ of the sample's
@@ -657,11 +742,9 @@ Tensor GPTModel::attention_heads(Tensor qkv) {
 void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                               const StepContext& step) {
   Workspace& ws = *ws_;
-  const int64_t T = config_.seq_length;
-  const uint64_t hidden_offset = static_cast<uint64_t>(tp_.seq_offset(T) * config_.hidden_size);
   // MLP branch.
   row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b,
-                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, hidden_offset));
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0));
   if (!config_.swiglu && uses_fused_epilogue(device_, ops::linear_bias_gelu_backward)) {
     // dL/d(fc1) overwrites dL/d(act) in place.
     ops::linear_bias_gelu_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_act), rows(ws.d_act),
@@ -676,7 +759,7 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
-                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, hidden_offset));
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0));
   attention_backward(l, a, step);
   ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign);
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
@@ -686,21 +769,34 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
 void GPTModel::attention_backward(int l, LayerActs& a, const StepContext& step) {
   Workspace& ws = *ws_;
   const int64_t groups = config_.query_groups() / tp_.size();
+  const ops::Dropout drop = attention_dropout(l, step);
   if (fused_attention_) {
     fill_zero(ws.d_qkv);
-    ops::flash_attention_backward(ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.ctx, a.att, groups, config_.rope(),
-                                  attention_dropout(l, step));
+    if (cp_)
+      ring_attention_backward(*cp_, ws.ring, ws.d_qkv, ws.d_att, ws.d_ctx, a.qkv, a.ctx, a.att, groups, config_.rope(),
+                              drop, config_.seq_length);
+    else
+      ops::flash_attention_backward(ws.d_qkv, Tensor(), ws.d_att, ws.d_ctx, a.qkv, Tensor(), a.ctx, a.att, groups,
+                                    config_.rope(), drop, {});
     return;
   }
-  const Tensor heads = attention_heads(a.qkv);
-  if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
-    ops::attention_forward(a.ctx, a.att, heads, attention_dropout(l, step));
-  fill_zero(ws.d_heads);
-  ops::attention_backward(ws.d_heads, ws.d_att, ws.d_ctx, heads, a.att, attention_dropout(l, step));
-  if (config_.regroups_qkv()) {
-    fill_zero(ws.d_qkv);
-    ops::attention_qkv_backward(ws.d_qkv, ws.d_heads, groups, config_.rope());
+  // The unfused ops, on the whole sequence gathered over context-parallel ranks.
+  Tensor qkv = a.qkv, ctx = a.ctx, d_ctx = ws.d_ctx, d_qkv = ws.d_qkv;
+  if (cp_) {
+    cp_gather_sequence(*cp_, ws.qkv_whole, cp_staging(ws.qkv_whole), a.qkv);
+    cp_gather_sequence(*cp_, ws.d_ctx_whole, cp_staging(ws.d_ctx_whole), ws.d_ctx);
+    qkv = ws.qkv_whole, ctx = ws.ctx_whole, d_ctx = ws.d_ctx_whole, d_qkv = ws.d_qkv_whole;
   }
+  const Tensor heads = attention_heads(qkv);
+  if (config_.recompute == Recompute::Selective)  // the probabilities were not kept
+    ops::attention_forward(ctx, a.att, heads, drop);
+  fill_zero(ws.d_heads);
+  ops::attention_backward(ws.d_heads, ws.d_att, d_ctx, heads, a.att, drop);
+  if (config_.regroups_qkv()) {
+    fill_zero(d_qkv);
+    ops::attention_qkv_backward(d_qkv, ws.d_heads, groups, config_.rope());
+  }
+  if (cp_) cp_take_local(ws.d_qkv, d_qkv, partition_.cp_size, partition_.cp_rank);
 }
 
 // Final LayerNorm, the vocabulary-parallel output layer and cross-entropy: the logits stay
@@ -762,7 +858,7 @@ double GPTModel::forward(const MicroBatch& batch, const StepContext& step) {
 }
 
 void GPTModel::forward(int chunk, SlotRef slot, const MicroBatch& batch, const StepContext& step, Tensor loss_sums) {
-  TESSERA_CHECK(batch.tokens.numel() == int64_t{micro_batch_} * config_.seq_length,
+  TESSERA_CHECK(batch.tokens.numel() == int64_t{micro_batch_} * seq_,
                 "micro-batch shape " + shape_str(batch.tokens.shape));
   Chunk& ch = chunks_.at(chunk);
   ActSlot& acts = ch.acts.at(slot.act);

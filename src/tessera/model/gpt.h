@@ -16,7 +16,8 @@
 //    input to the send of the input gradient, a little longer than the activations'.
 // The pipeline executor (train/) decides which slot a micro-batch uses.
 //
-// Shape legend: B micro-batch, T sequence, Tl = T/TP with --sequence-parallel (else T),
+// Shape legend: B micro-batch, S the sequence (--seq-length), T this rank's rows of it (S/CP
+// with context parallelism: model/context_parallel.h), Tl = T/TP with --sequence-parallel (else T),
 // C hidden, A attention width, F ffn hidden, V padded vocabulary; a trailing "l" means
 // this TP rank's slice (Al = A/TP, Fl = F/TP, Vl = V/TP, NHl heads).
 #pragma once
@@ -78,9 +79,10 @@ class GPTModel {
   // group (null for TP 1), used for the region communication. buffer_layout: where each
   // parameter and its gradient sit in their slabs (data parallelism's buckets and the
   // distributed optimizer's ranges); null: buffer_layout_for(config, partition, {}).
+  // cp: the context-parallel group when partition.cp_size > 1 (the attention's ring).
   GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
            const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp,
-           const GradBufferLayout* buffer_layout = nullptr);
+           const GradBufferLayout* buffer_layout = nullptr, Communicator* cp = nullptr);
   // The slab layout of these parameters (registration order) under data-parallel `options`;
   // with the distributed optimizer the tied embedding shared by two pipeline stages gets a
   // bucket of its own, so that both stages shard it alike.
@@ -196,6 +198,23 @@ class GPTModel {
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step);
   ops::Dropout attention_dropout(int layer, const StepContext& step) const;
+  // A dropout over [B,rows,width] activations holding rows [first_row, first_row + rows) of
+  // this rank's T, in pieces of consecutive sequence positions (one piece without context
+  // parallelism or without dropout): each piece's tensors are piece_of's views.
+  struct DropPiece {
+    int64_t b = -1, row = 0, rows = 0;  // b -1: the whole tensor
+    ops::Dropout dropout;
+  };
+  std::vector<DropPiece> drop_pieces(const ops::Dropout& drop, int64_t B, int64_t rows, int64_t first_row,
+                                     int64_t width) const;
+  static Tensor piece_of(const Tensor& t, const DropPiece& p);
+  // The pieces of a hidden dropout (after a row-parallel linear: this TP rank's Tl rows).
+  std::vector<DropPiece> hidden_drop_pieces(const ops::Dropout& drop) const {
+    return drop_pieces(drop, micro_batch_, tp_.local_seq(seq_), tp_.seq_offset(seq_), config_.hidden_size);
+  }
+  // The all-gather staging for a whole-sequence tensor like `whole`.
+  Tensor cp_staging(const Tensor& whole) const;
+  void attention_forward(int layer, LayerActs& a, const StepContext& step);
   Tensor attention_heads(Tensor qkv);
   void attention_backward(int layer, LayerActs& a, const StepContext& step);
   void embedding_forward(Tensor out, const MicroBatch& batch, const StepContext& step);
@@ -221,6 +240,8 @@ class GPTModel {
   TensorParallelRegion tp_;
   int64_t vocab_start_ = 0;  // first vocabulary row of this TP rank
   int64_t head_start_ = 0;   // first attention head of this TP rank
+  Communicator* cp_ = nullptr;  // the context-parallel group (null: CP 1)
+  int64_t seq_ = 0;             // T: this rank's rows of the sequence
   bool fused_attention_ = false;  // ops::flash_attention_* (else the unfused attention ops)
 };
 

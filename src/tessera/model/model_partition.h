@@ -34,6 +34,8 @@ struct ModelPartition {
   int tp_size = 1;
   int tp_rank = 0;
   bool sequence_parallel = false;  // activations between TP regions split along the sequence
+  int cp_size = 1;                 // context parallelism: this rank holds cp_rows(S, cp_size, cp_rank)
+  int cp_rank = 0;                 // of every micro-batch's sequence (model/context_parallel.h)
   std::vector<ModelChunk> chunks;  // this rank's chunks, in virtual-stage order
 
   // One rank, one chunk holding everything.

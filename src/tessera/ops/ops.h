@@ -108,6 +108,32 @@ struct Rope {
 // formula for the OpenCL and CUDA kernels. A plain function, not an op.
 float rope_inv_freq(const Rope& rope, int64_t i);
 
+// Where an attention operand's rows sit in the whole sequence, for attention over a sequence
+// split across ranks (context parallelism: Megatron's get_batch_on_this_cp_rank gives a rank
+// two chunks of the sequence, see model/context_parallel.h). Row t of a tensor of T rows is at
+// position t < split ? first + t : second + (t - split); split == 0 means one run: first + t.
+// Positions increase with t (first + split <= second), and the runs lie inside the sequence.
+struct SequenceRows {
+  int64_t split = 0;
+  int64_t first = 0;
+  int64_t second = 0;
+  int64_t position(int64_t t) const { return split == 0 || t < split ? first + t : second + (t - split); }
+};
+
+// One block pair of the fused attention (flash_attention_*): the queries of qkv against the
+// keys and values of kv, each tensor's rows at the positions its SequenceRows says, a key
+// visible to a query when its position is not after the query's (causal over true positions:
+// a diagonal block, a full one or an empty one as the positions fall). The default is the
+// whole sequence in qkv attending to itself.
+struct AttentionBlock {
+  int64_t seq_length = 0;  // the whole sequence: dropout's element index and RoPE's positions (0: qkv's T)
+  SequenceRows queries, keys;
+  // Forward only: (out, lse) already hold the attention of these queries over other keys of
+  // the sequence, which this call merges its keys into (the online softmax continued from
+  // lse); false: they are written.
+  bool merge = false;
+};
+
 enum class GeluKind { Tanh, Erf };  // Megatron: tanh with bias-gelu fusion / --openai-gelu, erf otherwise
 
 // Where a parameter shard sits in its full tensor (init_normal): local element e

@@ -7,22 +7,27 @@ namespace tessera {
 namespace {
 const char* kTpFlag = "--tensor-model-parallel-size";
 const char* kPpFlag = "--pipeline-model-parallel-size";
+const char* kCpFlag = "--context-parallel-size";
 }  // namespace
 
-Topology::Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel)
-    : world_(world_size), rank_(rank), tp_(tensor_parallel), pp_(pipeline_parallel), dp_(0) {
+Topology::Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel, int context_parallel)
+    : world_(world_size), rank_(rank), tp_(tensor_parallel), pp_(pipeline_parallel), cp_(context_parallel), dp_(0) {
   if (world_ < 1) throw usage_error("the world size must be at least 1, got " + std::to_string(world_));
   if (tp_ < 1)
     throw usage_error(std::string(kTpFlag) + " must be at least 1, got " + std::to_string(tp_));
   if (pp_ < 1)
     throw usage_error(std::string(kPpFlag) + " must be at least 1, got " + std::to_string(pp_));
-  const int model = tp_ * pp_;
+  if (cp_ < 1)
+    throw usage_error(std::string(kCpFlag) + " must be at least 1, got " + std::to_string(cp_));
+  const int model = tp_ * cp_ * pp_;
   if (world_ % model != 0)
     throw usage_error("the world size " + std::to_string(world_) + " is not divisible by " + kTpFlag + " (" +
-                          std::to_string(tp_) + ") x " + kPpFlag + " (" + std::to_string(pp_) + ") = " +
-                          std::to_string(model),
-                      "the data-parallel size is world / (TP x PP): start a multiple of " + std::to_string(model) +
-                          " processes (--nproc_per_node x --nnodes), or change the parallel sizes");
+                          std::to_string(tp_) + ") x " +
+                          (cp_ > 1 ? std::string(kCpFlag) + " (" + std::to_string(cp_) + ") x " : std::string()) +
+                          kPpFlag + " (" + std::to_string(pp_) + ") = " + std::to_string(model),
+                      "the data-parallel size is world / (TP x CP x PP): start a multiple of " +
+                          std::to_string(model) + " processes (--nproc_per_node x --nnodes), or change the parallel "
+                          "sizes");
   if (rank_ < 0 || rank_ >= world_)
     throw usage_error("rank " + std::to_string(rank_) + " is outside the world of " + std::to_string(world_) +
                       " processes");
@@ -33,18 +38,18 @@ RankCoords Topology::coords_of(int r) const {
   TESSERA_CHECK(r >= 0 && r < world_, "Topology::coords_of: rank out of range");
   RankCoords c;
   c.tp = r % tp_;
-  c.cp = 0;
-  c.dp = (r / tp_) % dp_;
-  c.pp = r / (tp_ * dp_);
+  c.cp = (r / tp_) % cp_;
+  c.dp = (r / (tp_ * cp_)) % dp_;
+  c.pp = r / (tp_ * cp_ * dp_);
   return c;
 }
 
 int Topology::rank_of(const RankCoords& c) const {
-  return c.tp + tp_ * (c.cp + 1 * (c.dp + dp_ * c.pp));
+  return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp));
 }
 
 std::vector<std::vector<int>> Topology::groups_over(bool tp, bool cp, bool dp, bool pp) const {
-  const int sizes[4] = {tp_, 1, dp_, pp_};
+  const int sizes[4] = {tp_, cp_, dp_, pp_};
   const bool in_group[4] = {tp, cp, dp, pp};
   std::vector<int> group_dims, other_dims;
   for (int d = 0; d < 4; ++d) (in_group[d] ? group_dims : other_dims).push_back(d);
@@ -75,6 +80,7 @@ std::vector<std::vector<int>> Topology::groups_over(bool tp, bool cp, bool dp, b
 std::vector<std::vector<int>> Topology::tp_groups() const { return groups_over(true, false, false, false); }
 std::vector<std::vector<int>> Topology::cp_groups() const { return groups_over(false, true, false, false); }
 std::vector<std::vector<int>> Topology::dp_groups() const { return groups_over(false, false, true, false); }
+std::vector<std::vector<int>> Topology::dp_cp_groups() const { return groups_over(false, true, true, false); }
 std::vector<std::vector<int>> Topology::pp_groups() const { return groups_over(false, false, false, true); }
 std::vector<std::vector<int>> Topology::model_parallel_groups() const { return groups_over(true, false, false, true); }
 
@@ -108,9 +114,10 @@ void Topology::check_num_layers(int num_layers) const {
 
 std::string Topology::describe() const {
   const RankCoords c = coords();
-  return "world " + std::to_string(world_) + " = TP " + std::to_string(tp_) + " x CP 1 x DP " + std::to_string(dp_) +
-         " x PP " + std::to_string(pp_) + " (order tp-cp-ep-dp-pp); rank " + std::to_string(rank_) + " is tp " +
-         std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp);
+  return "world " + std::to_string(world_) + " = TP " + std::to_string(tp_) + " x CP " + std::to_string(cp_) +
+         " x DP " + std::to_string(dp_) + " x PP " + std::to_string(pp_) + " (order tp-cp-ep-dp-pp); rank " +
+         std::to_string(rank_) + " is tp " + std::to_string(c.tp) + ", cp " + std::to_string(c.cp) + ", dp " +
+         std::to_string(c.dp) + ", pp " + std::to_string(c.pp);
 }
 
 ParallelGroups create_parallel_groups(Communicator& world, const Topology& topology) {
@@ -120,7 +127,9 @@ ParallelGroups create_parallel_groups(Communicator& world, const Topology& topol
                     std::to_string(world.rank()) + " of " + std::to_string(world.size()));
   ParallelGroups g;
   g.tp = world.split(topology.tp_groups(), "tp");
+  g.cp = world.split(topology.cp_groups(), "cp");
   g.dp = world.split(topology.dp_groups(), "dp");
+  g.dp_cp = world.split(topology.dp_cp_groups(), "dp_cp");
   g.pp = world.split(topology.pp_groups(), "pp");
   g.model_parallel = world.split(topology.model_parallel_groups(), "mp");
   g.embedding = world.split(topology.embedding_groups(), "embd");

@@ -1,10 +1,10 @@
-// Topology: where each rank sits in the tensor-, data- and pipeline-parallel grid, and the
+// Topology: where each rank sits in the tensor-, context-, data- and pipeline-parallel grid, and the
 // groups it belongs to; a value built once from the world size, the rank and the sizes,
 // validated, and passed by reference (no global process-group state).
 //
 // Megatron's default order tp-cp-ep-dp-pp (RankGenerator in megatron/core/parallel_state.py),
 // first token fastest:
-//   global_rank = tp + TP·(cp + CP·(dp + DP·pp)),   with CP = EP = 1 for now.
+//   global_rank = tp + TP·(cp + CP·(dp + DP·pp)),   with EP = 1 for now.
 // A group of kind X holds the ranks that differ only in the X coordinates, listed in
 // increasing order of those coordinates (first fastest); the groups of a kind are listed by
 // the remaining coordinates, first fastest. World 16, TP 2, PP 2 gives DP 4 and
@@ -12,6 +12,9 @@
 //   pp [0,8] [1,9] ... [7,15]    model-parallel (tp-pp) [0,1,8,9] [2,3,10,11] ...
 //   embedding (first and last stage of each pp group) [0,8] [1,9] ...
 //   position embedding (first stage) [0] [1] ... [7]
+// World 8, TP 2, CP 2 gives DP 2 and cp [0,2] [1,3] [4,6] [5,7], dp [0,4] [1,5] [2,6] [3,7],
+// and the data-parallel group with context parallelism (dp-cp: gradients are reduced over it)
+// [0,2,4,6] [1,3,5,7].
 #pragma once
 
 #include <memory>
@@ -33,14 +36,14 @@ struct RankCoords {
 class Topology {
  public:
   // Throws tessera::Error (usage) naming the flags: sizes below 1, a world size that
-  // --tensor-model-parallel-size × --pipeline-model-parallel-size does not divide, a rank
-  // outside the world.
-  Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel);
+  // --tensor-model-parallel-size × --context-parallel-size × --pipeline-model-parallel-size
+  // does not divide, a rank outside the world.
+  Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel, int context_parallel = 1);
 
   int world_size() const { return world_; }
   int rank() const { return rank_; }
   int tp_size() const { return tp_; }
-  int cp_size() const { return 1; }
+  int cp_size() const { return cp_; }
   int ep_size() const { return 1; }
   int dp_size() const { return dp_; }
   int pp_size() const { return pp_; }
@@ -49,6 +52,7 @@ class Topology {
   int rank_of(const RankCoords& c) const;
   RankCoords coords() const { return coords_of(rank_); }
   int tp_rank() const { return coords().tp; }
+  int cp_rank() const { return coords().cp; }
   int dp_rank() const { return coords().dp; }
   int pp_rank() const { return coords().pp; }
   bool is_first_stage() const { return pp_rank() == 0; }
@@ -58,6 +62,7 @@ class Topology {
   std::vector<std::vector<int>> tp_groups() const;
   std::vector<std::vector<int>> cp_groups() const;
   std::vector<std::vector<int>> dp_groups() const;
+  std::vector<std::vector<int>> dp_cp_groups() const;  // Megatron's data-parallel group with context parallelism
   std::vector<std::vector<int>> pp_groups() const;
   std::vector<std::vector<int>> model_parallel_groups() const;  // tp-pp
   std::vector<std::vector<int>> embedding_groups() const;
@@ -71,14 +76,14 @@ class Topology {
   // first/last stage is configured); throws a usage Error naming both flags.
   void check_num_layers(int num_layers) const;
 
-  // "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, dp 2, pp 0"
+  // "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, cp 0, dp 2, pp 0"
   std::string describe() const;
 
  private:
   // The groups spanned by the dimensions flagged in `in_group` ({tp, cp, dp, pp}).
   std::vector<std::vector<int>> groups_over(bool tp, bool cp, bool dp, bool pp) const;
 
-  int world_, rank_, tp_, pp_, dp_;
+  int world_, rank_, tp_, pp_, cp_, dp_;
 };
 
 // This rank's communicators for every group kind, made from the world communicator by
@@ -86,7 +91,9 @@ class Topology {
 // when this rank is in no group of that kind (position_embedding beyond the first stage).
 struct ParallelGroups {
   std::unique_ptr<Communicator> tp;
+  std::unique_ptr<Communicator> cp;
   std::unique_ptr<Communicator> dp;
+  std::unique_ptr<Communicator> dp_cp;
   std::unique_ptr<Communicator> pp;
   std::unique_ptr<Communicator> model_parallel;
   std::unique_ptr<Communicator> embedding;

@@ -134,6 +134,9 @@ std::vector<OptionDef> train_option_defs() {
       // Parallelism and runtime.
       {"--tensor-model-parallel-size", K::Int, "1", "Tensor-parallel size"},
       {"--pipeline-model-parallel-size", K::Int, "1", "Pipeline-parallel size"},
+      {"--context-parallel-size", K::Int, "1",
+       "Context-parallel size: each sequence split over this many ranks, attention by a ring"},
+      {"--cp-comm-type", K::List, "p2p", "Context-parallel communication, one value or one per layer (p2p: the ring)"},
       {"--sequence-parallel", K::StoreTrue, nullptr,
        "Split LayerNorm/dropout activations along the sequence over the tensor-parallel ranks"},
       {"--num-layers-per-virtual-pipeline-stage", K::Int, nullptr,
@@ -269,6 +272,22 @@ void parse_llama_options(const ParsedOptions& p, GPTConfig& m) {
 // The pipeline's layer split, with Megatron's rules for the interleaved schedule
 // (validate_args in megatron/training/arguments.py): PP > 1, or PP > 2 without the
 // overlapped p2p communication, and whole virtual stages of --num-layers-per-virtual-pipeline-stage.
+// --context-parallel-size and --cp-comm-type (Megatron's validate_args: the sequence splits
+// into 2 x CP chunks; tessera builds the p2p ring only).
+int parse_context_parallel(const ParsedOptions& p, TrainArgs& a, const GPTConfig& m) {
+  const int cp = static_cast<int>(positive(p, "--context-parallel-size"));
+  for (const std::string& type : p.get_list("--cp-comm-type"))
+    if (type != "p2p")
+      throw usage_error("--cp-comm-type " + type + " is not built in tessera: it has the p2p ring only",
+                        "use --cp-comm-type p2p (Megatron's default)");
+  if (cp > 1 && m.seq_length % (2 * cp) != 0)
+    throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is not divisible by 2 x "
+                      "--context-parallel-size " + std::to_string(cp),
+                      "context parallelism splits each sequence into 2 x CP equal chunks");
+  a.context_parallel_size = cp;
+  return cp;
+}
+
 PipelineSplit parse_pipeline_split(const ParsedOptions& p, int num_layers, int pp) {
   PipelineSplit split;
   split.pp_size = pp;
@@ -597,15 +616,17 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
   m.seed = static_cast<uint32_t>(seed);
 
-  // Parallel layout: world = TP x PP x DP (Megatron's order, parallel/topology.h).
+  // Parallel layout: world = TP x CP x DP x PP (Megatron's order, parallel/topology.h).
   const int tp = static_cast<int>(positive(p, "--tensor-model-parallel-size"));
   const int pp = static_cast<int>(positive(p, "--pipeline-model-parallel-size"));
-  if (world_size % (tp * pp) != 0)
+  const int cp = parse_context_parallel(p, a, m);
+  if (world_size % (tp * cp * pp) != 0)
     throw usage_error("the world size " + std::to_string(world_size) + " is not divisible by "
-                      "--tensor-model-parallel-size " + std::to_string(tp) + " x --pipeline-model-parallel-size " +
-                      std::to_string(pp),
-                      "start tp x pp x dp processes (tessera launch --nproc_per_node x --nnodes)");
-  const int dp = world_size / (tp * pp);
+                      "--tensor-model-parallel-size " + std::to_string(tp) + " x " +
+                      (cp > 1 ? "--context-parallel-size " + std::to_string(cp) + " x " : std::string()) +
+                      "--pipeline-model-parallel-size " + std::to_string(pp),
+                      "start tp x cp x pp x dp processes (tessera launch --nproc_per_node x --nnodes)");
+  const int dp = world_size / (tp * cp * pp);
   a.tensor_parallel_size = tp;
   // Each TP rank holds whole query groups (Megatron's grouped QKV rows).
   if (m.query_groups() % tp != 0)
@@ -620,9 +641,11 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     log_warn("disabling sequence parallelism because tensor model parallelism is disabled");
     a.sequence_parallel = false;
   }
-  if (a.sequence_parallel && m.seq_length % tp != 0)
-    throw usage_error("--seq-length " + std::to_string(m.seq_length) + " is not divisible by "
-                      "--tensor-model-parallel-size " + std::to_string(tp) + " (needed by --sequence-parallel)");
+  if (a.sequence_parallel && (m.seq_length / cp) % tp != 0)
+    throw usage_error("--seq-length " + std::to_string(m.seq_length) +
+                      (cp > 1 ? " / --context-parallel-size " + std::to_string(cp) : std::string()) +
+                      " is not divisible by --tensor-model-parallel-size " + std::to_string(tp) +
+                      " (needed by --sequence-parallel)");
   a.pipeline_split = parse_pipeline_split(p, m.num_layers, pp);
   // Every stage's layer count is checked here, before anything is allocated.
   for (int r = 0; r < pp; ++r) pipeline_chunks(m.num_layers, a.pipeline_split, r);
@@ -640,7 +663,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   if (a.overlap_param_gather && !a.overlap_grad_reduce)
     throw usage_error("--overlap-param-gather needs --overlap-grad-reduce", "add --overlap-grad-reduce");
   a.ddp_bucket_size = p.raw("--ddp-bucket-size") ? positive(p, "--ddp-bucket-size")
-                                                 : std::max<int64_t>(40000000, 1000000LL * dp);
+                                                 : std::max<int64_t>(40000000, 1000000LL * dp * cp);
 
   parse_tokenizer(p, a);
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);

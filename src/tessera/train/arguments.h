@@ -75,9 +75,10 @@ struct TrainArgs {
   bool use_checkpoint_args = false;  // --use-checkpoint-args: the model flags from --load's checkpoint
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 
-  // Parallel layout: world = TP x PP x DP.
+  // Parallel layout: world = TP x CP x DP x PP.
   int world_size = 1;
   int tensor_parallel_size = 1;
+  int context_parallel_size = 1;  // --context-parallel-size (--cp-comm-type p2p)
   int pipeline_parallel_size = 1;
   bool sequence_parallel = false;
   PipelineSplit pipeline_split;  // PP size, virtual stages, uneven first/last stages
@@ -98,6 +99,9 @@ struct TrainArgs {
   std::optional<BatchRampup> rampup;
 
   // The most micro-batches per data-parallel rank in an iteration (the full global batch).
+  // Megatron's data-parallel size with context parallelism: the ranks gradients are averaged
+  // over and the distributed optimizer shards over.
+  int data_parallel_with_cp() const { return data_parallel_size * context_parallel_size; }
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
   // The global batch of the iteration that starts after `consumed` samples: with a ramp-up,
   // start + increment per SAMPLES/((global - start)/increment) consumed, until SAMPLES.

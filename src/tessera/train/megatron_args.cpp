@@ -78,6 +78,7 @@ void apply_validate_args(json& ns, const TrainArgs& a) {
   ns["use_dist_ckpt"] = ns["ckpt_format"] != "torch";
   ns["transformer_pipeline_model_parallel_size"] = ns["standalone_embedding_stage"] == true ? pp - 1 : pp;
   ns["data_parallel_size"] = a.data_parallel_size;
+  ns["context_parallel_size"] = a.context_parallel_size;
   if (ns["expert_tensor_parallel_size"].is_null()) ns["expert_tensor_parallel_size"] = tp;
   if (a.model.recompute == Recompute::Selective) ns["recompute_granularity"] = "selective";  // --recompute-activations
   if (!ns["data_path"].is_null() && ns["split"].is_null()) ns["split"] = "969, 30, 1";

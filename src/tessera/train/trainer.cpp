@@ -17,6 +17,7 @@
 #include "tessera/core/log.h"
 #include "tessera/core/python_format.h"
 #include "tessera/device/device.h"
+#include "tessera/model/context_parallel.h"
 #include "tessera/ops/ops.h"
 #include "tessera/train/exit_signal.h"
 #include "tessera/train/throughput.h"
@@ -77,7 +78,7 @@ std::string timestamp() {
 
 GradBufferOptions grad_buffer_options(const TrainArgs& args, int pp_rank) {
   GradBufferOptions o;
-  o.data_parallel = args.data_parallel_size;
+  o.data_parallel = args.data_parallel_with_cp();
   o.distributed_optimizer = args.use_distributed_optimizer;
   // Without overlap Megatron reduces all gradients as one bucket after backward; later
   // pipeline stages never split theirs (megatron/core/distributed/distributed_data_parallel.py).
@@ -109,7 +110,9 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
       dp_(if_split(groups.dp)),
       eval_pipeline_(evaluation_schedule(args), groups.pp ? groups.pp->rank() : 0),
       scheduler_(args.lr_schedule) {
-  const int64_t B = args.micro_batch_size, T = args.model.seq_length, M = args.num_microbatches();
+  // With context parallelism a micro-batch holds this rank's S/CP rows of each sample.
+  const int64_t B = args.micro_batch_size, T = args.model.seq_length / args.context_parallel_size,
+                M = args.num_microbatches();
   SlabBuilder layout;
   for (int64_t m = 0; m < M; ++m)
     for (DType t : {DType::I32, DType::I32, DType::I32, DType::F32}) batch_offsets_.push_back(layout.reserve(t, {B, T}));
@@ -144,15 +147,18 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
     for (const DataParallelBuckets::OwnedPiece& p : dp_buckets_->owned_pieces()) main_grads_[p.param] = p.grad;
   }
   build_norm_tables();
-  TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_size, "data-parallel group size differs from the args");
-  layout_ = {B, M, args.data_parallel_size, dp_ ? dp_->rank() : 0};
+  TESSERA_CHECK((dp_ ? dp_->size() : 1) == args.data_parallel_with_cp(),
+                "data-parallel (x context-parallel) group size differs from the args");
+  // The dp-cp group lists a data-parallel rank's CP ranks together (cp fastest).
+  layout_ = {B, M, args.data_parallel_size, dp_ ? dp_->rank() / args.context_parallel_size : 0};
   masks_ = data.masks;
   TESSERA_CHECK(data.train != nullptr, "no training samples");
-  train_loader_ = std::make_unique<BatchLoader>(*data.train, static_cast<int>(T), layout_, [&args](int64_t consumed) {
+  const int S = static_cast<int>(args.model.seq_length);
+  train_loader_ = std::make_unique<BatchLoader>(*data.train, S, layout_, [&args](int64_t consumed) {
     return args.num_microbatches_at(consumed);
   });
-  if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, static_cast<int>(T), layout_);
-  if (data.test) test_loader_ = std::make_unique<BatchLoader>(*data.test, static_cast<int>(T), layout_);
+  if (data.valid) valid_loader_ = std::make_unique<BatchLoader>(*data.valid, S, layout_);
+  if (data.test) test_loader_ = std::make_unique<BatchLoader>(*data.test, S, layout_);
   if (args.loss_scaler) loss_scaler_.emplace(*args.loss_scaler);
   // Megatron's TensorBoard writer lives on the last rank, the one that has the loss.
   if (!args.tensorboard_dir.empty() && log_rank() == log_world_size() - 1)
@@ -167,9 +173,12 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and
 // position ids of gpt_dataset.py's _get_ltor_masks_and_position_ids. Every stage loads the
 // whole micro-batch: the first needs tokens and positions, the last labels and mask, and the
-// copy is small. Assembled in the pinned staging, then uploaded in one copy.
+// copy is small. Assembled in the pinned staging, then uploaded in one copy. With context
+// parallelism only this rank's rows (get_batch_on_this_cp_rank), the mask summed over the
+// whole sequence (the token count Megatron's loss_func all-reduces over CP).
 void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro) {
-  const int64_t B = args_.micro_batch_size, T = args_.model.seq_length;
+  const int64_t B = args_.micro_batch_size, S = args_.model.seq_length, T = S / args_.context_parallel_size;
+  const ops::SequenceRows rows = cp_rows(S, args_.context_parallel_size, model_.partition().cp_rank);
   const size_t* o = &batch_offsets_[4 * micro];
   char* staging = static_cast<char*>(batch_staging_.get());
   int32_t* tokens = reinterpret_cast<int32_t*>(staging + o[0]);
@@ -178,14 +187,15 @@ void Trainer::load_micro_batch(const std::vector<int32_t>& global_batch, int64_t
   float* loss_mask = reinterpret_cast<float*>(staging + o[3]);
   double mask_sum = 0.0;
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* text = global_batch.data() + (micro * B + b) * (T + 1);
-    data::make_ltor_sample({text, static_cast<size_t>(T + 1)}, masks_, sample_);
+    const int32_t* text = global_batch.data() + (micro * B + b) * (S + 1);
+    data::make_ltor_sample({text, static_cast<size_t>(S + 1)}, masks_, sample_);
+    for (int64_t i = 0; i < S; ++i) mask_sum += sample_.loss_mask[i];
     for (int64_t t = 0; t < T; ++t) {
-      tokens[b * T + t] = sample_.tokens[t];
-      labels[b * T + t] = sample_.labels[t];
-      positions[b * T + t] = static_cast<int32_t>(sample_.position_ids[t]);
-      loss_mask[b * T + t] = sample_.loss_mask[t];
-      mask_sum += sample_.loss_mask[t];
+      const int64_t i = rows.position(t);
+      tokens[b * T + t] = sample_.tokens[i];
+      labels[b * T + t] = sample_.labels[i];
+      positions[b * T + t] = static_cast<int32_t>(sample_.position_ids[i]);
+      loss_mask[b * T + t] = sample_.loss_mask[i];
     }
   }
   mask_sums_[micro] = mask_sum;
@@ -216,8 +226,10 @@ void Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool train
       return;
     }
     // Megatron's default: the gradient of the mean over micro-batches of each micro-batch's
-    // token-mean loss.
-    const float weight = static_cast<float>(loss_scale / (mask_sums_[a.micro] * static_cast<double>(num_micro)));
+    // token-mean loss; times CP as Megatron's loss_func, since the gradients are averaged
+    // over DP x CP ranks that each hold part of the micro-batch's tokens.
+    const float weight = static_cast<float>(loss_scale * args_.context_parallel_size /
+                                            (mask_sums_[a.micro] * static_cast<double>(num_micro)));
     if (dp_buckets_ && a.micro + 1 == num_micro)
       model_.backward(a.chunk, slot, mb, step, weight,
                       [&](size_t first, size_t end) { dp_buckets_->mark_ready(first, end); });
@@ -262,7 +274,7 @@ void Trainer::finalize_grads() {
 void Trainer::build_norm_tables() {
   // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
   const int64_t slots = static_cast<int64_t>(gpt_param_specs(args_.model).size()) * args_.tensor_parallel_size *
-                        (distributed_optimizer() ? args_.data_parallel_size : 1);
+                        (distributed_optimizer() ? args_.data_parallel_with_cp() : 1);
   // Each counted gradient is one segment, grouped by the buffer it lives in.
   std::map<void*, std::vector<ops::MultiTensorSegment>> segments;
   std::vector<Tensor> buffers;

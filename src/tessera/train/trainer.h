@@ -46,11 +46,14 @@ struct IterationResult {
 // means that dimension is not split.
 struct TrainerGroups {
   Communicator* world = nullptr;           // agreeing on early exits
-  Communicator* dp = nullptr;              // gradient averaging, loss sums
+  // The data-parallel group with context parallelism (DP x CP, Megatron's dp-cp): gradient
+  // averaging, the distributed optimizer's shards, loss sums. CP ranks share their samples.
+  Communicator* dp = nullptr;
   Communicator* tp = nullptr;              // sequence-parallel replicated gradients
   Communicator* pp = nullptr;              // activations between stages; the loss leaves the last
   Communicator* model_parallel = nullptr;  // tp x pp: the gradient norm
   Communicator* embedding = nullptr;       // the tied embedding's gradient, first and last stage
+  Communicator* cp = nullptr;              // context parallelism: which rows of each sample this rank holds
 };
 
 // Megatron's memory report (report_memory in megatron/training/utils.py) for this rank, in MB

@@ -648,7 +648,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
     state.scheduler = schedule_json(args_.lr_schedule);
     state.args = args_.command_line;
     if (loss_scaler_ && !args_.no_save_optim) state.grad_scaler = loss_scaler_->state_dict();
-    if (sharded_optimizer) state.optimizer_dp_shards = args_.data_parallel_size;
+    if (sharded_optimizer) state.optimizer_dp_shards = args_.data_parallel_with_cp();
     state.main_params_in_optimizer = sharded_optimizer && main_params_apart();
     state.layout = {args_.tensor_parallel_size, args_.pipeline_parallel_size, args_.data_parallel_size,
                     args_.pipeline_split.virtual_stages, args_.model.padded_vocab_size};

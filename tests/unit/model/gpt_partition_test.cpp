@@ -4,7 +4,10 @@
 // row-parallel proj/fc2 with the bias after the reduction, vocabulary-parallel embedding and
 // cross-entropy, the region communication); then the model cut into pipeline chunks, run
 // stage by stage with the activations and their gradients handed over by hand, gives the
-// whole model's loss and gradients bit for bit. Dropout is on throughout.
+// whole model's loss and gradients bit for bit; and the sequence split over context-parallel
+// ranks (CP 2 and 4, the fused ring and the gathered unfused attention, GPT and a Llama-like
+// model with RoPE and grouped queries): the ranks' losses and gradients add up to the whole
+// model's. Dropout is on throughout.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +18,7 @@
 
 #include "tessera/comm/in_process/in_process_communicator.h"
 #include "tessera/device/device.h"
+#include "tessera/model/context_parallel.h"
 #include "tessera/model/gpt.h"
 #include "tiny_gpt.h"
 
@@ -105,6 +109,74 @@ TEST_P(TensorParallelModel, EveryRankMatchesTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelModel,
                          testing::Combine(testing::Values(2, 4), testing::Values(false, true)));
+
+// A Llama-like tiny model: RMSNorm, RoPE, SwiGLU, 2 query groups of 2 heads, no biases.
+GPTConfig tiny_llama() {
+  GPTConfig c = tiny();
+  c.num_query_groups = 2;
+  c.normalization = Normalization::RMSNorm;
+  c.position_embedding = PositionEmbedding::Rope;
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+  return c;
+}
+
+// This CP rank's rows of a whole batch (get_batch_on_this_cp_rank).
+Batch local_batch(const Batch& whole, int64_t S, int cp, int rank) {
+  Batch b;
+  const int64_t n = B * S / cp;
+  b.tokens.resize(n), b.positions.resize(n), b.labels.resize(n), b.mask.resize(n);
+  cp_local_rows(b.tokens.data(), whole.tokens.data(), B, S, cp, rank);
+  cp_local_rows(b.positions.data(), whole.positions.data(), B, S, cp, rank);
+  cp_local_rows(b.labels.data(), whole.labels.data(), B, S, cp, rank);
+  cp_local_rows(b.mask.data(), whole.mask.data(), B, S, cp, rank);
+  return b;
+}
+
+// (CP size, Llama-like, deterministic mode: the unfused attention on the gathered sequence)
+class ContextParallelModel : public testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(ContextParallelModel, RanksAddUpToTheWholeModel) {
+  const auto [cp, llama, deterministic] = GetParam();
+  GPTConfig c = llama ? tiny_llama() : tiny();
+  c.seq_length = c.max_position_embeddings = 16;
+  cpu_device().set_deterministic_mode(deterministic);
+  const Whole whole = run_whole(c);
+  std::mutex mu;
+  double loss_sum = 0.0;
+  std::map<std::string, std::vector<double>> grad_sums;
+  run_in_process_ranks(cp, [&](Communicator& comm) {
+    ModelPartition part = ModelPartition::whole(c);
+    part.cp_size = cp;
+    part.cp_rank = comm.rank();
+    GPTModel model(c, cpu_device(), B, part, {1}, {1}, nullptr, nullptr, &comm);
+    model.init_weights();
+    model.zero_grads();
+    Batch batch = local_batch(make_batch(c), c.seq_length, cp, comm.rank());
+    const double loss = model.forward(batch.view(), kStep);
+    model.backward(batch.view(), kStep, 0.1f);
+    std::lock_guard<std::mutex> lock(mu);
+    loss_sum += loss;
+    for (size_t i = 0; i < model.shards().size(); ++i) {
+      std::vector<double>& sum = grad_sums[model.shards()[i].spec.name];
+      sum.resize(static_cast<size_t>(model.grads()[i].numel()));
+      for (size_t e = 0; e < sum.size(); ++e) sum[e] += model.grads()[i].f32()[e];
+    }
+  });
+  cpu_device().set_deterministic_mode(false);
+  SCOPED_TRACE("cp " + std::to_string(cp) + (llama ? " llama" : " gpt") + (deterministic ? " deterministic" : ""));
+  EXPECT_NEAR(loss_sum, whole.loss, 1e-5 * std::abs(whole.loss));
+  ASSERT_EQ(grad_sums.size(), whole.grads.size());
+  for (const auto& [name, sum] : grad_sums) {
+    const std::vector<float> got(sum.begin(), sum.end());
+    EXPECT_LT(relative_error(got.data(), whole.grads.at(name)), 1e-5) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallelModel,
+                         testing::Combine(testing::Values(2, 4), testing::Values(false, true),
+                                          testing::Values(false, true)));
 
 // Pipeline chunks in one process: stage by stage, handing activations forward and their
 // gradients back by hand, as the executor's p2p would. Untied, so the result is the whole

@@ -8,6 +8,8 @@
 // - against the unfused ops (attention_qkv + attention_forward/backward) with dropout on, in
 //   f32 and bf16: within the precision class, and the same elements dropped (a case whose
 //   output reads the dropout mask out directly, compared exactly);
+// - block pairs of a sequence split over context-parallel ranks (positions, kv from another
+//   tensor, merging by the log-sum-exp) adding up to the whole sequence's attention;
 // GQA and GPT layouts, head dims that are and are not whole vectors, T not a multiple of the
 // kernel's tile. Each tolerance sits next to its case with the reason for its size.
 #include <gtest/gtest.h>
@@ -273,7 +275,7 @@ TEST_P(FlashAttention, MatchesFloat64) {
     const std::vector<float> prefill = normal(c.B * T * c.qkv_row());
     Tensor qkv = values(DType::F32, {c.B, T, c.qkv_row()}, qkv_h);
     Tensor out = zeros(DType::F32, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
-    ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), ops::Dropout{});
+    ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), ops::Dropout{}, {});
     const Reference ref(c, qkv_h);
     std::vector<double> out_ref, lse_ref;
     ref.forward(out_ref, lse_ref);
@@ -284,7 +286,7 @@ TEST_P(FlashAttention, MatchesFloat64) {
 
     Tensor dqkv = values(DType::F32, qkv.shape, prefill), dout = values(DType::F32, out.shape, dout_h);
     Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
-    ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, c.NG, c.rope(), ops::Dropout{});
+    ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, c.NG, c.rope(), ops::Dropout{}, {});
     std::vector<double> want = ref.backward(dout_h);
     for (size_t i = 0; i < want.size(); ++i) want[i] += prefill[i];  // the backward accumulates
     // Gradients are sums over up to T keys or queries of products of the above, the group's R
@@ -306,10 +308,10 @@ TEST_P(FlashAttention, MatchesUnfusedWithDropout) {
       Tensor dout = values(dtype, {c.B, T, NH * HD}, normal(c.B * T * NH * HD));
       const std::vector<float> prefill = normal(qkv.numel());
       Tensor out = zeros(dtype, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
-      ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+      ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
       Tensor dqkv = values(dtype, qkv.shape, prefill);
       Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
-      ops::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, c.NG, c.rope(), drop);
+      ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, c.NG, c.rope(), drop, {});
 
       Unfused u = unfused_forward(c, dtype, qkv, drop);
       Tensor dqkv_unfused = values(dtype, qkv.shape, prefill);
@@ -339,7 +341,7 @@ TEST_P(FlashAttention, DropsTheUnfusedOpsElements) {
   const ops::Dropout drop = dropout_of(0.5f, static_cast<uint64_t>(3 * T * T));
   Tensor qkv = values(DType::F32, {c.B, T, c.qkv_row()}, qkv_h);
   Tensor out = zeros(DType::F32, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
-  ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+  ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
   const Unfused u = unfused_forward(c, DType::F32, qkv, drop);
   const std::vector<float> fused = read(out), unfused = read(u.out);
   int64_t kept = 0, dropped = 0;
@@ -364,6 +366,96 @@ std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
   return name;
 }
 
+// Block pairs (ops.h AttentionBlock): the sequence split as context parallelism splits it (2·CP
+// chunks, rank r holding chunks r and 2·CP−1−r), each rank's queries run against every rank's
+// keys, one block per call, merged by the log-sum-exp in ring order (own block first); the
+// backward's blocks add up likewise (dq into the rank's own dqkv, dk and dv into the key
+// owner's). Out, lse and dqkv equal the whole sequence's in one call, dropout on (the element
+// index is the true positions', so the same probabilities drop).
+TEST_P(FlashAttention, BlockPairsOfASplitSequenceAddUpToTheWhole) {
+  // GQA with rope, 2 and 4 ranks: chunks of 34 and 17 rows (not whole tiles).
+  for (int cp : {2, 4}) {
+    const Case c{2, 136, 2, 2, 16, 8};
+    SCOPED_TRACE(describe(c) + " cp " + std::to_string(cp));
+    const int64_t NH = c.NH(), S = c.T, HD = c.HD, W = c.qkv_row(), Tl = S / cp, C = S / (2 * cp);
+    const ops::Dropout drop = dropout_of(0.1f, 0);
+    const std::vector<float> qkv_h = normal(c.B * S * W), dout_h = normal(c.B * S * NH * HD);
+    Tensor qkv = values(DType::F32, {c.B, S, W}, qkv_h), dout = values(DType::F32, {c.B, S, NH * HD}, dout_h);
+    Tensor out = zeros(DType::F32, {c.B, S, NH * HD}), lse = zeros(DType::F32, {c.B, NH, S});
+    Tensor dqkv = zeros(DType::F32, qkv.shape);
+    Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, S));
+    ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
+    ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, c.NG, c.rope(), drop, {});
+    const std::vector<float> out_w = read(out), lse_w = read(lse), dqkv_w = read(dqkv);
+
+    auto rows_of = [&](int r) { return ops::SequenceRows{C, r * C, (2 * cp - 1 - r) * C}; };
+    // Rank r's rows of a whole [B,S,width] host array.
+    auto local = [&](const std::vector<float>& whole, int r, int64_t width) {
+      std::vector<float> v;
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t t = 0; t < Tl; ++t) {
+          const float* row = whole.data() + (b * S + rows_of(r).position(t)) * width;
+          v.insert(v.end(), row, row + width);
+        }
+      return v;
+    };
+    std::vector<Tensor> q(cp), go(cp), o(cp), l(cp), dq(cp), dkv(cp);
+    for (int r = 0; r < cp; ++r) {
+      q[r] = values(DType::F32, {c.B, Tl, W}, local(qkv_h, r, W));
+      go[r] = values(DType::F32, {c.B, Tl, NH * HD}, local(dout_h, r, NH * HD));
+      o[r] = zeros(DType::F32, {c.B, Tl, NH * HD}), l[r] = zeros(DType::F32, {c.B, NH, Tl});
+      dq[r] = zeros(DType::F32, {c.B, Tl, W}), dkv[r] = zeros(DType::F32, {c.B, Tl, W});
+    }
+    Tensor part_scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, Tl));
+    for (int r = 0; r < cp; ++r)
+      for (int i = 0; i < cp; ++i) {  // ring order: the own block, then r-1, r-2, ...
+        const int src = (r - i + cp) % cp;
+        ops::flash_attention_forward(o[r], l[r], q[r], i == 0 ? Tensor() : q[src], c.NG, c.rope(), drop,
+                                     {S, rows_of(r), rows_of(src), i > 0});
+      }
+    for (int r = 0; r < cp; ++r)
+      for (int i = 0; i < cp; ++i) {
+        const int src = (r - i + cp) % cp;
+        ops::flash_attention_backward(dq[r], i == 0 ? Tensor() : dkv[src], part_scratch, go[r], q[r],
+                                      i == 0 ? Tensor() : q[src], o[r], l[r], c.NG, c.rope(), drop,
+                                      {S, rows_of(r), rows_of(src), false});
+      }
+    for (int r = 0; r < cp; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      // Rank r's lse rows [B,NH,Tl] of the whole [B,NH,S].
+      std::vector<float> lse_r;
+      for (int64_t bh = 0; bh < c.B * NH; ++bh)
+        for (int64_t t = 0; t < Tl; ++t) lse_r.push_back(lse_w[bh * S + rows_of(r).position(t)]);
+      std::vector<float> d = read(dq[r]);
+      const std::vector<float> k = read(dkv[r]);
+      for (size_t e = 0; e < d.size(); ++e) d[e] += k[e];
+      // The same sums as the whole call's, split at other tile boundaries and merged: a few
+      // f32 roundings more (measured <= 4e-7 and 1.5e-6).
+      expect_near_all("out", read(o[r]), local(out_w, r, NH * HD), 2e-6);
+      expect_near_all("lse", read(l[r]), lse_r, 2e-6);
+      expect_near_all("dqkv", d, local(dqkv_w, r, W), 1e-5);
+    }
+  }
+}
+
+// A block whose keys all come after its queries adds nothing; a block pair's contract is
+// checked: kv of another shape, positions outside the sequence.
+TEST_P(FlashAttention, BlockPairsMaskByTruePositions) {
+  const Case c{1, 8, 1, 1, 8, 0};
+  const int64_t NH = c.NH(), HD = c.HD, W = c.qkv_row();
+  Tensor qkv = values(DType::F32, {1, 8, W}, normal(8 * W)), kv = values(DType::F32, {1, 8, W}, normal(8 * W));
+  Tensor out = values(DType::F32, {1, 8, NH * HD}, normal(8 * NH * HD)), lse = zeros(DType::F32, {1, NH, 8});
+  const std::vector<float> before = read(out), lse_before = read(lse);
+  // queries at positions 0..7, keys at 8..15 of a sequence of 16: nothing visible, merge keeps all
+  ops::flash_attention_forward(out, lse, qkv, kv, c.NG, c.rope(), {}, {16, {0, 0, 0}, {0, 8, 0}, true});
+  EXPECT_EQ(read(out), before);
+  EXPECT_EQ(read(lse), lse_before);
+  // written instead of merged: rows that see no key are 0 with lse -inf
+  ops::flash_attention_forward(out, lse, qkv, kv, c.NG, c.rope(), {}, {16, {0, 0, 0}, {0, 8, 0}, false});
+  for (float v : read(out)) EXPECT_EQ(v, 0.0f);
+  for (float v : read(lse)) EXPECT_TRUE(std::isinf(v) && v < 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, FlashAttention, ::testing::ValuesIn(backends_with_flash_attention()), test_name);
 
 // Shape errors name the op and the shapes (internal checks: they abort, as attention_qkv's).
@@ -371,10 +463,10 @@ TEST(FlashAttentionDeathTest, RejectsMismatchedShapes) {
   using namespace tessera::ops_test;
   Arena arena;
   Tensor qkv = arena.f32({1, 5, 2 * 4 * 8}), out = arena.f32({1, 5, 4 * 8}), lse = arena.f32({1, 4, 5});
-  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 3, {}, {}), "with 3 query groups");  // 4 heads, 3 groups
-  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 1, {}, {}), "width is not");  // 64 wide, 1 group wants 48
-  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, 2, {.dim = 10}, {}), "rope dim 10");  // above HD 8
-  ops::flash_attention_forward(out, lse, qkv, 2, {}, {});  // 2 groups of 2 heads: 64 wide
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, Tensor(), 3, {}, {}, {}), "with 3 query groups");  // 4 heads, 3 groups
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, Tensor(), 1, {}, {}, {}), "width is not");  // 64 wide, 1 group wants 48
+  EXPECT_DEATH(ops::flash_attention_forward(out, lse, qkv, Tensor(), 2, {.dim = 10}, {}, {}), "rope dim 10");  // above HD 8
+  ops::flash_attention_forward(out, lse, qkv, Tensor(), 2, {}, {}, {});  // 2 groups of 2 heads: 64 wide
 }
 
 // ---- finite differences (CPU: the loss perturbs host memory) -----------------------------
@@ -391,11 +483,11 @@ TEST(FlashAttentionGradients, MatchFiniteDifferences) {
     // With dropout too: the mask is a function of the element, the same in every call.
     for (float p : {0.0f, 0.3f}) {
       const ops::Dropout drop = dropout_of(p);
-      ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+      ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
       Grad dqkv(arena, qkv, 3);
-      ops::flash_attention_backward(dqkv.t, scratch, R, qkv, out, lse, c.NG, c.rope(), drop);
+      ops::flash_attention_backward(dqkv.t, Tensor(), scratch, R, qkv, Tensor(), out, lse, c.NG, c.rope(), drop, {});
       const auto loss = [&] {
-        ops::flash_attention_forward(out, lse, qkv, c.NG, c.rope(), drop);
+        ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
         return weighted_sum(out, R);
       };
       // eps 1e-3 on O(1) inputs: f32 forward noise ~1e-7 / 2e-3 = 5e-5 on the difference

@@ -54,7 +54,27 @@ TEST(Topology, MegatronWorkedExampleWorld16Tp2Pp2) {
   EXPECT_FALSE(t.is_last_stage());
   EXPECT_EQ(Topology::group_of(t.dp_groups(), 5), (std::vector<int>{1, 3, 5, 7}));
   EXPECT_TRUE(Topology::group_of(t.position_embedding_groups(), 12).empty());
-  EXPECT_EQ(t.describe(), "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, dp 2, pp 0");
+  EXPECT_EQ(t.describe(), "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, cp 0, dp 2, pp 0");
+}
+
+// Megatron's RankGenerator(tp=2, cp=2, dp=2, pp=2, order='tp-cp-ep-dp-pp').get_ranks(...),
+// printed by megatron-core 0.10.0.
+TEST(Topology, MegatronContextParallelGroupsWorld16Tp2Cp2Pp2) {
+  Topology t(16, 6, 2, 2, 2);
+  EXPECT_EQ(t.dp_size(), 2);
+  EXPECT_EQ(t.cp_size(), 2);
+  EXPECT_EQ(t.tp_groups(), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(t.cp_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(t.dp_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(t.dp_cp_groups(), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(t.pp_groups(), (Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
+  EXPECT_EQ(t.model_parallel_groups(), (Groups{{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}));
+  EXPECT_EQ(t.coords(), (RankCoords{0, 1, 1, 0}));
+  EXPECT_EQ(t.cp_rank(), 1);
+  for (int r = 0; r < 16; ++r) EXPECT_EQ(t.rank_of(t.coords_of(r)), r);
+  EXPECT_EQ(t.describe(), "world 16 = TP 2 x CP 2 x DP 2 x PP 2 (order tp-cp-ep-dp-pp); rank 6 is tp 0, cp 1, dp 1, pp 0");
+  const std::string e = usage_error_of([] { Topology(12, 0, 2, 1, 4); });
+  EXPECT_NE(e.find("--context-parallel-size (4)"), std::string::npos) << e;
 }
 
 TEST(Topology, DeeperPipelineAndSingleStage) {

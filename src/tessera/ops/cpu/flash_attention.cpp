@@ -7,7 +7,10 @@
 // Tiles are staged in f32 (any storage dtype; q and k rotated by RoPE and q scaled by
 // 1/sqrt(HD) as they are loaded, padded with zeros to whole tiles and vectors) and multiplied
 // by flash_attention_tile.h's register-blocked product.
-// Forward: one work item per (b, head, query tile), key tiles up to the diagonal only, an
+// Block pairs (ops.h AttentionBlock): the rows of qkv and kv sit at positions of a longer
+// sequence; tiles never straddle a run of consecutive positions, and a key tile whose first
+// position is after a query tile's last is skipped (the causal mask over true positions).
+// Forward: one work item per (b, head, query tile), the visible key tiles only, an
 // online softmax (running max and denominator per row, the partial output rescaled when the
 // max grows). Backward: one work item per (b, group), owning every column of its group in
 // dqkv: the group's K and V are loaded once for its R heads, and for each head, key tile and
@@ -20,6 +23,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/dropout_mask.h"
@@ -50,6 +54,28 @@ FlashDims flash_dims(const Tensor& qkv, const Tensor& out, const Tensor& lse, in
                      const char* op) {
   const FlashLayout l = flash_layout(qkv, out, lse, num_groups, rope, op);
   return {l, round_up(l.HD, kVec)};
+}
+
+// A tile of a tensor's rows: n rows from row0, at consecutive positions from pos.
+struct RowTile {
+  int64_t row0, n, pos;
+};
+
+// The runs of consecutive positions of T rows placed by `rows` (one or two): f(row0, n, pos).
+template <class F>
+void for_each_run(const SequenceRows& rows, int64_t T, F f) {
+  const int64_t split = rows.split == 0 ? T : rows.split;
+  f(int64_t{0}, split, rows.first);
+  if (split < T) f(split, T - split, rows.second);
+}
+
+// The tiles of T rows placed by `rows`: kTile rows each within a run.
+std::vector<RowTile> row_tiles(const SequenceRows& rows, int64_t T) {
+  std::vector<RowTile> tiles;
+  for_each_run(rows, T, [&](int64_t row0, int64_t n, int64_t pos) {
+    for (int64_t i = 0; i < n; i += kTile) tiles.push_back({row0 + i, std::min(kTile, n - i), pos + i});
+  });
+  return tiles;
 }
 
 // The cos/sin rows of position t in rope_table's table (nullptr without RoPE).
@@ -104,9 +130,27 @@ void add_head(const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows
   narrow(t, off, ld, tmp, HD, rows, HD);
 }
 
-// The first key of tile k0 that query t may not see, counted from k0 (t >= k0 for every tile
-// a query reaches).
-int64_t visible_keys(int64_t t, int64_t k0, int64_t kn) { return std::min(kn, t - k0 + 1); }
+// How many keys of a tile (kn keys from position k0) the query at position t sees: a prefix.
+int64_t visible_keys(int64_t t, int64_t k0, int64_t kn) { return std::clamp<int64_t>(t - k0 + 1, 0, kn); }
+
+// Rows [0, T) of the HD columns at element `off` of rows of sample b of t (row stride ld)
+// into dst (stride HDp, rows up to Tp zeroed), each run rotated at its positions when
+// `rotated`, times scale: load_head over a whole sequence placed by `rows`.
+void load_rows(float* dst, int64_t Tp, const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows,
+               const FlashDims& d, const Angles& angles, bool rotated, float scale, float* tmp) {
+  for_each_run(rows, d.T, [&](int64_t row0, int64_t n, int64_t pos) {
+    load_head(dst + row0 * d.HDp, n, t, off + row0 * ld, ld, pos, n, d, angles, rotated, scale, tmp);
+  });
+  std::fill(dst + d.T * d.HDp, dst + Tp * d.HDp, 0.0f);
+}
+
+// add_head over a whole sequence placed by `rows`.
+void add_rows(const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows, const float* src,
+              const FlashDims& d, const Angles& angles, bool rotated, float* tmp) {
+  for_each_run(rows, d.T, [&](int64_t row0, int64_t n, int64_t pos) {
+    add_head(t, off + row0 * ld, ld, pos, n, src + row0 * d.HDp, d, angles, rotated, tmp);
+  });
+}
 
 struct ForwardBuffers {
   float *q, *k, *kt, *v, *s, *o, *m, *l, *f, *tmp;
@@ -118,26 +162,42 @@ struct ForwardBuffers {
   }
 };
 
-// Query tile qi of head h of sample b.
-void forward_tile(Tensor out, float* lse, const Tensor& qkv, const FlashDims& d, const Angles& angles,
-                  const Dropout& dropout, int64_t b, int64_t h, int64_t qi, ForwardBuffers& w) {
-  const int64_t T = d.T, HD = d.HD, HDp = d.HDp, row = d.qkv_row(), g = h / d.R;
-  const int64_t q0 = qi * kTile, qn = std::min(kTile, T - q0);
+// Query tile qt of head h of sample b against every visible key tile of kv.
+void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, const FlashDims& d,
+                  const Angles& angles, const Dropout& dropout, const AttentionBlock& block,
+                  const std::vector<RowTile>& key_tiles, int64_t b, int64_t h, const RowTile& qt, ForwardBuffers& w) {
+  const int64_t T = d.T, S = block.seq_length, HD = d.HD, HDp = d.HDp, row = d.qkv_row(), g = h / d.R;
+  const int64_t q0 = qt.row0, qn = qt.n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
-  load_head(w.q, kTile, qkv, (b * T + q0) * row + d.q_col(h), row, q0, qn, d, angles, true, scale, w.tmp);
-  std::fill(w.o, w.o + kTile * HDp, 0.0f);
-  std::fill(w.m, w.m + kTile, -std::numeric_limits<float>::infinity());
-  std::fill(w.l, w.l + kTile, 0.0f);
-  for (int64_t k0 = 0; k0 < q0 + qn; k0 += kTile) {
-    const int64_t kn = std::min(kTile, T - k0);
-    load_head(w.k, kTile, qkv, (b * T + k0) * row + d.k_col(g), row, k0, kn, d, angles, true, 1.0f, w.tmp);
+  float* lse_row = lse + (b * d.NH + h) * T + q0;
+  load_head(w.q, kTile, qkv, (b * T + q0) * row + d.q_col(h), row, qt.pos, qn, d, angles, true, scale, w.tmp);
+  if (block.merge) {  // the online softmax's state of the keys seen before: max lse, sum 1, output out
+    load_head(w.o, kTile, out, (b * T + q0) * d.out_row() + h * HD, d.out_row(), 0, qn, d, angles, false, 1.0f,
+              w.tmp);
+    for (int64_t i = 0; i < qn; ++i) {
+      w.m[i] = lse_row[i];
+      w.l[i] = std::isinf(lse_row[i]) ? 0.0f : 1.0f;
+    }
+  } else {
+    std::fill(w.o, w.o + kTile * HDp, 0.0f);
+    std::fill(w.m, w.m + kTile, -std::numeric_limits<float>::infinity());
+    std::fill(w.l, w.l + kTile, 0.0f);
+  }
+  for (const RowTile& kt : key_tiles) {
+    if (kt.pos > qt.pos + qn - 1) continue;  // every key after every query
+    const int64_t kn = kt.n;
+    load_head(w.k, kTile, kv, (b * T + kt.row0) * row + d.k_col(g), row, kt.pos, kn, d, angles, true, 1.0f, w.tmp);
     transpose_tile(w.kt, kTile, w.k, kTile, HDp);
-    load_head(w.v, kTile, qkv, (b * T + k0) * row + d.v_col(g), row, k0, kn, d, angles, false, 1.0f, w.tmp);
+    load_head(w.v, kTile, kv, (b * T + kt.row0) * row + d.v_col(g), row, kt.pos, kn, d, angles, false, 1.0f, w.tmp);
     tile_product<false>(w.s, kTile, w.q, HDp, 1, w.kt, kTile, qn, kTile, HD);
     for (int64_t i = 0; i < qn; ++i) {
-      const int64_t t = q0 + i, n = visible_keys(t, k0, kn);
+      const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
       float* s = w.s + i * kTile;
+      if (n == 0) {  // nothing visible: the row's state stays
+        std::fill(s, s + kTile, 0.0f);
+        continue;
+      }
       float mx = w.m[i];
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
@@ -154,8 +214,8 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const FlashDims& d,
       float* o = w.o + i * HDp;
 #pragma omp simd
       for (int64_t c = 0; c < HDp; ++c) o[c] *= correction;
-      if (drop) {  // element (h*T + t)*T + key of the sample, as attention_forward's
-        dropout_factors(dropout, b, static_cast<uint64_t>((h * T + t) * T + k0), n, w.f);
+      if (drop) {  // element (h*S + t)*S + key of the sample, as attention_forward's
+        dropout_factors(dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) s[j] *= w.f[j];
       }
@@ -163,11 +223,12 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const FlashDims& d,
     tile_product<true>(w.o, HDp, w.s, kTile, 1, w.v, HDp, qn, HDp, kn);
   }
   for (int64_t i = 0; i < qn; ++i) {
-    const float inv = 1.0f / w.l[i];
+    const bool seen = w.l[i] > 0.0f;  // a row that saw no key: out 0, lse -inf
+    const float inv = seen ? 1.0f / w.l[i] : 0.0f;
     float* o = w.o + i * HDp;
 #pragma omp simd
     for (int64_t c = 0; c < HDp; ++c) o[c] *= inv;
-    lse[(b * d.NH + h) * T + q0 + i] = w.m[i] + std::log(w.l[i]);
+    lse_row[i] = seen ? w.m[i] + std::log(w.l[i]) : -std::numeric_limits<float>::infinity();
   }
   narrow(out, (b * T + q0) * d.out_row() + h * HD, d.out_row(), w.o, HDp, qn, HD);
 }
@@ -185,16 +246,29 @@ struct BackwardBuffers {
   }
 };
 
+// What every head of a backward reads besides its buffers.
+struct BackwardArgs {
+  Tensor dqkv;
+  const float* lse;
+  const Tensor &dout, &qkv, &out;
+  const FlashDims& d;
+  const Angles& angles;
+  const Dropout& dropout;
+  const AttentionBlock& block;
+  const std::vector<RowTile>&query_tiles, &key_tiles;
+};
+
 // One head h's contributions: dq into dqkv, dk and dv into the group's accumulators.
-void backward_head(Tensor dqkv, float* D, const float* lse, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                   const FlashDims& d, const Angles& angles, const Dropout& dropout, int64_t b, int64_t h,
-                   BackwardBuffers& w) {
-  const int64_t T = d.T, HD = d.HD, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row(), orow = d.out_row();
+void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, BackwardBuffers& w) {
+  const FlashDims& d = a.d;
+  const int64_t T = d.T, S = a.block.seq_length, HD = d.HD, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
+  const int64_t orow = d.out_row();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const bool drop = dropout.p > 0.0f;
-  load_head(w.q, Tp, qkv, b * T * row + d.q_col(h), row, 0, T, d, angles, true, scale, w.tmp);
-  load_head(w.dout, Tp, dout, b * T * orow + h * HD, orow, 0, T, d, angles, false, 1.0f, w.tmp);
-  load_head(w.dq, Tp, out, b * T * orow + h * HD, orow, 0, T, d, angles, false, 1.0f, w.tmp);
+  const bool drop = a.dropout.p > 0.0f;
+  const float* lse = a.lse + (b * d.NH + h) * T;
+  load_rows(w.q, Tp, a.qkv, b * T * row + d.q_col(h), row, a.block.queries, d, a.angles, true, scale, w.tmp);
+  load_head(w.dout, Tp, a.dout, b * T * orow + h * HD, orow, 0, T, d, a.angles, false, 1.0f, w.tmp);
+  load_head(w.dq, Tp, a.out, b * T * orow + h * HD, orow, 0, T, d, a.angles, false, 1.0f, w.tmp);
   for (int64_t t = 0; t < T; ++t) {
     float sum = 0.0f;
     const float *g = w.dout + t * HDp, *o = w.dq + t * HDp;
@@ -203,17 +277,18 @@ void backward_head(Tensor dqkv, float* D, const float* lse, const Tensor& dout, 
     D[t] = sum;
   }
   std::fill(w.dq, w.dq + Tp * HDp, 0.0f);
-  for (int64_t k0 = 0; k0 < T; k0 += kTile) {
-    const int64_t kn = std::min(kTile, T - k0);
-    for (int64_t q0 = k0; q0 < T; q0 += kTile) {
-      const int64_t qn = std::min(kTile, T - q0);
+  for (const RowTile& kt : a.key_tiles) {
+    const int64_t k0 = kt.row0, kn = kt.n;
+    for (const RowTile& qt : a.query_tiles) {
+      if (kt.pos > qt.pos + qt.n - 1) continue;  // every key after every query
+      const int64_t q0 = qt.row0, qn = qt.n;
       tile_product<false>(w.s, kTile, w.q + q0 * HDp, HDp, 1, w.kt + k0, Tp, qn, kTile, HD);
       tile_product<false>(w.dp, kTile, w.dout + q0 * HDp, HDp, 1, w.vt + k0, Tp, qn, kTile, HD);
       for (int64_t i = 0; i < qn; ++i) {
-        const int64_t t = q0 + i, n = visible_keys(t, k0, kn);
+        const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
         float *s = w.s + i * kTile, *dp = w.dp + i * kTile;
-        const float m = lse[t], Dt = D[t];
-        if (drop) dropout_factors(dropout, b, static_cast<uint64_t>((h * T + t) * T + k0), n, w.f);
+        const float m = lse[q0 + i], Dt = D[q0 + i];
+        if (drop && n > 0) dropout_factors(a.dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
         // s becomes the (dropped-out) probabilities a' for dV, dp the score gradients dS.
 #pragma omp simd
         for (int64_t j = 0; j < kTile; ++j) {
@@ -230,24 +305,22 @@ void backward_head(Tensor dqkv, float* D, const float* lse, const Tensor& dout, 
   }
 #pragma omp simd
   for (int64_t e = 0; e < T * HDp; ++e) w.dq[e] *= scale;  // scores are scale * q.k
-  add_head(dqkv, b * T * row + d.q_col(h), row, 0, T, w.dq, d, angles, true, w.tmp);
+  add_rows(a.dqkv, b * T * row + d.q_col(h), row, a.block.queries, w.dq, d, a.angles, true, w.tmp);
 }
 
-void backward_group(Tensor dqkv, float* scratch, const float* lse, const Tensor& dout, const Tensor& qkv,
-                    const Tensor& out, const FlashDims& d, const Angles& angles, const Dropout& dropout, int64_t b,
-                    int64_t g, BackwardBuffers& w) {
+void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* scratch, int64_t b, int64_t g,
+                    BackwardBuffers& w) {
+  const FlashDims& d = a.d;
   const int64_t T = d.T, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
-  load_head(w.k, Tp, qkv, b * T * row + d.k_col(g), row, 0, T, d, angles, true, 1.0f, w.tmp);
-  load_head(w.v, Tp, qkv, b * T * row + d.v_col(g), row, 0, T, d, angles, false, 1.0f, w.tmp);
+  load_rows(w.k, Tp, kv, b * T * row + d.k_col(g), row, a.block.keys, d, a.angles, true, 1.0f, w.tmp);
+  load_rows(w.v, Tp, kv, b * T * row + d.v_col(g), row, a.block.keys, d, a.angles, false, 1.0f, w.tmp);
   transpose_tile(w.kt, Tp, w.k, Tp, HDp);
   transpose_tile(w.vt, Tp, w.v, Tp, HDp);
   std::fill(w.dk, w.dk + Tp * HDp, 0.0f);
   std::fill(w.dv, w.dv + Tp * HDp, 0.0f);
-  for (int64_t h = g * d.R; h < (g + 1) * d.R; ++h)
-    backward_head(dqkv, scratch + (b * d.NH + h) * T, lse + (b * d.NH + h) * T, dout, qkv, out, d, angles, dropout,
-                  b, h, w);
-  add_head(dqkv, b * T * row + d.k_col(g), row, 0, T, w.dk, d, angles, true, w.tmp);
-  add_head(dqkv, b * T * row + d.v_col(g), row, 0, T, w.dv, d, angles, false, w.tmp);
+  for (int64_t h = g * d.R; h < (g + 1) * d.R; ++h) backward_head(a, scratch + (b * d.NH + h) * T, b, h, w);
+  add_rows(dkv, b * T * row + d.k_col(g), row, a.block.keys, w.dk, d, a.angles, true, w.tmp);
+  add_rows(dkv, b * T * row + d.v_col(g), row, a.block.keys, w.dv, d, a.angles, false, w.tmp);
 }
 
 float* thread_buffer(size_t floats) {
@@ -256,15 +329,19 @@ float* thread_buffer(size_t floats) {
 
 }  // namespace
 
-void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_groups, const Rope& rope,
-                             const Dropout& dropout) {
+void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int64_t num_groups, const Rope& rope,
+                             const Dropout& dropout, const AttentionBlock& block_in) {
   const FlashDims d = flash_dims(qkv, out, lse, num_groups, rope, "flash_attention_forward");
+  const AttentionBlock block = checked_block(block_in, qkv, kv, "flash_attention_forward");
   check_float(out, "flash_attention_forward", "out");
   check_float(qkv, "flash_attention_forward", "qkv");
+  if (kv.empty()) kv = qkv;
+  check_float(kv, "flash_attention_forward", "kv");
   float* lse_p = f32_arg(lse, "flash_attention_forward", "lse");
   if (dropout.p > 0.0f) dropout_scale(dropout);  // checks p
-  const Angles angles{rope_table(d.T, d.half, rope), d.T, d.half};
-  const int64_t tiles = d.tiles(), items = d.B * d.NH * tiles;
+  const Angles angles{rope_table(block.seq_length, d.half, rope), block.seq_length, d.half};
+  const std::vector<RowTile> query_tiles = row_tiles(block.queries, d.T), key_tiles = row_tiles(block.keys, d.T);
+  const int64_t tiles = static_cast<int64_t>(query_tiles.size()), items = d.B * d.NH * tiles;
 #pragma omp parallel
   {
     ForwardBuffers w(thread_buffer(ForwardBuffers::floats(d)), d);
@@ -272,28 +349,35 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_gro
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t qi = tiles - 1 - item / (d.B * d.NH), bh = item % (d.B * d.NH);
-      forward_tile(out, lse_p, qkv, d, angles, dropout, bh / d.NH, bh % d.NH, qi, w);
+      forward_tile(out, lse_p, qkv, kv, d, angles, dropout, block, key_tiles, bh / d.NH, bh % d.NH, query_tiles[qi],
+                   w);
     }
   }
 }
 
-void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                              int64_t num_groups, const Rope& rope, const Dropout& dropout) {
+void flash_attention_backward(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor kv, Tensor out,
+                              Tensor lse, int64_t num_groups, const Rope& rope, const Dropout& dropout,
+                              const AttentionBlock& block_in) {
   if (dqkv.empty()) return;
   const FlashDims d = flash_dims(qkv, out, lse, num_groups, rope, "flash_attention_backward");
-  check_flash_backward(dqkv, scratch, dout, qkv, out, lse);
-  for (auto [t, name] : {std::pair{&dqkv, "dqkv"}, {&dout, "dout"}, {&qkv, "qkv"}, {&out, "out"}})
+  const AttentionBlock block = checked_block(block_in, qkv, kv, "flash_attention_backward");
+  TESSERA_CHECK(!block.merge, "flash_attention_backward: a block is never merged in the backward");
+  check_flash_backward(dqkv, dkv, scratch, dout, qkv, kv, out, lse);
+  if (kv.empty()) kv = qkv, dkv = dqkv;
+  for (auto [t, name] : {std::pair{&dqkv, "dqkv"}, {&dkv, "dkv"}, {&dout, "dout"}, {&qkv, "qkv"}, {&kv, "kv"},
+                         {&out, "out"}})
     check_float(*t, "flash_attention_backward", name);
   const float* lse_p = f32_arg(lse, "flash_attention_backward", "lse");
   float* scratch_p = f32_arg(scratch, "flash_attention_backward", "scratch");
   if (dropout.p > 0.0f) dropout_scale(dropout);
-  const Angles angles{rope_table(d.T, d.half, rope), d.T, d.half};
+  const Angles angles{rope_table(block.seq_length, d.half, rope), block.seq_length, d.half};
+  const std::vector<RowTile> query_tiles = row_tiles(block.queries, d.T), key_tiles = row_tiles(block.keys, d.T);
+  const BackwardArgs args{dqkv, lse_p, dout, qkv, out, d, angles, dropout, block, query_tiles, key_tiles};
 #pragma omp parallel
   {
     BackwardBuffers w(thread_buffer(BackwardBuffers::floats(d)), d);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bg = 0; bg < d.B * d.NG; ++bg)
-      backward_group(dqkv, scratch_p, lse_p, dout, qkv, out, d, angles, dropout, bg / d.NG, bg % d.NG, w);
+    for (int64_t bg = 0; bg < d.B * d.NG; ++bg) backward_group(args, dkv, kv, scratch_p, bg / d.NG, bg % d.NG, w);
   }
 }
 

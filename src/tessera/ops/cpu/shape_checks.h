@@ -87,12 +87,36 @@ inline FlashLayout flash_layout(const Tensor& qkv, const Tensor& out, const Tens
 }
 
 // flash_attention_backward's further arguments, against the forward's.
-inline void check_flash_backward(const Tensor& dqkv, const Tensor& scratch, const Tensor& dout, const Tensor& qkv,
-                                 const Tensor& out, const Tensor& lse) {
+inline void check_flash_backward(const Tensor& dqkv, const Tensor& dkv, const Tensor& scratch, const Tensor& dout,
+                                 const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse) {
+  TESSERA_CHECK(dkv.empty() == kv.empty() && (dkv.empty() || dkv.shape == qkv.shape),
+                "flash_attention_backward: dkv " + shape_str(dkv.shape) + " must be given exactly when kv " +
+                    shape_str(kv.shape) + " is, with qkv's shape");
   TESSERA_CHECK(dqkv.shape == qkv.shape && dout.shape == out.shape && scratch.numel() == lse.numel(),
                 "flash_attention_backward: dqkv " + shape_str(dqkv.shape) + " for qkv " + shape_str(qkv.shape) +
                     ", dout " + shape_str(dout.shape) + " for out " + shape_str(out.shape) + ", scratch " +
                     shape_str(scratch.shape) + " for lse " + shape_str(lse.shape));
+}
+
+// A flash_attention block (ops.h AttentionBlock) against its tensors: kv (empty: qkv) of
+// qkv's shape; positions increasing and inside the sequence. Returns it with seq_length
+// resolved (0: T).
+inline AttentionBlock checked_block(const AttentionBlock& block, const Tensor& qkv, const Tensor& kv, const char* op) {
+  AttentionBlock b = block;
+  const int64_t T = qkv.dim(1);
+  if (b.seq_length == 0) b.seq_length = T;
+  TESSERA_CHECK(kv.empty() || kv.shape == qkv.shape,
+                std::string(op) + ": kv " + shape_str(kv.shape) + " must have qkv's shape " + shape_str(qkv.shape));
+  for (const SequenceRows* r : {&b.queries, &b.keys}) {
+    const int64_t split = r->split == 0 ? T : r->split;
+    const bool ok = split > 0 && split <= T && r->first >= 0 && r->first + split <= b.seq_length &&
+                    (split == T || (r->second >= r->first + split && r->second + (T - split) <= b.seq_length));
+    TESSERA_CHECK(ok, std::string(op) + ": rows {split " + std::to_string(r->split) + ", first " +
+                          std::to_string(r->first) + ", second " + std::to_string(r->second) + "} of " +
+                          std::to_string(T) + " rows do not lie in increasing order inside a sequence of " +
+                          std::to_string(b.seq_length));
+  }
+  return b;
 }
 
 // F for swiglu's inp [N,2F] (or dinp) and out [N,F] (or dout).

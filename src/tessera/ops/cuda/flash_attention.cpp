@@ -53,29 +53,40 @@ bool cudnn_serves(const cpu::FlashLayout& d, std::initializer_list<const Tensor*
   return cudnn_refusal(call, compute_capability(*lse.device), kHaveCudnn).empty();
 }
 
-}  // namespace
-
-void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_groups, const Rope& rope,
-                             const Dropout& dropout) {
-#ifdef TESSERA_WITH_CUDNN
-  const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_forward");
-  if (cudnn_serves(d, {&qkv, &out}, lse, rope, dropout) && cudnn_attention_forward(out, lse, qkv, d, rope)) return;
-#endif
-  shared_flash_attention_forward(out, lse, qkv, num_groups, rope, dropout);
+// cuDNN serves the whole sequence attending to itself (no context-parallel block pair: its
+// graphs know neither key positions apart from the queries' nor a merge into a running lse).
+bool whole_sequence(const Tensor& kv, const AttentionBlock& block, int64_t T) {
+  const auto at_start = [T](const SequenceRows& r) { return r.first == 0 && (r.split == 0 || r.split == T); };
+  return kv.empty() && !block.merge && block.seq_length == T && at_start(block.queries) && at_start(block.keys);
 }
 
-void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                              int64_t num_groups, const Rope& rope, const Dropout& dropout) {
+}  // namespace
+
+void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int64_t num_groups, const Rope& rope,
+                             const Dropout& dropout, const AttentionBlock& block) {
+#ifdef TESSERA_WITH_CUDNN
+  const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_forward");
+  if (whole_sequence(kv, cpu::checked_block(block, qkv, kv, "flash_attention_forward"), d.T) &&
+      cudnn_serves(d, {&qkv, &out}, lse, rope, dropout) && cudnn_attention_forward(out, lse, qkv, d, rope))
+    return;
+#endif
+  shared_flash_attention_forward(out, lse, qkv, kv, num_groups, rope, dropout, block);
+}
+
+void flash_attention_backward(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor kv, Tensor out,
+                              Tensor lse, int64_t num_groups, const Rope& rope, const Dropout& dropout,
+                              const AttentionBlock& block) {
 #ifdef TESSERA_WITH_CUDNN
   if (!dqkv.empty()) {
     const cpu::FlashLayout d = checked_layout(qkv, out, lse, num_groups, rope, dropout, "flash_attention_backward");
-    cpu::check_flash_backward(dqkv, scratch, dout, qkv, out, lse);
-    if (cudnn_serves(d, {&dqkv, &dout, &qkv, &out}, lse, rope, dropout) &&
+    cpu::check_flash_backward(dqkv, dkv, scratch, dout, qkv, kv, out, lse);
+    if (whole_sequence(kv, cpu::checked_block(block, qkv, kv, "flash_attention_backward"), d.T) &&
+        cudnn_serves(d, {&dqkv, &dout, &qkv, &out}, lse, rope, dropout) &&
         cudnn_attention_backward(dqkv, dout, qkv, out, lse, d, rope))
       return;
   }
 #endif
-  shared_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, num_groups, rope, dropout);
+  shared_flash_attention_backward(dqkv, dkv, scratch, dout, qkv, kv, out, lse, num_groups, rope, dropout, block);
 }
 
 // D = rowsum(dout * out) per row for the shared kernel, f32 (cuDNN's workspace and gradient

@@ -8,14 +8,15 @@
 
 namespace tessera::ops::opencl {
 
-void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_groups, const Rope& rope,
-                             const Dropout& dropout) {
-  shared_flash_attention_forward(out, lse, qkv, num_groups, rope, dropout);
+void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int64_t num_groups, const Rope& rope,
+                             const Dropout& dropout, const AttentionBlock& block) {
+  shared_flash_attention_forward(out, lse, qkv, kv, num_groups, rope, dropout, block);
 }
 
-void flash_attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                              int64_t num_groups, const Rope& rope, const Dropout& dropout) {
-  shared_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, num_groups, rope, dropout);
+void flash_attention_backward(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor kv, Tensor out,
+                              Tensor lse, int64_t num_groups, const Rope& rope, const Dropout& dropout,
+                              const AttentionBlock& block) {
+  shared_flash_attention_backward(dqkv, dkv, scratch, dout, qkv, kv, out, lse, num_groups, rope, dropout, block);
 }
 
 // D = rowsum(dout * out) per row, f32.
