@@ -16,9 +16,12 @@ std::string libraries() {
          std::to_string(v % 100) + " GEMMs";
 }
 
-// Every op but the fused attention (cuDNN's SDPA comes with issue 29): the model runs the
-// unfused attention here.
-constexpr bool has_kernel(std::string_view op) { return !op.starts_with("flash_attention_"); }
+// Every op but the fused attention (cuDNN's SDPA comes with issue 29: the model runs the
+// unfused attention here) and the mixture of experts' (MoE training refuses this device; the
+// grouped GEMM falls back to one linear per expert until cuBLASLt's grouped GEMM backs it).
+constexpr bool has_kernel(std::string_view op) {
+  return !op.starts_with("flash_attention_") && !op.starts_with("moe_") && !op.starts_with("grouped_linear_");
+}
 
 }  // namespace
 
