@@ -386,7 +386,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   acts_slab_ = Buffer(device, layout.builder.total_bytes());
   layout.bind(acts_slab_, chunks_, *ws_);
   if (config.moe.enabled()) {
-    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, partition.tp_rank);
+    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, tp_);
     init_moe_workspace(ws_->moe, layout.moe);
     moe_losses_.load_balancing.assign(config.num_layers, 0.0);
     moe_losses_.z.assign(config.num_layers, 0.0);

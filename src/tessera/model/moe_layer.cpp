@@ -169,6 +169,7 @@ void MoELayer::shared_backward(const MoEParams& w, const MoEParams& g, MoEActs& 
   Tensor d_shared_out = d_out;
   if (d_.gate) {
     ops::moe_unpermute_backward(ws.shared_tmp, ws.d_gate, d_out, a.shared_out, ws.identity, a.gate_weights);
+    tp_.all_reduce(ws.d_gate, ReduceOp::Sum);
     d_shared_out = ws.shared_tmp;
     std::vector<float> d_gate(static_cast<size_t>(d_.N)), score(d_gate.size());
     copy_to_host(d_gate.data(), d_gate.size() * sizeof(float), ws.d_gate);
@@ -180,7 +181,7 @@ void MoELayer::shared_backward(const MoEParams& w, const MoEParams& g, MoEActs& 
   activation_backward(ws.d_shared_fc1, ws.d_shared_act, a.shared_fc1);
   ops::linear_backward(d_in, g.shared_fc1, Tensor(), ws.d_shared_fc1, in, w.shared_fc1, kAssign);
   if (d_.gate)
-    ops::linear_backward(tp_rank_ == 0 ? d_in : Tensor(), g.shared_gate, Tensor(), ws.d_gate_logits, in,
+    ops::linear_backward(tp_.rank() == 0 ? d_in : Tensor(), g.shared_gate, Tensor(), ws.d_gate_logits, in,
                          w.shared_gate, kAccumulate);
 }
 
@@ -198,10 +199,11 @@ void MoELayer::backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEW
                    w.fc1, r.rows_per_expert);
   ops::moe_permute_backward(d_in, ws.d_permuted.slice_rows(0, M), a.slots, d_.Sl > 0 ? kAccumulate : kAssign);
   // The router: dL/d(weights) back on the host, through the routing and the aux losses.
+  tp_.all_reduce(ws.d_weights, ReduceOp::Sum);
   copy_to_host(ws.host_d_weights.data(), ws.host_d_weights.size() * sizeof(float), ws.d_weights);
   route_backward(ws.host_d_logits.data(), config_.moe, r, a.logits.data(), ws.host_d_weights.data(), aux_scale);
   copy_floats_from_host(ws.d_logits, ws.host_d_logits.data(), ws.host_d_logits.size());
-  ops::linear_backward(tp_rank_ == 0 ? d_in : Tensor(), g.router, Tensor(), ws.d_logits, in, w.router, kAccumulate);
+  ops::linear_backward(tp_.rank() == 0 ? d_in : Tensor(), g.router, Tensor(), ws.d_logits, in, w.router, kAccumulate);
 }
 
 }  // namespace tessera

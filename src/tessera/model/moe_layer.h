@@ -9,8 +9,10 @@
 // Tensor parallelism (expert tensor parallelism = TP, Megatron's default): every TP rank
 // routes the whole sequence (the same decisions: the same logits, one routing group per
 // sequence-parallel slice as Megatron routes each rank's slice) and runs its slice of every
-// expert (fc1 split by columns, fc2 by rows). The router's and gate's input gradients are
-// added on TP rank 0 only, since the model sums the input gradient over the TP group.
+// expert (fc1 split by columns, fc2 by rows). The routing weights' and the gate's gradients
+// (dot products with the experts' partial outputs) are summed over the TP group, as Megatron's
+// gather of the probabilities sums them in its backward; the router's and gate's input
+// gradients are added on TP rank 0 only, since the model sums the input gradient over the group.
 //
 // Shape legend: N tokens of the micro-batch (B*T), C hidden, E experts, k top-k, M rows
 // of the permuted buffer (at most N*k, or E * capacity per group with padding), Fl / Sl
@@ -23,6 +25,7 @@
 #include "tessera/core/tensor.h"
 #include "tessera/model/gpt_config.h"
 #include "tessera/model/moe_router.h"
+#include "tessera/parallel/tensor_parallel.h"
 
 namespace tessera {
 
@@ -78,8 +81,8 @@ struct MoELossTracker {
 
 class MoELayer {
  public:
-  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, int tp_rank)
-      : config_(config), device_(device), d_(std::move(dims)), tp_rank_(tp_rank) {}
+  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp)
+      : config_(config), device_(device), d_(std::move(dims)), tp_(tp) {}
   const MoEDims& dims() const { return d_; }
   // out [N,C] = this rank's partial MLP output of in [N,C] (assigned).
   void forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
@@ -104,7 +107,7 @@ class MoELayer {
   const GPTConfig& config_;
   Device& device_;
   MoEDims d_;
-  int tp_rank_;
+  TensorParallelRegion& tp_;
 };
 
 }  // namespace tessera

@@ -202,7 +202,8 @@ std::vector<OptionDef> train_option_defs() {
        "Skip an update whose loss or grad norm is more than Z standard deviations above the last 128 (llm.c)"},
       {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
       {"--init-from-hf", K::String, nullptr,
-       "Initialise from a Hugging Face GPT-2, Llama or Qwen2 folder (config.json, model.safetensors or its shards)"},
+       "Initialise from a Hugging Face GPT-2, Llama, Qwen2, Mixtral or Qwen2-MoE folder (config.json, model.safetensors "
+       "or its shards)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
       {"--device", K::String, "cpu",
        "Compute device: cpu, opencl[:N], cuda[:N] (the N-th device of a backend this build has; `tessera doctor` "
