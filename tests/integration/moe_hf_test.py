@@ -4,14 +4,14 @@
 and a Qwen2MoeForCausalLM with pre-softmax routing and a gated shared expert, each trained 10
 iterations with Megatron's optimizer and switch aux loss, coefficient 0.01):
   - `tessera train --init-from-hf` matches every iteration's lm loss (2e-4), grad norm (1e-3) and
-    load_balancing_loss (1e-4, relative; float32 against float64) in one process, on the CPU and
-    on the strict device; the reference's grad norm without the aux loss is >= 5 % off, so a
+    load_balancing_loss (1e-4, relative; float32 against float64) in one process, on each
+    DEVICE given (Mixtral; Qwen2-MoE on the CPU); the reference's grad norm without the aux loss is >= 5 % off, so a
     missing or wrong aux gradient fails;
   - `ckpt import-hf` then `ckpt export-hf` gives back every tensor of the folder bit for bit and
     transformers loads the export (llama_hf_check.py same);
   - TP=2 with sequence parallelism, PP=2 and DP=2 with the distributed optimizer match it too;
   - bad MoE flags exit 2 naming the flag; flags that contradict config.json name the field.
-usage: moe_hf_test.py TESSERA_BINARY"""
+usage: moe_hf_test.py TESSERA_BINARY [DEVICE ...]   (default: cpu strict)"""
 import json
 import os
 import subprocess
@@ -27,6 +27,7 @@ from llama_hf_test import python, tessera  # noqa: E402
 from model_parallel_test import env_without_launch, records  # noqa: E402
 
 TESSERA = os.path.abspath(sys.argv[1])
+DEVICES = sys.argv[2:] or ["cpu", "strict"]
 
 # float32 against float64 over 10 iterations, relative (as llama_hf_test.py's); the
 # load-balancing loss is a mean of softmax probabilities times counts: tighter.
@@ -137,7 +138,7 @@ def main():
             if family == "mixtral":
                 test_flag_errors(args)
             test_round_trip(tmp, ref, family)
-            test_training(tmp, ref, family, args, ["cpu", "strict"] if family == "mixtral" else ["cpu"])
+            test_training(tmp, ref, family, args, DEVICES if family == "mixtral" else ["cpu"])
             # Qwen2-MoE's shared experts and their gate under TP (the gate's gradient sums over it).
             test_layouts(tmp, ref, family, args, LAYOUTS if family == "mixtral" else LAYOUTS[:1])
 

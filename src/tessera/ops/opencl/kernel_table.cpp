@@ -10,9 +10,8 @@ namespace {
 // device's description (doctor's device row).
 std::string libraries() { return "OpenCL C kernels of tessera, CLBlast GEMMs"; }
 
-// Every op but the mixture of experts' (MoE training refuses this device; the grouped GEMM
-// falls back to one linear per expert).
-constexpr bool has_kernel(std::string_view op) { return !op.starts_with("moe_") && !op.starts_with("grouped_linear_"); }
+// Every op but the experts' grouped GEMM (the model runs one linear per expert here).
+constexpr bool has_kernel(std::string_view op) { return !op.starts_with("grouped_linear_"); }
 
 }  // namespace
 
