@@ -10,6 +10,8 @@ iterations with Megatron's optimizer and switch aux loss, coefficient 0.01):
   - `ckpt import-hf` then `ckpt export-hf` gives back every tensor of the folder bit for bit and
     transformers loads the export (llama_hf_check.py same);
   - TP=2 with sequence parallelism, PP=2 and DP=2 with the distributed optimizer match it too;
+  - checkpoints (tessera's format): a save at iteration 5 resumes bit for bit in
+    --deterministic-mode, and a TP=2 save resumes at TP=1 within the reference's tolerances;
   - bad MoE flags exit 2 naming the flag; flags that contradict config.json name the field.
 usage: moe_hf_test.py TESSERA_BINARY [DEVICE ...]   (default: cpu strict)"""
 import json
@@ -86,6 +88,41 @@ def test_layouts(tmp, ref, family, args, layouts):
               flush=True)
 
 
+def without_init(args):
+    i = args.index("--init-from-hf")
+    return args[:i] + args[i + 2:]
+
+
+def test_checkpoint_resume(tmp, ref, args):
+    det = args + ["--deterministic-mode", "--ckpt-format", "tessera", "--save-interval", "5"]
+    whole = train(tmp, "det whole", det)
+    ckpt = os.path.join(tmp, "ckpt_det")
+    train(tmp, "det first half", det + ["--save", ckpt, "--exit-interval", "5"])
+    resumed = train(tmp, "det resumed", without_init(det) + ["--load", ckpt])
+    assert [r["iteration"] for r in resumed] == list(range(6, 11)), [r["iteration"] for r in resumed]
+    keys = ("lm_loss", "grad_norm", "load_balancing_loss")
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole[5:]], (resumed, whole[5:])
+    print("ok  a save at iteration 5 resumes bit for bit (--deterministic-mode)", flush=True)
+    ckpt = os.path.join(tmp, "ckpt_tp2")
+    tp2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+    train(tmp, "tp2 first half", det + tp2 + ["--save", ckpt, "--exit-interval", "5"], procs=2)
+    resumed = train(tmp, "tp1 resumed", without_init(det) + ["--load", ckpt])
+    print("ok  a TP=2 save resumes at TP=1: %s" % compare_tail(ref, resumed), flush=True)
+
+
+def compare_tail(ref, got):
+    """The iterations 6..10 of `got` against the reference's."""
+    expected, _, _ = safetensors_io.read(os.path.join(ref, "expected_train.safetensors"))
+    worst = {}
+    for key, rtol in (("lm_loss", LOSS_RTOL), ("grad_norm", GRAD_NORM_RTOL), ("load_balancing_loss", LB_RTOL)):
+        want = safetensors_io.array(expected[key])
+        for r in got:
+            err = abs(r[key] - want[r["iteration"] - 1]) / abs(want[r["iteration"] - 1])
+            assert err <= rtol, (key, r["iteration"], r[key], float(want[r["iteration"] - 1]))
+            worst[key] = max(worst.get(key, 0.0), err)
+    return ", ".join("%s within %.2g" % kv for kv in worst.items())
+
+
 def test_round_trip(tmp, ref, family):
     ckpt, out = os.path.join(tmp, family + "_imported"), os.path.join(tmp, family + "_exported")
     p = tessera(["ckpt", "import-hf", os.path.join(ref, "hf"), ckpt])
@@ -141,6 +178,8 @@ def main():
             test_training(tmp, ref, family, args, DEVICES if family == "mixtral" else ["cpu"])
             # Qwen2-MoE's shared experts and their gate under TP (the gate's gradient sums over it).
             test_layouts(tmp, ref, family, args, LAYOUTS if family == "mixtral" else LAYOUTS[:1])
+            if family == "mixtral":
+                test_checkpoint_resume(tmp, ref, args)
 
 
 if __name__ == "__main__":
