@@ -12,10 +12,12 @@ iterations with Megatron's optimizer and switch aux loss, coefficient 0.01):
   - TP=2 with sequence parallelism, PP=2 and DP=2 with the distributed optimizer match it too;
   - checkpoints (tessera's format): a save at iteration 5 resumes bit for bit in
     --deterministic-mode, and a TP=2 save resumes at TP=1 within the reference's tolerances;
+  - the memory estimate is what a Qwen2-MoE run allocates;
   - bad MoE flags exit 2 naming the flag; flags that contradict config.json name the field.
 usage: moe_hf_test.py TESSERA_BINARY [DEVICE ...]   (default: cpu strict)"""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -123,6 +125,18 @@ def compare_tail(ref, got):
     return ", ".join("%s within %.2g" % kv for kv in worst.items())
 
 
+def test_memory_estimate(args):
+    """The estimate (the model's own slab layout, with the experts' permuted buffers and the
+    shared experts') is what an MoE run allocates."""
+    p = subprocess.run([TESSERA, "train"] + args + ["--train-iters", "1", "--eval-iters", "0"], capture_output=True,
+                       text=True, timeout=240, env=env_without_launch())
+    assert p.returncode == 0, p.stderr[-3000:]
+    estimate = float(re.search(r"Theoretical memory footprints: .* total=([\d.]+) MB", p.stdout).group(1))
+    measured = [float(x) for x in re.findall(r"max allocated: ([\d.]+)", p.stdout)]
+    assert measured and all(estimate <= m <= estimate * 1.01 for m in measured), (estimate, measured)
+    print("ok  Qwen2-MoE: estimate %.2f MB, max allocated %s MB" % (estimate, measured), flush=True)
+
+
 def test_round_trip(tmp, ref, family):
     ckpt, out = os.path.join(tmp, family + "_imported"), os.path.join(tmp, family + "_exported")
     p = tessera(["ckpt", "import-hf", os.path.join(ref, "hf"), ckpt])
@@ -180,6 +194,8 @@ def main():
             test_layouts(tmp, ref, family, args, LAYOUTS if family == "mixtral" else LAYOUTS[:1])
             if family == "mixtral":
                 test_checkpoint_resume(tmp, ref, args)
+            else:
+                test_memory_estimate(args)
 
 
 if __name__ == "__main__":
