@@ -31,15 +31,16 @@ for round in $(seq "$rounds"); do
     grep -o "throughput per GPU (TFLOP/s/GPU): [0-9.]*" "$work/out.txt" | tail -1 | sed "s/^/$name round $round: /"
   done
 done
-/usr/bin/python3 - "$work" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" "$(nproc)" <<'PY'
+/usr/bin/python3 - "$work" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" "$(nproc --all)" \
+  "${OMP_NUM_THREADS:-all}" "$(cut -d' ' -f1 /proc/loadavg)" <<'PY'
 import glob, json, statistics, sys
-work, cpu, cores = sys.argv[1], sys.argv[2].strip(), sys.argv[3]
+work, cpu, cores, threads, load = sys.argv[1], sys.argv[2].strip(), sys.argv[3], sys.argv[4], sys.argv[5]
 ms = {}
 for name in ("dense", "moe"):
     runs = [statistics.median(r["elapsed_ms_per_iteration"] for r in [json.loads(l) for l in open(f)][2:])
             for f in sorted(glob.glob("%s/%s_*.jsonl" % (work, name)))]
     ms[name] = statistics.median(runs)
     print("%-5s %8.1f ms/step (runs: %s)" % (name, ms[name], ", ".join("%.1f" % r for r in runs)))
-print("MoE model FLOP/s / dense model FLOP/s (same Megatron FLOPs per step): %.2f  [%s, %s cores]" % (
-    ms["dense"] / ms["moe"], cpu, cores))
+print("MoE model FLOP/s / dense model FLOP/s (same Megatron FLOPs per step): %.2f  [%s, %s cores, "
+      "OMP_NUM_THREADS %s, load average %s at the end]" % (ms["dense"] / ms["moe"], cpu, cores, threads, load))
 PY
