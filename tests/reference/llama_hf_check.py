@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks a Llama or Qwen2 Hugging Face folder written by `tessera ckpt export-hf` with
+"""Checks a Llama, Qwen2, Mixtral or Qwen2-MoE Hugging Face folder written by `tessera ckpt export-hf` with
 `transformers` itself: the folder must load with AutoModelForCausalLM.from_pretrained (no
 missing, unexpected or mismatched tensors) and compute what tessera computes.
 
@@ -26,7 +26,10 @@ from llama_reference import import_transformers  # noqa: E402
 
 MODEL_FIELDS = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
-                "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings")
+                "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings",
+                # Mixtral's and Qwen2-MoE's experts
+                "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
 
 
 def load_model(hf_dir):

@@ -115,3 +115,15 @@ set_tests_properties(train_distributed_optimizer PROPERTIES TIMEOUT 600)
 add_test(NAME train_llama_model
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/llama_model_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_llama_model PROPERTIES TIMEOUT 900)
+
+# Mixture of experts against float64 transformers (tests/integration/moe_hf_test.py): Mixtral and
+# Qwen2-MoE trained 10 iterations with Megatron's router and aux loss, HF import/export, MoE flags.
+# With OpenCL built, Mixtral also trains on it (PoCL here).
+set(_moe_devices cpu strict)
+if(TESSERA_WITH_OPENCL)
+  list(APPEND _moe_devices opencl)
+endif()
+add_test(NAME train_moe_hf
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/moe_hf_test.py $<TARGET_FILE:tessera>
+                 ${_moe_devices})
+set_tests_properties(train_moe_hf PROPERTIES TIMEOUT 300)

@@ -32,6 +32,8 @@ const char* hf_family_name(HFFamily f) {
     case HFFamily::GPT2: return "GPT-2";
     case HFFamily::Llama: return "Llama";
     case HFFamily::Qwen2: return "Qwen2";
+    case HFFamily::Mixtral: return "Mixtral";
+    case HFFamily::Qwen2Moe: return "Qwen2-MoE";
   }
   return "?";
 }
@@ -45,11 +47,15 @@ HFConfigFile HFConfigFile::read(const std::string& dir) {
 
 HFFamily HFConfigFile::family() const {
   static const std::pair<const char*, HFFamily> kModelTypes[] = {
-      {"gpt2", HFFamily::GPT2}, {"llama", HFFamily::Llama}, {"qwen2", HFFamily::Qwen2}};
+      {"gpt2", HFFamily::GPT2},       {"llama", HFFamily::Llama},        {"qwen2", HFFamily::Qwen2},
+      {"mixtral", HFFamily::Mixtral}, {"qwen2_moe", HFFamily::Qwen2Moe}};
   static const std::pair<const char*, HFFamily> kArchitectures[] = {
-      {"GPT2LMHeadModel", HFFamily::GPT2}, {"LlamaForCausalLM", HFFamily::Llama}, {"Qwen2ForCausalLM", HFFamily::Qwen2}};
-  const std::string hint = "tessera converts GPT2LMHeadModel (model_type \"gpt2\"), LlamaForCausalLM (\"llama\") "
-                           "and Qwen2ForCausalLM (\"qwen2\")";
+      {"GPT2LMHeadModel", HFFamily::GPT2},       {"LlamaForCausalLM", HFFamily::Llama},
+      {"Qwen2ForCausalLM", HFFamily::Qwen2},     {"MixtralForCausalLM", HFFamily::Mixtral},
+      {"Qwen2MoeForCausalLM", HFFamily::Qwen2Moe}};
+  const std::string hint = "tessera converts GPT2LMHeadModel (model_type \"gpt2\"), LlamaForCausalLM (\"llama\"), "
+                           "Qwen2ForCausalLM (\"qwen2\"), MixtralForCausalLM (\"mixtral\") and Qwen2MoeForCausalLM "
+                           "(\"qwen2_moe\")";
   if (auto mt = j_.find("model_type"); mt != j_.end() && !mt->is_null()) {
     for (const auto& [name, f] : kModelTypes)
       if (mt->is_string() && *mt == name) return f;

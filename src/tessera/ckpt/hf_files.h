@@ -23,8 +23,8 @@ namespace tessera {
 
 // The model families tessera reads and writes, from config.json's model_type (or, without
 // one, its architectures): GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM.
-enum class HFFamily { GPT2, Llama, Qwen2 };
-const char* hf_family_name(HFFamily f);  // "GPT-2", "Llama", "Qwen2"
+enum class HFFamily { GPT2, Llama, Qwen2, Mixtral, Qwen2Moe };
+const char* hf_family_name(HFFamily f);  // "GPT-2", "Llama", "Qwen2", "Mixtral", "Qwen2-MoE"
 
 class HFConfigFile {
  public:

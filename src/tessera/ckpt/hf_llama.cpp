@@ -1,7 +1,10 @@
 #include "tessera/ckpt/hf_llama.h"
 
+#include <algorithm>
+#include <map>
 #include <string_view>
 
+#include "tessera/ckpt/hf_moe.h"
 #include "tessera/ckpt/hf_rope.h"
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
@@ -27,14 +30,19 @@ struct LlamaShape {
   HFRope rope;
   bool tied = false;
   Biases biases;
+  HFMoEShape moe;  // Mixtral, Qwen2-MoE
 };
+
+// Llama-like attention (head_dim, attention_bias) or Qwen2-like (q/k/v biases, sliding window).
+bool llama_like(HFFamily f) { return f == HFFamily::Llama || f == HFFamily::Mixtral; }
 
 LlamaShape parse_llama_config(const HFConfigFile& j) {
   LlamaShape s;
   s.family = j.family();
-  if (s.family != HFFamily::Llama && s.family != HFFamily::Qwen2)
-    j.unsupported("model_type", "expected \"llama\" or \"qwen2\"", "load_hf_model reads every family tessera converts");
-  const bool llama = s.family == HFFamily::Llama;
+  if (s.family == HFFamily::GPT2)
+    j.unsupported("model_type", "expected \"llama\", \"qwen2\", \"mixtral\" or \"qwen2_moe\"",
+                  "load_hf_model reads every family tessera converts");
+  const bool llama = llama_like(s.family);
   s.layers = j.integer("num_hidden_layers");
   s.hidden = j.integer("hidden_size");
   s.heads = j.integer("num_attention_heads");
@@ -59,6 +67,10 @@ LlamaShape parse_llama_config(const HFConfigFile& j) {
     j.unsupported("hidden_act", "but --swiglu gates with SiLU", "only hidden_act \"silu\" models convert");
   if (j.number("partial_rotary_factor", 1.0) != 1.0)
     j.unsupported("partial_rotary_factor", "but LlamaAttention rotates whole heads", "");
+  if (is_hf_moe_family(s.family)) s.moe = parse_hf_moe(j, s.family, s.layers);
+  if (s.family == HFFamily::Mixtral && j.has("sliding_window"))
+    j.unsupported("sliding_window", "but tessera's attention is full causal attention",
+                  "only models with sliding_window null convert");
   if (llama) {
     s.biases.qkv = s.biases.proj = j.boolean("attention_bias", false);
     s.biases.mlp = j.boolean("mlp_bias", false);
@@ -129,7 +141,14 @@ void check_llama_config(const LlamaShape& h, const GPTConfig& c, const HFConfigF
   check.equal("num_attention_heads", h.heads, "--num-attention-heads", c.num_attention_heads);
   check_query_groups(check, h, c);
   check.equal("head_dim", h.head_dim, "--kv-channels", c.kv_channels);
-  check.equal("intermediate_size", h.ffn, "--ffn-hidden-size", c.ffn_hidden_size);
+  // Mixtral's intermediate_size is its experts'; Qwen2-MoE's that of its dense layers.
+  const bool dense_layers = std::find(h.moe.moe_layers.begin(), h.moe.moe_layers.end(), false) != h.moe.moe_layers.end();
+  if (!is_hf_moe_family(h.family) || (h.family == HFFamily::Qwen2Moe && dense_layers))
+    check.equal("intermediate_size", h.ffn, "--ffn-hidden-size", c.ffn_hidden_size);
+  if (is_hf_moe_family(h.family))
+    check_hf_moe(check, h.moe, h.family, c);
+  else if (c.moe.enabled())
+    check.differ(model + " (dense) but --num-experts is given", "drop --num-experts");
   check.close("rms_norm_eps", h.eps, "--norm-epsilon", c.norm_epsilon);
   check_rope(check, h, c);
   if (c.rotary_percent != 1.0f)
@@ -205,6 +224,10 @@ std::map<std::string, std::vector<float>> load_hf_llama(const std::string& dir, 
     copy("self_attn.o_proj.weight", {H, NH * hd}, "self_attention.linear_proj.weight");
     if (h.biases.proj) copy("self_attn.o_proj.bias", {H}, "self_attention.linear_proj.bias");
     copy("post_attention_layernorm.weight", {H}, "pre_mlp_layernorm.weight");
+    if (config.moe.is_moe_layer(l)) {
+      load_hf_moe_mlp(out, f, h.family, hp, mp, config);
+      continue;
+    }
 
     // gate_proj then up_proj: linear_fc1 [2, F, H] (its bias [2, F]).
     auto gate_up = [&](const char* suffix, int64_t cols) {
@@ -243,7 +266,25 @@ bool is_llama_family(const GPTConfig& c) {
          c.swiglu;
 }
 
+void check_dense_expressible(const GPTConfig& c);
+
 HFFamily check_llama_expressible(const GPTConfig& c) {
+  if (c.moe.enabled()) {
+    const HFFamily family = check_hf_moe_expressible(c);
+    check_dense_expressible(c);
+    return family;
+  }
+  check_dense_expressible(c);
+  const bool qwen2 = !c.add_bias_linear && c.add_qkv_bias;
+  if (qwen2 && int64_t{c.kv_channels} * c.num_attention_heads != c.hidden_size)
+    throw usage_error("export-hf: --kv-channels × heads differs from --hidden-size with --add-qkv-bias (Qwen2's head "
+                      "dimension is hidden_size / heads); Qwen2ForCausalLM cannot express it",
+                      "train with the default --kv-channels");
+  return qwen2 ? HFFamily::Qwen2 : HFFamily::Llama;
+}
+
+// What every Llama-family export needs (RMSNorm, RoPE over whole heads, SwiGLU, the vocabulary).
+void check_dense_expressible(const GPTConfig& c) {
   auto inexpressible = [](const std::string& what, const std::string& hint) {
     throw usage_error("export-hf: " + what + "; LlamaForCausalLM and Qwen2ForCausalLM cannot express it", hint);
   };
@@ -257,19 +298,20 @@ HFFamily check_llama_expressible(const GPTConfig& c) {
   if (c.vocab_size <= 0 || c.vocab_size > c.padded_vocab_size)
     throw runtime_error("export-hf: the tokenizer's vocabulary (" + std::to_string(c.vocab_size) +
                         ") does not fit the padded vocabulary (" + std::to_string(c.padded_vocab_size) + ")");
-  const bool qwen2 = !c.add_bias_linear && c.add_qkv_bias;
-  if (qwen2 && int64_t{c.kv_channels} * c.num_attention_heads != c.hidden_size)
-    inexpressible("--kv-channels × heads differs from --hidden-size with --add-qkv-bias (Qwen2's head dimension "
-                  "is hidden_size / heads)", "train with the default --kv-channels");
-  return qwen2 ? HFFamily::Qwen2 : HFFamily::Llama;
 }
 
 json llama_config_json(const HFExportSpec& spec) {
   const GPTConfig& c = spec.model;
-  const bool qwen2 = check_llama_expressible(c) == HFFamily::Qwen2;
+  const HFFamily family = check_llama_expressible(c);
+  const bool qwen2 = !llama_like(family);
+  static const std::map<HFFamily, std::pair<const char*, const char*>> kNames = {
+      {HFFamily::Llama, {"LlamaForCausalLM", "llama"}},
+      {HFFamily::Qwen2, {"Qwen2ForCausalLM", "qwen2"}},
+      {HFFamily::Mixtral, {"MixtralForCausalLM", "mixtral"}},
+      {HFFamily::Qwen2Moe, {"Qwen2MoeForCausalLM", "qwen2_moe"}}};
   json j = {
-      {"architectures", json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})},
-      {"model_type", qwen2 ? "qwen2" : "llama"},
+      {"architectures", json::array({kNames.at(family).first})},
+      {"model_type", kNames.at(family).second},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.ffn_hidden_size},
@@ -293,16 +335,19 @@ json llama_config_json(const HFExportSpec& spec) {
     j["max_window_layers"] = c.num_layers;
   } else {
     j["head_dim"] = c.kv_channels;
-    j["attention_bias"] = c.add_bias_linear;
-    j["mlp_bias"] = c.add_bias_linear;
-    j["pretraining_tp"] = 1;
+    if (family == HFFamily::Llama) {
+      j["attention_bias"] = c.add_bias_linear;
+      j["mlp_bias"] = c.add_bias_linear;
+      j["pretraining_tp"] = 1;
+    }
   }
+  if (is_hf_moe_family(family)) write_hf_moe_config(j, family, c);
   write_special_token_ids(j, spec);
   return j;
 }
 
 std::vector<HFTensor> megatron_to_hf_llama(const std::map<std::string, std::vector<float>>& w, const GPTConfig& c) {
-  check_llama_expressible(c);
+  const HFFamily family = check_llama_expressible(c);
   const int64_t H = c.hidden_size, F = c.ffn_hidden_size, NH = c.num_attention_heads, NG = c.query_groups(),
                 hd = c.kv_channels, R = NH / NG, V = c.vocab_size, Vp = c.padded_vocab_size, QKV = c.qkv_width();
   std::vector<HFTensor> out;
@@ -340,6 +385,10 @@ std::vector<HFTensor> megatron_to_hf_llama(const std::map<std::string, std::vect
     copy("self_attention.linear_proj.weight", {H, NH * hd}, "self_attn.o_proj.weight");
     if (c.add_bias_linear) copy("self_attention.linear_proj.bias", {H}, "self_attn.o_proj.bias");
     copy("pre_mlp_layernorm.weight", {H}, "post_attention_layernorm.weight");
+    if (c.moe.is_moe_layer(l)) {
+      hf_moe_mlp_tensors(out, w, family, hp, mp, c);
+      continue;
+    }
     // linear_fc1 [2, F, H]: [0] gate_proj, [1] up_proj.
     auto split = [&](const char* suffix, int64_t cols) {
       const std::vector<float>& fc1 = checkpoint_param(w, mp + "mlp.linear_fc1." + suffix, 2 * F * cols);
@@ -378,6 +427,10 @@ std::vector<std::string> llama_train_flags(const HFConfigFile& cfg) {
   if (!h.biases.mlp) f.push_back("--disable-bias-linear");
   if (h.biases.qkv && !h.biases.mlp) f.push_back("--add-qkv-bias");
   if (!h.tied) f.push_back("--untie-embeddings-and-output-weights");
+  if (is_hf_moe_family(h.family)) {
+    const std::vector<std::string> moe = hf_moe_train_flags(h.moe);
+    f.insert(f.end(), moe.begin(), moe.end());
+  }
   f.insert(f.end(), {"--tokenizer-type", "NullTokenizer", "--vocab-size", std::to_string(h.vocab - 1)});
   return f;
 }

@@ -44,6 +44,7 @@ struct GPTModel::LayerActs {
   Tensor residual_mid;                        // [B,Tl,C] after attention + residual
   Tensor ln2, ln2_whole, ln2_mean, ln2_rstd;
   Tensor fc1, act;                            // [B,T,Fl2] before and [B,T,Fl] after GELU / SwiGLU
+  std::unique_ptr<MoEActs> moe;               // an MoE layer's MLP state in place of fc1, act
   Tensor out;  // [B,Tl,C] the next layer's input; empty for the chunk's last layer (I/O output)
 };
 
@@ -86,6 +87,7 @@ struct GPTModel::Workspace {
   // whole-sequence tensors [B,S,QKVl] / [B,S,Al] and the all-gather's staging.
   RingBuffers ring;
   Tensor qkv_whole, ctx_whole, d_ctx_whole, d_qkv_whole, cp_staging;
+  MoEWorkspace moe;
 };
 
 struct GPTModel::Chunk {
@@ -155,7 +157,7 @@ struct GPTModel::Layout {
   // Everything a layer's backward reads; `out` (its output) separately. Selective
   // recomputation keeps the unfused attention's probabilities in one shared buffer instead
   // (the fused attention's log-sum-exp is as small as a norm's statistics: always kept).
-  void reserve_layer(LayerActs& a, bool with_out) {
+  void reserve_layer(LayerActs& a, bool with_out, bool moe_layer) {
     reserve(a.ln1, {B, Tl, C});
     reserve_whole(a.ln1_whole, {B, T, C});
     if (layernorm) reserve_f32(a.ln1_mean, {B, Tl});
@@ -169,12 +171,22 @@ struct GPTModel::Layout {
     reserve_whole(a.ln2_whole, {B, T, C});
     if (layernorm) reserve_f32(a.ln2_mean, {B, Tl});
     reserve_f32(a.ln2_rstd, {B, Tl});
-    reserve(a.fc1, {B, T, Fl2});
-    reserve(a.act, {B, T, Fl});
+    if (moe_layer) {
+      a.moe = std::make_unique<MoEActs>();
+      reserve_moe_acts(*a.moe, moe, reserve_any());
+    } else {
+      reserve(a.fc1, {B, T, Fl2});
+      reserve(a.act, {B, T, Fl});
+    }
     if (with_out) reserve(a.out, {B, Tl, C});
   }
 
+  ReserveTensor reserve_any() {
+    return [this](Tensor& t, Shape shape, DType dtype) { reserve(t, std::move(shape), dtype); };
+  }
+
   bool sp = false, selective = false, layernorm = true, regroup = false, fused = false;
+  MoEDims moe;
   DType act = DType::F32;
   int cp = 1;
   int64_t B = 0, S = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
@@ -198,6 +210,7 @@ struct GPTModel::Layout {
     fused = uses_fused_attention(c, device);
     Ta = cp > 1 && !fused ? S : T;
     if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, Ta, act);
+    if (c.moe.enabled()) moe = moe_dims(c, B, tp, sp);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -222,7 +235,7 @@ struct GPTModel::Layout {
           const LayerGroup& g = ch.groups[ch.group_of[l]];
           // A group's output is the next group's input: kept even when the group is recomputed.
           if (l + 1 == g.end && l + 1 < n_layers) reserve(s.layers[l].out, {B, Tl, C});
-          if (!g.recomputed) reserve_layer(s.layers[l], false);
+          if (!g.recomputed) reserve_layer(s.layers[l], false, c.moe.is_moe_layer(ch.range.first_layer + l));
         }
         if (ch.range.has_head) {
           HeadActs& h = s.head;
@@ -247,7 +260,9 @@ struct GPTModel::Layout {
     if (sp) reserve(ws.reduced, {B, Tl, C});
     if (selective && !fused) reserve(ws.att, att_buffers.saved, att_buffers.saved_dtype);
     ws.recomputed.resize(max_recomputed);
-    for (LayerActs& a : ws.recomputed) reserve_layer(a, true);
+    TESSERA_CHECK(max_recomputed == 0 || !c.moe.enabled(), "full recomputation of MoE layers");
+    for (LayerActs& a : ws.recomputed) reserve_layer(a, true, false);
+    if (c.moe.enabled()) reserve_moe_workspace(ws.moe, moe, reserve_any());
     if (any_embedding && c.position_embedding == PositionEmbedding::LearnedAbsolute) reserve(ws.pos_emb, {B, T, C});
     if (any_head) {
       reserve_f32(ws.row_max, {B * T});
@@ -403,6 +418,12 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   Layout layout(device, config, micro_batch_size, partition, act_slots, io_slots, chunks_, *ws_);
   acts_slab_ = Buffer(device, layout.builder.total_bytes());
   layout.bind(acts_slab_, chunks_, *ws_);
+  if (config.moe.enabled()) {
+    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, tp_);
+    init_moe_workspace(ws_->moe, layout.moe);
+    moe_losses_.load_balancing.assign(config.num_layers, 0.0);
+    moe_losses_.z.assign(config.num_layers, 0.0);
+  }
 
   // Each chunk's parameters are contiguous in shards_ (model_partition.cpp registers them
   // chunk by chunk): embedding, layers, head.
@@ -468,6 +489,13 @@ Tensor GPTModel::logits() const {
   throw runtime_error("this rank holds no output layer");
 }
 
+MoELossTracker GPTModel::take_moe_losses() {
+  MoELossTracker taken = moe_losses_;
+  std::fill(moe_losses_.load_balancing.begin(), moe_losses_.load_balancing.end(), 0.0);
+  std::fill(moe_losses_.z.begin(), moe_losses_.z.end(), 0.0);
+  return taken;
+}
+
 Tensor GPTModel::chunk_input(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).input; }
 Tensor GPTModel::chunk_output(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).output; }
 Tensor GPTModel::chunk_output_grad(int chunk, int io_slot) const { return chunks_.at(chunk).io.at(io_slot).output_grad; }
@@ -525,14 +553,26 @@ GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, si
     return Tensor();
   };
   // SwiGLU's fc1 [2, Fl, C] is the [2Fl, C] weight of one linear: rows [gate_r; up_r].
+  auto rows_of = [](const Tensor& w) { return w.empty() ? w : w.view({w.numel() / w.shape.back(), w.shape.back()}); };
   const Tensor fc1_w = get("mlp.linear_fc1.weight"), fc1_b = get("mlp.linear_fc1.bias");
-  return {get("input_layernorm.weight"), get("input_layernorm.bias"),
-          get("self_attention.linear_qkv.weight"), get("self_attention.linear_qkv.bias"),
-          get("self_attention.linear_proj.weight"), get("self_attention.linear_proj.bias"),
-          get("pre_mlp_layernorm.weight"), get("pre_mlp_layernorm.bias"),
-          fc1_w.view({fc1_w.numel() / fc1_w.shape.back(), fc1_w.shape.back()}),
-          fc1_b.empty() ? fc1_b : fc1_b.view({fc1_b.numel()}),
-          get("mlp.linear_fc2.weight"), get("mlp.linear_fc2.bias")};
+  LayerParams p{get("input_layernorm.weight"), get("input_layernorm.bias"),
+                get("self_attention.linear_qkv.weight"), get("self_attention.linear_qkv.bias"),
+                get("self_attention.linear_proj.weight"), get("self_attention.linear_proj.bias"),
+                get("pre_mlp_layernorm.weight"), get("pre_mlp_layernorm.bias"),
+                rows_of(fc1_w), fc1_b.empty() ? fc1_b : fc1_b.view({fc1_b.numel()}),
+                get("mlp.linear_fc2.weight"), get("mlp.linear_fc2.bias"), {}};
+  p.moe.router = get("mlp.router.weight");
+  for (int e = 0; e < config_.moe.num_experts; ++e) {
+    const std::string expert = "mlp.experts.local_experts." + std::to_string(e) + ".";
+    const Tensor fc1 = get((expert + "linear_fc1.weight").c_str());
+    if (fc1.empty()) continue;  // another expert-parallel rank's expert
+    p.moe.fc1.push_back(rows_of(fc1));
+    p.moe.fc2.push_back(get((expert + "linear_fc2.weight").c_str()));
+  }
+  p.moe.shared_fc1 = rows_of(get("mlp.shared_experts.linear_fc1.weight"));
+  p.moe.shared_fc2 = get("mlp.shared_experts.linear_fc2.weight");
+  p.moe.shared_gate = get("mlp.shared_experts.gate_weight");
+  return p;
 }
 
 ops::Dropout GPTModel::dropout(float p, int site, const StepContext& step, uint64_t element_offset) const {
@@ -647,8 +687,14 @@ void GPTModel::norm_in_backward(Tensor in, Tensor weight, Tensor d_weight, Tenso
 // out = residual + dropout(sum over TP ranks of inp @ W^T, + b).
 void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias,
                                const ops::Dropout& drop) {
+  ops::linear_forward(rows(ws_->partial), rows(inp), weight, Tensor());
+  branch_out_forward(out, residual, bias, drop);
+}
+
+// A branch's end from its partial output in ws.partial: out = residual + dropout(sum over
+// TP ranks of it, + b).
+void GPTModel::branch_out_forward(Tensor out, Tensor residual, Tensor bias, const ops::Dropout& drop) {
   Workspace& ws = *ws_;
-  ops::linear_forward(rows(ws.partial), rows(inp), weight, Tensor());
   tp_.leave_forward(ws.reduced, ws.partial);
   const std::vector<DropPiece> pieces = hidden_drop_pieces(drop);
   if (uses_fused_epilogue(device_, ops::bias_dropout_add_forward)) {
@@ -665,6 +711,13 @@ void GPTModel::row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor w
 // gradients, and dL/d(inp) into d_inp (overwritten).
 void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
                                 const ops::Dropout& drop) {
+  branch_out_backward(d_bias, drop);
+  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws_->d_C_whole), rows(inp), weight, kAssign);
+}
+
+// Its backward from ws.d_residual: the bias gradient, and dL/d(partial output) into
+// ws.d_C_whole.
+void GPTModel::branch_out_backward(Tensor d_bias, const ops::Dropout& drop) {
   Workspace& ws = *ws_;
   const std::vector<DropPiece> pieces = hidden_drop_pieces(drop);
   if (uses_fused_epilogue(device_, ops::bias_dropout_add_backward)) {
@@ -678,7 +731,6 @@ void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor 
   }
   if (tp_.sequence_parallel()) fill_zero(ws.d_C_whole);
   tp_.leave_backward(ws.d_C_whole, ws.d_C);
-  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws.d_C_whole), rows(inp), weight, kAssign);
 }
 
 void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor in, Tensor out,
@@ -689,8 +741,21 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
   attention_forward(l, a, step);
   row_out_forward(a.residual_mid, in, a.ctx, w.proj_w, w.proj_b,
                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0));
-  // MLP: column-parallel fc1, row-parallel fc2.
   norm_in_forward(a.ln2, a.ln2_whole, a.ln2_mean, a.ln2_rstd, a.residual_mid, w.ln2_w, w.ln2_b);
+  mlp_forward(l, w, a, out, step);
+}
+
+// MLP: column-parallel fc1, row-parallel fc2; or the MoE layer's router and experts.
+void GPTModel::mlp_forward(int l, const LayerParams& w, LayerActs& a, Tensor out, const StepContext& step) {
+  const ops::Dropout drop = dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0);
+  if (a.moe) {
+    moe_->forward(w.moe, *a.moe, ws_->moe, rows(a.ln2_whole), rows(ws_->partial));
+    if (step.training) {
+      moe_losses_.load_balancing[l] += a.moe->routing.load_balancing_loss;
+      moe_losses_.z[l] += a.moe->routing.z_loss;
+    }
+    return branch_out_forward(out, a.residual_mid, Tensor(), drop);
+  }
   if (config_.swiglu) {
     ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
     ops::swiglu_forward(rows(a.act), rows(a.fc1));
@@ -700,8 +765,7 @@ void GPTModel::layer_forward(int l, const LayerParams& w, LayerActs& a, Tensor i
     ops::linear_forward(rows(a.fc1), rows(a.ln2_whole), w.fc1_w, w.fc1_b);
     ops::gelu_forward(a.act, a.fc1, config_.gelu);
   }
-  row_out_forward(out, a.residual_mid, a.act, w.fc2_w, w.fc2_b,
-                  dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0));
+  row_out_forward(out, a.residual_mid, a.act, w.fc2_w, w.fc2_b, drop);
 }
 
 // ctx and the saved state from qkv: one process's fused or unfused attention, or with context
@@ -742,9 +806,26 @@ Tensor GPTModel::attention_heads(Tensor qkv) {
 void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                               const StepContext& step) {
   Workspace& ws = *ws_;
-  // MLP branch.
-  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b,
-                   dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0));
+  mlp_backward(l, w, g, a, step);
+  norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
+  // Attention branch.
+  row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0));
+  attention_backward(l, a, step);
+  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign);
+  norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
+}
+
+// The MLP branch's backward from ws.d_residual: dL/d(its normalised input) into ws.d_ln_whole.
+void GPTModel::mlp_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, const StepContext& step) {
+  Workspace& ws = *ws_;
+  const ops::Dropout drop = dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0);
+  if (a.moe) {
+    branch_out_backward(Tensor(), drop);
+    return moe_->backward(w.moe, g.moe, *a.moe, ws.moe, rows(a.ln2_whole), rows(ws.d_C_whole), rows(ws.d_ln_whole),
+                          step.moe_aux_scale);
+  }
+  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b, drop);
   if (!config_.swiglu && uses_fused_epilogue(device_, ops::linear_bias_gelu_backward)) {
     // dL/d(fc1) overwrites dL/d(act) in place.
     ops::linear_bias_gelu_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_act), rows(ws.d_act),
@@ -756,13 +837,6 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
       ops::gelu_backward(ws.d_F, ws.d_act, a.fc1, config_.gelu, kAssign);
     ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, kAssign);
   }
-  norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
-  // Attention branch.
-  row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
-                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0));
-  attention_backward(l, a, step);
-  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign);
-  norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
 }
 
 // dL/d(qkv) into ws.d_qkv (overwritten) from dL/d(ctx) in ws.d_ctx.

@@ -33,6 +33,7 @@
 #include "tessera/device/buffer.h"
 #include "tessera/model/gpt_config.h"
 #include "tessera/model/model_partition.h"
+#include "tessera/model/moe_layer.h"
 #include "tessera/parallel/grad_buffer_layout.h"
 #include "tessera/parallel/tensor_parallel.h"
 
@@ -55,6 +56,9 @@ struct StepContext {
   uint32_t iteration = 0;
   uint32_t first_sample = 0;  // index of the micro-batch's first sample in the global batch
   bool training = true;
+  // The gradient scale of the MoE aux losses (Megatron's MoEAuxLossAutoScaler: the main
+  // loss's scale over the micro-batches of the step).
+  double moe_aux_scale = 1.0;
 };
 
 // Which slots of a chunk one micro-batch uses.
@@ -169,10 +173,16 @@ class GPTModel {
   // them with their gradient (cross_entropy_backward in place).
   Tensor logits() const;
 
+  // The MoE layers' load-balancing and z losses (each divided by its coefficient) summed over
+  // the training forwards since the last take, per layer of the whole model (zeros for the
+  // layers this rank does not hold): Megatron's aux-loss tracker.
+  MoELossTracker take_moe_losses();
+
  private:
   struct Layout;
   struct LayerParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    MoEParams moe;  // an MoE layer's MLP (router, experts, shared experts)
   };
   struct LayerActs;
   struct HeadActs;
@@ -194,6 +204,10 @@ class GPTModel {
   void row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias, const ops::Dropout& drop);
   void row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
                         const ops::Dropout& drop);
+  void branch_out_forward(Tensor out, Tensor residual, Tensor bias, const ops::Dropout& drop);
+  void branch_out_backward(Tensor d_bias, const ops::Dropout& drop);
+  void mlp_forward(int layer, const LayerParams& w, LayerActs& a, Tensor out, const StepContext& step);
+  void mlp_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, const StepContext& step);
   void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step);
@@ -243,6 +257,8 @@ class GPTModel {
   Communicator* cp_ = nullptr;  // the context-parallel group (null: CP 1)
   int64_t seq_ = 0;             // T: this rank's rows of the sequence
   bool fused_attention_ = false;  // ops::flash_attention_* (else the unfused attention ops)
+  std::unique_ptr<MoELayer> moe_;  // with MoE layers
+  MoELossTracker moe_losses_;
 };
 
 }  // namespace tessera

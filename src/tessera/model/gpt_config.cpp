@@ -28,6 +28,21 @@ std::vector<ParamSpec> gpt_param_specs(const GPTConfig& c) {
   const bool norm_bias = c.has_layernorm_bias();
   const Shape fc1_weight = c.swiglu ? Shape{2, F, H} : Shape{F, H};
   const Shape fc1_bias = c.swiglu ? Shape{2, F} : Shape{F};
+  // Megatron's MoELayer registers its router, its experts, then its shared experts; experts
+  // have no biases (the parser refuses --num-experts without --disable-bias-linear).
+  auto add_mlp = [&](const std::string& p, int64_t width) {
+    add(p + "linear_fc1.weight", c.swiglu ? Shape{2, width, H} : Shape{width, H}, ParamInit::Normal);
+    add(p + "linear_fc2.weight", {H, width}, ParamInit::ScaledNormal);
+  };
+  auto add_moe_mlp = [&](const std::string& p) {
+    add(p + "router.weight", {c.moe.num_experts, H}, ParamInit::Normal);
+    for (int e = 0; e < c.moe.num_experts; ++e)
+      add_mlp(p + "experts.local_experts." + std::to_string(e) + ".", c.moe.ffn_hidden_size);
+    if (c.moe.shared_expert_size > 0) {
+      add_mlp(p + "shared_experts.", c.moe.shared_expert_size);
+      if (c.moe.shared_expert_gate) add(p + "shared_experts.gate_weight", {1, H}, ParamInit::Normal);
+    }
+  };
   add("embedding.word_embeddings.weight", {c.padded_vocab_size, H}, ParamInit::Normal);
   if (c.position_embedding == PositionEmbedding::LearnedAbsolute)
     add("embedding.position_embeddings.weight", {c.max_position_embeddings, H}, ParamInit::Normal);
@@ -41,6 +56,10 @@ std::vector<ParamSpec> gpt_param_specs(const GPTConfig& c) {
     if (c.has_qkv_bias()) add(p + "self_attention.linear_qkv.bias", {QKV}, ParamInit::Zeros);
     add(p + "pre_mlp_layernorm.weight", {H}, ParamInit::Ones);
     if (norm_bias) add(p + "pre_mlp_layernorm.bias", {H}, ParamInit::Zeros);
+    if (c.moe.is_moe_layer(l)) {
+      add_moe_mlp(p + "mlp.");
+      continue;
+    }
     add(p + "mlp.linear_fc1.weight", fc1_weight, ParamInit::Normal);
     if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", fc1_bias, ParamInit::Zeros);
     add(p + "mlp.linear_fc2.weight", {H, F}, ParamInit::ScaledNormal);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/core/tensor.h"
+#include "tessera/model/moe_config.h"
 #include "tessera/ops/ops.h"
 
 namespace tessera {
@@ -63,6 +64,8 @@ struct GPTConfig {
   Recompute recompute = Recompute::None;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int recompute_num_layers = 1;
+  // Mixture of experts (model/moe_config.h): its layers' MLP is a router and experts.
+  MoEConfig moe;
 
   int attention_width() const { return num_attention_heads * kv_channels; }
   int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
@@ -95,7 +98,11 @@ struct ParamSpec {
 int padded_vocab_size(int vocab_size, int divisible_by, int tp_size);
 
 // All parameters of the model in Megatron's registration order. The word embedding doubles
-// as the output layer unless untie_embeddings_and_output_weights. Full shapes, independent
+// as the output layer unless untie_embeddings_and_output_weights. An MoE layer's MLP is
+// Megatron's MoELayer with SequentialMLP experts: mlp.router.weight [E, H], then per expert
+// mlp.experts.local_experts.X.linear_fc1/linear_fc2 (the MLP's shapes with
+// moe.ffn_hidden_size), then mlp.shared_experts.linear_fc1/linear_fc2 (and gate_weight
+// [1, H]) with shared experts. Full shapes, independent
 // of the parallel layout: with --swiglu linear_fc1's weight is [2, F, H] (its bias [2, F]):
 // the gate's rows, then the up projection's, which Megatron's torch_dist format also stores
 // as one [W_gate; W_up]; a tensor-parallel rank holds [gate_r; up_r], a slice of dim 1.

@@ -122,8 +122,11 @@ std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartiti
     } else {
       s.counts_in_norm = partition.tp_rank == 0;
       // Replicated parameters that act on sequence-split activations: LayerNorms and the
-      // biases added after a row-parallel linear's reduce-scatter.
-      s.grad_sums_over_tp = partition.sequence_parallel && spec.name.find("position_embeddings") == std::string::npos;
+      // biases added after a row-parallel linear's reduce-scatter. Not the MoE router and the
+      // shared experts' gate: every TP rank computes them on the whole sequence (moe_layer.h).
+      const bool whole_sequence = spec.name.ends_with("mlp.router.weight") || spec.name.ends_with("gate_weight");
+      s.grad_sums_over_tp = partition.sequence_parallel && spec.name.find("position_embeddings") == std::string::npos &&
+                            !whole_sequence;
     }
     return s;
   };

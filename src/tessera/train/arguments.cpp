@@ -205,7 +205,8 @@ std::vector<OptionDef> train_option_defs() {
        "Skip an update whose loss or grad norm is more than Z standard deviations above the last 128 (llm.c)"},
       {"--dry-run", K::StoreTrue, nullptr, "Validate the flags and layout, print the memory estimate, and stop"},
       {"--init-from-hf", K::String, nullptr,
-       "Initialise from a Hugging Face GPT-2, Llama or Qwen2 folder (config.json, model.safetensors or its shards)"},
+       "Initialise from a Hugging Face GPT-2, Llama, Qwen2, Mixtral or Qwen2-MoE folder (config.json, model.safetensors "
+       "or its shards)"},
       {"--log-json", K::String, nullptr, "Append one JSON object per logged iteration to this file"},
       {"--device", K::String, "cpu",
        "Compute device: cpu, opencl[:N], cuda[:N] (the N-th device of a backend this build has; `tessera doctor` "
@@ -216,6 +217,38 @@ std::vector<OptionDef> train_option_defs() {
       {"--deterministic-mode", K::StoreTrue, nullptr,
        "Fixed-order, unfused kernels: the same bits in every parallel layout and run (docs/ops.md). Off: fused "
        "kernels, each op within its precision class's bound; still repeatable on one device and layout"},
+  };
+}
+
+// Mixture of experts (Megatron's "moe" argument group; docs/models.md).
+std::vector<OptionDef> moe_option_defs() {
+  return {
+      {"--num-experts", K::Int, nullptr, "Experts per MoE layer (none: a dense model)"},
+      {"--moe-router-topk", K::Int, "2", "Experts each token is routed to"},
+      {"--moe-router-pre-softmax", K::StoreTrue, nullptr,
+       "Softmax over all experts before the top-k (default: softmax over the top-k logits)"},
+      {"--moe-router-load-balancing-type", K::Choice, "aux_loss", "Load balancing: the switch aux loss, or none",
+       "aux_loss|none", OptUse::Implemented, nullptr, "sinkhorn"},
+      {"--moe-aux-loss-coeff", K::Float, "0.0", "Coefficient of the load-balancing aux loss (1e-2 is usual)"},
+      {"--moe-z-loss-coeff", K::Float, nullptr, "Coefficient of the router z-loss (none: no z-loss)"},
+      {"--moe-ffn-hidden-size", K::Int, nullptr, "Each expert's ffn hidden size; default --ffn-hidden-size"},
+      {"--moe-layer-freq", K::String, "1",
+       "MoE layers: every N-th layer from the first (N), or a 0/1 list per layer, e.g. [1,0,1,0]"},
+      {"--moe-shared-expert-intermediate-size", K::Int, nullptr, "Ffn size of the shared experts (none: none)"},
+      {"--moe-shared-expert-overlap", K::StoreTrue, nullptr, "Overlap the shared experts with the dispatch", nullptr,
+       kSpeed},
+      {"--moe-shared-expert-gate", K::StoreTrue, nullptr,
+       "Qwen2-MoE's sigmoid gate on the shared experts' output (tessera; Megatron's SharedExpertMLP gate=True)"},
+      {"--moe-expert-capacity-factor", K::Float, nullptr, "Expert capacity factor: tokens beyond it are dropped"},
+      {"--moe-pad-expert-input-to-capacity", K::StoreTrue, nullptr, "Pad every expert's tokens to its capacity"},
+      {"--moe-token-drop-policy", K::Choice, "probs", "Which tokens an expert over capacity drops", "probs|position"},
+      {"--moe-token-dispatcher-type", K::Choice, "allgather", "How tokens reach the experts",
+       "allgather|alltoall", OptUse::Implemented, nullptr, "alltoall_seq"},
+      {"--moe-grouped-gemm", K::StoreTrue, nullptr, "Grouped GEMM over the local experts (tessera always groups)",
+       nullptr, kSpeed},
+      {"--moe-per-layer-logging", K::StoreTrue, nullptr, "Also log each MoE layer's aux losses to TensorBoard"},
+      {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from data parallelism)"},
+      {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts; default TP"},
   };
 }
 
@@ -524,6 +557,114 @@ void parse_optimizer(const ParsedOptions& p, TrainArgs& a) {
   if (o.clip_grad < 0) throw usage_error("--clip-grad must be >= 0");
 }
 
+// --moe-layer-freq: N (layer l is MoE when l % N == 0) or a Python list of 0/1 per layer
+// (Megatron's moe_freq_type; its other Python expressions are refused).
+std::vector<bool> parse_moe_layer_freq(const std::string& text, int num_layers) {
+  std::vector<bool> layers;
+  if (text.find('[') == std::string::npos) {
+    int n = 0;
+    try {
+      n = std::stoi(text);
+    } catch (const std::exception&) {
+    }
+    if (n <= 0) throw usage_error("--moe-layer-freq must be a positive integer or a list like [1,0,1,0], got " + text);
+    for (int l = 0; l < num_layers; ++l) layers.push_back(l % n == 0);
+    return layers;
+  }
+  if (text.front() != '[' || text.back() != ']')
+    throw usage_error("--moe-layer-freq " + text + ": tessera reads a plain list of 0/1 per layer",
+                      "write the list out, e.g. [1,1,1,0,1,1,1,0]");
+  for (char ch : text.substr(1, text.size() - 2)) {
+    if (ch == '0' || ch == '1') layers.push_back(ch == '1');
+    else if (ch != ',' && ch != ' ')
+      throw usage_error("--moe-layer-freq " + text + ": tessera reads a plain list of 0/1 per layer",
+                        "write the list out, e.g. [1,1,1,0,1,1,1,0]");
+  }
+  if (static_cast<int>(layers.size()) != num_layers)
+    throw usage_error("--moe-layer-freq has " + std::to_string(layers.size()) + " entries for --num-layers " +
+                      std::to_string(num_layers));
+  return layers;
+}
+
+// The mixture of experts, with Megatron's checks (megatron/training/arguments.py validate_args,
+// TransformerConfig.__post_init__, topk_softmax_with_capacity, MoELayer.forward).
+void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
+  MoEConfig& moe = a.model.moe;
+  const int tp = a.tensor_parallel_size;
+  const int ep = static_cast<int>(positive(p, "--expert-model-parallel-size"));
+  const int64_t experts = p.get_opt_int("--num-experts").value_or(0);
+  if (experts < 0) throw usage_error("--num-experts must be >= 0");
+  if (experts == 0) {
+    if (ep > 1) throw usage_error("--expert-model-parallel-size needs --num-experts");
+    return;
+  }
+  moe.num_experts = static_cast<int>(experts);
+  moe.topk = static_cast<int>(positive(p, "--moe-router-topk"));
+  if (moe.topk > moe.num_experts)
+    throw usage_error("--moe-router-topk " + std::to_string(moe.topk) + " is larger than --num-experts " +
+                      std::to_string(moe.num_experts));
+  moe.pre_softmax = p.get_bool("--moe-router-pre-softmax");
+  if (moe.topk == 1 && !moe.pre_softmax)
+    throw usage_error("--moe-router-topk 1 needs --moe-router-pre-softmax (Megatron's rule: the softmax over one "
+                      "logit is 1)",
+                      "add --moe-router-pre-softmax");
+  if (moe.num_experts % ep != 0)
+    throw usage_error("--num-experts " + std::to_string(moe.num_experts) + " is not divisible by "
+                      "--expert-model-parallel-size " + std::to_string(ep));
+  if (ep > 1)
+    throw usage_error("--expert-model-parallel-size > 1 is not supported yet", "train with expert parallelism 1");
+  moe.expert_parallel_size = ep;
+  if (p.get_opt_int("--expert-tensor-parallel-size").value_or(tp) != tp)
+    throw usage_error("--expert-tensor-parallel-size other than --tensor-model-parallel-size is not supported yet");
+  if (tp > 1 && !a.sequence_parallel)
+    throw usage_error("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron raises this in "
+                      "MoELayer.forward during training)",
+                      "add --sequence-parallel");
+  if (a.model.add_bias_linear)
+    throw usage_error("--num-experts without --disable-bias-linear: experts with biases are not supported yet",
+                      "add --disable-bias-linear (as Mixtral and Qwen2-MoE)");
+  if (a.model.recompute == Recompute::Full)
+    throw usage_error("--recompute-granularity full with --num-experts is not supported yet");
+  // The switch aux loss counts tokens over the sequence partition, which context parallelism
+  // would have to join (Megatron all-reduces them over TP x CP).
+  if (a.context_parallel_size > 1)
+    throw usage_error("--num-experts with --context-parallel-size > 1 is not supported yet",
+                      "train MoE models with --context-parallel-size 1");
+  moe.load_balancing = p.get_string("--moe-router-load-balancing-type") == "none" ? MoELoadBalancing::None
+                                                                                   : MoELoadBalancing::AuxLoss;
+  moe.aux_loss_coeff = p.get_float("--moe-aux-loss-coeff");
+  moe.z_loss_coeff = p.get_opt_float("--moe-z-loss-coeff").value_or(0.0);
+  moe.ffn_hidden_size = p.get_opt_int("--moe-ffn-hidden-size") ? static_cast<int>(positive(p, "--moe-ffn-hidden-size"))
+                                                                : a.model.ffn_hidden_size;
+  if (moe.ffn_hidden_size % tp != 0)
+    throw usage_error("--moe-ffn-hidden-size " + std::to_string(moe.ffn_hidden_size) +
+                      " is not divisible by --tensor-model-parallel-size " + std::to_string(tp));
+  moe.moe_layers = parse_moe_layer_freq(p.get_string("--moe-layer-freq"), a.model.num_layers);
+  moe.dispatcher = p.get_string("--moe-token-dispatcher-type") == "alltoall" ? MoEDispatcher::AllToAll
+                                                                              : MoEDispatcher::AllGather;
+  if (p.raw("--moe-shared-expert-intermediate-size")) {
+    moe.shared_expert_size = static_cast<int>(positive(p, "--moe-shared-expert-intermediate-size"));
+    if (moe.shared_expert_size % tp != 0)
+      throw usage_error("--moe-shared-expert-intermediate-size is not divisible by --tensor-model-parallel-size");
+  }
+  moe.shared_expert_gate = p.get_bool("--moe-shared-expert-gate");
+  if (moe.shared_expert_gate && moe.shared_expert_size == 0)
+    throw usage_error("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+  if (p.get_bool("--moe-shared-expert-overlap") && moe.dispatcher != MoEDispatcher::AllToAll)
+    throw usage_error("--moe-shared-expert-overlap only works with --moe-token-dispatcher-type alltoall");
+  moe.capacity_factor = p.get_opt_float("--moe-expert-capacity-factor").value_or(0.0);
+  if (moe.capacity_factor > 0 && moe.dispatcher != MoEDispatcher::AllToAll)
+    throw usage_error("--moe-expert-capacity-factor only works with --moe-token-dispatcher-type alltoall (Megatron's "
+                      "rule)",
+                      "add --moe-token-dispatcher-type alltoall");
+  moe.pad_to_capacity = p.get_bool("--moe-pad-expert-input-to-capacity");
+  if (moe.pad_to_capacity && moe.capacity_factor <= 0)
+    throw usage_error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  a.moe_per_layer_logging = p.get_bool("--moe-per-layer-logging");
+  moe.drop_policy = p.get_string("--moe-token-drop-policy") == "position" ? MoEDropPolicy::Position
+                                                                           : MoEDropPolicy::Probs;
+}
+
 // Each of Megatron's flags writes the attribute Megatron's parser gives it (Megatron's argument
 // dump, the Namespace of its checkpoints); tessera's own keep the name derived from the flag.
 std::vector<OptionDef> with_megatron_dests(std::vector<OptionDef> defs) {
@@ -536,7 +677,12 @@ std::vector<OptionDef> with_megatron_dests(std::vector<OptionDef> defs) {
 
 const OptionTable& train_option_table() {
   // Megatron's parser sets allow_abbrev=False.
-  static const OptionTable table("tessera train", with_megatron_dests(train_option_defs()), {is_megatron_flag, false});
+  static const OptionTable table("tessera train", with_megatron_dests([] {
+                                   std::vector<OptionDef> defs = train_option_defs();
+                                   for (OptionDef& d : moe_option_defs()) defs.push_back(d);
+                                   return defs;
+                                 }()),
+                                 {is_megatron_flag, false});
   return table;
 }
 
@@ -665,6 +811,7 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.ddp_bucket_size = p.raw("--ddp-bucket-size") ? positive(p, "--ddp-bucket-size")
                                                  : std::max<int64_t>(40000000, 1000000LL * dp * cp);
 
+  parse_moe_options(p, a);
   parse_tokenizer(p, a);
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
   for (auto [n, flag] : {std::pair{m.num_attention_heads, "--num-attention-heads"},

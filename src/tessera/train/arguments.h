@@ -39,6 +39,7 @@ struct TrainArgs {
   bool log_loss_scale_to_tensorboard = true;
   bool log_validation_ppl_to_tensorboard = false;
   bool log_memory_to_tensorboard = false;
+  bool moe_per_layer_logging = false;  // --moe-per-layer-logging: each MoE layer's losses to TensorBoard
 
   // Mixed precision (docs/precision.md): the GEMMs' format, fp32 master weights throughout.
   bool fp16 = false, bf16 = false;

@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "tessera/model/gpt.h"
+#include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
 #include "tessera/train/arguments.h"
 
@@ -66,6 +67,12 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
   if (args.bf16 || args.fp16) add({convert});  // f32 main parameters, f32 sums of 16-bit activations
   add({args.optimizer.kind == OptimizerKind::SGD ? OpId(multi_tensor_sgd) : OpId(multi_tensor_adamw)});
   if (args.sequence_parallel) add({sequence_to_rank_major, rank_major_to_sequence});
+  if (c.moe.enabled()) {
+    add({moe_permute_forward, moe_permute_backward, moe_unpermute_forward, moe_unpermute_backward});
+    // The experts' grouped GEMM where the backend has it (else one linear per expert).
+    for (OpId op : {OpId(grouped_linear_forward), OpId(grouped_linear_backward)})
+      if (ops::supports(device, op)) list.push_back(op);
+  }
   std::vector<OpId> fused = {bias_dropout_add_forward, bias_dropout_add_backward};
   if (!c.swiglu) fused.insert(fused.end(), {linear_bias_gelu_forward, linear_bias_gelu_backward});
   for (OpId op : fused)

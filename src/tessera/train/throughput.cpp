@@ -12,7 +12,13 @@ double megatron_flops_per_iteration(const TrainArgs& args, int64_t global_batch)
   // shrink with query groups (ng/np), SwiGLU's fc1 is twice as wide (1.5x the MLP's GEMMs).
   const double groups = static_cast<double>(m.query_groups()) / m.num_attention_heads;
   const double attn = (1.0 + groups + s / H) * (static_cast<double>(m.kv_channels) * m.num_attention_heads / H);
-  const double mlp = static_cast<double>(m.ffn_hidden_size) / H * (m.swiglu ? 1.5 : 1.0);
+  // With experts: each token through --moe-router-topk MLPs of --ffn-hidden-size and the shared
+  // experts, in every layer (Megatron's formula: active parameters; it ignores
+  // --moe-ffn-hidden-size, --moe-layer-freq and the router, and so does this).
+  const double gated = m.swiglu ? 1.5 : 1.0;
+  const double routed_to = m.moe.enabled() ? m.moe.topk : 1;
+  const double mlp = static_cast<double>(m.ffn_hidden_size) / H * routed_to * gated +
+                     static_cast<double>(m.moe.shared_expert_size) / H * gated;
   const double logit = static_cast<double>(m.padded_vocab_size) / (2.0 * L * H);
   return 12.0 * B * s * L * H * H * (attn + mlp + logit);
 }

@@ -220,7 +220,8 @@ void Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool train
     const MicroBatch& mb = batches_[a.micro];
     // Dropout masks are keyed by the sample's index within the global batch.
     const StepContext step{static_cast<uint32_t>(iteration_),
-                           static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training};
+                           static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training,
+                           loss_scale / static_cast<double>(num_micro)};
     if (a.op == PipeOp::Forward) {
       model_.forward(a.chunk, slot, mb, step, loss_sums_);
       return;
@@ -360,6 +361,7 @@ IterationResult Trainer::train_step() {
   r.global_batch = args_.global_batch_at(consumed_samples_);
   model_.zero_grads();
   run_global_batch(*train_loader_, consumed_samples_, true, loss_scale);
+  take_moe_metrics(r, args_.num_microbatches_at(consumed_samples_));
   // The norm is the same on every rank and non-finite wherever any gradient is (every
   // gradient is counted, or copied from one that is), so it is also Megatron's found_inf.
   global_grad_norm();
@@ -403,6 +405,26 @@ IterationResult Trainer::train_step() {
   }
   consumed_samples_ += r.global_batch;  // consumed even when skipped, as Megatron counts
   return r;
+}
+
+// Megatron's reduce_aux_losses_tracker_across_ranks and track_moe_metrics' scale: each MoE
+// layer's losses, summed over the pipeline stages (a layer's values live on the one stage
+// that holds it, zeros elsewhere, so adding the 64-bit patterns as integers moves them
+// exactly), times 1 / micro-batches. Every tensor-parallel rank routed the whole sequence
+// alike; as in Megatron, the data-parallel replicas are not averaged (the last rank logs its
+// own).
+void Trainer::take_moe_metrics(IterationResult& r, int64_t num_micro) {
+  if (!args_.model.moe.enabled()) return;
+  MoELossTracker t = model_.take_moe_losses();
+  if (Communicator* pp = if_split(groups_.pp)) {
+    pp->all_reduce(Tensor(t.load_balancing.data(), DType::I64, {static_cast<int64_t>(t.load_balancing.size())}, nullptr),
+                   ReduceOp::Sum);
+    pp->all_reduce(Tensor(t.z.data(), DType::I64, {static_cast<int64_t>(t.z.size())}, nullptr), ReduceOp::Sum);
+  }
+  for (double& v : t.load_balancing) v /= static_cast<double>(num_micro);
+  for (double& v : t.z) v /= static_cast<double>(num_micro);
+  r.moe_load_balancing = std::move(t.load_balancing);
+  r.moe_z = std::move(t.z);
 }
 
 // Stops the run before the update touches the weights (and before any save), naming the
@@ -453,6 +475,8 @@ void Trainer::write_tensorboard(const IterationResult& r) {
   both("learning-rate", r.lr);
   both("batch-size", static_cast<double>(r.global_batch));
   if (!r.skipped) both("lm loss", r.lm_loss);
+  write_moe_tensorboard("load_balancing_loss", r.moe_load_balancing);
+  write_moe_tensorboard("z_loss", r.moe_z);
   if (args_.log_loss_scale_to_tensorboard) both("loss-scale", r.loss_scale);
   tensorboard_->add_scalar("world-size", log_world_size(), iteration_);
   if (!r.skipped && args_.optimizer.clip_grad > 0) both("grad-norm", r.grad_norm);
@@ -461,6 +485,17 @@ void Trainer::write_tensorboard(const IterationResult& r) {
     tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(device_.peak_allocated_bytes()),
                              iteration_);
   }
+}
+
+// track_moe_metrics' scalars: the mean over layers, and with --moe-per-layer-logging each layer's.
+void Trainer::write_moe_tensorboard(const std::string& name, const std::vector<double>& layers) {
+  double sum = 0;
+  for (double v : layers) sum += v;
+  if (layers.empty() || sum == 0) return;  // no such loss in this run
+  tensorboard_->add_scalar(name, sum / static_cast<double>(layers.size()), iteration_);
+  if (args_.moe_per_layer_logging)
+    for (size_t l = 0; l < layers.size(); ++l)
+      tensorboard_->add_scalar("moe/" + name + "_layer_" + std::to_string(l), layers[l], iteration_);
 }
 
 // Megatron's validation block (evaluate_and_print_results in megatron/training/training.py).
@@ -513,6 +548,13 @@ void Trainer::train() {
       loss_sum += r.lm_loss;
       ++advanced;
     }
+    auto mean = [](const std::vector<double>& v) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+    };
+    moe_load_balancing_sum_ += mean(r.moe_load_balancing);
+    moe_z_sum_ += mean(r.moe_z);
     tokens += r.tokens;
     if (tensorboard_ && iteration_ % args_.tensorboard_log_interval == 0) write_tensorboard(r);
     if (iteration_ % args_.log_interval == 0) {
@@ -595,6 +637,15 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
     std::snprintf(buf, sizeof(buf), " lm loss: %.6E |", lm_loss);
     line += buf;
   }
+  // Megatron's total_loss_dict entries from track_moe_metrics, averaged over the advanced
+  // iterations and printed when positive.
+  const double lb_loss = moe_load_balancing_sum_ / std::max(1, advanced), z_loss = moe_z_sum_ / std::max(1, advanced);
+  moe_load_balancing_sum_ = moe_z_sum_ = 0;
+  for (auto [name, value] : {std::pair{"load_balancing_loss", lb_loss}, std::pair{"z_loss", z_loss}})
+    if (value > 0) {
+      std::snprintf(buf, sizeof(buf), " %s: %.6E |", name, value);
+      line += buf;
+    }
   std::snprintf(buf, sizeof(buf), " loss scale: %.1f |", last.loss_scale);
   line += buf;
   if (args_.optimizer.clip_grad > 0 && !last.skipped) {
@@ -630,6 +681,8 @@ void Trainer::log_line(const IterationResult& last, double loss_sum, int advance
                         {"elapsed_ms_per_iteration", ms_per_iter}, {"tokens_per_second", tokens_per_s},
                         {"skipped_iterations", skipped},  {"nan_iterations", 0},
                         {"allocated_bytes", device_.allocated_bytes()}, {"host_reads", last.host_reads}};
+    if (lb_loss > 0) j["load_balancing_loss"] = lb_loss;
+    if (z_loss > 0) j["z_loss"] = z_loss;
     // The data-parallel reductions and gathers the step waited for (bench/distributed_optimizer_bench.sh).
     if (dp_buckets_) {
       j["dp_comm_ms_per_iteration"] =

@@ -40,6 +40,10 @@ struct IterationResult {
   double loss_scale = 1.0;
   int64_t global_batch = 0;  // samples in this iteration (smaller during --rampup-batch-size)
   int64_t host_reads = 0;    // copies to the host the step waited for (train_step makes one)
+  // Megatron's MoE aux-loss tracker after track_moe_metrics' scaling: per layer of the whole
+  // model, each MoE layer's load-balancing loss and z-loss (divided by their coefficients)
+  // summed over the pipeline stages and averaged over the micro-batches (empty without MoE).
+  std::vector<double> moe_load_balancing, moe_z;
 };
 
 // The groups one rank trains in (parallel/topology.h). A null member, or a group of one,
@@ -189,6 +193,10 @@ class Trainer {
   TrainerGroups groups_;
   Communicator* dp_;  // groups_.dp when it has more than one rank
   std::unique_ptr<DataParallelBuckets> dp_buckets_;  // with data parallelism
+  void take_moe_metrics(IterationResult& r, int64_t num_micro);
+  void write_moe_tensorboard(const std::string& name, const std::vector<double>& layers);
+  // The logged MoE losses (track_moe_metrics' mean over layers) summed since the last log line.
+  double moe_load_balancing_sum_ = 0, moe_z_sum_ = 0;
   double dp_exposed_logged_s_ = 0;  // dp_buckets_->exposed_seconds() at the last JSON log record
   // Per parameter, the gradient the optimizer reads (clipping, TP and embedding sums): the
   // whole gradient, or with the distributed optimizer the owned piece (empty when none).

@@ -164,5 +164,29 @@ TEST(LlamaConfig, ThroughputFlopsUseQueryGroupsAndSwiglu) {
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(a, 4), gpt);
 }
 
+// With experts, Megatron's formula counts the active MLPs: top-k of them (of --ffn-hidden-size)
+// and the shared experts, each with SwiGLU's 1.5 (Mixtral 8x7B's shape: top-2 of 8).
+TEST(LlamaConfig, ThroughputFlopsCountActiveExperts) {
+  TrainArgs a;
+  GPTConfig& m = a.model;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.kv_channels = 128;
+  m.ffn_hidden_size = 14336;
+  m.seq_length = 4096;
+  m.padded_vocab_size = 32000;
+  m.swiglu = true;
+  m.moe.num_experts = 8;
+  m.moe.topk = 2;
+  const double B = 4, s = 4096, L = 32, H = 4096;
+  const double attn = (1.0 + 8.0 / 32.0 + s / H), logit = 32000.0 / (2.0 * L * H);
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(a, 4), 12.0 * B * s * L * H * H * (attn + 2 * 14336.0 / H * 1.5 + logit));
+  m.moe.shared_expert_size = 2048;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(a, 4),
+                   12.0 * B * s * L * H * H * (attn + 2 * 14336.0 / H * 1.5 + 2048.0 / H * 1.5 + logit));
+}
+
 }  // namespace
 }  // namespace tessera

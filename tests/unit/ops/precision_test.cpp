@@ -421,6 +421,109 @@ std::vector<Output> optimizer_case(Device& device) {
   return {adam, sgd};
 }
 
+// A hand-made routing of N tokens, k routes each, over M permuted rows: routes 3 and 8 dropped,
+// two padding rows (-1); slots and sources are each other's inverse (ops.inc's moe_* maps).
+struct MoEMaps {
+  static constexpr int64_t N = 6, k = 2, M = 12;
+  std::vector<int32_t> sources = {0, 5, -1, 2, 11, 1, 4, 9, -1, 6, 10, 7};
+  std::vector<int32_t> slots = std::vector<int32_t>(N * k, -1);
+  MoEMaps() {
+    for (int64_t m = 0; m < M; ++m)
+      if (sources[m] >= 0) slots[sources[m]] = static_cast<int32_t>(m);
+  }
+};
+
+std::vector<Output> moe_permute_case(Device& device) {
+  const MoEMaps maps;
+  const int64_t N = MoEMaps::N, k = MoEMaps::k, M = MoEMaps::M, C = 16;
+  const auto x = normal(N * C, 60), dperm = normal(M * C, 61), dinp0 = normal(N * C, 62);
+  const auto y = normal(M * C, 63), w = normal(N * k, 64), dout = normal(N * C, 65);
+  DeviceArena a(device);
+  Tensor perm = a.zeros({M, C}), dinp = a.floats(dinp0, {N, C}), out = a.zeros({N, C});
+  Tensor dy = a.zeros({M, C}), dw = a.zeros({N, k});
+  const Tensor sources = a.ints(maps.sources, {M}), slots = a.ints(maps.slots, {N, k}), wt = a.floats(w, {N, k});
+  ops::moe_permute_forward(perm, a.floats(x, {N, C}), sources, k);
+  ops::moe_permute_backward(dinp, a.floats(dperm, {M, C}), slots, ops::GradWrite::Accumulate);
+  ops::moe_unpermute_forward(out, a.floats(y, {M, C}), slots, wt);
+  ops::moe_unpermute_backward(dy, dw, a.floats(dout, {N, C}), a.floats(y, {M, C}), sources, wt);
+  Output pf{"permute out", values(perm)}, pb{"permute dinp", values(dinp), {}, {}, k + 1};
+  Output uf{"unpermute out", values(out), {}, {}, k}, ub{"unpermute dinp", values(dy)};
+  Output uw{"unpermute dweights", values(dw), {}, {}, C};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t r = maps.sources[m];
+      pf.ref.push_back(r < 0 ? 0.0 : x[r / k * C + c]);
+      ub.ref.push_back(r < 0 ? 0.0 : static_cast<double>(w[r]) * dout[r / k * C + c]);
+    }
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      double d = dinp0[n * C + c], o = 0, ds = std::fabs(d), os = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t m = maps.slots[n * k + j];
+        if (m < 0) continue;
+        d += dperm[m * C + c], ds += std::fabs(dperm[m * C + c]);
+        o += static_cast<double>(w[n * k + j]) * y[m * C + c], os += std::fabs(double(w[n * k + j]) * y[m * C + c]);
+      }
+      pb.ref.push_back(d), pb.scale.push_back(ds);
+      uf.ref.push_back(o), uf.scale.push_back(os);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t m = maps.slots[n * k + j];
+      double dot = 0, scale = 0;
+      for (int64_t c = 0; m >= 0 && c < C; ++c)
+        dot += static_cast<double>(dout[n * C + c]) * y[m * C + c], scale += std::fabs(double(dout[n * C + c]) * y[m * C + c]);
+      uw.ref.push_back(dot), uw.scale.push_back(scale);
+    }
+  }
+  pf.scale = magnitudes(pf.ref);
+  ub.scale = magnitudes(ub.ref);
+  return {pf, pb, uf, ub, uw};
+}
+
+// Three experts' GEMMs (one of them without tokens) against float64 linear layers.
+std::vector<Output> grouped_linear_case(Device& device) {
+  const std::vector<int64_t> rows = {2, 0, 3};
+  const int64_t M = 5, I = 8, O = 5, G = 3;
+  const auto x = normal(M * I, 70), dout = normal(M * O, 71), dinp0 = normal(M * I, 72);
+  DeviceArena a(device);
+  std::vector<std::vector<float>> w(G), dw0(G);
+  std::vector<Tensor> wt, dwt;
+  for (int64_t g = 0; g < G; ++g) {
+    w[g] = normal(O * I, 73 + g), dw0[g] = normal(O * I, 76 + g);
+    wt.push_back(a.floats(w[g], {O, I}));
+    dwt.push_back(a.floats(dw0[g], {O, I}));
+  }
+  Tensor out = a.zeros({M, O}), dinp = a.floats(dinp0, {M, I});
+  ops::grouped_linear_forward(out, a.floats(x, {M, I}), wt, rows);
+  ops::grouped_linear_backward(dinp, dwt, a.floats(dout, {M, O}), a.floats(x, {M, I}), wt, rows,
+                               ops::GradWrite::Accumulate);
+  Output fwd{"out", values(out), {}, {}, I}, dx{"dinp", values(dinp), {}, {}, O + 1};
+  Output dwo{"dweights", {}, {}, {}, M + 1};
+  for (int64_t g = 0, first = 0; g < G; first += rows[g], ++g) {
+    for (int64_t r = first; r < first + rows[g]; ++r) {
+      for (int64_t o = 0; o < O; ++o) {
+        double s = 0, sc = 0;
+        for (int64_t i = 0; i < I; ++i) s += double(x[r * I + i]) * w[g][o * I + i], sc += std::fabs(double(x[r * I + i]) * w[g][o * I + i]);
+        fwd.ref.push_back(s), fwd.scale.push_back(sc);
+      }
+      for (int64_t i = 0; i < I; ++i) {
+        double s = dinp0[r * I + i], sc = std::fabs(s);
+        for (int64_t o = 0; o < O; ++o) s += double(dout[r * O + o]) * w[g][o * I + i], sc += std::fabs(double(dout[r * O + o]) * w[g][o * I + i]);
+        dx.ref.push_back(s), dx.scale.push_back(sc);
+      }
+    }
+    const std::vector<double> got = values(dwt[g]);
+    dwo.got.insert(dwo.got.end(), got.begin(), got.end());
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t i = 0; i < I; ++i) {
+        double s = dw0[g][o * I + i], sc = std::fabs(s);
+        for (int64_t r = first; r < first + rows[g]; ++r) s += double(dout[r * O + o]) * x[r * I + i], sc += std::fabs(double(dout[r * O + o]) * x[r * I + i]);
+        dwo.ref.push_back(s), dwo.scale.push_back(sc);
+      }
+  }
+  return {fwd, dx, dwo};
+}
+
 struct OpCase {
   ops::OpId op;
   Case run;
@@ -453,6 +556,12 @@ std::vector<OpCase> op_cases() {
   add(each({masked_loss_sums, masked_loss_backward}, masked_loss_case));
   add(each({sum_squares}, sum_squares_case));
   add(each({adamw_update, sgd_update}, optimizer_case));
+  // One run gives both families' outputs: the Exact permute's, then the OrderFree unpermute's.
+  add(each({moe_permute_forward, moe_permute_backward},
+           [](Device& d) { auto o = moe_permute_case(d); return std::vector<Output>(o.begin(), o.begin() + 2); }));
+  add(each({moe_unpermute_forward, moe_unpermute_backward},
+           [](Device& d) { auto o = moe_permute_case(d); return std::vector<Output>(o.begin() + 2, o.end()); }));
+  add(each({grouped_linear_forward, grouped_linear_backward}, grouped_linear_case));
   return all;
 }
 

@@ -1,0 +1,209 @@
+#include "tessera/model/moe_layer.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "tessera/core/error.h"
+#include "tessera/device/device.h"
+#include "tessera/ops/kernel_table.h"
+#include "tessera/ops/ops.h"
+
+namespace tessera {
+namespace {
+
+constexpr ops::GradWrite kAssign = ops::GradWrite::Assign;
+constexpr ops::GradWrite kAccumulate = ops::GradWrite::Accumulate;
+
+// The rows of the permuted buffer: N*k routes, fewer when experts drop tokens, E *
+// capacity per routing group when padded to capacity.
+int64_t permuted_rows(const MoEConfig& c, const std::vector<std::vector<int64_t>>& groups, int64_t N) {
+  if (c.capacity_factor <= 0) return N * c.topk;
+  int64_t capacity_rows = 0;
+  for (const std::vector<int64_t>& g : groups)
+    capacity_rows += c.num_experts * expert_capacity(static_cast<int64_t>(g.size()), c.topk, c.num_experts,
+                                                     c.capacity_factor);
+  return c.pad_to_capacity ? capacity_rows : std::min(capacity_rows, N * c.topk);
+}
+
+}  // namespace
+
+MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int tp, bool sequence_parallel) {
+  MoEDims d;
+  d.N = micro_batch * c.seq_length;
+  d.C = c.hidden_size;
+  d.E = c.moe.num_experts;
+  d.k = c.moe.topk;
+  d.Fl = c.moe.ffn_hidden_size / tp;
+  d.Fl2 = c.swiglu ? 2 * d.Fl : d.Fl;
+  d.Sl = c.moe.shared_expert_size / tp;
+  d.Sl2 = c.swiglu ? 2 * d.Sl : d.Sl;
+  d.gate = c.moe.shared_expert_gate && d.Sl > 0;
+  d.act = c.params_dtype;
+  d.groups = megatron_token_groups(micro_batch, c.seq_length, sequence_parallel ? tp : 1);
+  d.M = permuted_rows(c.moe, d.groups, d.N);
+  return d;
+}
+
+void reserve_moe_acts(MoEActs& a, const MoEDims& d, const ReserveTensor& reserve) {
+  reserve(a.slots, {d.N, d.k}, DType::I32);
+  reserve(a.sources, {d.M}, DType::I32);
+  reserve(a.weights, {d.N, d.k}, DType::F32);
+  reserve(a.permuted, {d.M, d.C}, d.act);
+  reserve(a.fc1, {d.M, d.Fl2}, d.act);
+  reserve(a.act, {d.M, d.Fl}, d.act);
+  reserve(a.expert_out, {d.M, d.C}, d.act);
+  if (d.Sl > 0) {
+    reserve(a.shared_fc1, {d.N, d.Sl2}, d.act);
+    reserve(a.shared_act, {d.N, d.Sl}, d.act);
+    if (d.gate) reserve(a.shared_out, {d.N, d.C}, d.act);
+  }
+  if (d.gate) reserve(a.gate_weights, {d.N}, DType::F32);
+  a.logits.resize(static_cast<size_t>(d.N * d.E));
+  if (d.gate) a.gate_logits.resize(static_cast<size_t>(d.N));
+}
+
+void reserve_moe_workspace(MoEWorkspace& ws, const MoEDims& d, const ReserveTensor& reserve) {
+  reserve(ws.logits, {d.N, d.E}, d.act);
+  reserve(ws.d_logits, {d.N, d.E}, d.act);
+  reserve(ws.d_weights, {d.N, d.k}, DType::F32);
+  reserve(ws.d_permuted, {d.M, d.C}, d.act);
+  reserve(ws.d_fc1, {d.M, d.Fl2}, d.act);
+  reserve(ws.d_act, {d.M, d.Fl}, d.act);
+  reserve(ws.d_expert_out, {d.M, d.C}, d.act);
+  if (d.Sl > 0) {
+    reserve(ws.shared_tmp, {d.N, d.C}, d.act);
+    reserve(ws.d_shared_fc1, {d.N, d.Sl2}, d.act);
+    reserve(ws.d_shared_act, {d.N, d.Sl}, d.act);
+  }
+  if (d.gate) {
+    reserve(ws.gate_logits, {d.N, 1}, d.act);
+    reserve(ws.d_gate_logits, {d.N, 1}, d.act);
+    reserve(ws.d_gate, {d.N}, DType::F32);
+    reserve(ws.identity, {d.N}, DType::I32);
+  }
+  ws.host_d_logits.resize(static_cast<size_t>(d.N * d.E));
+  ws.host_d_weights.resize(static_cast<size_t>(d.N * d.k));
+}
+
+void init_moe_workspace(MoEWorkspace& ws, const MoEDims& d) {
+  if (ws.identity.empty()) return;
+  std::vector<int32_t> identity(static_cast<size_t>(d.N));
+  std::iota(identity.begin(), identity.end(), 0);
+  copy_from_host(ws.identity, identity.data(), identity.size() * sizeof(int32_t));
+}
+
+void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights,
+                               const std::vector<int64_t>& rows) {
+  if (ops::supports(device_, ops::grouped_linear_forward)) return ops::grouped_linear_forward(out, inp, weights, rows);
+  int64_t first = 0;
+  for (size_t g = 0; g < weights.size(); first += rows[g], ++g)
+    if (rows[g] > 0) ops::linear_forward(out.slice_rows(first, rows[g]), inp.slice_rows(first, rows[g]), weights[g],
+                                         Tensor());
+}
+
+void MoELayer::grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
+                                const std::vector<Tensor>& weights, const std::vector<int64_t>& rows) {
+  if (ops::supports(device_, ops::grouped_linear_backward))
+    return ops::grouped_linear_backward(dinp, dweights, dout, inp, weights, rows, kAssign);
+  int64_t first = 0;
+  for (size_t g = 0; g < weights.size(); first += rows[g], ++g)
+    if (rows[g] > 0)
+      ops::linear_backward(dinp.slice_rows(first, rows[g]), dweights[g], Tensor(), dout.slice_rows(first, rows[g]),
+                           inp.slice_rows(first, rows[g]), weights[g], kAssign);
+}
+
+void MoELayer::activation_forward(Tensor act, Tensor pre) {
+  if (config_.swiglu) ops::swiglu_forward(act, pre);
+  else ops::gelu_forward(act, pre, config_.gelu);
+}
+
+void MoELayer::activation_backward(Tensor d_pre, Tensor d_act, Tensor pre) {
+  if (config_.swiglu) ops::swiglu_backward(d_pre, d_act, pre, kAssign);
+  else ops::gelu_backward(d_pre, d_act, pre, config_.gelu, kAssign);
+}
+
+// Routes on the host and uploads the maps the permute ops follow.
+void MoELayer::forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out) {
+  ops::linear_forward(ws.logits, in, w.router, Tensor());
+  copy_floats_to_host(a.logits.data(), a.logits.size(), ws.logits);
+  a.routing = route_tokens(config_.moe, a.logits.data(), d_.N, d_.groups);
+  const MoERouting& r = a.routing;
+  const int64_t M = static_cast<int64_t>(r.source.size());
+  TESSERA_CHECK(M <= d_.M, "the permuted rows fit their buffer");
+  copy_from_host(a.slots, r.slot.data(), r.slot.size() * sizeof(int32_t));
+  copy_from_host(a.weights, r.weight.data(), r.weight.size() * sizeof(float));
+  copy_from_host(a.sources.slice_rows(0, M), r.source.data(), r.source.size() * sizeof(int32_t));
+  ops::moe_permute_forward(a.permuted.slice_rows(0, M), in, a.sources.slice_rows(0, M), d_.k);
+  experts_forward(w, a, M);
+  ops::moe_unpermute_forward(out, a.expert_out.slice_rows(0, M), a.slots, a.weights);
+  if (d_.Sl > 0) shared_forward(w, a, ws, in, out);
+}
+
+void MoELayer::experts_forward(const MoEParams& w, MoEActs& a, int64_t M) {
+  const std::vector<int64_t>& rows = a.routing.rows_per_expert;
+  grouped_forward(a.fc1.slice_rows(0, M), a.permuted.slice_rows(0, M), w.fc1, rows);
+  activation_forward(a.act.slice_rows(0, M), a.fc1.slice_rows(0, M));
+  grouped_forward(a.expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2, rows);
+}
+
+// out += the shared experts' MLP of in, times sigmoid(in @ gate^T) with the gate.
+void MoELayer::shared_forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out) {
+  ops::linear_forward(a.shared_fc1, in, w.shared_fc1, Tensor());
+  activation_forward(a.shared_act, a.shared_fc1);
+  if (!d_.gate) {
+    ops::linear_forward(ws.shared_tmp, a.shared_act, w.shared_fc2, Tensor());
+    return ops::residual_forward(out, out, ws.shared_tmp);
+  }
+  ops::linear_forward(a.shared_out, a.shared_act, w.shared_fc2, Tensor());
+  ops::linear_forward(ws.gate_logits, in, w.shared_gate, Tensor());
+  copy_floats_to_host(a.gate_logits.data(), a.gate_logits.size(), ws.gate_logits);
+  std::vector<float> score(a.gate_logits.size());
+  for (size_t n = 0; n < score.size(); ++n) score[n] = static_cast<float>(1.0 / (1.0 + std::exp(-double(a.gate_logits[n]))));
+  copy_from_host(a.gate_weights, score.data(), score.size() * sizeof(float));
+  ops::moe_unpermute_forward(ws.shared_tmp, a.shared_out, ws.identity, a.gate_weights);
+  ops::residual_forward(out, out, ws.shared_tmp);
+}
+
+void MoELayer::shared_backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEWorkspace& ws, Tensor in,
+                               Tensor d_out, Tensor d_in) {
+  Tensor d_shared_out = d_out;
+  if (d_.gate) {
+    ops::moe_unpermute_backward(ws.shared_tmp, ws.d_gate, d_out, a.shared_out, ws.identity, a.gate_weights);
+    tp_.all_reduce(ws.d_gate, ReduceOp::Sum);
+    d_shared_out = ws.shared_tmp;
+    std::vector<float> d_gate(static_cast<size_t>(d_.N)), score(d_gate.size());
+    copy_to_host(d_gate.data(), d_gate.size() * sizeof(float), ws.d_gate);
+    copy_to_host(score.data(), score.size() * sizeof(float), a.gate_weights);
+    for (size_t n = 0; n < d_gate.size(); ++n) d_gate[n] *= score[n] * (1.0f - score[n]);
+    copy_floats_from_host(ws.d_gate_logits, d_gate.data(), d_gate.size());
+  }
+  ops::linear_backward(ws.d_shared_act, g.shared_fc2, Tensor(), d_shared_out, a.shared_act, w.shared_fc2, kAssign);
+  activation_backward(ws.d_shared_fc1, ws.d_shared_act, a.shared_fc1);
+  ops::linear_backward(d_in, g.shared_fc1, Tensor(), ws.d_shared_fc1, in, w.shared_fc1, kAssign);
+  if (d_.gate)
+    ops::linear_backward(tp_.rank() == 0 ? d_in : Tensor(), g.shared_gate, Tensor(), ws.d_gate_logits, in,
+                         w.shared_gate, kAccumulate);
+}
+
+void MoELayer::backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEWorkspace& ws, Tensor in,
+                        Tensor d_out, Tensor d_in, double aux_scale) {
+  const MoERouting& r = a.routing;
+  const int64_t M = static_cast<int64_t>(r.source.size());
+  if (d_.Sl > 0) shared_backward(w, g, a, ws, in, d_out, d_in);
+  ops::moe_unpermute_backward(ws.d_expert_out.slice_rows(0, M), ws.d_weights, d_out, a.expert_out.slice_rows(0, M),
+                              a.sources.slice_rows(0, M), a.weights);
+  grouped_backward(ws.d_act.slice_rows(0, M), g.fc2, ws.d_expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2,
+                   r.rows_per_expert);
+  activation_backward(ws.d_fc1.slice_rows(0, M), ws.d_act.slice_rows(0, M), a.fc1.slice_rows(0, M));
+  grouped_backward(ws.d_permuted.slice_rows(0, M), g.fc1, ws.d_fc1.slice_rows(0, M), a.permuted.slice_rows(0, M),
+                   w.fc1, r.rows_per_expert);
+  ops::moe_permute_backward(d_in, ws.d_permuted.slice_rows(0, M), a.slots, d_.Sl > 0 ? kAccumulate : kAssign);
+  // The router: dL/d(weights) back on the host, through the routing and the aux losses.
+  tp_.all_reduce(ws.d_weights, ReduceOp::Sum);
+  copy_to_host(ws.host_d_weights.data(), ws.host_d_weights.size() * sizeof(float), ws.d_weights);
+  route_backward(ws.host_d_logits.data(), config_.moe, r, a.logits.data(), ws.host_d_weights.data(), aux_scale);
+  copy_floats_from_host(ws.d_logits, ws.host_d_logits.data(), ws.host_d_logits.size());
+  ops::linear_backward(tp_.rank() == 0 ? d_in : Tensor(), g.router, Tensor(), ws.d_logits, in, w.router, kAccumulate);
+}
+
+}  // namespace tessera

@@ -1,0 +1,113 @@
+// The MLP of an MoE layer (Megatron's MoELayer: megatron/core/transformer/moe/moe_layer.py):
+// the router (model/moe_router.h), the experts' SwiGLU or GeLU MLPs over their tokens
+// (SequentialMLP's math; their GEMMs as one grouped op), and the shared experts with
+// Qwen2-MoE's optional sigmoid gate. The GPT model calls it in place of the dense MLP
+// between the pre-MLP norm and the row-parallel reduction: it reads the normalised input of
+// the whole sequence and writes this tensor-parallel rank's partial sum of the output,
+// which the model reduces, drops out and adds to the residual as for the dense MLP.
+//
+// Tensor parallelism (expert tensor parallelism = TP, Megatron's default): every TP rank
+// routes the whole sequence (the same decisions: the same logits, one routing group per
+// sequence-parallel slice as Megatron routes each rank's slice) and runs its slice of every
+// expert (fc1 split by columns, fc2 by rows). The routing weights' and the gate's gradients
+// (dot products with the experts' partial outputs) are summed over the TP group, as Megatron's
+// gather of the probabilities sums them in its backward; the router's and gate's input
+// gradients are added on TP rank 0 only, since the model sums the input gradient over the group.
+//
+// Shape legend: N tokens of the micro-batch (B*T), C hidden, E experts, k top-k, M rows
+// of the permuted buffer (at most N*k, or E * capacity per group with padding), Fl / Sl
+// an expert's / the shared experts' ffn width on this TP rank (Fl2, Sl2: twice with SwiGLU).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "tessera/core/tensor.h"
+#include "tessera/model/gpt_config.h"
+#include "tessera/model/moe_router.h"
+#include "tessera/parallel/tensor_parallel.h"
+
+namespace tessera {
+
+class Device;
+
+// One MoE layer's parameters (or their gradients) on this rank.
+struct MoEParams {
+  Tensor router;                // [E, C]
+  std::vector<Tensor> fc1, fc2;  // per expert [Fl2, C], [C, Fl]
+  Tensor shared_fc1, shared_fc2, shared_gate;  // [Sl2, C], [C, Sl], [1, C]; empty when absent
+};
+
+struct MoEDims {
+  int64_t N = 0, C = 0, E = 0, k = 0, M = 0, Fl = 0, Fl2 = 0, Sl = 0, Sl2 = 0;
+  bool gate = false;
+  DType act = DType::F32;
+  std::vector<std::vector<int64_t>> groups;  // routing groups (moe_router.h)
+};
+// tp: the tensor-parallel size; sequence_parallel: one routing group per TP rank's slice.
+MoEDims moe_dims(const GPTConfig& config, int64_t micro_batch, int tp, bool sequence_parallel);
+
+// What one micro-batch's backward needs from its forward.
+struct MoEActs {
+  Tensor slots, sources, weights;              // i32 [N,k], i32 [M], f32 [N,k]
+  Tensor permuted, fc1, act, expert_out;       // [M,C], [M,Fl2], [M,Fl], [M,C]
+  Tensor shared_fc1, shared_act, shared_out;   // [N,Sl2], [N,Sl], [N,C]
+  Tensor gate_weights;                         // f32 [N] sigmoid of the gate's logits
+  std::vector<float> logits, gate_logits;      // the host's copies
+  MoERouting routing;
+};
+
+// Shared by every slot within one forward or backward call.
+struct MoEWorkspace {
+  Tensor logits, d_logits;                  // [N,E]
+  Tensor d_weights;                         // f32 [N,k]
+  Tensor d_permuted, d_fc1, d_act, d_expert_out;  // as the activations
+  Tensor shared_tmp, d_shared_fc1, d_shared_act;  // [N,C], [N,Sl2], [N,Sl]
+  Tensor gate_logits, d_gate_logits;        // [N,1]
+  Tensor d_gate, identity;                  // f32 [N], i32 [N] = 0..N-1
+  std::vector<float> host_d_logits, host_d_weights;
+};
+
+using ReserveTensor = std::function<void(Tensor&, Shape, DType)>;
+void reserve_moe_acts(MoEActs& a, const MoEDims& d, const ReserveTensor& reserve);
+void reserve_moe_workspace(MoEWorkspace& ws, const MoEDims& d, const ReserveTensor& reserve);
+// After binding: the workspace's constant tensors (the identity map).
+void init_moe_workspace(MoEWorkspace& ws, const MoEDims& d);
+
+// Per-layer values Megatron's track_moe_metrics logs (summed over micro-batches).
+struct MoELossTracker {
+  std::vector<double> load_balancing, z;  // [num_layers]
+};
+
+class MoELayer {
+ public:
+  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp)
+      : config_(config), device_(device), d_(std::move(dims)), tp_(tp) {}
+  const MoEDims& dims() const { return d_; }
+  // out [N,C] = this rank's partial MLP output of in [N,C] (assigned).
+  void forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
+  // d_in [N,C] = this rank's share of dL/d(in) (assigned) from dL/d(out) d_out; the parameter
+  // gradients accumulate into g. aux_scale: the aux losses' gradient (the main loss's scale
+  // over micro-batches, Megatron's MoEAuxLossAutoScaler).
+  void backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor d_out,
+                Tensor d_in, double aux_scale);
+
+ private:
+  void experts_forward(const MoEParams& w, MoEActs& a, int64_t M);
+  void activation_forward(Tensor act, Tensor pre);
+  void activation_backward(Tensor d_pre, Tensor d_act, Tensor pre);
+  void shared_forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
+  void shared_backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor d_out,
+                       Tensor d_in);
+  void grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights,
+                       const std::vector<int64_t>& rows);
+  void grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
+                        const std::vector<Tensor>& weights, const std::vector<int64_t>& rows);
+
+  const GPTConfig& config_;
+  Device& device_;
+  MoEDims d_;
+  TensorParallelRegion& tp_;
+};
+
+}  // namespace tessera
