@@ -55,7 +55,8 @@ class MegatronDist : public testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(scratch("torch_dist"));
-    ok_ = run(kPython + " -W ignore " + kScript + " save " + (*dir_ / "megatron").string() + " --models gpt llama",
+    ok_ = run(kPython + " -W ignore " + kScript + " save " + (*dir_ / "megatron").string() +
+                  " --models gpt llama --distributed-optimizer-layout 2 1",
               *dir_ / "save.log") &&
           run(kPython + " -W ignore " + kScript + " dump " + (*dir_ / "megatron").string() + " " + dir_->string() +
                   " --models gpt llama --tp 1 --pp 1 --optim",
@@ -87,6 +88,40 @@ Shape tessera_shape(const std::string& name, Shape shape, bool swiglu) {
   return shape;
 }
 
+// Loads DIR's checkpoint into whole tensors named and shaped as `want`'s (a dump of the
+// reference: parameters under Megatron's TP=1 names, "optimizer.<kind>.<name>" their state) and
+// expects each bit for bit equal to want's; returns how many were compared. `fp32_param` is
+// compared against the parameter (it is what a load with the optimizer fills the parameter from).
+size_t expect_loads_bit_for_bit(const std::string& dir, int64_t iteration, const safetensors::Reader& want,
+                                bool swiglu) {
+  std::vector<NamedTensor> model, optimizer;
+  std::vector<std::vector<float>> buffers;
+  buffers.reserve(want.tensors().size());
+  for (const safetensors::TensorInfo& t : want.tensors()) {
+    if (t.name == "iteration" || t.name.rfind("rng.", 0) == 0 || t.name.rfind("optimizer.fp32_param.", 0) == 0)
+      continue;
+    const bool state = t.name.rfind("optimizer.", 0) == 0;
+    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
+    buffers.emplace_back(t.numel, -1.0f);
+    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
+                                                        tessera_shape(name, t.shape, swiglu), nullptr)});
+  }
+  EXPECT_FALSE(optimizer.empty());
+  load_checkpoint(dir, iteration, model, optimizer, true);
+  size_t compared = 0;
+  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
+    for (const NamedTensor& t : *set) {
+      const std::string dumped = set == &optimizer ? "optimizer." + t.name : t.name;
+      const std::vector<float> w = want.read_f32(dumped);
+      EXPECT_EQ(std::memcmp(w.data(), t.tensor.f32(), w.size() * sizeof(float)), 0) << dumped;
+      if (set == &model && want.contains("optimizer.fp32_param." + t.name))
+        EXPECT_EQ(want.read_f32("optimizer.fp32_param." + t.name), w) << t.name;
+      ++compared;
+    }
+  EXPECT_EQ(optimizer.size(), 2 * model.size());
+  return compared;
+}
+
 TEST_P(MegatronDist, ItsSaveLoadsIntoTesseraBitForBit) {
   const std::string dir = megatron_dir();
   ASSERT_TRUE(is_torch_dist_checkpoint(dir, 7));
@@ -100,30 +135,25 @@ TEST_P(MegatronDist, ItsSaveLoadsIntoTesseraBitForBit) {
   EXPECT_EQ(s.layout.pipeline_parallel, 2);
   EXPECT_EQ(s.layout.padded_vocab_size, 128);
 
-  const bool swiglu = GetParam() == "llama";
-  const safetensors::Reader want = expected();
-  std::vector<NamedTensor> model, optimizer;
-  std::vector<std::vector<float>> buffers;
-  buffers.reserve(want.tensors().size());
-  for (const safetensors::TensorInfo& t : want.tensors()) {
-    if (t.name == "iteration") continue;
-    const bool state = t.name.rfind("optimizer.", 0) == 0;
-    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
-    buffers.emplace_back(t.numel, -1.0f);
-    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
-                                                        tessera_shape(name, t.shape, swiglu), nullptr)});
-  }
-  ASSERT_FALSE(optimizer.empty());
-  load_checkpoint(dir, 7, model, optimizer, true);
-  size_t compared = 0;
-  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
-    for (const NamedTensor& t : *set) {
-      const std::string dumped = set == &optimizer ? "optimizer." + t.name : t.name;
-      const std::vector<float> w = want.read_f32(dumped);
-      ASSERT_EQ(std::memcmp(w.data(), t.tensor.f32(), w.size() * sizeof(float)), 0) << t.name;
-      ++compared;
-    }
-  EXPECT_GT(compared, GetParam() == "llama" ? 60u : 100u);
+  EXPECT_GT(expect_loads_bit_for_bit(dir, 7, expected(), GetParam() == "llama"), GetParam() == "llama" ? 60u : 100u);
+  // Megatron's rng_state objects (get_rng_state's ShardedObject, numpy's state an ndarray) read.
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp) EXPECT_TRUE(read_torch_dist_rng_state(dir, 7, {tp, 2, pp, 2})) << tp << pp;
+  EXPECT_FALSE(read_torch_dist_rng_state(dir, 7, {0, 1, 0, 1}));
+}
+
+// Megatron's distributed optimizer saved at TP=2 PP=1 DP=2 in its default layout
+// (fully_sharded_model_space: N-D state reformulated, flat ranges per DP rank, one of them cut
+// between the ranks) loads into tessera to the values of the optimizer that saved it, bit for bit.
+// Before the reader joined flat ranges, loading its optimizer was an error.
+TEST_P(MegatronDist, ItsDistributedOptimizerSaveLoadsIntoTesseraBitForBit) {
+  const std::string dir = megatron_dir() + "_distopt";
+  const CheckpointState s = read_checkpoint_metadata(dir, 7);
+  EXPECT_EQ(s.optimizer_steps, 1);
+  EXPECT_EQ(s.layout.data_parallel, 2);
+  const safetensors::Reader want =
+      safetensors::Reader::open((*dir_ / "megatron" / (GetParam() + "_distopt.safetensors")).string());
+  EXPECT_GT(expect_loads_bit_for_bit(dir, 7, want, GetParam() == "llama"), GetParam() == "llama" ? 60u : 100u);
 }
 
 TEST_P(MegatronDist, InspectReadsEveryChunkAndConvertGivesTheSameWeights) {
@@ -202,12 +232,16 @@ std::vector<std::string> model_flags(bool llama) {
   return f;
 }
 
-// `tessera launch` of a TP=2 x PP=2 run of 3 iterations saving in `format` into `save`.
-std::string train_command(bool llama, const std::string& format, const fs::path& save) {
+constexpr const char* kTp2Pp2 = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2";
+
+// `tessera launch` of a run of 3 iterations in four processes (TP=2 x PP=2 unless `layout`
+// says otherwise) saving in `format` into `save`.
+std::string train_command(bool llama, const std::string& format, const fs::path& save,
+                          const std::string& layout = kTp2Pp2) {
   std::string cmd = "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
                     " launch --standalone --nproc_per_node 4 train";
   for (const std::string& f : model_flags(llama)) cmd += " " + f;
-  return cmd + " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --mock-data --micro-batch-size 1"
+  return cmd + " " + layout + " --mock-data --micro-batch-size 1"
                " --global-batch-size 4 --train-iters 3 --lr 1e-2 --min-lr 1e-4 --eval-iters 0 --init-method-std 0.2"
                " --deterministic-mode --save " + save.string() + " --save-interval 3 --ckpt-format " + format;
 }
@@ -230,36 +264,58 @@ TEST_P(MegatronDist, TesseraSaveLoadsIntoMegatronCoreAtAnotherLayout) {
                   out / "dump.log"));
   const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
   EXPECT_EQ(megatron.read_i64("iteration"), (std::vector<int64_t>{3}));
-  std::vector<NamedTensor> model, optimizer;
-  std::vector<std::vector<float>> buffers;
-  buffers.reserve(megatron.tensors().size());
-  for (const safetensors::TensorInfo& t : megatron.tensors()) {
-    if (t.name == "iteration") continue;
-    const bool state = t.name.rfind("optimizer.", 0) == 0;
-    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
-    buffers.emplace_back(t.numel, -1.0f);
-    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
-                                                        tessera_shape(name, t.shape, llama), nullptr)});
-  }
-  load_checkpoint((out / "own").string(), 3, model, optimizer, true);
-  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
-    for (const NamedTensor& t : *set) {
-      const std::vector<float> m = megatron.read_f32(set == &optimizer ? "optimizer." + t.name : t.name);
-      ASSERT_EQ(std::memcmp(m.data(), t.tensor.f32(), m.size() * sizeof(float)), 0) << t.name;
+  EXPECT_GT(expect_loads_bit_for_bit((out / "own").string(), 3, megatron, llama), llama ? 60u : 105u);
+  // Each rank's rng_state: the generator states Megatron's seeding leaves (megatron_rng_state.h),
+  // a payload tessera's reader takes as Megatron's list of them.
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp) {
+      std::vector<uint8_t> seeded;
+      const auto append = [&](std::span<const uint8_t> b) { seeded.insert(seeded.end(), b.begin(), b.end()); };
+      append_megatron_rng_state_object(append, 1234, tp, pp);
+      EXPECT_EQ(read_torch_dist_rng_state((out / "dist" / GetParam()).string(), 3, {tp, 2, pp, 2}), seeded)
+          << tp << pp;
     }
-  EXPECT_EQ(optimizer.size(), 2 * model.size());
-  EXPECT_GT(model.size(), llama ? 20u : 35u);
+}
+
+// tessera's distributed optimizer at TP=2 PP=1 DP=2 saves torch_dist in Megatron's default layout
+// for it (every DP rank its ranges, fully_sharded_model_space), which megatron-core's own
+// DistributedOptimizer loads at TP=1 PP=2 DP=2 to the weights, fp32 main parameters and Adam
+// moments of the same run's save in tessera's format, bit for bit. Before, tessera gathered them
+// into the plain optimizer's layout, which Megatron's distributed optimizer does not load.
+TEST_P(MegatronDist, TesseraDistributedOptimizerSaveLoadsIntoMegatronCore) {
+  const bool llama = GetParam() == "llama";
+  const fs::path out = *dir_ / ("tessera_distopt_" + GetParam());
+  const std::string layout = "--tensor-model-parallel-size 2 --use-distributed-optimizer";
+  fs::create_directories(out / "dist");
+  ASSERT_TRUE(run(train_command(llama, "torch_dist", out / "dist" / GetParam(), layout), out / "train_dist.log"));
+  ASSERT_TRUE(run(train_command(llama, "tessera", out / "own", layout), out / "train_own.log"));
+  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "dist").string() + " " + out.string() +
+                      " --models " + GetParam() + " --tp 1 --pp 2 --optim --distributed-optimizer",
+                  out / "dump.log"));
+  const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
+  EXPECT_GT(expect_loads_bit_for_bit((out / "own").string(), 3, megatron, llama), llama ? 60u : 105u);
+  // The model's fp32 main parameters, which Megatron's distributed optimizer loaded from
+  // optimizer.state.fp32_param, are the weights.
+  size_t main = 0;
+  for (const safetensors::TensorInfo& t : megatron.tensors())
+    if (t.name.rfind("optimizer.fp32_param.", 0) == 0) ++main;
+  EXPECT_GT(main, llama ? 20u : 35u);
 }
 
 // A Megatron run continues in tessera: its TP=2 x PP=2 save resumes with --use-checkpoint-args
-// (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8.
-TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgs) {
+// (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8;
+// the torch_dist save of iteration 8 hands back each rank's rng_state as Megatron left it (tessera
+// draws nothing from those generators), and megatron-core's load at TP=2 PP=2 restores it.
+// Before, tessera's torch_dist saves held no rng_state, and Megatron's resume needed --no-load-rng.
+TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgsAndKeepsItsRngState) {
   const fs::path out = *dir_ / ("resume_" + GetParam());
+  const fs::path saved = out / "continued" / GetParam();
   fs::create_directories(out);
   ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
                       " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
                       " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
-                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1",
+                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1 --save " +
+                      saved.string() + " --save-interval 8",
                   out / "train.log"));
   const std::string log = read_text(out / "train.log");
   EXPECT_NE(log.find("loading checkpoint from " + megatron_dir() + " at iteration 7 (Megatron-LM's torch_dist format)"),
@@ -267,6 +323,19 @@ TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgs) {
       << log;
   EXPECT_NE(log.find("iteration        8/       8"), std::string::npos) << log;
   EXPECT_EQ(log.find("iteration        7/"), std::string::npos) << log;
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp) {
+      const auto before = read_torch_dist_rng_state(megatron_dir(), 7, {tp, 2, pp, 2});
+      const auto after = read_torch_dist_rng_state(saved.string(), 8, {tp, 2, pp, 2});
+      ASSERT_TRUE(before && after) << tp << pp;
+      EXPECT_EQ(*before, *after) << tp << pp;
+    }
+  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "continued").string() + " " + out.string() +
+                      " --models " + GetParam() + " --tp 2 --pp 2 --rng",
+                  out / "dump.log"));
+  const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
+  EXPECT_EQ(megatron.read_i64("rng.np_rng_state").size(), 624u);
+  EXPECT_EQ(megatron.read_i64("rng.torch_rng_state").size(), 5056u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MegatronDist, testing::Values("gpt", "llama"));
