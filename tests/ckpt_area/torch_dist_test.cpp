@@ -6,7 +6,11 @@
 //     and dumps every parameter and Adam moment. tessera's load of the same files gives every one
 //     of them bit for bit, and the state common.pt records (iteration, consumed samples, scheduler
 //     steps, Adam's step); `tessera ckpt inspect` reads every chunk, and `ckpt convert --to
-//     tessera` gives the same weights.
+//     tessera` gives the same weights. The same with Megatron's DistributedOptimizer at TP=2 x
+//     DP=2 (its default fully_sharded_model_space layout) against the saving optimizer's values.
+//   - Writing: tessera's saves load into megatron-core at another layout, plain and distributed
+//     optimizer; rng_state and rerun_state_machine objects load where Megatron asks for them.
+//   - Megatron's run continues in tessera and is handed back; --ckpt-convert-format converts.
 //
 // The binary exits 77 (CTest's SKIP_RETURN_CODE) when the tdist venv is absent.
 #include <gtest/gtest.h>
@@ -336,6 +340,29 @@ TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgsAndKeepsItsRngState) {
   const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
   EXPECT_EQ(megatron.read_i64("rng.np_rng_state").size(), 624u);
   EXPECT_EQ(megatron.read_i64("rng.torch_rng_state").size(), 5056u);
+}
+
+// Megatron's converter run: --ckpt-convert-format torch --ckpt-convert-save DIR loads its
+// TP=2 x PP=2 torch_dist save (model, optimizer) and saves it, at the loaded iteration 7, into
+// DIR/torch in Megatron's legacy format, then exits without training; the converted files hold
+// megatron-core's own values, bit for bit. Before, tessera refused both flags.
+TEST_P(MegatronDist, CkptConvertFormatSavesTheLoadedCheckpointAndExits) {
+  const fs::path out = *dir_ / ("convert_" + GetParam());
+  fs::create_directories(out);
+  ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
+                      " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
+                      " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --ckpt-convert-format torch"
+                      " --ckpt-convert-save " + out.string(),
+                  out / "convert.log"));
+  const std::string log = read_text(out / "convert.log");
+  EXPECT_NE(log.find("> converted checkpoint: torch_dist -> torch."), std::string::npos) << log;
+  EXPECT_EQ(log.find("iteration        8/"), std::string::npos) << log;
+  const fs::path converted = out / "torch";
+  EXPECT_TRUE(fs::exists(converted / "iter_0000007" / "mp_rank_01_001" / "model_optim_rng.pt"));
+  EXPECT_FALSE(is_torch_dist_checkpoint(converted.string(), 7));
+  EXPECT_GT(expect_loads_bit_for_bit(converted.string(), 7, expected(), GetParam() == "llama"),
+            GetParam() == "llama" ? 60u : 100u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MegatronDist, testing::Values("gpt", "llama"));

@@ -16,7 +16,7 @@ layers, random weights: biases and norms too), take one step of Megatron's optim
 save_checkpoint does with --ckpt-format torch_dist (megatron/training/checkpointing.py
 generate_state_dict): args, checkpoint_version, iteration, model, optimizer (its
 sharded_state_dict), opt_param_scheduler, rng_state (get_rng_state's ShardedObject),
-num_floating_point_operations_so_far into OUT/<model>/iter_0000007, and the tracker "7". With
+rerun_state_machine, num_floating_point_operations_so_far into OUT/<model>/iter_0000007, and the tracker "7". With
 --distributed-optimizer-layout the same processes then save OUT/<model>_distopt at that
 layout with Megatron's distributed optimizer, whose state is in
 Megatron's default layout for it, fully_sharded_model_space (save_checkpoint picks it under the
@@ -33,7 +33,7 @@ renumbered globally), under megatron-core's TP=1 names, plus `iteration` and
 `optimizer.<exp_avg|exp_avg_sq>.<name>` when --optim (the whole model's Adam moments; with
 --distributed-optimizer Megatron's DistributedOptimizer loads them from the
 fully_sharded_model_space layout, and `optimizer.fp32_param.<name>` too). --rng loads
-`rng_state` as Megatron's load_checkpoint does at the saved TP/PP and dumps rank 0's
+`rng_state` and `rerun_state_machine` as Megatron's load_checkpoint does at the saved TP/PP and dumps rank 0's
 `rng.torch_rng_state` (U8) and `rng.np_rng_state` (I64, the 624 words).
 
 torch's AdamW, megatron-core's optimizer without Apex or Transformer Engine, keeps `step` per
@@ -107,6 +107,12 @@ def hide_per_param_step_from_model_space_layout():
             with hidden_per_param_step(self):
                 return _original(self, *a, **k)
         setattr(D, name, without_step)
+
+
+def rerun_state_object():
+    """save_checkpoint's rerun_state_machine (megatron/core/rerun_state_machine.py state_dict)."""
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    return get_rerun_state_machine().state_dict(data_iterator=None, use_dist_ckpt=True)
 
 
 def rng_state_object():
@@ -200,6 +206,7 @@ def save_model(rank, world, tp, pp, out, model_name, distributed):
     state["optimizer"] = optimizer.sharded_state_dict(state, **kwargs)
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["rng_state"] = rng_state_object()
+    state["rerun_state_machine"] = rerun_state_object()
     state["num_floating_point_operations_so_far"] = 1.5e9
     folder = os.path.join(out, "iter_%07d" % ITERATION)
     if rank == 0:
@@ -335,8 +342,9 @@ def dump_model(ckpt, out, model_name, tp, pp, world, with_optim, distributed, wi
             optimizer.step()
         kwargs = {"sharding_type": "fully_sharded_model_space"} if distributed else {}
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, **kwargs)
-    if with_rng:
+    if with_rng:  # what load_checkpoint asks for at the saved TP/PP
         state["rng_state"] = rng_state_object()
+        state["rerun_state_machine"] = rerun_state_object()
     loaded = dist_checkpointing.load(state, folder)
     common = dist_checkpointing.load_common_state_dict(folder)
     model.load_state_dict(loaded["model"], strict=True)
@@ -345,6 +353,8 @@ def dump_model(ckpt, out, model_name, tp, pp, world, with_optim, distributed, wi
     extra = {"iteration": ("I64", np.array([common["iteration"]], dtype=np.int64))}
     if with_rng:
         # checkpointing.py load_checkpoint: rng_state[0] without --data-parallel-random-init.
+        from megatron.core.rerun_state_machine import get_rerun_state_machine
+        get_rerun_state_machine().load_state_dict(loaded["rerun_state_machine"])
         rng = loaded["rng_state"][0]
         extra["rng.torch_rng_state"] = ("U8", rng["torch_rng_state"].numpy())
         extra["rng.np_rng_state"] = ("I64", np.asarray(rng["np_rng_state"][1], dtype=np.int64))

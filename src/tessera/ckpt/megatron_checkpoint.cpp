@@ -1074,6 +1074,13 @@ void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, i
   write_torch_file(append, "archive", *doc.root, tensors.storages());
 }
 
+void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append, int64_t iteration) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  doc.root = doc.list({rerun_state_dict(doc, iteration)});
+  write_torch_file(append, "archive", *doc.root, tensors.storages());
+}
+
 void write_torch_dist_common(const std::string& path, const MegatronFileSpec& spec,
                              const std::vector<bool>& group_weight_decay) {
   pickle::Document doc;

@@ -147,6 +147,9 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
 // dict of generator states, megatron_rng_state.h) with --seed `seed`, appended.
 void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, int64_t seed, int tp_rank,
                                       int pp_rank);
+// torch_dist's rerun_state_machine_state object: Megatron's rerun state machine as its default
+// --rerun-mode disabled leaves it at `iteration` (as model_optim_rng.pt's rerun_state_machine).
+void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append, int64_t iteration);
 
 // "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
 // "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.

@@ -340,7 +340,7 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
 std::optional<std::vector<uint8_t>> read_torch_dist_rng_state(const std::string& dir, int64_t iteration,
                                                               const TorchDistRank& rank) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
-  const std::string key = torch_dist_rng_state_key(rank);
+  const std::string key = torch_dist_rank_object_key("rng_state", rank);
   const DcpMetadata meta = read_dcp_metadata(it_dir);
   const auto o = std::find_if(meta.byte_objects.begin(), meta.byte_objects.end(),
                               [&key](const DcpObject& x) { return x.key == key; });
@@ -364,8 +364,8 @@ std::optional<std::vector<uint8_t>> read_torch_dist_rng_state(const std::string&
   return std::move(bytes);
 }
 
-std::string torch_dist_rng_state_key(const TorchDistRank& r) {
-  return "rng_state/shard_" + std::to_string(r.pp_rank) + "." + std::to_string(r.tp_rank) + "_" +
+std::string torch_dist_rank_object_key(const std::string& name, const TorchDistRank& r) {
+  return name + "/shard_" + std::to_string(r.pp_rank) + "." + std::to_string(r.tp_rank) + "_" +
          std::to_string(r.pp_size) + "." + std::to_string(r.tp_size);
 }
 
@@ -641,12 +641,14 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
                          {"offset", start},
                          {"length", offset - start}});
     }
-  // megatron/training/checkpointing.py get_rng_state: ShardedObject('rng_state', [states],
-  // (pp_size, tp_size), (pp_rank, tp_rank)).
-  if (shard.rng_state) {
+  // The rank's objects of the (PP, TP) grid.
+  const TorchDistRank rank{shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size};
+  for (const auto& [name, payload] : {std::pair{"rng_state", &shard.rng_state},
+                                      std::pair{"rerun_state_machine_state", &shard.rerun_state}}) {
+    if (!*payload) continue;
     const uint64_t start = offset;
-    shard.rng_state(append);
-    records.push_back({{"key", torch_dist_rng_state_key({shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size})},
+    (*payload)(append);
+    records.push_back({{"key", torch_dist_rank_object_key(name, rank)},
                        {"file", file},
                        {"offset", start},
                        {"length", offset - start}});

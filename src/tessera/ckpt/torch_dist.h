@@ -66,9 +66,11 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
 struct TorchDistRank {
   int tp_rank = 0, tp_size = 1, pp_rank = 0, pp_size = 1;
 };
-// "rng_state/shard_<pp>.<tp>_<PP>.<TP>": the rank's ShardedObject key (megatron/training/
-// checkpointing.py get_rng_state, megatron/core/dist_checkpointing/mapping.py unique_key).
-std::string torch_dist_rng_state_key(const TorchDistRank& rank);
+// "<name>/shard_<pp>.<tp>_<PP>.<TP>": the key of the rank's ShardedObject `name` of a (PP, TP)
+// grid (rng_state: megatron/training/checkpointing.py get_rng_state; rerun_state_machine_state:
+// megatron/core/rerun_state_machine.py state_dict; megatron/core/dist_checkpointing/mapping.py
+// unique_key).
+std::string torch_dist_rank_object_key(const std::string& name, const TorchDistRank& rank);
 // The rank's rng_state object of a checkpoint saved at its TP/PP (Megatron loads it only
 // there): the torch.save payload, checked to be Megatron's list of generator-state dicts (an
 // Error naming it otherwise); nullopt when the checkpoint holds none for the rank. tessera draws
@@ -103,8 +105,9 @@ struct TorchDistShard {
   int num_layers = 0;                 // the model's, the stacked axis's length
   std::vector<int> layers;            // this rank's layers (all its chunks'): their _extra_state objects
   bool swiglu = false;
-  // Writes the payload of this rank's rng_state object (none when empty).
-  std::function<void(const zip::StoredWriter::Append&)> rng_state;
+  // Write the payloads of this rank's rng_state and rerun_state_machine_state objects (none when
+  // empty). Megatron's load asks for both at the saved TP/PP.
+  std::function<void(const zip::StoredWriter::Append&)> rng_state, rerun_state;
 };
 
 // Writes (and fsyncs) TMP/__<rank>_0.distcp, one torch.save payload per chunk, one tensor's bytes

@@ -521,6 +521,9 @@ json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
       for (int l = c.first_layer; l < c.end_layer; ++l) shard.layers.push_back(l);
     shard.params = model_tensors(model_, false);
     if (!args_.no_save_rng) shard.rng_state = torch_dist_rng_state();
+    shard.rerun_state = [iteration = iteration_](const zip::StoredWriter::Append& append) {
+      append_megatron_rerun_state_object(append, iteration);
+    };
   }
   if (args_.no_save_optim) return write_torch_dist_shard(tmp_dir, rank_in(groups_.world), shard);
   if (args_.use_distributed_optimizer) {
