@@ -22,6 +22,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/ckpt/torch_dist.h"
@@ -54,23 +56,91 @@ testing::AssertionResult run(const std::string& cmd, const fs::path& log) {
   return testing::AssertionFailure() << cmd << "\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
 }
 
-// megatron-core's TP=2 PP=2 saves of both models and its TP=1 PP=1 dumps of them, made once.
+// The flags of the reference's models (megatron_dist_checkpoint.py GPT and LLAMA).
+std::vector<std::string> model_flags(bool llama) {
+  std::vector<std::string> f = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type",
+                                "NullTokenizer", "--vocab-size", "99", "--make-vocab-size-divisible-by", "64",
+                                "--hidden-dropout", "0", "--attention-dropout", "0"};
+  if (llama)
+    f.insert(f.end(), {"--group-query-attention", "--num-query-groups", "2", "--kv-channels", "8", "--ffn-hidden-size",
+                       "64", "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-5",
+                       "--position-embedding-type", "rope", "--rotary-base", "500000", "--disable-bias-linear",
+                       "--untie-embeddings-and-output-weights"});
+  return f;
+}
+
+constexpr const char* kLaunch4 =
+    "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " TESSERA_EXE " launch --standalone --nproc_per_node 4 ";
+constexpr const char* kTp2Pp2 = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2";
+constexpr const char* kTp2Dp2DistributedOptimizer = "--tensor-model-parallel-size 2 --use-distributed-optimizer";
+
+// `tessera launch` of a run of 3 iterations in four processes saving in `format` into `save`.
+std::string train_command(bool llama, const std::string& format, const fs::path& save, const std::string& layout) {
+  std::string cmd = std::string(kLaunch4) + "train";
+  for (const std::string& f : model_flags(llama)) cmd += " " + f;
+  return cmd + " " + layout + " --mock-data --micro-batch-size 1"
+               " --global-batch-size 4 --train-iters 3 --lr 1e-2 --min-lr 1e-4 --eval-iters 0 --init-method-std 0.2"
+               " --deterministic-mode --save " + save.string() + " --save-interval 3 --ckpt-format " + format;
+}
+
+// `tessera launch` continuing megatron-core's TP=2 x PP=2 save in `from` to iteration 8 with its
+// args, `extra` flags added.
+std::string continue_command(const std::string& from, const std::string& extra) {
+  return std::string(kLaunch4) + "train --load " + from +
+         " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+         " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1 " + extra;
+}
+
+// Everything the tests compare, made once, with two reference invocations: megatron-core's saves
+// (TP=2 x PP=2 plain, TP=2 x DP=2 distributed optimizer, both models), tessera's torch_dist runs
+// (each model: TP=2 x PP=2, and TP=2 x DP=2 with the distributed optimizer; Megatron's run
+// continued), then megatron-core's loads of all of them (dump jobs).
 class MegatronDist : public testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(scratch("torch_dist"));
-    ok_ = run(kPython + " -W ignore " + kScript + " save " + (*dir_ / "megatron").string() +
-                  " --models gpt llama --distributed-optimizer-layout 2 1",
-              *dir_ / "save.log") &&
-          run(kPython + " -W ignore " + kScript + " dump " + (*dir_ / "megatron").string() + " " + dir_->string() +
-                  " --models gpt llama --tp 1 --pp 1 --optim",
-              *dir_ / "dump.log");
+    failure_ = new std::string;
+    const fs::path& d = *dir_;
+    auto step = [](testing::AssertionResult r) {
+      if (!r && failure_->empty()) *failure_ = r.message();
+      return static_cast<bool>(r);
+    };
+    if (!step(run(kPython + " -W ignore " + kScript + " save " + (d / "megatron").string() +
+                      " --models gpt llama --distributed-optimizer-layout 2 1",
+                  d / "save.log")))
+      return;
+    nlohmann::json jobs = nlohmann::json::array();
+    auto job = [&](const fs::path& ckpt, const std::string& model, int tp, int pp, const fs::path& out) {
+      jobs.push_back({{"ckpt", ckpt.string()}, {"model", model}, {"tp", tp}, {"pp", pp}, {"out", out.string()}});
+      return &jobs.back();
+    };
+    for (const std::string m : {"gpt", "llama"}) {
+      const bool llama = m == "llama";
+      (*job(d / "megatron" / m, m, 1, 1, d / (m + ".safetensors")))["optim"] = true;
+      const fs::path plain = d / ("tessera_" + m), distopt = d / ("tessera_distopt_" + m), resume = d / ("resume_" + m);
+      for (const fs::path& f : {plain, distopt, resume}) fs::create_directories(f);
+      step(run(train_command(llama, "torch_dist", plain / "dist" / m, kTp2Pp2), plain / "train_dist.log"));
+      (*job(plain / "dist" / m, m, 1, 1, plain / (m + ".safetensors")))["optim"] = true;
+      step(run(train_command(llama, "torch_dist", distopt / "dist" / m, kTp2Dp2DistributedOptimizer),
+               distopt / "train_dist.log"));
+      nlohmann::json* j = job(distopt / "dist" / m, m, 1, 2, distopt / (m + ".safetensors"));
+      (*j)["optim"] = (*j)["distributed"] = true;
+      step(run(continue_command((d / "megatron" / m).string(),
+                                "--save " + (resume / "continued" / m).string() + " --save-interval 8"),
+               resume / "train.log"));
+      // One model is enough for the objects megatron-core's load asks for at the saved layout.
+      if (!llama) (*job(resume / "continued" / m, m, 2, 2, resume / (m + ".safetensors")))["rng"] = true;
+    }
+    std::ofstream(d / "jobs.json") << jobs.dump(1);
+    step(run(kPython + " -W ignore " + kScript + " dump " + (d / "jobs.json").string(), d / "dump.log"));
   }
   static void TearDownTestSuite() {
-    if (!HasFailure()) fs::remove_all(*dir_);
+    if (failure_->empty()) fs::remove_all(*dir_);
     delete dir_;
+    delete failure_;
   }
-  void SetUp() override { ASSERT_TRUE(ok_) << read_text(*dir_ / "save.log") << read_text(*dir_ / "dump.log"); }
+  void SetUp() override { ASSERT_TRUE(failure_->empty()) << *failure_; }
 
   std::string megatron_dir() const { return (*dir_ / "megatron" / GetParam()).string(); }
   safetensors::Reader expected() const {
@@ -78,10 +148,10 @@ class MegatronDist : public testing::TestWithParam<std::string> {
   }
 
   static fs::path* dir_;
-  static bool ok_;
+  static std::string* failure_;
 };
 fs::path* MegatronDist::dir_ = nullptr;
-bool MegatronDist::ok_ = false;
+std::string* MegatronDist::failure_ = nullptr;
 
 // tessera's shape of a dumped (TP=1, Megatron-named) tensor: SwiGLU's fc1 [2F, H] is [2, F, H].
 Shape tessera_shape(const std::string& name, Shape shape, bool swiglu) {
@@ -222,53 +292,20 @@ TEST_P(MegatronDist, DamagedFilesAreErrorsNamingThem) {
   }
 }
 
-// The flags of the reference's models (megatron_dist_checkpoint.py GPT and LLAMA).
-std::vector<std::string> model_flags(bool llama) {
-  std::vector<std::string> f = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-                                "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type",
-                                "NullTokenizer", "--vocab-size", "99", "--make-vocab-size-divisible-by", "64",
-                                "--hidden-dropout", "0", "--attention-dropout", "0"};
-  if (llama)
-    f.insert(f.end(), {"--group-query-attention", "--num-query-groups", "2", "--kv-channels", "8", "--ffn-hidden-size",
-                       "64", "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-5",
-                       "--position-embedding-type", "rope", "--rotary-base", "500000", "--disable-bias-linear",
-                       "--untie-embeddings-and-output-weights"});
-  return f;
-}
-
-constexpr const char* kTp2Pp2 = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2";
-
-// `tessera launch` of a run of 3 iterations in four processes (TP=2 x PP=2 unless `layout`
-// says otherwise) saving in `format` into `save`.
-std::string train_command(bool llama, const std::string& format, const fs::path& save,
-                          const std::string& layout = kTp2Pp2) {
-  std::string cmd = "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
-                    " launch --standalone --nproc_per_node 4 train";
-  for (const std::string& f : model_flags(llama)) cmd += " " + f;
-  return cmd + " " + layout + " --mock-data --micro-batch-size 1"
-               " --global-batch-size 4 --train-iters 3 --lr 1e-2 --min-lr 1e-4 --eval-iters 0 --init-method-std 0.2"
-               " --deterministic-mode --save " + save.string() + " --save-interval 3 --ckpt-format " + format;
-}
-
 // megatron-core loads tessera's TP=2 x PP=2 torch_dist save at TP=1 PP=1 with its own
-// dist_checkpointing.load (model and Adam moments) to the values of the same run's save in
-// tessera's format, bit for bit.
+// dist_checkpointing.load (model and Adam moments) to the values tessera loads from it, bit for
+// bit (tessera's reader is held to megatron-core's own files above); each rank's rng_state is
+// the seeded one.
 TEST_P(MegatronDist, TesseraSaveLoadsIntoMegatronCoreAtAnotherLayout) {
   const bool llama = GetParam() == "llama";
   const fs::path out = *dir_ / ("tessera_" + GetParam());
-  fs::create_directories(out / "dist");
-  ASSERT_TRUE(run(train_command(llama, "torch_dist", out / "dist" / GetParam()), out / "train_dist.log"));
-  ASSERT_TRUE(run(train_command(llama, "tessera", out / "own"), out / "train_own.log"));
-  const std::string it = (out / "dist" / GetParam() / "iter_0000003").string();
+  const fs::path it = out / "dist" / GetParam() / "iter_0000003";
   for (const char* f : {".metadata", "common.pt", "metadata.json", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
                         "__3_0.distcp"})
-    EXPECT_TRUE(fs::exists(fs::path(it) / f)) << f;
-  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "dist").string() + " " + out.string() +
-                      " --models " + GetParam() + " --tp 1 --pp 1 --optim",
-                  out / "dump.log"));
+    EXPECT_TRUE(fs::exists(it / f)) << f;
   const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
   EXPECT_EQ(megatron.read_i64("iteration"), (std::vector<int64_t>{3}));
-  EXPECT_GT(expect_loads_bit_for_bit((out / "own").string(), 3, megatron, llama), llama ? 60u : 105u);
+  EXPECT_GT(expect_loads_bit_for_bit((out / "dist" / GetParam()).string(), 3, megatron, llama), llama ? 60u : 105u);
   // Each rank's rng_state: the generator states Megatron's seeding leaves (megatron_rng_state.h),
   // a payload tessera's reader takes as Megatron's list of them.
   for (int tp = 0; tp < 2; ++tp)
@@ -284,23 +321,16 @@ TEST_P(MegatronDist, TesseraSaveLoadsIntoMegatronCoreAtAnotherLayout) {
 // tessera's distributed optimizer at TP=2 PP=1 DP=2 saves torch_dist in Megatron's default layout
 // for it (every DP rank its ranges, fully_sharded_model_space), which megatron-core's own
 // DistributedOptimizer loads at TP=1 PP=2 DP=2 to the weights, fp32 main parameters and Adam
-// moments of the same run's save in tessera's format, bit for bit. Before, tessera gathered them
+// moments tessera loads from it, bit for bit. Before, tessera gathered them
 // into the plain optimizer's layout, which Megatron's distributed optimizer does not load.
 TEST_P(MegatronDist, TesseraDistributedOptimizerSaveLoadsIntoMegatronCore) {
   const bool llama = GetParam() == "llama";
   const fs::path out = *dir_ / ("tessera_distopt_" + GetParam());
-  const std::string layout = "--tensor-model-parallel-size 2 --use-distributed-optimizer";
-  fs::create_directories(out / "dist");
-  ASSERT_TRUE(run(train_command(llama, "torch_dist", out / "dist" / GetParam(), layout), out / "train_dist.log"));
-  ASSERT_TRUE(run(train_command(llama, "tessera", out / "own", layout), out / "train_own.log"));
-  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "dist").string() + " " + out.string() +
-                      " --models " + GetParam() + " --tp 1 --pp 2 --optim --distributed-optimizer",
-                  out / "dump.log"));
+  for (int rank = 0; rank < 4; ++rank)  // every DP rank writes its ranges
+    EXPECT_TRUE(fs::exists(out / "dist" / GetParam() / "iter_0000003" / ("__" + std::to_string(rank) + "_0.distcp")));
   const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
-  EXPECT_GT(expect_loads_bit_for_bit((out / "own").string(), 3, megatron, llama), llama ? 60u : 105u);
-  // The model's fp32 main parameters, which Megatron's distributed optimizer loaded from
-  // optimizer.state.fp32_param, are the weights.
-  size_t main = 0;
+  EXPECT_GT(expect_loads_bit_for_bit((out / "dist" / GetParam()).string(), 3, megatron, llama), llama ? 60u : 105u);
+  size_t main = 0;  // the fp32 main parameters megatron-core's DistributedOptimizer loaded
   for (const safetensors::TensorInfo& t : megatron.tensors())
     if (t.name.rfind("optimizer.fp32_param.", 0) == 0) ++main;
   EXPECT_GT(main, llama ? 20u : 35u);
@@ -309,18 +339,12 @@ TEST_P(MegatronDist, TesseraDistributedOptimizerSaveLoadsIntoMegatronCore) {
 // A Megatron run continues in tessera: its TP=2 x PP=2 save resumes with --use-checkpoint-args
 // (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8;
 // the torch_dist save of iteration 8 hands back each rank's rng_state as Megatron left it (tessera
-// draws nothing from those generators), and megatron-core's load at TP=2 PP=2 restores it.
-// Before, tessera's torch_dist saves held no rng_state, and Megatron's resume needed --no-load-rng.
+// draws nothing from those generators), and megatron-core's load at TP=2 PP=2 takes it with the
+// rerun_state_machine objects (what its load_checkpoint asks for at the saved layout). Before,
+// tessera's torch_dist saves held neither, and Megatron's resume at the same layout failed.
 TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgsAndKeepsItsRngState) {
   const fs::path out = *dir_ / ("resume_" + GetParam());
   const fs::path saved = out / "continued" / GetParam();
-  fs::create_directories(out);
-  ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
-                      " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
-                      " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
-                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1 --save " +
-                      saved.string() + " --save-interval 8",
-                  out / "train.log"));
   const std::string log = read_text(out / "train.log");
   EXPECT_NE(log.find("loading checkpoint from " + megatron_dir() + " at iteration 7 (Megatron-LM's torch_dist format)"),
             std::string::npos)
@@ -334,10 +358,8 @@ TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgsAndKeepsItsRngState) {
       ASSERT_TRUE(before && after) << tp << pp;
       EXPECT_EQ(*before, *after) << tp << pp;
     }
-  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "continued").string() + " " + out.string() +
-                      " --models " + GetParam() + " --tp 2 --pp 2 --rng",
-                  out / "dump.log"));
-  const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
+  if (GetParam() != "gpt") return;  // megatron-core's load of it: one model (the jobs in SetUpTestSuite)
+  const safetensors::Reader megatron = safetensors::Reader::open((out / "gpt.safetensors").string());
   EXPECT_EQ(megatron.read_i64("rng.np_rng_state").size(), 624u);
   EXPECT_EQ(megatron.read_i64("rng.torch_rng_state").size(), 5056u);
 }
@@ -349,11 +371,7 @@ TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgsAndKeepsItsRngState) {
 TEST_P(MegatronDist, CkptConvertFormatSavesTheLoadedCheckpointAndExits) {
   const fs::path out = *dir_ / ("convert_" + GetParam());
   fs::create_directories(out);
-  ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
-                      " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
-                      " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
-                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --ckpt-convert-format torch"
-                      " --ckpt-convert-save " + out.string(),
+  ASSERT_TRUE(run(continue_command(megatron_dir(), "--ckpt-convert-format torch --ckpt-convert-save " + out.string()),
                   out / "convert.log"));
   const std::string log = read_text(out / "convert.log");
   EXPECT_NE(log.find("> converted checkpoint: torch_dist -> torch."), std::string::npos) << log;

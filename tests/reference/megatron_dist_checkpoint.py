@@ -24,17 +24,17 @@ default --ckpt-fully-parallel-save); the save also writes OUT/<model>_distopt.sa
 parameter, fp32 main parameter (optimizer.fp32_param.<name>) and Adam moment whole, gathered
 from the optimizer that saved them.
 
-    python megatron_dist_checkpoint.py dump ROOT OUT_DIR --models gpt llama [--tp 1 --pp 1] [--optim]
-        [--distributed-optimizer] [--rng]
-loads ROOT/<model>'s latest iteration with dist_checkpointing.load into a GPTModel of the given
-layout (TP x PP processes, or 4 with --distributed-optimizer; megatron-core reshards) and writes
-to OUT_DIR/<model>.safetensors every parameter, whole (gathered over TP, each stage's layers
-renumbered globally), under megatron-core's TP=1 names, plus `iteration` and
-`optimizer.<exp_avg|exp_avg_sq>.<name>` when --optim (the whole model's Adam moments; with
---distributed-optimizer Megatron's DistributedOptimizer loads them from the
-fully_sharded_model_space layout, and `optimizer.fp32_param.<name>` too). --rng loads
-`rng_state` and `rerun_state_machine` as Megatron's load_checkpoint does at the saved TP/PP and dumps rank 0's
-`rng.torch_rng_state` (U8) and `rng.np_rng_state` (I64, the 624 words).
+    python megatron_dist_checkpoint.py dump JOBS.json
+runs every job of the JSON list in the same 4 processes, in order, each
+{"ckpt": DIR, "model": "gpt"|"llama", "tp": T, "pp": P, "out": FILE, "optim": bool,
+ "distributed": bool, "rng": bool}: loads DIR's latest iteration with dist_checkpointing.load
+into a GPTModel at TP x PP (DP the rest of 4; megatron-core reshards) and writes to FILE every
+parameter, whole (gathered over TP, each stage's layers renumbered globally), under
+megatron-core's TP=1 names, plus `iteration` and, with "optim", `optimizer.<exp_avg|exp_avg_sq>.
+<name>` (the whole model's Adam moments; with "distributed" Megatron's DistributedOptimizer loads
+them from the fully_sharded_model_space layout, and `optimizer.fp32_param.<name>` too). "rng"
+loads `rng_state` and `rerun_state_machine` as Megatron's load_checkpoint does at the saved
+TP/PP and dumps rank 0's `rng.torch_rng_state` (U8) and `rng.np_rng_state` (I64, the 624 words).
 
 torch's AdamW, megatron-core's optimizer without Apex or Transformer Engine, keeps `step` per
 parameter; Apex's and TE's FusedAdam, what Megatron runs on GPUs, keep it per group, and
@@ -44,6 +44,7 @@ version). hidden_per_param_step hides it from that code, which gives the layout 
 """
 import argparse
 import contextlib
+import json
 import os
 import random
 import sys
@@ -252,11 +253,16 @@ def global_tensor(name, t, tp, swiglu):
     return gather_tp(t, d)
 
 
-def dump_rank(rank, world, tp, pp, port, ckpt_root, out_dir, models, with_optim, distributed, with_rng):
-    init_cpu_megatron(rank, world, tp, pp, port)
-    for model_name in models:
-        dump_model(os.path.join(ckpt_root, model_name), os.path.join(out_dir, model_name + ".safetensors"),
-                   model_name, tp, pp, world, with_optim, distributed, with_rng)
+def dump_rank(rank, world, port, jobs):
+    from megatron.core import parallel_state
+    init_cpu_megatron(rank, world, jobs[0]["tp"], jobs[0]["pp"], port)
+    for job in jobs:
+        if (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size()) != (job["tp"], job["pp"]):
+            parallel_state.destroy_model_parallel()
+            parallel_state.initialize_model_parallel(job["tp"], job["pp"])
+        dump_model(job["ckpt"], job["out"], job["model"], job["tp"], job["pp"], world, job.get("optim", False),
+                   job.get("distributed", False), job.get("rng", False))
 
 
 def distributed_optimizer_state(optimizer):
@@ -364,25 +370,23 @@ def dump_model(ckpt, out, model_name, tp, pp, world, with_optim, distributed, wi
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("action", choices=["save", "dump"])
-    p.add_argument("paths", nargs="+")
-    p.add_argument("--models", nargs="+", choices=["gpt", "llama"], required=True)
+    p.add_argument("path", help="save: OUT; dump: JOBS.json")
+    p.add_argument("--models", nargs="+", choices=["gpt", "llama"], default=["gpt", "llama"])
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--distributed-optimizer", action="store_true", help="dump: load with Megatron's")
     p.add_argument("--distributed-optimizer-layout", type=int, nargs=2, metavar=("TP", "PP"),
                    help="save: also <model>_distopt at this TP x PP (DP the rest of 4) with Megatron's")
-    p.add_argument("--optim", action="store_true", help="dump: also the Adam moments")
-    p.add_argument("--rng", action="store_true", help="dump: also load rng_state (at the saved TP/PP)")
     a = p.parse_args()
-    world = 4 if a.action == "save" or a.distributed_optimizer else a.tp * a.pp
+    world = 4
     port = 20000 + os.getpid() % 20000
     import torch.multiprocessing as mp
     if a.action == "save":
-        mp.spawn(save_rank, args=(world, a.tp, a.pp, port, a.paths[0], a.models, a.distributed_optimizer_layout),
+        mp.spawn(save_rank, args=(world, a.tp, a.pp, port, a.path, a.models, a.distributed_optimizer_layout),
                  nprocs=world)
     else:
-        mp.spawn(dump_rank, args=(world, a.tp, a.pp, port, a.paths[0], a.paths[1], a.models, a.optim,
-                                  a.distributed_optimizer, a.rng), nprocs=world)
+        with open(a.path) as f:
+            jobs = json.load(f)
+        mp.spawn(dump_rank, args=(world, port, jobs), nprocs=world)
 
 
 if __name__ == "__main__":

@@ -642,13 +642,13 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
                          {"length", offset - start}});
     }
   // The rank's objects of the (PP, TP) grid.
-  const TorchDistRank rank{shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size};
+  const TorchDistRank grid_rank{shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size};
   for (const auto& [name, payload] : {std::pair{"rng_state", &shard.rng_state},
                                       std::pair{"rerun_state_machine_state", &shard.rerun_state}}) {
     if (!*payload) continue;
     const uint64_t start = offset;
     (*payload)(append);
-    records.push_back({{"key", torch_dist_rank_object_key(name, rank)},
+    records.push_back({{"key", torch_dist_rank_object_key(name, grid_rank)},
                        {"file", file},
                        {"offset", start},
                        {"length", offset - start}});
