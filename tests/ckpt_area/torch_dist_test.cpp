@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -225,6 +226,19 @@ TEST_P(MegatronDist, ItsDistributedOptimizerSaveLoadsIntoTesseraBitForBit) {
   const CheckpointState s = read_checkpoint_metadata(dir, 7);
   EXPECT_EQ(s.optimizer_steps, 1);
   EXPECT_EQ(s.layout.data_parallel, 2);
+  // .metadata's reformulated state back in its original shape, one chunk per TP block, joined
+  // from its DP ranges: fc2 [L, H, F] split on F over TP=2 (megatron-core cut GPT's layer-1 blocks
+  // between the DP ranks).
+  const DcpMetadata meta = read_dcp_metadata(dir + "/iter_0000007");
+  const auto fc2 = std::find_if(meta.tensors.begin(), meta.tensors.end(), [](const DcpTensor& t) {
+    return t.key == "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight";
+  });
+  ASSERT_NE(fc2, meta.tensors.end());
+  EXPECT_EQ(fc2->size, (std::vector<int64_t>{4, 32, GetParam() == "llama" ? 64 : 128}));
+  EXPECT_EQ(fc2->chunks.size(), 8u);
+  size_t parts = 0;
+  for (const DcpChunk& c : fc2->chunks) parts += c.parts.size();
+  EXPECT_EQ(parts, GetParam() == "gpt" ? 10u : 8u);
   const safetensors::Reader want =
       safetensors::Reader::open((*dir_ / "megatron" / (GetParam() + "_distopt.safetensors")).string());
   EXPECT_GT(expect_loads_bit_for_bit(dir, 7, want, GetParam() == "llama"), GetParam() == "llama" ? 60u : 100u);
