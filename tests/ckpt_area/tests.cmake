@@ -56,7 +56,8 @@ set_tests_properties(ckpt.reshard.strict PROPERTIES TIMEOUT 300 LABELS "ckpt;str
 
 # Megatron-LM's checkpoint files: the zip container, the restricted pickle reader and torch_dist's
 # .metadata under fuzzing (fuzz/torch_checkpoint_fuzz.cpp), built and run as safetensors_fuzz is,
-# seeded with a .metadata megatron-core 0.10.0 wrote (fuzz/corpus/dcp/).
+# seeded with .metadata files megatron-core 0.10.0 wrote (fuzz/corpus/dcp/: a plain optimizer's,
+# and its distributed optimizer's reformulated fully_sharded_model_space layout).
 find_package(ZLIB REQUIRED)
 add_executable(torch_checkpoint_fuzz
   ${PROJECT_SOURCE_DIR}/fuzz/torch_checkpoint_fuzz.cpp
@@ -76,7 +77,8 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
            ${PROJECT_SOURCE_DIR}/fuzz/corpus/dcp)
 else()
   add_test(NAME ckpt.torch_checkpoint_fuzz COMMAND torch_checkpoint_fuzz --seconds 30
-           ${PROJECT_SOURCE_DIR}/fuzz/corpus/dcp/gpt_tp2_pp2.metadata)
+           ${PROJECT_SOURCE_DIR}/fuzz/corpus/dcp/gpt_tp2_pp2.metadata
+           ${PROJECT_SOURCE_DIR}/fuzz/corpus/dcp/gpt_distopt_tp2_dp2.metadata)
 endif()
 set_tests_properties(ckpt.torch_checkpoint_fuzz PROPERTIES
   TIMEOUT 120 LABELS "fuzz;ckpt"

@@ -6,17 +6,24 @@
 //     and dumps every parameter and Adam moment. tessera's load of the same files gives every one
 //     of them bit for bit, and the state common.pt records (iteration, consumed samples, scheduler
 //     steps, Adam's step); `tessera ckpt inspect` reads every chunk, and `ckpt convert --to
-//     tessera` gives the same weights.
+//     tessera` gives the same weights. The same with Megatron's DistributedOptimizer at TP=2 x
+//     DP=2 (its default fully_sharded_model_space layout) against the saving optimizer's values.
+//   - Writing: tessera's saves load into megatron-core at another layout, plain and distributed
+//     optimizer; rng_state and rerun_state_machine objects load where Megatron asks for them.
+//   - Megatron's run continues in tessera and is handed back; --ckpt-convert-format converts.
 //
 // The binary exits 77 (CTest's SKIP_RETURN_CODE) when the tdist venv is absent.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+
+#include <nlohmann/json.hpp>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
@@ -50,22 +57,91 @@ testing::AssertionResult run(const std::string& cmd, const fs::path& log) {
   return testing::AssertionFailure() << cmd << "\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
 }
 
-// megatron-core's TP=2 PP=2 saves of both models and its TP=1 PP=1 dumps of them, made once.
+// The flags of the reference's models (megatron_dist_checkpoint.py GPT and LLAMA).
+std::vector<std::string> model_flags(bool llama) {
+  std::vector<std::string> f = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type",
+                                "NullTokenizer", "--vocab-size", "99", "--make-vocab-size-divisible-by", "64",
+                                "--hidden-dropout", "0", "--attention-dropout", "0"};
+  if (llama)
+    f.insert(f.end(), {"--group-query-attention", "--num-query-groups", "2", "--kv-channels", "8", "--ffn-hidden-size",
+                       "64", "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-5",
+                       "--position-embedding-type", "rope", "--rotary-base", "500000", "--disable-bias-linear",
+                       "--untie-embeddings-and-output-weights"});
+  return f;
+}
+
+constexpr const char* kLaunch4 =
+    "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " TESSERA_EXE " launch --standalone --nproc_per_node 4 ";
+constexpr const char* kTp2Pp2 = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2";
+constexpr const char* kTp2Dp2DistributedOptimizer = "--tensor-model-parallel-size 2 --use-distributed-optimizer";
+
+// `tessera launch` of a run of 3 iterations in four processes saving in `format` into `save`.
+std::string train_command(bool llama, const std::string& format, const fs::path& save, const std::string& layout) {
+  std::string cmd = std::string(kLaunch4) + "train";
+  for (const std::string& f : model_flags(llama)) cmd += " " + f;
+  return cmd + " " + layout + " --mock-data --micro-batch-size 1"
+               " --global-batch-size 4 --train-iters 3 --lr 1e-2 --min-lr 1e-4 --eval-iters 0 --init-method-std 0.2"
+               " --deterministic-mode --save " + save.string() + " --save-interval 3 --ckpt-format " + format;
+}
+
+// `tessera launch` continuing megatron-core's TP=2 x PP=2 save in `from` to iteration 8 with its
+// args, `extra` flags added.
+std::string continue_command(const std::string& from, const std::string& extra) {
+  return std::string(kLaunch4) + "train --load " + from +
+         " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+         " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1 " + extra;
+}
+
+// Everything the tests compare, made once, with two reference invocations: megatron-core's saves
+// (TP=2 x PP=2 plain, TP=2 x DP=2 distributed optimizer, both models), tessera's torch_dist runs
+// (each model: TP=2 x PP=2, and TP=2 x DP=2 with the distributed optimizer; Megatron's run
+// continued), then megatron-core's loads of all of them (dump jobs).
 class MegatronDist : public testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(scratch("torch_dist"));
-    ok_ = run(kPython + " -W ignore " + kScript + " save " + (*dir_ / "megatron").string() + " --models gpt llama",
-              *dir_ / "save.log") &&
-          run(kPython + " -W ignore " + kScript + " dump " + (*dir_ / "megatron").string() + " " + dir_->string() +
-                  " --models gpt llama --tp 1 --pp 1 --optim",
-              *dir_ / "dump.log");
+    failure_ = new std::string;
+    const fs::path& d = *dir_;
+    auto step = [](testing::AssertionResult r) {
+      if (!r && failure_->empty()) *failure_ = r.message();
+      return static_cast<bool>(r);
+    };
+    if (!step(run(kPython + " -W ignore " + kScript + " save " + (d / "megatron").string() +
+                      " --models gpt llama --distributed-optimizer-layout 2 1",
+                  d / "save.log")))
+      return;
+    nlohmann::json jobs = nlohmann::json::array();
+    auto job = [&](const fs::path& ckpt, const std::string& model, int tp, int pp, const fs::path& out) {
+      jobs.push_back({{"ckpt", ckpt.string()}, {"model", model}, {"tp", tp}, {"pp", pp}, {"out", out.string()}});
+      return &jobs.back();
+    };
+    for (const std::string m : {"gpt", "llama"}) {
+      const bool llama = m == "llama";
+      (*job(d / "megatron" / m, m, 1, 1, d / (m + ".safetensors")))["optim"] = true;
+      const fs::path plain = d / ("tessera_" + m), distopt = d / ("tessera_distopt_" + m), resume = d / ("resume_" + m);
+      for (const fs::path& f : {plain, distopt, resume}) fs::create_directories(f);
+      step(run(train_command(llama, "torch_dist", plain / "dist" / m, kTp2Pp2), plain / "train_dist.log"));
+      (*job(plain / "dist" / m, m, 1, 1, plain / (m + ".safetensors")))["optim"] = true;
+      step(run(train_command(llama, "torch_dist", distopt / "dist" / m, kTp2Dp2DistributedOptimizer),
+               distopt / "train_dist.log"));
+      nlohmann::json* j = job(distopt / "dist" / m, m, 1, 2, distopt / (m + ".safetensors"));
+      (*j)["optim"] = (*j)["distributed"] = true;
+      step(run(continue_command((d / "megatron" / m).string(),
+                                "--save " + (resume / "continued" / m).string() + " --save-interval 8"),
+               resume / "train.log"));
+      // One model is enough for the objects megatron-core's load asks for at the saved layout.
+      if (!llama) (*job(resume / "continued" / m, m, 2, 2, resume / (m + ".safetensors")))["rng"] = true;
+    }
+    std::ofstream(d / "jobs.json") << jobs.dump(1);
+    step(run(kPython + " -W ignore " + kScript + " dump " + (d / "jobs.json").string(), d / "dump.log"));
   }
   static void TearDownTestSuite() {
-    if (!HasFailure()) fs::remove_all(*dir_);
+    if (failure_->empty()) fs::remove_all(*dir_);
     delete dir_;
+    delete failure_;
   }
-  void SetUp() override { ASSERT_TRUE(ok_) << read_text(*dir_ / "save.log") << read_text(*dir_ / "dump.log"); }
+  void SetUp() override { ASSERT_TRUE(failure_->empty()) << *failure_; }
 
   std::string megatron_dir() const { return (*dir_ / "megatron" / GetParam()).string(); }
   safetensors::Reader expected() const {
@@ -73,10 +149,10 @@ class MegatronDist : public testing::TestWithParam<std::string> {
   }
 
   static fs::path* dir_;
-  static bool ok_;
+  static std::string* failure_;
 };
 fs::path* MegatronDist::dir_ = nullptr;
-bool MegatronDist::ok_ = false;
+std::string* MegatronDist::failure_ = nullptr;
 
 // tessera's shape of a dumped (TP=1, Megatron-named) tensor: SwiGLU's fc1 [2F, H] is [2, F, H].
 Shape tessera_shape(const std::string& name, Shape shape, bool swiglu) {
@@ -85,6 +161,40 @@ Shape tessera_shape(const std::string& name, Shape shape, bool swiglu) {
     shape.insert(shape.begin(), 2);
   }
   return shape;
+}
+
+// Loads DIR's checkpoint into whole tensors named and shaped as `want`'s (a dump of the
+// reference: parameters under Megatron's TP=1 names, "optimizer.<kind>.<name>" their state) and
+// expects each bit for bit equal to want's; returns how many were compared. `fp32_param` is
+// compared against the parameter (it is what a load with the optimizer fills the parameter from).
+size_t expect_loads_bit_for_bit(const std::string& dir, int64_t iteration, const safetensors::Reader& want,
+                                bool swiglu) {
+  std::vector<NamedTensor> model, optimizer;
+  std::vector<std::vector<float>> buffers;
+  buffers.reserve(want.tensors().size());
+  for (const safetensors::TensorInfo& t : want.tensors()) {
+    if (t.name == "iteration" || t.name.rfind("rng.", 0) == 0 || t.name.rfind("optimizer.fp32_param.", 0) == 0)
+      continue;
+    const bool state = t.name.rfind("optimizer.", 0) == 0;
+    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
+    buffers.emplace_back(t.numel, -1.0f);
+    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
+                                                        tessera_shape(name, t.shape, swiglu), nullptr)});
+  }
+  EXPECT_FALSE(optimizer.empty());
+  load_checkpoint(dir, iteration, model, optimizer, true);
+  size_t compared = 0;
+  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
+    for (const NamedTensor& t : *set) {
+      const std::string dumped = set == &optimizer ? "optimizer." + t.name : t.name;
+      const std::vector<float> w = want.read_f32(dumped);
+      EXPECT_EQ(std::memcmp(w.data(), t.tensor.f32(), w.size() * sizeof(float)), 0) << dumped;
+      if (set == &model && want.contains("optimizer.fp32_param." + t.name))
+        EXPECT_EQ(want.read_f32("optimizer.fp32_param." + t.name), w) << t.name;
+      ++compared;
+    }
+  EXPECT_EQ(optimizer.size(), 2 * model.size());
+  return compared;
 }
 
 TEST_P(MegatronDist, ItsSaveLoadsIntoTesseraBitForBit) {
@@ -100,30 +210,38 @@ TEST_P(MegatronDist, ItsSaveLoadsIntoTesseraBitForBit) {
   EXPECT_EQ(s.layout.pipeline_parallel, 2);
   EXPECT_EQ(s.layout.padded_vocab_size, 128);
 
-  const bool swiglu = GetParam() == "llama";
-  const safetensors::Reader want = expected();
-  std::vector<NamedTensor> model, optimizer;
-  std::vector<std::vector<float>> buffers;
-  buffers.reserve(want.tensors().size());
-  for (const safetensors::TensorInfo& t : want.tensors()) {
-    if (t.name == "iteration") continue;
-    const bool state = t.name.rfind("optimizer.", 0) == 0;
-    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
-    buffers.emplace_back(t.numel, -1.0f);
-    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
-                                                        tessera_shape(name, t.shape, swiglu), nullptr)});
-  }
-  ASSERT_FALSE(optimizer.empty());
-  load_checkpoint(dir, 7, model, optimizer, true);
-  size_t compared = 0;
-  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
-    for (const NamedTensor& t : *set) {
-      const std::string dumped = set == &optimizer ? "optimizer." + t.name : t.name;
-      const std::vector<float> w = want.read_f32(dumped);
-      ASSERT_EQ(std::memcmp(w.data(), t.tensor.f32(), w.size() * sizeof(float)), 0) << t.name;
-      ++compared;
-    }
-  EXPECT_GT(compared, GetParam() == "llama" ? 60u : 100u);
+  EXPECT_GT(expect_loads_bit_for_bit(dir, 7, expected(), GetParam() == "llama"), GetParam() == "llama" ? 60u : 100u);
+  // Megatron's rng_state objects (get_rng_state's ShardedObject, numpy's state an ndarray) read.
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp) EXPECT_TRUE(read_torch_dist_rng_state(dir, 7, {tp, 2, pp, 2})) << tp << pp;
+  EXPECT_FALSE(read_torch_dist_rng_state(dir, 7, {0, 1, 0, 1}));
+}
+
+// Megatron's distributed optimizer saved at TP=2 PP=1 DP=2 in its default layout
+// (fully_sharded_model_space: N-D state reformulated, flat ranges per DP rank, one of them cut
+// between the ranks) loads into tessera to the values of the optimizer that saved it, bit for bit.
+// Before the reader joined flat ranges, loading its optimizer was an error.
+TEST_P(MegatronDist, ItsDistributedOptimizerSaveLoadsIntoTesseraBitForBit) {
+  const std::string dir = megatron_dir() + "_distopt";
+  const CheckpointState s = read_checkpoint_metadata(dir, 7);
+  EXPECT_EQ(s.optimizer_steps, 1);
+  EXPECT_EQ(s.layout.data_parallel, 2);
+  // .metadata's reformulated state back in its original shape, one chunk per TP block, joined
+  // from its DP ranges: fc2 [L, H, F] split on F over TP=2 (megatron-core cut GPT's layer-1 blocks
+  // between the DP ranks).
+  const DcpMetadata meta = read_dcp_metadata(dir + "/iter_0000007");
+  const auto fc2 = std::find_if(meta.tensors.begin(), meta.tensors.end(), [](const DcpTensor& t) {
+    return t.key == "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight";
+  });
+  ASSERT_NE(fc2, meta.tensors.end());
+  EXPECT_EQ(fc2->size, (std::vector<int64_t>{4, 32, GetParam() == "llama" ? 64 : 128}));
+  EXPECT_EQ(fc2->chunks.size(), 8u);
+  size_t parts = 0;
+  for (const DcpChunk& c : fc2->chunks) parts += c.parts.size();
+  EXPECT_EQ(parts, GetParam() == "gpt" ? 10u : 8u);
+  const safetensors::Reader want =
+      safetensors::Reader::open((*dir_ / "megatron" / (GetParam() + "_distopt.safetensors")).string());
+  EXPECT_GT(expect_loads_bit_for_bit(dir, 7, want, GetParam() == "llama"), GetParam() == "llama" ? 60u : 100u);
 }
 
 TEST_P(MegatronDist, InspectReadsEveryChunkAndConvertGivesTheSameWeights) {
@@ -188,85 +306,95 @@ TEST_P(MegatronDist, DamagedFilesAreErrorsNamingThem) {
   }
 }
 
-// The flags of the reference's models (megatron_dist_checkpoint.py GPT and LLAMA).
-std::vector<std::string> model_flags(bool llama) {
-  std::vector<std::string> f = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-                                "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type",
-                                "NullTokenizer", "--vocab-size", "99", "--make-vocab-size-divisible-by", "64",
-                                "--hidden-dropout", "0", "--attention-dropout", "0"};
-  if (llama)
-    f.insert(f.end(), {"--group-query-attention", "--num-query-groups", "2", "--kv-channels", "8", "--ffn-hidden-size",
-                       "64", "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-5",
-                       "--position-embedding-type", "rope", "--rotary-base", "500000", "--disable-bias-linear",
-                       "--untie-embeddings-and-output-weights"});
-  return f;
-}
-
-// `tessera launch` of a TP=2 x PP=2 run of 3 iterations saving in `format` into `save`.
-std::string train_command(bool llama, const std::string& format, const fs::path& save) {
-  std::string cmd = "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
-                    " launch --standalone --nproc_per_node 4 train";
-  for (const std::string& f : model_flags(llama)) cmd += " " + f;
-  return cmd + " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --mock-data --micro-batch-size 1"
-               " --global-batch-size 4 --train-iters 3 --lr 1e-2 --min-lr 1e-4 --eval-iters 0 --init-method-std 0.2"
-               " --deterministic-mode --save " + save.string() + " --save-interval 3 --ckpt-format " + format;
-}
-
 // megatron-core loads tessera's TP=2 x PP=2 torch_dist save at TP=1 PP=1 with its own
-// dist_checkpointing.load (model and Adam moments) to the values of the same run's save in
-// tessera's format, bit for bit.
+// dist_checkpointing.load (model and Adam moments) to the values tessera loads from it, bit for
+// bit (tessera's reader is held to megatron-core's own files above); each rank's rng_state is
+// the seeded one.
 TEST_P(MegatronDist, TesseraSaveLoadsIntoMegatronCoreAtAnotherLayout) {
   const bool llama = GetParam() == "llama";
   const fs::path out = *dir_ / ("tessera_" + GetParam());
-  fs::create_directories(out / "dist");
-  ASSERT_TRUE(run(train_command(llama, "torch_dist", out / "dist" / GetParam()), out / "train_dist.log"));
-  ASSERT_TRUE(run(train_command(llama, "tessera", out / "own"), out / "train_own.log"));
-  const std::string it = (out / "dist" / GetParam() / "iter_0000003").string();
+  const fs::path it = out / "dist" / GetParam() / "iter_0000003";
   for (const char* f : {".metadata", "common.pt", "metadata.json", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
                         "__3_0.distcp"})
-    EXPECT_TRUE(fs::exists(fs::path(it) / f)) << f;
-  ASSERT_TRUE(run(kPython + " -W ignore " + kScript + " dump " + (out / "dist").string() + " " + out.string() +
-                      " --models " + GetParam() + " --tp 1 --pp 1 --optim",
-                  out / "dump.log"));
+    EXPECT_TRUE(fs::exists(it / f)) << f;
   const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
   EXPECT_EQ(megatron.read_i64("iteration"), (std::vector<int64_t>{3}));
-  std::vector<NamedTensor> model, optimizer;
-  std::vector<std::vector<float>> buffers;
-  buffers.reserve(megatron.tensors().size());
-  for (const safetensors::TensorInfo& t : megatron.tensors()) {
-    if (t.name == "iteration") continue;
-    const bool state = t.name.rfind("optimizer.", 0) == 0;
-    const std::string name = state ? t.name.substr(std::strlen("optimizer.")) : t.name;
-    buffers.emplace_back(t.numel, -1.0f);
-    (state ? optimizer : model).push_back({name, Tensor(buffers.back().data(), DType::F32,
-                                                        tessera_shape(name, t.shape, llama), nullptr)});
-  }
-  load_checkpoint((out / "own").string(), 3, model, optimizer, true);
-  for (const std::vector<NamedTensor>* set : {&model, &optimizer})
-    for (const NamedTensor& t : *set) {
-      const std::vector<float> m = megatron.read_f32(set == &optimizer ? "optimizer." + t.name : t.name);
-      ASSERT_EQ(std::memcmp(m.data(), t.tensor.f32(), m.size() * sizeof(float)), 0) << t.name;
+  EXPECT_GT(expect_loads_bit_for_bit((out / "dist" / GetParam()).string(), 3, megatron, llama), llama ? 60u : 105u);
+  // Each rank's rng_state: the generator states Megatron's seeding leaves (megatron_rng_state.h),
+  // a payload tessera's reader takes as Megatron's list of them.
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp) {
+      std::vector<uint8_t> seeded;
+      const auto append = [&](std::span<const uint8_t> b) { seeded.insert(seeded.end(), b.begin(), b.end()); };
+      append_megatron_rng_state_object(append, 1234, tp, pp);
+      EXPECT_EQ(read_torch_dist_rng_state((out / "dist" / GetParam()).string(), 3, {tp, 2, pp, 2}), seeded)
+          << tp << pp;
     }
-  EXPECT_EQ(optimizer.size(), 2 * model.size());
-  EXPECT_GT(model.size(), llama ? 20u : 35u);
+}
+
+// tessera's distributed optimizer at TP=2 PP=1 DP=2 saves torch_dist in Megatron's default layout
+// for it (every DP rank its ranges, fully_sharded_model_space), which megatron-core's own
+// DistributedOptimizer loads at TP=1 PP=2 DP=2 to the weights, fp32 main parameters and Adam
+// moments tessera loads from it, bit for bit. Before, tessera gathered them
+// into the plain optimizer's layout, which Megatron's distributed optimizer does not load.
+TEST_P(MegatronDist, TesseraDistributedOptimizerSaveLoadsIntoMegatronCore) {
+  const bool llama = GetParam() == "llama";
+  const fs::path out = *dir_ / ("tessera_distopt_" + GetParam());
+  for (int rank = 0; rank < 4; ++rank)  // every DP rank writes its ranges
+    EXPECT_TRUE(fs::exists(out / "dist" / GetParam() / "iter_0000003" / ("__" + std::to_string(rank) + "_0.distcp")));
+  const safetensors::Reader megatron = safetensors::Reader::open((out / (GetParam() + ".safetensors")).string());
+  EXPECT_GT(expect_loads_bit_for_bit((out / "dist" / GetParam()).string(), 3, megatron, llama), llama ? 60u : 105u);
+  size_t main = 0;  // the fp32 main parameters megatron-core's DistributedOptimizer loaded
+  for (const safetensors::TensorInfo& t : megatron.tensors())
+    if (t.name.rfind("optimizer.fp32_param.", 0) == 0) ++main;
+  EXPECT_GT(main, llama ? 20u : 35u);
 }
 
 // A Megatron run continues in tessera: its TP=2 x PP=2 save resumes with --use-checkpoint-args
-// (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8.
-TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgs) {
+// (no model flags on the command line), the optimizer and the scheduler loaded, at iteration 8;
+// the torch_dist save of iteration 8 hands back each rank's rng_state as Megatron left it (tessera
+// draws nothing from those generators), and megatron-core's load at TP=2 PP=2 takes it with the
+// rerun_state_machine objects (what its load_checkpoint asks for at the saved layout). Before,
+// tessera's torch_dist saves held neither, and Megatron's resume at the same layout failed.
+TEST_P(MegatronDist, ItsRunContinuesInTesseraWithItsArgsAndKeepsItsRngState) {
   const fs::path out = *dir_ / ("resume_" + GetParam());
-  fs::create_directories(out);
-  ASSERT_TRUE(run("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE " + std::string(TESSERA_EXE) +
-                      " launch --standalone --nproc_per_node 4 train --load " + megatron_dir() +
-                      " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
-                      " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1",
-                  out / "train.log"));
+  const fs::path saved = out / "continued" / GetParam();
   const std::string log = read_text(out / "train.log");
   EXPECT_NE(log.find("loading checkpoint from " + megatron_dir() + " at iteration 7 (Megatron-LM's torch_dist format)"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("iteration        8/       8"), std::string::npos) << log;
   EXPECT_EQ(log.find("iteration        7/"), std::string::npos) << log;
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp) {
+      const auto before = read_torch_dist_rng_state(megatron_dir(), 7, {tp, 2, pp, 2});
+      const auto after = read_torch_dist_rng_state(saved.string(), 8, {tp, 2, pp, 2});
+      ASSERT_TRUE(before && after) << tp << pp;
+      EXPECT_EQ(*before, *after) << tp << pp;
+    }
+  if (GetParam() != "gpt") return;  // megatron-core's load of it: one model (the jobs in SetUpTestSuite)
+  const safetensors::Reader megatron = safetensors::Reader::open((out / "gpt.safetensors").string());
+  EXPECT_EQ(megatron.read_i64("rng.np_rng_state").size(), 624u);
+  EXPECT_EQ(megatron.read_i64("rng.torch_rng_state").size(), 5056u);
+}
+
+// Megatron's converter run: --ckpt-convert-format torch --ckpt-convert-save DIR loads its
+// TP=2 x PP=2 torch_dist save (model, optimizer) and saves it, at the loaded iteration 7, into
+// DIR/torch in Megatron's legacy format, then exits without training; the converted files hold
+// megatron-core's own values, bit for bit. Before, tessera refused both flags.
+TEST_P(MegatronDist, CkptConvertFormatSavesTheLoadedCheckpointAndExits) {
+  const fs::path out = *dir_ / ("convert_" + GetParam());
+  fs::create_directories(out);
+  ASSERT_TRUE(run(continue_command(megatron_dir(), "--ckpt-convert-format torch --ckpt-convert-save " + out.string()),
+                  out / "convert.log"));
+  const std::string log = read_text(out / "convert.log");
+  EXPECT_NE(log.find("> converted checkpoint: torch_dist -> torch."), std::string::npos) << log;
+  EXPECT_EQ(log.find("iteration        8/"), std::string::npos) << log;
+  const fs::path converted = out / "torch";
+  EXPECT_TRUE(fs::exists(converted / "iter_0000007" / "mp_rank_01_001" / "model_optim_rng.pt"));
+  EXPECT_FALSE(is_torch_dist_checkpoint(converted.string(), 7));
+  EXPECT_GT(expect_loads_bit_for_bit(converted.string(), 7, expected(), GetParam() == "llama"),
+            GetParam() == "llama" ? 60u : 100u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MegatronDist, testing::Values("gpt", "llama"));

@@ -11,6 +11,9 @@ is no RNG state to save and every layout draws the same masks):
   continues with the losses and gradient norms of the original layout's own iterations
   11..20 within 1e-5 relative; the interleaved run's own checkpoint resumes bit-exact; a
   one-process checkpoint resumed into TP=2 PP=2 continues as the one-process run does;
+- the same for Megatron's torch_dist format saved with the distributed optimizer (every DP rank
+  writing its ranges) at TP=2 PP=2 DP=2, resumed into TP=4 PP=1 DP=2 with the distributed
+  optimizer and into TP=1 PP=4 DP=1 without it;
 - the layout on disk (mp_rank_{tp:02d}_{pp:03d}, DP rank 0 writes, no tied-embedding copy,
   optimizer state by parameter name, placement metadata), `ckpt inspect` of it, `ckpt
   export-hf` of it equal to the export of the same weights saved by one process, and an
@@ -190,6 +193,22 @@ def main():
                 out = run(procs, flags + ["--load", ckpt, "--log-json", log]).stdout
                 assert "resharded: saved with TP=2 PP=2 DP=2" in out, out[-2000:]
                 compare(straight[10:], records(log), "reshard to " + label)
+
+        with Timer("torch_dist, distributed optimizer: TP=2 PP=2 DP=2 saved, resharded"):
+            # Megatron's default format, the distributed optimizer's ranges in Megatron's layout for
+            # it (every DP rank writes its own), resumed into another TP, PP and DP, with and
+            # without the distributed optimizer: each continues as the 3D run's iterations 11..20.
+            dist = f"{tmp}/ckpt_torch_dist"
+            dist_flags = ["--ckpt-format", "torch_dist", "--use-distributed-optimizer"]
+            run(8, layout(2, 2) + dist_flags + ["--save", dist, "--save-interval", "10", "--exit-interval", "10"])
+            assert sorted(f for f in os.listdir(f"{dist}/iter_0000010") if f.endswith(".distcp")) == \
+                ["__%d_0.distcp" % r for r in range(8)], os.listdir(f"{dist}/iter_0000010")
+            for label, procs, flags in (("TP=4 PP=1 DP=2, distributed optimizer", 8, layout(4, 1) + dist_flags),
+                                        ("TP=1 PP=4 DP=1", 4, layout(1, 4))):
+                log = f"{tmp}/torch_dist_{procs}.jsonl"
+                out = run(procs, flags + ["--load", dist, "--log-json", log]).stdout
+                assert "resharded: saved with TP=2 PP=2 DP=2" in out, out[-2000:]
+                compare(straight[10:], records(log), "torch_dist reshard to " + label)
 
         with Timer("reshard -> PP=4 interleaved DP=2; its own save resumes bit-exact"):
             # Virtual stages: a rank's folder holds the layers of both its chunks, and the tied

@@ -1,5 +1,6 @@
 #include "tessera/ckpt/dcp_metadata.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -91,6 +92,84 @@ std::map<ChunkKey, DcpChunk> storage_of(const Value* root, const std::string& la
   return out;
 }
 
+// mcore_data: key -> {'nd_reformulated_orig_global_shape': (dims)} for reformulated tensors
+// (other keys' dicts are empty); absent in files megatron-core did not write.
+std::map<std::string, std::vector<int64_t>> reformulated_shapes(const Value* root, const std::string& label) {
+  std::map<std::string, std::vector<int64_t>> out;
+  const Value* mcore = root->get("mcore_data");
+  if (!mcore || mcore->kind == Kind::None) return out;
+  if (mcore->kind != Kind::Dict) bad_metadata(label, "mcore_data is " + pickle::describe(*mcore));
+  for (const auto& [k, v] : mcore->entries) {
+    if (k->kind != Kind::Str || v->kind != Kind::Dict)
+      bad_metadata(label, "mcore_data maps " + pickle::describe(*k) + " to " + pickle::describe(*v));
+    if (const Value* shape = v->get("nd_reformulated_orig_global_shape"))
+      out[k->text] = int_list(shape, label, "an nd_reformulated_orig_global_shape");
+  }
+  return out;
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+int64_t checked_numel(const std::vector<int64_t>& dims, const std::string& label, const std::string& key) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d != 0 && n > (int64_t{1} << 40) / d) bad_metadata(label, key + " has more than 2^40 elements");
+    n *= d;
+  }
+  return n;
+}
+
+// A reformulated tensor back in its original shape: its chunks grouped by block, each block's
+// ranges sorted and checked to cover it exactly once.
+void restore_reformulated(DcpTensor& t, const std::vector<int64_t>& orig, const std::string& label) {
+  const size_t n = orig.size();
+  if (t.size.size() != n + 1)
+    bad_metadata(label, t.key + " is saved as " + std::to_string(t.size.size()) + " dimensions, reformulated from " +
+                            std::to_string(n) + "; it needs one more");
+  std::vector<int64_t> block(n);
+  for (size_t d = 0; d < n; ++d) {
+    if (t.size[d] == 0 || orig[d] % t.size[d] != 0)
+      bad_metadata(label, t.key + "'s original dimension " + std::to_string(d) + " (" + std::to_string(orig[d]) +
+                              ") is not a multiple of its " + std::to_string(t.size[d]) + " blocks");
+    block[d] = orig[d] / t.size[d];
+  }
+  const int64_t block_numel = checked_numel(block, label, t.key);
+  if (block_numel != t.size[n])
+    bad_metadata(label, t.key + "'s blocks hold " + std::to_string(block_numel) + " elements, its flat axis " +
+                            std::to_string(t.size[n]));
+  std::map<std::vector<int64_t>, std::vector<DcpChunk>> blocks;
+  for (DcpChunk& c : t.chunks) {
+    for (size_t d = 0; d < n; ++d)
+      if (c.sizes[d] != 1) bad_metadata(label, t.key + " has a chunk over more than one block");
+    blocks[{c.offsets.begin(), c.offsets.begin() + static_cast<std::ptrdiff_t>(n)}].push_back(std::move(c));
+  }
+  t.chunks.clear();
+  for (auto& [coords, parts] : blocks) {
+    std::sort(parts.begin(), parts.end(),
+              [n](const DcpChunk& a, const DcpChunk& b) { return a.offsets[n] < b.offsets[n]; });
+    int64_t covered = 0;
+    for (const DcpChunk& p : parts) {
+      if (p.offsets[n] != covered)
+        bad_metadata(label, t.key + "'s block " + dims_text(coords) + " has a gap or an overlap at flat element " +
+                                std::to_string(covered));
+      covered += p.sizes[n];
+    }
+    if (covered != block_numel)
+      bad_metadata(label, t.key + "'s block ranges end at " + std::to_string(covered) + " of " +
+                              std::to_string(block_numel) + " elements");
+    DcpChunk whole;
+    for (size_t d = 0; d < n; ++d) whole.offsets.push_back(coords[d] * block[d]);
+    whole.sizes = block;
+    whole.parts = std::move(parts);
+    t.chunks.push_back(std::move(whole));
+  }
+  t.size = orig;
+}
+
 }  // namespace
 
 DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, const std::string& label) {
@@ -99,11 +178,14 @@ DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, const std::string
   if (!is_record(root, "Metadata"))
     bad_metadata(label, "the pickle holds " + pickle::describe(*root) + ", not a Metadata");
   std::map<ChunkKey, DcpChunk> storage = storage_of(root, label);
+  const std::map<std::string, std::vector<int64_t>> reformulated = reformulated_shapes(root, label);
   DcpMetadata out;
   for (const auto& [k, v] : field(root, "state_dict_metadata", Kind::Dict, label)->entries) {
     if (k->kind != Kind::Str) bad_metadata(label, "a state_dict_metadata key is " + pickle::describe(*k));
     if (is_record(v, "BytesStorageMetadata")) {
-      out.byte_objects.push_back(k->text);
+      auto s = storage.find({k->text, {}});
+      if (s == storage.end()) bad_metadata(label, k->text + " has no storage record");
+      out.byte_objects.push_back({k->text, s->second});
       continue;
     }
     if (!is_record(v, "TensorStorageMetadata")) bad_metadata(label, k->text + " is " + pickle::describe(*v));
@@ -127,6 +209,7 @@ DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, const std::string
       chunk.sizes = std::move(sizes);
       t.chunks.push_back(std::move(chunk));
     }
+    if (auto r = reformulated.find(t.key); r != reformulated.end()) restore_reformulated(t, r->second, label);
     out.tensors.push_back(std::move(t));
   }
   return out;

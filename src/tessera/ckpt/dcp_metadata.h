@@ -18,10 +18,20 @@
 namespace tessera {
 
 // The parsed .metadata: every tensor key with its chunks and where each chunk's bytes are.
+//
+// The distributed optimizer's state in its default layout (fully_sharded_model_space,
+// megatron/core/optimizer/distrib_optimizer.py sharded_param_state_fs_model_space) is cut into
+// flat ranges of each TP-local block, one per data-parallel rank. megatron-core stores an N-D one
+// reformulated (megatron/core/dist_checkpointing/strategies/resharding.py): global [X, Y] with
+// blocks [x, y] as [X/x, Y/y, x*y], each chunk one block's range [1, 1, len] at [i, j, start],
+// and the original shape in Metadata.mcore_data[key]['nd_reformulated_orig_global_shape'].
+// Parsing undoes that: such a tensor has its original size, and one chunk per block whose
+// `parts` are its ranges in order, together exactly the block's elements.
 struct DcpChunk {
   std::vector<int64_t> offsets, sizes;
   std::string file;  // relative to the iteration folder: "__0_1.distcp"
   uint64_t offset = 0, length = 0;
+  std::vector<DcpChunk> parts;  // a reformulated block's flat ranges (then file, offset, length unused)
 };
 struct DcpTensor {
   std::string key;
@@ -29,9 +39,14 @@ struct DcpTensor {
   std::vector<int64_t> size;
   std::vector<DcpChunk> chunks;
 };
+// A BytesStorageMetadata entry (_extra_state, rng_state, ...: a ShardedObject's torch.save).
+struct DcpObject {
+  std::string key;  // "rng_state/shard_0.1_2.2"
+  DcpChunk where;   // its file, offset and length
+};
 struct DcpMetadata {
   std::vector<DcpTensor> tensors;
-  std::vector<std::string> byte_objects;  // BytesStorageMetadata keys (_extra_state, rng_state, ...)
+  std::vector<DcpObject> byte_objects;
 };
 // Parses and checks bytes (the .metadata of `label`); every error names label.
 DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, const std::string& label);

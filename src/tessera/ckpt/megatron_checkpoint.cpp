@@ -879,14 +879,21 @@ Value* grad_scaler_dict(pickle::Document& doc, FileTensors& tensors, const Megat
 // The distributed optimizer's state_dict (megatron/core/optimizer/distrib_optimizer.py):
 // torch's without `state`, each group without `params` and with the step (torch's AdamW
 // keeps it per parameter), and the grad scaler.
+// A parameter group as a state_dict without its `params` (what torch_dist and the distributed
+// optimizer keep).
+Value* param_group_without_params(pickle::Document& doc, const MegatronFileSpec& spec, bool weight_decay) {
+  Value* g = param_group(doc, spec, weight_decay, {});
+  g->entries.erase(std::remove_if(g->entries.begin(), g->entries.end(),
+                                  [](const auto& e) { return e.first->is_str("params"); }),
+                   g->entries.end());
+  return g;
+}
+
 Value* distributed_optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
                                   const std::vector<bool>& group_wd) {
   Value* groups = doc.list();
   for (bool wd : group_wd) {
-    Value* g = param_group(doc, spec, wd, {});
-    g->entries.erase(std::remove_if(g->entries.begin(), g->entries.end(),
-                                    [](const auto& e) { return e.first->is_str("params"); }),
-                     g->entries.end());
+    Value* g = param_group_without_params(doc, spec, wd);
     doc.set(g, "step", doc.real(static_cast<double>(spec.optimizer_steps)));
     groups->items.push_back(g);
   }
@@ -1026,6 +1033,55 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   file.finish();
 }
 
+namespace {
+
+// What MegatronOptimizer.sharded_state_dict leaves unsharded (megatron/core/optimizer/
+// optimizer.py): torch's groups without `params` (the loader's own), the step every parameter
+// shares as state.common_step; a 16-bit run's wrapper adds the grad scaler.
+Value* torch_dist_optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
+                                 const std::vector<bool>& group_wd) {
+  Value* groups = doc.list();
+  for (bool wd : group_wd) groups->items.push_back(param_group_without_params(doc, spec, wd));
+  Value* inner = doc.dict();
+  Value* state = doc.dict();
+  if (spec.optimizer.kind == OptimizerKind::Adam)
+    doc.set(state, "common_step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
+  doc.set(inner, "state", state);
+  doc.set(inner, "param_groups", groups);
+  if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
+  Value* optimizer = doc.dict();
+  doc.set(optimizer, "optimizer", inner);
+  if (!spec.grad_scaler.is_null()) doc.set(optimizer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
+  return optimizer;
+}
+
+// DistributedOptimizer.sharded_state_dict's unsharded part with the fully_sharded_model_space
+// layout: its state_dict() (groups with their step, the grad scaler) and the sharding type.
+Value* torch_dist_distributed_optimizer_dict(pickle::Document& doc, FileTensors& tensors,
+                                             const MegatronFileSpec& spec, const std::vector<bool>& group_wd) {
+  Value* optimizer = distributed_optimizer_dict(doc, tensors, spec, group_wd);
+  doc.set(optimizer, "param_state_sharding_type", doc.str("fully_sharded_model_space"));
+  return optimizer;
+}
+
+}  // namespace
+
+void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, int64_t seed, int tp_rank,
+                                      int pp_rank) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  // megatron/core/dist_checkpointing/strategies/torch.py saves a list of the ShardedObjects' data.
+  doc.root = doc.list({rng_state_list(doc, tensors, megatron_rng_state(seed, tp_rank, pp_rank))});
+  write_torch_file(append, "archive", *doc.root, tensors.storages());
+}
+
+void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append, int64_t iteration) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  doc.root = doc.list({rerun_state_dict(doc, iteration)});
+  write_torch_file(append, "archive", *doc.root, tensors.storages());
+}
+
 void write_torch_dist_common(const std::string& path, const MegatronFileSpec& spec,
                              const std::vector<bool>& group_weight_decay) {
   pickle::Document doc;
@@ -1038,30 +1094,9 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
   doc.set(root, "checkpoint_version", doc.real(3.0));
   doc.set(root, "iteration", doc.integer(spec.iteration));
   if (spec.with_optimizer) {
-    // What MegatronOptimizer.sharded_state_dict leaves unsharded (megatron/core/optimizer/
-    // optimizer.py): torch's groups without `params` (the loader's own), the step every
-    // parameter shares as state.common_step; a 16-bit run's wrapper adds the grad scaler.
-    Value* groups = doc.list();
-    for (bool wd : group_weight_decay) {
-      Value* g = param_group(doc, spec, wd, {});
-      g->entries.erase(std::remove_if(g->entries.begin(), g->entries.end(),
-                                      [](const auto& e) { return e.first->is_str("params"); }),
-                       g->entries.end());
-      groups->items.push_back(g);
-    }
-    Value* inner = doc.dict();
-    Value* state = doc.dict();
-    if (spec.optimizer.kind == OptimizerKind::Adam)
-      doc.set(state, "common_step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
-    doc.set(inner, "state", state);
-    doc.set(inner, "param_groups", groups);
-    Value* optimizer = inner;
-    if (spec.model_dtype != DType::F32 || !spec.grad_scaler.is_null()) {
-      optimizer = doc.dict();
-      doc.set(optimizer, "optimizer", inner);
-      if (!spec.grad_scaler.is_null()) doc.set(optimizer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
-    }
-    doc.set(root, "optimizer", optimizer);
+    doc.set(root, "optimizer", spec.distributed_optimizer
+                                   ? torch_dist_distributed_optimizer_dict(doc, tensors, spec, group_weight_decay)
+                                   : torch_dist_optimizer_dict(doc, tensors, spec, group_weight_decay));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));

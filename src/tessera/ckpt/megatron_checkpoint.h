@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/zip_archive.h"
 #include "tessera/core/tensor.h"
 #include "tessera/optim/optimizer.h"
 
@@ -136,8 +137,19 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
 // checkpoint_version, iteration, the optimizer's unsharded part (param_groups without params, in
 // the order `group_weight_decay` gives, and state.common_step) and opt_param_scheduler unless
 // !spec.with_optimizer, num_floating_point_operations_so_far. Written and fsynced at `path`.
+// With spec.distributed_optimizer the optimizer's part is the distributed optimizer's
+// state_dict with param_state_sharding_type 'fully_sharded_model_space' (distrib_optimizer.py
+// sharded_state_dict), the layout torch_dist.h writes its ranges in.
 void write_torch_dist_common(const std::string& path, const MegatronFileSpec& spec,
                              const std::vector<bool>& group_weight_decay);
+
+// torch_dist's rng_state object of the (tp, pp) rank (a torch.save of Megatron's list of one
+// dict of generator states, megatron_rng_state.h) with --seed `seed`, appended.
+void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, int64_t seed, int tp_rank,
+                                      int pp_rank);
+// torch_dist's rerun_state_machine_state object: Megatron's rerun state machine as its default
+// --rerun-mode disabled leaves it at `iteration` (as model_optim_rng.pt's rerun_state_machine).
+void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append, int64_t iteration);
 
 // "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
 // "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.

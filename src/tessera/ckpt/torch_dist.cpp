@@ -41,14 +41,46 @@ class ChunkReader {
  public:
   explicit ChunkReader(std::string it_dir) : it_dir_(std::move(it_dir)) {}
 
-  // The chunk's payload (a torch.save of one tensor), checked against what .metadata says.
+  // The chunk's elements (a reformulated block's: its ranges' in order), each payload (a
+  // torch.save of one tensor) checked against what .metadata says.
   std::vector<float> read(const DcpTensor& t, const DcpChunk& c) {
-    const auto& map = file(c.file);
-    if (c.offset > map->size() || c.length > map->size() - c.offset)
-      throw runtime_error(map->path() + ": " + t.key + "'s chunk at bytes [" + std::to_string(c.offset) + ", " +
+    if (c.parts.empty()) return read_payload(t, c);
+    std::vector<float> values;
+    for (const DcpChunk& part : c.parts) {
+      const std::vector<float> v = read_payload(t, part);
+      values.insert(values.end(), v.begin(), v.end());
+    }
+    return values;
+  }
+
+  static std::string storage_type(const std::string& dtype) {
+    static const std::map<std::string, std::string> kTypes = {
+        {"torch.float32", "FloatStorage"}, {"torch.float16", "HalfStorage"}, {"torch.bfloat16", "BFloat16Storage"},
+        {"torch.float64", "DoubleStorage"}, {"torch.int64", "LongStorage"}, {"torch.int32", "IntStorage"}};
+    auto it = kTypes.find(dtype);
+    return it == kTypes.end() ? dtype : it->second;
+  }
+
+  // A byte object's payload (a torch.save of a ShardedObject's value) and its label.
+  std::pair<std::vector<uint8_t>, std::string> object_bytes(const DcpObject& o) {
+    const auto& map = file(o.where.file);
+    check_extent(*map, o.key, o.where);
+    const auto bytes = map->bytes().subspan(o.where.offset, o.where.length);
+    return {{bytes.begin(), bytes.end()}, map->path() + " @" + std::to_string(o.where.offset) + " (" + o.key + ")"};
+  }
+
+ private:
+  static void check_extent(const MappedFile& map, const std::string& key, const DcpChunk& c) {
+    if (c.offset > map.size() || c.length > map.size() - c.offset)
+      throw runtime_error(map.path() + ": " + key + "'s chunk at bytes [" + std::to_string(c.offset) + ", " +
                               std::to_string(c.offset + c.length) + ") lies past the end of the file (" +
-                              std::to_string(map->size()) + " bytes)",
+                              std::to_string(map.size()) + " bytes)",
                           "the file is truncated; copy the iteration folder again from its source");
+  }
+
+  std::vector<float> read_payload(const DcpTensor& t, const DcpChunk& c) {
+    const auto& map = file(c.file);
+    check_extent(*map, t.key, c);
     const std::string label = map->path() + " @" + std::to_string(c.offset);
     const TorchFile payload = TorchFile::from_view(label, map->bytes().subspan(c.offset, c.length), map);
     const Value& root = payload.root();
@@ -64,15 +96,6 @@ class ChunkReader {
     return values;
   }
 
-  static std::string storage_type(const std::string& dtype) {
-    static const std::map<std::string, std::string> kTypes = {
-        {"torch.float32", "FloatStorage"}, {"torch.float16", "HalfStorage"}, {"torch.bfloat16", "BFloat16Storage"},
-        {"torch.float64", "DoubleStorage"}, {"torch.int64", "LongStorage"}, {"torch.int32", "IntStorage"}};
-    auto it = kTypes.find(dtype);
-    return it == kTypes.end() ? dtype : it->second;
-  }
-
- private:
   const std::shared_ptr<MappedFile>& file(const std::string& name) {
     auto it = files_.find(name);
     if (it == files_.end())
@@ -273,7 +296,7 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
   for (const DcpTensor& t : meta.tensors) {
     if (!starts_with(t.key, kOptimizerPrefix)) {
       if (!starts_with(t.key, "optimizer.")) add_tensor_pieces(model_pieces, t, t.key, "", swiglu, sources);
-      else has_optimizer = true;  // the distributed optimizer's flattened state
+      else has_optimizer = true;  // the distributed optimizer's deprecated fully_sharded_bucket_space
       continue;
     }
     const std::string rest = t.key.substr(std::strlen(kOptimizerPrefix));
@@ -287,14 +310,20 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
   }
   // A 16-bit run's fp32 main parameters are the values to load, as for Megatron's own files.
   if (load_optimizer && !main_pieces.pieces.empty()) model_pieces = std::move(main_pieces);
-  if (load_optimizer && !has_optimizer)
+  // dp_zero_gather_scatter (Megatron's --no-ckpt-fully-parallel-save with the distributed
+  // optimizer) keeps each (tp, pp) rank's state as one byte object gathered on DP rank 0.
+  const bool dp_zero = std::any_of(meta.byte_objects.begin(), meta.byte_objects.end(), [](const DcpObject& o) {
+    return starts_with(o.key, "optimizer.distributed.");
+  });
+  if (load_optimizer && !has_optimizer && !dp_zero)
     throw runtime_error("checkpoint " + it_dir + " holds no optimizer state",
                         "load it with --no-load-optim (or --finetune), as Megatron-LM would");
   if (load_optimizer && optimizer_pieces.pieces.empty())
-    throw runtime_error("checkpoint " + it_dir + " holds the distributed optimizer's flattened torch_dist state, "
-                        "which tessera does not read yet",
-                        "load it with --no-load-optim, or save it from Megatron-LM without "
-                        "--use-distributed-optimizer");
+    throw runtime_error("checkpoint " + it_dir + " holds the distributed optimizer's state in the " +
+                            (dp_zero ? "dp_zero_gather_scatter" : "fully_sharded_bucket_space") +
+                            " layout, which tessera does not read (nor does Megatron-LM at another TP/PP)",
+                        "load it with --no-load-optim, or save it from Megatron-LM with its default "
+                        "--ckpt-fully-parallel-save (the fully_sharded_model_space layout)");
   std::vector<ExternalSource> source_list(sources.size());
   for (const auto& [name, index] : sources) source_list[index] = {(fs::path(it_dir) / name).string(), -1};
   ChunkReader reader(it_dir);
@@ -306,6 +335,38 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
     load_external_pieces(it_dir, source_list, optimizer_pieces.pieces, optimizer, -1, "optimizer state",
                          read(optimizer_pieces));
   return s;
+}
+
+std::optional<std::vector<uint8_t>> read_torch_dist_rng_state(const std::string& dir, int64_t iteration,
+                                                              const TorchDistRank& rank) {
+  const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
+  const std::string key = torch_dist_rank_object_key("rng_state", rank);
+  const DcpMetadata meta = read_dcp_metadata(it_dir);
+  const auto o = std::find_if(meta.byte_objects.begin(), meta.byte_objects.end(),
+                              [&key](const DcpObject& x) { return x.key == key; });
+  if (o == meta.byte_objects.end()) return std::nullopt;
+  ChunkReader reader(it_dir);
+  auto [bytes, label] = reader.object_bytes(*o);
+  // The ShardedObject's data in a list (megatron/core/dist_checkpointing/strategies/torch.py):
+  // get_rng_state's list of dicts, whose keys megatron/training/checkpointing.py load_checkpoint
+  // reads.
+  const TorchFile f = TorchFile::from_bytes(label, bytes);
+  const Value& root = f.root();
+  const Value* states = root.kind == Kind::List && root.items.size() == 1 ? root.items[0] : nullptr;
+  bool valid = states && states->kind == Kind::List && !states->items.empty();
+  for (const Value* item : valid ? states->items : std::vector<Value*>{})
+    for (const char* k :
+         {"random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state", "rng_tracker_states"})
+      valid = valid && item->kind == Kind::Dict && item->get(k);
+  if (!valid)
+    throw runtime_error(label + " holds " + pickle::describe(root) + ", not Megatron's list of generator states",
+                        "load with --no-load-rng, or copy the iteration folder again from its source");
+  return std::move(bytes);
+}
+
+std::string torch_dist_rank_object_key(const std::string& name, const TorchDistRank& r) {
+  return name + "/shard_" + std::to_string(r.pp_rank) + "." + std::to_string(r.tp_rank) + "_" +
+         std::to_string(r.pp_size) + "." + std::to_string(r.tp_size);
 }
 
 std::vector<std::string> summarize_torch_dist_checkpoint(const std::string& dir, int64_t iteration) {
@@ -364,7 +425,14 @@ struct WriteChunk {
   DType dtype = DType::F32;
   Shape global, offsets, sizes;
   std::function<std::vector<uint8_t>()> bytes;
+  Shape reformulated_from;  // a reformulated tensor's original shape (mcore_data), else empty
 };
+
+std::vector<uint8_t> tensor_bytes(const Tensor& t) {
+  std::vector<uint8_t> b(t.bytes());
+  read_tensor_bytes(t, b.data());
+  return b;
+}
 
 // A torch.save of one contiguous tensor: the payload DCP's FileSystemWriter stores per chunk.
 void append_tensor_payload(const zip::StoredWriter::Append& append, const WriteChunk& c) {
@@ -406,11 +474,7 @@ void add_chunks(std::vector<WriteChunk>& out, const ShardedTensor& t, const std:
   const DType dtype = tensor.dtype;
   if (!gated) {
     out.push_back({prefix + key, dtype, stacked(global, shard.num_layers), stacked(offsets, layer), stacked(sizes, 1),
-                   [tensor] {
-                     std::vector<uint8_t> b(tensor.bytes());
-                     read_tensor_bytes(tensor, b.data());
-                     return b;
-                   }});
+                   [tensor] { return tensor_bytes(tensor); }});
     return;
   }
   // tessera's [2, F, ...] slice [2, r, ...] at row o: Megatron's W rows [o, o + r) and V rows
@@ -424,12 +488,105 @@ void add_chunks(std::vector<WriteChunk>& out, const ShardedTensor& t, const std:
     off[0] = h * f + row;
     out.push_back({prefix + key, dtype, stacked(mg_global, shard.num_layers), stacked(off, layer), stacked(half, 1),
                    [tensor, h] {
-                     std::vector<uint8_t> b(tensor.bytes());
-                     read_tensor_bytes(tensor, b.data());
+                     const std::vector<uint8_t> b = tensor_bytes(tensor);
                      const size_t n = b.size() / 2;
                      return std::vector<uint8_t>(b.begin() + static_cast<std::ptrdiff_t>(h * n),
                                                  b.begin() + static_cast<std::ptrdiff_t>((h + 1) * n));
                    }});
+  }
+}
+
+// The placement of a flat piece's parameter in Megatron's model space: its original global
+// shape, its TP-local block and that block's coordinates among the blocks, with the layer axis
+// leading; SwiGLU's fc1 as [W of every rank; V of every rank], whose V block of this rank lies
+// `v_blocks` further along the row axis.
+struct FlatPlacement {
+  Shape global, block, coords;
+  int64_t v_blocks = 0;
+  size_t row_axis = 0;
+};
+
+FlatPlacement flat_placement(const ShardedTensor& t, int64_t layer, bool gated, int num_layers) {
+  FlatPlacement p;
+  p.global = t.global_shape;
+  p.block = t.tensor.shape;
+  p.coords.assign(p.global.size(), 0);
+  if (t.split_dim >= 0) {
+    const size_t split = static_cast<size_t>(t.split_dim);
+    p.coords[split] = t.offset / p.block[split];
+  }
+  if (gated) {
+    // tessera's [2, F, ...] slice [2, f, ...] at row o: Megatron's [2F, ...] in blocks [f, ...],
+    // W at row block o / f, V at F / f + o / f (megatron/core/transformer/mlp.py).
+    const int64_t f = p.block[1], rows = p.global[1];
+    p.global.erase(p.global.begin());
+    p.global[0] = 2 * rows;
+    p.block.erase(p.block.begin());
+    p.coords.assign(p.global.size(), 0);
+    p.coords[0] = (t.split_dim == 1 ? t.offset : 0) / f;
+    p.v_blocks = rows / f;
+  }
+  if (layer >= 0) {
+    p.global.insert(p.global.begin(), num_layers);
+    p.block.insert(p.block.begin(), 1);
+    p.coords.insert(p.coords.begin(), layer);
+    p.row_axis = 1;
+  }
+  return p;
+}
+
+// Elements [begin, end) of the block at `coords` as a chunk: of the reformulated tensor
+// [blocks..., block numel] (sharded_tensor_to_torch_sharded_tensor in megatron/core/
+// dist_checkpointing/strategies/torch.py), or of a 1-D tensor itself; `from` is where its
+// elements start in `values`.
+WriteChunk flat_chunk(const std::string& key, const FlatPlacement& p, const Shape& coords, int64_t begin, int64_t end,
+                      const Tensor& values, int64_t from) {
+  WriteChunk c;
+  c.key = key;
+  c.dtype = values.dtype;
+  if (p.global.size() == 1) {
+    c.global = p.global;
+    c.offsets = {coords[0] * p.block[0] + begin};
+    c.sizes = {end - begin};
+  } else {
+    for (size_t d = 0; d < p.global.size(); ++d) c.global.push_back(p.global[d] / p.block[d]);
+    c.global.push_back(shape_numel(p.block));
+    c.offsets = coords;
+    c.offsets.push_back(begin);
+    c.sizes.assign(p.global.size(), 1);
+    c.sizes.push_back(end - begin);
+    c.reformulated_from = p.global;
+  }
+  const size_t element = dtype_size(values.dtype);
+  c.bytes = [values, from, n = end - begin, element] {
+    const std::vector<uint8_t> all = tensor_bytes(values);
+    const auto at = all.begin() + static_cast<std::ptrdiff_t>(from * static_cast<int64_t>(element));
+    return std::vector<uint8_t>(at, at + static_cast<std::ptrdiff_t>(n * static_cast<int64_t>(element)));
+  };
+  return c;
+}
+
+// The chunks of one distributed-optimizer range (fully_sharded_model_space): its block's range,
+// or a SwiGLU fc1 range cut where its W half ends.
+void add_flat_chunks(std::vector<WriteChunk>& out, const FlatPiece& piece, const std::string& prefix,
+                     const TorchDistShard& shard) {
+  const ShardedTensor& t = piece.slice;
+  const auto [key, layer] = torch_dist_key(t.name);
+  const bool gated = shard.swiglu && is_gated_fc1(t.name);
+  if (t.split_dim < 0 && !gated && shard.tp_rank != 0) return;  // TP rank 0's is the main replica
+  const FlatPlacement p = flat_placement(t, layer, gated, shard.num_layers);
+  if (!gated) {
+    out.push_back(flat_chunk(prefix + key, p, p.coords, piece.begin, piece.end, piece.values, 0));
+    return;
+  }
+  const int64_t half = shape_numel(p.block);
+  if (piece.begin < half)
+    out.push_back(flat_chunk(prefix + key, p, p.coords, piece.begin, std::min(piece.end, half), piece.values, 0));
+  if (piece.end > half) {
+    Shape v = p.coords;
+    v[p.row_axis] += p.v_blocks;
+    const int64_t begin = std::max(piece.begin, half);
+    out.push_back(flat_chunk(prefix + key, p, v, begin - half, piece.end - half, piece.values, begin - piece.begin));
   }
 }
 
@@ -447,6 +604,12 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
     param.name = t.name.substr(dot + 1);
     add_chunks(chunks, param, std::string(kOptimizerPrefix) + t.name.substr(0, dot + 1), shard);
   }
+  for (const FlatPiece& p : shard.flat_state) {
+    const size_t dot = p.slice.name.find('.');
+    FlatPiece param = p;
+    param.slice.name = p.slice.name.substr(dot + 1);
+    add_flat_chunks(chunks, param, std::string(kOptimizerPrefix) + p.slice.name.substr(0, dot + 1), shard);
+  }
   const std::string file = "__" + std::to_string(rank) + "_0.distcp";
   SyncedFileWriter out((fs::path(tmp_dir) / file).string());
   uint64_t offset = 0;
@@ -462,6 +625,7 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
     records.push_back({{"key", c.key}, {"dtype", torch_dtype_name(c.dtype)}, {"size", shape_json(c.global)},
                        {"offsets", shape_json(c.offsets)}, {"sizes", shape_json(c.sizes)}, {"file", file},
                        {"offset", start}, {"length", offset - start}});
+    if (!c.reformulated_from.empty()) records.back()["reformulated_from"] = shape_json(c.reformulated_from);
   }
   // The linear layers' _extra_state (None for the local spec), one ShardedObject per layer,
   // replicated over TP: key/shard_<layer>_<layers> (megatron/core/dist_checkpointing/mapping.py
@@ -477,6 +641,18 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
                          {"offset", start},
                          {"length", offset - start}});
     }
+  // The rank's objects of the (PP, TP) grid.
+  const TorchDistRank grid_rank{shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size};
+  for (const auto& [name, payload] : {std::pair{"rng_state", &shard.rng_state},
+                                      std::pair{"rerun_state_machine_state", &shard.rerun_state}}) {
+    if (!*payload) continue;
+    const uint64_t start = offset;
+    (*payload)(append);
+    records.push_back({{"key", torch_dist_rank_object_key(name, grid_rank)},
+                       {"file", file},
+                       {"offset", start},
+                       {"length", offset - start}});
+  }
   out.finish();
   return records;
 }
@@ -530,7 +706,15 @@ std::vector<uint8_t> dcp_metadata_pickle(const std::vector<json>& records) {
           it->second = doc.list();
           doc.set(meta, "chunks", it->second);
           doc.set(tensors, key, meta);
-          doc.set(mcore, key, doc.dict());
+          // megatron-core's MCoreSavePlanner: each tensor's mcore_metadata, the original shape
+          // of a reformulated one.
+          Value* mcore_meta = doc.dict();
+          if (r.contains("reformulated_from")) {
+            std::vector<Value*> dims;
+            for (const json& d : r.at("reformulated_from")) dims.push_back(doc.integer(d.get<int64_t>()));
+            doc.set(mcore_meta, "nd_reformulated_orig_global_shape", doc.tuple(std::move(dims)));
+          }
+          doc.set(mcore, key, mcore_meta);
           doc.set(planner, key, doc.tuple({doc.str(key)}));
         }
         Value* chunk = dcp_record(doc, "metadata.ChunkStorageMetadata");
@@ -550,7 +734,7 @@ std::vector<uint8_t> dcp_metadata_pickle(const std::vector<json>& records) {
   doc.set(root, "state_dict_metadata", tensors);
   doc.set(root, "planner_data", planner);
   doc.set(root, "storage_data", storage);
-  doc.set(root, "mcore_data", mcore);  // megatron-core's MCoreSavePlanner adds it (empty per plain tensor)
+  doc.set(root, "mcore_data", mcore);
   doc.root = root;
   return pickle::dump(*root);
 }

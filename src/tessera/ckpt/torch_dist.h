@@ -33,6 +33,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/dcp_metadata.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/zip_archive.h"
 
 namespace tessera {
 
@@ -59,6 +62,23 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
                                            const std::vector<FlatPiece>& optimizer, bool load_optimizer,
                                            int tp_rank, int tp_size);
 
+// A (tp, pp) rank of a layout.
+struct TorchDistRank {
+  int tp_rank = 0, tp_size = 1, pp_rank = 0, pp_size = 1;
+};
+// "<name>/shard_<pp>.<tp>_<PP>.<TP>": the key of the rank's ShardedObject `name` of a (PP, TP)
+// grid (rng_state: megatron/training/checkpointing.py get_rng_state; rerun_state_machine_state:
+// megatron/core/rerun_state_machine.py state_dict; megatron/core/dist_checkpointing/mapping.py
+// unique_key).
+std::string torch_dist_rank_object_key(const std::string& name, const TorchDistRank& rank);
+// The rank's rng_state object of a checkpoint saved at its TP/PP (Megatron loads it only
+// there): the torch.save payload, checked to be Megatron's list of generator-state dicts (an
+// Error naming it otherwise); nullopt when the checkpoint holds none for the rank. tessera draws
+// nothing from these generators, so a resume keeps the payload and saves it again unchanged:
+// a Megatron run handed back gets its generators as it left them.
+std::optional<std::vector<uint8_t>> read_torch_dist_rng_state(const std::string& dir, int64_t iteration,
+                                                              const TorchDistRank& rank);
+
 // What `tessera ckpt inspect` shows: each tensor key, dtype, global shape and chunk count, every
 // chunk's payload checked (extent, CRC-32, dtype and shape against .metadata).
 std::vector<std::string> summarize_torch_dist_checkpoint(const std::string& dir, int64_t iteration);
@@ -68,16 +88,26 @@ std::vector<std::string> summarize_torch_dist_checkpoint(const std::string& dir,
 // give one rank, written as megatron-core's dist_checkpointing.save writes it: every rank its own
 // .distcp, the coordinator .metadata, common.pt and metadata.json.
 
-// One (tp, pp) rank's tensors, under tessera's names and slices (ShardedTensor placement), the
-// tied output layer's copy left out.
+// One rank's tensors, under tessera's names and slices (ShardedTensor placement), the tied
+// output layer's copy left out. Data-parallel rank 0 of each (tp, pp) writes the model, its
+// _extra_state and rng_state objects and the plain optimizer's state; with the distributed
+// optimizer every data-parallel rank writes its own ranges (flat_state).
 struct TorchDistShard {
   std::vector<ShardedTensor> params;  // the model's tensors, saved in their dtype
   std::vector<ShardedTensor> main;    // a 16-bit run's F32 main parameters: optimizer.state.fp32_param
   std::vector<ShardedTensor> state;   // "<kind>.<name>" (exp_avg, exp_avg_sq): optimizer.state.<kind>
-  int tp_rank = 0;                    // replicated tensors are written by TP rank 0 (the main replica)
+  // The distributed optimizer's ranges, "<kind>.<name>" (exp_avg, exp_avg_sq, fp32_param), in
+  // Megatron's default layout for it, fully_sharded_model_space (dcp_metadata.h): each range of
+  // an N-D parameter's block as a chunk of the reformulated tensor.
+  std::vector<FlatPiece> flat_state;
+  int tp_rank = 0, tp_size = 1;       // replicated tensors are written by TP rank 0 (the main replica)
+  int pp_rank = 0, pp_size = 1;
   int num_layers = 0;                 // the model's, the stacked axis's length
   std::vector<int> layers;            // this rank's layers (all its chunks'): their _extra_state objects
   bool swiglu = false;
+  // Write the payloads of this rank's rng_state and rerun_state_machine_state objects (none when
+  // empty). Megatron's load asks for both at the saved TP/PP.
+  std::function<void(const zip::StoredWriter::Append&)> rng_state, rerun_state;
 };
 
 // Writes (and fsyncs) TMP/__<rank>_0.distcp, one torch.save payload per chunk, one tensor's bytes

@@ -10,6 +10,7 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
+#include "tessera/ckpt/torch_dist.h"
 #include "tessera/cli/commands.h"
 #include "tessera/comm/backend.h"
 #include "tessera/core/file_io.h"
@@ -38,6 +39,13 @@ std::optional<CheckpointState> checkpoint_to_resume(const TrainArgs& args) {
   const std::optional<int64_t> latest = latest_checkpoint_iteration(args.load);
   if (!latest) return std::nullopt;
   return read_checkpoint_metadata(args.load, *latest);
+}
+
+// The format of --load's latest checkpoint, as --ckpt-format names it.
+std::string checkpoint_format_name(const std::string& dir) {
+  const int64_t latest = *latest_checkpoint_iteration(dir);
+  if (is_torch_dist_checkpoint(dir, latest)) return "torch_dist";
+  return read_checkpoint_metadata(dir, latest).megatron_format ? "torch" : "tessera";
 }
 
 // --use-checkpoint-args: the command line with the model flags of --load's checkpoint, which
@@ -147,7 +155,12 @@ int run_train(int argc, char** argv) {
   if (args.exit_signal_handler) install_exit_signal_handler();  // before any thread starts
   if (id.rank == 0) train_option_table().print_arguments(parsed);
   const std::optional<CheckpointState> resumed = checkpoint_to_resume(args);
-  if (resumed) check_checkpoint_not_past_train_iters(args, *resumed);
+  const bool converting = !args.ckpt_convert_format.empty();
+  // Megatron's converter run exits when --load holds no checkpoint (exit_on_missing_checkpoint).
+  if (converting && !resumed)
+    throw usage_error("--ckpt-convert-format converts --load's checkpoint, and --load " + args.load + " holds none",
+                      "pass the folder with latest_checkpointed_iteration.txt");
+  if (resumed && !converting) check_checkpoint_not_past_train_iters(args, *resumed);
 
   Device& device = open_device(args.device);
   device.set_tf32_matmul(args.tf32);
@@ -220,6 +233,12 @@ int run_train(int argc, char** argv) {
                                groups.model_parallel.get(), groups.embedding.get(), groups.cp.get()};
   Trainer trainer(args, model, data.sources(), device, trainer_groups);
   if (!args.load.empty()) trainer.load_checkpoint(args.load);
+  if (converting) {
+    trainer.save_checkpoint(args.save);
+    print_rank_0("> converted checkpoint: %s -> %s.", checkpoint_format_name(args.load).c_str(),
+                 args.ckpt_convert_format.c_str());
+    return 0;
+  }
   print_rank_0("[after model, optimizer, and learning rate scheduler are built] memory allocated: %.1f MiB",
                device.allocated_bytes() / 1048576.0);
   if (trainer.iteration() < args.train_iters)

@@ -1,6 +1,7 @@
 #include "tessera/train/arguments.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "tessera/core/error.h"
 #include "tessera/core/log.h"
@@ -183,9 +184,10 @@ std::vector<OptionDef> train_option_defs() {
       {"--exit-signal-handler", K::StoreTrue, nullptr, "On SIGTERM/SIGINT, save (with --save) and exit 0"},
       {"--no-save-optim", K::StoreTrue, "None", "Do not save the optimizer state"},
       {"--no-save-rng", K::StoreTrue, "None",
-       "Leave out rng_state (--ckpt-format torch; tessera's own RNG is counter-based and needs none)"},
+       "Leave out rng_state (--ckpt-format torch and torch_dist; tessera's own RNG is counter-based and needs none)"},
       {"--no-load-optim", K::StoreTrue, "None", "Do not load the optimizer state"},
-      {"--no-load-rng", K::StoreTrue, "None", "Do not load RNG states (none are needed)"},
+      {"--no-load-rng", K::StoreTrue, "None",
+       "Do not load rng_state (torch_dist: the next save writes freshly seeded states instead of the loaded ones)"},
       {"--finetune", K::StoreTrue, nullptr, "Load only the model; start at iteration 0 with fresh optimizer and data"},
       {"--use-checkpoint-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the checkpoint"},
       {"--override-opt_param-scheduler", K::StoreTrue, nullptr, "Take the LR schedule from the flags"},
@@ -193,6 +195,11 @@ std::vector<OptionDef> train_option_defs() {
        "What --save writes: torch_dist (Megatron's distributed checkpoint), torch (Megatron's model_optim_rng.pt "
        "files) or tessera (tessera's own); zarr is not written",
        "torch|torch_dist|zarr|tessera"},
+      {"--ckpt-convert-format", K::Choice, nullptr,
+       "Convert --load's checkpoint: save it in this format into --ckpt-convert-save/<format> and exit without "
+       "training (Megatron's converter run)",
+       "torch|torch_dist|zarr|tessera"},
+      {"--ckpt-convert-save", K::String, nullptr, "Where --ckpt-convert-format saves (DIR/<format>)"},
       {"--auto-detect-ckpt-format", K::StoreTrue, nullptr,
        "Accepted: --load always detects the checkpoint's format (tessera, torch or torch_dist)"},
       {"--use-dist-ckpt", K::StoreTrue, nullptr, "Megatron's deprecated alias of --ckpt-format torch_dist; no effect"},
@@ -348,6 +355,31 @@ PipelineSplit parse_pipeline_split(const ParsedOptions& p, int num_layers, int p
 }
 
 // --save, --load and how they save and resume (docs/checkpoints.md).
+// Megatron's converter run (megatron/training/initialize.py and training.py
+// setup_model_and_optimizer): --load's checkpoint, loaded into this run's layout, is saved in
+// --ckpt-convert-format into --ckpt-convert-save/<format> at its iteration, and the run exits.
+void parse_checkpoint_conversion(const ParsedOptions& p, TrainArgs& a) {
+  a.ckpt_convert_format = p.get_string("--ckpt-convert-format");
+  a.ckpt_convert_save = p.get_string("--ckpt-convert-save");
+  if (a.ckpt_convert_format.empty()) {
+    if (!a.ckpt_convert_save.empty())
+      log_warn("--ckpt-convert-save %s has no effect without --ckpt-convert-format (as in Megatron-LM)",
+               a.ckpt_convert_save.c_str());
+    return;
+  }
+  if (a.ckpt_convert_format == "zarr")
+    throw usage_error("--ckpt-convert-format zarr is not written by tessera (Megatron-LM deprecates it)",
+                      "use --ckpt-convert-format torch_dist or torch");
+  if (a.ckpt_convert_save.empty())
+    throw usage_error("--ckpt-convert-format needs --ckpt-convert-save DIR",
+                      "the converted checkpoint goes to DIR/" + a.ckpt_convert_format + ", as in Megatron-LM");
+  if (a.load.empty())
+    throw usage_error("--ckpt-convert-format converts --load's checkpoint; pass --load DIR");
+  a.save = (std::filesystem::path(a.ckpt_convert_save) / a.ckpt_convert_format).string();
+  a.save_torch_dist = a.ckpt_convert_format == "torch_dist";
+  a.save_megatron_format = a.ckpt_convert_format == "torch";
+}
+
 void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
   a.save = p.get_string("--save");
   a.load = p.get_string("--load");
@@ -356,6 +388,7 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
     throw usage_error("--save needs --save-interval", "e.g. --save-interval 1000 (a save also happens at the end)");
   a.no_save_optim = p.get_bool("--no-save-optim");
   a.no_save_rng = p.get_bool("--no-save-rng");
+  a.no_load_rng = p.get_bool("--no-load-rng");
   a.no_load_optim = p.get_bool("--no-load-optim");
   a.finetune = p.get_bool("--finetune");
   a.use_checkpoint_scheduler = p.get_bool("--use-checkpoint-opt_param-scheduler");
@@ -369,6 +402,7 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
     throw usage_error("--ckpt-format zarr is not written by tessera (Megatron-LM deprecates it)",
                       "use --ckpt-format torch_dist, Megatron's default");
   a.use_checkpoint_args = p.get_bool("--use-checkpoint-args");
+  parse_checkpoint_conversion(p, a);
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids

@@ -68,11 +68,15 @@ struct TrainArgs {
   double skip_spikes = 0;            // --skip-spikes Z (0: off)
   bool no_save_optim = false, no_load_optim = false, finetune = false;
   bool no_save_rng = false;  // --ckpt-format torch leaves out Megatron's rng_state
+  bool no_load_rng = false;  // a torch_dist resume does not carry the checkpoint's rng_state on
   // --ckpt-format: what --save writes. torch_dist (the default, Megatron's): Megatron-LM's
   // distributed checkpoint (ckpt/torch_dist.h); torch: its legacy files (ckpt/megatron_checkpoint.h);
   // tessera: tessera's own (ckpt/checkpoint.h). --load reads any of them, whatever this says.
   bool save_torch_dist = true;
   bool save_megatron_format = false;
+  // --ckpt-convert-format F --ckpt-convert-save DIR: --load's checkpoint saved in F into DIR/F
+  // (then `save` and the save format are those), no training.
+  std::string ckpt_convert_format, ckpt_convert_save;
   bool use_checkpoint_args = false;  // --use-checkpoint-args: the model flags from --load's checkpoint
   bool use_checkpoint_scheduler = false, override_scheduler = false;
 

@@ -12,6 +12,7 @@
 
 #include "tessera/comm/communicator.h"
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/zip_archive.h"
 #include "tessera/core/tensor.h"
 #include "tessera/device/buffer.h"
 #include "tessera/metrics/tensorboard_writer.h"
@@ -158,9 +159,12 @@ class Trainer {
   void write_megatron_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
   // What Megatron's files record of this run beside the tensors (--ckpt-format torch and torch_dist).
   MegatronFileSpec megatron_file_spec() const;
-  // --ckpt-format torch_dist: this rank's .distcp (DP rank 0 of each (tp, pp)), with the
-  // distributed optimizer's state from `whole`; returns its storage records (ckpt/torch_dist.h).
-  nlohmann::json write_torch_dist_files(const std::string& tmp_dir, const HostOptimizerState& whole) const;
+  // --ckpt-format torch_dist: this rank's .distcp (DP rank 0 of each (tp, pp), and with the
+  // distributed optimizer every DP rank its ranges); returns its storage records (ckpt/torch_dist.h).
+  nlohmann::json write_torch_dist_files(const std::string& tmp_dir) const;
+  // The rng_state object a torch_dist save writes for this rank: the one a torch_dist resume
+  // at the same TP/PP loaded (loaded_rng_state_), or the states Megatron's seeding leaves.
+  std::function<void(const zip::StoredWriter::Append&)> torch_dist_rng_state() const;
   // save_checkpoint's work between Megatron's "saving" and "successfully saved" lines.
   void write_checkpoint(const std::string& dir);
   // What this data-parallel rank saves of the distributed optimizer: its owned ranges of the
@@ -236,6 +240,9 @@ class Trainer {
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t consumed_valid_samples_ = 0;
+  // The rng_state payload of a torch_dist checkpoint resumed at its own TP/PP, saved again as it
+  // was (ckpt/torch_dist.h read_torch_dist_rng_state).
+  std::optional<std::vector<uint8_t>> loaded_rng_state_;
   std::unique_ptr<FILE, int (*)(FILE*)> log_json_{nullptr, &std::fclose};
 };
 

@@ -248,6 +248,18 @@ void check_padded_vocab(const TrainArgs& args, const CheckpointState& s, const s
                     hint);
 }
 
+// The rng_state payload a torch_dist resume carries into its next save: Megatron's
+// load_checkpoint restores the generators only at the saved TP/PP, not for a release
+// checkpoint, with --finetune or with --no-load-rng.
+std::optional<std::vector<uint8_t>> resumed_rng_state(const TrainArgs& a, const std::string& dir, int64_t iteration,
+                                                      const CheckpointState& saved, int tp_rank, int pp_rank) {
+  if (a.no_load_rng || a.finetune || saved.release || saved.layout.tensor_parallel != a.tensor_parallel_size ||
+      saved.layout.pipeline_parallel != a.pipeline_parallel_size || !is_torch_dist_checkpoint(dir, iteration))
+    return std::nullopt;
+  return read_torch_dist_rng_state(dir, iteration,
+                                   {tp_rank, a.tensor_parallel_size, pp_rank, a.pipeline_parallel_size});
+}
+
 // DIR without a trailing separator ("ckpt/iter_0000100/" -> "ckpt/iter_0000100").
 std::filesystem::path folder_path(const std::string& dir) {
   const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
@@ -495,33 +507,45 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
                        distrib ? &*distrib : nullptr);
 }
 
-json Trainer::write_torch_dist_files(const std::string& tmp_dir, const HostOptimizerState& whole) const {
+json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
   TorchDistShard shard;
   shard.tp_rank = rank_in(groups_.tp);
+  shard.tp_size = args_.tensor_parallel_size;
+  shard.pp_rank = rank_in(groups_.pp);
+  shard.pp_size = args_.pipeline_parallel_size;
   shard.num_layers = args_.model.num_layers;
   shard.swiglu = args_.model.swiglu;
-  for (const ModelChunk& c : model_.partition().chunks)
-    for (int l = c.first_layer; l < c.end_layer; ++l) shard.layers.push_back(l);
-  shard.params = model_tensors(model_, false);
-  const bool with_optimizer = !args_.no_save_optim;
-  if (distributed_optimizer() && with_optimizer) {
-    // `whole` holds, per parameter (the tied copy too), its main values and then its state kinds.
-    std::set<std::string> copies;
-    for (const ParamShard& s : model_.shards())
-      if (s.is_embedding_copy) copies.insert(s.spec.name);
-    const size_t kinds = whole.buffers.size();
-    for (size_t i = 0; i < whole.tensors.size(); ++i) {
-      const ShardedTensor& t = whole.tensors[i];
-      const bool main = i % kinds == 0;  // "<name>"; the state kinds are "<kind>.<name>"
-      if (copies.count(main ? t.name : t.name.substr(t.name.find('.') + 1))) continue;
-      if (!main) shard.state.push_back(t);
-      else if (main_params_apart()) shard.main.push_back(t);
-    }
-  } else if (with_optimizer) {
+  const bool writes_model = rank_in(groups_.dp) == 0;
+  if (writes_model) {
+    for (const ModelChunk& c : model_.partition().chunks)
+      for (int l = c.first_layer; l < c.end_layer; ++l) shard.layers.push_back(l);
+    shard.params = model_tensors(model_, false);
+    if (!args_.no_save_rng) shard.rng_state = torch_dist_rng_state();
+    shard.rerun_state = [iteration = iteration_](const zip::StoredWriter::Append& append) {
+      append_megatron_rerun_state_object(append, iteration);
+    };
+  }
+  if (args_.no_save_optim) return write_torch_dist_shard(tmp_dir, rank_in(groups_.world), shard);
+  if (args_.use_distributed_optimizer) {
+    // Megatron's default layout for its distributed optimizer (fully_sharded_model_space, as
+    // under --ckpt-fully-parallel-save): every DP rank its own ranges, the main parameters as
+    // fp32_param whatever the model's dtype.
+    shard.flat_state = distributed_optimizer() ? owned_state_pieces(false)
+                                               : whole_pieces(optimizer_tensors(*optimizer_, model_, false));
+    const std::vector<FlatPiece> main = prefixed(main_param_pieces(false), "fp32_param.");
+    shard.flat_state.insert(shard.flat_state.end(), main.begin(), main.end());
+  } else if (writes_model) {
     shard.state = optimizer_tensors(*optimizer_, model_, false);
     if (main_params_apart()) shard.main = main_param_tensors(false);
   }
   return write_torch_dist_shard(tmp_dir, rank_in(groups_.world), shard);
+}
+
+std::function<void(const zip::StoredWriter::Append&)> Trainer::torch_dist_rng_state() const {
+  if (loaded_rng_state_)
+    return [bytes = *loaded_rng_state_](const zip::StoredWriter::Append& append) { append(bytes); };
+  return [seed = int64_t{args_.model.seed}, tp = rank_in(groups_.tp), pp = rank_in(groups_.pp)](
+             const zip::StoredWriter::Append& append) { append_megatron_rng_state_object(append, seed, tp, pp); };
 }
 
 // Megatron's parameter groups of this rank's parameters: one per weight-decay class, in order of
@@ -584,13 +608,10 @@ void Trainer::write_checkpoint(const std::string& dir) {
   const std::string write_failed = "write its part of" + at;
   const std::string commit_failed = "commit" + at;
   if (args_.save_torch_dist) {
-    // The distributed optimizer's state whole, for DP rank 0 to write: collective over the DP
-    // group, so before any rank may fail alone.
-    HostOptimizerState whole;
-    if (distributed_optimizer() && !args_.no_save_optim) whole = host_distrib_optim_state(false);
+    const bool every_dp_rank = distributed_optimizer() && !args_.no_save_optim;
     json mine = json::array();
     on_every_rank(world, write_failed, [&] {
-      if (dp == 0) mine = write_torch_dist_files(tmp_dir, whole);
+      if (dp == 0 || every_dp_rank) mine = write_torch_dist_files(tmp_dir);
     }, abandon);
     const std::vector<json> records = gather_json(world, mine);
     on_every_rank(world, commit_failed, [&] {
@@ -697,6 +718,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     }
     s = load_checkpoint_pieces(dir, *latest, params, state, with_optimizer, rank_in(groups_.tp),
                                args_.tensor_parallel_size);
+    loaded_rng_state_ = resumed_rng_state(args_, dir, *latest, saved, rank_in(groups_.tp), rank_in(groups_.pp));
   });
   const char* format = s.release                                  ? " (Megatron-LM's release checkpoint)"
                        : is_torch_dist_checkpoint(dir, *latest) ? " (Megatron-LM's torch_dist format)"

@@ -96,6 +96,24 @@ TEST(TrainArguments, InvalidValuesNameTheFlag) {
             std::string::npos);
 }
 
+// Megatron's converter run (megatron/training/initialize.py, training.py): the format's save
+// goes to --ckpt-convert-save/<format>, in that format; it needs both flags and --load.
+TEST(TrainArguments, CkptConvertFormatSavesIntoItsFolder) {
+  const TrainArgs a =
+      parse(with({"--load", "ckpt", "--ckpt-convert-format", "torch", "--ckpt-convert-save", "converted"}));
+  EXPECT_EQ(a.ckpt_convert_format, "torch");
+  EXPECT_EQ(a.save, "converted/torch");
+  EXPECT_TRUE(a.save_megatron_format);
+  EXPECT_FALSE(a.save_torch_dist);
+  EXPECT_NE(error_of(with({"--load", "ckpt", "--ckpt-convert-format", "torch"})).find("--ckpt-convert-save"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", "c"})).find("--load"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--load", "ckpt", "--ckpt-convert-format", "zarr", "--ckpt-convert-save", "c"}))
+                .find("zarr is not written"),
+            std::string::npos);
+}
+
 TEST(TrainArguments, UnsupportedMegatronFlagVersusUnknownFlag) {
   std::string e = error_of(with({"--qk-layernorm"}));
   EXPECT_NE(e.find("--qk-layernorm is a Megatron-LM flag that tessera does not support yet"), std::string::npos) << e;
