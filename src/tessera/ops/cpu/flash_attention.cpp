@@ -83,10 +83,14 @@ void load_head(float* dst, int64_t pad_rows, const Tensor& t, int64_t off, int64
   std::fill(dst + rows * HDp, dst + pad_rows * HDp, 0.0f);
 }
 
-// dstT[i*ldt + r] = src[r*HDp + i] for r < rows, i < HDp.
+// dstT[i*ldt + r] = src[r*HDp + i] for r < rows, i < HDp. Eight destination rows at a time:
+// row by row over all of them, a store per row ldt floats apart, would keep every line of a
+// 4 KB-strided column in one L1 set and evict them before their next element.
 void transpose_tile(float* dstT, int64_t ldt, const float* src, int64_t rows, int64_t HDp) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < HDp; ++i) dstT[i * ldt + r] = src[r * HDp + i];
+  constexpr int64_t kRows = 8;  // HDp is a multiple of kVec, so of 8
+  for (int64_t i0 = 0; i0 < HDp; i0 += kRows)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = i0; i < i0 + kRows; ++i) dstT[i * ldt + r] = src[r * HDp + i];
 }
 
 // Rows t0 + r (r < rows) of the HD columns at element `off` of t (row stride ld) += src rows
@@ -108,33 +112,52 @@ void add_head(const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows
 // a query reaches).
 int64_t visible_keys(int64_t t, int64_t k0, int64_t kn) { return std::min(kn, t - k0 + 1); }
 
-struct ForwardBuffers {
-  float *q, *k, *kt, *v, *s, *o, *m, *l, *f, *tmp;
-  static size_t floats(const FlashDims& d) { return 6 * kTile * d.HDp + kTile * kTile + 3 * kTile; }
-  ForwardBuffers(float* p, const FlashDims& d) {
-    const int64_t tile = kTile * d.HDp;
-    q = p, k = q + tile, kt = k + tile, v = kt + tile, o = v + tile, tmp = o + tile;
-    s = tmp + tile, m = s + kTile * kTile, l = m + kTile, f = l + kTile;
+// The keys (transposed, as the score product reads them) and values of one (b, group), the
+// whole sequence: a thread loads them once and reuses them for every query tile it runs of
+// the group's heads (work items run head by head), instead of loading and transposing a key
+// tile per tile pair.
+struct KeyValues {
+  int64_t b = -1, g = -1;
+  float *kt, *v, *k;  // kt [HDp, Tp]; v [Tp, HDp]; k: staging for kt [Tp, HDp]
+  static size_t floats(const FlashDims& d) { return 3 * d.Tp() * d.HDp; }
+  explicit KeyValues(float* p, const FlashDims& d) : kt(p), v(p + d.Tp() * d.HDp), k(v + d.Tp() * d.HDp) {}
+  // tmp: T * HD floats.
+  void load(const Tensor& qkv, const FlashDims& d, const Angles& angles, int64_t b_, int64_t g_, float* tmp) {
+    if (b_ == b && g_ == g) return;
+    b = b_, g = g_;
+    const int64_t row = d.qkv_row(), Tp = d.Tp();
+    load_head(k, Tp, qkv, b * d.T * row + d.k_col(g), row, 0, d.T, d, angles, true, 1.0f, tmp);
+    transpose_tile(kt, Tp, k, Tp, d.HDp);
+    load_head(v, Tp, qkv, b * d.T * row + d.v_col(g), row, 0, d.T, d, angles, false, 1.0f, tmp);
   }
+};
+
+struct ForwardBuffers {
+  float *q, *s, *o, *m, *l, *f, *tmp;
+  KeyValues kv;
+  static size_t floats(const FlashDims& d) {
+    return 2 * kTile * d.HDp + kTile * kTile + 3 * kTile + d.Tp() * d.HDp + KeyValues::floats(d);
+  }
+  ForwardBuffers(float* p, const FlashDims& d)
+      : q(p), s(q + kTile * d.HDp), o(s + kTile * kTile), m(o + kTile * d.HDp), l(m + kTile), f(l + kTile),
+        tmp(f + kTile), kv(tmp + d.Tp() * d.HDp, d) {}
 };
 
 // Query tile qi of head h of sample b.
 void forward_tile(Tensor out, float* lse, const Tensor& qkv, const FlashDims& d, const Angles& angles,
                   const Dropout& dropout, int64_t b, int64_t h, int64_t qi, ForwardBuffers& w) {
-  const int64_t T = d.T, HD = d.HD, HDp = d.HDp, row = d.qkv_row(), g = h / d.R;
+  const int64_t T = d.T, HD = d.HD, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
   const int64_t q0 = qi * kTile, qn = std::min(kTile, T - q0);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
+  w.kv.load(qkv, d, angles, b, h / d.R, w.tmp);
   load_head(w.q, kTile, qkv, (b * T + q0) * row + d.q_col(h), row, q0, qn, d, angles, true, scale, w.tmp);
   std::fill(w.o, w.o + kTile * HDp, 0.0f);
   std::fill(w.m, w.m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(w.l, w.l + kTile, 0.0f);
   for (int64_t k0 = 0; k0 < q0 + qn; k0 += kTile) {
     const int64_t kn = std::min(kTile, T - k0);
-    load_head(w.k, kTile, qkv, (b * T + k0) * row + d.k_col(g), row, k0, kn, d, angles, true, 1.0f, w.tmp);
-    transpose_tile(w.kt, kTile, w.k, kTile, HDp);
-    load_head(w.v, kTile, qkv, (b * T + k0) * row + d.v_col(g), row, k0, kn, d, angles, false, 1.0f, w.tmp);
-    tile_product<false>(w.s, kTile, w.q, HDp, 1, w.kt, kTile, qn, kTile, HD);
+    tile_product<false>(w.s, kTile, w.q, HDp, 1, w.kv.kt + k0, Tp, qn, kTile, HD);
     for (int64_t i = 0; i < qn; ++i) {
       const int64_t t = q0 + i, n = visible_keys(t, k0, kn);
       float* s = w.s + i * kTile;
@@ -160,7 +183,7 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const FlashDims& d,
         for (int64_t j = 0; j < n; ++j) s[j] *= w.f[j];
       }
     }
-    tile_product<true>(w.o, HDp, w.s, kTile, 1, w.v, HDp, qn, HDp, kn);
+    tile_product<true>(w.o, HDp, w.s, kTile, 1, w.kv.v + k0 * HDp, HDp, qn, HDp, kn);
   }
   for (int64_t i = 0; i < qn; ++i) {
     const float inv = 1.0f / w.l[i];
@@ -268,10 +291,11 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t num_gro
 #pragma omp parallel
   {
     ForwardBuffers w(thread_buffer(ForwardBuffers::floats(d)), d);
-    // Longest items (query tiles near the end see the most keys) first.
+    // Head by head (so a thread's keys and values serve its next items), within a head the
+    // longest items (query tiles near the end see the most keys) first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t qi = tiles - 1 - item / (d.B * d.NH), bh = item % (d.B * d.NH);
+      const int64_t bh = item / tiles, qi = tiles - 1 - item % tiles;
       forward_tile(out, lse_p, qkv, d, angles, dropout, bh / d.NH, bh % d.NH, qi, w);
     }
   }
