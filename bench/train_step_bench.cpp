@@ -2,6 +2,7 @@
 // prints ms/step, tokens/s and model FLOP/s by llm.c's formula:
 //   6 * params * tokens + 6 * layers * hidden * seq * tokens.
 // usage: train_step_bench [gpt2-124m|gpt2-124m-t1024|small] [steps] [--deterministic-mode] [--op-profile]
+//                         [tessera train flags, e.g. --bf16]
 // (--deterministic-mode: the unfused attention of that mode, for a side-by-side figure;
 // --op-profile: also each op's calls, CPU and wall ms per timed step, ops/op_profile.h,
 // and the step's process CPU ms, the figures to compare on a shared machine).
@@ -44,11 +45,12 @@ void print_op_profile(int steps, double step_cpu_ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> positional;
+  std::vector<std::string> positional, extra;
   bool deterministic = false, profile = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--deterministic-mode") == 0) deterministic = true;
     else if (std::strcmp(argv[i], "--op-profile") == 0) profile = true;
+    else if (std::strncmp(argv[i], "--", 2) == 0) extra.push_back(argv[i]);
     else positional.push_back(argv[i]);
   }
   const std::string shape = positional.size() > 0 ? positional[0] : "gpt2-124m";
@@ -69,6 +71,7 @@ int main(int argc, char** argv) {
                                      "--vocab-size", "50256"};
   flags.insert(flags.end(), {"--mock-data", "--lr", "1e-4", "--train-iters", "1000", "--hidden-dropout", "0",
                              "--attention-dropout", "0", "--eval-iters", "0"});
+  flags.insert(flags.end(), extra.begin(), extra.end());
   std::vector<char*> args_argv;
   for (auto& f : flags) args_argv.push_back(f.data());
   TrainArgs args = parse_train_args(static_cast<int>(args_argv.size()), args_argv.data());
@@ -92,9 +95,11 @@ int main(int argc, char** argv) {
   const GPTConfig& c = args.model;
   const double params = static_cast<double>(model.num_parameters());
   const double flops = 6.0 * params * tokens + 6.0 * c.num_layers * c.hidden_size * c.seq_length * double(tokens);
-  std::printf("tessera %s %-10s params %.1fM threads %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s (model)\n",
-              deterministic ? "deterministic" : "default", shape.c_str(), params / 1e6, omp_get_max_threads(), seconds * 1000 / steps, tokens / seconds,
-              flops / seconds / 1e9);
+  std::string extras;
+  for (const std::string& e : extra) extras += " " + e;
+  std::printf("tessera %s %-10s%s params %.1fM threads %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s (model)\n",
+              deterministic ? "deterministic" : "default", shape.c_str(), extras.c_str(), params / 1e6,
+              omp_get_max_threads(), seconds * 1000 / steps, tokens / seconds, flops / seconds / 1e9);
   if (profile) print_op_profile(steps, cpu_ms / steps);
   return 0;
 }
