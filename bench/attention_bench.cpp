@@ -4,11 +4,16 @@
 // (forward 2, backward 5 [T,T,HD] products per head, half of each masked: 2*T*T*HD resp.
 // 5*T*T*HD flops, the convention of FlashAttention's benchmarks; the fused backward's
 // recomputed scores are not counted).
-// usage: attention_bench [device] [B T NH NG HD] [iterations]   (default: cpu 1 1024 12 12 64 3,
-// GPT-2 124M at T=1024)
+// Each time is the wall time and the process's CPU time (all threads: on a shared machine the
+// wall time follows the load, the CPU time much less so) of the fastest call.
+// usage: attention_bench [device] [B T NH NG HD] [iterations] [--fused-only]   (default: cpu 1
+// 1024 12 12 64 3, GPT-2 124M at T=1024; --fused-only skips the slow unfused ops)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,18 +26,46 @@ using namespace tessera;
 
 namespace {
 
-double time_ms(Device& d, const std::function<void()>& f, int iterations) {
-  f();  // warm-up
+double cpu_ms() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+struct Time {
+  double wall_ms = 0, cpu_ms = 0;
+};
+
+// Wall and CPU ms of the fastest of `iterations` calls of f after a warm-up call (on a busy
+// machine the fastest call is the one least disturbed); nothing when `skip`.
+Time time_ms(Device& d, const std::function<void()>& f, int iterations, bool skip = false) {
+  if (skip) return {};
+  f();
   d.synchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) f();
-  d.synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iterations;
+  Time best{1e300, 1e300};
+  for (int i = 0; i < iterations; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_ms();
+    f();
+    d.synchronize();
+    best.wall_ms = std::min(best.wall_ms,
+                            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    best.cpu_ms = std::min(best.cpu_ms, cpu_ms() - cpu_start);
+  }
+  return best;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool fused_only = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--fused-only") == 0) fused_only = true;
+    else args.push_back(argv[i]);
+  }
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   const std::string spec = argc > 1 ? argv[1] : "cpu";
   auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
   const int64_t B = arg(2, 1), T = arg(3, 1024), NH = arg(4, 12), NG = arg(5, NH), HD = arg(6, 64);
@@ -59,35 +92,43 @@ int main(int argc, char** argv) {
 
   std::printf("%s: B=%lld T=%lld NH=%lld NG=%lld HD=%lld%s, %d iterations\n", dev.name().c_str(), (long long)B,
               (long long)T, (long long)NH, (long long)NG, (long long)HD, regroup ? " (RoPE)" : "", iterations);
-  std::printf("| dropout | pass | fused ms | unfused ms | fused GFLOP/s | unfused GFLOP/s | speed-up |\n");
-  std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| dropout | pass | fused ms | fused CPU ms | unfused ms | unfused CPU ms | fused GFLOP/s | "
+              "unfused GFLOP/s | speed-up |\n");
+  std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   const double fwd_flops = 2.0 * B * NH * T * T * HD, bwd_flops = 2.5 * fwd_flops;
   for (float p : {0.0f, 0.1f}) {
     ops::Dropout drop;
     drop.p = p;
-    const double ff = time_ms(dev, [&] { ops::flash_attention_forward(out, lse, qkv, Tensor(), NG, rope, drop, {}); }, iterations);
-    const double uf = time_ms(
+    const Time ff = time_ms(dev, [&] { ops::flash_attention_forward(out, lse, qkv, Tensor(), NG, rope, drop, {}); }, iterations);
+    const Time uf = time_ms(
         dev,
         [&] {
           if (regroup) ops::attention_qkv_forward(heads, qkv, NG, rope);
           ops::attention_forward(out, att, heads, drop);
         },
-        iterations);
+        iterations, fused_only);
     ops::flash_attention_forward(out, lse, qkv, Tensor(), NG, rope, drop, {});
-    const double fb = time_ms(
+    const Time fb = time_ms(
         dev, [&] { ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, NG, rope, drop, {}); }, iterations);
-    ops::attention_forward(out, att, heads, drop);
-    const double ub = time_ms(
+    if (!fused_only) ops::attention_forward(out, att, heads, drop);
+    const Time ub = time_ms(
         dev,
         [&] {
           ops::attention_backward(d_heads, att_scratch, dout, heads, att, drop);
           if (regroup) ops::attention_qkv_backward(dqkv, d_heads, NG, rope);
         },
-        iterations);
-    std::printf("| %.1f | forward | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", p, ff, uf, fwd_flops / ff / 1e6,
-                fwd_flops / uf / 1e6, uf / ff);
-    std::printf("| %.1f | backward | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", p, fb, ub, bwd_flops / fb / 1e6,
-                bwd_flops / ub / 1e6, ub / fb);
+        iterations, fused_only);
+    auto row = [&](const char* pass, Time f, Time u, double flops) {
+      if (fused_only) {
+        std::printf("| %.1f | %s | %.1f | %.1f | - | - | %.1f | - | - |\n", p, pass, f.wall_ms, f.cpu_ms,
+                    flops / f.wall_ms / 1e6);
+        return;
+      }
+      std::printf("| %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", p, pass, f.wall_ms, f.cpu_ms,
+                  u.wall_ms, u.cpu_ms, flops / f.wall_ms / 1e6, flops / u.wall_ms / 1e6, u.wall_ms / f.wall_ms);
+    };
+    row("forward", ff, uf, fwd_flops);
+    row("backward", fb, ub, bwd_flops);
   }
   return 0;
 }

@@ -30,6 +30,8 @@ FOREIGN = {
     "--corpora": "bench/preprocess_bench.py",
     "--megatron": "bench/preprocess_bench.py",
     "--sdpa": "bench/torch_train_step.py",
+    "--op-profile": "bench/train_step_bench.cpp",
+    "--fused-only": "bench/attention_bench.cpp",
     "--tessera": "bench/tokenizer_bench.py",
     "--rng": "tests/reference/data/gpt_dataset_reference.py",
     "--manifest": "tests/reference/data/gpt_dataset_reference.py",

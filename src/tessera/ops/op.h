@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "tessera/core/tensor.h"
+#include "tessera/ops/op_profile.h"
 
 namespace tessera {
 class Device;
@@ -115,6 +116,7 @@ struct Op<R(Args...)> : op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...> 
     op_detail::CallDevice call(name);
     (call.add(args), ...);
     auto kernel = reinterpret_cast<Signature*>(resolve_kernel(id, call.device()));
+    const op_detail::ProfileScope profile(id);
     return kernel(std::forward<Args>(args)...);
   }
   using op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...>::operator();

@@ -5,9 +5,13 @@
 // dim, the bias's length), B samples (the leading dim, for the dropout mask), S elements
 // per sample, R = S / OC rows per sample.
 //
-// The backward passes that also sum the bias gradient walk column blocks: a thread owns
-// kColumns columns and walks the rows in order, as bias_add_backward does (the same bits
-// for any thread count, and in f32 the unfused ops' bits).
+// The backward passes that also sum the bias gradient walk column blocks: a thread owns a
+// block of columns and walks the rows in order, as bias_add_backward does (the same bits
+// for any thread count, and in f32 the unfused ops' bits). Blocks are as wide as the thread
+// count allows (up to kMaxColumns), so each row of a block is a segment of a few KB per
+// tensor rather than 256 bytes of rows 3-12 KB apart.
+#include <omp.h>
+
 #include <algorithm>
 #include <initializer_list>
 #include <string>
@@ -23,20 +27,29 @@
 namespace tessera::ops::cpu {
 namespace {
 
-constexpr int64_t kColumns = 64;
+constexpr int64_t kMaxColumns = 1024;  // columns of one block of column_blocks
+constexpr int64_t kChunk = 64;         // columns per dropout-factor chunk of a row
+
+// The column blocks of column_blocks over OC columns: a multiple of the thread count (so
+// each thread gets the same share) of at most kMaxColumns columns, each a multiple of 16.
+int64_t column_block_width(int64_t OC) {
+  const int64_t threads = std::max(1, omp_get_max_threads());
+  const int64_t blocks = ((OC + kMaxColumns - 1) / kMaxColumns + threads - 1) / threads * threads;
+  return std::min(kMaxColumns, ((OC + blocks - 1) / blocks + 15) / 16 * 16);
+}
 
 // Calls row(n, o0, len, acc) for the rows n = 0..N-1 in order of every column block
-// [o0, o0 + len), acc[kColumns] a block's running column sums, then adds them into dbias
-// (when present, as an accumulating parameter gradient).
+// [o0, o0 + len) (len <= kMaxColumns), acc a block's running column sums, then adds them
+// into dbias (when present, as an accumulating parameter gradient).
 template <typename Row>
 void column_blocks(int64_t N, int64_t OC, const Tensor& dbias, Row row) {
-  const int64_t blocks = (OC + kColumns - 1) / kColumns;
+  const int64_t width = column_block_width(OC), blocks = (OC + width - 1) / width;
   Stage grads(Stage::Caller);
   float* db = dbias.empty() ? nullptr : grads.inout(dbias, 0, OC);
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t o0 = blk * kColumns, len = std::min(kColumns, OC - o0);
-    float acc[kColumns] = {};
+    const int64_t o0 = blk * width, len = std::min(width, OC - o0);
+    float acc[kMaxColumns] = {};
     for (int64_t n = 0; n < N; ++n) row(n, o0, len, acc);
     if (db)
       for (int64_t o = 0; o < len; ++o) db[o0 + o] += acc[o];
@@ -60,14 +73,10 @@ void check_floats(const char* op, std::initializer_list<std::pair<const Tensor*,
   for (auto [t, name] : args) check_float(*t, op, name);
 }
 
-// Rows of the forward GEMM per tile: the tile's [rows, OC] result (about 512 KB) is still
-// in cache when the bias + GeLU pass reads it back; at least 64 rows for the GEMM's sake.
-int64_t gemm_tile_rows(int64_t OC) { return std::max<int64_t>(64, (int64_t{1} << 17) / std::max<int64_t>(OC, 1)); }
-
-// pre[n, :] += bias; out[n, :] = gelu(pre[n, :]) for the f32 rows [n0, n0 + rows).
-void bias_gelu_rows(float* out, float* pre, const float* bias, int64_t n0, int64_t rows, int64_t OC, GeluKind kind) {
+// pre[n, :] += bias; out[n, :] = gelu(pre[n, :]) for the f32 rows n < N.
+void bias_gelu_rows(float* out, float* pre, const float* bias, int64_t N, int64_t OC, GeluKind kind) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = n0; n < n0 + rows; ++n) {
+  for (int64_t n = 0; n < N; ++n) {
     float* p = pre + n * OC;
     float* y = out + n * OC;
     if (bias) {
@@ -108,12 +117,11 @@ void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight,
   }
   float* p = f32(pre);
   const float* b = bias.empty() ? nullptr : f32(bias);
-  const int64_t tile = gemm_tile_rows(OC);
-  for (int64_t n0 = 0; n0 < N; n0 += tile) {
-    const int64_t rows = std::min(tile, N - n0);
-    sgemm(false, true, rows, OC, C, 1.0f, f32(inp) + n0 * C, C, f32(weight), C, 0.0f, p + n0 * OC, OC);
-    bias_gelu_rows(f32(out), p, b, n0, rows, OC, kind);
-  }
+  // One GEMM over all rows, then one pass: oneDNN's sgemm on 64-row tiles (which the pass
+  // would find in cache) ran 25% slower than on all 1024 rows of GPT-2's MLP at T=1024, more
+  // than the pass gains from the cache (docs/benchmarks.md, issue #28's section).
+  sgemm(false, true, N, OC, C, 1.0f, f32(inp), C, f32(weight), C, 0.0f, p, OC);
+  bias_gelu_rows(f32(out), p, b, N, OC, kind);
 }
 
 void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
@@ -171,9 +179,9 @@ void bias_dropout_add_forward(Tensor out, Tensor inp, Tensor bias, Tensor residu
     const float* x = s.in(inp, off, OC);
     const float* r = s.in(residual, off, OC);
     float* y = s.out(out, off, OC);
-    for (int64_t o0 = 0; o0 < OC; o0 += kColumns) {
-      const int64_t len = std::min(kColumns, OC - o0);
-      float f[kColumns];
+    for (int64_t o0 = 0; o0 < OC; o0 += kChunk) {
+      const int64_t len = std::min(kChunk, OC - o0);
+      float f[kChunk];
       if (drop)
         dropout_factors(dropout, row / R, static_cast<uint64_t>((row % R) * OC + o0), len, f);
       else
@@ -208,7 +216,7 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
     Stage s;
     const int64_t off = row * OC + o0;
     const float* dy = s.in(dout, off, len);
-    float f[kColumns];
+    float f[kMaxColumns];
     if (drop)
       dropout_factors(dropout, row / R, static_cast<uint64_t>((row % R) * OC + o0), len, f);
     else
@@ -216,7 +224,7 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
     // The contribution dy * f, rounded (it is stored, so never fused into the adds below):
     // added to 0 it is dropout_backward's fma(dy, f, 0), and bias_add_backward sums it as
     // stored in a 16-bit dinp.
-    float c[kColumns];
+    float c[kMaxColumns];
 #pragma omp simd
     for (int64_t o = 0; o < len; ++o) c[o] = dy[o] * f[o];
     const Tensor& g = dinp.empty() ? dout : dinp;
