@@ -32,7 +32,7 @@ bool native_cross_entropy_backward(const Tensor& dlogits, const Tensor& dlosses,
                                        memory<const float>(logsumexp),
                                        write == GradWrite::Assign};
   tessera::cuda::activate(*logits.device);
-  native::cross_entropy_grad(a, tessera::cuda::stream_of(*logits.device));
+  native::cross_entropy_logit_grads(a, tessera::cuda::stream_of(*logits.device));
   return true;
 }
 

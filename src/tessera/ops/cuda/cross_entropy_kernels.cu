@@ -42,7 +42,7 @@ void grad_typed(const CrossEntropyGradArgs& a, cudaStream_t s) {
 
 }  // namespace
 
-void cross_entropy_grad(const CrossEntropyGradArgs& a, cudaStream_t stream) {
+void cross_entropy_logit_grads(const CrossEntropyGradArgs& a, cudaStream_t stream) {
   if (a.N == 0 || a.V == 0) return;
   switch (a.dtype) {
     case DType::BF16: return grad_typed<__nv_bfloat16>(a, stream);

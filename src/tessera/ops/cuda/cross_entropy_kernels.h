@@ -25,6 +25,6 @@ struct CrossEntropyGradArgs {
 };
 
 // dlogits[n, v] (+)= softmax(logits[n, :])[v] * dlosses[n] - (v is the target) * dlosses[n].
-void cross_entropy_grad(const CrossEntropyGradArgs& a, cudaStream_t stream);
+void cross_entropy_logit_grads(const CrossEntropyGradArgs& a, cudaStream_t stream);
 
 }  // namespace tessera::ops::cuda::native

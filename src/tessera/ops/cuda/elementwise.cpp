@@ -1,6 +1,8 @@
 // CUDA's host side of ops/kernels/elementwise_host.inc, with SwiGLU on the native kernels
 // (swiglu_kernels.h) in the default mode where the tensors share a dtype; --deterministic-mode
 // (the shared kernels' bits) and mixed dtypes run the shared kernels.
+#include <initializer_list>
+
 #include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"

@@ -4,6 +4,7 @@
 // the parameter gradients as column sums in two passes (column_sums.h). In the default
 // mode the forwards and input gradients run the native typed kernels (norm_kernels.h) where
 // the tensors share a dtype; --deterministic-mode keeps the row kernels' order and bits.
+#include <initializer_list>
 #include <optional>
 
 #include "tessera/device/cuda/cuda_stream.h"
