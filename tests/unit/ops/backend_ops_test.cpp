@@ -241,55 +241,61 @@ TEST_P(BackendOps, EmbeddingOutOfRangeIdsStayInBounds) {
 // ---- layernorm -----------------------------------------------------------------------
 
 TEST_P(BackendOps, LayerNorm) {
-  const int64_t N = 9, C = 48;
-  Twin& inp = normal({N, C}, 2.0f, 3.0f);
-  Twin& weight = normal({C});
-  Twin& bias = normal({C});
-  Twin& out = zeros({N, C});
-  Twin& mean = zeros({N});
-  Twin& rstd = zeros({N});
-  run([&](Side s) { ops::layernorm_forward(out[s], mean[s], rstd[s], inp[s], weight[s], bias[s], 1e-5f); });
-  // The row sums run in a different order (the CPU's vector lanes, the device's one
-  // loop): a few ulp on sums of 48 terms.
-  expect_close("mean", mean, 1e-6, 1e-6);
-  expect_close("rstd", rstd, 1e-5);
-  expect_close("out", out, 1e-5, 1e-5);
-  Twin& dout = normal({N, C});
-  Twin& dinp = normal({N, C});
-  Twin& dweight = normal({C});
-  Twin& dbias = normal({C});
-  run([&](Side s) {
-    ops::layernorm_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], mean[s],
-                            rstd[s]);
-  });
-  // The same row reductions as the forward; dweight/dbias sum rows in order on both.
-  expect_close("dinp", dinp, 1e-5, 1e-5);
-  expect_close("dweight", dweight, 1e-5, 1e-5);
-  expect_close("dbias", dbias, 0);
+  // C = 48: rows CUDA's native kernels read in 128-bit vectors; C = 50: element by element.
+  for (const int64_t C : {48, 50}) {
+    const int64_t N = 9;
+    Twin& inp = normal({N, C}, 2.0f, 3.0f);
+    Twin& weight = normal({C});
+    Twin& bias = normal({C});
+    Twin& out = zeros({N, C});
+    Twin& mean = zeros({N});
+    Twin& rstd = zeros({N});
+    run([&](Side s) { ops::layernorm_forward(out[s], mean[s], rstd[s], inp[s], weight[s], bias[s], 1e-5f); });
+    // The row sums run in a different order (the CPU's vector lanes, the device's one
+    // loop): a few ulp on sums of 48 terms.
+    expect_close("mean", mean, 1e-6, 1e-6);
+    expect_close("rstd", rstd, 1e-5);
+    expect_close("out", out, 1e-5, 1e-5);
+    Twin& dout = normal({N, C});
+    Twin& dinp = normal({N, C});
+    Twin& dweight = normal({C});
+    Twin& dbias = normal({C});
+    run([&](Side s) {
+      ops::layernorm_backward(dinp[s], dweight[s], dbias[s], dout[s], inp[s], weight[s], mean[s],
+                              rstd[s]);
+    });
+    // The same row reductions as the forward; dweight/dbias sum rows in order on both.
+    expect_close("dinp", dinp, 1e-5, 1e-5);
+    expect_close("dweight", dweight, 1e-5, 1e-5);
+    expect_close("dbias", dbias, 0);
+  }
 }
 
 TEST_P(BackendOps, RmsNorm) {
-  const int64_t N = 9, C = 48;
-  Twin& inp = normal({N, C}, 2.0f, 1.0f);
-  Twin& weight = normal({C});
-  Twin& out = zeros({N, C});
-  Twin& rstd = zeros({N});
-  run([&](Side s) { ops::rmsnorm_forward(out[s], rstd[s], inp[s], weight[s], 1e-5f); });
-  // As LayerNorm: the row sums of squares run in another order (a few ulp of 48 terms).
-  expect_close("rstd", rstd, 1e-5);
-  expect_close("out", out, 1e-5, 1e-5);
-  copy_cpu_to_device(rstd);
-  Twin& dout = normal({N, C});
-  Twin& dinp = normal({N, C});
-  Twin& dweight = normal({C});
-  run([&](Side s) { ops::rmsnorm_backward(dinp[s], dweight[s], dout[s], inp[s], weight[s], rstd[s]); });
-  // One row reduction for dinp; dweight sums rows in order on both, its products may fuse
-  // (FMA) differently.
-  expect_close("dinp", dinp, 1e-5, 1e-5);
-  expect_close("dweight", dweight, 1e-5, 1e-5);
-  Twin& dinp_only = normal({N, C});
-  run([&](Side s) { ops::rmsnorm_backward(dinp_only[s], Tensor(), dout[s], inp[s], weight[s], rstd[s]); });
-  expect_close("dinp (dweight absent)", dinp_only, 1e-5, 1e-5);
+  // C = 48: rows CUDA's native kernels read in 128-bit vectors; C = 50: element by element.
+  for (const int64_t C : {48, 50}) {
+    const int64_t N = 9;
+    Twin& inp = normal({N, C}, 2.0f, 1.0f);
+    Twin& weight = normal({C});
+    Twin& out = zeros({N, C});
+    Twin& rstd = zeros({N});
+    run([&](Side s) { ops::rmsnorm_forward(out[s], rstd[s], inp[s], weight[s], 1e-5f); });
+    // As LayerNorm: the row sums of squares run in another order (a few ulp of 48 terms).
+    expect_close("rstd", rstd, 1e-5);
+    expect_close("out", out, 1e-5, 1e-5);
+    copy_cpu_to_device(rstd);
+    Twin& dout = normal({N, C});
+    Twin& dinp = normal({N, C});
+    Twin& dweight = normal({C});
+    run([&](Side s) { ops::rmsnorm_backward(dinp[s], dweight[s], dout[s], inp[s], weight[s], rstd[s]); });
+    // One row reduction for dinp; dweight sums rows in order on both, its products may fuse
+    // (FMA) differently.
+    expect_close("dinp", dinp, 1e-5, 1e-5);
+    expect_close("dweight", dweight, 1e-5, 1e-5);
+    Twin& dinp_only = normal({N, C});
+    run([&](Side s) { ops::rmsnorm_backward(dinp_only[s], Tensor(), dout[s], inp[s], weight[s], rstd[s]); });
+    expect_close("dinp (dweight absent)", dinp_only, 1e-5, 1e-5);
+  }
 }
 
 // ---- linear and bias -----------------------------------------------------------------
@@ -478,16 +484,19 @@ TEST_P(BackendOps, Gelu) {
 }
 
 TEST_P(BackendOps, Swiglu) {
-  const int64_t N = 3, F = 50;
-  Twin& inp = normal({N, 2 * F}, 3.0f);
-  Twin& out = zeros({N, F});
-  run([&](Side s) { ops::swiglu_forward(out[s], inp[s]); });
-  // The same formula and exp polynomial; FMA contraction may differ (as GeLU): a few ulp.
-  expect_close("out", out, 1e-6, 1e-7);
-  Twin& dout = normal({N, F});
-  Twin& dinp = normal({N, 2 * F});
-  run([&](Side s) { ops::swiglu_backward(dinp[s], dout[s], inp[s]); });
-  expect_close("dinp", dinp, 1e-6, 1e-6);
+  // F = 64: rows CUDA's native kernels read in 128-bit vectors; F = 50: element by element.
+  for (const int64_t F : {50, 64}) {
+    const int64_t N = 3;
+    Twin& inp = normal({N, 2 * F}, 3.0f);
+    Twin& out = zeros({N, F});
+    run([&](Side s) { ops::swiglu_forward(out[s], inp[s]); });
+    // The same formula, each backend's exp and FMA contraction (as GeLU): a few ulp.
+    expect_close("out", out, 1e-6, 1e-7);
+    Twin& dout = normal({N, F});
+    Twin& dinp = normal({N, 2 * F});
+    run([&](Side s) { ops::swiglu_backward(dinp[s], dout[s], inp[s]); });
+    expect_close("dinp", dinp, 1e-6, 1e-6);
+  }
 }
 
 TEST_P(BackendOps, Dropout) {
@@ -530,37 +539,40 @@ TEST_P(BackendOps, Residual) {
 // ---- cross-entropy -------------------------------------------------------------------
 
 TEST_P(BackendOps, CrossEntropy) {
-  // V = 75: two full blocks of the 32 partial sums and a tail; a shard [50, 125) of 150.
-  const int64_t N = 6, V = 75, vocab_start = 50, vocab_size = 150;
-  Twin& logits = normal({N, V}, 3.0f);
-  std::vector<int32_t> tgt = random_ids(N, static_cast<int32_t>(vocab_size));
-  tgt[0] = 60;  // at least one target in the shard and one outside
-  tgt[1] = 10;
-  Twin& targets = ids({N}, tgt);
-  Twin& row_max = zeros({N});
-  Twin& sum_exp = zeros({N});
-  Twin& target_logit = zeros({N});
-  run([&](Side s) { ops::cross_entropy_max(row_max[s], logits[s]); });
-  expect_close("row_max", row_max, 0);
-  run([&](Side s) {
-    ops::cross_entropy_sums(sum_exp[s], target_logit[s], logits[s], targets[s], row_max[s], vocab_start, vocab_size);
-  });
-  // The device sums into the CPU's 32 partials in the CPU's order; exp's polynomial may
-  // contract into FMAs differently: an ulp or two per term.
-  expect_close("sum_exp", sum_exp, 1e-6);
-  expect_close("target_logit", target_logit, 0);
-  Twin& losses = zeros({N});
-  Twin& lse = zeros({N});
-  run([&](Side s) { ops::cross_entropy_finish(losses[s], lse[s], sum_exp[s], row_max[s], target_logit[s]); });
-  // OpenCL's log may be 3 ulp from glibc's correctly rounded one.
-  expect_close("logsumexp", lse, 1e-6, 1e-6);
-  expect_close("losses", losses, 1e-6, 1e-6);
-  Twin& dlosses = normal({N});
-  Twin& dlogits = normal({N, V});
-  run([&](Side s) {
-    ops::cross_entropy_backward(dlogits[s], dlosses[s], logits[s], targets[s], lse[s], vocab_start, vocab_size);
-  });
-  expect_close("dlogits", dlogits, 1e-5, 1e-6);  // exp of the same arguments, then one FMA
+  // V = 75: two full blocks of the 32 partial sums and a tail, a shard [50, 125) of 150, the
+  // gradient element by element on CUDA's native kernel; V = 64: its 128-bit vectors.
+  for (const int64_t V : {75, 64}) {
+    const int64_t N = 6, vocab_start = 50, vocab_size = 150;
+    Twin& logits = normal({N, V}, 3.0f);
+    std::vector<int32_t> tgt = random_ids(N, static_cast<int32_t>(vocab_size));
+    tgt[0] = 60;  // at least one target in the shard and one outside
+    tgt[1] = 10;
+    Twin& targets = ids({N}, tgt);
+    Twin& row_max = zeros({N});
+    Twin& sum_exp = zeros({N});
+    Twin& target_logit = zeros({N});
+    run([&](Side s) { ops::cross_entropy_max(row_max[s], logits[s]); });
+    expect_close("row_max", row_max, 0);
+    run([&](Side s) {
+      ops::cross_entropy_sums(sum_exp[s], target_logit[s], logits[s], targets[s], row_max[s], vocab_start, vocab_size);
+    });
+    // The device sums into the CPU's 32 partials in the CPU's order; exp's polynomial may
+    // contract into FMAs differently: an ulp or two per term.
+    expect_close("sum_exp", sum_exp, 1e-6);
+    expect_close("target_logit", target_logit, 0);
+    Twin& losses = zeros({N});
+    Twin& lse = zeros({N});
+    run([&](Side s) { ops::cross_entropy_finish(losses[s], lse[s], sum_exp[s], row_max[s], target_logit[s]); });
+    // OpenCL's log may be 3 ulp from glibc's correctly rounded one.
+    expect_close("logsumexp", lse, 1e-6, 1e-6);
+    expect_close("losses", losses, 1e-6, 1e-6);
+    Twin& dlosses = normal({N});
+    Twin& dlogits = normal({N, V});
+    run([&](Side s) {
+      ops::cross_entropy_backward(dlogits[s], dlosses[s], logits[s], targets[s], lse[s], vocab_start, vocab_size);
+    });
+    expect_close("dlogits", dlogits, 1e-5, 1e-6);  // exp of the same arguments, then one FMA
+  }
 }
 
 // ---- sequence regrouping -------------------------------------------------------------

@@ -1,7 +1,9 @@
 // The per-element arithmetic of CUDA's native kernels (ops/cuda/element_math.h), compiled here
 // by the host compiler, against the CPU kernels it must agree with: AdamW's step gives
 // adamw_update's bits, dropout_factor gives dropout_forward's mask bit for bit, gelu_grad is
-// within backend_ops_test's bound of gelu_backward (1e-6 relative to 1 + |value|). (The kernels' launch geometry and reductions need a
+// within backend_ops_test's bound of gelu_backward (1e-6 relative to 1 + |value|), and
+// swiglu_value / swiglu_grads and cross_entropy_grad within its bounds of swiglu_forward /
+// swiglu_backward and cross_entropy_backward. (The kernels' launch geometry and reductions need a
 // GPU: cuda.backend_ops and cuda.train_parity run them.)
 #include <gtest/gtest.h>
 
@@ -100,4 +102,50 @@ TEST(CudaElementMath, GeluGradWithinTheBackendBoundOfGeluBackward) {
       EXPECT_NEAR(got, grad[i], 1e-6f * (1.0f + std::fabs(grad[i]))) << "x " << x[i];
     }
   }
+}
+
+TEST(CudaElementMath, SwigluWithinTheBackendBoundsOfTheCpuOp) {
+  const size_t N = 8, F = 512;
+  std::vector<float> inp = random_values(N * 2 * F, 3.0f, 11), dout = random_values(N * F, 1.0f, 12);
+  std::vector<float> out(N * F), dinp(N * 2 * F);
+  const Tensor in_t(inp.data(), DType::F32, {int64_t{N}, int64_t{2 * F}}, &cpu_device());
+  const Tensor dinp_t(dinp.data(), DType::F32, {int64_t{N}, int64_t{2 * F}}, &cpu_device());
+  const Tensor out_t(out.data(), DType::F32, {int64_t{N}, int64_t{F}}, &cpu_device());
+  const Tensor dout_t(dout.data(), DType::F32, {int64_t{N}, int64_t{F}}, &cpu_device());
+  ops::swiglu_forward(out_t, in_t);
+  ops::swiglu_backward(dinp_t, dout_t, in_t, ops::GradWrite::Assign);
+  for (size_t n = 0; n < N; ++n)
+    for (size_t f = 0; f < F; ++f) {
+      const float gate = inp[n * 2 * F + f], up = inp[n * 2 * F + F + f], dy = dout[n * F + f];
+      const float want = out[n * F + f], want_dgate = dinp[n * 2 * F + f], want_dup = dinp[n * 2 * F + F + f];
+      // backend_ops_test's bounds for swiglu across backends (other exp, other contraction).
+      EXPECT_NEAR(ops::cuda::native::swiglu_value(gate, up), want, 1e-7f + 1e-6f * std::fabs(want)) << "gate " << gate;
+      const ops::cuda::native::SwigluGrads g = ops::cuda::native::swiglu_grads(gate, up, dy);
+      EXPECT_NEAR(g.dgate, want_dgate, 1e-6f + 1e-6f * std::fabs(want_dgate)) << "gate " << gate;
+      EXPECT_NEAR(g.dup, want_dup, 1e-6f + 1e-6f * std::fabs(want_dup)) << "gate " << gate;
+    }
+}
+
+TEST(CudaElementMath, CrossEntropyGradWithinTheBackendBoundOfTheCpuOp) {
+  const int64_t N = 4, V = 300;
+  std::vector<float> logits = random_values(static_cast<size_t>(N * V), 3.0f, 13), dlosses = random_values(N, 1.0f, 14);
+  std::vector<float> lse(N), dlogits(logits.size());
+  std::vector<int32_t> targets = {0, 17, 299, 150};
+  for (int64_t n = 0; n < N; ++n) {  // logsumexp in double
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(logits[static_cast<size_t>(n * V + v)]));
+    lse[static_cast<size_t>(n)] = static_cast<float>(std::log(sum));
+  }
+  const auto t = [&](void* p, DType d, Shape s) { return Tensor(p, d, s, &cpu_device()); };
+  ops::cross_entropy_backward(t(dlogits.data(), DType::F32, {N, V}), t(dlosses.data(), DType::F32, {N}),
+                              t(logits.data(), DType::F32, {N, V}), t(targets.data(), DType::I32, {N}),
+                              t(lse.data(), DType::F32, {N}), 0, V, ops::GradWrite::Assign);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < V; ++v) {
+      const size_t i = static_cast<size_t>(n * V + v);
+      const float got = ops::cuda::native::cross_entropy_grad(logits[i], lse[static_cast<size_t>(n)],
+                                                              dlosses[static_cast<size_t>(n)], v == targets[n]);
+      // backend_ops_test's bound for cross_entropy_backward (exp of the same arguments).
+      EXPECT_NEAR(got, dlogits[i], 1e-6f + 1e-5f * std::fabs(dlogits[i])) << "row " << n << " column " << v;
+    }
 }

@@ -3,7 +3,9 @@
 // CPU tests hold it to the CPU kernels (tests/unit/ops/cuda_element_math_test.cpp): AdamW's
 // update (the same bits: the files that use it compile without contraction, --fmad=false
 // on CUDA, -ffp-contract=off on the host), dropout's keep factor (the same Philox bits as every
-// backend's mask), GeLU's derivative (within 1e-6 relative of the CPU's).
+// backend's mask), GeLU's derivative, SwiGLU's value and gradients (swiglu_kernels.cu) and
+// the cross-entropy's logit gradient (cross_entropy_kernels.cu), within 1e-6 relative of the
+// CPU's.
 #pragma once
 
 #include <math.h>
@@ -71,6 +73,26 @@ TESSERA_HD float gelu_grad(float x, bool erf) {
   const float u = k0 * (x + k1 * x * x * x), du = k0 * (1.0f + 3.0f * k1 * x * x);
   const float s = 1.0f / (1.0f + expf(-2.0f * u));
   return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+// SwiGLU's output silu(gate) * up (elementwise.cl's swiglu_forward) with expf.
+TESSERA_HD float swiglu_value(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+
+// SwiGLU's input gradients for one output gradient dy (elementwise.cl's swiglu_backward):
+// d/dgate = dy * up * s (1 + gate (1 - s)), s = sigmoid(gate); d/dup = dy * silu(gate).
+struct SwigluGrads {
+  float dgate, dup;
+};
+TESSERA_HD SwigluGrads swiglu_grads(float gate, float up, float dy) {
+  const float e = 1.0f + expf(-gate), s = 1.0f / e;
+  return {dy * up * (s * (1.0f + gate * (1.0f - s))), dy * (gate / e)};
+}
+
+// The cross-entropy's gradient of one logit (cross_entropy.cl's cross_entropy_backward)
+// with expf: softmax(logit) * dloss, less dloss at the target.
+TESSERA_HD float cross_entropy_grad(float logit, float logsumexp, float dloss, bool target) {
+  const float g = expf(logit - logsumexp) * dloss;
+  return target ? g - dloss : g;
 }
 
 }  // namespace tessera::ops::cuda::native

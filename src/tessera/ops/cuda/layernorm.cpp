@@ -1,10 +1,17 @@
 // CUDA's host side of ops/kernels/layernorm_host.inc, with its own kernels for LayerNorm
 // and RMSNorm (row_kernels.cuh): each forward and input gradient a row per block of
 // kRowThreads threads (launched over kRowThreads * N work-items, so blockIdx.x is the row),
-// the parameter gradients as column sums in two passes (column_sums.h).
+// the parameter gradients as column sums in two passes (column_sums.h). In the default
+// mode the forwards and input gradients run the native typed kernels (norm_kernels.h) where
+// the tensors share a dtype; --deterministic-mode keeps the row kernels' order and bits.
+#include <initializer_list>
+#include <optional>
+
+#include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/column_sums.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
+#include "tessera/ops/cuda/norm_kernels.h"
 
 namespace tessera::ops::cuda {
 namespace {
@@ -58,6 +65,56 @@ void rmsnorm_weight(const Tensor& dweight, const Tensor& dout, const Tensor& inp
   add_column_partials(dweight, w, C, blocks);
 }
 
+void* memory(const Tensor& t) { return t.empty() ? nullptr : static_cast<char*>(t.handle) + t.offset; }
+float* floats(const Tensor& t) { return static_cast<float*>(memory(t)); }
+
+// The native kernels' arguments for a call whose tensors (empty ones aside) share inp's
+// dtype, outside --deterministic-mode, with rows that fit (norm_serves); else nothing.
+std::optional<native::NormArgs> native_args(bool rms, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                                            const Tensor& mean, const Tensor& rstd,
+                                            std::initializer_list<const Tensor*> others) {
+  const int64_t C = inp.dim(-1);
+  if (inp.device->deterministic_mode() || !native::norm_serves(C)) return std::nullopt;
+  for (const Tensor* t : others)
+    if (!t->empty() && t->dtype != inp.dtype) return std::nullopt;
+  if (weight.dtype != inp.dtype || (!bias.empty() && bias.dtype != inp.dtype)) return std::nullopt;
+  return native::NormArgs{inp.dtype,      rms,           inp.numel() / C, C,           memory(inp),
+                          memory(weight), memory(bias),  floats(mean),    floats(rstd)};
+}
+
+cudaStream_t stream_of(const Tensor& t) {
+  tessera::cuda::activate(*t.device);
+  return tessera::cuda::stream_of(*t.device);
+}
+
+bool native_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                              const Tensor& weight, const Tensor& bias, float eps) {
+  const auto a = native_args(false, inp, weight, bias, mean, rstd, {&out});
+  if (a) native::norm_forward(*a, memory(out), eps, stream_of(out));
+  return a.has_value();
+}
+
+bool native_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                            float eps) {
+  const auto a = native_args(true, inp, weight, Tensor(), Tensor(), rstd, {&out});
+  if (a) native::norm_forward(*a, memory(out), eps, stream_of(out));
+  return a.has_value();
+}
+
+bool native_layernorm_backward_input(const Tensor& dinp, const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                     const Tensor& mean, const Tensor& rstd, GradWrite write) {
+  const auto a = native_args(false, inp, weight, Tensor(), mean, rstd, {&dinp, &dout});
+  if (a) native::norm_backward_input(*a, memory(dinp), memory(dout), write == GradWrite::Assign, stream_of(dinp));
+  return a.has_value();
+}
+
+bool native_rmsnorm_backward_input(const Tensor& dinp, const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                   const Tensor& rstd, GradWrite write) {
+  const auto a = native_args(true, inp, weight, Tensor(), Tensor(), rstd, {&dinp, &dout});
+  if (a) native::norm_backward_input(*a, memory(dinp), memory(dout), write == GradWrite::Assign, stream_of(dinp));
+  return a.has_value();
+}
+
 }  // namespace
 }  // namespace tessera::ops::cuda
 
@@ -65,7 +122,9 @@ void rmsnorm_weight(const Tensor& dweight, const Tensor& dout, const Tensor& inp
 #define TESSERA_NORM_ROW_KERNEL(name) name "_rows"
 #define TESSERA_NORM_ROW_ITEMS(N) (kRowThreads * (N))
 #define TESSERA_OWN_NORM_PARAMS
+#define TESSERA_NATIVE_NORMS
 #include "tessera/ops/kernels/layernorm_host.inc"
+#undef TESSERA_NATIVE_NORMS
 #undef TESSERA_OWN_NORM_PARAMS
 #undef TESSERA_NORM_ROW_ITEMS
 #undef TESSERA_NORM_ROW_KERNEL
