@@ -4,22 +4,16 @@
 #include <string>
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/shape_checks.h"
 #include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
 namespace {
 
-void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  TESSERA_CHECK(t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols,
-                std::string(op) + ": " + arg + " " + shape_str(t.shape) + ", expected [" + std::to_string(rows) +
-                    "," + std::to_string(cols) + "]");
+// A token table: [rows, cols] of a floating dtype.
+void check_float_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
+  check_rows(t, rows, cols, op, arg);
   check_float(t, op, arg);
-}
-
-void check_map(const Tensor& t, int64_t numel, const char* op, const char* arg) {
-  TESSERA_CHECK(t.numel() == numel, std::string(op) + ": " + arg + " " + shape_str(t.shape) + " should have " +
-                                        std::to_string(numel) + " elements");
-  t.check_dtype(DType::I32);
 }
 
 // Checks that a map entry names a row of a table of `rows` rows (-1: none).
@@ -33,8 +27,8 @@ int32_t checked(int32_t v, int64_t rows, const char* op) {
 
 void moe_permute_forward(Tensor out, Tensor inp, Tensor sources, int64_t topk) {
   const int64_t M = out.dim(0), C = out.dim(-1), N = inp.dim(0);
-  check_rows(out, M, C, "moe_permute_forward", "out");
-  check_rows(inp, N, C, "moe_permute_forward", "inp");
+  check_float_rows(out, M, C, "moe_permute_forward", "out");
+  check_float_rows(inp, N, C, "moe_permute_forward", "inp");
   check_map(sources, M, "moe_permute_forward", "sources");
   TESSERA_CHECK(topk > 0, "moe_permute_forward: topk must be > 0");
   const int32_t* src = i32(sources);
@@ -55,8 +49,8 @@ void moe_permute_forward(Tensor out, Tensor inp, Tensor sources, int64_t topk) {
 
 void moe_permute_backward(Tensor dinp, Tensor dout, Tensor slots, GradWrite write) {
   const int64_t N = dinp.dim(0), C = dinp.dim(-1), M = dout.dim(0);
-  check_rows(dinp, N, C, "moe_permute_backward", "dinp");
-  check_rows(dout, M, C, "moe_permute_backward", "dout");
+  check_float_rows(dinp, N, C, "moe_permute_backward", "dinp");
+  check_float_rows(dout, M, C, "moe_permute_backward", "dout");
   TESSERA_CHECK(N > 0 && slots.numel() % N == 0, "moe_permute_backward: slots " + shape_str(slots.shape));
   check_map(slots, slots.numel(), "moe_permute_backward", "slots");
   const int64_t k = slots.numel() / N;
@@ -79,8 +73,8 @@ void moe_permute_backward(Tensor dinp, Tensor dout, Tensor slots, GradWrite writ
 
 void moe_unpermute_forward(Tensor out, Tensor inp, Tensor slots, Tensor weights) {
   const int64_t N = out.dim(0), C = out.dim(-1), M = inp.dim(0);
-  check_rows(out, N, C, "moe_unpermute_forward", "out");
-  check_rows(inp, M, C, "moe_unpermute_forward", "inp");
+  check_float_rows(out, N, C, "moe_unpermute_forward", "out");
+  check_float_rows(inp, M, C, "moe_unpermute_forward", "inp");
   const int64_t k = N > 0 ? weights.numel() / N : 0;
   check_map(slots, N * k, "moe_unpermute_forward", "slots");
   const float* w = f32_arg(weights, "moe_unpermute_forward", "weights");
@@ -105,9 +99,9 @@ void moe_unpermute_forward(Tensor out, Tensor inp, Tensor slots, Tensor weights)
 
 void moe_unpermute_backward(Tensor dinp, Tensor dweights, Tensor dout, Tensor inp, Tensor sources, Tensor weights) {
   const int64_t M = dinp.dim(0), C = dinp.dim(-1), N = dout.dim(0);
-  check_rows(dinp, M, C, "moe_unpermute_backward", "dinp");
-  check_rows(dout, N, C, "moe_unpermute_backward", "dout");
-  check_rows(inp, M, C, "moe_unpermute_backward", "inp");
+  check_float_rows(dinp, M, C, "moe_unpermute_backward", "dinp");
+  check_float_rows(dout, N, C, "moe_unpermute_backward", "dout");
+  check_float_rows(inp, M, C, "moe_unpermute_backward", "inp");
   check_map(sources, M, "moe_unpermute_backward", "sources");
   const int64_t k = N > 0 ? weights.numel() / N : 0;
   const float* w = f32_arg(weights, "moe_unpermute_backward", "weights");

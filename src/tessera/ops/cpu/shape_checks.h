@@ -1,5 +1,5 @@
 // The sizes of the ops whose shapes take some working out (attention_qkv, flash_attention,
-// swiglu; ops.h),
+// swiglu, the MoE permutes; ops.h),
 // checked: shared by the CPU kernels and the device backends' host code, so every backend
 // accepts and rejects the same calls with the same messages.
 #pragma once
@@ -127,6 +127,20 @@ inline int64_t swiglu_width(const Tensor& inp, const Tensor& out, const char* op
                     shape_str(out.shape));
   TESSERA_CHECK(!overlap(inp, out), std::string(op) + ": inp and out overlap");
   return F;
+}
+
+// The MoE permutes' token tables: t is [rows, cols].
+inline void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
+  TESSERA_CHECK(t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols,
+                std::string(op) + ": " + arg + " " + shape_str(t.shape) + ", expected [" + std::to_string(rows) +
+                    "," + std::to_string(cols) + "]");
+}
+
+// The MoE permutes' row maps: numel int32 entries.
+inline void check_map(const Tensor& t, int64_t numel, const char* op, const char* arg) {
+  TESSERA_CHECK(t.numel() == numel, std::string(op) + ": " + arg + " " + shape_str(t.shape) + " should have " +
+                                        std::to_string(numel) + " elements");
+  t.check_dtype(DType::I32);
 }
 
 }  // namespace tessera::ops::cpu

@@ -3,26 +3,15 @@
 #include <string>
 
 #include "tessera/device/device.h"
+#include "tessera/ops/cpu/shape_checks.h"
 #include "tessera/ops/kernels/float_args.h"
 #include "tessera/ops/opencl/cl_launch.h"
 #include "tessera/ops/opencl/opencl_ops.h"
 
 namespace tessera::ops::opencl {
-namespace {
 
-void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  TESSERA_CHECK(t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols,
-                std::string(op) + ": " + arg + " " + shape_str(t.shape) + ", expected [" + std::to_string(rows) +
-                    "," + std::to_string(cols) + "]");
-}
-
-void check_map(const Tensor& t, int64_t numel, const char* op, const char* arg) {
-  TESSERA_CHECK(t.numel() == numel, std::string(op) + ": " + arg + " " + shape_str(t.shape) + " should have " +
-                                        std::to_string(numel) + " elements");
-  t.check_dtype(DType::I32);
-}
-
-}  // namespace
+using cpu::check_map;
+using cpu::check_rows;
 
 void moe_permute_forward(Tensor out, Tensor inp, Tensor sources, int64_t topk) {
   const int64_t M = out.dim(0), C = out.dim(-1), N = inp.dim(0);
