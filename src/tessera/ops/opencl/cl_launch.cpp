@@ -1,5 +1,6 @@
 #include "tessera/ops/opencl/cl_launch.h"
 
+#include <algorithm>
 #include <string>
 
 #include "tessera/device/opencl/opencl_device.h"
@@ -81,9 +82,17 @@ ClLaunch& ClLaunch::dropout(const Dropout& d) {
 void ClLaunch::run(size_t global0, size_t global1) {
   if (global0 == 0 || global1 == 0) return;
   const size_t global[2] = {global0, global1};
+  // Work-groups of the largest power of two up to kMaxWorkGroup that divides global0, one row
+  // of global1 each (CUDA's launcher does the same). Left to the implementation, PoCL picks
+  // groups of up to 4096 work-items and keeps each one's private arrays (the attention
+  // kernels' rows of MAX_HD floats, 4-5 KB) on its worker thread's stack: a 280 x 8 group
+  // overflowed an 8 MB stack. No kernel uses local memory or barriers, so the group size
+  // changes no result.
+  constexpr size_t kMaxWorkGroup = 64;
+  const size_t local[2] = {std::min(kMaxWorkGroup, global0 & (~global0 + 1)), 1};
   TESSERA_CL(cl_.where() + ", kernel " + kernel_.name + " over " + std::to_string(global0) + " x " +
                  std::to_string(global1),
-             clEnqueueNDRangeKernel, cl_.queue(), kernel_.kernel, global1 == 1 ? 1u : 2u, nullptr, global, nullptr, 0,
+             clEnqueueNDRangeKernel, cl_.queue(), kernel_.kernel, global1 == 1 ? 1u : 2u, nullptr, global, local, 0,
              nullptr, nullptr);
 }
 
