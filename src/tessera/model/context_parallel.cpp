@@ -30,15 +30,29 @@ struct Ring {
 };
 
 // A send to the next rank and a receive from the previous one, both posted at once (a send
-// completes only when its receive is posted: Megatron's batch_isend_irecv pairing).
+// completes only when its receive is posted: Megatron's batch_isend_irecv pairing); nothing
+// when both are empty.
 struct Exchange {
   std::unique_ptr<Work> send, recv;
-  Exchange(const Ring& ring, Tensor out, Tensor in)
-      : send(ring.cp.send_async(out, ring.next)), recv(ring.cp.recv_async(in, ring.prev)) {}
-  void wait() {
-    send->wait();
-    recv->wait();
+  Exchange(const Ring& ring, const Tensor& out, const Tensor& in) {
+    if (out.empty()) return;
+    send = ring.cp.send_async(out, ring.next);
+    recv = ring.cp.recv_async(in, ring.prev);
   }
+  void wait() {
+    if (send) send->wait(), recv->wait();
+  }
+};
+
+// A message (RingBuffers::message, [2,B,T,KVW]) as its halves: the keys and values of a
+// block, then the gradient of a block's keys and values.
+struct Message {
+  Tensor whole;
+  Tensor kv() const { return whole.slice_rows(0, 1).view(half_shape()); }
+  Tensor dkv() const { return whole.slice_rows(1, 1).view(half_shape()); }
+  // Halves [first, end) as one tensor (empty when none): what one step sends.
+  Tensor halves(int first, int end) const { return first < end ? whole.slice_rows(first, end - first) : Tensor(); }
+  Shape half_shape() const { return {whole.dim(1), whole.dim(2), whole.dim(3)}; }
 };
 
 }  // namespace
@@ -47,47 +61,60 @@ void ring_attention_forward(Communicator& cp, const RingBuffers& buffers, Tensor
                             int64_t num_groups, const ops::Rope& rope, const ops::Dropout& dropout,
                             int64_t seq_length) {
   const Ring ring(cp);
-  Tensor kv = qkv;  // the block of step i: this rank's own first
+  const Message message[2] = {{buffers.message[0]}, {buffers.message[1]}};
+  if (ring.size > 1) ops::attention_kv_pack(message[0].kv(), qkv, num_groups);
   for (int i = 0; i < ring.size; ++i) {
-    std::unique_ptr<Exchange> arriving;
-    if (i + 1 < ring.size) arriving = std::make_unique<Exchange>(ring, kv, buffers.kv[(i + 1) % 2]);
-    ops::flash_attention_forward(out, lse, qkv, i == 0 ? Tensor() : kv, num_groups, rope, dropout,
+    // The block of step i+1 arrives while this one is computed.
+    const Message &sent = message[i % 2], &arriving = message[(i + 1) % 2];
+    const bool more = i + 1 < ring.size;
+    Exchange exchange(ring, more ? sent.kv() : Tensor(), more ? arriving.kv() : Tensor());
+    ops::flash_attention_forward(out, lse, qkv, i == 0 ? Tensor() : buffers.kv, num_groups, rope, dropout,
                                  ring.block(i, seq_length, i > 0));
-    if (arriving) {
-      arriving->wait();
-      kv = buffers.kv[(i + 1) % 2];
-    }
+    exchange.wait();
+    if (more) ops::attention_kv_unpack(buffers.kv, arriving.kv(), num_groups, ops::GradWrite::Assign);
   }
 }
 
+// Step i of the backward computes block src(i) and sends on the halves [first, end) of its
+// message: the block's keys and values while a step follows, and from step 2 on the dK, dV of
+// the block of step i−1 (the one the next rank computes now), which this rank completed.
 void ring_attention_backward(Communicator& cp, const RingBuffers& buffers, Tensor dqkv, Tensor scratch, Tensor dout,
                              Tensor qkv, Tensor out, Tensor lse, int64_t num_groups, const ops::Rope& rope,
                              const ops::Dropout& dropout, int64_t seq_length) {
   const Ring ring(cp);
-  Tensor kv = qkv;
-  for (int i = 0; i < ring.size; ++i) {
-    std::unique_ptr<Exchange> arriving;
-    if (i + 1 < ring.size) arriving = std::make_unique<Exchange>(ring, kv, buffers.kv[(i + 1) % 2]);
+  const Message message[2] = {{buffers.message[0]}, {buffers.message[1]}};
+  const int n = ring.size;
+  if (n > 1) ops::attention_kv_pack(message[0].kv(), qkv, num_groups);
+  for (int i = 0; i < n; ++i) {
+    const Message &sent = message[i % 2], &arriving = message[(i + 1) % 2];
+    const int first = i + 1 < n ? 0 : 1, end = i >= 2 ? 2 : 1;
+    Exchange exchange(ring, sent.halves(first, end), arriving.halves(first, end));
     if (i == 0) {  // this rank's own block: its keys' gradients go straight into dqkv
       ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, num_groups, rope, dropout,
                                     ring.block(0, seq_length, false));
+      exchange.wait();
+      if (n > 1) ops::attention_kv_unpack(buffers.kv, arriving.kv(), num_groups, ops::GradWrite::Assign);
+      continue;
+    }
+    fill_zero(buffers.dkv);
+    ops::flash_attention_backward(dqkv, buffers.dkv, scratch, dout, qkv, buffers.kv, out, lse, num_groups, rope,
+                                  dropout, ring.block(i, seq_length, false));
+    exchange.wait();
+    // The block's dK, dV so far: this rank's share, plus from step 2 on the earlier visitors'
+    // (arrived with the next block), into the message that carries them on.
+    if (i >= 2) {
+      ops::attention_kv_pack(sent.dkv(), buffers.dkv, num_groups);
+      ops::residual_forward(arriving.dkv(), arriving.dkv(), sent.dkv());
     } else {
-      // The block's dK, dV so far arrived with it (none yet on its first stop).
-      const Tensor dkv = buffers.dkv[i % 2];
-      if (i == 1) fill_zero(dkv);
-      ops::flash_attention_backward(dqkv, dkv, scratch, dout, qkv, kv, out, lse, num_groups, rope, dropout,
-                                    ring.block(i, seq_length, false));
-      // On to the next rank; after the last step that is the block's owner, and this rank's
-      // own block's gradient arrives from the previous one.
-      Exchange(ring, dkv, buffers.dkv[(i + 1) % 2]).wait();
+      ops::attention_kv_pack(arriving.dkv(), buffers.dkv, num_groups);
     }
-    if (arriving) {
-      arriving->wait();
-      kv = buffers.kv[(i + 1) % 2];
-    }
+    if (i + 1 < n) ops::attention_kv_unpack(buffers.kv, arriving.kv(), num_groups, ops::GradWrite::Assign);
   }
-  // Only the k and v columns of a dkv are written (the q columns stay zero).
-  if (ring.size > 1) ops::residual_forward(dqkv, dqkv, buffers.dkv[ring.size % 2]);
+  if (n == 1) return;
+  // The last block's dK, dV go to its owner, the next rank; this rank's own come from the previous.
+  const Message &done = message[n % 2], &home = message[(n + 1) % 2];
+  Exchange(ring, done.dkv(), home.dkv()).wait();
+  ops::attention_kv_unpack(dqkv, home.dkv(), num_groups, ops::GradWrite::Accumulate);
 }
 
 namespace {

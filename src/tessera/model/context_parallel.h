@@ -10,11 +10,14 @@
 // rank r attends its queries to the keys and values of rank src = r − i (mod CP), which came
 // round the ring, merging each block into its output by the log-sum-exp
 // (ops::flash_attention_forward with AttentionBlock::merge); the mask follows the true
-// positions, so the blocks are diagonal, full or partly empty as the chunks fall. The next
-// block's send/receive is posted before the current block is computed (the communicator's
-// asynchronous send/recv: its own progress thread on Gloo). The backward runs the same ring:
-// each key/value block travels with the gradient of its keys and values accumulated on the
-// way (dK, dV), which comes home after the last step.
+// positions, so the blocks are diagonal, full or partly empty as the chunks fall. Only keys
+// and values travel (ops::attention_kv_pack: NG*2*HD of a row's NG*(R+2)*HD), and the next
+// block's send/receive is posted before the current block is computed and waited after it
+// (the communicator's send_async/recv_async: Gloo's own threads move the bytes, NCCL its
+// stream). The backward runs the same ring; each block's dK, dV gather the contributions of
+// the ranks it visits and travel one step behind it, in the same message as the next block's
+// keys and values (TransformerEngine's p2p_comm_buffers), so they too move while a block is
+// computed; after the last step they go home to the block's owner.
 //
 // Where the fused attention is not run (--deterministic-mode, a device without it), the
 // attention gathers the whole sequence (all-gather over CP), runs the unfused ops on it on
@@ -42,10 +45,12 @@ void cp_local_rows(T* local, const T* whole, int64_t B, int64_t seq_length, int 
     for (int64_t t = 0; t < Tl; ++t) local[b * Tl + t] = whole[b * seq_length + rows.position(t)];
 }
 
-// The ring's buffers, each of the local qkv's shape: key/value blocks and their gradients,
-// two of each (one in use, one arriving).
+// The ring's buffers. message: two [2,B,T,NG*2*HD] (one being sent while the other arrives),
+// each a block's packed keys and values, then a block's packed dK, dV. kv, dkv: [B,T,QKV],
+// the qkv layout the fused attention reads keys and values in and writes their gradients in.
 struct RingBuffers {
-  Tensor kv[2], dkv[2];
+  Tensor message[2];
+  Tensor kv, dkv;
 };
 
 // out, lse (written) <- attention of qkv's queries over the whole sequence of seq_length

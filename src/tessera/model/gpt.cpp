@@ -83,7 +83,7 @@ struct GPTModel::Workspace {
   // one recomputed group of layers (full).
   Tensor att;
   std::vector<LayerActs> recomputed;
-  // Context parallelism: the fused attention's ring buffers [B,T,QKVl]; the unfused path's
+  // Context parallelism: the fused attention's ring buffers (context_parallel.h); the unfused path's
   // whole-sequence tensors [B,S,QKVl] / [B,S,Al] and the all-gather's staging.
   RingBuffers ring;
   Tensor qkv_whole, ctx_whole, d_ctx_whole, d_qkv_whole, cp_staging;
@@ -189,7 +189,7 @@ struct GPTModel::Layout {
   MoEDims moe;
   DType act = DType::F32;
   int cp = 1;
-  int64_t B = 0, S = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
+  int64_t B = 0, S = 0, T = 0, C = 0, Tl = 0, Al = 0, QKVl = 0, KVl = 0, Fl = 0, Fl2 = 0, Vl = 0, NHl = 0;
   int64_t Ta = 0;  // the attention ops' sequence: T, or S where context parallelism gathers it (unfused)
   ops::AttentionBuffers att_buffers;  // the unfused attention's, sized by the device's backend
 
@@ -205,6 +205,7 @@ struct GPTModel::Layout {
     layernorm = c.normalization == Normalization::LayerNorm;
     regroup = c.regroups_qkv();
     Al = c.attention_width() / tp, QKVl = c.qkv_width() / tp, Fl = c.ffn_hidden_size / tp;
+    KVl = int64_t{2} * c.query_groups() / tp * c.kv_channels;  // a row's keys and values
     Fl2 = c.swiglu ? 2 * Fl : Fl, Vl = c.padded_vocab_size / tp;
     NHl = c.num_attention_heads / tp;
     fused = uses_fused_attention(c, device);
@@ -289,7 +290,9 @@ struct GPTModel::Layout {
 
   void reserve_context_parallel(Workspace& ws) {
     if (fused) {
-      for (Tensor* t : {&ws.ring.kv[0], &ws.ring.kv[1], &ws.ring.dkv[0], &ws.ring.dkv[1]}) reserve(*t, {B, T, QKVl});
+      for (Tensor& m : ws.ring.message) reserve(m, {2, B, T, KVl});
+      reserve(ws.ring.kv, {B, T, QKVl});
+      reserve(ws.ring.dkv, {B, T, QKVl});
       return;
     }
     reserve(ws.qkv_whole, {B, S, QKVl});

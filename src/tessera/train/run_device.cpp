@@ -51,6 +51,7 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
        multi_tensor_sum_squares_workspace, grad_norm_finish});
   if (GPTModel::uses_fused_attention(c, device)) {
     add({flash_attention_forward, flash_attention_backward, flash_attention_scratch});
+    if (args.context_parallel_size > 1) add({attention_kv_pack, attention_kv_unpack});  // the ring's messages
   } else {
     add({attention_buffers, attention_forward, attention_backward});
     if (c.regroups_qkv()) add({attention_qkv_forward, attention_qkv_backward});

@@ -9,7 +9,8 @@
 //   f32 and bf16: within the precision class, and the same elements dropped (a case whose
 //   output reads the dropout mask out directly, compared exactly);
 // - block pairs of a sequence split over context-parallel ranks (positions, kv from another
-//   tensor, merging by the log-sum-exp) adding up to the whole sequence's attention;
+//   tensor, merging by the log-sum-exp) adding up to the whole sequence's attention, and the
+//   keys and values packed apart for the ring (attention_kv_pack/unpack);
 // GQA and GPT layouts, head dims that are and are not whole vectors, T not a multiple of the
 // kernel's tile. Each tolerance sits next to its case with the reason for its size.
 #include <gtest/gtest.h>
@@ -447,6 +448,42 @@ TEST_P(FlashAttention, BlockPairsOfASplitSequenceAddUpToTheWhole) {
       expect_near_all("dqkv", d, local(dqkv_w, r, W), 1e-5);
     }
   }
+}
+
+// attention_kv_pack/unpack (what the context-parallel ring sends): the k and v columns of
+// each group, element for element, in bf16 and f32; unpack leaves the q columns as they were,
+// and its accumulating form adds in f32 with one rounding (exact here: sums of f32 values).
+TEST_P(FlashAttention, KeysAndValuesPackAndUnpack) {
+  for (const Case& c : {Case{2, 5, 3, 2, 4, 0}, Case{1, 3, 2, 1, 8, 0}})
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(describe(c) + " " + std::string(dtype_name(dtype)));
+      const int64_t HD = c.HD, W = c.qkv_row(), KW = c.NG * 2 * HD, rows = c.B * c.T;
+      Tensor qkv = values(dtype, {c.B, c.T, W}, normal(rows * W)), kv = zeros(dtype, {c.B, c.T, KW});
+      ops::attention_kv_pack(kv, qkv, c.NG);
+      const std::vector<float> q = read(qkv), k = read(kv);
+      // Element c of group g's key-value run of a row, in the two layouts.
+      auto wide = [&](int64_t row, int64_t g, int64_t e) { return row * W + g * (c.R + 2) * HD + c.R * HD + e; };
+      auto packed = [&](int64_t row, int64_t g, int64_t e) { return row * KW + g * 2 * HD + e; };
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t g = 0; g < c.NG; ++g)
+          for (int64_t e = 0; e < 2 * HD; ++e) ASSERT_EQ(k[packed(row, g, e)], q[wide(row, g, e)]);
+
+      const std::vector<float> prefill = normal(rows * W);
+      Tensor target = values(dtype, qkv.shape, prefill);
+      const std::vector<float> before = read(target);
+      ops::attention_kv_unpack(target, kv, c.NG, ops::GradWrite::Assign);
+      std::vector<float> want = before;
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t g = 0; g < c.NG; ++g)
+          for (int64_t e = 0; e < 2 * HD; ++e) want[wide(row, g, e)] = k[packed(row, g, e)];
+      EXPECT_EQ(read(target), want);
+      if (dtype != DType::F32) continue;
+      ops::attention_kv_unpack(target, kv, c.NG, ops::GradWrite::Accumulate);
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t g = 0; g < c.NG; ++g)
+          for (int64_t e = 0; e < 2 * HD; ++e) want[wide(row, g, e)] += k[packed(row, g, e)];
+      EXPECT_EQ(read(target), want);
+    }
 }
 
 // A block whose keys all come after its queries adds nothing; a block pair's contract is

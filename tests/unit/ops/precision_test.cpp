@@ -576,6 +576,8 @@ const std::vector<ops::OpId> kNoFloat64Case = {
     // The fused attention against float64, finite differences and the unfused ops, with RoPE,
     // grouped queries and dropout, within its stated bounds (flash_attention_test.cpp).
     ops::flash_attention_forward, ops::flash_attention_backward, ops::flash_attention_scratch,
+    // The ring's keys and values apart, element for element (flash_attention_test.cpp).
+    ops::attention_kv_pack, ops::attention_kv_unpack,
     // The fused epilogues against float64 within their stated bounds, finite differences and
     // the unfused ops (epilogue_test.cpp).
     ops::linear_bias_gelu_forward, ops::linear_bias_gelu_backward, ops::bias_dropout_add_forward,

@@ -4,6 +4,8 @@
 // Legend: B batch, T sequence, NG query groups, R = NH/NG query heads per group, NH heads,
 // HD head dim, D = rope.dim rotated channels (D/2 angles). qkv, dqkv: [B,T,NG*(R+2)*HD];
 // out, dout: [B,T,NH*3*HD]. Any float dtype each, staged by rows of one (b, t) (storage.h).
+// attention_kv_pack/unpack: the k and v of each (b, t, group) are one run of 2*HD elements in
+// both layouts (shape_checks.h KvLayout), copied whole.
 //
 // Rotation: rope_rotation.h; the backward is the same code with sin negated.
 #include <cmath>
@@ -74,6 +76,38 @@ void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const 
       }
     }
     st.done(dqkv, row * in_row, in_row, dx);
+  }
+}
+
+void attention_kv_pack(Tensor kv, Tensor qkv, int64_t num_groups) {
+  const KvLayout s = kv_layout(qkv, kv, num_groups, "attention_kv_pack");
+  check_float(qkv, "attention_kv_pack", "qkv");
+  const size_t elem = dtype_size(qkv.dtype), run = static_cast<size_t>(2 * s.HD) * elem;
+  const char* src = cpu_memory(qkv);
+  char* dst = cpu_memory(kv);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < s.runs; ++i) std::memcpy(dst + i * run, src + s.qkv_offset(i) * elem, run);
+}
+
+void attention_kv_unpack(Tensor qkv, Tensor kv, int64_t num_groups, GradWrite write) {
+  const KvLayout s = kv_layout(qkv, kv, num_groups, "attention_kv_unpack");
+  check_float(qkv, "attention_kv_unpack", "qkv");
+  const int64_t n = 2 * s.HD;
+  if (write == GradWrite::Assign) {
+    const size_t elem = dtype_size(qkv.dtype), run = static_cast<size_t>(n) * elem;
+    const char* src = cpu_memory(kv);
+    char* dst = cpu_memory(qkv);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < s.runs; ++i) std::memcpy(dst + s.qkv_offset(i) * elem, src + i * run, run);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < s.runs; ++i) {
+    Stage st;
+    const float* x = st.in(kv, i * n, n);
+    float* y = st.inout(qkv, s.qkv_offset(i), n);
+    for (int64_t c = 0; c < n; ++c) y[c] += x[c];
+    st.done(qkv, s.qkv_offset(i), n, y);
   }
 }
 

@@ -55,6 +55,28 @@ inline QkvLayout qkv_layout(const Tensor& grouped, const Tensor& per_head, int64
   return s;
 }
 
+// attention_kv_pack/unpack's sizes: qkv [B,T,NG*(R+2)*HD] and kv [B,T,NG*2*HD] of one
+// floating dtype, not overlapping. kv holds B*T*NG runs of 2*HD elements (a group's k then
+// v), run i at element i*(R+2)*HD + R*HD of qkv.
+struct KvLayout {
+  int64_t runs, R, HD;
+  int64_t qkv_offset(int64_t i) const { return i * (R + 2) * HD + R * HD; }
+};
+
+inline KvLayout kv_layout(const Tensor& qkv, const Tensor& kv, int64_t num_groups, const char* op) {
+  const std::string what = std::string(op) + ": qkv " + shape_str(qkv.shape) + ", kv " + shape_str(kv.shape) +
+                           " with " + std::to_string(num_groups) + " query groups";
+  TESSERA_CHECK(qkv.ndim() == 3 && kv.ndim() == 3 && qkv.dim(0) == kv.dim(0) && qkv.dim(1) == kv.dim(1) &&
+                    num_groups > 0 && kv.dim(2) % (2 * num_groups) == 0 && kv.dim(2) > 0,
+                what + ": want qkv [B,T,NG*(NH/NG+2)*HD] and kv [B,T,NG*2*HD]");
+  const int64_t HD = kv.dim(2) / (2 * num_groups), R = qkv.dim(2) / (num_groups * HD) - 2;
+  TESSERA_CHECK(R >= 1 && num_groups * (R + 2) * HD == qkv.dim(2), what + ": qkv's width is not NG*(R+2)*HD");
+  TESSERA_CHECK(qkv.dtype == kv.dtype,
+                what + ": qkv is " + std::string(dtype_name(qkv.dtype)) + ", kv " + std::string(dtype_name(kv.dtype)));
+  TESSERA_CHECK(!overlap(qkv, kv), what + ": the two tensors overlap");
+  return {qkv.dim(0) * qkv.dim(1) * num_groups, R, HD};
+}
+
 // flash_attention's sizes (ops.h): qkv [B,T,NG*(R+2)*HD] grouped as attention_qkv's input,
 // out [B,T,NH*HD], lse [B,NH,T]; NH from lse, HD from out, R = NH/NG. half = rope.dim / 2.
 struct FlashLayout {

@@ -1,5 +1,5 @@
 // Causal self-attention (ops/cpu/attention.cpp) and, at the end, its QKV layout with RoPE
-// (ops/cpu/attention_qkv.cpp). Legend: B batch, T sequence, NH heads, HD head dim (at most
+// and the keys and values apart (ops/cpu/attention_qkv.cpp). Legend: B batch, T sequence, NH heads, HD head dim (at most
 // MAX_HD, checked on the host), C3 = 3*NH*HD (qkv row), CO = NH*HD.
 // Per head h of a qkv row: q at h*3*HD, k at +HD, v at +2*HD. att [B,NH,T,T] keeps the
 // softmax probabilities before dropout, zeros above the diagonal, in att's dtype (ops.h:
@@ -175,4 +175,16 @@ __kernel void attention_qkv_backward(FLOATS(dqkv), CONST_FLOATS(dout), long T, l
     acc += slot == R ? ROPE(dout, head, c, -1.0f) : LOAD(dout, head + c);
   }
   STORE(dqkv, i, acc);
+}
+
+// attention_kv_pack/unpack, work-item e of kv's elements: run i = e / (2*HD) (the k and v of
+// one group of one row) sits at i*(R+2)*HD + R*HD in qkv.
+__kernel void attention_kv_pack(FLOATS(kv), CONST_FLOATS(qkv), long R, long HD) {
+  const long e = get_global_id(0), i = e / (2 * HD);
+  STORE(kv, e, LOAD(qkv, i * (R + 2) * HD + R * HD + e % (2 * HD)));
+}
+
+__kernel void attention_kv_unpack(FLOATS(qkv), CONST_FLOATS(kv), long R, long HD, int assign) {
+  const long e = get_global_id(0), i = e / (2 * HD);
+  GRAD_TO(qkv, i * (R + 2) * HD + R * HD + e % (2 * HD), LOAD(kv, e), assign);
 }
