@@ -2,16 +2,17 @@
 // measuring how much of the ring's communication the compute hides. Each configuration runs
 // the ring twice with the same code: as built (each step's send/receive posted before the
 // block is computed and waited after it), and serialised (the same messages posted only when
-// the step waits, after its block: a communicator wrapper defers them), so
-//   hidden = serialised - overlapped
-// is the communication time the overlap took off the critical path. Also the time of one
-// exchange of the ring's message (keys and values) and of a whole qkv row's (what the ring
-// sent before it packed K and V), with no compute.
-// Times: the fastest of `iterations` calls after a warm-up, ranks started together by a
+// the step waits, after its block: a communicator wrapper defers them). The wrapper also
+// adds up the time spent blocked in the waits: serialised, that is all of the communication;
+// overlapped, the part the compute did not hide (less noisy than the difference of the two
+// wall times, which carries the compute's own spread). Also the time of one exchange of the
+// ring's message (keys and values) and of a whole qkv row's (what the ring sent before it
+// packed K and V), with no compute.
+// Times: the median of `iterations` calls after a warm-up, ranks started together by a
 // barrier, rank 0's clock. On a machine with fewer cores than ranks x threads the transfer's
 // own CPU work (loopback TCP copies) competes with the compute: say how loaded it was.
 // usage: tessera launch --standalone --nproc_per_node 2 bench/ring_attention_bench [B NH NG HD iterations] [S...]
-//        (default 1 8 8 64 5, S 512 1024 2048 4096; GPT's layout when NG = NH)
+//        (default 1 8 8 64 9, S 512 1024 2048 4096; GPT's layout when NG = NH)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,13 +34,16 @@ using namespace tessera;
 
 namespace {
 
-// The communicator with its asynchronous point-to-point calls deferred: send_async and
-// recv_async only record the call, and the first wait() on any of them posts everything
-// recorded (in call order) and waits for it. The ring's code then runs with every exchange
-// after the compute it would overlap.
-class DeferredP2P final : public Communicator {
+// The communicator with its asynchronous point-to-point calls timed: the time the caller
+// spends blocked in their wait() adds up in waited_ms, the communication the compute did not
+// hide. Deferred, send_async and recv_async only record the call, and the first wait() on any
+// of them posts everything recorded (in call order) and waits for it: the ring's code then
+// runs with every exchange after the compute it would overlap, all of it waited for.
+class TimedP2P final : public Communicator {
  public:
-  explicit DeferredP2P(Communicator& c) : c_(c) {}
+  TimedP2P(Communicator& c, bool deferred) : c_(c), deferred_(deferred) {}
+  double waited_ms = 0;
+
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   std::string backend_name() const override { return c_.backend_name(); }
@@ -53,10 +57,10 @@ class DeferredP2P final : public Communicator {
   void send(Tensor t, int dst) override { c_.send(t, dst); }
   void recv(Tensor t, int src) override { c_.recv(t, src); }
   std::unique_ptr<Work> send_async(Tensor t, int dst) override {
-    return defer([this, t, dst] { return c_.send_async(t, dst); });
+    return post([this, t, dst] { return c_.send_async(t, dst); });
   }
   std::unique_ptr<Work> recv_async(Tensor t, int src) override {
-    return defer([this, t, src] { return c_.recv_async(t, src); });
+    return post([this, t, src] { return c_.recv_async(t, src); });
   }
   void barrier() override { c_.barrier(); }
   std::unique_ptr<Communicator> split(const std::vector<std::vector<int>>& groups, const std::string& name) override {
@@ -64,38 +68,58 @@ class DeferredP2P final : public Communicator {
   }
 
  private:
-  class Deferred final : public Work {
+  using Post = std::function<std::unique_ptr<Work>()>;
+  class Timed final : public Work {
    public:
-    explicit Deferred(DeferredP2P& owner) : owner_(owner) {}
-    void wait() override { owner_.run_pending(); }
+    Timed(TimedP2P& owner, std::unique_ptr<Work> inner) : owner_(owner), inner_(std::move(inner)) {}
+    void wait() override {
+      const auto start = std::chrono::steady_clock::now();
+      if (inner_) inner_->wait();
+      else owner_.run_deferred();
+      owner_.waited_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    }
 
    private:
-    DeferredP2P& owner_;
+    TimedP2P& owner_;
+    std::unique_ptr<Work> inner_;  // null: deferred
   };
-  std::unique_ptr<Work> defer(std::function<std::unique_ptr<Work>()> post) {
-    pending_.push_back(std::move(post));
-    return std::make_unique<Deferred>(*this);
+  std::unique_ptr<Work> post(Post p) {
+    if (!deferred_) return std::make_unique<Timed>(*this, p());
+    pending_.push_back(std::move(p));
+    return std::make_unique<Timed>(*this, nullptr);
   }
-  void run_pending() {
+  void run_deferred() {
     std::vector<std::unique_ptr<Work>> posted;
-    for (auto& post : pending_) posted.push_back(post());
+    for (auto& p : pending_) posted.push_back(p());
     pending_.clear();
     for (auto& w : posted) w->wait();
   }
   Communicator& c_;
-  std::vector<std::function<std::unique_ptr<Work>()>> pending_;
+  bool deferred_;
+  std::vector<Post> pending_;
 };
 
-double best_ms(Communicator& world, const std::function<void()>& f, int iterations) {
+// The median, over `iterations` calls after a warm-up (ranks started together by a barrier),
+// of the wall time of f and of the time it waited on c's point-to-point calls.
+struct Times {
+  double wall_ms, waited_ms;
+};
+Times median_ms(Communicator& world, TimedP2P& c, const std::function<void()>& f, int iterations) {
   f();
-  double best = 1e300;
+  std::vector<double> wall, waited;
   for (int i = 0; i < iterations; ++i) {
     world.barrier();
+    c.waited_ms = 0;
     const auto start = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    waited.push_back(c.waited_ms);
   }
-  return best;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(wall), median(waited)};
 }
 
 }  // namespace
@@ -114,12 +138,12 @@ int main(int argc, char** argv) {
   opt.master_port = id.master_port;
   opt.key_prefix = id.key_prefix;
   std::unique_ptr<Communicator> world = create_gloo_communicator(store, id.rank, id.world_size, opt);
-  DeferredP2P serial(*world);
+  TimedP2P serial(*world, /*deferred=*/true), overlapped(*world, /*deferred=*/false);
   const int cp = world->size();
 
   auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
   const int64_t B = arg(1, 1), NH = arg(2, 8), NG = arg(3, NH), HD = arg(4, 64);
-  const int iterations = static_cast<int>(arg(5, 5));
+  const int iterations = static_cast<int>(arg(5, 9));
   std::vector<int64_t> lengths;
   for (int i = 6; i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
   if (lengths.empty()) lengths = {512, 1024, 2048, 4096};
@@ -129,12 +153,13 @@ int main(int argc, char** argv) {
 
   if (world->rank() == 0) {
     std::printf("ring attention at CP %d (Gloo), B=%lld NH=%lld NG=%lld HD=%lld, f32 on %s, %s threads per rank, "
-                "fastest of %d\n",
+                "median of %d\n",
                 cp, (long long)B, (long long)NH, (long long)NG, (long long)HD, dev.name().c_str(),
                 std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "default", iterations);
-    std::printf("| S | kv msg MB | qkv msg MB | exchange kv ms | exchange qkv ms | fwd serial ms | fwd overlapped ms "
-                "| fwd hidden ms | bwd serial ms | bwd overlapped ms | bwd hidden ms |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| S | kv msg MB | qkv msg MB | exchange kv ms | exchange qkv ms | forward ms serial / overlapped | "
+                "forward waited ms serial / overlapped | backward ms serial / overlapped | backward waited ms "
+                "serial / overlapped |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   }
   for (const int64_t S : lengths) {
     const int64_t T = S / cp;
@@ -154,28 +179,29 @@ int main(int argc, char** argv) {
     RingBuffers ring{{tensor({2, B, T, KW}), tensor({2, B, T, KW})}, tensor(qkv.shape), tensor(qkv.shape)};
     Tensor kv_in = tensor({B, T, KW}), qkv_in = tensor(qkv.shape);
 
-    const int next = (world->rank() + 1) % cp, prev = (world->rank() + cp - 1) % cp;
+    TimedP2P& plain = overlapped;
     auto exchange = [&](Tensor send, Tensor recv) {
-      auto s = world->send_async(send, next);
-      auto r = world->recv_async(recv, prev);
+      auto s = plain.send_async(send, (plain.rank() + 1) % cp);
+      auto r = plain.recv_async(recv, (plain.rank() + cp - 1) % cp);
       s->wait();
       r->wait();
     };
-    const double kv_ms = best_ms(*world, [&] { exchange(ring.message[0].slice_rows(0, 1), kv_in.view({1, B, T, KW})); },
-                                 iterations);
-    const double qkv_ms = best_ms(*world, [&] { exchange(qkv, qkv_in); }, iterations);
-    auto forward = [&](Communicator& c) {
-      return best_ms(*world, [&] { ring_attention_forward(c, ring, out, lse, qkv, NG, rope, {}, S); }, iterations);
+    const Times kv = median_ms(*world, plain, [&] { exchange(ring.message[0].slice_rows(0, 1), kv_in.view({1, B, T, KW})); },
+                               iterations);
+    const Times whole = median_ms(*world, plain, [&] { exchange(qkv, qkv_in); }, iterations);
+    auto forward = [&](TimedP2P& c) {
+      return median_ms(*world, c, [&] { ring_attention_forward(c, ring, out, lse, qkv, NG, rope, {}, S); }, iterations);
     };
-    auto backward = [&](Communicator& c) {
-      return best_ms(
-          *world, [&] { ring_attention_backward(c, ring, dqkv, scratch, dout, qkv, out, lse, NG, rope, {}, S); },
+    auto backward = [&](TimedP2P& c) {
+      return median_ms(
+          *world, c, [&] { ring_attention_backward(c, ring, dqkv, scratch, dout, qkv, out, lse, NG, rope, {}, S); },
           iterations);
     };
-    const double fs = forward(serial), fo = forward(*world), bs = backward(serial), bo = backward(*world);
+    const Times fs = forward(serial), fo = forward(overlapped), bs = backward(serial), bo = backward(overlapped);
     if (world->rank() == 0)
-      std::printf("| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", (long long)S,
-                  B * T * KW * 4 / 1e6, B * T * W * 4 / 1e6, kv_ms, qkv_ms, fs, fo, fs - fo, bs, bo, bs - bo);
+      std::printf("| %lld | %.2f | %.2f | %.2f | %.2f | %.1f / %.1f | %.2f / %.2f | %.1f / %.1f | %.2f / %.2f |\n",
+                  (long long)S, B * T * KW * 4 / 1e6, B * T * W * 4 / 1e6, kv.wall_ms, whole.wall_ms, fs.wall_ms,
+                  fo.wall_ms, fs.waited_ms, fo.waited_ms, bs.wall_ms, bo.wall_ms, bs.waited_ms, bo.waited_ms);
   }
   world->barrier();
   return 0;
