@@ -5,8 +5,8 @@ of a small GPT (hidden 32, 2 heads, --num-layers, sequence 8192 by default) at e
 (Megatron's memory report line, which tessera prints per rank at the end) and the activation
 part of the memory estimate (`Theoretical memory footprints`, the static plan the model
 allocates), and their ratios to CP 1. CP splits activations, not weights: the activation ratio
-approaches 1/CP as layers grow; the ring's four key/value buffers (of one layer's local qkv,
-shared by every layer) are the rest.
+approaches 1/CP as layers grow; the ring's buffers (one layer's keys and values and their
+gradients, shared by every layer: model/context_parallel.h) are the rest.
 
   /usr/bin/python3 bench/context_parallel_memory.py [--tessera build/src/tessera/cli/tessera]
       [--seq-length 8192] [--num-layers 4] [--cp 1 2 4]
