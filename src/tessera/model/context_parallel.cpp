@@ -55,6 +55,17 @@ struct Message {
   Shape half_shape() const { return {whole.dim(1), whole.dim(2), whole.dim(3)}; }
 };
 
+// After backward step i >= 1: the dK, dV of its block so far into the message that carries
+// them on (`arriving`, sent at step i+1, or home after the last step): this rank's share from
+// the qkv-layout dkv, plus from step 2 on the earlier visitors' sum, which arrived with the
+// next block. sent's dK, dV half has left by then, so it holds the share meanwhile.
+void carry_block_gradient(int step, const Message& sent, const Message& arriving, const Tensor& dkv,
+                          int64_t num_groups) {
+  if (step == 1) return ops::attention_kv_pack(arriving.dkv(), dkv, num_groups);
+  ops::attention_kv_pack(sent.dkv(), dkv, num_groups);
+  ops::residual_forward(arriving.dkv(), arriving.dkv(), sent.dkv());
+}
+
 }  // namespace
 
 void ring_attention_forward(Communicator& cp, const RingBuffers& buffers, Tensor out, Tensor lse, Tensor qkv,
@@ -100,14 +111,7 @@ void ring_attention_backward(Communicator& cp, const RingBuffers& buffers, Tenso
     ops::flash_attention_backward(dqkv, buffers.dkv, scratch, dout, qkv, buffers.kv, out, lse, num_groups, rope,
                                   dropout, ring.block(i, seq_length, false));
     exchange.wait();
-    // The block's dK, dV so far: this rank's share, plus from step 2 on the earlier visitors'
-    // (arrived with the next block), into the message that carries them on.
-    if (i >= 2) {
-      ops::attention_kv_pack(sent.dkv(), buffers.dkv, num_groups);
-      ops::residual_forward(arriving.dkv(), arriving.dkv(), sent.dkv());
-    } else {
-      ops::attention_kv_pack(arriving.dkv(), buffers.dkv, num_groups);
-    }
+    carry_block_gradient(i, sent, arriving, buffers.dkv, num_groups);
     if (i + 1 < n) ops::attention_kv_unpack(buffers.kv, arriving.kv(), num_groups, ops::GradWrite::Assign);
   }
   if (n == 1) return;
