@@ -1,6 +1,7 @@
 // Causal self-attention (ops/cpu/attention.cpp) and, at the end, its QKV layout with RoPE
-// and the keys and values apart (ops/cpu/attention_qkv.cpp). Legend: B batch, T sequence, NH heads, HD head dim (at most
-// MAX_HD, checked on the host), C3 = 3*NH*HD (qkv row), CO = NH*HD.
+// and the keys and values apart (ops/cpu/attention_qkv.cpp). Legend: B batch, T sequence,
+// NH heads, HD head dim (at most MAX_HD, checked on the host), C3 = 3*NH*HD (qkv row),
+// CO = NH*HD.
 // Per head h of a qkv row: q at h*3*HD, k at +HD, v at +2*HD. att [B,NH,T,T] keeps the
 // softmax probabilities before dropout, zeros above the diagonal, in att's dtype (ops.h:
 // the activation dtype); scores and softmax are computed in f32.
