@@ -152,7 +152,12 @@ void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, i
 void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append, int64_t iteration);
 
 // "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
-// "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.
-std::string megatron_local_name(const std::string& name, int first_layer);
+// "decoder.layers.1.mlp.linear_fc1.weight"; an expert's number less first_expert, the first
+// expert of the file's expert-parallel rank ("mlp.experts.local_experts.5." -> ".1." when it
+// is 4); other names unchanged.
+std::string megatron_local_name(const std::string& name, int first_layer, int first_expert = 0);
+
+// The expert number X of a layer's "mlp.experts.local_experts.X.*" parameter; -1 for others.
+int megatron_expert_of(const std::string& name);
 
 }  // namespace tessera
