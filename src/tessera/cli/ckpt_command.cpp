@@ -384,9 +384,9 @@ int run_convert(const Command& c) {
         dist.params = std::move(model);
         dist.tp_rank = t;
         dist.num_layers = config.num_layers;
+        dist.num_experts = config.moe.num_experts;
+        dist.numbered_layers = torch_dist_numbered_layers(ns);
         dist.swiglu = config.swiglu;
-        for (const ModelChunk& chunk : part.chunks)
-          for (int l = chunk.first_layer; l < chunk.end_layer; ++l) dist.layers.push_back(l);
         records.push_back(write_torch_dist_shard(tmp_dir, p * tp + t, dist));
       } else {
         const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});
