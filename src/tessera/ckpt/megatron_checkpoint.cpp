@@ -699,6 +699,12 @@ CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration
   return s;
 }
 
+void check_megatron_iteration(const std::string& it_dir, const CheckpointState& s, int64_t iteration) {
+  if (!s.release && s.iteration != iteration)
+    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
+                        "the folder was renamed or copied; restore its name");
+}
+
 CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
                                          const std::vector<FlatPiece>& model,
                                          const std::vector<FlatPiece>& optimizer, bool load_optimizer,
@@ -706,9 +712,7 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_megatron_metadata(dir, iteration);
   load_optimizer = load_optimizer && !s.release;
-  if (!s.release && s.iteration != iteration)
-    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
-                        "the folder was renamed or copied; restore its name");
+  check_megatron_iteration(it_dir, s, iteration);
   const SavedLayout layout = saved_layout(it_dir, s.args);
   const int saved_tp = layout.tp;
   if (load_optimizer && layout.ep > 1)
@@ -1074,12 +1078,9 @@ json namespace_at_iteration(const MegatronFileSpec& spec) {
   return ns;
 }
 
-}  // namespace
-
-void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
-                         const std::vector<MegatronParam>& params) {
-  pickle::Document doc;
-  FileTensors tensors(doc);
+// The top-level dict both of Megatron's formats open with: args (the Namespace),
+// checkpoint_version 3.0, iteration.
+Value* megatron_root(pickle::Document& doc, const MegatronFileSpec& spec) {
   Value* root = doc.dict();
   Value* args = doc.object("argparse.Namespace");
   const json ns = namespace_at_iteration(spec);
@@ -1087,6 +1088,28 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   doc.set(root, "args", args);
   doc.set(root, "checkpoint_version", doc.real(3.0));
   doc.set(root, "iteration", doc.integer(spec.iteration));
+  return root;
+}
+
+// Writes (and fsyncs) doc as a torch.save file whose archive is named `archive`.
+void write_megatron_pickle(const std::string& path, const char* archive, pickle::Document& doc, Value* root,
+                           const FileTensors& tensors) {
+  doc.root = root;
+  SyncedFileWriter file(path);
+  const auto append = [&file](std::span<const uint8_t> b) {
+    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
+  };
+  write_torch_file(append, archive, *root, tensors.storages());
+  file.finish();
+}
+
+}  // namespace
+
+void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
+                         const std::vector<MegatronParam>& params) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  Value* root = megatron_root(doc, spec);
   int chunks = 1;
   for (const MegatronParam& p : params) chunks = std::max(chunks, p.chunk + 1);
   if (chunks == 1) doc.set(root, "model", model_dict(doc, tensors, spec, params, 0, true));
@@ -1102,13 +1125,7 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
     doc.set(root, "rng_state", rng_state_list(doc, tensors, megatron_rng_state(seed, spec.tp_rank, spec.pp_rank)));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
-  doc.root = root;
-  SyncedFileWriter file(path);
-  const auto append = [&file](std::span<const uint8_t> b) {
-    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
-  };
-  write_torch_file(append, "model_optim_rng", *root, tensors.storages());
-  file.finish();
+  write_megatron_pickle(path, "model_optim_rng", doc, root, tensors);
 }
 
 namespace {
@@ -1164,13 +1181,7 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
                              const std::vector<bool>& group_weight_decay) {
   pickle::Document doc;
   FileTensors tensors(doc);
-  Value* root = doc.dict();
-  Value* args = doc.object("argparse.Namespace");
-  const json ns = namespace_at_iteration(spec);
-  for (const auto& [k, v] : ns.items()) doc.set(args, k, from_json(doc, v));
-  doc.set(root, "args", args);
-  doc.set(root, "checkpoint_version", doc.real(3.0));
-  doc.set(root, "iteration", doc.integer(spec.iteration));
+  Value* root = megatron_root(doc, spec);
   if (spec.with_optimizer) {
     doc.set(root, "optimizer", spec.distributed_optimizer
                                    ? torch_dist_distributed_optimizer_dict(doc, tensors, spec, group_weight_decay)
@@ -1178,13 +1189,7 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
-  doc.root = root;
-  SyncedFileWriter file(path);
-  const auto append = [&file](std::span<const uint8_t> b) {
-    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
-  };
-  write_torch_file(append, "common", *root, tensors.storages());
-  file.finish();
+  write_megatron_pickle(path, "common", doc, root, tensors);
 }
 
 }  // namespace tessera

@@ -4,6 +4,15 @@
 //   DIR/latest_checkpointed_iteration.txt
 //   DIR/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt     one per (tp, pp) rank
 //   DIR/iter_0000100/mp_rank_TT[_PPP]/distrib_optim.pt       --use-distributed-optimizer
+//   DIR/iter_0000100/mp_rank_TT[_PPP]_EEE/model_optim_rng.pt one per (tp, pp, ep) rank when the
+//                                                             expert-parallel size is above 1
+//
+// MoE layers (SequentialMLP) keep megatron-core's names, tessera's too: mlp.router.weight,
+// mlp.experts.local_experts.X.linear_fc1/linear_fc2 (split over TP like the dense MLP's),
+// mlp.shared_experts.*. The file of expert-parallel rank r numbers its experts from 0 (expert
+// r*E/EP is local 0); reading renumbers them globally and takes the replicated parameters from
+// EP rank 0's files. Grouped-GEMM experts (--moe-grouped-gemm) and the optimizer state of an
+// EP > 1 save are refused by name.
 //
 // model_optim_rng.pt is a PyTorch zip file (torch_file.h) whose pickle holds `args` (an
 // argparse.Namespace), `checkpoint_version` 3.0, `iteration`, `model` (this rank's slices,
@@ -67,6 +76,10 @@ CheckpointState megatron_training_state(const TorchFile& f);
 // A Megatron state-dict key as (stage-local layer or -1, tessera's name: the part after
 // "decoder.layers.N." for a layer, else the whole name); nullopt for _extra_state entries.
 std::optional<std::pair<int, std::string>> map_megatron_name(const std::string& key);
+
+// An Error when the state read from it_dir (either of Megatron's formats) records another
+// iteration than the folder's name (a release checkpoint records any).
+void check_megatron_iteration(const std::string& it_dir, const CheckpointState& s, int64_t iteration);
 
 // load_checkpoint_pieces (checkpoint.h) for Megatron's files: fills this rank's slices (or
 // pieces of them) from any saved TP/PP layout; the optimizer state only when load_optimizer

@@ -309,9 +309,7 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_torch_dist_metadata(dir, iteration);
   load_optimizer = load_optimizer && !s.release;
-  if (!s.release && s.iteration != iteration)
-    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
-                        "the folder was renamed or copied; restore its name");
+  check_megatron_iteration(it_dir, s, iteration);
   const DcpMetadata meta = read_dcp_metadata(it_dir);
   const bool swiglu = s.args.value("swiglu", false);
   Pieces model_pieces, optimizer_pieces, main_pieces;
