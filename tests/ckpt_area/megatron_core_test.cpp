@@ -29,6 +29,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/comm/in_process/in_process_communicator.h"
+#include "tessera/core/error.h"
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
 #include "tessera/train/arguments.h"
@@ -141,6 +142,27 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
   std::string flags;
   for (const std::string& f : train_flags_from_megatron_args(read_checkpoint_metadata((dir / "ckpt").string(), 7).args))
     flags += f + " ";
+  if (GetParam() == "moe") {
+    // The experts as --moe-grouped-gemm saves them (GroupedMLP's weight1/weight2) are refused by
+    // name, not read as unknown parameters.
+    const fs::path file = dir / "ckpt" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
+    std::ofstream(dir / "grouped.py") << "import sys, torch\n"
+                                         "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                         "m = sd['model']\n"
+                                         "for k in [k for k in m if '.local_experts.' in k]: del m[k]\n"
+                                         "m['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 512)\n"
+                                         "m['decoder.layers.0.mlp.experts.weight2'] = torch.zeros(256, 32)\n"
+                                         "torch.save(sd, sys.argv[1])\n";
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "grouped.py").string() + " " + file.string(),
+                    dir / "grouped.log"));
+    try {
+      load_checkpoint((dir / "ckpt").string(), 7, {}, {}, false, 0, 1);
+      ADD_FAILURE() << "grouped-GEMM experts loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mlp.experts.weight1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--moe-grouped-gemm"), std::string::npos) << e.what();
+    }
+  }
   if (moe()) {
     EXPECT_NE(flags.find("--num-experts 4 "), std::string::npos) << flags;
     EXPECT_NE(flags.find("--moe-layer-freq 2 "), std::string::npos) << flags;

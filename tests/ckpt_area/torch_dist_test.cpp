@@ -148,6 +148,11 @@ class MegatronDist : public testing::TestWithParam<std::string> {
                            true),
              d / "tessera_moe" / "train_dist.log"));
     (*job(d / "tessera_moe" / "dist", "moe", 1, 1, d / "tessera_moe" / "moe.safetensors"))["optim"] = true;
+    step(run(train_command(true, "torch_dist", d / "tessera_moe" / "distopt",
+                           std::string(kTp2Dp2DistributedOptimizer) + " --sequence-parallel", true),
+             d / "tessera_moe" / "train_distopt.log"));
+    nlohmann::json* moe_distopt = job(d / "tessera_moe" / "distopt", "moe", 1, 2, d / "tessera_moe" / "distopt.safetensors");
+    (*moe_distopt)["optim"] = (*moe_distopt)["distributed"] = true;
     std::ofstream(d / "jobs.json") << jobs.dump(1);
     step(run(kPython + " -W ignore " + kScript + " dump " + (d / "jobs.json").string(), d / "dump.log"));
   }
@@ -428,17 +433,26 @@ TEST_P(MegatronDist, MoESaveLoadsIntoTesseraBitForBit) {
   EXPECT_EQ(fc1->size, (std::vector<int64_t>{4, 128, 32}));
   const safetensors::Reader want = safetensors::Reader::open((*dir_ / "moe.safetensors").string());
   EXPECT_GT(expect_loads_bit_for_bit(dir, 7, want, true), 90u);
+  // Its DistributedOptimizer's save (TP=2 x DP=2, fully_sharded_model_space: the experts' state
+  // reformulated with both leading axes) against the optimizer that saved it.
+  const safetensors::Reader distopt =
+      safetensors::Reader::open((*dir_ / "megatron" / "moe_distopt.safetensors").string());
+  EXPECT_GT(expect_loads_bit_for_bit(dir + "_distopt", 7, distopt, true), 90u);
 }
 
 // tessera's MoE save at TP=2 x PP=2 (the same keys: layers numbered, expert axis, the experts'
 // and shared experts' _extra_state objects) loads into megatron-core's GPTModel and optimizer at
-// TP=1 PP=1 to the values tessera loads from it, bit for bit.
+// TP=1 PP=1 to the values tessera loads from it, bit for bit; and its distributed optimizer's.
 TEST_P(MegatronDist, TesseraMoESaveLoadsIntoMegatronCore) {
   if (GetParam() != "gpt") return;
   const fs::path out = *dir_ / "tessera_moe";
   const safetensors::Reader megatron = safetensors::Reader::open((out / "moe.safetensors").string());
   EXPECT_GT(megatron.tensors().size(), 90u);
   EXPECT_GT(expect_loads_bit_for_bit((out / "dist").string(), 3, megatron, true), 90u);
+  // With the distributed optimizer (TP=2 x DP=2), loaded by megatron-core's DistributedOptimizer
+  // at TP=1 x PP=2.
+  const safetensors::Reader distopt = safetensors::Reader::open((out / "distopt.safetensors").string());
+  EXPECT_GT(expect_loads_bit_for_bit((out / "distopt").string(), 3, distopt, true), 90u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MegatronDist, testing::Values("gpt", "llama"));

@@ -606,18 +606,13 @@ std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration) 
   return (fs::path(dir) / name).string();
 }
 
-std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size) {
-  char name[48];
+std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size) {
+  char name[32];
   if (pp_size > 1)
     std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d", tp_rank, pp_rank);
   else
     std::snprintf(name, sizeof(name), "mp_rank_%02d", tp_rank);
-  std::string folder = name;
-  if (ep_size > 1) {
-    std::snprintf(name, sizeof(name), "_%03d", ep_rank);
-    folder += name;
-  }
-  return folder;
+  return name;
 }
 
 std::optional<TensorPlacement> parse_tensor_placement(const std::string& text, const Shape& local) {

@@ -118,10 +118,8 @@ inline constexpr int64_t kReleaseIteration = -1;
 
 // DIR/iter_0000100, or DIR/release for kReleaseIteration.
 std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration);
-// "mp_rank_01" (pp_size 1) or "mp_rank_01_002"; with expert parallelism (ep_size > 1) the
-// expert-parallel rank follows: "mp_rank_01_003" (no PP) or "mp_rank_01_002_003"
-// (megatron/training/checkpointing.py get_checkpoint_name, core_r0.10.0).
-std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank = 0, int ep_size = 1);
+// "mp_rank_01" (pp_size 1) or "mp_rank_01_002".
+std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size);
 
 // ---- Saving from many ranks: the steps, in order (the caller runs the collectives) ----
 // 1. One rank: creates DIR and a fresh DIR/iter_N.tmp-<token> with a record of who made it

@@ -1,6 +1,7 @@
 #include "tessera/ckpt/megatron_checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -268,7 +269,7 @@ struct SavedLayout {
 };
 
 std::string shard_rel(int tp, int pp, int ep, const SavedLayout& l) {
-  return checkpoint_shard_folder(tp, pp, l.pp, ep, l.ep) + "/" + kMegatronFile;
+  return megatron_shard_folder(tp, pp, l.pp, ep, l.ep) + "/" + kMegatronFile;
 }
 
 // A --moe-grouped-gemm checkpoint's experts: GroupedMLP's mlp.experts.weight1/weight2 (local
@@ -679,6 +680,16 @@ bool uses_distrib_optim(const std::string& it_dir, const std::vector<RankFile>& 
 }
 
 }  // namespace
+
+std::string megatron_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size) {
+  std::string folder = checkpoint_shard_folder(tp_rank, pp_rank, pp_size);
+  if (ep_size > 1) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "_%03d", ep_rank);
+    folder += suffix;
+  }
+  return folder;
+}
 
 bool is_megatron_checkpoint(const std::string& dir, int64_t iteration) {
   const fs::path it_dir = checkpoint_iteration_dir(dir, iteration);

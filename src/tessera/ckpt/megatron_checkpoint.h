@@ -58,6 +58,11 @@ namespace tessera {
 
 inline constexpr const char* kMegatronFile = "model_optim_rng.pt";
 
+// The folder of a (tp, pp, ep) rank's files (megatron/training/checkpointing.py
+// get_checkpoint_name, core_r0.10.0): checkpoint_shard_folder's "mp_rank_TT[_PPP]", then
+// "_EEE" when the expert-parallel size is above 1.
+std::string megatron_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size);
+
 // Whether DIR/iter_N holds Megatron's files (mp_rank_*/model_optim_rng.pt, no metadata.json).
 bool is_megatron_checkpoint(const std::string& dir, int64_t iteration);
 

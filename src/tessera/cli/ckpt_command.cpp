@@ -288,7 +288,7 @@ void write_megatron_rank(const std::string& tmp_dir, MegatronFileSpec spec, cons
                         Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr), shards[i].spec.weight_decay,
                         {}});
     }
-    const std::string shard = checkpoint_shard_folder(spec.tp_rank, spec.pp_rank, pp_size, e, ep_size);
+    const std::string shard = megatron_shard_folder(spec.tp_rank, spec.pp_rank, pp_size, e, ep_size);
     fs::create_directories(fs::path(tmp_dir) / shard);
     write_megatron_file((fs::path(tmp_dir) / shard / kMegatronFile).string(), spec, params);
     fsync_directory((fs::path(tmp_dir) / shard).string());
