@@ -143,6 +143,16 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
   for (const std::string& f : train_flags_from_megatron_args(read_checkpoint_metadata((dir / "ckpt").string(), 7).args))
     flags += f + " ";
   if (GetParam() == "moe") {
+    // Its run continues in tessera with its args and its optimizer state (torch's AdamW under
+    // Megatron's parameter groups, the experts' state among them: the group sizes are checked).
+    ASSERT_TRUE(run(std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train --load " + (dir / "ckpt").string() +
+                        " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                        " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1",
+                    dir / "resume.log"));
+    std::ifstream in(dir / "resume.log");
+    const std::string resumed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(resumed.find("iteration        8/       8"), std::string::npos) << resumed;
+    EXPECT_NE(resumed.find("load_balancing_loss"), std::string::npos) << resumed;
     // The experts as --moe-grouped-gemm saves them (GroupedMLP's weight1/weight2) are refused by
     // name, not read as unknown parameters.
     const fs::path file = dir / "ckpt" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
