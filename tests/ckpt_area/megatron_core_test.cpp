@@ -9,6 +9,11 @@
 //     saved Namespace as pretrain_gpt.py builds it (load_state_dict strict), the Namespace's
 //     attributes are exactly Megatron's (megatron_namespace_dests.txt) with the values loaders
 //     read, and megatron-core's logits equal tessera's within 1e-5;
+//   - the same both ways for an MoE Llama ("moe": 4 SwiGLU experts, top-2, MoE every second layer,
+//     shared experts; megatron-core's SequentialMLP names), and at expert parallelism 2
+//     ("moe_ep2": the mp_rank_00_EEE folders of megatron-core's two EP ranks, each with its own
+//     experts numbered from 0, read into tessera at EP=1; tessera's save converted with
+//     `ckpt convert --target-expert-parallel-size 2` loads into megatron-core's EP ranks);
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +29,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/comm/in_process/in_process_communicator.h"
+#include "tessera/core/error.h"
 #include "tessera/device/device.h"
 #include "tessera/model/gpt.h"
 #include "tessera/train/arguments.h"
@@ -61,6 +67,8 @@ const std::vector<std::string> kLlama = {"--group-query-attention", "--num-query
                                          "--norm-epsilon", "1e-5", "--position-embedding-type", "rope",
                                          "--rotary-base", "500000", "--disable-bias-linear",
                                          "--untie-embeddings-and-output-weights"};
+const std::vector<std::string> kMoE = {"--num-experts", "4", "--moe-router-topk", "2", "--moe-layer-freq", "2",
+                                       "--moe-shared-expert-intermediate-size", "32", "--moe-aux-loss-coeff", "0.01"};
 
 // The model a checkpoint's Namespace describes, as `tessera ckpt` derives it.
 GPTConfig config_of(const CheckpointState& s) {
@@ -104,13 +112,19 @@ std::vector<float> tessera_logits(const fs::path& dir, const std::vector<int32_t
 
 class MegatronCore : public testing::TestWithParam<std::string> {
  protected:
-  bool llama() const { return GetParam() == "llama"; }
+  bool llama() const { return GetParam() != "gpt"; }
+  bool moe() const { return GetParam().starts_with("moe"); }
+  int ep() const { return GetParam() == "moe_ep2" ? 2 : 1; }
+  // The reference's --model and --ep.
+  std::string model_flags() const {
+    return " --model " + (moe() ? std::string("moe") : GetParam()) + " --ep " + std::to_string(ep());
+  }
 };
 
 TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
   const fs::path dir = scratch("megatron_core_" + GetParam());
   ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " save " + (dir / "ckpt").string() +
-                      " --model " + GetParam(),
+                      model_flags(),
                   dir / "save.log"));
   const safetensors::Reader expected = safetensors::Reader::open((dir / "ckpt" / "expected.safetensors").string());
   const std::vector<int64_t> tokens64 = expected.read_i64("tokens");
@@ -128,6 +142,42 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
   std::string flags;
   for (const std::string& f : train_flags_from_megatron_args(read_checkpoint_metadata((dir / "ckpt").string(), 7).args))
     flags += f + " ";
+  if (GetParam() == "moe") {
+    // Its run continues in tessera with its args and its optimizer state (torch's AdamW under
+    // Megatron's parameter groups, the experts' state among them: the group sizes are checked).
+    ASSERT_TRUE(run(std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train --load " + (dir / "ckpt").string() +
+                        " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                        " --global-batch-size 8 --train-iters 8 --lr 1e-3 --eval-iters 0 --log-interval 1",
+                    dir / "resume.log"));
+    std::ifstream in(dir / "resume.log");
+    const std::string resumed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(resumed.find("iteration        8/       8"), std::string::npos) << resumed;
+    EXPECT_NE(resumed.find("load_balancing_loss"), std::string::npos) << resumed;
+    // The experts as --moe-grouped-gemm saves them (GroupedMLP's weight1/weight2) are refused by
+    // name, not read as unknown parameters.
+    const fs::path file = dir / "ckpt" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
+    std::ofstream(dir / "grouped.py") << "import sys, torch\n"
+                                         "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                         "m = sd['model']\n"
+                                         "for k in [k for k in m if '.local_experts.' in k]: del m[k]\n"
+                                         "m['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 512)\n"
+                                         "m['decoder.layers.0.mlp.experts.weight2'] = torch.zeros(256, 32)\n"
+                                         "torch.save(sd, sys.argv[1])\n";
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "grouped.py").string() + " " + file.string(),
+                    dir / "grouped.log"));
+    try {
+      load_checkpoint((dir / "ckpt").string(), 7, {}, {}, false, 0, 1);
+      ADD_FAILURE() << "grouped-GEMM experts loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mlp.experts.weight1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--moe-grouped-gemm"), std::string::npos) << e.what();
+    }
+  }
+  if (moe()) {
+    EXPECT_NE(flags.find("--num-experts 4 "), std::string::npos) << flags;
+    EXPECT_NE(flags.find("--moe-layer-freq 2 "), std::string::npos) << flags;
+    EXPECT_NE(flags.find("--moe-shared-expert-intermediate-size 32 "), std::string::npos) << flags;
+  }
   if (llama()) {
     EXPECT_NE(flags.find("--rotary-base 500000 "), std::string::npos) << flags;
     EXPECT_NE(flags.find("--disable-bias-linear "), std::string::npos) << flags;
@@ -140,6 +190,7 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
   const fs::path dir = scratch("tessera_torch_save_" + GetParam());
   std::vector<std::string> flags = kGpt;
   if (llama()) flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  if (moe()) flags.insert(flags.end(), kMoE.begin(), kMoE.end());
   // Initial weights of std 0.2, so that the GELU's tanh approximation differs from erf by more
   // than the bound.
   flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters",
@@ -148,14 +199,23 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
   std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
   for (const std::string& f : flags) cmd += " " + f;
   ASSERT_TRUE(run(cmd, dir / "train.log"));
+  fs::path ckpt = dir / "ckpt";
+  if (ep() > 1) {
+    ckpt = dir / "ckpt_ep";
+    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "ckpt").string() + " " + ckpt.string() +
+                        " --to torch --target-expert-parallel-size " + std::to_string(ep()),
+                    dir / "convert.log"));
+    EXPECT_TRUE(fs::exists(ckpt / "iter_0000002" / "mp_rank_00_001" / kMegatronFile));
+  }
   std::vector<int32_t> tokens;
   for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
-  const std::vector<float> logits = tessera_logits(dir / "ckpt", tokens, 2);
+  // tessera reads its EP save back too: its logits are those of the files megatron-core reads.
+  const std::vector<float> logits = tessera_logits(ckpt, tokens, 2);
   const int64_t V = static_cast<int64_t>(logits.size()) / 32;
   safetensors::write((dir / "tessera.safetensors").string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
                                                              {"logits", DType::F32, {2, 16, V}, logits.data()}});
-  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + (dir / "ckpt").string() + " " +
-                      (dir / "tessera.safetensors").string() + " --model " + GetParam(),
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + ckpt.string() + " " +
+                      (dir / "tessera.safetensors").string() + model_flags(),
                   dir / "check.log"));
   fs::remove_all(dir);
 }
@@ -219,7 +279,7 @@ open(sys.argv[1], 'wb').write(pickle.dumps(np.random.get_state(), protocol=2))
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(GptAndLlama, MegatronCore, testing::Values("gpt", "llama"));
+INSTANTIATE_TEST_SUITE_P(GptLlamaMoE, MegatronCore, testing::Values("gpt", "llama", "moe", "moe_ep2"));
 
 }  // namespace
 }  // namespace tessera

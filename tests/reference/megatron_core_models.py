@@ -8,7 +8,7 @@ model_parallel_cuda_manual_seed). The kernels' CUDA-only fusions are off in the 
 leaves the arithmetic as it is; the bias-GELU fusion (tanh GELU) runs on the CPU and stays as
 the Namespace says.
 
-    python megatron_core_models.py save OUT --model gpt|llama
+    python megatron_core_models.py save OUT --model gpt|llama|moe [--ep N]
 writes megatron-core's model (random weights: biases and norms too) as Megatron's
 save_checkpoint does with --ckpt-format torch (megatron/training/checkpointing.py
 generate_state_dict, core_r0.10.0): OUT/latest_checkpointed_iteration.txt "7" and
@@ -21,13 +21,24 @@ groups), opt_param_scheduler (megatron-core's OptimizerParamScheduler), rerun_st
 CUDA's), num_floating_point_operations_so_far; and OUT/expected.safetensors: tokens I32 [2, 16]
 and megatron-core's forward logits F32 [2, 16, V].
 
-    python megatron_core_models.py check DIR EXPECTED --model gpt|llama
+With --model moe (the Llama with 4 SwiGLU experts, top-2, MoE every second layer
+(--moe-layer-freq 2) and shared experts: get_gpt_decoder_block_spec, as pretrain_gpt.py builds
+MoE models, its MoE layers the local spec's SequentialMLP) and --ep N, the files are those of
+expert-parallel ranks 0..N-1, OUT/iter_0000007/mp_rank_00_EEE/model_optim_rng.pt as
+get_checkpoint_name names them, each the state dict of megatron-core's GPTModel as that rank
+builds it (parallel_state's expert-parallel size and rank set through its own setters: local
+experts 0..E/N-1) holding the EP=1 model's weights, without optimizer state.
+
+    python megatron_core_models.py check DIR EXPECTED --model gpt|llama|moe
 reads tessera's --ckpt-format torch save DIR (one rank, torch.load weights_only=False), checks
 that its Namespace's attributes are exactly megatron_namespace_dests.txt and the values loaders
 read, builds GPTModel from the Namespace as pretrain_gpt.py's model_provider does
 (core_transformer_config_from_args, restated below), loads the model with strict=True and
 compares its forward of EXPECTED's tokens with EXPECTED's logits (tessera's) within 1e-5 of the
-largest logit. Exits 1 naming the first difference.
+largest logit. Exits 1 naming the first difference. A checkpoint saved at expert parallelism
+N > 1 loads strictly, file by file, into each rank's model; the replicated parameters must be
+equal across the files, and the experts, numbered globally, make the EP=1 model whose logits are
+compared.
 """
 import argparse
 import contextlib
@@ -58,6 +69,9 @@ GPT = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ, 
 LLAMA = dict(GPT, num_query_groups=2, group_query_attention=True, kv_channels=8, ffn_hidden_size=64, swiglu=True,
              normalization="RMSNorm", norm_epsilon=1e-5, position_embedding_type="rope", rotary_base=500000,
              add_bias_linear=False, untie_embeddings_and_output_weights=True)
+MOE = dict(LLAMA, num_experts=4, moe_router_topk=2, moe_layer_freq=2, moe_shared_expert_intermediate_size=32,
+           moe_aux_loss_coeff=0.01)
+RUNS = dict(gpt=GPT, llama=LLAMA, moe=MOE)
 
 
 def read_dests():
@@ -74,7 +88,7 @@ def megatron_defaults():
     return out
 
 
-def saved_namespace(run):
+def saved_namespace(run, ep=1):
     """The Namespace Megatron's training saves for `run`: the parser's defaults, the run's
     flags, and what validate_args and training set (megatron/training/arguments.py,
     training.py)."""
@@ -83,12 +97,13 @@ def saved_namespace(run):
     from megatron.core.enums import ModelType
     ffn = run.get("ffn_hidden_size") or 4 * run["hidden_size"]
     a.__dict__.update(
-        rank=0, world_size=1, use_dist_ckpt=False, transformer_pipeline_model_parallel_size=1, data_parallel_size=1,
+        rank=0, world_size=ep, use_dist_ckpt=False, transformer_pipeline_model_parallel_size=1, data_parallel_size=ep,
         expert_tensor_parallel_size=1, overlap_p2p_comm=False, align_param_gather=False, params_dtype=torch.float32,
         dataloader_type="single", variable_seq_lengths=False, encoder_num_layers=run["num_layers"],
         ffn_hidden_size=ffn, kv_channels=run.get("kv_channels") or run["hidden_size"] // run["num_attention_heads"],
         encoder_seq_length=run["seq_length"], start_weight_decay=a.weight_decay, end_weight_decay=a.weight_decay,
-        sequence_parallel=False, num_experts=None, moe_ffn_hidden_size=ffn, lr_decay_iters=run["train_iters"],
+        sequence_parallel=False, num_experts=run.get("num_experts"), moe_ffn_hidden_size=ffn,
+        expert_model_parallel_size=ep, lr_decay_iters=run["train_iters"],
         model_type=ModelType.encoder_or_decoder, consumed_train_samples=ITERATION * run["global_batch_size"],
         consumed_valid_samples=0, skipped_train_samples=0, iteration=ITERATION, curr_iteration=ITERATION - 1,
         num_floating_point_operations_so_far=1.5e9, do_train=1, do_valid=1, do_test=1)
@@ -141,14 +156,36 @@ def config_from_args(args):
     return TransformerConfig(**kw)
 
 
-def build_model(args):
-    """pretrain_gpt.py model_provider (core_r0.10.0) with --transformer-impl local."""
+def local_moe_spec():
+    """core_r0.10.0's _get_mlp_module_spec asks _get_moe_module_spec for use_te=True whatever the
+    spec, which names Transformer Engine's classes, undefined without TE; the local spec's
+    use_te=False gives the SequentialMLP of ColumnParallelLinear/RowParallelLinear experts that
+    the same function picks without grouped GEMM or fp8 anyway."""
+    from megatron.core.models.gpt import gpt_layer_specs
+    moe_spec = gpt_layer_specs._get_moe_module_spec
+    if getattr(moe_spec, "local", False):
+        return
+    local = lambda use_te=True, **kw: moe_spec(use_te=False, **kw)  # noqa: E731
+    local.local = True
+    gpt_layer_specs._get_moe_module_spec = local
+
+
+def build_model(args, ep_rank=0):
+    """pretrain_gpt.py model_provider (core_r0.10.0) with --transformer-impl local, as expert-
+    parallel rank ep_rank of args.expert_model_parallel_size builds it."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     assert not args.use_legacy_models and args.transformer_impl == "local" and args.spec is None
+    parallel_state.set_expert_model_parallel_world_size(args.expert_model_parallel_size)
+    parallel_state.set_expert_model_parallel_rank(ep_rank)
     config = config_from_args(args)
-    spec = get_gpt_layer_local_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
-                                    args.multi_latent_attention)
+    if args.num_experts:
+        local_moe_spec()
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+    else:
+        spec = get_gpt_layer_local_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
+                                        args.multi_latent_attention)
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
                     max_sequence_length=args.max_position_embeddings, pre_process=True, post_process=True,
                     fp16_lm_cross_entropy=args.fp16_lm_cross_entropy, parallel_output=True,
@@ -179,7 +216,44 @@ def megatron_param_groups(model):
                  is_decoupled_lr=False)]
 
 
-def save(out, run):
+def checkpoint_folder(tp_rank, pp_rank, pp, ep_rank, ep):
+    """megatron/training/checkpointing.py get_checkpoint_name (core_r0.10.0)."""
+    folder = "mp_rank_%02d" % tp_rank if pp == 1 else "mp_rank_%02d_%03d" % (tp_rank, pp_rank)
+    return folder + ("_%03d" % ep_rank if ep > 1 else "")
+
+
+def expert_rank_name(name, ep_rank, local_experts):
+    """The EP=1 model's name of expert-parallel rank ep_rank's parameter `name` (its local expert
+    j is expert ep_rank * local_experts + j: megatron/core/transformer/moe/moe_layer.py)."""
+    head, sep, tail = name.partition(".mlp.experts.local_experts.")
+    if not sep:
+        return name
+    j, rest = tail.split(".", 1)
+    return "%s%s%d.%s" % (head, sep, ep_rank * local_experts + int(j), rest)
+
+
+def save_expert_parallel(out, args, model, ep):
+    """model's weights as the files of expert-parallel ranks 0..ep-1, each its rank's own model's
+    state dict."""
+    full = model.state_dict()
+    args.expert_model_parallel_size, args.data_parallel_size, args.world_size = ep, ep, ep
+    for r in range(ep):
+        rank_model = build_model(args, ep_rank=r)
+        with torch.no_grad():
+            for name, p in rank_model.named_parameters():
+                p.copy_(full[expert_rank_name(name, r, args.num_experts // ep)])
+        state_dict = {"args": args, "checkpoint_version": 3.0, "iteration": ITERATION,
+                      "model": rank_model.state_dict_for_save_checkpoint(),
+                      "num_floating_point_operations_so_far": 1.5e9}
+        folder = os.path.join(out, "iter_%07d" % ITERATION, checkpoint_folder(0, 0, 1, r, ep))
+        os.makedirs(folder, exist_ok=True)
+        torch.save(state_dict, os.path.join(folder, "model_optim_rng.pt"))
+    from megatron.core import parallel_state
+    parallel_state.set_expert_model_parallel_world_size(1)  # the EP=1 model's forward follows
+    parallel_state.set_expert_model_parallel_rank(0)
+
+
+def save(out, run, ep):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.rerun_state_machine import get_rerun_state_machine
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
@@ -209,9 +283,12 @@ def save(out, run):
                                                                               use_dist_ckpt=False),
                   "rng_state": rng_state, "num_floating_point_operations_so_far": 1.5e9}
     assert hasattr(state_dict["model"], "_metadata")
-    folder = os.path.join(out, "iter_%07d" % ITERATION, "mp_rank_00")
-    os.makedirs(folder, exist_ok=True)
-    torch.save(state_dict, os.path.join(folder, "model_optim_rng.pt"))
+    if ep > 1:
+        save_expert_parallel(out, args, model, ep)
+    else:
+        folder = os.path.join(out, "iter_%07d" % ITERATION, "mp_rank_00")
+        os.makedirs(folder, exist_ok=True)
+        torch.save(state_dict, os.path.join(folder, "model_optim_rng.pt"))
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(ITERATION))
     tokens = torch.randint(0, run["vocab_size"] + 1, (BATCH, SEQ))
@@ -220,7 +297,7 @@ def save(out, run):
                          [("tokens", "I32", tokens.numpy()), ("logits", "F32", logits.numpy())])
 
 
-def check_namespace(ns, run):
+def check_namespace(ns, run, ep):
     names, dests = set(vars(ns)), set(read_dests())
     if names != dests:
         raise SystemExit("the Namespace's attributes differ from Megatron's: extra %s, missing %s"
@@ -234,20 +311,54 @@ def check_namespace(ns, run):
                 group_query_attention=gqa, rotary_base=run.get("rotary_base", 10000),
                 untie_embeddings_and_output_weights=run.get("untie_embeddings_and_output_weights", False),
                 use_legacy_models=False, ckpt_format="torch", tensor_model_parallel_size=1,
-                pipeline_model_parallel_size=1, data_parallel_size=1, use_rope_scaling=False,
-                transformer_impl="local")
+                pipeline_model_parallel_size=1, data_parallel_size=ep, use_rope_scaling=False,
+                transformer_impl="local", num_experts=run.get("num_experts"), expert_model_parallel_size=ep,
+                moe_layer_freq=run.get("moe_layer_freq", 1))
     for k, v in want.items():
         if getattr(ns, k) != v or type(getattr(ns, k)) is not type(v):
             raise SystemExit("args.%s is %r, Megatron holds %r for this run" % (k, getattr(ns, k), v))
 
 
+def load_expert_parallel(it_dir, args):
+    """The EP=1 model of a save at expert parallelism args.expert_model_parallel_size: each file
+    loaded strictly into its rank's model, the replicas checked equal."""
+    ep = args.expert_model_parallel_size
+    full = {}
+    for r in range(ep):
+        sd = torch.load(os.path.join(it_dir, checkpoint_folder(0, 0, 1, r, ep), "model_optim_rng.pt"),
+                        map_location="cpu", weights_only=False)
+        rank_model = build_model(args, ep_rank=r)
+        rank_model.load_state_dict(sd["model"], strict=True)
+        for name, p in rank_model.state_dict().items():
+            if p is None or "_extra_state" in name:
+                continue
+            name = expert_rank_name(name, r, args.num_experts // ep)
+            if name in full and not torch.equal(full[name], p):
+                raise SystemExit("%s differs between the expert-parallel ranks' files" % name)
+            full[name] = p
+    one = argparse.Namespace(**vars(args))
+    one.expert_model_parallel_size = 1
+    model = build_model(one)
+    model.load_state_dict(full, strict=False)
+    missing = [n for n in model.state_dict() if n not in full and "_extra_state" not in n]
+    if missing:
+        raise SystemExit("no expert-parallel rank's file holds %s" % missing)
+    return model
+
+
 def check(ckpt, expected, run):
     tracker = open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip()
-    path = os.path.join(ckpt, "iter_%07d" % int(tracker), "mp_rank_00", "model_optim_rng.pt")
+    it_dir = os.path.join(ckpt, "iter_%07d" % int(tracker))
+    first = min(n for n in os.listdir(it_dir) if n.startswith("mp_rank_00"))  # rank 0's, any suffix
+    path = os.path.join(it_dir, first, "model_optim_rng.pt")
     sd = torch.load(path, map_location="cpu", weights_only=False)
-    check_namespace(sd["args"], run)
-    model = build_model(sd["args"])
-    model.load_state_dict(sd["model"], strict=True)
+    ep = sd["args"].expert_model_parallel_size
+    check_namespace(sd["args"], run, ep)
+    if ep > 1:
+        model = load_expert_parallel(it_dir, sd["args"])
+    else:
+        model = build_model(sd["args"])
+        model.load_state_dict(sd["model"], strict=True)
     want = safetensors_io.read(expected)[0]
     tokens = torch.from_numpy(safetensors_io.array(want["tokens"]).astype(np.int64))
     tessera = torch.from_numpy(safetensors_io.array(want["logits"]).copy())
@@ -263,12 +374,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("action", choices=["save", "check"])
     p.add_argument("paths", nargs="+")
-    p.add_argument("--model", choices=["gpt", "llama"], required=True)
+    p.add_argument("--model", choices=sorted(RUNS), required=True)
+    p.add_argument("--ep", type=int, default=1)
     a = p.parse_args()
-    run = GPT if a.model == "gpt" else LLAMA
+    run = RUNS[a.model]
     init_cpu_megatron()
     if a.action == "save":
-        save(a.paths[0], run)
+        save(a.paths[0], run, a.ep)
     else:
         check(a.paths[0], a.paths[1], run)
 

@@ -8,7 +8,7 @@ needs CUDA is stubbed as in megatron_core_models.py (torch.cuda.current_device "
 torch.cuda.synchronize a no-op, the CUDA RNG tracker's fork a null context), plus Tensor.cuda
 the identity for the tied output layer of the last pipeline stage.
 
-    python megatron_dist_checkpoint.py save OUT --models gpt llama [--tp 2 --pp 2]
+    python megatron_dist_checkpoint.py save OUT --models gpt llama moe [--tp 2 --pp 2]
         [--distributed-optimizer-layout TP PP]
 spawns 4 processes that build megatron-core's GPTModel at TP x PP (DP the rest; local spec, 4
 layers, random weights: biases and norms too), take one step of Megatron's optimizer
@@ -26,7 +26,7 @@ from the optimizer that saved them.
 
     python megatron_dist_checkpoint.py dump JOBS.json
 runs every job of the JSON list in the same 4 processes, in order, each
-{"ckpt": DIR, "model": "gpt"|"llama", "tp": T, "pp": P, "out": FILE, "optim": bool,
+{"ckpt": DIR, "model": "gpt"|"llama"|"moe", "tp": T, "pp": P, "out": FILE, "optim": bool,
  "distributed": bool, "rng": bool}: loads DIR's latest iteration with dist_checkpointing.load
 into a GPTModel at TP x PP (DP the rest of 4; megatron-core reshards) and writes to FILE every
 parameter, whole (gathered over TP, each stage's layers renumbered globally), under
@@ -61,6 +61,9 @@ ITERATION = 7
 LAYERS = 4
 GPT = dict(mcm.GPT, num_layers=LAYERS, ckpt_format="torch_dist", use_dist_ckpt=True)
 LLAMA = dict(mcm.LLAMA, num_layers=LAYERS, ckpt_format="torch_dist", use_dist_ckpt=True)
+# megatron_core_models.py's MoE Llama: SequentialMLP experts on layers 0 and 2, shared experts.
+MOE = dict(mcm.MOE, num_layers=LAYERS, ckpt_format="torch_dist", use_dist_ckpt=True)
+RUNS = dict(gpt=GPT, llama=LLAMA, moe=MOE)
 
 
 def init_cpu_megatron(rank, world, tp, pp, port):
@@ -144,10 +147,14 @@ def build_stage(args):
     """pretrain_gpt.py model_provider for this rank's pipeline stage."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     config = mcm.config_from_args(args)
-    spec = get_gpt_layer_local_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
-                                    args.multi_latent_attention)
+    if args.num_experts:  # as megatron_core_models.build_model
+        mcm.local_moe_spec()
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+    else:
+        spec = get_gpt_layer_local_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
+                                        args.multi_latent_attention)
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
                     max_sequence_length=args.max_position_embeddings,
                     pre_process=parallel_state.is_pipeline_first_stage(),
@@ -183,7 +190,7 @@ def save_rank(rank, world, tp, pp, port, out, models, distopt_layout):
 def save_model(rank, world, tp, pp, out, model_name, distributed):
     from megatron.core import dist_checkpointing
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    run = GPT if model_name == "gpt" else LLAMA
+    run = RUNS[model_name]
     args = namespace(run, tp, pp, world)
     args.use_distributed_optimizer = distributed
     torch.manual_seed(100 + rank)
@@ -329,7 +336,7 @@ def write_whole_tensors(model, optimizer, args, out, extra):
 
 def dump_model(ckpt, out, model_name, tp, pp, world, with_optim, distributed, with_rng):
     from megatron.core import dist_checkpointing
-    run = GPT if model_name == "gpt" else LLAMA
+    run = RUNS[model_name]
     args = namespace(run, tp, pp, world)
     args.use_distributed_optimizer = distributed
     model = build_stage(args)
@@ -371,7 +378,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("action", choices=["save", "dump"])
     p.add_argument("path", help="save: OUT; dump: JOBS.json")
-    p.add_argument("--models", nargs="+", choices=["gpt", "llama"], default=["gpt", "llama"])
+    p.add_argument("--models", nargs="+", choices=sorted(RUNS), default=["gpt", "llama"])
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--distributed-optimizer-layout", type=int, nargs=2, metavar=("TP", "PP"),

@@ -1,6 +1,7 @@
 #include "tessera/ckpt/megatron_checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -115,13 +116,15 @@ std::string global_name(const MappedName& m, int first_layer) {
 
 // The dimension a parameter is split along over TP ranks (megatron/core/tensor_parallel/
 // layers.py: ColumnParallelLinear and VocabParallelEmbedding split rows, RowParallelLinear
-// columns), -1 for replicated ones.
+// columns), -1 for replicated ones (norms, the MoE router, the shared experts' gate). Every
+// MLP's fc1 and fc2 split alike: the dense MLP's, each expert's (expert TP = TP) and the shared
+// experts'.
 int split_dim_of(const std::string& name) {
   if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return 0;
   for (const char* column : {"self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-                             "mlp.linear_fc1.weight", "mlp.linear_fc1.bias"})
+                             ".linear_fc1.weight", ".linear_fc1.bias"})
     if (ends_with(name, column)) return 0;
-  for (const char* row : {"self_attention.linear_proj.weight", "mlp.linear_fc2.weight"})
+  for (const char* row : {"self_attention.linear_proj.weight", ".linear_fc2.weight"})
     if (ends_with(name, row)) return 1;
   return -1;
 }
@@ -129,7 +132,28 @@ int split_dim_of(const std::string& name) {
 // SwiGLU's linear_fc1 is [2, F, H] in tessera (gate rows, then up rows; bias [2, F]); a
 // Megatron rank saves its [gate_r; up_r] as one [2F/TP, H] (bias [2F/TP]).
 bool is_gated_fc1(const std::string& name, size_t dims) {
-  return (ends_with(name, "mlp.linear_fc1.weight") && dims == 3) || (ends_with(name, "mlp.linear_fc1.bias") && dims == 2);
+  return (ends_with(name, ".linear_fc1.weight") && dims == 3) || (ends_with(name, ".linear_fc1.bias") && dims == 2);
+}
+
+// SequentialMLP's experts (megatron/core/transformer/moe/experts.py): the file of
+// expert-parallel rank r holds experts r*L .. r*L+L-1 of a layer as local_experts.0 .. L-1,
+// its other parameters being replicas of every rank's.
+constexpr std::string_view kLocalExperts = "mlp.experts.local_experts.";
+
+bool is_expert(const std::string& rest) { return starts_with(rest, kLocalExperts); }
+
+// A layer's name (after "decoder.layers.N.") with its expert renumbered by `shift`; other
+// names unchanged.
+std::string shift_expert(const std::string& rest, int shift) {
+  if (!is_expert(rest)) return rest;
+  const size_t begin = kLocalExperts.size(), dot = rest.find('.', begin);
+  int expert = 0;
+  for (size_t i = begin; i < dot && i < rest.size(); ++i) {
+    if (rest[i] < '0' || rest[i] > '9' || i - begin > 6) return rest;
+    expert = expert * 10 + (rest[i] - '0');
+  }
+  if (dot == std::string::npos || dot == begin) return rest;
+  return std::string(kLocalExperts) + std::to_string(expert + shift) + rest.substr(dot);
 }
 Shape megatron_shape(const std::string& name, Shape shape) {
   if (!is_gated_fc1(name, shape.size())) return shape;
@@ -230,15 +254,34 @@ struct SavedParam {
 };
 
 struct RankFile {
-  int tp = 0, pp = 0;
+  int tp = 0, pp = 0, ep = 0;
   std::string rel;
   TorchFile file;
   std::vector<SavedParam> params;  // registration order, chunk by chunk (the optimizer's order)
   std::vector<int> first_layer;    // of each of its chunks, globally
 };
 
-std::string shard_rel(int tp, int pp, int pp_size) {
-  return checkpoint_shard_folder(tp, pp, pp_size) + "/" + kMegatronFile;
+// A saved layout: tensor-, pipeline- and expert-parallel sizes, and each layer's experts per
+// expert-parallel rank.
+struct SavedLayout {
+  int tp = 1, pp = 1, ep = 1;
+  int local_experts = 0;
+};
+
+std::string shard_rel(int tp, int pp, int ep, const SavedLayout& l) {
+  return megatron_shard_folder(tp, pp, l.pp, ep, l.ep) + "/" + kMegatronFile;
+}
+
+// A --moe-grouped-gemm checkpoint's experts: GroupedMLP's mlp.experts.weight1/weight2 (local
+// spec) or TEGroupedMLP's mlp.experts.linear_fc1.weight<E> (Transformer Engine's).
+void refuse_grouped_experts(const TorchFile& f, const std::string& key, const MappedName& m) {
+  if (m.local_layer < 0 || !starts_with(m.rest, "mlp.experts.") || is_expert(m.rest)) return;
+  throw runtime_error(f.path() + ": model entry " + key +
+                          " is a grouped-GEMM expert weight (Megatron's --moe-grouped-gemm: GroupedMLP's "
+                          "mlp.experts.weight1/weight2, or TEGroupedMLP's mlp.experts.linear_fc1.weight<E>), which "
+                          "tessera does not read from --ckpt-format torch",
+                      "convert it with Megatron-LM to torch_dist (--ckpt-convert-format torch_dist), whose expert "
+                      "keys megatron-core makes the same as SequentialMLP's, or save it without --moe-grouped-gemm");
 }
 
 // The legacy model nests its state dict by module ({"language_model": {"embedding": {...}}});
@@ -251,6 +294,7 @@ void add_saved_params(const TorchFile& f, const Value& dict, const std::string& 
     const std::string key = prefix + k->text;
     std::optional<MappedName> m = map_name(key);
     if (!m) continue;
+    refuse_grouped_experts(f, key, *m);
     if (v->kind == Kind::Dict) {
       add_saved_params(f, *v, key + ".", depth + 1, out);
       continue;
@@ -306,26 +350,38 @@ int arg_int(const json& args, const char* key, int fallback) {
   return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
 }
 
-// The sizes of the saved layout, from the first file's args, checked against the folders.
-std::pair<int, int> saved_layout(const std::string& it_dir, const json& args) {
-  const int tp = arg_int(args, "tensor_model_parallel_size", 1), pp = arg_int(args, "pipeline_model_parallel_size", 1);
-  if (tp < 1 || pp < 1 || tp > 4096 || pp > 4096)
-    throw runtime_error(it_dir + ": the checkpoint's args record tensor/pipeline sizes " + std::to_string(tp) + "/" +
-                        std::to_string(pp));
-  for (int p = 0; p < pp; ++p)
-    for (int t = 0; t < tp; ++t)
-      if (!fs::exists(fs::path(it_dir) / shard_rel(t, p, pp)))
-        throw runtime_error("checkpoint " + it_dir + " lacks " + shard_rel(t, p, pp) + " (tensor-parallel rank " +
-                                std::to_string(t) + ", pipeline rank " + std::to_string(p) + " of its TP=" +
-                                std::to_string(tp) + " PP=" + std::to_string(pp) + ")",
-                            "copy the whole " + fs::path(it_dir).filename().string() + " folder");
-  return {tp, pp};
+// The saved layout, from the first file's args, checked against the folders.
+SavedLayout saved_layout(const std::string& it_dir, const json& args) {
+  SavedLayout l{arg_int(args, "tensor_model_parallel_size", 1), arg_int(args, "pipeline_model_parallel_size", 1),
+                arg_int(args, "expert_model_parallel_size", 1), 0};
+  if (l.tp < 1 || l.pp < 1 || l.ep < 1 || l.tp > 4096 || l.pp > 4096 || l.ep > 4096)
+    throw runtime_error(it_dir + ": the checkpoint's args record tensor/pipeline/expert-parallel sizes " +
+                        std::to_string(l.tp) + "/" + std::to_string(l.pp) + "/" + std::to_string(l.ep));
+  const int experts = arg_int(args, "num_experts", 0);
+  if (l.ep > 1 && (experts < l.ep || experts % l.ep != 0))
+    throw runtime_error(it_dir + ": the checkpoint's args record expert_model_parallel_size " + std::to_string(l.ep) +
+                        " with num_experts " + std::to_string(experts) + ", which it does not divide");
+  l.local_experts = experts / l.ep;
+  for (int p = 0; p < l.pp; ++p)
+    for (int e = 0; e < l.ep; ++e)
+      for (int t = 0; t < l.tp; ++t)
+        if (!fs::exists(fs::path(it_dir) / shard_rel(t, p, e, l)))
+          throw runtime_error("checkpoint " + it_dir + " lacks " + shard_rel(t, p, e, l) + " (tensor-parallel rank " +
+                                  std::to_string(t) + ", pipeline rank " + std::to_string(p) +
+                                  ", expert-parallel rank " + std::to_string(e) + " of its TP=" +
+                                  std::to_string(l.tp) + " PP=" + std::to_string(l.pp) + " EP=" +
+                                  std::to_string(l.ep) + ")",
+                              "copy the whole " + fs::path(it_dir).filename().string() + " folder");
+  return l;
 }
 
+// Rank 0's file, under any of get_checkpoint_name's spellings (find_checkpoint_rank_0).
 TorchFile open_first(const std::string& it_dir) {
-  for (const char* rel : {"mp_rank_00/model_optim_rng.pt", "mp_rank_00_000/model_optim_rng.pt"})
-    if (fs::exists(fs::path(it_dir) / rel)) return TorchFile::open((fs::path(it_dir) / rel).string());
-  throw runtime_error("checkpoint " + it_dir + " has no mp_rank_00[_000]/model_optim_rng.pt");
+  for (const char* folder : {"mp_rank_00", "mp_rank_00_000", "mp_rank_00_000_000"}) {
+    const fs::path path = fs::path(it_dir) / folder / kMegatronFile;
+    if (fs::exists(path)) return TorchFile::open(path.string());
+  }
+  throw runtime_error("checkpoint " + it_dir + " has no mp_rank_00[_000[_000]]/model_optim_rng.pt");
 }
 
 // The optimizer dict torch's optimizer wrote (inside Megatron's mixed-precision wrapper).
@@ -337,9 +393,9 @@ const Value* inner_optimizer(const Value* optimizer) {
 
 CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const json& args) {
   CheckpointState s = megatron_training_state(f);
-  const auto [tp, pp] = saved_layout(it_dir, args);
-  s.layout.tensor_parallel = tp;
-  s.layout.pipeline_parallel = pp;
+  const SavedLayout l = saved_layout(it_dir, args);
+  s.layout.tensor_parallel = l.tp;
+  s.layout.pipeline_parallel = l.pp;
   return s;
 }
 
@@ -441,17 +497,24 @@ struct PieceSet {
   }
 };
 
-std::vector<RankFile> open_all(const std::string& it_dir, int tp_size, int pp_size) {
+// Every rank's file. Expert-parallel rank r's experts are numbered globally (r * L + local);
+// its other parameters are left out for r > 0, as replicas of rank 0's.
+std::vector<RankFile> open_all(const std::string& it_dir, const SavedLayout& layout) {
+  const int pp_size = layout.pp;
   std::vector<RankFile> files;
   std::vector<std::vector<int>> stage_chunk_layers(pp_size);  // from each stage's TP rank 0
   for (int pp = 0; pp < pp_size; ++pp)
-    for (int tp = 0; tp < tp_size; ++tp) {
-      const std::string rel = shard_rel(tp, pp, pp_size);
-      RankFile f{tp, pp, rel, TorchFile::open((fs::path(it_dir) / rel).string()), {}, {}};
-      f.params = saved_params(f.file);
-      if (tp == 0) stage_chunk_layers[pp] = chunk_layer_counts(f.params);
-      files.push_back(std::move(f));
-    }
+    for (int ep = 0; ep < layout.ep; ++ep)
+      for (int tp = 0; tp < layout.tp; ++tp) {
+        const std::string rel = shard_rel(tp, pp, ep, layout);
+        RankFile f{tp, pp, ep, rel, TorchFile::open((fs::path(it_dir) / rel).string()), {}, {}};
+        f.params = saved_params(f.file);
+        if (tp == 0 && ep == 0) stage_chunk_layers[pp] = chunk_layer_counts(f.params);
+        if (ep > 0)
+          std::erase_if(f.params, [](const SavedParam& p) { return p.mapped.local_layer < 0 || !is_expert(p.mapped.rest); });
+        for (SavedParam& p : f.params) p.mapped.rest = shift_expert(p.mapped.rest, ep * layout.local_experts);
+        files.push_back(std::move(f));
+      }
   // The layers run through the virtual stages in order; chunk v of stage p is virtual stage
   // v * PP + p (megatron/core/transformer/transformer_block.py get_transformer_layer_offset).
   const size_t chunks = stage_chunk_layers[0].size();
@@ -460,9 +523,10 @@ std::vector<RankFile> open_all(const std::string& it_dir, int tp_size, int pp_si
   for (size_t v = 0; v < chunks; ++v)
     for (int pp = 0; pp < pp_size; ++pp) {
       if (stage_chunk_layers[pp].size() != chunks)
-        throw runtime_error("checkpoint " + it_dir + ": " + shard_rel(0, pp, pp_size) + " holds " +
-                            std::to_string(stage_chunk_layers[pp].size()) + " model chunks, " + shard_rel(0, 0, pp_size) +
-                            " " + std::to_string(chunks), "copy the whole folder from one save");
+        throw runtime_error("checkpoint " + it_dir + ": " + shard_rel(0, pp, 0, layout) + " holds " +
+                                std::to_string(stage_chunk_layers[pp].size()) + " model chunks, " +
+                                shard_rel(0, 0, 0, layout) + " " + std::to_string(chunks),
+                            "copy the whole folder from one save");
       first_layer[pp][v] = next;
       next += stage_chunk_layers[pp][v];
     }
@@ -617,10 +681,22 @@ bool uses_distrib_optim(const std::string& it_dir, const std::vector<RankFile>& 
 
 }  // namespace
 
+std::string megatron_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size) {
+  std::string folder = checkpoint_shard_folder(tp_rank, pp_rank, pp_size);
+  if (ep_size > 1) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "_%03d", ep_rank);
+    folder += suffix;
+  }
+  return folder;
+}
+
 bool is_megatron_checkpoint(const std::string& dir, int64_t iteration) {
   const fs::path it_dir = checkpoint_iteration_dir(dir, iteration);
   if (fs::exists(it_dir / "metadata.json")) return false;
-  return fs::exists(it_dir / "mp_rank_00" / kMegatronFile) || fs::exists(it_dir / "mp_rank_00_000" / kMegatronFile);
+  for (const char* folder : {"mp_rank_00", "mp_rank_00_000", "mp_rank_00_000_000"})
+    if (fs::exists(it_dir / folder / kMegatronFile)) return true;
+  return false;
 }
 
 CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration) {
@@ -634,6 +710,12 @@ CheckpointState read_megatron_metadata(const std::string& dir, int64_t iteration
   return s;
 }
 
+void check_megatron_iteration(const std::string& it_dir, const CheckpointState& s, int64_t iteration) {
+  if (!s.release && s.iteration != iteration)
+    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
+                        "the folder was renamed or copied; restore its name");
+}
+
 CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iteration,
                                          const std::vector<FlatPiece>& model,
                                          const std::vector<FlatPiece>& optimizer, bool load_optimizer,
@@ -641,11 +723,15 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_megatron_metadata(dir, iteration);
   load_optimizer = load_optimizer && !s.release;
-  if (!s.release && s.iteration != iteration)
-    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
-                        "the folder was renamed or copied; restore its name");
-  const int saved_tp = s.layout.tensor_parallel, saved_pp = s.layout.pipeline_parallel;
-  std::vector<RankFile> files = open_all(it_dir, saved_tp, saved_pp);
+  check_megatron_iteration(it_dir, s, iteration);
+  const SavedLayout layout = saved_layout(it_dir, s.args);
+  const int saved_tp = layout.tp;
+  if (load_optimizer && layout.ep > 1)
+    throw runtime_error("checkpoint " + it_dir + " was saved with expert parallelism " + std::to_string(layout.ep) +
+                            ": tessera does not read its optimizer state (Megatron's separate dense and expert "
+                            "optimizers, chained)",
+                        "load its model with --no-load-optim (the optimizer starts fresh) or --finetune");
+  std::vector<RankFile> files = open_all(it_dir, layout);
   const bool distributed = load_optimizer && uses_distrib_optim(it_dir, files);
   const bool tied = tied_output(s.args);
 
@@ -695,11 +781,12 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
 std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string& dir, int64_t iteration) {
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   const CheckpointState s = read_megatron_metadata(dir, iteration);
+  const SavedLayout layout = saved_layout(it_dir, s.args);
   std::vector<MegatronFileSummary> out;
-  for (int pp = 0; pp < s.layout.pipeline_parallel; ++pp)
-    for (int tp = 0; tp < s.layout.tensor_parallel; ++tp) {
+  for (int pp = 0; pp < layout.pp; ++pp)
+    for (int rank = 0; rank < layout.ep * layout.tp; ++rank) {
       MegatronFileSummary sum;
-      sum.rel = shard_rel(tp, pp, s.layout.pipeline_parallel);
+      sum.rel = shard_rel(rank % layout.tp, pp, rank / layout.tp, layout);
       const TorchFile f = TorchFile::open((fs::path(it_dir) / sum.rel).string());
       for (const auto& [k, v] : f.root().entries)
         if (k->kind == Kind::Str) sum.top_level_keys.push_back(k->text);
@@ -731,10 +818,16 @@ std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string
 
 // ---- Writing --------------------------------------------------------------------------------
 
-std::string megatron_local_name(const std::string& name, int first_layer) {
+std::string megatron_local_name(const std::string& name, int first_layer, int first_expert) {
   std::optional<MappedName> m = map_name(name);
   if (!m || m->local_layer < 0) return name;
-  return "decoder.layers." + std::to_string(m->local_layer - first_layer) + "." + m->rest;
+  return "decoder.layers." + std::to_string(m->local_layer - first_layer) + "." + shift_expert(m->rest, -first_expert);
+}
+
+int megatron_expert_of(const std::string& name) {
+  std::optional<MappedName> m = map_name(name);
+  if (!m || m->local_layer < 0 || !is_expert(m->rest)) return -1;
+  return std::atoi(m->rest.c_str() + kLocalExperts.size());
 }
 
 namespace {
@@ -996,12 +1089,9 @@ json namespace_at_iteration(const MegatronFileSpec& spec) {
   return ns;
 }
 
-}  // namespace
-
-void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
-                         const std::vector<MegatronParam>& params) {
-  pickle::Document doc;
-  FileTensors tensors(doc);
+// The top-level dict both of Megatron's formats open with: args (the Namespace),
+// checkpoint_version 3.0, iteration.
+Value* megatron_root(pickle::Document& doc, const MegatronFileSpec& spec) {
   Value* root = doc.dict();
   Value* args = doc.object("argparse.Namespace");
   const json ns = namespace_at_iteration(spec);
@@ -1009,6 +1099,28 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   doc.set(root, "args", args);
   doc.set(root, "checkpoint_version", doc.real(3.0));
   doc.set(root, "iteration", doc.integer(spec.iteration));
+  return root;
+}
+
+// Writes (and fsyncs) doc as a torch.save file whose archive is named `archive`.
+void write_megatron_pickle(const std::string& path, const char* archive, pickle::Document& doc, Value* root,
+                           const FileTensors& tensors) {
+  doc.root = root;
+  SyncedFileWriter file(path);
+  const auto append = [&file](std::span<const uint8_t> b) {
+    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
+  };
+  write_torch_file(append, archive, *root, tensors.storages());
+  file.finish();
+}
+
+}  // namespace
+
+void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
+                         const std::vector<MegatronParam>& params) {
+  pickle::Document doc;
+  FileTensors tensors(doc);
+  Value* root = megatron_root(doc, spec);
   int chunks = 1;
   for (const MegatronParam& p : params) chunks = std::max(chunks, p.chunk + 1);
   if (chunks == 1) doc.set(root, "model", model_dict(doc, tensors, spec, params, 0, true));
@@ -1024,13 +1136,7 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
     doc.set(root, "rng_state", rng_state_list(doc, tensors, megatron_rng_state(seed, spec.tp_rank, spec.pp_rank)));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
-  doc.root = root;
-  SyncedFileWriter file(path);
-  const auto append = [&file](std::span<const uint8_t> b) {
-    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
-  };
-  write_torch_file(append, "model_optim_rng", *root, tensors.storages());
-  file.finish();
+  write_megatron_pickle(path, "model_optim_rng", doc, root, tensors);
 }
 
 namespace {
@@ -1086,13 +1192,7 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
                              const std::vector<bool>& group_weight_decay) {
   pickle::Document doc;
   FileTensors tensors(doc);
-  Value* root = doc.dict();
-  Value* args = doc.object("argparse.Namespace");
-  const json ns = namespace_at_iteration(spec);
-  for (const auto& [k, v] : ns.items()) doc.set(args, k, from_json(doc, v));
-  doc.set(root, "args", args);
-  doc.set(root, "checkpoint_version", doc.real(3.0));
-  doc.set(root, "iteration", doc.integer(spec.iteration));
+  Value* root = megatron_root(doc, spec);
   if (spec.with_optimizer) {
     doc.set(root, "optimizer", spec.distributed_optimizer
                                    ? torch_dist_distributed_optimizer_dict(doc, tensors, spec, group_weight_decay)
@@ -1100,13 +1200,7 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
-  doc.root = root;
-  SyncedFileWriter file(path);
-  const auto append = [&file](std::span<const uint8_t> b) {
-    file.append({reinterpret_cast<const char*>(b.data()), b.size()});
-  };
-  write_torch_file(append, "common", *root, tensors.storages());
-  file.finish();
+  write_megatron_pickle(path, "common", doc, root, tensors);
 }
 
 }  // namespace tessera

@@ -4,6 +4,15 @@
 //   DIR/latest_checkpointed_iteration.txt
 //   DIR/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt     one per (tp, pp) rank
 //   DIR/iter_0000100/mp_rank_TT[_PPP]/distrib_optim.pt       --use-distributed-optimizer
+//   DIR/iter_0000100/mp_rank_TT[_PPP]_EEE/model_optim_rng.pt one per (tp, pp, ep) rank when the
+//                                                             expert-parallel size is above 1
+//
+// MoE layers (SequentialMLP) keep megatron-core's names, tessera's too: mlp.router.weight,
+// mlp.experts.local_experts.X.linear_fc1/linear_fc2 (split over TP like the dense MLP's),
+// mlp.shared_experts.*. The file of expert-parallel rank r numbers its experts from 0 (expert
+// r*E/EP is local 0); reading renumbers them globally and takes the replicated parameters from
+// EP rank 0's files. Grouped-GEMM experts (--moe-grouped-gemm) and the optimizer state of an
+// EP > 1 save are refused by name.
 //
 // model_optim_rng.pt is a PyTorch zip file (torch_file.h) whose pickle holds `args` (an
 // argparse.Namespace), `checkpoint_version` 3.0, `iteration`, `model` (this rank's slices,
@@ -49,6 +58,11 @@ namespace tessera {
 
 inline constexpr const char* kMegatronFile = "model_optim_rng.pt";
 
+// The folder of a (tp, pp, ep) rank's files (megatron/training/checkpointing.py
+// get_checkpoint_name, core_r0.10.0): checkpoint_shard_folder's "mp_rank_TT[_PPP]", then
+// "_EEE" when the expert-parallel size is above 1.
+std::string megatron_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size);
+
 // Whether DIR/iter_N holds Megatron's files (mp_rank_*/model_optim_rng.pt, no metadata.json).
 bool is_megatron_checkpoint(const std::string& dir, int64_t iteration);
 
@@ -67,6 +81,10 @@ CheckpointState megatron_training_state(const TorchFile& f);
 // A Megatron state-dict key as (stage-local layer or -1, tessera's name: the part after
 // "decoder.layers.N." for a layer, else the whole name); nullopt for _extra_state entries.
 std::optional<std::pair<int, std::string>> map_megatron_name(const std::string& key);
+
+// An Error when the state read from it_dir (either of Megatron's formats) records another
+// iteration than the folder's name (a release checkpoint records any).
+void check_megatron_iteration(const std::string& it_dir, const CheckpointState& s, int64_t iteration);
 
 // load_checkpoint_pieces (checkpoint.h) for Megatron's files: fills this rank's slices (or
 // pieces of them) from any saved TP/PP layout; the optimizer state only when load_optimizer
@@ -152,7 +170,12 @@ void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, i
 void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append, int64_t iteration);
 
 // "decoder.layers.7.mlp.linear_fc1.weight" on a stage starting at layer 6 ->
-// "decoder.layers.1.mlp.linear_fc1.weight"; other names unchanged.
-std::string megatron_local_name(const std::string& name, int first_layer);
+// "decoder.layers.1.mlp.linear_fc1.weight"; an expert's number less first_expert, the first
+// expert of the file's expert-parallel rank ("mlp.experts.local_experts.5." -> ".1." when it
+// is 4); other names unchanged.
+std::string megatron_local_name(const std::string& name, int first_layer, int first_expert = 0);
+
+// The expert number X of a layer's "mlp.experts.local_experts.X.*" parameter; -1 for others.
+int megatron_expert_of(const std::string& name);
 
 }  // namespace tessera

@@ -109,13 +109,15 @@ class ChunkReader {
 
 // ---- Keys -> tessera's pieces -----------------------------------------------------------------
 
-// One piece of a tessera tensor: chunk `chunk` of `tensor` (layer `layer` of a stacked one), and
-// for SwiGLU's fc1 the matching V chunk `second`, its rows after the W chunk's.
+// One piece of a tessera tensor: chunk `chunk` of `tensor` (entry `slot` of its leading axes,
+// the layer and/or expert of a stacked one), and for SwiGLU's fc1 the matching V chunk
+// `second`, its rows after the W chunk's.
 struct ChunkPiece {
   const DcpTensor* tensor = nullptr;
   size_t chunk = 0;
   std::optional<size_t> second;
-  int64_t layer = -1;  // index into the chunk's leading axis; -1: not stacked
+  int64_t slot = -1;   // index into the chunk's leading axes, flattened; -1: none
+  size_t leading = 0;  // how many leading axes (layer, expert) the chunk has
 };
 
 struct Pieces {
@@ -124,14 +126,28 @@ struct Pieces {
 };
 
 // "decoder.layers.self_attention.linear_qkv.weight": the layer axis leads (no layer number).
+// megatron-core numbers the layers in the key instead when they differ (transformer_block.py
+// sharded_state_dict: non_homogeneous_layers, which --moe-layer-freq other than 1 implies).
 bool is_stacked(const std::string& key) {
   const std::string root = "decoder.layers.";
   return starts_with(key, root) && key.size() > root.size() && (key[root.size()] < '0' || key[root.size()] > '9');
 }
 
-// The tessera name of a parameter key (layer `layer` of a stacked one); nullopt for what holds
-// no parameter.
-std::optional<std::string> tessera_name(const std::string& key, int64_t layer) {
+// SequentialMLP's experts (megatron/core/transformer/moe/experts.py sharded_state_dict): one key
+// for every expert of a layer, the expert axis after the layer axis.
+constexpr std::string_view kExpertsKey = "mlp.experts.experts.";
+constexpr std::string_view kExpertsName = "mlp.experts.local_experts.";
+
+bool has_expert_axis(const std::string& key) { return key.find(kExpertsKey) != std::string::npos; }
+
+// The tessera name of a parameter key (layer `layer` of a stacked one, expert `expert` of an
+// experts' key); nullopt for what holds no parameter.
+std::optional<std::string> tessera_name(std::string key, int64_t layer, int64_t expert) {
+  if (expert >= 0) {
+    const size_t at = key.find(kExpertsKey);
+    key = key.substr(0, at) + std::string(kExpertsName) + std::to_string(expert) + "." +
+          key.substr(at + kExpertsKey.size());
+  }
   if (layer < 0) {
     const auto m = map_megatron_name(key);
     if (!m) return std::nullopt;
@@ -143,8 +159,9 @@ std::optional<std::string> tessera_name(const std::string& key, int64_t layer) {
   return "decoder.layers." + std::to_string(layer) + "." + m->second;
 }
 
+// Every MLP's fc1: the dense one's, each expert's, the shared experts'.
 bool is_gated_fc1(const std::string& name) {
-  return ends_with(name, "mlp.linear_fc1.weight") || ends_with(name, "mlp.linear_fc1.bias");
+  return ends_with(name, ".linear_fc1.weight") || ends_with(name, ".linear_fc1.bias");
 }
 
 // The one dimension a chunk is cut along (-1: whole); an Error when it is cut along more.
@@ -161,15 +178,14 @@ int chunk_split_dim(const DcpTensor& t, const DcpChunk& c, size_t first_dim) {
   return dim;
 }
 
-void add_piece(Pieces& out, const std::string& name, const DcpTensor& t, size_t chunk, int64_t layer, bool gated,
-               const std::map<std::vector<int64_t>, size_t>& by_offsets, size_t source) {
+void add_piece(Pieces& out, const std::string& name, const DcpTensor& t, size_t chunk, int64_t slot, size_t first,
+               bool gated, const std::map<std::vector<int64_t>, size_t>& by_offsets, size_t source) {
   const DcpChunk& c = t.chunks[chunk];
-  const size_t first = layer >= 0 ? 1 : 0;
   Shape global(t.size.begin() + static_cast<std::ptrdiff_t>(first), t.size.end());
   Shape shape(c.sizes.begin() + static_cast<std::ptrdiff_t>(first), c.sizes.end());
   int split = chunk_split_dim(t, c, first);
   int64_t offset = split >= 0 ? c.offsets[first + static_cast<size_t>(split)] : 0;
-  ChunkPiece piece{&t, chunk, std::nullopt, layer >= 0 ? layer - c.offsets[0] : -1};
+  ChunkPiece piece{&t, chunk, std::nullopt, first > 0 ? slot : -1, first};
   if (gated) {
     // [W rows of every TP rank; V rows of every TP rank] -> tessera's [2, F, ...]: a W chunk
     // pairs with the V chunk F rows further on; a chunk of all 2F rows is both.
@@ -207,36 +223,44 @@ void add_piece(Pieces& out, const std::string& name, const DcpTensor& t, size_t 
 // ("exp_avg." for optimizer state).
 void add_tensor_pieces(Pieces& out, const DcpTensor& t, const std::string& param_key, const std::string& prefix,
                        bool swiglu, std::map<std::string, size_t>& sources) {
-  const bool stacked = is_stacked(param_key);
+  const bool stacked = is_stacked(param_key), experts = has_expert_axis(param_key);
+  const size_t leading = (stacked ? 1 : 0) + (experts ? 1 : 0);
+  if (t.size.size() < leading)
+    throw runtime_error("torch_dist tensor " + t.key + " lacks its layer or expert axis");
   std::map<std::vector<int64_t>, size_t> by_offsets;
   for (size_t i = 0; i < t.chunks.size(); ++i) by_offsets[t.chunks[i].offsets] = i;
   for (size_t i = 0; i < t.chunks.size(); ++i) {
     const DcpChunk& c = t.chunks[i];
     const size_t source = sources.emplace(c.file, sources.size()).first->second;
-    const int64_t first = stacked ? c.offsets[0] : -1, count = stacked ? c.sizes[0] : 1;
-    if (stacked && t.size.empty()) throw runtime_error("torch_dist tensor " + t.key + " has no layer axis");
-    for (int64_t l = first; l < first + count; ++l) {
-      const std::optional<std::string> name = tessera_name(param_key, stacked ? l : -1);
-      if (!name) continue;
-      add_piece(out, prefix + *name, t, i, stacked ? l : -1, swiglu && is_gated_fc1(*name), by_offsets, source);
-    }
+    // The chunk's layers and experts: its leading axes' ranges (one entry when absent).
+    const int64_t l0 = stacked ? c.offsets[0] : -1, nl = stacked ? c.sizes[0] : 1;
+    const int64_t e0 = experts ? c.offsets[leading - 1] : -1, ne = experts ? c.sizes[leading - 1] : 1;
+    for (int64_t l = 0; l < nl; ++l)
+      for (int64_t e = 0; e < ne; ++e) {
+        const std::optional<std::string> name =
+            tessera_name(param_key, stacked ? l0 + l : -1, experts ? e0 + e : -1);
+        if (!name) continue;
+        add_piece(out, prefix + *name, t, i, l * ne + e, leading, swiglu && is_gated_fc1(*name), by_offsets, source);
+      }
   }
 }
 
-// Chunk `c`'s elements for layer `layer` (the chunk's leading axis), or all of them.
-std::vector<float> layer_of(std::vector<float> values, const DcpChunk& c, int64_t layer) {
-  if (layer < 0 || c.sizes[0] == 1) return values;
-  const size_t per = values.size() / static_cast<size_t>(c.sizes[0]);
-  return {values.begin() + static_cast<std::ptrdiff_t>(per * layer),
-          values.begin() + static_cast<std::ptrdiff_t>(per * (layer + 1))};
+// Chunk `c`'s elements for entry `slot` of its `leading` axes (flattened), or all of them.
+std::vector<float> slot_of(std::vector<float> values, const DcpChunk& c, int64_t slot, size_t leading) {
+  int64_t entries = 1;
+  for (size_t d = 0; d < leading; ++d) entries *= c.sizes[d];
+  if (slot < 0 || entries == 1) return values;
+  const size_t per = values.size() / static_cast<size_t>(entries);
+  return {values.begin() + static_cast<std::ptrdiff_t>(per * slot),
+          values.begin() + static_cast<std::ptrdiff_t>(per * (slot + 1))};
 }
 
 std::vector<float> read_piece(ChunkReader& reader, const ChunkPiece& p) {
   const DcpChunk& c = p.tensor->chunks[p.chunk];
-  std::vector<float> values = layer_of(reader.read(*p.tensor, c), c, p.layer);
+  std::vector<float> values = slot_of(reader.read(*p.tensor, c), c, p.slot, p.leading);
   if (p.second) {
     const DcpChunk& v = p.tensor->chunks[*p.second];
-    std::vector<float> second = layer_of(reader.read(*p.tensor, v), v, p.layer);
+    std::vector<float> second = slot_of(reader.read(*p.tensor, v), v, p.slot, p.leading);
     values.insert(values.end(), second.begin(), second.end());
   }
   return values;
@@ -285,9 +309,7 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
   const std::string it_dir = checkpoint_iteration_dir(dir, iteration);
   CheckpointState s = read_torch_dist_metadata(dir, iteration);
   load_optimizer = load_optimizer && !s.release;
-  if (!s.release && s.iteration != iteration)
-    throw runtime_error(it_dir + " records iteration " + std::to_string(s.iteration),
-                        "the folder was renamed or copied; restore its name");
+  check_megatron_iteration(it_dir, s, iteration);
   const DcpMetadata meta = read_dcp_metadata(it_dir);
   const bool swiglu = s.args.value("swiglu", false);
   Pieces model_pieces, optimizer_pieces, main_pieces;
@@ -400,13 +422,36 @@ std::string torch_dist_layer_key(const std::string& rest) {
   return rest;
 }
 
-// (global key, layer or -1) of a tessera parameter name.
-std::pair<std::string, int64_t> torch_dist_key(const std::string& name) {
+// A tessera parameter's global key and its entries on the leading axes: the layer (-1 when the
+// key numbers it, or outside the layers) and the expert (-1: none).
+struct TorchDistKey {
+  std::string key;
+  int64_t layer = -1, expert = -1;
+  size_t leading() const { return (layer >= 0 ? 1 : 0) + (expert >= 0 ? 1 : 0); }
+};
+
+TorchDistKey torch_dist_key(const std::string& name, bool numbered_layers) {
   const std::string root = "decoder.layers.";
-  if (!starts_with(name, root)) return {name, -1};
+  if (!starts_with(name, root)) return {name};
   const size_t dot = name.find('.', root.size());
-  const int64_t layer = std::stoll(name.substr(root.size(), dot - root.size()));
-  return {root + torch_dist_layer_key(name.substr(dot + 1)), layer};
+  const std::string number = name.substr(root.size(), dot - root.size());
+  std::string rest = name.substr(dot + 1);
+  int64_t expert = -1;
+  if (starts_with(rest, kExpertsName)) {
+    const size_t end = rest.find('.', kExpertsName.size());
+    expert = std::stoll(rest.substr(kExpertsName.size(), end - kExpertsName.size()));
+    rest = std::string(kExpertsKey) + rest.substr(end + 1);
+  }
+  rest = torch_dist_layer_key(rest);
+  if (numbered_layers) return {root + number + "." + rest, -1, expert};
+  return {root + rest, std::stoll(number), expert};
+}
+
+// A shape or offsets with the leading axes' entries put first (layer, then expert).
+Shape with_leading(Shape s, const TorchDistKey& k, int64_t layer, int64_t expert) {
+  if (k.expert >= 0) s.insert(s.begin(), expert);
+  if (k.layer >= 0) s.insert(s.begin(), layer);
+  return s;
 }
 
 std::string torch_dtype_name(DType t) {
@@ -461,20 +506,20 @@ void append_none_list_payload(const zip::StoredWriter::Append& append) {
 // leading (one chunk per layer), SwiGLU's fc1 as its W and V chunks.
 void add_chunks(std::vector<WriteChunk>& out, const ShardedTensor& t, const std::string& prefix,
                 const TorchDistShard& shard) {
-  const auto [key, layer] = torch_dist_key(t.name);
+  const TorchDistKey k = torch_dist_key(t.name, shard.numbered_layers);
+  const std::string& key = k.key;
   const bool gated = shard.swiglu && is_gated_fc1(t.name);
   if (t.split_dim < 0 && !gated && shard.tp_rank != 0) return;  // TP rank 0's is the main replica
   Shape global = t.global_shape, offsets(global.size(), 0), sizes = t.tensor.shape;
   if (t.split_dim >= 0) offsets[static_cast<size_t>(t.split_dim)] = t.offset;
-  auto stacked = [&](Shape s, int64_t lead) {
-    if (layer >= 0) s.insert(s.begin(), lead);
-    return s;
-  };
+  // The global shape, offsets and sizes with the layer and expert axes leading.
+  auto whole = [&](Shape s) { return with_leading(std::move(s), k, shard.num_layers, shard.num_experts); };
+  auto at = [&](Shape s) { return with_leading(std::move(s), k, k.layer, k.expert); };
+  auto one = [&](Shape s) { return with_leading(std::move(s), k, 1, 1); };
   const Tensor tensor = t.tensor;
   const DType dtype = tensor.dtype;
   if (!gated) {
-    out.push_back({prefix + key, dtype, stacked(global, shard.num_layers), stacked(offsets, layer), stacked(sizes, 1),
-                   [tensor] { return tensor_bytes(tensor); }});
+    out.push_back({prefix + key, dtype, whole(global), at(offsets), one(sizes), [tensor] { return tensor_bytes(tensor); }});
     return;
   }
   // tessera's [2, F, ...] slice [2, r, ...] at row o: Megatron's W rows [o, o + r) and V rows
@@ -486,8 +531,7 @@ void add_chunks(std::vector<WriteChunk>& out, const ShardedTensor& t, const std:
   for (int64_t h = 0; h < 2; ++h) {
     Shape off(mg_global.size(), 0);
     off[0] = h * f + row;
-    out.push_back({prefix + key, dtype, stacked(mg_global, shard.num_layers), stacked(off, layer), stacked(half, 1),
-                   [tensor, h] {
+    out.push_back({prefix + key, dtype, whole(mg_global), at(off), one(half), [tensor, h] {
                      const std::vector<uint8_t> b = tensor_bytes(tensor);
                      const size_t n = b.size() / 2;
                      return std::vector<uint8_t>(b.begin() + static_cast<std::ptrdiff_t>(h * n),
@@ -506,7 +550,7 @@ struct FlatPlacement {
   size_t row_axis = 0;
 };
 
-FlatPlacement flat_placement(const ShardedTensor& t, int64_t layer, bool gated, int num_layers) {
+FlatPlacement flat_placement(const ShardedTensor& t, const TorchDistKey& k, bool gated, const TorchDistShard& shard) {
   FlatPlacement p;
   p.global = t.global_shape;
   p.block = t.tensor.shape;
@@ -526,12 +570,10 @@ FlatPlacement flat_placement(const ShardedTensor& t, int64_t layer, bool gated, 
     p.coords[0] = (t.split_dim == 1 ? t.offset : 0) / f;
     p.v_blocks = rows / f;
   }
-  if (layer >= 0) {
-    p.global.insert(p.global.begin(), num_layers);
-    p.block.insert(p.block.begin(), 1);
-    p.coords.insert(p.coords.begin(), layer);
-    p.row_axis = 1;
-  }
+  p.global = with_leading(p.global, k, shard.num_layers, shard.num_experts);
+  p.block = with_leading(p.block, k, 1, 1);
+  p.coords = with_leading(p.coords, k, k.layer, k.expert);
+  p.row_axis = k.leading();
   return p;
 }
 
@@ -571,10 +613,11 @@ WriteChunk flat_chunk(const std::string& key, const FlatPlacement& p, const Shap
 void add_flat_chunks(std::vector<WriteChunk>& out, const FlatPiece& piece, const std::string& prefix,
                      const TorchDistShard& shard) {
   const ShardedTensor& t = piece.slice;
-  const auto [key, layer] = torch_dist_key(t.name);
+  const TorchDistKey k = torch_dist_key(t.name, shard.numbered_layers);
+  const std::string& key = k.key;
   const bool gated = shard.swiglu && is_gated_fc1(t.name);
   if (t.split_dim < 0 && !gated && shard.tp_rank != 0) return;  // TP rank 0's is the main replica
-  const FlatPlacement p = flat_placement(t, layer, gated, shard.num_layers);
+  const FlatPlacement p = flat_placement(t, k, gated, shard);
   if (!gated) {
     out.push_back(flat_chunk(prefix + key, p, p.coords, piece.begin, piece.end, piece.values, 0));
     return;
@@ -593,6 +636,12 @@ void add_flat_chunks(std::vector<WriteChunk>& out, const FlatPiece& piece, const
 json shape_json(const Shape& s) { return json(std::vector<int64_t>(s.begin(), s.end())); }
 
 }  // namespace
+
+bool torch_dist_numbered_layers(const json& args) {
+  const auto freq = args.find("moe_layer_freq");
+  if (args.value("num_experts", json()).is_null() || freq == args.end()) return false;
+  return freq->is_array() || (freq->is_number_integer() && freq->get<int64_t>() > 1);
+}
 
 json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDistShard& shard) {
   std::vector<WriteChunk> chunks;
@@ -627,20 +676,30 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
                        {"offset", start}, {"length", offset - start}});
     if (!c.reformulated_from.empty()) records.back()["reformulated_from"] = shape_json(c.reformulated_from);
   }
-  // The linear layers' _extra_state (None for the local spec), one ShardedObject per layer,
-  // replicated over TP: key/shard_<layer>_<layers> (megatron/core/dist_checkpointing/mapping.py
-  // ShardedObject.unique_key).
-  for (int l : shard.tp_rank == 0 ? shard.layers : std::vector<int>{})
-    for (const char* module : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
-                               "mlp.linear_fc2"}) {
-      const uint64_t start = offset;
-      append_none_list_payload(append);
-      records.push_back({{"key", "decoder.layers." + std::string(module) + "._extra_state/shard_" + std::to_string(l) +
-                                     "_" + std::to_string(shard.num_layers)},
-                         {"file", file},
-                         {"offset", start},
-                         {"length", offset - start}});
-    }
+  // The linear layers' _extra_state (None for the local spec), one ShardedObject per layer's
+  // (and expert's) linear module, replicated over TP: key/shard_<offsets>_<shape> over the
+  // leading axes, or shard_0_1 without (megatron/core/dist_checkpointing/mapping.py
+  // ShardedObject.unique_key, megatron/core/transformer/utils.py _get_extra_state_offsets).
+  for (const ShardedTensor& t : shard.tp_rank == 0 ? shard.params : std::vector<ShardedTensor>{}) {
+    if (!t.name.starts_with("decoder.layers.") || !ends_with(t.name, ".weight") ||
+        t.name.find(".linear_") == std::string::npos)
+      continue;
+    const TorchDistKey k = torch_dist_key(t.name, shard.numbered_layers);
+    auto dotted = [](const Shape& s) {
+      std::string out;
+      for (int64_t x : s) out += (out.empty() ? "" : ".") + std::to_string(x);
+      return out;
+    };
+    const Shape at = k.leading() ? with_leading({}, k, k.layer, k.expert) : Shape{0};
+    const Shape of = k.leading() ? with_leading({}, k, shard.num_layers, shard.num_experts) : Shape{1};
+    const uint64_t start = offset;
+    append_none_list_payload(append);
+    records.push_back({{"key", k.key.substr(0, k.key.size() - std::strlen("weight")) + "_extra_state/shard_" +
+                                   dotted(at) + "_" + dotted(of)},
+                       {"file", file},
+                       {"offset", start},
+                       {"length", offset - start}});
+  }
   // The rank's objects of the (PP, TP) grid.
   const TorchDistRank grid_rank{shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size};
   for (const auto& [name, payload] : {std::pair{"rng_state", &shard.rng_state},

@@ -103,12 +103,21 @@ struct TorchDistShard {
   int tp_rank = 0, tp_size = 1;       // replicated tensors are written by TP rank 0 (the main replica)
   int pp_rank = 0, pp_size = 1;
   int num_layers = 0;                 // the model's, the stacked axis's length
-  std::vector<int> layers;            // this rank's layers (all its chunks'): their _extra_state objects
+  int num_experts = 0;                // the experts' axis's length
+  // Keys number the layers ("decoder.layers.3.mlp...") instead of stacking them: megatron-core's
+  // non_homogeneous_layers, which a --moe-layer-freq other than 1 implies
+  // (torch_dist_numbered_layers).
+  bool numbered_layers = false;
   bool swiglu = false;
   // Write the payloads of this rank's rng_state and rerun_state_machine_state objects (none when
   // empty). Megatron's load asks for both at the saved TP/PP.
   std::function<void(const zip::StoredWriter::Append&)> rng_state, rerun_state;
 };
+
+// Whether megatron-core numbers the layers in torch_dist keys for a model whose Namespace
+// `args` has this moe_layer_freq (megatron/core/transformer/transformer_block.py
+// sharded_state_dict: an int above 1, or a list).
+bool torch_dist_numbered_layers(const nlohmann::json& args);
 
 // Writes (and fsyncs) TMP/__<rank>_0.distcp, one torch.save payload per chunk, one tensor's bytes
 // in memory at a time; returns the storage records for write_torch_dist_index.

@@ -57,7 +57,8 @@ void print_help() {
       "      `tessera train --load OUT --finetune`; the model flags are derived from\n"
       "      HF_DIR/config.json unless given\n"
       "  convert SRC DST --to torch_dist|torch|tessera [--target-tensor-parallel-size N]\n"
-      "          [--target-pipeline-parallel-size M] [--iteration N] [--tokenizer-model PATH]\n"
+      "          [--target-pipeline-parallel-size M] [--target-expert-parallel-size E] [--iteration N]\n"
+      "          [--tokenizer-model PATH]\n"
       "      write SRC's model (either format) into DST in Megatron-LM's --ckpt-format torch\n"
       "      files or tessera's, sharded for the target TP/PP (default: SRC's); the iteration,\n"
       "      consumed samples and arguments carry over, the optimizer state does not\n"
@@ -74,6 +75,8 @@ const OptionTable& ckpt_option_table() {
                                    "torch_dist|torch|tessera"},
                                   {"--target-tensor-parallel-size", OptKind::Int, nullptr, "convert: the target TP"},
                                   {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"},
+                                  {"--target-expert-parallel-size", OptKind::Int, nullptr,
+                                   "convert --to torch: the target EP (mp_rank_*_EEE folders)"},
                                   {"--tokenizer-model", OptKind::String, nullptr,
                                    "convert, export-hf: the tokenizer's model file or folder, for a checkpoint that "
                                    "records none (or one not on this machine)"}},
@@ -215,8 +218,11 @@ void print_megatron_state(const std::string& it_dir, const CheckpointState& s, c
               s.release ? " (release checkpoint: the model alone)"
               : options.given("--iteration") ? "" : " (latest)");
   std::printf("  format: %s\n", format.c_str());
-  std::printf("  layout: tensor-parallel %d, pipeline-parallel %d, data-parallel %d; padded vocabulary %lld\n",
-              l.tensor_parallel, l.pipeline_parallel, l.data_parallel, static_cast<long long>(l.padded_vocab_size));
+  const int ep = s.args.value("expert_model_parallel_size", 1);
+  std::printf("  layout: tensor-parallel %d, pipeline-parallel %d, data-parallel %d%s; padded vocabulary %lld\n",
+              l.tensor_parallel, l.pipeline_parallel, l.data_parallel,
+              ep > 1 ? (", expert-parallel " + std::to_string(ep)).c_str() : "",
+              static_cast<long long>(l.padded_vocab_size));
   std::printf("  consumed samples: train %lld, valid %lld; scheduler steps %lld; optimizer steps %lld\n",
               static_cast<long long>(s.consumed_train_samples), static_cast<long long>(s.consumed_valid_samples),
               static_cast<long long>(s.scheduler_num_steps), static_cast<long long>(s.optimizer_steps));
@@ -264,6 +270,31 @@ std::vector<float> slice_of(const std::vector<float>& whole, const ParamShard& s
   return out;
 }
 
+// One (tp, pp) rank's --ckpt-format torch files, one per expert-parallel rank (Megatron's
+// mp_rank_TT[_PPP]_EEE folders when ep > 1): each holds its own experts numbered from 0 and
+// the replicas of every other parameter (megatron/training/checkpointing.py save_checkpoint:
+// each expert-data-parallel rank 0 saves its model's state_dict).
+void write_megatron_rank(const std::string& tmp_dir, MegatronFileSpec spec, const std::vector<ParamShard>& shards,
+                         std::vector<std::vector<float>>& slices, int pp_size, int ep_size, int local_experts,
+                         int first_layer) {
+  for (int e = 0; e < ep_size; ++e) {
+    std::vector<MegatronParam> params;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int expert = megatron_expert_of(shards[i].spec.name);
+      if (expert >= 0 && expert / local_experts != e) continue;
+      params.push_back({shards[i].is_embedding_copy
+                            ? "output_layer.weight"
+                            : megatron_local_name(shards[i].spec.name, first_layer, e * local_experts),
+                        Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr), shards[i].spec.weight_decay,
+                        {}});
+    }
+    const std::string shard = megatron_shard_folder(spec.tp_rank, spec.pp_rank, pp_size, e, ep_size);
+    fs::create_directories(fs::path(tmp_dir) / shard);
+    write_megatron_file((fs::path(tmp_dir) / shard / kMegatronFile).string(), spec, params);
+    fsync_directory((fs::path(tmp_dir) / shard).string());
+  }
+}
+
 // The format of a checkpoint, as convert reports it.
 const char* source_format(const std::string& dir, int64_t iteration) {
   if (is_megatron_checkpoint(dir, iteration)) return "Megatron-LM torch";
@@ -292,6 +323,13 @@ int run_convert(const Command& c) {
                           std::to_string(config.padded_vocab_size) + "), and --target-pipeline-parallel-size " +
                           std::to_string(pp) + " the layers (" + std::to_string(config.num_layers) + ")",
                       "choose sizes that divide them");
+  const int ep = static_cast<int>(c.options.get_opt_int("--target-expert-parallel-size")
+                                     .value_or(m.state.megatron_format ? m.state.args.value("expert_model_parallel_size", 1) : 1));
+  if (ep < 1 || (ep > 1 && (to != "torch" || config.moe.num_experts % ep != 0)))
+    throw usage_error("--target-expert-parallel-size " + std::to_string(ep) +
+                          " needs --to torch (the other formats do not depend on it) and must divide the experts (" +
+                          std::to_string(config.moe.num_experts) + ")",
+                      "choose a size that divides --num-experts, or leave the flag out");
   const std::map<std::string, std::vector<float>> weights = read_checkpoint_model(src, iteration, config);
 
   nlohmann::json ns;
@@ -301,8 +339,10 @@ int run_convert(const Command& c) {
                                  : megatron_namespace(m.args, m.state.consumed_train_samples, m.state.consumed_valid_samples);
     ns["tensor_model_parallel_size"] = tp;
     ns["pipeline_model_parallel_size"] = pp;
-    ns["data_parallel_size"] = 1;
-    ns["world_size"] = tp * pp;
+    // Expert parallelism is carved from data parallelism: the smallest world has DP = EP.
+    ns["expert_model_parallel_size"] = ep;
+    ns["data_parallel_size"] = ep;
+    ns["world_size"] = tp * pp * ep;
     ns["padded_vocab_size"] = config.padded_vocab_size;
     ns["ckpt_format"] = to;
     ns["use_dist_ckpt"] = to == "torch_dist";
@@ -324,22 +364,14 @@ int run_convert(const Command& c) {
       for (const ParamShard& s : shards) slices.push_back(slice_of(weights.at(s.spec.name), s));
       const std::string shard = checkpoint_shard_folder(t, p, pp);
       if (to == "torch") {
-        const int first_layer = part.chunks.front().first_layer;
-        std::vector<MegatronParam> params;
-        for (size_t i = 0; i < shards.size(); ++i)
-          params.push_back({shards[i].is_embedding_copy ? "output_layer.weight"
-                                                        : megatron_local_name(shards[i].spec.name, first_layer),
-                            Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr), shards[i].spec.weight_decay,
-                            {}});
         MegatronFileSpec spec;
         spec.args = ns;
         spec.iteration = m.state.iteration;
         spec.last_stage = p == pp - 1;
         spec.tp_rank = t;
         spec.pp_rank = p;
-        fs::create_directories(fs::path(tmp_dir) / shard);
-        write_megatron_file((fs::path(tmp_dir) / shard / kMegatronFile).string(), spec, params);
-        fsync_directory((fs::path(tmp_dir) / shard).string());
+        write_megatron_rank(tmp_dir, spec, shards, slices, pp, ep, config.moe.num_experts / ep,
+                            part.chunks.front().first_layer);
         continue;
       }
       std::vector<ShardedTensor> model;
@@ -352,9 +384,9 @@ int run_convert(const Command& c) {
         dist.params = std::move(model);
         dist.tp_rank = t;
         dist.num_layers = config.num_layers;
+        dist.num_experts = config.moe.num_experts;
+        dist.numbered_layers = torch_dist_numbered_layers(ns);
         dist.swiglu = config.swiglu;
-        for (const ModelChunk& chunk : part.chunks)
-          for (int l = chunk.first_layer; l < chunk.end_layer; ++l) dist.layers.push_back(l);
         records.push_back(write_torch_dist_shard(tmp_dir, p * tp + t, dist));
       } else {
         const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});
@@ -379,10 +411,11 @@ int run_convert(const Command& c) {
     state.layout = {tp, pp, 1, 1, config.padded_vocab_size};
     commit_checkpoint_save(dst, tmp_dir, state, files);
   }
-  std::printf("converted %s (iteration %lld, %s format, TP=%d PP=%d) to %s (%s format, TP=%d PP=%d), model only\n",
+  std::printf("converted %s (iteration %lld, %s format, TP=%d PP=%d) to %s (%s format, TP=%d PP=%d%s), model only\n",
               iteration_dir(src, iteration).c_str(), static_cast<long long>(m.state.iteration),
               source_format(src, iteration), from.tensor_parallel, from.pipeline_parallel, dst.c_str(),
-              to == "tessera" ? "tessera" : ("Megatron-LM " + to).c_str(), tp, pp);
+              to == "tessera" ? "tessera" : ("Megatron-LM " + to).c_str(), tp, pp,
+              ep > 1 ? (" EP=" + std::to_string(ep)).c_str() : "");
   std::printf("  resume with --no-load-optim (the optimizer starts fresh) or fine-tune with --finetune\n");
   return 0;
 }

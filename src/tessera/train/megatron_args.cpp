@@ -121,6 +121,12 @@ void apply_validate_args(json& ns, const TrainArgs& a) {
   if (m.use_rope_scaling && m.rope_scaling_factor != 8.0f) ns["rope_scaling_factor"] = m.rope_scaling_factor;
   if (ns["num_experts"] == 0) ns["num_experts"] = nullptr;
   if (ns["moe_ffn_hidden_size"].is_null()) ns["moe_ffn_hidden_size"] = m.ffn_hidden_size;
+  // moe_freq_type (megatron/training/arguments.py): the int N, or the list "[1,0,...]" evaluates to.
+  if (ns["moe_layer_freq"].is_string()) {
+    const std::string freq = ns["moe_layer_freq"];
+    const json list = json::parse(freq, nullptr, false);
+    ns["moe_layer_freq"] = list.is_array() ? list : json(std::strtoll(freq.c_str(), nullptr, 10));
+  }
   if (ns["apply_query_key_layer_scaling"] == true) ns["attention_softmax_in_fp32"] = true;
   ns["consumed_train_samples"] = 0;
   ns["skipped_train_samples"] = 0;
@@ -220,7 +226,10 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
       "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "tokenizer_type", "tokenizer_model",
       "vocab_size", "vocab_file", "merge_file", "init_method_std", "hidden_dropout", "attention_dropout", "fp16",
-      "bf16", "tensor_model_parallel_size", "pipeline_model_parallel_size"};
+      "bf16", "tensor_model_parallel_size", "pipeline_model_parallel_size", "num_experts", "moe_router_topk",
+      "moe_router_pre_softmax", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+      "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_expert_capacity_factor",
+      "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"};
   std::vector<std::string> flags;
   for (const OptionDef& d : train_option_table().defs()) {
     const std::string dest = option_dest(d);
@@ -238,6 +247,8 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       flags.insert(flags.end(), {d.flag, python_float_repr(v.get<double>())});
     } else if (v.is_string()) {
       flags.insert(flags.end(), {d.flag, v.get<std::string>()});
+    } else if (v.is_array() && dest == "moe_layer_freq") {
+      flags.insert(flags.end(), {d.flag, v.dump()});  // "[1,0,1,0]"
     }
   }
   return flags;

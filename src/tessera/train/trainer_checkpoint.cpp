@@ -514,11 +514,11 @@ json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
   shard.pp_rank = rank_in(groups_.pp);
   shard.pp_size = args_.pipeline_parallel_size;
   shard.num_layers = args_.model.num_layers;
+  shard.num_experts = args_.model.moe.num_experts;
+  shard.numbered_layers = torch_dist_numbered_layers(megatron_file_spec().args);
   shard.swiglu = args_.model.swiglu;
   const bool writes_model = rank_in(groups_.dp) == 0;
   if (writes_model) {
-    for (const ModelChunk& c : model_.partition().chunks)
-      for (int l = c.first_layer; l < c.end_layer; ++l) shard.layers.push_back(l);
     shard.params = model_tensors(model_, false);
     if (!args_.no_save_rng) shard.rng_state = torch_dist_rng_state();
     shard.rerun_state = [iteration = iteration_](const zip::StoredWriter::Append& append) {

@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/core/error.h"
 #include "tessera/device/registry.h"
 
@@ -453,6 +454,11 @@ TEST(CheckpointNames, MegatronFolders) {
   EXPECT_EQ(tessera::checkpoint_shard_folder(1, 0, 1), "mp_rank_01");
   EXPECT_EQ(tessera::checkpoint_shard_folder(1, 0, 2), "mp_rank_01_000");
   EXPECT_EQ(tessera::checkpoint_shard_folder(3, 12, 16), "mp_rank_03_012");
+  // Megatron's expert parallelism (get_checkpoint_name, core_r0.10.0): the EP rank last, only
+  // when EP > 1.
+  EXPECT_EQ(tessera::megatron_shard_folder(1, 0, 1, 3, 4), "mp_rank_01_003");
+  EXPECT_EQ(tessera::megatron_shard_folder(1, 2, 4, 3, 4), "mp_rank_01_002_003");
+  EXPECT_EQ(tessera::megatron_shard_folder(1, 2, 4, 0, 1), "mp_rank_01_002");
   EXPECT_EQ(tessera::checkpoint_iteration_dir("d", 100), "d/iter_0000100");
 }
 
