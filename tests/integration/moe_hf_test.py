@@ -163,6 +163,9 @@ def test_flag_errors(args):
     usage_error(with_flag(args, "--moe-router-topk", "1"), ["--moe-router-topk 1 needs --moe-router-pre-softmax"])
     usage_error(with_flag(args, "--expert-model-parallel-size", "3"),
                 ["--num-experts 4 is not divisible by --expert-model-parallel-size 3"])
+    usage_error(with_flag(args, "--expert-tensor-parallel-size", "2"),
+                ["--expert-tensor-parallel-size 2 differs from --tensor-model-parallel-size 1",
+                 "leave --expert-tensor-parallel-size unset"])
     usage_error(with_flag(args, "--moe-expert-capacity-factor", "1.0"),
                 ["--moe-expert-capacity-factor only works with --moe-token-dispatcher-type alltoall"])
     usage_error(with_flag(args, "--moe-pad-expert-input-to-capacity"), ["needs --moe-expert-capacity-factor"])

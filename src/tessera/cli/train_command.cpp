@@ -174,7 +174,7 @@ int run_train(int argc, char** argv) {
   std::unique_ptr<Communicator> world;
   ParallelGroups groups;
   Topology topology(id.world_size, id.rank, args.tensor_parallel_size, args.pipeline_parallel_size,
-                    args.context_parallel_size);
+                    args.context_parallel_size, args.model.moe.expert_parallel_size);
   if (id.distributed()) {
     print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
     job_store = launch::open_job_store(id, timeout);
@@ -200,6 +200,8 @@ int run_train(int argc, char** argv) {
   partition.sequence_parallel = args.sequence_parallel;
   partition.cp_size = args.context_parallel_size;
   partition.cp_rank = topology.cp_rank();
+  partition.ep_size = topology.ep_size();
+  partition.ep_rank = topology.ep_rank();
   partition.chunks = pipeline_chunks(c.num_layers, args.pipeline_split, topology.pp_rank());
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, topology.pp_rank());
   print_theoretical_memory(args, device);

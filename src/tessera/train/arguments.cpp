@@ -648,8 +648,11 @@ void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
   if (ep > 1)
     throw usage_error("--expert-model-parallel-size > 1 is not supported yet", "train with expert parallelism 1");
   moe.expert_parallel_size = ep;
-  if (p.get_opt_int("--expert-tensor-parallel-size").value_or(tp) != tp)
-    throw usage_error("--expert-tensor-parallel-size other than --tensor-model-parallel-size is not supported yet");
+  if (const auto etp = p.get_opt_int("--expert-tensor-parallel-size"); etp && *etp != tp)
+    throw usage_error("--expert-tensor-parallel-size " + std::to_string(*etp) + " differs from "
+                      "--tensor-model-parallel-size " + std::to_string(tp) + ": tessera slices the experts as the "
+                      "dense layers (Megatron's default)",
+                      "leave --expert-tensor-parallel-size unset, or set it to --tensor-model-parallel-size");
   if (tp > 1 && !a.sequence_parallel)
     throw usage_error("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron raises this in "
                       "MoELayer.forward during training)",
