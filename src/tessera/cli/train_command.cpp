@@ -216,7 +216,7 @@ int run_train(int argc, char** argv) {
                c.padded_vocab_size - c.vocab_size, c.padded_vocab_size);
   const GradBufferLayout buffer_layout = grad_buffer_layout(args, partition, topology.pp_rank());
   GPTModel model(c, device, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots, groups.tp.get(),
-                 &buffer_layout, groups.cp.get());
+                 &buffer_layout, groups.cp.get(), groups.ep.get());
   if (args.init_from_hf.empty()) {
     model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
   } else {
@@ -232,7 +232,8 @@ int run_train(int argc, char** argv) {
   TrainingData data = build_training_data(args, resume_position(args));
   if (world) check_datasets_agree(data, *world);
   TrainerGroups trainer_groups{world.get(),           groups.dp_cp.get(), groups.tp.get(), groups.pp.get(),
-                               groups.model_parallel.get(), groups.embedding.get(), groups.cp.get()};
+                               groups.model_parallel.get(), groups.embedding.get(), groups.cp.get(),
+                               groups.ep.get(),        groups.expert_dp.get()};
   Trainer trainer(args, model, data.sources(), device, trainer_groups);
   if (!args.load.empty()) trainer.load_checkpoint(args.load);
   if (converting) {

@@ -645,8 +645,6 @@ void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
   if (moe.num_experts % ep != 0)
     throw usage_error("--num-experts " + std::to_string(moe.num_experts) + " is not divisible by "
                       "--expert-model-parallel-size " + std::to_string(ep));
-  if (ep > 1)
-    throw usage_error("--expert-model-parallel-size > 1 is not supported yet", "train with expert parallelism 1");
   moe.expert_parallel_size = ep;
   if (const auto etp = p.get_opt_int("--expert-tensor-parallel-size"); etp && *etp != tp)
     throw usage_error("--expert-tensor-parallel-size " + std::to_string(*etp) + " differs from "
