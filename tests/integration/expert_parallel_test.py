@@ -9,6 +9,9 @@
   1e-7: as in Megatron, routing and the aux loss stay on each rank's own tokens and the logged
   value is the last rank's (track_moe_metrics reduces it over PP and the sequence partition,
   not over DP), so one process, which logs the mean over all micro-batches, is no reference;
+- checkpoints: an EP=2 save (tessera's format; torch_dist with the distributed optimizer over
+  expert DP 2) resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer
+  with the uninterrupted run's losses and norms (1e-5);
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
 import os
@@ -69,6 +72,23 @@ def test_layouts(tmp):
         print("ok  %-32s %d processes  %.1f s" % (label, procs, time.monotonic() - t0), flush=True)
 
 
+def test_checkpoints(tmp):
+    four = MOE + ["--train-iters", "4"]
+    reference, _ = mp.train(tmp, "ep ckpt reference", 1, four)
+    saves = [("tessera", 2, EP2), ("torch_dist", 4, EP2 + ALLTOALL + ["--use-distributed-optimizer"])]
+    resumes = [("ep1", 1, []), ("ep2 tp2 sp", 4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+               ("ep2 distributed optimizer", 2, EP2 + ["--use-distributed-optimizer"])]
+    for fmt, procs, flags in saves:
+        save = os.path.join(tmp, "ep_save_" + fmt)
+        mp.train(tmp, "ep ckpt save " + fmt, procs, four + flags + [
+            "--save", save, "--save-interval", "2", "--exit-interval", "2", "--ckpt-format", fmt])
+        for label, rprocs, rflags in resumes:
+            resumed, _ = mp.train(tmp, "ep ckpt %s resume %s" % (fmt, label), rprocs, four + rflags + ["--load", save])
+            mp.compare(reference[2:], resumed, "%s save resumed at %s" % (fmt, label))
+        print("ok  an EP=2 %s save resumes at EP=1, EP=2 x TP=2 and EP=2 with the distributed optimizer" % fmt,
+              flush=True)
+
+
 def test_layout_errors():
     p = subprocess.run([mp.TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "train"] + mp.TRAIN + MOE + EP4,
                        capture_output=True, text=True, timeout=120, env=mp.env_without_launch())
@@ -81,6 +101,7 @@ def test_layout_errors():
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_layouts(tmp)
+        test_checkpoints(tmp)
         test_layout_errors()
 
 

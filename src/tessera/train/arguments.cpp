@@ -403,6 +403,12 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
                       "use --ckpt-format torch_dist, Megatron's default");
   a.use_checkpoint_args = p.get_bool("--use-checkpoint-args");
   parse_checkpoint_conversion(p, a);
+  // Megatron's torch format splits a rank's experts into mp_rank_TT_PPP_EEE folders, which
+  // tessera's writer does not make yet.
+  if (a.save_megatron_format && (!a.save.empty() || !a.ckpt_convert_format.empty()) &&
+      a.model.moe.expert_parallel_size > 1)
+    throw usage_error("saving --ckpt-format torch with --expert-model-parallel-size > 1 is not supported yet",
+                      "save with --ckpt-format torch_dist (the default) or tessera, which load at any layout");
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids

@@ -187,6 +187,11 @@ class Trainer {
   // parameters widened (as Megatron's model file).
   bool main_params_apart() const { return model_.config().params_dtype != DType::F32; }
   std::vector<ShardedTensor> main_param_tensors(bool with_embedding_copy) const;
+  // Which parameters this rank writes into a checkpoint (one replica of each), and those of
+  // `tensors` (parameters, or optimizer state named "<kind>.<parameter>" when `state`).
+  bool saves_param(const ParamShard& s) const;
+  bool saves_any_param() const;
+  std::vector<ShardedTensor> saved_here(std::vector<ShardedTensor> tensors, bool state) const;
   std::vector<FlatPiece> main_param_pieces(bool with_embedding_copy) const;
   void print_evaluation(const std::string& prefix, const char* split);
   void write_tensorboard(const IterationResult& r);
