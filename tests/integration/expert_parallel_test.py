@@ -12,6 +12,11 @@
 - checkpoints: an EP=2 save (tessera's format; torch_dist with the distributed optimizer over
   expert DP 2) resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer
   with the uninterrupted run's losses and norms (1e-5);
+- MoE with context parallelism (issue 32): the aux loss counts tokens over the CP ranks
+  (Megatron's TP x CP sequence partition), so CP=2, CP=2 x TP=2 + SP and CP=2 x EP=2 give one
+  process's lm loss, gradient norm (1e-5) and load_balancing_loss (1e-7), with an aux
+  coefficient of 1 so that the aux term's share of the norm (about 1e-2) would show a wrong
+  scale;
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
 import os
@@ -89,6 +94,21 @@ def test_checkpoints(tmp):
               flush=True)
 
 
+def test_context_parallel(tmp):
+    model = MOE + ["--moe-aux-loss-coeff", "1.0"]
+    reference, _ = mp.train(tmp, "moe cp reference", 1, model)
+    cp2 = ["--context-parallel-size", "2"]
+    for label, procs, flags in (("cp2", 2, cp2),
+                                ("cp2 tp2 sp", 4, cp2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+                                ("cp2 ep2 alltoall", 2, cp2 + EP2 + ALLTOALL)):
+        got, _ = mp.train(tmp, "moe " + label, procs, model + flags)
+        mp.compare(reference, got, "moe " + label)
+        for a, b in zip(reference, got):
+            assert abs(a["load_balancing_loss"] - b["load_balancing_loss"]) <= LB_RTOL * a["load_balancing_loss"], (
+                label, a, b)
+        print("ok  MoE %s equals one process (lm loss, grad norm, load_balancing_loss)" % label, flush=True)
+
+
 def test_layout_errors():
     p = subprocess.run([mp.TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "train"] + mp.TRAIN + MOE + EP4,
                        capture_output=True, text=True, timeout=120, env=mp.env_without_launch())
@@ -102,6 +122,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_layouts(tmp)
         test_checkpoints(tmp)
+        test_context_parallel(tmp)
         test_layout_errors()
 
 

@@ -210,7 +210,7 @@ struct GPTModel::Layout {
     fused = uses_fused_attention(c, device);
     Ta = cp > 1 && !fused ? S : T;
     if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, Ta, act);
-    if (c.moe.enabled()) moe = moe_dims(c, B, tp, sp, part.ep_size, part.ep_rank);
+    if (c.moe.enabled()) moe = moe_dims(c, B, T, tp, sp, part.ep_size, part.ep_rank);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -424,7 +424,7 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   if (config.moe.enabled()) {
     TESSERA_CHECK(partition.ep_size == 1 || (ep && ep->size() == partition.ep_size && ep->rank() == partition.ep_rank),
                   "the expert-parallel group differs from the partition's");
-    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, tp_, partition.ep_size > 1 ? ep : nullptr);
+    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, tp_, partition.ep_size > 1 ? ep : nullptr, cp_);
     init_moe_workspace(ws_->moe, layout.moe);
     moe_losses_.load_balancing.assign(config.num_layers, 0.0);
     moe_losses_.z.assign(config.num_layers, 0.0);

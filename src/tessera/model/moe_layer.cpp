@@ -28,9 +28,10 @@ int64_t permuted_rows(const MoEConfig& c, const std::vector<std::vector<int64_t>
 
 }  // namespace
 
-MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int tp, bool sequence_parallel, int ep_size, int ep_rank) {
+MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int64_t seq, int tp, bool sequence_parallel, int ep_size,
+                 int ep_rank) {
   MoEDims d;
-  d.N = micro_batch * c.seq_length;
+  d.N = micro_batch * seq;
   d.C = c.hidden_size;
   d.E = c.moe.num_experts;
   d.k = c.moe.topk;
@@ -40,7 +41,7 @@ MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int tp, bool sequence_
   d.Sl2 = c.swiglu ? 2 * d.Sl : d.Sl;
   d.gate = c.moe.shared_expert_gate && d.Sl > 0;
   d.act = c.params_dtype;
-  d.groups = megatron_token_groups(micro_batch, c.seq_length, sequence_parallel ? tp : 1);
+  d.groups = megatron_token_groups(micro_batch, seq, sequence_parallel ? tp : 1);
   d.M = permuted_rows(c.moe, d.groups, d.N);
   d.ep = ep_size;
   d.El = d.E / ep_size;
@@ -119,8 +120,30 @@ void init_moe_workspace(MoEWorkspace& ws, const MoEDims& d) {
   copy_from_host(ws.identity, identity.data(), identity.size() * sizeof(int32_t));
 }
 
-MoELayer::MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp, Communicator* ep)
-    : config_(config), device_(device), d_(std::move(dims)), tp_(tp), dispatcher_(make_moe_dispatcher(d_, ep)) {}
+MoELayer::MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp, Communicator* ep,
+                   Communicator* cp)
+    : config_(config),
+      device_(device),
+      d_(std::move(dims)),
+      tp_(tp),
+      cp_(cp && cp->size() > 1 ? cp : nullptr),
+      dispatcher_(make_moe_dispatcher(d_, ep)) {}
+
+// The aux loss's token counts and score sums over the context-parallel ranks (Megatron
+// all-reduces the counts over TP x CP; the score sums only serve the logged value, which
+// Megatron sums over the same group). The sums travel as 64-bit patterns and are added in
+// rank order, so every CP rank logs the same bits.
+void MoELayer::join_context_parallel_partition(MoERouting& r) {
+  if (config_.moe.load_balancing != MoELoadBalancing::AuxLoss || config_.moe.aux_loss_coeff == 0) return;
+  const int E = r.num_experts, parts = cp_->size();
+  std::vector<int64_t> counts = r.tokens_per_expert;
+  cp_->all_reduce(Tensor(counts.data(), DType::I64, {E}, nullptr), ReduceOp::Sum);
+  std::vector<double> mine = r.prob_sums, all(static_cast<size_t>(parts) * E), sums(E, 0.0);
+  cp_->all_gather(Tensor(all.data(), DType::I64, {int64_t{parts} * E}, nullptr), Tensor(mine.data(), DType::I64, {E}, nullptr));
+  for (int p = 0; p < parts; ++p)
+    for (int e = 0; e < E; ++e) sums[e] += all[static_cast<size_t>(p) * E + e];
+  join_sequence_partition(r, counts, sums, parts);
+}
 
 MoELayer::~MoELayer() = default;
 
@@ -159,6 +182,7 @@ void MoELayer::forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor 
   ops::linear_forward(ws.logits, in, w.router, Tensor());
   copy_floats_to_host(a.logits.data(), a.logits.size(), ws.logits);
   a.routing = route_tokens(config_.moe, a.logits.data(), d_.N, d_.groups);
+  if (cp_) join_context_parallel_partition(a.routing);
   const MoERouting& r = a.routing;
   const int64_t M = static_cast<int64_t>(r.source.size());
   TESSERA_CHECK(M <= d_.M, "the permuted rows fit their buffer");

@@ -54,10 +54,11 @@ struct MoEDims {
   DType act = DType::F32;
   std::vector<std::vector<int64_t>> groups;  // routing groups (moe_router.h)
 };
-// tp: the tensor-parallel size; sequence_parallel: one routing group per TP rank's slice;
-// ep_size / ep_rank: the expert-parallel size and this rank's place in it.
-MoEDims moe_dims(const GPTConfig& config, int64_t micro_batch, int tp, bool sequence_parallel, int ep_size = 1,
-                 int ep_rank = 0);
+// seq: the sequence a rank holds (--seq-length / CP); tp: the tensor-parallel size;
+// sequence_parallel: one routing group per TP rank's slice; ep_size / ep_rank: the
+// expert-parallel size and this rank's place in it.
+MoEDims moe_dims(const GPTConfig& config, int64_t micro_batch, int64_t seq, int tp, bool sequence_parallel,
+                 int ep_size = 1, int ep_rank = 0);
 
 // What one micro-batch's backward needs from its forward.
 struct MoEActs {
@@ -108,8 +109,10 @@ struct MoELossTracker {
 
 class MoELayer {
  public:
-  // ep: the expert-parallel group (null for EP 1).
-  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp, Communicator* ep);
+  // ep: the expert-parallel group (null for EP 1); cp: the context-parallel group (null for
+  // CP 1), over which the aux loss counts its tokens.
+  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp, Communicator* ep,
+           Communicator* cp = nullptr);
   ~MoELayer();
   const MoEDims& dims() const { return d_; }
   // out [N,C] = this rank's partial MLP output of in [N,C] (assigned).
@@ -122,6 +125,7 @@ class MoELayer {
 
  private:
   void experts_forward(const MoEParams& w, MoEActs& a);
+  void join_context_parallel_partition(MoERouting& r);
   void activation_forward(Tensor act, Tensor pre);
   void activation_backward(Tensor d_pre, Tensor d_act, Tensor pre);
   void shared_forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
@@ -136,6 +140,7 @@ class MoELayer {
   Device& device_;
   MoEDims d_;
   TensorParallelRegion& tp_;
+  Communicator* cp_;
   std::unique_ptr<MoETokenDispatcher> dispatcher_;
 };
 

@@ -666,11 +666,6 @@ void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
                       "add --disable-bias-linear (as Mixtral and Qwen2-MoE)");
   if (a.model.recompute == Recompute::Full)
     throw usage_error("--recompute-granularity full with --num-experts is not supported yet");
-  // The switch aux loss counts tokens over the sequence partition, which context parallelism
-  // would have to join (Megatron all-reduces them over TP x CP).
-  if (a.context_parallel_size > 1)
-    throw usage_error("--num-experts with --context-parallel-size > 1 is not supported yet",
-                      "train MoE models with --context-parallel-size 1");
   moe.load_balancing = p.get_string("--moe-router-load-balancing-type") == "none" ? MoELoadBalancing::None
                                                                                    : MoELoadBalancing::AuxLoss;
   moe.aux_loss_coeff = p.get_float("--moe-aux-loss-coeff");
