@@ -9,6 +9,9 @@
   1e-7: as in Megatron, routing and the aux loss stay on each rank's own tokens and the logged
   value is the last rank's (track_moe_metrics reduces it over PP and the sequence partition,
   not over DP), so one process, which logs the mean over all micro-batches, is no reference;
+- EP=2 alltoall with capacity (padded, the position drop policy: each rank drops among its own
+  tokens, as in Megatron) and EP=2 allgather in bf16 (its reduce-scatter sums in f32) equal
+  one process of the same flags (bf16: mixed_precision_test's bound);
 - checkpoints: an EP=2 save (tessera's format; torch_dist with the distributed optimizer over
   expert DP 2) resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer
   with the uninterrupted run's losses and norms (1e-5);
@@ -26,6 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mixed_precision_test as mixed  # noqa: E402  (the bf16 bounds)
 import model_parallel_test as mp  # noqa: E402  (the tiny run, its runner and log reader)
 
 MOE = ["--num-layers", "2", "--global-batch-size", "4", "--train-iters", "3", "--eval-iters", "0",
@@ -77,6 +81,23 @@ def test_layouts(tmp):
         print("ok  %-32s %d processes  %.1f s" % (label, procs, time.monotonic() - t0), flush=True)
 
 
+def test_capacity_and_bf16(tmp):
+    rtol = {"lm_loss": mixed.LOSS_RTOL, "grad_norm": mixed.NORM_RTOL}
+    # (label, flags of both runs, bf16); capacity needs the alltoall dispatcher (Megatron's rule)
+    cases = [("ep2 alltoall capacity padded position", ALLTOALL + [
+        "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
+        "position"], False), ("ep2 allgather bf16", ["--bf16"], True)]
+    for label, flags, bf16 in cases:
+        reference, _ = mp.train(tmp, "single " + label, 1, MOE + flags)
+        got, _ = mp.train(tmp, label, 2, MOE + flags + EP2)
+        if not bf16:
+            mp.compare(reference, got, label)
+        for a, b in zip(reference, got):
+            for key in ("lm_loss", "grad_norm") if bf16 else ():
+                assert abs(a[key] - b[key]) <= rtol[key] * abs(a[key]), (label, key, a, b)
+        print("ok  %s equals one process" % label, flush=True)
+
+
 def test_checkpoints(tmp):
     four = MOE + ["--train-iters", "4"]
     reference, _ = mp.train(tmp, "ep ckpt reference", 1, four)
@@ -121,6 +142,7 @@ def test_layout_errors():
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_layouts(tmp)
+        test_capacity_and_bf16(tmp)
         test_checkpoints(tmp)
         test_context_parallel(tmp)
         test_layout_errors()

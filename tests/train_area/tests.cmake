@@ -120,7 +120,7 @@ set_tests_properties(train_llama_model PROPERTIES TIMEOUT 900)
 # process (tests/integration/expert_parallel_test.py).
 add_test(NAME train_expert_parallel
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/expert_parallel_test.py $<TARGET_FILE:tessera>)
-set_tests_properties(train_expert_parallel PROPERTIES TIMEOUT 300)
+set_tests_properties(train_expert_parallel PROPERTIES TIMEOUT 600)
 
 # Mixture of experts against float64 transformers (tests/integration/moe_hf_test.py): Mixtral and
 # Qwen2-MoE trained 10 iterations with Megatron's router and aux loss, HF import/export, MoE flags.
