@@ -254,8 +254,8 @@ std::vector<OptionDef> moe_option_defs() {
       {"--moe-grouped-gemm", K::StoreTrue, nullptr, "Grouped GEMM over the local experts (tessera always groups)",
        nullptr, kSpeed},
       {"--moe-per-layer-logging", K::StoreTrue, nullptr, "Also log each MoE layer's aux losses to TensorBoard"},
-      {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from data parallelism)"},
-      {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts; default TP"},
+      {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from context x data parallelism)"},
+      {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts: TP (the default)"},
   };
 }
 
