@@ -3,7 +3,8 @@
 `tessera train`, a tiny SwiGLU MoE (4 experts, top-2, aux loss 0.01) for 3 iterations:
 - EP=2 (allgather and alltoall), EP=4 (world 4), EP=2 x TP=2 with sequence parallelism,
   EP=2 x PP=2, EP=2 with the distributed optimizer (world 2, and world 4 = expert DP 2 with
-  overlapped reduction in small buckets) give the lm loss and gradient norm of one process
+  overlapped reduction in small buckets), EP=2 on the strict device, give the lm loss and
+  gradient norm of one process
   within 1e-5 relative (model_parallel_test's bound; measured: within 1e-8);
 - their load_balancing_loss equals that of the data-parallel run of the same world within
   1e-7: as in Megatron, routing and the aux loss stay on each rank's own tokens and the logged
@@ -43,6 +44,8 @@ LB_RTOL = 1e-7
 LAYOUTS = [
     ("ep2 allgather", 2, EP2),
     ("ep2 alltoall", 2, EP2 + ALLTOALL),
+    # the strict device fails any host access to device memory outside a backend
+    ("ep2 alltoall strict", 2, EP2 + ALLTOALL + ["--device", "strict"]),
     ("ep4 alltoall", 4, EP4 + ALLTOALL),
     ("ep2 tp2 sp", 4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     ("ep2 pp2 alltoall", 4, EP2 + ALLTOALL + ["--pipeline-model-parallel-size", "2"]),
