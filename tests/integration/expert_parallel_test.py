@@ -4,8 +4,8 @@
 - EP=2 (allgather and alltoall), EP=4 (world 4), EP=2 x TP=2 with sequence parallelism,
   EP=2 x PP=2, EP=2 with the distributed optimizer (world 2, and world 4 = expert DP 2 with
   overlapped reduction in small buckets), EP=2 on the strict device, give the lm loss and
-  gradient norm of one process
-  within 1e-5 relative (model_parallel_test's bound; measured: within 1e-8);
+  gradient norm of one process within 1e-5 relative (model_parallel_test's bound; measured:
+  within 1e-8);
 - their load_balancing_loss equals that of the data-parallel run of the same world within
   1e-7: as in Megatron, routing and the aux loss stay on each rank's own tokens and the logged
   value is the last rank's (track_moe_metrics reduces it over PP and the sequence partition,
