@@ -116,6 +116,12 @@ add_test(NAME train_llama_model
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/llama_model_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_llama_model PROPERTIES TIMEOUT 900)
 
+# Expert parallelism (both dispatchers, with TP + SP, PP, the distributed optimizer) against one
+# process (tests/integration/expert_parallel_test.py).
+add_test(NAME train_expert_parallel
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/expert_parallel_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_expert_parallel PROPERTIES TIMEOUT 600)
+
 # Mixture of experts against float64 transformers (tests/integration/moe_hf_test.py): Mixtral and
 # Qwen2-MoE trained 10 iterations with Megatron's router and aux loss, HF import/export, MoE flags.
 # With OpenCL built, Mixtral also trains on it (PoCL here).

@@ -606,9 +606,11 @@ std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration) 
   return (fs::path(dir) / name).string();
 }
 
-std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size) {
+std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank) {
   char name[32];
-  if (pp_size > 1)
+  if (ep_rank > 0)
+    std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d_%03d", tp_rank, pp_rank, ep_rank);
+  else if (pp_size > 1)
     std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d", tp_rank, pp_rank);
   else
     std::snprintf(name, sizeof(name), "mp_rank_%02d", tp_rank);

@@ -119,7 +119,8 @@ inline constexpr int64_t kReleaseIteration = -1;
 // DIR/iter_0000100, or DIR/release for kReleaseIteration.
 std::string checkpoint_iteration_dir(const std::string& dir, int64_t iteration);
 // "mp_rank_01" (pp_size 1) or "mp_rank_01_002".
-std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size);
+// Expert-parallel ranks other than 0 write their experts into mp_rank_TT_PPP_EEE.
+std::string checkpoint_shard_folder(int tp_rank, int pp_rank, int pp_size, int ep_rank = 0);
 
 // ---- Saving from many ranks: the steps, in order (the caller runs the collectives) ----
 // 1. One rank: creates DIR and a fresh DIR/iter_N.tmp-<token> with a record of who made it

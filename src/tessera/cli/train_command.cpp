@@ -174,7 +174,7 @@ int run_train(int argc, char** argv) {
   std::unique_ptr<Communicator> world;
   ParallelGroups groups;
   Topology topology(id.world_size, id.rank, args.tensor_parallel_size, args.pipeline_parallel_size,
-                    args.context_parallel_size);
+                    args.context_parallel_size, args.model.moe.expert_parallel_size);
   if (id.distributed()) {
     print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
     job_store = launch::open_job_store(id, timeout);
@@ -200,6 +200,8 @@ int run_train(int argc, char** argv) {
   partition.sequence_parallel = args.sequence_parallel;
   partition.cp_size = args.context_parallel_size;
   partition.cp_rank = topology.cp_rank();
+  partition.ep_size = topology.ep_size();
+  partition.ep_rank = topology.ep_rank();
   partition.chunks = pipeline_chunks(c.num_layers, args.pipeline_split, topology.pp_rank());
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, topology.pp_rank());
   print_theoretical_memory(args, device);
@@ -214,7 +216,7 @@ int run_train(int argc, char** argv) {
                c.padded_vocab_size - c.vocab_size, c.padded_vocab_size);
   const GradBufferLayout buffer_layout = grad_buffer_layout(args, partition, topology.pp_rank());
   GPTModel model(c, device, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots, groups.tp.get(),
-                 &buffer_layout, groups.cp.get());
+                 &buffer_layout, groups.cp.get(), groups.ep.get());
   if (args.init_from_hf.empty()) {
     model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
   } else {
@@ -230,7 +232,8 @@ int run_train(int argc, char** argv) {
   TrainingData data = build_training_data(args, resume_position(args));
   if (world) check_datasets_agree(data, *world);
   TrainerGroups trainer_groups{world.get(),           groups.dp_cp.get(), groups.tp.get(), groups.pp.get(),
-                               groups.model_parallel.get(), groups.embedding.get(), groups.cp.get()};
+                               groups.model_parallel.get(), groups.embedding.get(), groups.cp.get(),
+                               groups.ep.get(),        groups.expert_dp.get()};
   Trainer trainer(args, model, data.sources(), device, trainer_groups);
   if (!args.load.empty()) trainer.load_checkpoint(args.load);
   if (converting) {

@@ -492,6 +492,11 @@ Row check_memory(const std::vector<RankMemory>& ranks, const std::vector<int>& n
                 local > 1 ? "es" : "", gib(node).c_str(), gib(static_cast<double>(memory.total_bytes)).c_str(),
                 gib(static_cast<double>(available)).c_str());
   r.detail = b;
+  if (e.expert_parameters > 0) {  // the experts' share (per EP rank) and expert parallelism's dispatcher buffers
+    std::snprintf(b, sizeof b, "; of which %.3g expert parameters and %s MoE dispatcher buffers",
+                  static_cast<double>(e.expert_parameters), gib(e.moe_dispatch_bytes).c_str());
+    r.detail += b;
+  }
   const std::string help = "lower --micro-batch-size (activations), then --num-layers (" + std::to_string(num_layers) +
                            ") or --hidden-size (" + std::to_string(hidden_size) +
                            "), or run fewer processes per node (--nproc_per_node)";

@@ -486,7 +486,8 @@ void check_config(const TrainFlags& f, const launch::WorkerIdentity& id, std::ve
     try {
       Topology topology(id.world_size, id.rank, static_cast<int>(f.table->get_int("--tensor-model-parallel-size")),
                         static_cast<int>(f.table->get_int("--pipeline-model-parallel-size")),
-                        static_cast<int>(f.table->get_int("--context-parallel-size")));
+                        static_cast<int>(f.table->get_int("--context-parallel-size")),
+                        static_cast<int>(f.table->get_int("--expert-model-parallel-size")));
       if (auto layers = f.table->get_opt_int("--num-layers")) topology.check_num_layers(static_cast<int>(*layers));
       const std::string d = topology.describe();  // rank-independent part only, so ranks merge
       rows.push_back({"config: layout", Status::Pass, d.substr(0, d.find(';')), "", ""});

@@ -211,7 +211,7 @@ struct GPTModel::Layout {
     fused = uses_fused_attention(c, device);
     Ta = cp > 1 && !fused ? S : T;
     if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, Ta, act);
-    if (c.moe.enabled()) moe = moe_dims(c, B, tp, sp);
+    if (c.moe.enabled()) moe = moe_dims(c, B, T, tp, sp, part.ep_size, part.ep_rank);
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");
@@ -365,17 +365,20 @@ GradBufferLayout GPTModel::buffer_layout_for(const GPTConfig& config, const Mode
   std::vector<int64_t> numels;
   std::vector<bool> own_bucket;
   std::vector<int> chunks;
+  // Under expert parallelism the experts' gradients are reduced over another group: buckets of their own.
+  std::vector<bool> expert;
   for (const ParamShard& s : shard_params(config, partition)) {
     numels.push_back(s.numel());
     own_bucket.push_back(shared && (s.is_embedding_copy || s.spec.name == "embedding.word_embeddings.weight"));
     chunks.push_back(s.chunk);
+    expert.push_back(partition.ep_size > 1 && s.is_expert);
   }
-  return build_grad_buffer_layout(numels, options, own_bucket, chunks);
+  return build_grad_buffer_layout(numels, options, own_bucket, chunks, expert);
 }
 
 GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
                    const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp,
-                   const GradBufferLayout* buffer_layout, Communicator* cp)
+                   const GradBufferLayout* buffer_layout, Communicator* cp, Communicator* ep)
     : config_(config),
       device_(device),
       micro_batch_(micro_batch_size),
@@ -422,7 +425,9 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
   acts_slab_ = Buffer(device, layout.builder.total_bytes());
   layout.bind(acts_slab_, chunks_, *ws_);
   if (config.moe.enabled()) {
-    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, tp_);
+    TESSERA_CHECK(partition.ep_size == 1 || (ep && ep->size() == partition.ep_size && ep->rank() == partition.ep_rank),
+                  "the expert-parallel group differs from the partition's");
+    moe_ = std::make_unique<MoELayer>(config_, device, layout.moe, tp_, partition.ep_size > 1 ? ep : nullptr, cp_);
     init_moe_workspace(ws_->moe, layout.moe);
     moe_losses_.load_balancing.assign(config.num_layers, 0.0);
     moe_losses_.z.assign(config.num_layers, 0.0);

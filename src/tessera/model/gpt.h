@@ -83,10 +83,11 @@ class GPTModel {
   // group (null for TP 1), used for the region communication. buffer_layout: where each
   // parameter and its gradient sit in their slabs (data parallelism's buckets and the
   // distributed optimizer's ranges); null: buffer_layout_for(config, partition, {}).
-  // cp: the context-parallel group when partition.cp_size > 1 (the attention's ring).
+  // cp: the context-parallel group when partition.cp_size > 1 (the attention's ring); ep: the
+  // expert-parallel group when partition.ep_size > 1 (the MoE dispatcher's).
   GPTModel(const GPTConfig& config, Device& device, int micro_batch_size, const ModelPartition& partition,
            const std::vector<int>& act_slots, const std::vector<int>& io_slots, Communicator* tp,
-           const GradBufferLayout* buffer_layout = nullptr, Communicator* cp = nullptr);
+           const GradBufferLayout* buffer_layout = nullptr, Communicator* cp = nullptr, Communicator* ep = nullptr);
   // The slab layout of these parameters (registration order) under data-parallel `options`;
   // with the distributed optimizer the tied embedding shared by two pipeline stages gets a
   // bucket of its own, so that both stages shard it alike.

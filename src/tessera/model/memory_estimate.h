@@ -8,6 +8,9 @@
 // exp_avg and exp_avg_sq) = 18; with the distributed optimizer the last 12 are sharded over
 // the data-parallel ranks: 6 + 12/DP. An f32 model is its own main parameter (16, and
 // 8 + 8/DP). tessera's distributed optimizer adds 4/DP for the shard it reduce-scatters into.
+// Under expert parallelism a rank holds E/EP experts of each MoE layer, whose optimizer state
+// the distributed optimizer shards over the expert data-parallel ranks, and the dispatcher's
+// buffers sized for the most rows the EP ranks can send it (EP times its own).
 #pragma once
 
 #include <cstddef>
@@ -28,6 +31,8 @@ struct GPTMemoryEstimate {
   size_t main_parameter_bytes = 0;  // the optimizer's f32 copy of 16-bit parameters
   size_t optimizer_bytes = 0;       // Adam: two f32 states per parameter
   size_t activation_bytes = 0;      // every activation slot and workspace
+  int64_t expert_parameters = 0;    // of num_parameters: this rank's experts'
+  size_t moe_dispatch_bytes = 0;    // of activation_bytes: expert parallelism's dispatcher buffers
   size_t weight_and_optimizer_bytes() const {
     return parameter_bytes + gradient_bytes + main_parameter_bytes + optimizer_bytes;
   }

@@ -12,6 +12,23 @@ ModelPartition ModelPartition::whole(const GPTConfig& config) {
   return p;
 }
 
+ModelPartition::ExpertRange ModelPartition::local_experts(int num_experts) const {
+  if (ep_size < 1 || num_experts % ep_size != 0)
+    throw usage_error("--num-experts " + std::to_string(num_experts) + " is not divisible by "
+                      "--expert-model-parallel-size " + std::to_string(ep_size),
+                      "every expert-parallel rank holds the same number of experts: choose an expert-parallel size "
+                      "that divides the number of experts");
+  const int per = num_experts / ep_size;
+  return {ep_rank * per, per};
+}
+
+int expert_index_of(const std::string& name) {
+  static const std::string kExperts = "mlp.experts.local_experts.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return -1;
+  return std::stoi(name.substr(at + kExperts.size()));
+}
+
 std::vector<ModelChunk> pipeline_chunks(int num_layers, const PipelineSplit& split, int pp_rank) {
   const int PP = split.pp_size, V = split.virtual_stages;
   const bool uneven = split.first_stage_layers >= 0 || split.last_stage_layers >= 0;
@@ -110,12 +127,15 @@ std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartiti
   bool rank_has_embedding = false;
   for (const ModelChunk& c : partition.chunks) rank_has_embedding |= c.has_embedding;
   const bool tied = !config.untie_embeddings_and_output_weights;
+  const ModelPartition::ExpertRange experts =
+      config.moe.enabled() ? partition.local_experts(config.moe.num_experts) : ModelPartition::ExpertRange{};
 
   auto make = [&](const ParamSpec& spec) {
     ParamShard s;
     s.spec = spec;
     s.shape = spec.shape;
     s.split_dim = split_dim_of(spec.name, config.swiglu);
+    s.is_expert = expert_index_of(spec.name) >= 0;
     if (s.split_dim >= 0) {
       s.shape[s.split_dim] /= tp;
       s.offset = s.shape[s.split_dim] * partition.tp_rank;
@@ -142,6 +162,8 @@ std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartiti
       if (n.starts_with("embedding.")) mine = chunk.has_embedding;
       else if (n.starts_with("decoder.layers.")) mine = layer_of(n) >= chunk.first_layer && layer_of(n) < chunk.end_layer;
       else mine = chunk.has_head;  // final LayerNorm, untied output layer
+      const int expert = expert_index_of(n);
+      if (expert >= 0 && !experts.contains(expert)) mine = false;  // another EP rank's expert
       if (mine) {
         out.push_back(make(spec));
         out.back().chunk = static_cast<int>(c);

@@ -10,6 +10,8 @@
 //   dim 1: linear_proj and linear_fc2 weights (their inputs are split); SwiGLU's linear_fc1
 //       [2, F, H] and its bias [2, F] (F is split: rank r holds [gate_r; up_r]);
 //   none: LayerNorms, position embedding, the biases of the row-parallel linears.
+// Expert parallelism (Megatron's --expert-model-parallel-size) splits the experts of every MoE
+// layer: EP rank r holds experts [r·E/EP, (r+1)·E/EP) whole (each then TP-sliced as above).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +38,17 @@ struct ModelPartition {
   bool sequence_parallel = false;  // activations between TP regions split along the sequence
   int cp_size = 1;                 // context parallelism: this rank holds cp_rows(S, cp_size, cp_rank)
   int cp_rank = 0;                 // of every micro-batch's sequence (model/context_parallel.h)
+  int ep_size = 1;                 // expert parallelism: this rank holds local_experts() of each MoE layer
+  int ep_rank = 0;
   std::vector<ModelChunk> chunks;  // this rank's chunks, in virtual-stage order
+
+  // This rank's experts [first, first + count) of num_experts (E / EP each). Throws a usage
+  // error naming --num-experts and --expert-model-parallel-size when EP does not divide E.
+  struct ExpertRange {
+    int first = 0, count = 0;
+    bool contains(int e) const { return e >= first && e < first + count; }
+  };
+  ExpertRange local_experts(int num_experts) const;
 
   // One rank, one chunk holding everything.
   static ModelPartition whole(const GPTConfig& config);
@@ -73,6 +85,11 @@ struct ParamShard {
   // The last pipeline stage's copy of the tied word embedding (output layer); its gradient
   // is summed with the first stage's over the embedding group.
   bool is_embedding_copy = false;
+  // One of this rank's experts (an MoE layer's mlp.experts.*): under expert parallelism its
+  // gradient is reduced over the expert data-parallel group, not dp-cp, and it counts in the
+  // norm on every EP rank, since each EP rank holds different experts (Megatron's
+  // `allreduce = False` parameters, megatron/core/transformer/moe/experts.py).
+  bool is_expert = false;
   int chunk = 0;  // the index of this rank's model chunk that holds it (interleaved schedule)
 
   int64_t numel() const { return shape_numel(shape); }
@@ -88,10 +105,14 @@ struct ParamShard {
 };
 
 // The parameters this rank holds, chunk by chunk, in Megatron's registration order within
-// each chunk.
+// each chunk; of the experts, only this EP rank's.
 std::vector<ParamShard> shard_params(const GPTConfig& config, const ModelPartition& partition);
 
 // Copies this rank's slice out of a full parameter (row-major, full_shape's element count).
 void extract_shard(float* local, const float* full, const ParamShard& shard);
+
+// The expert index of an MoE layer's expert parameter ("...mlp.experts.local_experts.<e>.*"),
+// or -1 for any other parameter.
+int expert_index_of(const std::string& param_name);
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
+#include "tessera/model/moe_dispatcher.h"
 #include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
 
@@ -27,9 +28,10 @@ int64_t permuted_rows(const MoEConfig& c, const std::vector<std::vector<int64_t>
 
 }  // namespace
 
-MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int tp, bool sequence_parallel) {
+MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int64_t seq, int tp, bool sequence_parallel, int ep_size,
+                 int ep_rank) {
   MoEDims d;
-  d.N = micro_batch * c.seq_length;
+  d.N = micro_batch * seq;
   d.C = c.hidden_size;
   d.E = c.moe.num_experts;
   d.k = c.moe.topk;
@@ -39,8 +41,13 @@ MoEDims moe_dims(const GPTConfig& c, int64_t micro_batch, int tp, bool sequence_
   d.Sl2 = c.swiglu ? 2 * d.Sl : d.Sl;
   d.gate = c.moe.shared_expert_gate && d.Sl > 0;
   d.act = c.params_dtype;
-  d.groups = megatron_token_groups(micro_batch, c.seq_length, sequence_parallel ? tp : 1);
+  d.groups = megatron_token_groups(micro_batch, seq, sequence_parallel ? tp : 1);
   d.M = permuted_rows(c.moe, d.groups, d.N);
+  d.ep = ep_size;
+  d.El = d.E / ep_size;
+  d.first_expert = d.El * ep_rank;
+  d.Mx = d.M * ep_size;
+  d.dispatcher = c.moe.dispatcher;
   return d;
 }
 
@@ -48,10 +55,19 @@ void reserve_moe_acts(MoEActs& a, const MoEDims& d, const ReserveTensor& reserve
   reserve(a.slots, {d.N, d.k}, DType::I32);
   reserve(a.sources, {d.M}, DType::I32);
   reserve(a.weights, {d.N, d.k}, DType::F32);
-  reserve(a.permuted, {d.M, d.C}, d.act);
-  reserve(a.fc1, {d.M, d.Fl2}, d.act);
-  reserve(a.act, {d.M, d.Fl}, d.act);
-  reserve(a.expert_out, {d.M, d.C}, d.act);
+  reserve(a.permuted, {d.Mx, d.C}, d.act);
+  reserve(a.fc1, {d.Mx, d.Fl2}, d.act);
+  reserve(a.act, {d.Mx, d.Fl}, d.act);
+  reserve(a.expert_out, {d.Mx, d.C}, d.act);
+  if (d.ep > 1 && d.dispatcher == MoEDispatcher::AllToAll) {
+    reserve(a.local_out, {d.M, d.C}, d.act);
+    reserve(a.sort_map, {d.Mx}, DType::I32);
+    reserve(a.unsort_map, {d.Mx}, DType::I32);
+  } else if (d.ep > 1) {
+    reserve(a.expert_sources, {d.Mx}, DType::I32);
+    reserve(a.gathered_slots, {d.ep * d.N, d.k}, DType::I32);
+    reserve(a.gathered_weights, {d.ep * d.N, d.k}, DType::F32);
+  }
   if (d.Sl > 0) {
     reserve(a.shared_fc1, {d.N, d.Sl2}, d.act);
     reserve(a.shared_act, {d.N, d.Sl}, d.act);
@@ -66,10 +82,22 @@ void reserve_moe_workspace(MoEWorkspace& ws, const MoEDims& d, const ReserveTens
   reserve(ws.logits, {d.N, d.E}, d.act);
   reserve(ws.d_logits, {d.N, d.E}, d.act);
   reserve(ws.d_weights, {d.N, d.k}, DType::F32);
-  reserve(ws.d_permuted, {d.M, d.C}, d.act);
-  reserve(ws.d_fc1, {d.M, d.Fl2}, d.act);
-  reserve(ws.d_act, {d.M, d.Fl}, d.act);
-  reserve(ws.d_expert_out, {d.M, d.C}, d.act);
+  reserve(ws.d_permuted, {d.Mx, d.C}, d.act);
+  reserve(ws.d_fc1, {d.Mx, d.Fl2}, d.act);
+  reserve(ws.d_act, {d.Mx, d.Fl}, d.act);
+  reserve(ws.d_expert_out, {d.Mx, d.C}, d.act);
+  if (d.ep > 1 && d.dispatcher == MoEDispatcher::AllToAll) {
+    reserve(ws.local, {d.M, d.C}, d.act);
+    reserve(ws.recv, {d.Mx, d.C}, d.act);
+  } else if (d.ep > 1) {
+    reserve(ws.gathered, {d.ep * d.N, d.C}, d.act);
+    reserve(ws.d_gathered_weights, {d.ep * d.N, d.k}, DType::F32);
+    reserve(ws.scattered, {d.N, d.C}, d.act);
+    if (d.act != DType::F32) {
+      reserve(ws.gathered_f32, {d.ep * d.N * d.C}, DType::F32);
+      reserve(ws.scattered_f32, {d.N * d.C}, DType::F32);
+    }
+  }
   if (d.Sl > 0) {
     reserve(ws.shared_tmp, {d.N, d.C}, d.act);
     reserve(ws.d_shared_fc1, {d.N, d.Sl2}, d.act);
@@ -91,6 +119,33 @@ void init_moe_workspace(MoEWorkspace& ws, const MoEDims& d) {
   std::iota(identity.begin(), identity.end(), 0);
   copy_from_host(ws.identity, identity.data(), identity.size() * sizeof(int32_t));
 }
+
+MoELayer::MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp, Communicator* ep,
+                   Communicator* cp)
+    : config_(config),
+      device_(device),
+      d_(std::move(dims)),
+      tp_(tp),
+      cp_(cp && cp->size() > 1 ? cp : nullptr),
+      dispatcher_(make_moe_dispatcher(d_, ep)) {}
+
+// The aux loss's token counts and score sums over the context-parallel ranks (Megatron
+// all-reduces the counts over TP x CP; the score sums only serve the logged value, which
+// Megatron sums over the same group). The sums travel as 64-bit patterns and are added in
+// rank order, so every CP rank logs the same bits.
+void MoELayer::join_context_parallel_partition(MoERouting& r) {
+  if (config_.moe.load_balancing != MoELoadBalancing::AuxLoss || config_.moe.aux_loss_coeff == 0) return;
+  const int E = r.num_experts, parts = cp_->size();
+  std::vector<int64_t> counts = r.tokens_per_expert;
+  cp_->all_reduce(Tensor(counts.data(), DType::I64, {E}, nullptr), ReduceOp::Sum);
+  std::vector<double> mine = r.prob_sums, all(static_cast<size_t>(parts) * E), sums(E, 0.0);
+  cp_->all_gather(Tensor(all.data(), DType::I64, {int64_t{parts} * E}, nullptr), Tensor(mine.data(), DType::I64, {E}, nullptr));
+  for (int p = 0; p < parts; ++p)
+    for (int e = 0; e < E; ++e) sums[e] += all[static_cast<size_t>(p) * E + e];
+  join_sequence_partition(r, counts, sums, parts);
+}
+
+MoELayer::~MoELayer() = default;
 
 void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights,
                                const std::vector<int64_t>& rows) {
@@ -127,20 +182,22 @@ void MoELayer::forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor 
   ops::linear_forward(ws.logits, in, w.router, Tensor());
   copy_floats_to_host(a.logits.data(), a.logits.size(), ws.logits);
   a.routing = route_tokens(config_.moe, a.logits.data(), d_.N, d_.groups);
+  if (cp_) join_context_parallel_partition(a.routing);
   const MoERouting& r = a.routing;
   const int64_t M = static_cast<int64_t>(r.source.size());
   TESSERA_CHECK(M <= d_.M, "the permuted rows fit their buffer");
   copy_from_host(a.slots, r.slot.data(), r.slot.size() * sizeof(int32_t));
   copy_from_host(a.weights, r.weight.data(), r.weight.size() * sizeof(float));
   copy_from_host(a.sources.slice_rows(0, M), r.source.data(), r.source.size() * sizeof(int32_t));
-  ops::moe_permute_forward(a.permuted.slice_rows(0, M), in, a.sources.slice_rows(0, M), d_.k);
-  experts_forward(w, a, M);
-  ops::moe_unpermute_forward(out, a.expert_out.slice_rows(0, M), a.slots, a.weights);
+  dispatcher_->dispatch(a, ws, in);
+  experts_forward(w, a);
+  dispatcher_->combine(a, ws, out);
   if (d_.Sl > 0) shared_forward(w, a, ws, in, out);
 }
 
-void MoELayer::experts_forward(const MoEParams& w, MoEActs& a, int64_t M) {
-  const std::vector<int64_t>& rows = a.routing.rows_per_expert;
+void MoELayer::experts_forward(const MoEParams& w, MoEActs& a) {
+  const std::vector<int64_t>& rows = a.expert_rows;
+  const int64_t M = a.expert_rows_total;
   grouped_forward(a.fc1.slice_rows(0, M), a.permuted.slice_rows(0, M), w.fc1, rows);
   activation_forward(a.act.slice_rows(0, M), a.fc1.slice_rows(0, M));
   grouped_forward(a.expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2, rows);
@@ -188,16 +245,15 @@ void MoELayer::shared_backward(const MoEParams& w, const MoEParams& g, MoEActs& 
 void MoELayer::backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEWorkspace& ws, Tensor in,
                         Tensor d_out, Tensor d_in, double aux_scale) {
   const MoERouting& r = a.routing;
-  const int64_t M = static_cast<int64_t>(r.source.size());
+  const int64_t M = a.expert_rows_total;
   if (d_.Sl > 0) shared_backward(w, g, a, ws, in, d_out, d_in);
-  ops::moe_unpermute_backward(ws.d_expert_out.slice_rows(0, M), ws.d_weights, d_out, a.expert_out.slice_rows(0, M),
-                              a.sources.slice_rows(0, M), a.weights);
+  dispatcher_->combine_backward(a, ws, d_out);
   grouped_backward(ws.d_act.slice_rows(0, M), g.fc2, ws.d_expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2,
-                   r.rows_per_expert);
+                   a.expert_rows);
   activation_backward(ws.d_fc1.slice_rows(0, M), ws.d_act.slice_rows(0, M), a.fc1.slice_rows(0, M));
   grouped_backward(ws.d_permuted.slice_rows(0, M), g.fc1, ws.d_fc1.slice_rows(0, M), a.permuted.slice_rows(0, M),
-                   w.fc1, r.rows_per_expert);
-  ops::moe_permute_backward(d_in, ws.d_permuted.slice_rows(0, M), a.slots, d_.Sl > 0 ? kAccumulate : kAssign);
+                   w.fc1, a.expert_rows);
+  dispatcher_->dispatch_backward(a, ws, d_in, d_.Sl > 0 ? kAccumulate : kAssign);
   // The router: dL/d(weights) back on the host, through the routing and the aux losses.
   tp_.all_reduce(ws.d_weights, ReduceOp::Sum);
   copy_to_host(ws.host_d_weights.data(), ws.host_d_weights.size() * sizeof(float), ws.d_weights);

@@ -14,12 +14,18 @@
 // gather of the probabilities sums them in its backward; the router's and gate's input
 // gradients are added on TP rank 0 only, since the model sums the input gradient over the group.
 //
+// Expert parallelism: this rank holds El = E / EP of the experts; the dispatcher
+// (model/moe_dispatcher.h) brings it the rows routed to them from every EP rank and takes the
+// outputs back. Routing, the aux losses and the router's gradient stay on each rank's own tokens.
+//
 // Shape legend: N tokens of the micro-batch (B*T), C hidden, E experts, k top-k, M rows
-// of the permuted buffer (at most N*k, or E * capacity per group with padding), Fl / Sl
+// of the permuted buffer (at most N*k, or E * capacity per group with padding), Mx rows of the
+// experts' side (M; EP * M under expert parallelism, the most the EP ranks can send), Fl / Sl
 // an expert's / the shared experts' ffn width on this TP rank (Fl2, Sl2: twice with SwiGLU).
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "tessera/core/tensor.h"
@@ -30,31 +36,48 @@
 namespace tessera {
 
 class Device;
+class Communicator;
+class MoETokenDispatcher;
 
 // One MoE layer's parameters (or their gradients) on this rank.
 struct MoEParams {
   Tensor router;                // [E, C]
-  std::vector<Tensor> fc1, fc2;  // per expert [Fl2, C], [C, Fl]
+  std::vector<Tensor> fc1, fc2;  // per local expert [Fl2, C], [C, Fl]
   Tensor shared_fc1, shared_fc2, shared_gate;  // [Sl2, C], [C, Sl], [1, C]; empty when absent
 };
 
 struct MoEDims {
   int64_t N = 0, C = 0, E = 0, k = 0, M = 0, Fl = 0, Fl2 = 0, Sl = 0, Sl2 = 0;
+  int64_t ep = 1, El = 0, first_expert = 0, Mx = 0;  // this EP rank's experts [first, first + El)
+  MoEDispatcher dispatcher = MoEDispatcher::AllGather;
   bool gate = false;
   DType act = DType::F32;
   std::vector<std::vector<int64_t>> groups;  // routing groups (moe_router.h)
 };
-// tp: the tensor-parallel size; sequence_parallel: one routing group per TP rank's slice.
-MoEDims moe_dims(const GPTConfig& config, int64_t micro_batch, int tp, bool sequence_parallel);
+// seq: the sequence a rank holds (--seq-length / CP); tp: the tensor-parallel size;
+// sequence_parallel: one routing group per TP rank's slice; ep_size / ep_rank: the
+// expert-parallel size and this rank's place in it.
+MoEDims moe_dims(const GPTConfig& config, int64_t micro_batch, int64_t seq, int tp, bool sequence_parallel,
+                 int ep_size = 1, int ep_rank = 0);
 
 // What one micro-batch's backward needs from its forward.
 struct MoEActs {
   Tensor slots, sources, weights;              // i32 [N,k], i32 [M], f32 [N,k]
-  Tensor permuted, fc1, act, expert_out;       // [M,C], [M,Fl2], [M,Fl], [M,C]
+  Tensor permuted, fc1, act, expert_out;       // the experts' side: [Mx,C], [Mx,Fl2], [Mx,Fl], [Mx,C]
   Tensor shared_fc1, shared_act, shared_out;   // [N,Sl2], [N,Sl], [N,C]
   Tensor gate_weights;                         // f32 [N] sigmoid of the gate's logits
   std::vector<float> logits, gate_logits;      // the host's copies
   MoERouting routing;
+  std::vector<int64_t> expert_rows;            // [El] rows of each local expert on the experts' side
+  int64_t expert_rows_total = 0;
+  // Expert parallelism, alltoall: the combined rows in the local permuted order [M,C]; the
+  // experts' side row of each received row and back (i32 [Mx]); the runs sent to / received
+  // from each EP rank.
+  Tensor local_out, sort_map, unsort_map;
+  std::vector<int64_t> send_rows, recv_rows;
+  // Expert parallelism, allgather: the gathered route of each experts' side row (i32 [Mx]),
+  // and the gathered routes' rows and weights (i32 / f32 [EP*N, k]).
+  Tensor expert_sources, gathered_slots, gathered_weights;
 };
 
 // Shared by every slot within one forward or backward call.
@@ -66,6 +89,11 @@ struct MoEWorkspace {
   Tensor gate_logits, d_gate_logits;        // [N,1]
   Tensor d_gate, identity;                  // f32 [N], i32 [N] = 0..N-1
   std::vector<float> host_d_logits, host_d_weights;
+  // Expert parallelism: alltoall's local rows [M,C] and received rows [Mx,C]; allgather's
+  // gathered tokens [EP*N,C], its routes' weight gradients f32 [EP*N,k], the reduce-scatter's
+  // result [N,C], and f32 staging for 16-bit activations ([EP*N*C], [N*C]).
+  Tensor local, recv;
+  Tensor gathered, d_gathered_weights, scattered, gathered_f32, scattered_f32;
 };
 
 using ReserveTensor = std::function<void(Tensor&, Shape, DType)>;
@@ -81,8 +109,11 @@ struct MoELossTracker {
 
 class MoELayer {
  public:
-  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp)
-      : config_(config), device_(device), d_(std::move(dims)), tp_(tp) {}
+  // ep: the expert-parallel group (null for EP 1); cp: the context-parallel group (null for
+  // CP 1), over which the aux loss counts its tokens.
+  MoELayer(const GPTConfig& config, Device& device, MoEDims dims, TensorParallelRegion& tp, Communicator* ep,
+           Communicator* cp = nullptr);
+  ~MoELayer();
   const MoEDims& dims() const { return d_; }
   // out [N,C] = this rank's partial MLP output of in [N,C] (assigned).
   void forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
@@ -93,7 +124,8 @@ class MoELayer {
                 Tensor d_in, double aux_scale);
 
  private:
-  void experts_forward(const MoEParams& w, MoEActs& a, int64_t M);
+  void experts_forward(const MoEParams& w, MoEActs& a);
+  void join_context_parallel_partition(MoERouting& r);
   void activation_forward(Tensor act, Tensor pre);
   void activation_backward(Tensor d_pre, Tensor d_act, Tensor pre);
   void shared_forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
@@ -108,6 +140,8 @@ class MoELayer {
   Device& device_;
   MoEDims d_;
   TensorParallelRegion& tp_;
+  Communicator* cp_;
+  std::unique_ptr<MoETokenDispatcher> dispatcher_;
 };
 
 }  // namespace tessera

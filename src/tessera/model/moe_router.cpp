@@ -104,8 +104,12 @@ void assign_rows(MoERouting& r, const MoEConfig& c, const std::vector<std::vecto
 void losses(MoERouting& r, const MoEConfig& c, const float* logits) {
   const int E = r.num_experts;
   const double N = static_cast<double>(r.num_tokens);
+  r.partition_tokens = r.num_tokens;
+  r.partition_tokens_per_expert = r.tokens_per_expert;
   if (c.load_balancing == MoELoadBalancing::AuxLoss && c.aux_loss_coeff != 0) {
-    std::vector<double> s(E), sums(E, 0.0);
+    std::vector<double> s(E);
+    std::vector<double>& sums = r.prob_sums;
+    sums.assign(E, 0.0);
     for (int64_t n = 0; n < r.num_tokens; ++n) {
       softmax(s.data(), logits + n * E, E);
       for (int e = 0; e < E; ++e) sums[e] += s[e];
@@ -168,15 +172,30 @@ MoERouting route_tokens(const MoEConfig& c, const float* logits, int64_t N,
   return r;
 }
 
+void join_sequence_partition(MoERouting& r, const std::vector<int64_t>& counts, const std::vector<double>& prob_sums,
+                             int parts) {
+  const int E = r.num_experts;
+  TESSERA_CHECK(static_cast<int>(counts.size()) == E && static_cast<int>(prob_sums.size()) == E,
+                "one count and score sum per expert");
+  r.partition_parts = parts;
+  r.partition_tokens = r.num_tokens * parts;
+  r.partition_tokens_per_expert = counts;
+  const double N = static_cast<double>(r.partition_tokens);
+  double aux = 0;
+  for (int e = 0; e < E; ++e) aux += prob_sums[e] * static_cast<double>(counts[e]);
+  r.load_balancing_loss = aux * E / (N * N * r.topk);
+}
+
 void route_backward(float* dlogits, const MoEConfig& c, const MoERouting& r, const float* logits,
                     const float* dweights, double aux_scale) {
   const int E = r.num_experts, k = r.topk;
-  const double N = static_cast<double>(r.num_tokens);
+  const double N = static_cast<double>(r.num_tokens), Np = static_cast<double>(r.partition_tokens);
   // d(aux loss)/d(softmax score [n, e]) is the same for every token.
   std::vector<double> aux_grad(E, 0.0);
   if (c.load_balancing == MoELoadBalancing::AuxLoss && c.aux_loss_coeff != 0)
     for (int e = 0; e < E; ++e)
-      aux_grad[e] = static_cast<double>(r.tokens_per_expert[e]) * E * c.aux_loss_coeff / (N * N * k) * aux_scale;
+      aux_grad[e] = static_cast<double>(r.partition_tokens_per_expert[e]) * E * c.aux_loss_coeff / (Np * Np * k) *
+                    aux_scale * r.partition_parts;
   std::vector<double> s(E), ds(E), p(k);
   for (int64_t n = 0; n < r.num_tokens; ++n) {
     const float* x = logits + n * E;

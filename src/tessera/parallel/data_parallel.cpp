@@ -20,20 +20,26 @@ Tensor flat_range(const Tensor& buffer, int64_t begin, int64_t end) {
 }  // namespace
 
 DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor grad_buffer, Tensor param_buffer,
-                                         Communicator& dp, const DataParallelOptions& options, Device& device)
+                                         Communicator& dp, const DataParallelOptions& options, Device& device,
+                                         Communicator* expert_dp)
     : layout_(layout), dp_(dp), options_(options) {
   TESSERA_CHECK(grad_buffer.dtype == DType::F32 && grad_buffer.numel() == layout.numel &&
                     param_buffer.numel() == layout.numel,
                 "data parallelism: the buffers do not match their layout");
   TESSERA_CHECK(!options.distributed_optimizer || layout.data_parallel == dp.size(),
                 "data parallelism: the buffer was laid out for another data-parallel size");
+  for (const GradBufferLayout::Bucket& lb : layout.buckets)
+    TESSERA_CHECK(!lb.expert || (expert_dp && (!options.distributed_optimizer ||
+                                               layout.expert_data_parallel == expert_dp->size())),
+                  "data parallelism: the experts' buckets need the expert data-parallel group they were laid out for");
   TESSERA_CHECK(!options.overlap_param_gather || options.distributed_optimizer,
                 "--overlap-param-gather needs the distributed optimizer");
-  const int dp_size = dp.size(), rank = dp.rank();
   Tensor shard_all;
   if (options.distributed_optimizer) {
-    shard_ = Buffer(device, static_cast<size_t>(layout.numel / dp_size) * sizeof(float));
-    shard_all = tensor_at(shard_, 0, DType::F32, {layout.numel / dp_size});
+    int64_t shard_numel = 0;
+    for (size_t bi = 0; bi < layout.buckets.size(); ++bi) shard_numel += layout.buckets[bi].numel() / layout.group_size(bi);
+    shard_ = Buffer(device, static_cast<size_t>(shard_numel) * sizeof(float));
+    shard_all = tensor_at(shard_, 0, DType::F32, {shard_numel});
   }
   int64_t shard_at = 0;
   for (size_t bi = 0; bi < layout.buckets.size(); ++bi) {
@@ -41,13 +47,18 @@ DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor 
     Bucket b;
     b.grads = flat_range(grad_buffer, lb.start, lb.end);
     b.params = flat_range(param_buffer, lb.start, lb.end);
-    b.pending = lb.end_param - lb.first_param;
+    b.group = lb.expert ? expert_dp : &dp;
+    for (size_t p = lb.first_param; p < lb.end_param; ++p) b.num_params += layout.params[p].bucket == bi;
+    b.pending = b.num_params;
     if (options.distributed_optimizer) {
-      TESSERA_CHECK(lb.numel() % dp_size == 0, "a bucket's size is not a multiple of the data-parallel size");
-      const int64_t own_begin = layout.owned_begin(bi, rank), own_end = layout.owned_end(bi, rank);
+      const int group_size = b.group->size();
+      TESSERA_CHECK(lb.numel() % group_size == 0, "a bucket's size is not a multiple of the data-parallel size");
+      const int64_t own_begin = layout.owned_begin(bi, b.group->rank()), own_end = layout.owned_end(bi, b.group->rank());
+      b.owned_begin = own_begin;
       b.shard = flat_range(shard_all, shard_at, shard_at + (own_end - own_begin));
       for (size_t p = lb.first_param; p < lb.end_param; ++p) {
         const GradBufferLayout::Param& lp = layout.params[p];
+        if (lp.bucket != bi) continue;  // the other kind's (expert parallelism)
         const int64_t lo = std::max(lp.start, own_begin), hi = std::min(lp.start + lp.numel, own_end);
         if (lo >= hi) continue;
         const int64_t in_shard = shard_at - own_begin;  // shard position of buffer element 0
@@ -80,8 +91,8 @@ DataParallelBuckets::~DataParallelBuckets() {
 void DataParallelBuckets::launch_reduce(Bucket& b) {
   wait_gather(b);  // the gather reads its source from the shard this reduction writes
   ops::scale_inplace(b.grads, 1.0f / static_cast<float>(dp_.size()));
-  b.reduce = options_.distributed_optimizer ? dp_.reduce_scatter_async(b.shard, b.grads, ReduceOp::Sum)
-                                            : dp_.all_reduce_async(b.grads, ReduceOp::Sum);
+  b.reduce = options_.distributed_optimizer ? b.group->reduce_scatter_async(b.shard, b.grads, ReduceOp::Sum)
+                                            : b.group->all_reduce_async(b.grads, ReduceOp::Sum);
 }
 
 void DataParallelBuckets::mark_ready(size_t first, size_t end) {
@@ -100,7 +111,7 @@ void DataParallelBuckets::finish() {
     Bucket& b = buckets_[bi];
     wait_exposed(*b.reduce);
     b.reduce.reset();
-    b.pending = layout_.buckets[bi].end_param - layout_.buckets[bi].first_param;
+    b.pending = b.num_params;
   }
 }
 
@@ -115,9 +126,9 @@ void DataParallelBuckets::gather_params() {
     Bucket& b = buckets_[bi];
     const int64_t n = b.shard.numel();
     const Tensor source(b.shard.handle, b.shard.offset, b.params.dtype, {n}, b.shard.device);
-    const int64_t own = layout_.owned_begin(bi, dp_.rank()) - layout_.buckets[bi].start;
+    const int64_t own = b.owned_begin - layout_.buckets[bi].start;
     copy_tensor(source, flat_range(b.params, own, own + n));
-    b.gather = dp_.all_gather_async(b.params, source);
+    b.gather = b.group->all_gather_async(b.params, source);
     if (!options_.overlap_param_gather) wait_gather(b);
   }
 }
@@ -137,22 +148,20 @@ void DataParallelBuckets::wait_exposed(Work& work) {
 
 void DataParallelBuckets::wait_params(size_t first, size_t end) {
   if (first >= end) return;
-  // Buckets hold contiguous registration ranges, later parameters in lower buckets.
-  const size_t lo = layout_.params[end - 1].bucket, hi = layout_.params[first].bucket;
-  for (size_t bi = lo; bi <= hi; ++bi) wait_gather(buckets_[bi]);
+  for (size_t p = first; p < end; ++p) wait_gather(buckets_[layout_.params[p].bucket]);
 }
 
 // The shard is laid out as the owned ranges of the buckets in order, so a piece's position
 // in it is its gradient's.
 void DataParallelBuckets::gather_to_host(float* buffer, const std::vector<Tensor>& pieces) {
   TESSERA_CHECK(pieces.size() == owned_.size(), "gather_to_host: one tensor per owned piece");
-  std::vector<float> shard(static_cast<size_t>(layout_.numel / dp_.size()), 0.0f);
+  std::vector<float> shard(shard_.bytes() / sizeof(float), 0.0f);
   for (size_t j = 0; j < owned_.size(); ++j)
     copy_to_host(shard.data() + owned_[j].grad.offset / sizeof(float), pieces[j].bytes(), pieces[j]);
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     const Bucket& b = buckets_[bi];
     const GradBufferLayout::Bucket& lb = layout_.buckets[bi];
-    dp_.all_gather(Tensor(buffer + lb.start, DType::F32, {lb.numel()}, nullptr),
+    b.group->all_gather(Tensor(buffer + lb.start, DType::F32, {lb.numel()}, nullptr),
                    Tensor(shard.data() + b.shard.offset / sizeof(float), DType::F32, {b.shard.numel()}, nullptr));
   }
 }

@@ -12,6 +12,10 @@
 //    (owned_pieces()), and gather_params() all-gathers every bucket's parameters from their
 //    owners; with --overlap-param-gather the gathers run in the background and the next
 //    forward waits for a bucket only when it reads one of its parameters (wait_params).
+// Under expert parallelism the experts' buckets (GradBufferLayout::Bucket::expert) are summed
+// over the expert data-parallel group instead, still scaled by 1/DP (Megatron's
+// expert_gradient_scaling_factor: an expert's gradient already gathers the tokens of every EP
+// rank), and owned over that group with the distributed optimizer.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +41,10 @@ class DataParallelBuckets {
  public:
   // grad_buffer: F32 [layout.numel], every parameter's gradient at its layout position;
   // param_buffer: [layout.numel] of the parameters' dtype, likewise (read and written only
-  // with the distributed optimizer).
+  // with the distributed optimizer). expert_dp: the expert data-parallel group, needed when
+  // the layout has experts' buckets.
   DataParallelBuckets(const GradBufferLayout& layout, Tensor grad_buffer, Tensor param_buffer, Communicator& dp,
-                      const DataParallelOptions& options, Device& device);
+                      const DataParallelOptions& options, Device& device, Communicator* expert_dp = nullptr);
   // Waits for the collectives still running (an overlapped gather after the last step):
   // they write into the buffers.
   ~DataParallelBuckets();
@@ -78,7 +83,8 @@ class DataParallelBuckets {
   // construction: all of their time when they run synchronously, only what the overlaps
   // leave exposed otherwise (the benchmark's measure of how much they hide).
   double exposed_seconds() const { return exposed_seconds_; }
-  // Bytes of the reduced-gradient shard this rank holds (1/DP of the buffer).
+  // Bytes of the reduced-gradient shard this rank holds (1/DP of the buffer; 1/expert DP of
+  // the experts' buckets).
   size_t shard_bytes() const { return shard_.bytes(); }
   const GradBufferLayout& layout() const { return layout_; }
 
@@ -87,7 +93,10 @@ class DataParallelBuckets {
     Tensor grads;      // the bucket's range of the gradient buffer
     Tensor params;     // the bucket's range of the parameter buffer
     Tensor shard;      // this rank's reduced range (distributed optimizer)
+    size_t num_params = 0;  // parameters it holds
     size_t pending = 0;  // parameters not yet ready this step
+    Communicator* group = nullptr;  // dp, or expert_dp for the experts' buckets
+    int64_t owned_begin = 0;        // this rank's owned range's start in the buffer
     std::unique_ptr<Work> reduce, gather;
   };
   void launch_reduce(Bucket& b);

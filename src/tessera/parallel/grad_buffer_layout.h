@@ -15,6 +15,10 @@
 //    every bucket ends at a multiple of lcm(DP, 128), so each of the DP ranks owns an equal,
 //    contiguous range of every bucket: rank r owns [start + r*n/DP, start + (r+1)*n/DP) of a
 //    bucket of n elements, wherever parameter boundaries fall.
+//  - under expert parallelism the experts' parameters sit in buffers of their own after the
+//    others (Megatron's expert_parallel_buffers, distributed_data_parallel.py), bucketed by the
+//    same rules and, with the distributed optimizer, owned over the expert data-parallel group:
+//    their buckets end at multiples of lcm(expert DP, 128);
 // Without the distributed optimizer Megatron packs densely; tessera starts each parameter at
 // a multiple of `dense_alignment` elements instead (64 bytes of f32, the device alignment
 // its kernels and sub-buffers expect), which no reduction or ownership depends on.
@@ -29,6 +33,7 @@ namespace tessera {
 
 struct GradBufferOptions {
   int data_parallel = 1;
+  int expert_data_parallel = 1;  // the expert data-parallel size (the experts' buckets)
   int64_t bucket_size = std::numeric_limits<int64_t>::max();  // elements
   bool distributed_optimizer = false;
   int64_t dense_alignment = 16;  // elements, without the distributed optimizer
@@ -42,25 +47,32 @@ struct GradBufferLayout {
   struct Bucket {
     int64_t start = 0, end = 0;    // [start, end), padded
     int64_t numel_unpadded = 0;    // last parameter's end - start (Megatron's numel_unpadded)
-    size_t first_param = 0, end_param = 0;  // registration indices [first, end)
+    // The registration indices [first, end) its parameters span; under expert parallelism a
+    // bucket holds only those of its kind (Param::bucket says which).
+    size_t first_param = 0, end_param = 0;
+    bool expert = false;  // the experts' parameters, reduced over the expert data-parallel group
     int64_t numel() const { return end - start; }
   };
   std::vector<Param> params;    // by registration index
   std::vector<Bucket> buckets;  // in buffer order: bucket 0 holds the last-registered parameters
   int64_t numel = 0;            // the buffer's elements, padding included
   int data_parallel = 1;
+  int expert_data_parallel = 1;
 
+  // The ranks bucket b is reduced over (data-parallel, or expert data-parallel).
+  int group_size(size_t b) const { return buckets[b].expert ? expert_data_parallel : data_parallel; }
   // The range of bucket b that data-parallel rank r owns with the distributed optimizer.
-  int64_t owned_begin(size_t b, int r) const { return buckets[b].start + r * (buckets[b].numel() / data_parallel); }
+  int64_t owned_begin(size_t b, int r) const { return buckets[b].start + r * (buckets[b].numel() / group_size(b)); }
   int64_t owned_end(size_t b, int r) const { return owned_begin(b, r + 1); }
 };
 
 // numels: every parameter's element count in registration order; own_bucket (empty, or one
 // flag per parameter): parameters that get a bucket of their own with the distributed
 // optimizer; chunks (empty: all 0, or one per parameter, non-decreasing): each parameter's
-// model chunk.
+// model chunk; expert (empty: none, or one flag per parameter): the experts' parameters under
+// expert parallelism.
 GradBufferLayout build_grad_buffer_layout(const std::vector<int64_t>& numels, const GradBufferOptions& options,
                                           const std::vector<bool>& own_bucket = {},
-                                          const std::vector<int>& chunks = {});
+                                          const std::vector<int>& chunks = {}, const std::vector<bool>& expert = {});
 
 }  // namespace tessera

@@ -1,10 +1,18 @@
-// Topology: where each rank sits in the tensor-, context-, data- and pipeline-parallel grid, and the
-// groups it belongs to; a value built once from the world size, the rank and the sizes,
-// validated, and passed by reference (no global process-group state).
+// Topology: where each rank sits in the tensor-, context-, expert-, data- and pipeline-parallel
+// grid, and the groups it belongs to; a value built once from the world size, the rank and the
+// sizes, validated, and passed by reference (no global process-group state).
 //
 // Megatron's default order tp-cp-ep-dp-pp (RankGenerator in megatron/core/parallel_state.py),
-// first token fastest:
-//   global_rank = tp + TP·(cp + CP·(dp + DP·pp)),   with EP = 1 for now.
+// first token fastest, for the dense layers:
+//   global_rank = tp + TP·(cp + CP·(dp + DP·pp)).
+// The experts see a second grid over the same ranks (parallel_state.initialize_model_parallel's
+// expert RankGenerator: expert tensor parallelism = TP, no CP, the expert data-parallel size
+// EDP = CP·DP / EP), so expert parallelism is carved out of context x data parallelism:
+//   global_rank = tp + TP·(ep + EP·(edp + EDP·pp)).
+// World 8, TP 2, EP 2 gives DP 4, EDP 2 and
+//   ep [0,2] [1,3] [4,6] [5,7]   expert_dp [0,4] [1,5] [2,6] [3,7]
+// expert_dp holds the ranks that reduce the experts' gradients (Megatron's expert data-parallel
+// group; with CP it spans CP too, as CP ranks hold the same experts).
 // A group of kind X holds the ranks that differ only in the X coordinates, listed in
 // increasing order of those coordinates (first fastest); the groups of a kind are listed by
 // the remaining coordinates, first fastest. World 16, TP 2, PP 2 gives DP 4 and
@@ -33,18 +41,30 @@ struct RankCoords {
   bool operator==(const RankCoords&) const = default;
 };
 
+// A rank's place in the experts' grid (tp and pp as in RankCoords).
+struct ExpertCoords {
+  int tp = 0;
+  int ep = 0;
+  int edp = 0;
+  int pp = 0;
+  bool operator==(const ExpertCoords&) const = default;
+};
+
 class Topology {
  public:
   // Throws tessera::Error (usage) naming the flags: sizes below 1, a world size that
   // --tensor-model-parallel-size × --context-parallel-size × --pipeline-model-parallel-size
-  // does not divide, a rank outside the world.
-  Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel, int context_parallel = 1);
+  // does not divide, an --expert-model-parallel-size that CP × DP does not divide, a rank
+  // outside the world.
+  Topology(int world_size, int rank, int tensor_parallel, int pipeline_parallel, int context_parallel = 1,
+           int expert_parallel = 1);
 
   int world_size() const { return world_; }
   int rank() const { return rank_; }
   int tp_size() const { return tp_; }
   int cp_size() const { return cp_; }
-  int ep_size() const { return 1; }
+  int ep_size() const { return ep_; }
+  int expert_dp_size() const { return cp_ * dp_ / ep_; }
   int dp_size() const { return dp_; }
   int pp_size() const { return pp_; }
 
@@ -55,6 +75,9 @@ class Topology {
   int cp_rank() const { return coords().cp; }
   int dp_rank() const { return coords().dp; }
   int pp_rank() const { return coords().pp; }
+  ExpertCoords expert_coords_of(int rank) const;
+  int ep_rank() const { return expert_coords_of(rank_).ep; }
+  int expert_dp_rank() const { return expert_coords_of(rank_).edp; }
   bool is_first_stage() const { return pp_rank() == 0; }
   bool is_last_stage() const { return pp_rank() == pp_ - 1; }
 
@@ -67,6 +90,8 @@ class Topology {
   std::vector<std::vector<int>> model_parallel_groups() const;  // tp-pp
   std::vector<std::vector<int>> embedding_groups() const;
   std::vector<std::vector<int>> position_embedding_groups() const;
+  std::vector<std::vector<int>> ep_groups() const;         // Megatron's expert-model-parallel group
+  std::vector<std::vector<int>> expert_dp_groups() const;  // Megatron's expert data-parallel group
 
   // The group of a kind that holds this rank (empty when none does: position embedding on
   // later stages).
@@ -76,19 +101,24 @@ class Topology {
   // first/last stage is configured); throws a usage Error naming both flags.
   void check_num_layers(int num_layers) const;
 
-  // "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, cp 0, dp 2, pp 0"
+  // "world 16 = TP 2 x CP 1 x DP 4 x PP 2 (order tp-cp-ep-dp-pp); rank 5 is tp 1, cp 0, dp 2, pp 0",
+  // with " (EP 2 x expert DP 2 ...; ep 1, expert dp 0)" added under expert parallelism.
   std::string describe() const;
 
  private:
   // The groups spanned by the dimensions flagged in `in_group` ({tp, cp, dp, pp}).
   std::vector<std::vector<int>> groups_over(bool tp, bool cp, bool dp, bool pp) const;
+  // The same in the experts' grid ({tp, ep, edp, pp}).
+  std::vector<std::vector<int>> expert_groups_over(bool tp, bool ep, bool edp, bool pp) const;
 
-  int world_, rank_, tp_, pp_, cp_, dp_;
+  int world_, rank_, tp_, pp_, cp_, dp_, ep_;
 };
 
 // This rank's communicators for every group kind, made from the world communicator by
 // split (collective: every rank of the world calls it, in the same order). A member is null
 // when this rank is in no group of that kind (position_embedding beyond the first stage).
+// `ep` and `expert_dp` exist only under expert parallelism (EP > 1); with EP = 1 the ep groups
+// are single ranks and expert_dp equals dp_cp, which expert_dp_group() returns.
 struct ParallelGroups {
   std::unique_ptr<Communicator> tp;
   std::unique_ptr<Communicator> cp;
@@ -98,6 +128,10 @@ struct ParallelGroups {
   std::unique_ptr<Communicator> model_parallel;
   std::unique_ptr<Communicator> embedding;
   std::unique_ptr<Communicator> position_embedding;
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> expert_dp;
+
+  Communicator& expert_dp_group() const { return expert_dp ? *expert_dp : *dp_cp; }
 };
 ParallelGroups create_parallel_groups(Communicator& world, const Topology& topology);
 

@@ -254,8 +254,8 @@ std::vector<OptionDef> moe_option_defs() {
       {"--moe-grouped-gemm", K::StoreTrue, nullptr, "Grouped GEMM over the local experts (tessera always groups)",
        nullptr, kSpeed},
       {"--moe-per-layer-logging", K::StoreTrue, nullptr, "Also log each MoE layer's aux losses to TensorBoard"},
-      {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from data parallelism)"},
-      {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts; default TP"},
+      {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from context x data parallelism)"},
+      {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts: TP (the default)"},
   };
 }
 
@@ -403,6 +403,12 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
                       "use --ckpt-format torch_dist, Megatron's default");
   a.use_checkpoint_args = p.get_bool("--use-checkpoint-args");
   parse_checkpoint_conversion(p, a);
+  // Megatron's torch format splits a rank's experts into mp_rank_TT_PPP_EEE folders, which
+  // tessera's writer does not make yet.
+  if (a.save_megatron_format && (!a.save.empty() || !a.ckpt_convert_format.empty()) &&
+      a.model.moe.expert_parallel_size > 1)
+    throw usage_error("saving --ckpt-format torch with --expert-model-parallel-size > 1 is not supported yet",
+                      "save with --ckpt-format torch_dist (the default) or tessera, which load at any layout");
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids
@@ -645,11 +651,12 @@ void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
   if (moe.num_experts % ep != 0)
     throw usage_error("--num-experts " + std::to_string(moe.num_experts) + " is not divisible by "
                       "--expert-model-parallel-size " + std::to_string(ep));
-  if (ep > 1)
-    throw usage_error("--expert-model-parallel-size > 1 is not supported yet", "train with expert parallelism 1");
   moe.expert_parallel_size = ep;
-  if (p.get_opt_int("--expert-tensor-parallel-size").value_or(tp) != tp)
-    throw usage_error("--expert-tensor-parallel-size other than --tensor-model-parallel-size is not supported yet");
+  if (const auto etp = p.get_opt_int("--expert-tensor-parallel-size"); etp && *etp != tp)
+    throw usage_error("--expert-tensor-parallel-size " + std::to_string(*etp) + " differs from "
+                      "--tensor-model-parallel-size " + std::to_string(tp) + ": tessera slices the experts as the "
+                      "dense layers (Megatron's default)",
+                      "leave --expert-tensor-parallel-size unset, or set it to --tensor-model-parallel-size");
   if (tp > 1 && !a.sequence_parallel)
     throw usage_error("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron raises this in "
                       "MoELayer.forward during training)",
@@ -659,11 +666,6 @@ void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
                       "add --disable-bias-linear (as Mixtral and Qwen2-MoE)");
   if (a.model.recompute == Recompute::Full)
     throw usage_error("--recompute-granularity full with --num-experts is not supported yet");
-  // The switch aux loss counts tokens over the sequence partition, which context parallelism
-  // would have to join (Megatron all-reduces them over TP x CP).
-  if (a.context_parallel_size > 1)
-    throw usage_error("--num-experts with --context-parallel-size > 1 is not supported yet",
-                      "train MoE models with --context-parallel-size 1");
   moe.load_balancing = p.get_string("--moe-router-load-balancing-type") == "none" ? MoELoadBalancing::None
                                                                                    : MoELoadBalancing::AuxLoss;
   moe.aux_loss_coeff = p.get_float("--moe-aux-loss-coeff");

@@ -37,6 +37,12 @@ void print_theoretical_memory(const TrainArgs& args, const Device& device) {
                e.weight_and_optimizer_bytes() / kMiB, e.activation_bytes / kMiB, e.total_bytes() / kMiB,
                e.parameter_bytes / kMiB, e.gradient_bytes / kMiB, e.main_parameter_bytes / kMiB,
                e.optimizer_bytes / kMiB, whose);
+  const MoEConfig& moe = args.model.moe;
+  if (moe.enabled())
+    print_rank_0("  MoE: %d of %d experts per expert-parallel rank (EP %d): %.2f M expert parameters on that rank; "
+                 "dispatcher buffers %.2f MB of its activations",
+                 moe.num_experts / moe.expert_parallel_size, moe.num_experts, moe.expert_parallel_size,
+                 e.expert_parameters / 1e6, e.moe_dispatch_bytes / kMiB);
 }
 
 void check_node_memory(const TrainArgs& args, int first_rank, int local_ranks, const Device& device) {

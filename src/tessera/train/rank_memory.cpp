@@ -12,6 +12,7 @@ GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int p
   partition.tp_size = args.tensor_parallel_size;
   partition.tp_rank = tp_rank;
   partition.sequence_parallel = args.sequence_parallel;
+  partition.ep_size = args.model.moe.expert_parallel_size;  // every EP rank holds E / EP experts
   partition.cp_size = args.context_parallel_size;  // activations hold S/CP rows (CP ranks alike)
   partition.chunks = pipeline_chunks(args.model.num_layers, args.pipeline_split, pp_rank);
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, pp_rank);
@@ -21,7 +22,7 @@ GPTMemoryEstimate estimate_rank_memory(const TrainArgs& args, int tp_rank, int p
 
 std::vector<RankMemory> estimate_memory_per_rank(const TrainArgs& args, const Device& device) {
   const Topology topology(args.world_size, 0, args.tensor_parallel_size, args.pipeline_parallel_size,
-                          args.context_parallel_size);
+                          args.context_parallel_size, args.model.moe.expert_parallel_size);
   std::map<std::pair<int, int>, GPTMemoryEstimate> by_coords;  // data-parallel replicas share one
   std::vector<RankMemory> out;
   for (int r = 0; r < args.world_size; ++r) {

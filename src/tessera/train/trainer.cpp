@@ -79,6 +79,7 @@ std::string timestamp() {
 GradBufferOptions grad_buffer_options(const TrainArgs& args, int pp_rank) {
   GradBufferOptions o;
   o.data_parallel = args.data_parallel_with_cp();
+  o.expert_data_parallel = args.data_parallel_with_cp() / args.model.moe.expert_parallel_size;
   o.distributed_optimizer = args.use_distributed_optimizer;
   // Without overlap Megatron reduces all gradients as one bucket after backward; later
   // pipeline stages never split theirs (megatron/core/distributed/distributed_data_parallel.py).
@@ -132,7 +133,7 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
                   "the model's buffers were not laid out by grad_buffer_layout for these arguments");
     const DataParallelOptions o{args.overlap_grad_reduce, args.use_distributed_optimizer, args.overlap_param_gather};
     dp_buckets_ = std::make_unique<DataParallelBuckets>(model.buffer_layout(), model.grad_buffer(),
-                                                        model.param_buffer(), *dp_, o, device);
+                                                        model.param_buffer(), *dp_, o, device, groups.expert_dp);
     if (args.overlap_param_gather)
       model.set_params_needed([this](size_t first, size_t end) { dp_buckets_->wait_params(first, end); });
   }
@@ -282,7 +283,7 @@ void Trainer::build_norm_tables() {
   int64_t most_rows = 0;
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const Tensor& g = main_grads_[i];
-    if (!model_.shards()[i].counts_in_norm || g.empty()) continue;
+    if (!counts_in_norm(i) || g.empty()) continue;
     TESSERA_CHECK(g.dtype == DType::F32, "the gradients are f32");
     if (!segments.count(g.handle)) buffers.push_back(g);
     ops::MultiTensorSegment seg;
@@ -329,7 +330,21 @@ size_t Trainer::norm_slot(size_t i) const {
   const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
   const size_t slot = model_.shards()[i].spec.id * tp + tp_rank;
   if (!distributed_optimizer()) return slot;
-  return slot * static_cast<size_t>(dp_->size()) + static_cast<size_t>(dp_->rank());
+  // An expert's pieces are owned over the expert data-parallel group (no larger than dp-cp).
+  const bool expert = model_.partition().ep_size > 1 && model_.shards()[i].is_expert;
+  const int owner = expert ? groups_.expert_dp->rank() : dp_->rank();
+  return slot * static_cast<size_t>(dp_->size()) + static_cast<size_t>(owner);
+}
+
+// Under expert parallelism the EP ranks hold the same dense parameters (averaged over dp-cp)
+// and different experts: without the distributed optimizer the dense ones count on EP rank 0
+// only, the experts on every EP rank (Megatron sums the experts' norm over the expert
+// tensor-model-pipeline group: optimizer/__init__.py's second optimizer). With it each piece
+// counts on its one owner already.
+bool Trainer::counts_in_norm(size_t i) const {
+  const ParamShard& s = model_.shards()[i];
+  if (!s.counts_in_norm) return false;
+  return distributed_optimizer() || s.is_expert || model_.partition().ep_rank == 0;
 }
 
 // Each parameter's sum of squares goes into its own slot (parameter id, TP rank), so the
@@ -346,6 +361,7 @@ void Trainer::global_grad_norm() {
   for (const NormSlab& n : norm_slabs_) ops::multi_tensor_sum_squares(norm_sums_, norm_workspace_, n.grad, n.chunks);
   if (Communicator* group = if_split(distributed_optimizer() ? groups_.world : groups_.model_parallel))
     group->all_reduce(norm_sums_, ReduceOp::Sum);
+  if (Communicator* ep = if_split(groups_.ep); ep && !distributed_optimizer()) ep->all_reduce(norm_sums_, ReduceOp::Sum);
   ops::grad_norm_finish(norm_result_, optimizer_->step_scalars(), norm_sums_, args_.optimizer.clip_grad);
 }
 
@@ -434,7 +450,7 @@ void Trainer::report_non_finite(const IterationResult& r) const {
   std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const ParamShard& s = model_.shards()[i];
-    if (s.counts_in_norm && !main_grads_[i].empty() && !std::isfinite(host_at(norm_sums_.offset)[norm_slot(i)])) {
+    if (counts_in_norm(i) && !main_grads_[i].empty() && !std::isfinite(host_at(norm_sums_.offset)[norm_slot(i)])) {
       what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
       what += model_.shards()[i].spec.name;
       break;

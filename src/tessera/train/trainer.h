@@ -59,6 +59,10 @@ struct TrainerGroups {
   Communicator* model_parallel = nullptr;  // tp x pp: the gradient norm
   Communicator* embedding = nullptr;       // the tied embedding's gradient, first and last stage
   Communicator* cp = nullptr;              // context parallelism: which rows of each sample this rank holds
+  // Expert parallelism (null for EP 1): the experts' gradient norm spans the EP group, and
+  // their gradients are averaged over the expert data-parallel group.
+  Communicator* ep = nullptr;
+  Communicator* expert_dp = nullptr;
 };
 
 // Megatron's memory report (report_memory in megatron/training/utils.py) for this rank, in MB
@@ -141,6 +145,7 @@ class Trainer {
   const double* host_at(size_t offset) const { return step_host_.data() + offset / sizeof(double); }
   // The norm slot of parameter i's gradient on this rank.
   size_t norm_slot(size_t i) const;
+  bool counts_in_norm(size_t i) const;
   bool distributed_optimizer() const { return dp_buckets_ && args_.use_distributed_optimizer; }
   // f32 values of whole parameters in host memory, one buffer over the gradient-buffer layout
   // per name prefix, with checkpoint tensors "<prefix><parameter name>" viewing them: only
@@ -182,6 +187,11 @@ class Trainer {
   // parameters widened (as Megatron's model file).
   bool main_params_apart() const { return model_.config().params_dtype != DType::F32; }
   std::vector<ShardedTensor> main_param_tensors(bool with_embedding_copy) const;
+  // Which parameters this rank writes into a checkpoint (one replica of each), and those of
+  // `tensors` (parameters, or optimizer state named "<kind>.<parameter>" when `state`).
+  bool saves_param(const ParamShard& s) const;
+  bool saves_any_param() const;
+  std::vector<ShardedTensor> saved_here(std::vector<ShardedTensor> tensors, bool state) const;
   std::vector<FlatPiece> main_param_pieces(bool with_embedding_copy) const;
   void print_evaluation(const std::string& prefix, const char* split);
   void write_tensorboard(const IterationResult& r);

@@ -410,6 +410,30 @@ std::vector<ShardedTensor> Trainer::main_param_tensors(bool with_embedding_copy)
   return out;
 }
 
+// Data-parallel replicas hold the same parameters: dp-cp rank 0 of each (tp, pp) saves them;
+// under expert parallelism each EP rank holds other experts, which expert data-parallel rank 0
+// of each (tp, ep, pp) saves.
+bool Trainer::saves_param(const ParamShard& s) const {
+  if (model_.partition().ep_size > 1 && s.is_expert) return rank_in(groups_.expert_dp) == 0;
+  return rank_in(groups_.dp) == 0;
+}
+
+bool Trainer::saves_any_param() const {
+  return std::any_of(model_.shards().begin(), model_.shards().end(),
+                     [&](const ParamShard& s) { return saves_param(s); });
+}
+
+// The tensors of those parameters this rank saves; optimizer state is named "<kind>.<parameter>".
+std::vector<ShardedTensor> Trainer::saved_here(std::vector<ShardedTensor> tensors, bool state) const {
+  std::set<std::string> others;
+  for (const ParamShard& s : model_.shards())
+    if (!saves_param(s)) others.insert(s.spec.name);
+  std::erase_if(tensors, [&](const ShardedTensor& t) {
+    return others.count(state ? t.name.substr(t.name.find('.') + 1) : t.name) > 0;
+  });
+  return tensors;
+}
+
 std::vector<FlatPiece> Trainer::main_param_pieces(bool with_embedding_copy) const {
   if (!distributed_optimizer()) return whole_pieces(main_param_tensors(with_embedding_copy));
   std::vector<FlatPiece> out;
@@ -517,9 +541,9 @@ json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
   shard.num_experts = args_.model.moe.num_experts;
   shard.numbered_layers = torch_dist_numbered_layers(megatron_file_spec().args);
   shard.swiglu = args_.model.swiglu;
-  const bool writes_model = rank_in(groups_.dp) == 0;
-  if (writes_model) {
-    shard.params = model_tensors(model_, false);
+  const bool writes_model = saves_any_param();
+  if (writes_model) shard.params = saved_here(model_tensors(model_, false), false);
+  if (rank_in(groups_.dp) == 0) {  // not the other EP ranks, which add only their experts
     if (!args_.no_save_rng) shard.rng_state = torch_dist_rng_state();
     shard.rerun_state = [iteration = iteration_](const zip::StoredWriter::Append& append) {
       append_megatron_rerun_state_object(append, iteration);
@@ -535,8 +559,8 @@ json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
     const std::vector<FlatPiece> main = prefixed(main_param_pieces(false), "fp32_param.");
     shard.flat_state.insert(shard.flat_state.end(), main.begin(), main.end());
   } else if (writes_model) {
-    shard.state = optimizer_tensors(*optimizer_, model_, false);
-    if (main_params_apart()) shard.main = main_param_tensors(false);
+    shard.state = saved_here(optimizer_tensors(*optimizer_, model_, false), true);
+    if (main_params_apart()) shard.main = saved_here(main_param_tensors(false), false);
   }
   return write_torch_dist_shard(tmp_dir, rank_in(groups_.world), shard);
 }
@@ -611,7 +635,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
     const bool every_dp_rank = distributed_optimizer() && !args_.no_save_optim;
     json mine = json::array();
     on_every_rank(world, write_failed, [&] {
-      if (dp == 0 || every_dp_rank) mine = write_torch_dist_files(tmp_dir);
+      if (dp == 0 || every_dp_rank || saves_any_param()) mine = write_torch_dist_files(tmp_dir);
     }, abandon);
     const std::vector<json> records = gather_json(world, mine);
     on_every_rank(world, commit_failed, [&] {
@@ -636,22 +660,24 @@ void Trainer::write_checkpoint(const std::string& dir) {
     return;
   }
   // Data-parallel replicas hold the same parameters: DP rank 0 of each (tp, pp) writes them,
-  // and the replicated optimizer's state. The distributed optimizer's state is written where
-  // it lives: every DP rank writes its owned ranges, in parallel, into a file of its own.
+  // and the replicated optimizer's state (the other EP ranks' experts into folders of their
+  // own: saves_param). The distributed optimizer's state is written where it lives: every DP
+  // rank writes its owned ranges, in parallel, into a file of its own.
   const bool sharded_optimizer = distributed_optimizer() && !args_.no_save_optim;
   const std::string shard = checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size);
   std::vector<CheckpointFile> mine;
   on_every_rank(world, write_failed, [&] {
     if (sharded_optimizer) mine.push_back(write_optimizer_dp_shard(tmp_dir, shard, dp, owned_optimizer_pieces()));
-    if (dp != 0) return;
+    if (!saves_any_param()) return;
     // The model file holds f32 values, staged one tensor at a time: a 16-bit model's main
     // parameters, or with the distributed optimizer (whose files hold those) its 16-bit
     // parameters widened.
     const bool whole_main_params = main_params_apart() && !distributed_optimizer();
     const std::vector<CheckpointFile> written = write_checkpoint_shard(
-        tmp_dir, shard, whole_main_params ? main_param_tensors(false) : model_tensors(model_, false),
+        tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size, model_.partition().ep_rank),
+        saved_here(whole_main_params ? main_param_tensors(false) : model_tensors(model_, false), false),
         args_.no_save_optim || sharded_optimizer ? std::vector<ShardedTensor>{}
-                                                 : optimizer_tensors(*optimizer_, model_, false),
+                                                 : saved_here(optimizer_tensors(*optimizer_, model_, false), true),
         FloatStorage::WidenToF32);
     mine.insert(mine.end(), written.begin(), written.end());
   }, abandon);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "tessera/comm/all_to_all.h"
 #include "tessera/comm/in_process/in_process_communicator.h"
 #include "tessera/core/error.h"
 
@@ -336,4 +337,31 @@ TEST(InProcessComm, UnwaitedWorkCompletesInItsDestructor) {
         }
       },
       5s);
+}
+
+// all_to_all_v (comm/all_to_all.h): rank r sends (r + j) % 3 rows to rank j, row values naming
+// sender, receiver and row; every rank receives its runs in sender order, empty runs included.
+TEST(InProcessComm, AllToAllVMovesRunsOfRows) {
+  static constexpr int N = 3, C = 2;
+  auto rows = [](int from, int to) { return int64_t((from + to) % 3); };
+  run_in_process_ranks(N, [&](Communicator& c) {
+    const int r = c.rank();
+    std::vector<int64_t> send(N), recv(N);
+    std::vector<float> in, out;
+    for (int j = 0; j < N; ++j) {
+      send[j] = rows(r, j);
+      recv[j] = rows(j, r);
+      for (int64_t i = 0; i < send[j]; ++i)
+        for (int k = 0; k < C; ++k) in.push_back(float(100 * r + 10 * j + i));
+    }
+    int64_t total = 0;
+    for (int64_t n : recv) total += n;
+    out.assign(static_cast<size_t>(total * C), -1.0f);
+    all_to_all_v(c, Tensor(out.data(), DType::F32, {total, C}, nullptr), recv,
+                 Tensor(in.data(), DType::F32, {int64_t(in.size() / C), C}, nullptr), send);
+    size_t at = 0;
+    for (int from = 0; from < N; ++from)
+      for (int64_t i = 0; i < rows(from, r); ++i)
+        for (int k = 0; k < C; ++k) EXPECT_EQ(out[at++], float(100 * from + 10 * r + i)) << from << " " << i;
+  });
 }

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tessera/comm/in_process/in_process_communicator.h"
 #include "tessera/device/device.h"
 #include "tessera/device/registry.h"
 #include "tessera/model/gpt.h"
@@ -45,6 +46,38 @@ TEST(MemoryEstimate, EqualsWhatGPTModelAllocates) {
         EXPECT_EQ(e.main_parameter_bytes, dtype == DType::F32 ? 0 : e.gradient_bytes);
       }
     }
+  }
+}
+
+// Expert parallelism: an EP rank holds E/EP experts (the estimate counts them) and the
+// dispatcher's buffers; both dispatchers' allocations equal the estimate, whose dispatcher share
+// is what the EP rank allocates beyond the same model at EP 1.
+TEST(MemoryEstimate, ExpertParallelRanksEqualWhatGPTModelAllocates) {
+  GPTConfig c = tiny(2, true);
+  c.add_bias_linear = false;
+  c.moe.num_experts = 4;
+  c.moe.ffn_hidden_size = 16;
+  c.moe.moe_layers = {true, true};
+  for (MoEDispatcher dispatcher : {MoEDispatcher::AllGather, MoEDispatcher::AllToAll}) {
+    c.moe.dispatcher = dispatcher;
+    run_in_process_ranks(2, [&](Communicator& ep) {
+      if (ep.rank() == 0) {  // one rank measures the (shared) CPU device's allocations
+        ModelPartition part = ModelPartition::whole(c);
+        part.ep_size = 2;
+        Device& device = cpu_device();
+        const size_t before = device.allocated_bytes();
+        GPTModel model(c, device, 2, part, {1}, {1}, nullptr, nullptr, nullptr, &ep);
+        const size_t used = device.allocated_bytes() - before;
+        const GPTMemoryEstimate e = estimate_gpt_memory(c, 2, part, {1}, {1});
+        EXPECT_EQ(e.num_parameters, model.num_parameters());
+        EXPECT_EQ(e.parameter_bytes + e.gradient_bytes + e.activation_bytes, used);
+        EXPECT_EQ(e.expert_parameters, 2 * 2 * (2 * 16 * 24));  // 2 layers x 2 experts x fc1 [16, 24] + fc2 [24, 16]
+        GPTModel whole(c, device, 2);
+        EXPECT_GT(e.moe_dispatch_bytes, 0u);
+        EXPECT_EQ(e.moe_dispatch_bytes, model.activation_bytes() - whole.activation_bytes());
+      }
+      ep.barrier();
+    });
   }
 }
 

@@ -137,6 +137,50 @@ TEST(LlamaConfig, GroupedQkvSplitsByWholeGroups) {
   }
 }
 
+// Expert parallelism: EP rank r holds experts [r*E/EP, (r+1)*E/EP) of every MoE layer, marked
+// is_expert and TP-sliced as the dense MLP; the router and everything else on every EP rank.
+TEST(LlamaConfig, ExpertParallelRanksHoldTheirExperts) {
+  GPTConfig c = tiny_llama();
+  c.moe.num_experts = 4;
+  c.moe.ffn_hidden_size = 8;
+  c.moe.moe_layers = {true, false};
+  ModelPartition part = ModelPartition::whole(c);
+  part.ep_size = 2;
+  part.tp_size = 2;
+  for (int r = 0; r < 2; ++r) {
+    part.ep_rank = r;
+    part.tp_rank = 1;
+    EXPECT_EQ(part.local_experts(4).first, 2 * r);
+    EXPECT_EQ(part.local_experts(4).count, 2);
+    std::vector<int> experts;
+    int routers = 0;
+    for (const ParamShard& s : shard_params(c, part)) {
+      const int e = expert_index_of(s.spec.name);
+      EXPECT_EQ(s.is_expert, e >= 0) << s.spec.name;
+      if (e >= 0 && s.spec.name.ends_with("linear_fc1.weight")) {
+        experts.push_back(e);
+        EXPECT_EQ(s.shape, (Shape{2, 8 / 2, 16}));  // SwiGLU [2, F, H] with F split over TP
+        EXPECT_TRUE(s.counts_in_norm);
+      }
+      routers += s.spec.name.ends_with("mlp.router.weight");
+    }
+    EXPECT_EQ(experts, (std::vector<int>{2 * r, 2 * r + 1}));
+    EXPECT_EQ(routers, 1);
+  }
+  EXPECT_EQ(expert_index_of("decoder.layers.3.mlp.experts.local_experts.12.linear_fc2.weight"), 12);
+  EXPECT_EQ(expert_index_of("decoder.layers.3.mlp.router.weight"), -1);
+  part.ep_size = 3;
+  try {
+    shard_params(c, part);
+    FAIL() << "4 experts over EP 3 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--num-experts 4 is not divisible by --expert-model-parallel-size 3"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
 // Megatron's num_floating_point_operations (megatron/training/training.py) with query groups
 // and SwiGLU, by hand for the Llama-3-8B shape.
 TEST(LlamaConfig, ThroughputFlopsUseQueryGroupsAndSwiglu) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -183,4 +184,52 @@ TEST(DataParallelBuckets, DestroyingFinishesAnOverlappedGather) {
     }
     dp.barrier();  // waits for the queued gathers either way, before the buffers go
   });
+}
+
+// Expert parallelism (world 4 = EP 2 x expert DP 2): the experts' buckets (parameters 1 and 3)
+// are summed over the expert data-parallel group ([0,2] [1,3]) and scaled by 1/DP like the
+// others, which are averaged over all four; with the distributed optimizer the experts'
+// buckets are owned and gathered over the expert group.
+TEST(DataParallelBuckets, ExpertBucketsReduceOverTheExpertDataParallelGroup) {
+  for (bool distributed : {false, true}) {
+    run_in_process_ranks(4, [&](Communicator& dp) {
+      std::unique_ptr<Communicator> expert_dp = dp.split({{0, 2}, {1, 3}}, "expert_dp");
+      GradBufferOptions o;
+      o.data_parallel = 4;
+      o.expert_data_parallel = 2;
+      o.distributed_optimizer = distributed;
+      o.dense_alignment = 1;
+      const std::vector<bool> expert = {false, true, false, true, false};
+      Buffers b(build_grad_buffer_layout(kSizes, o, {}, {}, expert));
+      DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {true, distributed, false}, cpu_device(),
+                                  expert_dp.get());
+      fill_grads(b, dp.rank());
+      report_backward(buckets);
+      buckets.finish();
+      // Expert group of rank r: {r % 2, r % 2 + 2}; its gradients' sum / 4.
+      const int first = dp.rank() % 2;
+      auto expected = [&](size_t p, int64_t e) {
+        if (!expert[p]) return float(150 + p * 10 + e);
+        return float((first * 100 + (first + 2) * 100 + 2 * (p * 10 + e)) / 4.0);
+      };
+      if (!distributed) {
+        for (size_t p = 0; p < kSizes.size(); ++p)
+          for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(b.grad(p, e), expected(p, e)) << p << " " << e;
+        return;
+      }
+      for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces())
+        for (int64_t e = piece.begin; e < piece.end; ++e)
+          ASSERT_EQ(piece.grad.f32()[e - piece.begin], expected(piece.param, e)) << piece.param << " " << e;
+      // Every rank's parameter values come back from their owners (the expert group's for experts).
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e) b.param(p, e) = -1.0f;
+      for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces())
+        for (int64_t e = piece.begin; e < piece.end; ++e)
+          piece.value.f32()[e - piece.begin] = float(first * 1000 + piece.param * 10 + e) * (expert[piece.param] ? 1 : 0);
+      buckets.gather_params();
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e)
+          ASSERT_EQ(b.param(p, e), expert[p] ? float(first * 1000 + p * 10 + e) : 0.0f) << p << " " << e;
+    });
+  }
 }

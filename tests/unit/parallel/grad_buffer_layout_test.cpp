@@ -154,3 +154,45 @@ TEST(GradBufferLayout, OnlyTheFirstModelChunkIsSplitIntoBuckets) {
   EXPECT_EQ(dense.buckets[0].first_param, kNumels.size());
   EXPECT_EQ(dense.buckets[1].end_param, kNumels.size());
 }
+
+// Expert parallelism: the experts' parameters get buffers of their own after the others
+// (Megatron's expert_parallel_buffers), laid out by the same rules, with the distributed
+// optimizer padded for the expert data-parallel size; the others are laid out as without them.
+TEST(GradBufferLayout, ExpertsGetBucketsOfTheirOwnAfterTheOthers) {
+  // Parameters 2 and 5 (linear_proj, word-embedding-sized) play the experts.
+  std::vector<bool> expert(kNumels.size(), false);
+  expert[2] = expert[5] = true;
+  GradBufferOptions o;
+  o.data_parallel = 4;
+  o.expert_data_parallel = 3;
+  o.distributed_optimizer = true;
+  const GradBufferLayout l = build_grad_buffer_layout(kNumels, o, {}, {}, expert);
+  std::vector<int64_t> dense_numels;
+  for (size_t i = 0; i < kNumels.size(); ++i)
+    if (!expert[i]) dense_numels.push_back(kNumels[i]);
+  GradBufferOptions dense_o = o;
+  const GradBufferLayout dense = build_grad_buffer_layout(dense_numels, dense_o);
+  ASSERT_EQ(l.buckets.size(), 2u);
+  EXPECT_FALSE(l.buckets[0].expert);
+  EXPECT_TRUE(l.buckets[1].expert);
+  EXPECT_EQ(l.buckets[0].end, dense.buckets[0].end);
+  EXPECT_EQ(l.group_size(0), 4);
+  EXPECT_EQ(l.group_size(1), 3);
+  // The experts' bucket: 128*24 (param 5) then 24*24 at the next multiple of 64, padded to lcm(3, 128).
+  EXPECT_EQ(l.buckets[1].start, dense.buckets[0].end);
+  EXPECT_EQ(l.params[5].start, l.buckets[1].start);
+  EXPECT_EQ(l.params[2].start, l.buckets[1].start + 128 * 24);
+  EXPECT_EQ(l.buckets[1].numel_unpadded, 128 * 24 + 24 * 24);
+  EXPECT_EQ(l.buckets[1].numel() % 384, 0);
+  EXPECT_EQ(l.buckets[1].first_param, 2u);
+  EXPECT_EQ(l.buckets[1].end_param, 6u);
+  EXPECT_EQ(l.owned_begin(1, 1), l.buckets[1].start + l.buckets[1].numel() / 3);
+  size_t d = 0;
+  for (size_t i = 0; i < kNumels.size(); ++i)
+    if (!expert[i]) {
+      EXPECT_EQ(l.params[i].start, dense.params[d++].start) << kNames[i];
+      EXPECT_EQ(l.params[i].bucket, 0u);
+    } else {
+      EXPECT_EQ(l.params[i].bucket, 1u);
+    }
+}

@@ -143,3 +143,57 @@ TEST(Topology, ParallelGroupsFromTheWorldCommunicator) {
     EXPECT_EQ(x[0], expected);
   });
 }
+
+// megatron-core 0.10.0's expert RankGenerator(tp=TP, ep=EP, dp=CP*DP/EP, pp=PP, cp=1,
+// order='tp-cp-ep-dp-pp').get_ranks('ep') and get_ranks('dp'), printed by
+// /opt/tessera/tools-venv (what parallel_state.initialize_model_parallel builds with
+// expert_tensor_parallel_size = TP).
+TEST(Topology, MegatronExpertGroups) {
+  Topology a(8, 5, 2, 1, 1, 2);  // TP 2 x EP 2 x expert DP 2
+  EXPECT_EQ(a.dp_size(), 4);
+  EXPECT_EQ(a.expert_dp_size(), 2);
+  EXPECT_EQ(a.ep_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(a.expert_dp_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(a.expert_coords_of(5), (ExpertCoords{1, 0, 1, 0}));
+  EXPECT_EQ(a.ep_rank(), 0);
+  EXPECT_EQ(a.expert_dp_rank(), 1);
+  EXPECT_EQ(a.describe(), "world 8 = TP 2 x CP 1 x DP 4 x PP 1 (order tp-cp-ep-dp-pp); rank 5 is tp 1, cp 0, dp 2, "
+                          "pp 0 (EP 2 x expert DP 2; ep 0, expert dp 1)");
+
+  Topology b(16, 6, 2, 2, 2, 2);  // TP 2 x CP 2 x DP 2 x PP 2, EP 2: expert DP = CP*DP/EP = 2
+  EXPECT_EQ(b.ep_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(b.expert_dp_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(b.dp_cp_groups(), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+
+  Topology c(8, 0, 1, 1, 2, 4);  // CP 2 x EP 4: the ep groups span CP and DP
+  EXPECT_EQ(c.ep_groups(), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(c.expert_dp_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+
+  Topology d(4, 3, 1, 1, 1, 4);  // EP 4 = the whole world: expert DP 1
+  EXPECT_EQ(d.ep_groups(), (Groups{{0, 1, 2, 3}}));
+  EXPECT_EQ(d.expert_dp_groups(), (Groups{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(d.ep_rank(), 3);
+
+  Topology e(4, 0, 1, 1);  // EP 1: expert DP is the dp-cp group
+  EXPECT_EQ(e.ep_size(), 1);
+  EXPECT_EQ(e.expert_dp_groups(), e.dp_cp_groups());
+
+  const std::string err = usage_error_of([] { Topology(8, 0, 2, 1, 1, 3); });
+  EXPECT_NE(err.find("--expert-model-parallel-size (3) does not divide the context x data parallel size 4"),
+            std::string::npos)
+      << err;
+}
+
+TEST(Topology, ExpertParallelGroupsFromTheWorldCommunicator) {
+  run_in_process_ranks(8, [](Communicator& world) {
+    const int r = world.rank();
+    Topology t(8, r, 2, 1, 1, 2);
+    ParallelGroups g = create_parallel_groups(world, t);
+    ASSERT_TRUE(g.ep && g.expert_dp);
+    EXPECT_EQ(g.ep->world_ranks(), Topology::group_of(t.ep_groups(), r));
+    EXPECT_EQ(g.expert_dp->world_ranks(), Topology::group_of(t.expert_dp_groups(), r));
+    EXPECT_EQ(g.ep->rank(), t.ep_rank());
+    EXPECT_EQ(g.expert_dp->rank(), t.expert_dp_rank());
+    EXPECT_EQ(&g.expert_dp_group(), g.expert_dp.get());
+  });
+}
