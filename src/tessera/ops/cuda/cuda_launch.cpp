@@ -115,6 +115,11 @@ void CudaLaunch::run(int64_t global0, int64_t global1) {
                     dim3(static_cast<unsigned>(block)), args_, 0, tessera::cuda::stream_of(device_));
 }
 
+cudaStream_t stream_of(const Tensor& t) {
+  tessera::cuda::activate(*t.device);
+  return tessera::cuda::stream_of(*t.device);
+}
+
 ScratchLease::ScratchLease(Device& device, size_t bytes) {
   Scratch& s = scratch_of(device);
   lock_ = std::unique_lock<std::mutex>(s.lock);

@@ -12,12 +12,7 @@
 #include <stdint.h>
 
 #include "tessera/core/philox.h"
-
-#if defined(__CUDACC__)
-#define TESSERA_HD __host__ __device__ inline
-#else
-#define TESSERA_HD inline
-#endif
+#include "tessera/ops/cuda/host_device.h"
 
 namespace tessera::ops::cuda::native {
 
