@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-check.sh bundle [BUILD_DIR]
 #       On the build machine, after a CUDA build (default build dir: build-cuda): packs
-#       BUILD_DIR/gpu-bundle.tar.xz with the tessera binary, backend_ops_test and every
+#       BUILD_DIR/gpu-bundle.tar.xz with the tessera binary, backend_ops_test, precision_test and every
 #       shared library they load that is neither glibc nor a CUDA library (oneDNN, ICU,
 #       Gloo, ...), xz-compressed to fit a 64 MiB transfer. Carry that file to the GPU
 #       machine with the source tree.
@@ -36,17 +36,19 @@ die() {
 bundle() {
   local build=${1:-build-cuda}
   local tessera=$build/src/tessera/cli/tessera ops_test=$build/tests/backend_ops_test
-  [[ -x $tessera && -x $ops_test ]] || die "no $tessera or $ops_test: build with CUDA first"
+  local precision_test=$build/tests/precision_test
+  [[ -x $tessera && -x $ops_test && -x $precision_test ]] ||
+    die "no $tessera, $ops_test or $precision_test: build with CUDA first"
   grep -q 'TESSERA_WITH_CUDA:INTERNAL=ON\|TESSERA_CUDA:STRING=\(ON\|AUTO\)' "$build/CMakeCache.txt" ||
     die "$build is not a CUDA build"
   local stage
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' RETURN
   mkdir -p "$stage/tessera-gpu/bin" "$stage/tessera-gpu/lib"
-  cp "$tessera" "$ops_test" "$stage/tessera-gpu/bin/"
+  cp "$tessera" "$ops_test" "$precision_test" "$stage/tessera-gpu/bin/"
   # Every library the two load, but glibc's (the GPU machine's own must match its loader)
   # and CUDA's (the GPU machine's driver and pip packages provide them).
-  ldd "$tessera" "$ops_test" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  ldd "$tessera" "$ops_test" "$precision_test" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/lib(cuda|cudart|cublas|cublasLt|nccl|nvrtc|cudnn[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/tessera-gpu/lib/"; done
   tar -C "$stage" -cf - tessera-gpu | xz -T2 -6 >"$build/gpu-bundle.tar.xz"
@@ -319,7 +321,7 @@ run() {
   libpath="$work/tessera-gpu/lib:$nvidia${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # The bundled libraries (an older libstdc++ among them) only for tessera's own binaries:
   # each becomes a wrapper that sets the path, so python3 and torch keep the machine's own.
-  for b in tessera backend_ops_test; do
+  for b in tessera backend_ops_test precision_test; do
     mv "$bin/$b" "$bin/$b.bin"
     printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libpath" "$bin/$b.bin" >"$bin/$b"
     chmod +x "$bin/$b"
@@ -350,8 +352,12 @@ run() {
     --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
     --micro-batch-size 2 --global-batch-size 8 --train-iters 2 --lr 1e-3
   part test_backend_ops 60 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
+  # Every op against float64 within its class's bound on the GPU (the MoE permutes, RoPE, ...).
+  part test_precision 30 "$bin/precision_test" --gtest_filter='*cuda*'
   part test_train_parity 40 python3 tests/integration/cuda_test.py "$TESSERA" train
   part test_cudnn 30 python3 tests/integration/cuda_test.py "$TESSERA" cudnn
+  part test_llama 40 python3 tests/integration/cuda_test.py "$TESSERA" llama
+  part test_moe 25 python3 tests/integration/cuda_test.py "$TESSERA" moe
   part tessera_124m 45 tessera_bench 124m
   part tessera_124m_deterministic 45 tessera_bench 124m deterministic
   if ((peers)); then
@@ -382,6 +388,13 @@ run() {
       --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
       --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --eval-interval 2 --eval-iters 1 --lr 1e-3 \
       --hidden-dropout 0.1 --attention-dropout 0
+    # The native RoPE, embedding-backward and MoE kernels in bf16 (a Llama layout with experts).
+    part memcheck_llama_moe 40 env LD_LIBRARY_PATH="$libpath" "$sanitizer" --error-exitcode 3 --tool memcheck \
+      "$bin/tessera.bin" train --device cuda --mock-data --tokenizer-type NullTokenizer --vocab-size 60 \
+      --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
+      --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --lr 1e-3 --bf16 --hidden-dropout 0 \
+      --attention-dropout 0 --normalization RMSNorm --position-embedding-type rope --swiglu \
+      --group-query-attention --num-query-groups 2 --disable-bias-linear --num-experts 4 --moe-router-topk 2
   fi
   summarize
 }
