@@ -2,10 +2,14 @@
 # (ctest --test-dir build -L gpu): the op test on every CUDA device and the 10-iteration
 # training parity test against the CPU need a GPU and exit 77 (skipped, saying so) without
 # one (so do the checkpoints across CPU and CUDA, --bf16 and --tf32 against the CPU). CPU-side, in every build: the TESSERA_CUDA
-# option's behaviour; in CUDA builds, the error of --device cuda on a machine without a GPU
+# option's behaviour and that every fatbin kernel fits CudaLaunch's arguments; in CUDA builds, the error of --device cuda on a machine without a GPU
 # and --tf32's note on the CPU.
 add_test(NAME cuda.option COMMAND ${CMAKE_CURRENT_LIST_DIR}/cuda_option_test.sh ${TESSERA_WITH_CUDA})
 set_tests_properties(cuda.option PROPERTIES TIMEOUT 120 LABELS cuda)
+# Every fatbin kernel fits CudaLaunch's argument array (a GPU-only failure otherwise).
+add_test(NAME cuda.kernel_arguments
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/kernel_arguments_test.py ${PROJECT_SOURCE_DIR})
+set_tests_properties(cuda.kernel_arguments PROPERTIES TIMEOUT 60 LABELS cuda)
 if(TESSERA_WITH_CUDA)
   add_test(NAME cuda.no_gpu_error
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> no-gpu)

@@ -63,7 +63,8 @@ CudaLaunch::CudaLaunch(const Tensor& on, const char* kernel) : device_(*on.devic
 }
 
 void CudaLaunch::set(const void* value, size_t size) {
-  TESSERA_CHECK(count_ < kMaxArgs, std::string(name_) + ": more than 32 kernel arguments");
+  TESSERA_CHECK(count_ < kMaxArgs,
+                std::string(name_) + ": more than " + std::to_string(kMaxArgs) + " kernel arguments");
   values_[count_] = 0;
   std::memcpy(&values_[count_], value, size);
   args_[count_] = &values_[count_];

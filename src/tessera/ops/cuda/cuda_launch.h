@@ -66,7 +66,7 @@ class CudaLaunch {
 
  private:
   void set(const void* value, size_t size);
-  static constexpr int kMaxArgs = 32;
+  static constexpr int kMaxArgs = 64;  // the widest shared kernel takes 44 (kernel_arguments_test.py)
   const Device& device_;
   const char* name_;
   const void* kernel_;

@@ -24,9 +24,9 @@ struct SortScratch {
 
 size_t cub_bytes(int64_t N) {
   size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-                                  static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-                                  static_cast<int>(N));
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                  static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), static_cast<int>(N));
   return bytes;
 }
 
@@ -51,7 +51,8 @@ __global__ void embedding_runs_kernel(Table* table, const Dout* dout, const uint
                                       int64_t N, int64_t table_rows, int64_t C) {
   const int64_t i = blockIdx.x, c = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (c >= C) return;
-  run_sum_item(keys, rows, N, table_rows, C, i, c, ElementReader<Table>{table}, ElementWriter<Table>{table}, ElementReader<Dout>{dout});
+  run_sum_item(keys, rows, N, table_rows, C, i, c, ElementReader<Table>{table}, ElementWriter<Table>{table},
+               ElementReader<Dout>{dout});
 }
 
 template <typename Table, typename Dout>

@@ -20,7 +20,8 @@ __global__ void attention_qkv_kernel(T* dst, const T* src, QkvShape s, RopeFreqs
   if constexpr (Forward)
     qkv_forward_item(s, freqs.inv_freq, row, g, slot, j, ElementReader<T>{src}, ElementWriter<T>{dst});
   else
-    qkv_backward_item(s, freqs.inv_freq, row, g, slot, j, ElementReader<T>{src}, ElementReader<T>{dst}, ElementWriter<T>{dst});
+    qkv_backward_item(s, freqs.inv_freq, row, g, slot, j, ElementReader<T>{src}, ElementReader<T>{dst},
+                      ElementWriter<T>{dst});
 }
 
 template <bool Forward>
