@@ -221,7 +221,7 @@ void Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool train
     // Dropout masks are keyed by the sample's index within the global batch.
     const StepContext step{static_cast<uint32_t>(iteration_),
                            static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training,
-                           loss_scale / static_cast<double>(num_micro)};
+                           loss_scale / static_cast<double>(num_micro), iteration_scalar_};
     if (a.op == PipeOp::Forward) {
       model_.forward(a.chunk, slot, mb, step, loss_sums_);
       return;
@@ -271,7 +271,8 @@ void Trainer::finalize_grads() {
 
 // The slab of doubles (loss sums, norm slots, norm result: the span read back each step),
 // then the norm's chunk tables and their workspace: every buffer the step's norm uses,
-// allocated once here (the static plan; the step allocates nothing).
+// and the iteration as a device scalar for the dropout masks, allocated once here (the
+// static plan; the step allocates nothing).
 void Trainer::build_norm_tables() {
   // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
   const int64_t slots = static_cast<int64_t>(gpt_param_specs(args_.model).size()) * args_.tensor_parallel_size *
@@ -310,7 +311,9 @@ void Trainer::build_norm_tables() {
   }
   const Shape workspace = ops::multi_tensor_sum_squares_workspace(device_, most_rows);
   const size_t workspace_at = layout.reserve(DType::I64, workspace);
+  const size_t iteration_at = layout.reserve(DType::I32, {1});
   scalars_slab_ = Buffer(device_, layout.total_bytes());
+  iteration_scalar_ = tensor_at(scalars_slab_, iteration_at, DType::I32, {1});
   loss_sums_ = tensor_at(scalars_slab_, loss_at, DType::I64, {2});
   norm_sums_ = tensor_at(scalars_slab_, norm_at, DType::I64, {slots});
   norm_result_ = tensor_at(scalars_slab_, result_at, DType::I64, {2});
@@ -353,6 +356,10 @@ void Trainer::read_step_sums() { copy_to_host(step_host_.data(), step_host_.size
 
 IterationResult Trainer::train_step() {
   ++iteration_;
+  // The dropout kernels read the iteration from the device (ops.h Dropout::iteration), so
+  // the step's launches are the same every step.
+  const int32_t iteration = static_cast<int32_t>(iteration_);
+  copy_from_host(iteration_scalar_, &iteration, sizeof(iteration));
   IterationResult r;
   r.lr = scheduler_.lr();
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;

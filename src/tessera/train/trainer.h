@@ -225,6 +225,7 @@ class Trainer {
   // norm per (parameter, TP rank), and the norm and found-inf (grad_norm_finish). After them
   // in the slab, not read back: the norm's chunk tables and workspace.
   Buffer scalars_slab_;
+  Tensor iteration_scalar_;  // I32 [1]: the iteration for the dropout kernels (StepContext)
   Tensor loss_sums_, norm_sums_, norm_result_, norm_workspace_;
   Tensor step_sums_;               // the slab's first bytes, from loss_sums_ to norm_result_'s end
   std::vector<double> step_host_;  // step_sums_ read back

@@ -95,11 +95,17 @@ TEST(CudaElementMath, DropoutFactorIsDropoutForwardsMask) {
                        Tensor(ones.data(), DType::F32, shape, &cpu_device()), dropout);
   const DropoutArgs d{dropout.p,        1.0f / (1.0f - dropout.p), dropout.key.seed, dropout.key.site,
                       dropout.key.iteration, dropout.sample0,       dropout.element_offset, S};
+  // The iteration read from a device scalar instead (Dropout::iteration): the same mask.
+  const uint32_t iteration = dropout.key.iteration;
+  DropoutArgs from_scalar = d;
+  from_scalar.iteration = 0;
+  from_scalar.iteration_at = &iteration;
   int64_t dropped = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t e = 0; e < S; ++e) {
       const float f = ops::cuda::native::dropout_factor(d, b, static_cast<uint64_t>(e));
       ASSERT_EQ(bits(f), bits(out[static_cast<size_t>(b * S + e)])) << "sample " << b << " element " << e;
+      ASSERT_EQ(bits(ops::cuda::native::dropout_factor(from_scalar, b, static_cast<uint64_t>(e))), bits(f));
       dropped += f == 0.0f;
     }
   EXPECT_GT(dropped, B * S / 5);  // the mask drops about p of the elements

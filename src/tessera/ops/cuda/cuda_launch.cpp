@@ -85,12 +85,14 @@ CudaLaunch& CudaLaunch::floats(const Tensor& t) {
 CudaLaunch& CudaLaunch::pointer(const void* p) { return scalar<const void*>(p); }
 
 CudaLaunch& CudaLaunch::dropout(const Dropout& d) {
+  check_dropout_iteration(d, device_);
   const float scale = d.p > 0.0f ? 1.0f / (1.0f - d.p) : 1.0f;
   return scalar<float>(d.p)
       .scalar<float>(scale)
       .scalar<uint32_t>(d.key.seed)
       .scalar<uint32_t>(d.key.site)
       .scalar<uint32_t>(d.key.iteration)
+      .tensor(d.iteration)
       .scalar<uint32_t>(d.sample0)
       .scalar<uint64_t>(d.element_offset);
 }

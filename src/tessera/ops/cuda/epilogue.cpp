@@ -78,10 +78,16 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
   const std::optional<DType> dtype = one_dtype({&dinp, &dresidual, &dout});
   if (!dtype) return shared_bias_dropout_add_backward(dinp, dbias, dresidual, dout, dropout, write);
   const int64_t n = dout.numel(), OC = dout.dim(-1), N = n / OC, B = samples(dout, dropout, "bias_dropout_add_backward");
-  native::DropoutArgs d{dropout.p,       dropout.p > 0.0f ? 1.0f / (1.0f - dropout.p) : 1.0f,
-                        dropout.key.seed, dropout.key.site,
-                        dropout.key.iteration, dropout.sample0,
-                        dropout.element_offset, n / B};
+  check_dropout_iteration(dropout, *dout.device);
+  const native::DropoutArgs d{dropout.p,
+                              dropout.p > 0.0f ? 1.0f / (1.0f - dropout.p) : 1.0f,
+                              dropout.key.seed,
+                              dropout.key.site,
+                              dropout.key.iteration,
+                              dropout.sample0,
+                              dropout.element_offset,
+                              n / B,
+                              memory<const uint32_t>(dropout.iteration)};
   const bool assign = write == GradWrite::Assign;
   // The bias gradient sums the contributions as stored: dinp itself when it is assigned, else
   // a copy in scratch beside the column sums' partials.
