@@ -100,7 +100,7 @@ EOF
 }
 
 # tessera's benchmark run: MODEL (124m|350m|1b) MODE (default|deterministic)
-#   -> $RESULTS/tessera_MODEL[_deterministic].jsonl
+#   -> $RESULTS/tessera_MODEL[_deterministic|_graph].jsonl
 # No dropout, as PyTorch's side: the fused attention then runs on cuDNN (ops/cuda/flash_route.h).
 tessera_bench() {
   local model=$1 mode=${2:-default} shape mb=8 vocab=50257 suffix=""
@@ -114,6 +114,7 @@ tessera_bench() {
       mb=4 vocab=128256 ;;
   esac
   [[ $mode == deterministic ]] && shape+=" --deterministic-mode" && suffix=_deterministic
+  [[ $mode == graph ]] && shape+=" --enable-cuda-graph" && suffix=_graph
   # shellcheck disable=SC2086  # shape is a list of flags
   "$TESSERA" train $shape --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size $mb \
     --global-batch-size $mb --bf16 --tokenizer-type NullTokenizer --vocab-size $vocab --mock-data \
@@ -262,7 +263,9 @@ out += ["", "| model | run | tokens/s | MFU (989 TFLOP/s) |", "| --- | --- | ---
 for model in ("124m", "350m", "1b"):
     runs = [("tessera", last_json(os.path.join(res, "tessera_%s.jsonl" % model), "tokens_per_second")),
             ("tessera --deterministic-mode",
-             last_json(os.path.join(res, "tessera_%s_deterministic.jsonl" % model), "tokens_per_second"))]
+             last_json(os.path.join(res, "tessera_%s_deterministic.jsonl" % model), "tokens_per_second")),
+            ("tessera --enable-cuda-graph",
+             last_json(os.path.join(res, "tessera_%s_graph.jsonl" % model), "tokens_per_second"))]
     for mode in ("eager", "compile"):
         runs.append(("PyTorch " + mode, last_json(os.path.join(res, "torch_%s_%s.log" % (model, mode)),
                                                   "tokens_per_second")))
@@ -360,6 +363,8 @@ run() {
   part test_moe 25 python3 tests/integration/cuda_test.py "$TESSERA" moe
   part tessera_124m 45 tessera_bench 124m
   part tessera_124m_deterministic 45 tessera_bench 124m deterministic
+  part test_graph 30 python3 tests/integration/cuda_test.py "$TESSERA" graph
+  part tessera_124m_graph 45 tessera_bench 124m graph
   if ((peers)); then
     part torch_124m_eager 25 torch_bench 124m eager
     part torch_124m_compile 50 torch_bench 124m compile

@@ -30,10 +30,12 @@ if(TESSERA_WITH_CUDA)
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> llama)
   add_test(NAME cuda.moe
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> moe)
+  add_test(NAME cuda.graph
+           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> graph)
   add_test(NAME cuda.two_gpu
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> two-gpu)
   set_tests_properties(cuda.no_gpu_error PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cuda)
-  set_tests_properties(cuda.backend_ops cuda.train_parity cuda.checkpoint cuda.bf16 cuda.tf32 cuda.cudnn cuda.llama cuda.moe
+  set_tests_properties(cuda.backend_ops cuda.train_parity cuda.checkpoint cuda.bf16 cuda.tf32 cuda.cudnn cuda.llama cuda.moe cuda.graph
                        cuda.two_gpu
                        PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS gpu)
 endif()

@@ -25,6 +25,8 @@
   attention), then in `--bf16` without dropout (RoPE before cuDNN's SDPA) within the bf16 bounds;
 - moe: a mixture of experts (4 experts, top-2) on CUDA within 1e-5 of the CPU in f32 (the
   native permute kernels, moe_kernels.cu, and one cuBLASLt linear per expert);
+- graph: `--enable-cuda-graph` (the step captured on the second iteration and replayed after)
+  gives the bits of the same run without it, f32 GPT with dropout and bf16 Llama without;
 - two-gpu: `tessera launch --nproc_per_node 2` on two GPUs with NCCL (data parallel with
   --overlap-grad-reduce, then the distributed optimizer with --overlap-param-gather, then
   tensor parallel with sequence parallelism), each within 1e-5 relative of one CPU process;
@@ -33,7 +35,7 @@ no-gpu also checks that --tf32 on the CPU says it has no effect and changes noth
 that `tessera doctor` says there is no GPU: INFO rows with --device cpu (exit 0), FAIL rows
 with a fix for --device cuda (exit 1).
 ops, train and tf32 exit 77 (skipped) with a message when no GPU is visible.
-usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32|cudnn|llama|moe|two-gpu
+usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32|cudnn|llama|moe|graph|two-gpu
        [BACKEND_OPS_TEST_BINARY]"""
 import json
 import os
@@ -219,6 +221,18 @@ def test_moe():
     return 0
 
 
+def test_graph():
+    for flags, what in (([], "gpt f32 with dropout"), (["--bf16"] + LLAMA, "llama bf16")):
+        with tempfile.TemporaryDirectory() as tmp:
+            eager = train(tmp, "cuda", flags)
+            graph = train(tmp, "cuda", flags + ["--enable-cuda-graph"])
+        for a, b in zip(eager, graph):
+            for key in ("lm_loss", "grad_norm"):
+                assert a[key] == b[key], (what, b["iteration"], key, a[key], b[key])
+        print("ok  %s: --enable-cuda-graph replays the step with the eager run's bits" % what)
+    return 0
+
+
 def gpu_count():
     p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
     return len([l for l in p.stdout.splitlines() if l.startswith("GPU ")]) if p.returncode == 0 else 0
@@ -277,6 +291,7 @@ def main():
         return 77
     parts = {"ops": test_ops, "train": test_train, "checkpoint": test_checkpoint, "bf16": test_bf16,
              "tf32": test_tf32, "cudnn": test_cudnn, "llama": test_llama, "moe": test_moe,
+             "graph": test_graph,
              "two-gpu": test_two_gpu}
     return parts[part]()
 
