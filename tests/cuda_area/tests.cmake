@@ -16,26 +16,16 @@ if(TESSERA_WITH_CUDA)
   add_test(NAME cuda.backend_ops
            COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> ops
                    $<TARGET_FILE:backend_ops_test>)
-  add_test(NAME cuda.train_parity
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> train)
-  add_test(NAME cuda.checkpoint
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> checkpoint)
-  add_test(NAME cuda.bf16
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> bf16)
-  add_test(NAME cuda.tf32
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> tf32)
-  add_test(NAME cuda.cudnn
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> cudnn)
-  add_test(NAME cuda.llama
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> llama)
-  add_test(NAME cuda.moe
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> moe)
-  add_test(NAME cuda.graph
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> graph)
-  add_test(NAME cuda.two_gpu
-           COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> two-gpu)
+  # The GPU parts of cuda_test.py, each its own test: NAME:PART.
+  foreach(test train_parity:train checkpoint:checkpoint bf16:bf16 tf32:tf32 cudnn:cudnn llama:llama moe:moe
+          graph:graph two_gpu:two-gpu)
+    string(REPLACE ":" ";" test ${test})
+    list(GET test 0 name)
+    list(GET test 1 part)
+    add_test(NAME cuda.${name}
+             COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_test.py $<TARGET_FILE:tessera> ${part})
+    set_tests_properties(cuda.${name} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS gpu)
+  endforeach()
   set_tests_properties(cuda.no_gpu_error PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cuda)
-  set_tests_properties(cuda.backend_ops cuda.train_parity cuda.checkpoint cuda.bf16 cuda.tf32 cuda.cudnn cuda.llama cuda.moe cuda.graph
-                       cuda.two_gpu
-                       PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS gpu)
+  set_tests_properties(cuda.backend_ops PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS gpu)
 endif()
