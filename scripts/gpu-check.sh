@@ -359,18 +359,20 @@ run() {
   part test_precision 30 "$bin/precision_test" --gtest_filter='*cuda*'
   part test_train_parity 40 python3 tests/integration/cuda_test.py "$TESSERA" train
   part test_cudnn 30 python3 tests/integration/cuda_test.py "$TESSERA" cudnn
-  part test_llama 40 python3 tests/integration/cuda_test.py "$TESSERA" llama
-  part test_moe 25 python3 tests/integration/cuda_test.py "$TESSERA" moe
   part tessera_124m 45 tessera_bench 124m
   part tessera_124m_deterministic 45 tessera_bench 124m deterministic
-  part test_graph 30 python3 tests/integration/cuda_test.py "$TESSERA" graph
-  part tessera_124m_graph 45 tessera_bench 124m graph
   if ((peers)); then
     part torch_124m_eager 25 torch_bench 124m eager
     part torch_124m_compile 50 torch_bench 124m compile
   fi
   part tessera_350m 50 tessera_bench 350m
   part tessera_1b 60 tessera_bench 1b
+  # What this branch added (native RoPE, embedding backward and MoE kernels; CUDA graphs):
+  # its parity first, then the graph's speed beside the eager 124M run above.
+  part test_llama 40 python3 tests/integration/cuda_test.py "$TESSERA" llama
+  part test_moe 25 python3 tests/integration/cuda_test.py "$TESSERA" moe
+  part test_graph 30 python3 tests/integration/cuda_test.py "$TESSERA" graph
+  part tessera_124m_graph 45 tessera_bench 124m graph
   part profile_124m 60 env LD_LIBRARY_PATH="$libpath" bash -c "$(declare -f tessera_profile); tessera_profile"
   if ((peers)); then
     part torch_350m_eager 25 torch_bench 350m eager
