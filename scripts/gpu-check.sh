@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-check.sh bundle [BUILD_DIR]
 #       On the build machine, after a CUDA build (default build dir: build-cuda): packs
-#       BUILD_DIR/gpu-bundle.tar.xz with the tessera binary, backend_ops_test and every
+#       BUILD_DIR/gpu-bundle.tar.xz with the tessera binary, backend_ops_test, precision_test and every
 #       shared library they load that is neither glibc nor a CUDA library (oneDNN, ICU,
 #       Gloo, ...), xz-compressed to fit a 64 MiB transfer. Carry that file to the GPU
 #       machine with the source tree.
@@ -36,17 +36,19 @@ die() {
 bundle() {
   local build=${1:-build-cuda}
   local tessera=$build/src/tessera/cli/tessera ops_test=$build/tests/backend_ops_test
-  [[ -x $tessera && -x $ops_test ]] || die "no $tessera or $ops_test: build with CUDA first"
+  local precision_test=$build/tests/precision_test
+  [[ -x $tessera && -x $ops_test && -x $precision_test ]] ||
+    die "no $tessera, $ops_test or $precision_test: build with CUDA first"
   grep -q 'TESSERA_WITH_CUDA:INTERNAL=ON\|TESSERA_CUDA:STRING=\(ON\|AUTO\)' "$build/CMakeCache.txt" ||
     die "$build is not a CUDA build"
   local stage
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' RETURN
   mkdir -p "$stage/tessera-gpu/bin" "$stage/tessera-gpu/lib"
-  cp "$tessera" "$ops_test" "$stage/tessera-gpu/bin/"
+  cp "$tessera" "$ops_test" "$precision_test" "$stage/tessera-gpu/bin/"
   # Every library the two load, but glibc's (the GPU machine's own must match its loader)
   # and CUDA's (the GPU machine's driver and pip packages provide them).
-  ldd "$tessera" "$ops_test" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  ldd "$tessera" "$ops_test" "$precision_test" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/lib(cuda|cudart|cublas|cublasLt|nccl|nvrtc|cudnn[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/tessera-gpu/lib/"; done
   tar -C "$stage" -cf - tessera-gpu | xz -T2 -6 >"$build/gpu-bundle.tar.xz"
@@ -98,7 +100,7 @@ EOF
 }
 
 # tessera's benchmark run: MODEL (124m|350m|1b) MODE (default|deterministic)
-#   -> $RESULTS/tessera_MODEL[_deterministic].jsonl
+#   -> $RESULTS/tessera_MODEL[_deterministic|_graph].jsonl
 # No dropout, as PyTorch's side: the fused attention then runs on cuDNN (ops/cuda/flash_route.h).
 tessera_bench() {
   local model=$1 mode=${2:-default} shape mb=8 vocab=50257 suffix=""
@@ -112,6 +114,7 @@ tessera_bench() {
       mb=4 vocab=128256 ;;
   esac
   [[ $mode == deterministic ]] && shape+=" --deterministic-mode" && suffix=_deterministic
+  [[ $mode == graph ]] && shape+=" --enable-cuda-graph" && suffix=_graph
   # shellcheck disable=SC2086  # shape is a list of flags
   "$TESSERA" train $shape --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size $mb \
     --global-batch-size $mb --bf16 --tokenizer-type NullTokenizer --vocab-size $vocab --mock-data \
@@ -260,7 +263,9 @@ out += ["", "| model | run | tokens/s | MFU (989 TFLOP/s) |", "| --- | --- | ---
 for model in ("124m", "350m", "1b"):
     runs = [("tessera", last_json(os.path.join(res, "tessera_%s.jsonl" % model), "tokens_per_second")),
             ("tessera --deterministic-mode",
-             last_json(os.path.join(res, "tessera_%s_deterministic.jsonl" % model), "tokens_per_second"))]
+             last_json(os.path.join(res, "tessera_%s_deterministic.jsonl" % model), "tokens_per_second")),
+            ("tessera --enable-cuda-graph",
+             last_json(os.path.join(res, "tessera_%s_graph.jsonl" % model), "tokens_per_second"))]
     for mode in ("eager", "compile"):
         runs.append(("PyTorch " + mode, last_json(os.path.join(res, "torch_%s_%s.log" % (model, mode)),
                                                   "tokens_per_second")))
@@ -319,7 +324,7 @@ run() {
   libpath="$work/tessera-gpu/lib:$nvidia${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # The bundled libraries (an older libstdc++ among them) only for tessera's own binaries:
   # each becomes a wrapper that sets the path, so python3 and torch keep the machine's own.
-  for b in tessera backend_ops_test; do
+  for b in tessera backend_ops_test precision_test; do
     mv "$bin/$b" "$bin/$b.bin"
     printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libpath" "$bin/$b.bin" >"$bin/$b"
     chmod +x "$bin/$b"
@@ -350,6 +355,8 @@ run() {
     --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
     --micro-batch-size 2 --global-batch-size 8 --train-iters 2 --lr 1e-3
   part test_backend_ops 60 python3 tests/integration/cuda_test.py "$TESSERA" ops "$ops_test"
+  # Every op against float64 within its class's bound on the GPU (the MoE permutes, RoPE, ...).
+  part test_precision 30 "$bin/precision_test" --gtest_filter='*cuda*'
   part test_train_parity 40 python3 tests/integration/cuda_test.py "$TESSERA" train
   part test_cudnn 30 python3 tests/integration/cuda_test.py "$TESSERA" cudnn
   part tessera_124m 45 tessera_bench 124m
@@ -360,6 +367,12 @@ run() {
   fi
   part tessera_350m 50 tessera_bench 350m
   part tessera_1b 60 tessera_bench 1b
+  # What this branch added (native RoPE, embedding backward and MoE kernels; CUDA graphs):
+  # its parity first, then the graph's speed beside the eager 124M run above.
+  part test_llama 40 python3 tests/integration/cuda_test.py "$TESSERA" llama
+  part test_moe 25 python3 tests/integration/cuda_test.py "$TESSERA" moe
+  part test_graph 30 python3 tests/integration/cuda_test.py "$TESSERA" graph
+  part tessera_124m_graph 45 tessera_bench 124m graph
   part profile_124m 60 env LD_LIBRARY_PATH="$libpath" bash -c "$(declare -f tessera_profile); tessera_profile"
   if ((peers)); then
     part torch_350m_eager 25 torch_bench 350m eager
@@ -382,6 +395,13 @@ run() {
       --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
       --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --eval-interval 2 --eval-iters 1 --lr 1e-3 \
       --hidden-dropout 0.1 --attention-dropout 0
+    # The native RoPE, embedding-backward and MoE kernels in bf16 (a Llama layout with experts).
+    part memcheck_llama_moe 40 env LD_LIBRARY_PATH="$libpath" "$sanitizer" --error-exitcode 3 --tool memcheck \
+      "$bin/tessera.bin" train --device cuda --mock-data --tokenizer-type NullTokenizer --vocab-size 60 \
+      --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
+      --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --lr 1e-3 --bf16 --hidden-dropout 0 \
+      --attention-dropout 0 --normalization RMSNorm --position-embedding-type rope --swiglu \
+      --group-query-attention --num-query-groups 2 --disable-bias-linear --num-experts 4 --moe-router-topk 2
   fi
   summarize
 }

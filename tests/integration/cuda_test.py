@@ -20,6 +20,13 @@
 - cudnn: `--bf16` without attention dropout, where CUDA's fused attention runs cuDNN's SDPA
   (ops/cuda/flash_route.h) and the linear + GeLU cuBLASLt's GELU_AUX_BIAS epilogue, within
   the bf16 bounds of the CPU;
+- llama: the Llama layout (RMSNorm, RoPE, grouped-query attention, SwiGLU) on CUDA within 1e-5
+  of the CPU in f32 with dropout (the native RoPE kernels, rope_kernels.cu, and the unfused
+  attention), then in `--bf16` without dropout (RoPE before cuDNN's SDPA) within the bf16 bounds;
+- moe: a mixture of experts (4 experts, top-2) on CUDA within 1e-5 of the CPU in f32 (the
+  native permute kernels, moe_kernels.cu, and one cuBLASLt linear per expert);
+- graph: `--enable-cuda-graph` (the step captured on the second iteration and replayed after)
+  gives the bits of the same run without it, f32 GPT with dropout and bf16 Llama without;
 - two-gpu: `tessera launch --nproc_per_node 2` on two GPUs with NCCL (data parallel with
   --overlap-grad-reduce, then the distributed optimizer with --overlap-param-gather, then
   tensor parallel with sequence parallelism), each within 1e-5 relative of one CPU process;
@@ -28,7 +35,8 @@ no-gpu also checks that --tf32 on the CPU says it has no effect and changes noth
 that `tessera doctor` says there is no GPU: INFO rows with --device cpu (exit 0), FAIL rows
 with a fix for --device cuda (exit 1).
 ops, train and tf32 exit 77 (skipped) with a message when no GPU is visible.
-usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32|cudnn|two-gpu [BACKEND_OPS_TEST_BINARY]"""
+usage: cuda_test.py TESSERA_BINARY no-gpu|ops|train|checkpoint|bf16|tf32|cudnn|llama|moe|graph|two-gpu
+       [BACKEND_OPS_TEST_BINARY]"""
 import json
 import os
 import re
@@ -147,15 +155,19 @@ def test_checkpoint():
     return 0
 
 
-def test_bf16():
+def bf16_parity(flags, what):
+    """`--bf16` with `flags` on CUDA against the CPU, within the bf16 bounds."""
     with tempfile.TemporaryDirectory() as tmp:
-        cpu, gpu = train(tmp, "cpu", ["--bf16"]), train(tmp, "cuda", ["--bf16"])
+        cpu, gpu = train(tmp, "cpu", ["--bf16"] + flags), train(tmp, "cuda", ["--bf16"] + flags)
     assert [r["iteration"] for r in gpu] == list(range(1, 11)), [r["iteration"] for r in gpu]
     loss, norm = relative_gap(cpu, gpu, "lm_loss"), relative_gap(cpu, gpu, "grad_norm")
     assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, \
-        "cuda --bf16: loss %.3g, grad norm %.3g relative of the CPU" % (loss, norm)
-    print("ok  cuda --bf16: 10 iterations, loss within %.2g and grad norm within %.2g relative of the CPU"
-          % (loss, norm))
+        "%s: loss %.3g, grad norm %.3g relative of the CPU" % (what, loss, norm)
+    print("ok  %s: 10 iterations, loss within %.2g and grad norm within %.2g relative of the CPU" % (what, loss, norm))
+
+
+def test_bf16():
+    bf16_parity([], "cuda --bf16")
     return 0
 
 
@@ -176,13 +188,48 @@ def without_dropout(flags):
 def test_cudnn():
     global TRAIN
     TRAIN = without_dropout(TRAIN)
+    bf16_parity([], "cuda --bf16 without dropout (cuDNN attention, cuBLASLt GeLU epilogue)")
+    return 0
+
+
+# tests/integration/llama_model_test.py's LLAMA flags: 4 heads in 2 query groups.
+LLAMA = ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu",
+         "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
+         "--disable-bias-linear"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
+
+
+def f32_parity(flags, what):
     with tempfile.TemporaryDirectory() as tmp:
-        cpu, gpu = train(tmp, "cpu", ["--bf16"]), train(tmp, "cuda", ["--bf16"])
-    loss, norm = relative_gap(cpu, gpu, "lm_loss"), relative_gap(cpu, gpu, "grad_norm")
-    assert loss <= BF16_LOSS_RTOL and norm <= BF16_NORM_RTOL, \
-        "cuda --bf16 on cuDNN: loss %.3g, grad norm %.3g relative of the CPU" % (loss, norm)
-    print("ok  cuda --bf16 without dropout (cuDNN attention, cuBLASLt GeLU epilogue): loss within %.2g and grad "
-          "norm within %.2g relative of the CPU" % (loss, norm))
+        cpu, gpu = train(tmp, "cpu", flags), train(tmp, "cuda", flags)
+    assert [r["iteration"] for r in gpu] == list(range(1, 11)), [r["iteration"] for r in gpu]
+    gap = relative_gap(cpu, gpu)
+    assert gap <= RTOL, "%s on cuda: %.3g relative of the CPU" % (what, gap)
+    print("ok  %s on cuda, f32: 10 iterations within %.2g relative of the CPU" % (what, gap))
+
+
+def test_llama():
+    f32_parity(LLAMA, "llama (RMSNorm, RoPE, GQA, SwiGLU)")
+    global TRAIN
+    TRAIN = without_dropout(TRAIN)
+    bf16_parity(LLAMA, "llama --bf16 without dropout on cuda (RoPE, then cuDNN)")
+    return 0
+
+
+def test_moe():
+    f32_parity(MOE, "MoE (4 experts, top-2)")
+    return 0
+
+
+def test_graph():
+    for flags, what in (([], "gpt f32 with dropout"), (["--bf16"] + LLAMA, "llama bf16")):
+        with tempfile.TemporaryDirectory() as tmp:
+            eager = train(tmp, "cuda", flags)
+            graph = train(tmp, "cuda", flags + ["--enable-cuda-graph"])
+        for a, b in zip(eager, graph):
+            for key in ("lm_loss", "grad_norm"):
+                assert a[key] == b[key], (what, b["iteration"], key, a[key], b[key])
+        print("ok  %s: --enable-cuda-graph replays the step with the eager run's bits" % what)
     return 0
 
 
@@ -243,7 +290,9 @@ def main():
         print("skipped: no CUDA device is visible (this test needs a GPU; scripts/gpu-check.sh runs it on one)")
         return 77
     parts = {"ops": test_ops, "train": test_train, "checkpoint": test_checkpoint, "bf16": test_bf16,
-             "tf32": test_tf32, "cudnn": test_cudnn, "two-gpu": test_two_gpu}
+             "tf32": test_tf32, "cudnn": test_cudnn, "llama": test_llama, "moe": test_moe,
+             "graph": test_graph,
+             "two-gpu": test_two_gpu}
     return parts[part]()
 
 

@@ -88,6 +88,12 @@ add_test(NAME train_messages
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/train_messages_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_messages PROPERTIES TIMEOUT 300)
 
+# --enable-cuda-graph's capture checked on the strict device (no allocation, host copy or
+# synchronisation inside the captured region; the same bits as without it) and its refusals.
+add_test(NAME train_cuda_graph
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/cuda_graph_test.py $<TARGET_FILE:tessera>)
+set_tests_properties(train_cuda_graph PROPERTIES TIMEOUT 300 LABELS strict)
+
 # The smallest cases of the train scripts again on the strict test device (host memory that
 # refuses host access outside a backend, naming the file and line): one process against the
 # CPU bit for bit, TP=2 x DP=2 and PP=2, DP=2 with overlapped buckets, and 1-process

@@ -31,6 +31,33 @@ const Backend& Device::backend() const {
   return *b;
 }
 
+void Device::begin_capture() {
+  if (capture_support() == Capture::None)
+    throw runtime_error("begin_capture on " + name() + ", which cannot capture work", "CUDA graphs need --device cuda");
+  TESSERA_CHECK(!capturing_, "begin_capture on " + name() + ": a capture is already open");
+  start_recording();
+  capturing_ = true;
+}
+
+uint64_t Device::end_capture(bool keep) {
+  TESSERA_CHECK(capturing_, "end_capture on " + name() + " without begin_capture");
+  capturing_ = false;
+  return stop_recording(keep);
+}
+
+bool Device::replay(uint64_t id) {
+  throw runtime_error("replay of capture " + std::to_string(id) + " on " + name() + ": this device records nothing",
+                      "only a device whose capture_support() is Replay (CUDA) replays");
+}
+
+void Device::refuse_while_capturing(const char* call) const {
+  if (!capturing_) return;
+  throw runtime_error(std::string(call) + " on " + name() +
+                          " inside a captured step (--enable-cuda-graph): a replay would not repeat it",
+                      "the captured region (the step between the batch upload and the loss read-back) must only "
+                      "enqueue device work; run without --enable-cuda-graph, and report the call");
+}
+
 void Device::account(ptrdiff_t delta) {
   const size_t now = allocated_.fetch_add(static_cast<size_t>(delta), std::memory_order_relaxed) + delta;
   size_t peak = peak_.load(std::memory_order_relaxed);

@@ -112,8 +112,36 @@ class Device {
   uint64_t host_reads() const { return host_reads_.load(std::memory_order_relaxed); }
   void count_host_read() { host_reads_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Capture of a region of work for replay (CUDA graphs, --enable-cuda-graph). Between
+  // begin_capture() and end_capture() the work issued on the default stream is recorded;
+  // what a replay could not repeat (an allocation or a free, a synchronous copy to or from
+  // the host, a synchronisation) throws an Error naming the call. end_capture(false) drops
+  // the recording (after an error). capture_support() says what the device does:
+  //   None: no capture (begin_capture throws);
+  //   Replay: the work is recorded, not run (CUDA: cudaStreamBeginCapture); end_capture
+  //     returns the recording's id (> 0), replay(id) enqueues it again, release(id) frees it;
+  //   CheckOnly: the work runs as it is issued and the refusals hold, nothing is recorded
+  //     (the strict test device: CPU tests prove a region capturable); end_capture returns 0.
+  enum class Capture { None, Replay, CheckOnly };
+  virtual Capture capture_support() const { return Capture::None; }
+  void begin_capture();
+  uint64_t end_capture(bool keep = true);
+  bool capturing() const { return capturing_; }
+  // Enqueues recording `id` on the default stream; false (nothing enqueued) when this device
+  // has freed memory since the recording, whose addresses may then be stale: capture again.
+  virtual bool replay(uint64_t id);
+  virtual void release(uint64_t id) { (void)id; }
+
  protected:
   void account(ptrdiff_t delta);
+  // What capture_support() == Replay backends record with (begin/end_capture call them).
+  virtual void start_recording() {}
+  virtual uint64_t stop_recording(bool keep) {
+    (void)keep;
+    return 0;
+  }
+  // Backends call this first in allocate, free, the synchronous copies and synchronize.
+  void refuse_while_capturing(const char* call) const;
 
  private:
   std::atomic<size_t> allocated_{0};
@@ -121,6 +149,7 @@ class Device {
   mutable std::atomic<const Backend*> backend_{nullptr};  // looked up by name on first use
   std::atomic<uint64_t> host_reads_{0};
   bool deterministic_mode_ = false;
+  bool capturing_ = false;
 };
 
 // Whole-tensor transfers, through the tensor's device.

@@ -587,6 +587,7 @@ ops::Dropout GPTModel::dropout(float p, int site, const StepContext& step, uint6
   ops::Dropout d;
   d.p = step.training ? p : 0.0f;
   d.key = {config_.seed, step.iteration, static_cast<uint32_t>(site)};
+  d.iteration = step.iteration_scalar;
   d.sample0 = step.first_sample;
   d.element_offset = element_offset;
   return d;

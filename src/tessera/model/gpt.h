@@ -59,6 +59,9 @@ struct StepContext {
   // The gradient scale of the MoE aux losses (Megatron's MoEAuxLossAutoScaler: the main
   // loss's scale over the micro-batches of the step).
   double moe_aux_scale = 1.0;
+  // `iteration` as a device scalar (I32 [1], ops.h Dropout::iteration), which the dropout
+  // kernels read instead; empty: they take `iteration` as an argument.
+  Tensor iteration_scalar;
 };
 
 // Which slots of a chunk one micro-batch uses.

@@ -134,4 +134,11 @@ void check_supported(const Device& device, const std::vector<OpId>& ops) {
   d.ops.insert(ops.begin(), ops.end());
 }
 
+void check_dropout_iteration(const Dropout& d, const Device& device) {
+  if (d.iteration.empty()) return;
+  TESSERA_CHECK(d.iteration.dtype == DType::I32 && d.iteration.numel() == 1 && d.iteration.device == &device,
+                "dropout: the iteration scalar must be an I32 [1] tensor on " + device.name() + ", got " +
+                    std::string(dtype_name(d.iteration.dtype)) + " " + shape_str(d.iteration.shape));
+}
+
 }  // namespace tessera::ops

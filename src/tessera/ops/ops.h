@@ -57,12 +57,21 @@ namespace tessera::ops {
 // (element_offset+e)%4, is >= p; kept elements are scaled by 1/(1-p). element_offset
 // places a shard (heads of a TP rank, rows of a sequence-parallel rank) inside the full
 // per-sample tensor so every layout draws the same mask. p == 0 disables dropout.
+// iteration, when present, is the iteration as a device scalar (I32 [1] on the op's device):
+// the kernels read the counter's iteration from it instead of key.iteration, so the launches
+// of a step do not change from step to step (a captured CUDA graph replays them while the
+// host rewrites the scalar). It holds the value key.iteration would: the same mask.
 struct Dropout {
   float p = 0.0f;
   DropoutKey key;
   uint32_t sample0 = 0;         // global index of the batch's first sample
   uint64_t element_offset = 0;  // offset of this shard inside one sample's full tensor
+  Tensor iteration;             // I32 [1] on the device, or empty: key.iteration
 };
+
+// Throws unless d.iteration is empty or an I32 [1] tensor on `device` (every backend's
+// dropout arguments check it).
+void check_dropout_iteration(const Dropout& d, const Device& device);
 
 // attention_buffers' answer: the shapes of attention's saved state and backward workspace,
 // the backend's choice. Softmax probabilities [B,NH,T,T] are saved in the activations'

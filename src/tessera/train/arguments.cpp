@@ -221,6 +221,9 @@ std::vector<OptionDef> train_option_defs() {
       {"--tf32", K::StoreTrue, nullptr,
        "Let f32 GEMMs round their operands to TF32 on CUDA tensor cores (PyTorch's "
        "torch.backends.cuda.matmul.allow_tf32); off: exact f32. No effect on cpu and opencl"},
+      {"--enable-cuda-graph", K::StoreTrue, nullptr,
+       "Capture a training step's device work once and replay it as a CUDA graph (later Megatron's flag; off by "
+       "default; one rank, no MoE; docs/backends.md)"},
       {"--deterministic-mode", K::StoreTrue, nullptr,
        "Fixed-order, unfused kernels: the same bits in every parallel layout and run (docs/ops.md). Off: fused "
        "kernels, each op within its precision class's bound; still repeatable on one device and layout"},
@@ -701,6 +704,20 @@ void parse_moe_options(const ParsedOptions& p, TrainArgs& a) {
                                                                            : MoEDropPolicy::Probs;
 }
 
+// --enable-cuda-graph: what the captured step cannot hold yet is refused by name (the device is
+// checked when it opens, Trainer). Collectives record events the NCCL watchdog queries and the
+// host-staged ones copy to the host; the MoE router reads the routing on the host.
+void validate_cuda_graph(const TrainArgs& a) {
+  if (!a.enable_cuda_graph) return;
+  if (a.world_size > 1)
+    throw usage_error("--enable-cuda-graph with " + std::to_string(a.world_size) +
+                          " ranks: a captured step cannot hold collectives yet",
+                      "run one rank with --enable-cuda-graph, or drop the flag (docs/backends.md, CUDA graphs)");
+  if (a.model.moe.enabled())
+    throw usage_error("--enable-cuda-graph with --num-experts: the MoE router reads the routing on the host",
+                      "drop --enable-cuda-graph for mixture-of-experts models (docs/backends.md, CUDA graphs)");
+}
+
 // Each of Megatron's flags writes the attribute Megatron's parser gives it (Megatron's argument
 // dump, the Namespace of its checkpoints); tessera's own keep the name derived from the flag.
 std::vector<OptionDef> with_megatron_dests(std::vector<OptionDef> defs) {
@@ -910,6 +927,8 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   parse_device_spec(a.device);  // the spelling now; whether this build has it when the device opens
   a.tf32 = p.get_bool("--tf32");
   a.deterministic_mode = p.get_bool("--deterministic-mode");
+  a.enable_cuda_graph = p.get_bool("--enable-cuda-graph");
+  validate_cuda_graph(a);
   // Megatron's argument dump shows values after its validate_args.
   p.set_derived("--kv-channels", std::to_string(m.kv_channels));
   p.set_derived("--ffn-hidden-size", std::to_string(m.ffn_hidden_size));

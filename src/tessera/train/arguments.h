@@ -55,6 +55,7 @@ struct TrainArgs {
   std::string device = "cpu";  // --device, as device/registry.h spells it
   bool tf32 = false;           // --tf32: Device::set_tf32_matmul (CUDA only)
   bool deterministic_mode = false;  // --deterministic-mode: Device::set_deterministic_mode
+  bool enable_cuda_graph = false;   // --enable-cuda-graph: the step captured and replayed (step_graph.h)
   std::vector<std::string> command_line;  // the flags as given (recorded in checkpoints)
 
   // Checkpoints (docs/checkpoints.md).

@@ -126,6 +126,16 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
                         tensor_at(batch_slab_, o[2], DType::I32, {B, T}), tensor_at(batch_slab_, o[3], DType::F32, {B, T})});
   }
   mask_sums_.resize(M);
+  if (args.enable_cuda_graph) {
+    if (device.capture_support() == Device::Capture::None)
+      throw usage_error("--enable-cuda-graph on " + device.name() + ", which cannot capture work",
+                        "CUDA graphs need --device cuda (the strict test device checks a capture without one)");
+    step_graphs_ = std::make_unique<StepGraphs>(device);
+    log_info(device.capture_support() == Device::Capture::Replay
+                 ? " > --enable-cuda-graph: the step's device work is captured on %s and replayed"
+                 : " > --enable-cuda-graph: %s checks every step's region as a capture would (nothing is replayed)",
+             device.name().c_str());
+  }
   if (dp_) {
     const GradBufferLayout expected = grad_buffer_layout(args, model.partition(), groups.pp ? groups.pp->rank() : 0);
     TESSERA_CHECK(model.buffer_layout().numel == expected.numel &&
@@ -212,17 +222,21 @@ const PipelineExecutor& Trainer::training_pipeline(int64_t num_micro) {
   return it->second;
 }
 
-void Trainer::run_global_batch(BatchLoader& loader, int64_t consumed, bool training, double loss_scale) {
+int64_t Trainer::load_global_batch(BatchLoader& loader, int64_t consumed, bool training) {
   const int64_t num_micro = training ? args_.num_microbatches_at(consumed) : layout_.num_microbatches;
   const std::vector<int32_t>& samples = loader.global_batch(consumed);
   for (int64_t m = 0; m < num_micro; ++m) load_micro_batch(samples, m);
+  return num_micro;
+}
+
+void Trainer::run_global_batch(int64_t num_micro, bool training, double loss_scale) {
   fill_zero(loss_sums_);
   auto compute = [&](const PipeAction& a, SlotRef slot) {
     const MicroBatch& mb = batches_[a.micro];
     // Dropout masks are keyed by the sample's index within the global batch.
     const StepContext step{static_cast<uint32_t>(iteration_),
                            static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training,
-                           loss_scale / static_cast<double>(num_micro)};
+                           loss_scale / static_cast<double>(num_micro), iteration_scalar_};
     if (a.op == PipeOp::Forward) {
       model_.forward(a.chunk, slot, mb, step, loss_sums_);
       return;
@@ -272,7 +286,8 @@ void Trainer::finalize_grads() {
 
 // The slab of doubles (loss sums, norm slots, norm result: the span read back each step),
 // then the norm's chunk tables and their workspace: every buffer the step's norm uses,
-// allocated once here (the static plan; the step allocates nothing).
+// and the iteration as a device scalar for the dropout masks, allocated once here (the
+// static plan; the step allocates nothing).
 void Trainer::build_norm_tables() {
   // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
   const int64_t slots = static_cast<int64_t>(gpt_param_specs(args_.model).size()) * args_.tensor_parallel_size *
@@ -311,7 +326,9 @@ void Trainer::build_norm_tables() {
   }
   const Shape workspace = ops::multi_tensor_sum_squares_workspace(device_, most_rows);
   const size_t workspace_at = layout.reserve(DType::I64, workspace);
+  const size_t iteration_at = layout.reserve(DType::I32, {1});
   scalars_slab_ = Buffer(device_, layout.total_bytes());
+  iteration_scalar_ = tensor_at(scalars_slab_, iteration_at, DType::I32, {1});
   loss_sums_ = tensor_at(scalars_slab_, loss_at, DType::I64, {2});
   norm_sums_ = tensor_at(scalars_slab_, norm_at, DType::I64, {slots});
   norm_result_ = tensor_at(scalars_slab_, result_at, DType::I64, {2});
@@ -365,22 +382,40 @@ void Trainer::global_grad_norm() {
   ops::grad_norm_finish(norm_result_, optimizer_->step_scalars(), norm_sums_, args_.optimizer.clip_grad);
 }
 
+// The step's device work between the batch upload and the read-back. The norm is the same
+// on every rank and non-finite wherever any gradient is (every gradient is counted, or
+// copied from one that is), so it is also Megatron's found_inf.
+void Trainer::run_step_region(int64_t num_micro, double loss_scale) {
+  const auto region = [&] {
+    model_.zero_grads();
+    run_global_batch(num_micro, true, loss_scale);
+    global_grad_norm();
+  };
+  if (!step_graphs_) return region();
+  // The host values the region's kernels take: the micro-batch count and, through each
+  // micro-batch's loss weight, the loss scale and the mask sums.
+  std::vector<double> key{static_cast<double>(num_micro), loss_scale};
+  key.insert(key.end(), mask_sums_.begin(), mask_sums_.begin() + num_micro);
+  step_graphs_->run(key, region);
+}
+
 void Trainer::read_step_sums() { copy_to_host(step_host_.data(), step_host_.size() * sizeof(double), step_sums_); }
 
 IterationResult Trainer::train_step() {
   ++iteration_;
+  // The dropout kernels read the iteration from the device (ops.h Dropout::iteration), so
+  // the step's launches are the same every step.
+  const int32_t iteration = static_cast<int32_t>(iteration_);
+  copy_from_host(iteration_scalar_, &iteration, sizeof(iteration));
   IterationResult r;
   r.lr = scheduler_.lr();
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   const uint64_t reads_before = device_.host_reads();
   optimizer_->prepare_step(r.lr, scheduler_.weight_decay(), loss_scale);
   r.global_batch = args_.global_batch_at(consumed_samples_);
-  model_.zero_grads();
-  run_global_batch(*train_loader_, consumed_samples_, true, loss_scale);
-  take_moe_metrics(r, args_.num_microbatches_at(consumed_samples_));
-  // The norm is the same on every rank and non-finite wherever any gradient is (every
-  // gradient is counted, or copied from one that is), so it is also Megatron's found_inf.
-  global_grad_norm();
+  const int64_t num_micro = load_global_batch(*train_loader_, consumed_samples_, true);
+  run_step_region(num_micro, loss_scale);
+  take_moe_metrics(r, num_micro);
   // The step's one wait for the device: the loss sums with the norm and found-inf, which
   // decide the skip (fp16 overflow, --skip-spikes, the NaN check) as Megatron's step reads
   // found_inf and the norm.
@@ -469,7 +504,7 @@ double Trainer::evaluate(const char* split) {
   int64_t consumed = valid ? consumed_valid_samples_ : 0;
   double loss_sum = 0.0, mask_sum = 0.0;
   for (int i = 0; i < args_.eval_iters; ++i) {
-    run_global_batch(*loader, consumed, false);
+    run_global_batch(load_global_batch(*loader, consumed, false), false);
     double host_sums[2];
     copy_to_host(host_sums, sizeof(host_sums), loss_sums_);
     auto [l, m] = global_loss_sums(host_sums);

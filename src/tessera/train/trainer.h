@@ -25,6 +25,7 @@
 #include "tessera/train/pipeline_executor.h"
 #include "tessera/train/sample_source.h"
 #include "tessera/train/spike_guard.h"
+#include "tessera/train/step_graph.h"
 
 namespace tessera {
 
@@ -123,10 +124,15 @@ class Trainer {
 
  private:
   void load_micro_batch(const std::vector<int32_t>& global_batch, int64_t micro);
-  // Runs the pipeline schedule (forward, and backward when training) over this rank's
-  // micro-batches of one global batch, leaving this rank's masked loss and mask sums in
-  // loss_sums_ on the device. Training scales the loss by loss_scale (fp16's loss scaler).
-  void run_global_batch(BatchLoader& loader, int64_t consumed, bool training, double loss_scale = 1.0);
+  // Uploads this rank's micro-batches of the global batch at `consumed`; their count.
+  int64_t load_global_batch(BatchLoader& loader, int64_t consumed, bool training);
+  // Runs the pipeline schedule (forward, and backward when training) over the num_micro
+  // micro-batches loaded, leaving this rank's masked loss and mask sums in loss_sums_ on the
+  // device. Training scales the loss by loss_scale (fp16's loss scaler).
+  void run_global_batch(int64_t num_micro, bool training, double loss_scale = 1.0);
+  // A training step's device work after the upload: zeroed gradients, run_global_batch, the
+  // norm; captured and replayed under --enable-cuda-graph (step_graph.h).
+  void run_step_region(int64_t num_micro, double loss_scale);
   // The masked loss sum and the mask sum over the global batch, on every rank, from this
   // rank's sums read back (host_sums: loss_sums_'s two doubles).
   std::pair<double, double> global_loss_sums(const double* host_sums);
@@ -235,6 +241,8 @@ class Trainer {
   // norm per (parameter, TP rank), and the norm and found-inf (grad_norm_finish). After them
   // in the slab, not read back: the norm's chunk tables and workspace.
   Buffer scalars_slab_;
+  Tensor iteration_scalar_;  // I32 [1]: the iteration for the dropout kernels (StepContext)
+  std::unique_ptr<StepGraphs> step_graphs_;  // --enable-cuda-graph
   Tensor loss_sums_, norm_sums_, norm_result_, norm_workspace_;
   Tensor step_sums_;               // the slab's first bytes, from loss_sums_ to norm_result_'s end
   std::vector<double> step_host_;  // step_sums_ read back

@@ -30,6 +30,7 @@
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
 #include "tessera/device/registry.h"
+#include "tessera/ops/kernel_table.h"
 #include "tessera/ops/ops.h"
 
 using namespace tessera;
@@ -520,6 +521,65 @@ TEST_P(BackendOps, Dropout) {
   expect_close("out (p = 0)", copy, 0);
   run([&](Side s) { ops::dropout_backward(dinp[s], dout[s], off); });
   expect_close("dinp (p = 0)", dinp, 0);
+}
+
+// Dropout::iteration, the iteration as a device scalar: on each side (the CPU's kernels with a
+// CPU scalar, the device's with its own), an op given key.iteration 3 and one given a scalar
+// holding 3 (key.iteration 99, ignored) write the same bits, and a scalar holding 4 another
+// mask: every kind of dropout launch (the plain kernels, the fused bias-dropout-add forward
+// and backward, the unfused and the fused attention) reads the scalar.
+TEST_P(BackendOps, DropoutIterationFromADeviceScalar) {
+  const ops::Dropout by_key = dropout_of(0.3f, 4, 6);  // iteration 3
+  Twin& three = ids({1}, {3});
+  Twin& four = ids({1}, {4});
+  const auto from = [&](const Twin& scalar, Side s) {
+    ops::Dropout d = by_key;
+    d.key.iteration = 99;
+    d.iteration = scalar[s];
+    return d;
+  };
+  // op(out, s, dropout) for the three dropouts; out's shape `shape`.
+  const auto check = [&](const char* what, const Shape& shape,
+                         const std::function<void(const Tensor&, Side, const ops::Dropout&)>& op) {
+    Twin& want = zeros(shape);
+    Twin& got = zeros(shape);
+    Twin& other = zeros(shape);
+    run([&](Side s) {
+      op(want[s], s, by_key);
+      op(got[s], s, from(three, s));
+      op(other[s], s, from(four, s));
+    });
+    for (Side s : {kCpu, kDev}) {
+      EXPECT_EQ(bytes_of(want[s]), bytes_of(got[s])) << what << (s == kCpu ? " on the CPU" : " on the device");
+      EXPECT_NE(bytes_of(want[s]), bytes_of(other[s])) << what << ": a scalar of 4 left the mask of 3";
+    }
+  };
+  Twin& inp = normal({3, 37});
+  Twin& bias = normal({37});
+  Twin& residual = normal({3, 37});
+  check("dropout_forward", {3, 37}, [&](const Tensor& out, Side s, const ops::Dropout& d) {
+    ops::dropout_forward(out, inp[s], d);
+  });
+  check("dropout_backward", {3, 37}, [&](const Tensor& out, Side s, const ops::Dropout& d) {
+    ops::dropout_backward(out, inp[s], d, ops::GradWrite::Assign);
+  });
+  check("bias_dropout_add_forward", {3, 37}, [&](const Tensor& out, Side s, const ops::Dropout& d) {
+    ops::bias_dropout_add_forward(out, inp[s], bias[s], residual[s], d);
+  });
+  check("bias_dropout_add_backward", {3, 37}, [&](const Tensor& out, Side s, const ops::Dropout& d) {
+    ops::bias_dropout_add_backward(out, Tensor(), Tensor(), inp[s], d, ops::GradWrite::Assign);
+  });
+  const int64_t B = 2, T = 9, NH = 2, HD = 8;
+  Twin& qkv = normal({B, T, NH * 3 * HD});
+  Twin& att = zeros({B, NH, T, T});
+  check("attention_forward", {B, T, NH * HD}, [&](const Tensor& out, Side s, const ops::Dropout& d) {
+    ops::attention_forward(out, att[s], qkv[s], d);
+  });
+  if (!ops::supports(device(), ops::flash_attention_forward)) return;
+  Twin& lse = zeros({B, NH, T});
+  check("flash_attention_forward", {B, T, NH * HD}, [&](const Tensor& out, Side s, const ops::Dropout& d) {
+    ops::flash_attention_forward(out, lse[s], qkv[s], Tensor(), NH, ops::Rope{}, d, ops::AttentionBlock{});
+  });
 }
 
 TEST_P(BackendOps, Residual) {

@@ -17,6 +17,7 @@ namespace {
 class HostMemoryDevice : public Device {
  public:
   void* allocate(size_t bytes) override {
+    refuse_while_capturing("allocate");
     if (bytes == 0) return nullptr;
     size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
@@ -34,14 +35,17 @@ class HostMemoryDevice : public Device {
     return p;
   }
   void free(void* ptr, size_t bytes) override {
+    refuse_while_capturing("free");
     if (!ptr) return;
     std::free(ptr);
     account(-static_cast<ptrdiff_t>(bytes));
   }
   void copy_to_host(void* dst, const void* src, size_t src_offset, size_t bytes) override {
+    refuse_while_capturing("copy_to_host");
     std::memcpy(dst, static_cast<const char*>(src) + src_offset, bytes);
   }
   void copy_from_host(void* dst, size_t dst_offset, const void* src, size_t bytes) override {
+    refuse_while_capturing("copy_from_host");
     std::memcpy(static_cast<char*>(dst) + dst_offset, src, bytes);
   }
   void copy(void* dst, size_t dst_offset, const void* src, size_t src_offset, size_t bytes) override {
@@ -64,7 +68,7 @@ class HostMemoryDevice : public Device {
     return {static_cast<size_t>(si.totalram) * si.mem_unit,
             static_cast<size_t>(si.freeram + si.bufferram) * si.mem_unit};
   }
-  void synchronize(Stream) override {}
+  void synchronize(Stream) override { refuse_while_capturing("synchronize"); }
 };
 
 class CpuDevice final : public HostMemoryDevice {
@@ -80,6 +84,9 @@ class StrictDevice final : public HostMemoryDevice {
   std::string name() const override { return "strict"; }
   std::string description() const override { return "strict (host memory that refuses host access; a test device)"; }
   bool is_host() const override { return false; }
+  // A "capture" runs the work and refuses what a CUDA graph could not replay: the tests'
+  // proof that a region is capturable (device.h).
+  Capture capture_support() const override { return Capture::CheckOnly; }
 };
 
 }  // namespace

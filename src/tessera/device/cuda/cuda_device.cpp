@@ -44,6 +44,7 @@ class CudaDevice final : public Device {
   bool tf32_matmul() const override { return tf32_; }
 
   void* allocate(size_t bytes) override {
+    refuse_while_capturing("cudaMalloc");
     if (bytes == 0) return nullptr;
     activate();
     void* p = nullptr;
@@ -60,12 +61,15 @@ class CudaDevice final : public Device {
     return p;
   }
   void free(void* handle, size_t bytes) override {
+    refuse_while_capturing("cudaFree");
     if (!handle) return;
+    ++frees_;  // a recorded graph may hold this address (replay)
     activate();
     TESSERA_CUDA_CALL(where(), cudaFree, handle);
     account(-static_cast<ptrdiff_t>(bytes));
   }
   void* allocate_pinned(size_t bytes) override {
+    refuse_while_capturing("cudaMallocHost");
     if (bytes == 0) return nullptr;
     activate();
     void* p = nullptr;
@@ -87,12 +91,14 @@ class CudaDevice final : public Device {
     synchronize({});
   }
   void copy_to_host_async(void* dst, const void* src, size_t src_offset, size_t bytes, Stream s) override {
+    refuse_while_capturing("a copy to the host");
     if (bytes == 0) return;
     activate();
     TESSERA_CUDA_CALL(where(bytes), cudaMemcpyAsync, dst, static_cast<const char*>(src) + src_offset, bytes,
                       cudaMemcpyDeviceToHost, stream(s));
   }
   void copy_from_host_async(void* dst, size_t dst_offset, const void* src, size_t bytes, Stream s) override {
+    refuse_while_capturing("a copy from the host");
     if (bytes == 0) return;
     activate();
     TESSERA_CUDA_CALL(where(bytes), cudaMemcpyAsync, static_cast<char*>(dst) + dst_offset, src, bytes,
@@ -148,8 +154,28 @@ class CudaDevice final : public Device {
   }
   void synchronize_event(Event e) override { TESSERA_CUDA_CALL(where(), cudaEventSynchronize, event(e)); }
   void synchronize(Stream s) override {
+    refuse_while_capturing("cudaStreamSynchronize");
     activate();
     TESSERA_CUDA_CALL(where(), cudaStreamSynchronize, stream(s));
+  }
+
+  // CUDA graphs: the default stream's work between begin_capture and end_capture is recorded
+  // (cudaStreamBeginCapture, thread-local mode: other threads' calls are not affected),
+  // instantiated once and replayed with cudaGraphLaunch.
+  Capture capture_support() const override { return Capture::Replay; }
+  bool replay(uint64_t id) override {
+    const auto it = graphs_.find(id);
+    TESSERA_CHECK(it != graphs_.end(), "replay of capture " + std::to_string(id) + " on " + name() + ": none such");
+    if (it->second.frees != frees_) return false;
+    activate();
+    TESSERA_CUDA_CALL(where(), cudaGraphLaunch, it->second.exec, stream_);
+    return true;
+  }
+  void release(uint64_t id) override {
+    const auto it = graphs_.find(id);
+    if (it == graphs_.end()) return;
+    TESSERA_CUDA_CALL(where(), cudaGraphExecDestroy, it->second.exec);
+    graphs_.erase(it);
   }
 
   void activate() const { TESSERA_CUDA_CALL(where(), cudaSetDevice, ordinal_); }
@@ -163,10 +189,39 @@ class CudaDevice final : public Device {
     return bytes ? w + " for " + std::to_string(bytes) + " bytes" : w;
   }
 
+  void start_recording() override {
+    activate();
+    TESSERA_CUDA_CALL(where(), cudaStreamBeginCapture, stream_, cudaStreamCaptureModeThreadLocal);
+  }
+  uint64_t stop_recording(bool keep) override {
+    activate();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!keep || ended != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();  // an error inside the capture invalidated it; the stream is usable again
+      if (keep) cuda::cuda_call_failed("cudaStreamEndCapture", ended, where() + " (--enable-cuda-graph)");
+      return 0;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (made != cudaSuccess) cuda::cuda_call_failed("cudaGraphInstantiate", made, where() + " (--enable-cuda-graph)");
+    graphs_[next_graph_] = {exec, frees_};
+    return next_graph_++;
+  }
+
+  struct Recorded {
+    cudaGraphExec_t exec;
+    uint64_t frees;  // frees_ when recorded
+  };
   int ordinal_;
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;
   std::atomic<bool> tf32_{false};
+  uint64_t frees_ = 0;
+  std::map<uint64_t, Recorded> graphs_;
+  uint64_t next_graph_ = 1;
 };
 
 const CudaDevice& cuda_of(const Device& device) {

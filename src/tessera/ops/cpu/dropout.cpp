@@ -70,8 +70,15 @@ float dropout_scale(const Dropout& dropout) {
   return 1.0f / (1.0f - dropout.p);
 }
 
+uint32_t dropout_iteration(const Dropout& dropout) {
+  if (dropout.iteration.empty()) return dropout.key.iteration;
+  check_dropout_iteration(dropout, *dropout.iteration.device);
+  return static_cast<uint32_t>(*i32(dropout.iteration));
+}
+
 void dropout_factors(const Dropout& dropout, int64_t b, uint64_t first, int64_t count, float* factors) {
   const float p = dropout.p;
+  const uint32_t iteration = dropout_iteration(dropout);
   const float scale = dropout_scale(dropout);
   const uint32_t key0 = dropout.key.seed, key1 = static_cast<uint32_t>(RngStream::Dropout);
   const uint32_t c1 = dropout.sample0 + static_cast<uint32_t>(b);
@@ -81,7 +88,7 @@ void dropout_factors(const Dropout& dropout, int64_t b, uint64_t first, int64_t 
     const uint64_t index = dropout.element_offset + first + static_cast<uint64_t>(i);
     const int lane0 = static_cast<int>(index % 4);
     const int64_t n = std::min<int64_t>(count - i, 4 * kGroups - lane0);
-    philox_batch(key0, key1, static_cast<uint32_t>(index / 4), c1, dropout.key.site, dropout.key.iteration,
+    philox_batch(key0, key1, static_cast<uint32_t>(index / 4), c1, dropout.key.site, iteration,
                  static_cast<int>((lane0 + n + 3) / 4), lanes);
     const uint32_t* u = lanes + lane0;
     float* f = factors + i;

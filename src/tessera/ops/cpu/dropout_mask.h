@@ -15,6 +15,10 @@ namespace tessera::ops::cpu {
 // batch; first counted within this shard's per-sample tensor, before element_offset).
 void dropout_factors(const Dropout& dropout, int64_t b, uint64_t first, int64_t count, float* factors);
 
+// The iteration of the Philox counter: the device scalar when present (ops.h Dropout), else
+// key.iteration.
+uint32_t dropout_iteration(const Dropout& dropout);
+
 // 1 / (1 - p), checked: p must lie in [0, 1).
 float dropout_scale(const Dropout& dropout);
 

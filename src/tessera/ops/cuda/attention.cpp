@@ -17,14 +17,19 @@
 //             dQ = dS K,  dK = dS^T Q
 // The GEMMs multiply the full [T,T] (llm.c does too): the zeros above the diagonal of P'
 // and dS keep every sum causal.
-// The attention_qkv ops stay the shared kernels (attention_host.inc).
+// The attention_qkv ops (the grouped layout and RoPE) run the native kernels of
+// rope_kernels.h in the default mode where the two tensors share a dtype, and the shared
+// kernels (attention_host.inc) in --deterministic-mode, whose bits they keep.
 #include "tessera/ops/cuda/cublaslt_gemm.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
+#include "tessera/ops/cuda/rope_kernels.h"
 
 #define TESSERA_BACKEND cuda
 #define TESSERA_OWN_ATTENTION_CORE
+#define TESSERA_OWN_ATTENTION_QKV
 #include "tessera/ops/kernels/attention_host.inc"
+#undef TESSERA_OWN_ATTENTION_QKV
 #undef TESSERA_OWN_ATTENTION_CORE
 #undef TESSERA_BACKEND
 
@@ -86,7 +91,39 @@ void softmax_rows(const char* kernel, float* rows, const Tensor& att, const Atte
 
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
+// The native attention_qkv kernels serve a call outside --deterministic-mode on tensors of
+// one dtype whose angles fit their by-value table.
+bool native_qkv(const Tensor& a, const Tensor& b, const cpu::QkvLayout& s) {
+  return !a.device->deterministic_mode() && a.dtype == b.dtype && s.half <= native::kMaxRopeAngles;
+}
+
+native::QkvShape qkv_shape(const cpu::QkvLayout& s) { return {s.T, s.NG, s.R, s.HD, s.half}; }
+
+// The CPU's inverse frequencies (ops.h rope_inv_freq), a few hundred pow calls per call.
+native::RopeFreqs rope_freqs(const Rope& rope, int64_t half) {
+  native::RopeFreqs f{};
+  for (int64_t i = 0; i < half; ++i) f.inv_freq[i] = rope_inv_freq(rope, i);
+  return f;
+}
+
 }  // namespace
+
+void attention_qkv_forward(Tensor out, Tensor qkv, int64_t num_groups, const Rope& rope) {
+  const cpu::QkvLayout s = cpu::qkv_layout(qkv, out, num_groups, rope, "attention_qkv_forward");
+  if (!native_qkv(out, qkv, s)) return shared_attention_qkv_forward(out, qkv, num_groups, rope);
+  check_floating("attention_qkv_forward", {{"out", out}, {"qkv", qkv}});
+  native::attention_qkv_forward(out.dtype, memory(out), memory(qkv), s.B * s.T, qkv_shape(s), rope_freqs(rope, s.half),
+                                stream_of(out));
+}
+
+void attention_qkv_backward(Tensor dqkv, Tensor dout, int64_t num_groups, const Rope& rope) {
+  if (dqkv.empty()) return;
+  const cpu::QkvLayout s = cpu::qkv_layout(dqkv, dout, num_groups, rope, "attention_qkv_backward");
+  if (!native_qkv(dqkv, dout, s)) return shared_attention_qkv_backward(dqkv, dout, num_groups, rope);
+  check_floating("attention_qkv_backward", {{"dqkv", dqkv}, {"dout", dout}});
+  native::attention_qkv_backward(dqkv.dtype, memory(dqkv), memory(dout), s.B * s.T, qkv_shape(s),
+                                 rope_freqs(rope, s.half), stream_of(dqkv));
+}
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const Dropout& dropout) {
   const AttentionDims d = attention_dims(att, qkv, out);

@@ -3,8 +3,9 @@
 // blockDim combines the same values in the same tree, whatever the timing.
 
 // The max (max_not_sum) or the sum of v over the thread block, returned to every thread
-// (blockDim.x a multiple of 32, at most 1024; every thread of the block must call it).
-__device__ float block_reduce(float v, bool max_not_sum) {
+// (blockDim.x a multiple of 32, at most 1024; every thread of the block must call it). Inline:
+// several .cu files of the library include it.
+__device__ inline float block_reduce(float v, bool max_not_sum) {
   __shared__ float warps[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   for (int o = 16; o > 0; o /= 2) {

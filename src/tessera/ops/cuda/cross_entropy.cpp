@@ -3,18 +3,12 @@
 // 32 threads (launched over 32 * N work-items), each lane one of the CPU's 32 partial sums.
 // In the default mode the backward runs the native typed kernel (cross_entropy_kernels.h)
 // where dlogits and logits share a dtype; --deterministic-mode keeps cross_entropy.cl's.
-#include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/cross_entropy_kernels.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
 
 namespace tessera::ops::cuda {
 namespace {
-
-template <typename T>
-T* memory(const Tensor& t) {
-  return reinterpret_cast<T*>(static_cast<char*>(t.handle) + t.offset);
-}
 
 bool native_cross_entropy_backward(const Tensor& dlogits, const Tensor& dlosses, const Tensor& logits,
                                    const Tensor& targets, const Tensor& logsumexp, int64_t shard_start,
@@ -31,8 +25,7 @@ bool native_cross_entropy_backward(const Tensor& dlogits, const Tensor& dlosses,
                                        memory<const int>(targets),
                                        memory<const float>(logsumexp),
                                        write == GradWrite::Assign};
-  tessera::cuda::activate(*logits.device);
-  native::cross_entropy_logit_grads(a, tessera::cuda::stream_of(*logits.device));
+  native::cross_entropy_logit_grads(a, stream_of(logits));
   return true;
 }
 

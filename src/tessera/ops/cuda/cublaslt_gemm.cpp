@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tessera/device/cuda/cuda_stream.h"
+#include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/gemm_plan.h"
 
 namespace tessera::ops::cuda {
@@ -130,6 +131,10 @@ size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
 }  // namespace
 
+cudaDataType_t lt_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
 // cuBLASLt is column-major, so it computes C^T = op(B)^T @ op(A)^T: a row-major matrix is
 // its transpose in column-major order, with the same leading dimension.
 void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
@@ -172,6 +177,13 @@ void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_
   TESSERA_CUBLASLT(where, cublasLtMatmul, lt.handle, plan.op.d, &alpha, B, plan.first.l, A, plan.second.l, &beta, C,
                    plan.c.l, C, plan.c.l, &plan.heuristic.algo, lt.workspace, kWorkspaceBytes,
                    tessera::cuda::stream_of(device));
+}
+
+void linear_gemm(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                 const Tensor& gelu_aux) {
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+  gemm(*out.device, lt_type(inp.dtype), false, true, N, OC, C, memory(inp), C, memory(weight), C, 0.0f, memory(out),
+       OC, memory(bias), lt_type(out.dtype), GemmBatch{}, memory(gelu_aux));
 }
 
 }  // namespace tessera::ops::cuda

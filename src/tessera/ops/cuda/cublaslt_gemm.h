@@ -9,9 +9,13 @@
 
 #include <cstdint>
 
+#include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
 
 namespace tessera::ops::cuda {
+
+// cuBLASLt's type of a storage dtype (F32, BF16, F16).
+cudaDataType_t lt_type(DType t);
 
 // A strided batch of equally shaped GEMMs (gemm_plan.h's GemmKey): count GEMMs, the i-th
 // on A + i*stride_a, B + i*stride_b, C + i*stride_c (in elements).
@@ -28,5 +32,12 @@ struct GemmBatch {
 void gemm(Device& device, cudaDataType_t ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
           int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, const void* bias = nullptr,
           cudaDataType_t ct = CUDA_R_32F, const GemmBatch& batch = {}, void* gelu_aux = nullptr);
+
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC]) in one GEMM: linear's forward where
+// cuBLASLt takes the call as it is (inp and weight of one dtype, multiplied natively; bias,
+// when present, of out's dtype), and the GeLU epilogue's: with gelu_aux (of out's shape and
+// dtype), gelu_aux = that and out = its tanh GeLU, cuBLASLt's GELU_AUX(_BIAS).
+void linear_gemm(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                 const Tensor& gelu_aux = Tensor());
 
 }  // namespace tessera::ops::cuda

@@ -63,7 +63,8 @@ CudaLaunch::CudaLaunch(const Tensor& on, const char* kernel) : device_(*on.devic
 }
 
 void CudaLaunch::set(const void* value, size_t size) {
-  TESSERA_CHECK(count_ < kMaxArgs, std::string(name_) + ": more than 32 kernel arguments");
+  TESSERA_CHECK(count_ < kMaxArgs,
+                std::string(name_) + ": more than " + std::to_string(kMaxArgs) + " kernel arguments");
   values_[count_] = 0;
   std::memcpy(&values_[count_], value, size);
   args_[count_] = &values_[count_];
@@ -84,12 +85,14 @@ CudaLaunch& CudaLaunch::floats(const Tensor& t) {
 CudaLaunch& CudaLaunch::pointer(const void* p) { return scalar<const void*>(p); }
 
 CudaLaunch& CudaLaunch::dropout(const Dropout& d) {
+  check_dropout_iteration(d, device_);
   const float scale = d.p > 0.0f ? 1.0f / (1.0f - d.p) : 1.0f;
   return scalar<float>(d.p)
       .scalar<float>(scale)
       .scalar<uint32_t>(d.key.seed)
       .scalar<uint32_t>(d.key.site)
       .scalar<uint32_t>(d.key.iteration)
+      .tensor(d.iteration)
       .scalar<uint32_t>(d.sample0)
       .scalar<uint64_t>(d.element_offset);
 }
@@ -113,6 +116,11 @@ void CudaLaunch::run(int64_t global0, int64_t global1) {
                   static_cast<unsigned>(global1 / y));
   TESSERA_CUDA_CALL(std::string(name_) + " on " + device_.name(), cudaLaunchKernel, kernel_, grid,
                     dim3(static_cast<unsigned>(block)), args_, 0, tessera::cuda::stream_of(device_));
+}
+
+cudaStream_t stream_of(const Tensor& t) {
+  tessera::cuda::activate(*t.device);
+  return tessera::cuda::stream_of(*t.device);
 }
 
 ScratchLease::ScratchLease(Device& device, size_t bytes) {

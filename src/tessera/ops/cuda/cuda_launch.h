@@ -32,6 +32,15 @@ inline float* f32(const Tensor& t) {
   return t.empty() ? nullptr : static_cast<float*>(t.handle) + element_offset(t);
 }
 
+// A tensor's first byte as T* (null when empty): what the native kernels take.
+template <typename T = void>
+T* memory(const Tensor& t) {
+  return t.empty() ? nullptr : reinterpret_cast<T*>(static_cast<char*>(t.handle) + t.offset);
+}
+
+// The stream of the tensor's device (its default stream), with the device made current.
+cudaStream_t stream_of(const Tensor& t);
+
 class CudaLaunch {
  public:
   // Makes the tensor's device current and looks `kernel` up (loading the fatbin once).
@@ -57,7 +66,7 @@ class CudaLaunch {
 
  private:
   void set(const void* value, size_t size);
-  static constexpr int kMaxArgs = 32;
+  static constexpr int kMaxArgs = 64;  // the widest shared kernel takes 44 (kernel_arguments_test.py)
   const Device& device_;
   const char* name_;
   const void* kernel_;

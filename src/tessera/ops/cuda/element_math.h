@@ -12,12 +12,7 @@
 #include <stdint.h>
 
 #include "tessera/core/philox.h"
-
-#if defined(__CUDACC__)
-#define TESSERA_HD __host__ __device__ inline
-#else
-#define TESSERA_HD inline
-#endif
+#include "tessera/ops/cuda/host_device.h"
 
 namespace tessera::ops::cuda::native {
 
@@ -46,7 +41,8 @@ struct DropoutArgs {
   float p, scale;
   uint32_t seed, site, iteration, sample0;
   uint64_t element_offset;
-  int64_t per_sample;  // the mask's element index restarts per sample
+  int64_t per_sample;                 // the mask's element index restarts per sample
+  const uint32_t* iteration_at = nullptr;  // Dropout::iteration's element, read instead of iteration
 };
 
 // The factor of element e of batch sample b: scale if kept, 0 if dropped (common.cl's
@@ -57,7 +53,7 @@ TESSERA_HD float dropout_factor(const DropoutArgs& d, int64_t b, uint64_t e) {
   ctr.v[0] = static_cast<uint32_t>(index / 4);
   ctr.v[1] = d.sample0 + static_cast<uint32_t>(b);
   ctr.v[2] = d.site;
-  ctr.v[3] = d.iteration;
+  ctr.v[3] = d.iteration_at ? *d.iteration_at : d.iteration;
   const tessera_philox4 r = tessera_philox4x32(d.seed, TESSERA_RNG_STREAM_DROPOUT, ctr);
   return tessera_uint_to_unit_float(r.v[index % 4]) >= d.p ? d.scale : 0.0f;
 }

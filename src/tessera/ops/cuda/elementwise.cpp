@@ -3,7 +3,6 @@
 // (the shared kernels' bits) and mixed dtypes run the shared kernels.
 #include <initializer_list>
 
-#include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
 #include "tessera/ops/cuda/swiglu_kernels.h"
@@ -17,8 +16,6 @@
 namespace tessera::ops::cuda {
 namespace {
 
-void* memory(const Tensor& t) { return static_cast<char*>(t.handle) + t.offset; }
-
 // The native kernels serve tensors of one dtype outside --deterministic-mode.
 bool native_serves(std::initializer_list<const Tensor*> tensors) {
   const Tensor& first = **tensors.begin();
@@ -26,11 +23,6 @@ bool native_serves(std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors)
     if (t->dtype != first.dtype) return false;
   return true;
-}
-
-cudaStream_t stream_of(const Tensor& t) {
-  tessera::cuda::activate(*t.device);
-  return tessera::cuda::stream_of(*t.device);
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 // The native kernels take tensors of one dtype; mixed dtypes run the shared kernels.
 #include <optional>
 
-#include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/column_sums.h"
 #include "tessera/ops/cuda/cublaslt_gemm.h"
 #include "tessera/ops/cuda/cuda_launch.h"
@@ -27,10 +26,6 @@
 namespace tessera::ops::cuda {
 namespace {
 
-cudaDataType_t lt_type(DType t) {
-  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
-}
-void* memory(const Tensor& t) { return t.empty() ? nullptr : static_cast<char*>(t.handle) + t.offset; }
 
 // Whether cuBLASLt's GELU_AUX(_BIAS) epilogue computes the op as its contract says: tanh GeLU,
 // operands of one dtype multiplied natively, out, pre and bias of one dtype, the aux matrix's
@@ -58,20 +53,13 @@ std::optional<DType> one_dtype(std::initializer_list<const Tensor*> tensors) {
   return d;
 }
 
-cudaStream_t stream_of(const Tensor& t) {
-  tessera::cuda::activate(*t.device);
-  return tessera::cuda::stream_of(*t.device);
-}
-
 }  // namespace
 
 void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias, GeluKind kind) {
   check_linear_bias_gelu(out, pre, inp, weight, bias);
   if (!gelu_epilogue_serves(out, pre, inp, weight, bias, kind))
     return shared_linear_bias_gelu_forward(out, pre, inp, weight, bias, kind);
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  gemm(*out.device, lt_type(inp.dtype), false, true, N, OC, C, memory(inp), C, memory(weight), C, 0.0f, memory(out),
-       OC, memory(bias), lt_type(out.dtype), GemmBatch{}, memory(pre));
+  linear_gemm(out, inp, weight, bias, pre);
 }
 
 void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
@@ -90,10 +78,16 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
   const std::optional<DType> dtype = one_dtype({&dinp, &dresidual, &dout});
   if (!dtype) return shared_bias_dropout_add_backward(dinp, dbias, dresidual, dout, dropout, write);
   const int64_t n = dout.numel(), OC = dout.dim(-1), N = n / OC, B = samples(dout, dropout, "bias_dropout_add_backward");
-  native::DropoutArgs d{dropout.p,       dropout.p > 0.0f ? 1.0f / (1.0f - dropout.p) : 1.0f,
-                        dropout.key.seed, dropout.key.site,
-                        dropout.key.iteration, dropout.sample0,
-                        dropout.element_offset, n / B};
+  check_dropout_iteration(dropout, *dout.device);
+  const native::DropoutArgs d{dropout.p,
+                              dropout.p > 0.0f ? 1.0f / (1.0f - dropout.p) : 1.0f,
+                              dropout.key.seed,
+                              dropout.key.site,
+                              dropout.key.iteration,
+                              dropout.sample0,
+                              dropout.element_offset,
+                              n / B,
+                              memory<const uint32_t>(dropout.iteration)};
   const bool assign = write == GradWrite::Assign;
   // The bias gradient sums the contributions as stored: dinp itself when it is assigned, else
   // a copy in scratch beside the column sums' partials.

@@ -31,10 +31,10 @@ std::string libraries() {
          std::to_string(v % 100) + " GEMMs" + attention();
 }
 
-// Every op but the mixture of experts' (MoE training refuses this device; the grouped GEMM
-// falls back to one linear per expert until cuBLASLt's grouped GEMM backs it). The fused
-// attention is cuDNN's SDPA or the shared flash kernel (flash_attention.cpp).
-constexpr bool has_kernel(std::string_view op) { return !op.starts_with("moe_") && !op.starts_with("grouped_linear_"); }
+// Every op but the grouped GEMM: the model runs one cuBLASLt linear per expert instead
+// (MoELayer::grouped_forward). The fused attention is cuDNN's SDPA or the shared flash kernel
+// (flash_attention.cpp).
+constexpr bool has_kernel(std::string_view op) { return !op.starts_with("grouped_linear_"); }
 
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include "tessera/ops/kernels/optimizer.cl"
 #include "tessera/ops/kernels/sum_squares.cl"
 #include "tessera/ops/kernels/fp64.cl"
+#include "tessera/ops/kernels/moe.cl"
 
 #include "tessera/ops/cuda/block_reduce.cuh"
 #include "tessera/ops/cuda/attention_kernels.cuh"

@@ -7,7 +7,6 @@
 #include <initializer_list>
 #include <optional>
 
-#include "tessera/device/cuda/cuda_stream.h"
 #include "tessera/ops/cuda/column_sums.h"
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
@@ -65,7 +64,6 @@ void rmsnorm_weight(const Tensor& dweight, const Tensor& dout, const Tensor& inp
   add_column_partials(dweight, w, C, blocks);
 }
 
-void* memory(const Tensor& t) { return t.empty() ? nullptr : static_cast<char*>(t.handle) + t.offset; }
 float* floats(const Tensor& t) { return static_cast<float*>(memory(t)); }
 
 // The native kernels' arguments for a call whose tensors (empty ones aside) share inp's
@@ -80,11 +78,6 @@ std::optional<native::NormArgs> native_args(bool rms, const Tensor& inp, const T
   if (weight.dtype != inp.dtype || (!bias.empty() && bias.dtype != inp.dtype)) return std::nullopt;
   return native::NormArgs{inp.dtype,      rms,           inp.numel() / C, C,           memory(inp),
                           memory(weight), memory(bias),  floats(mean),    floats(rstd)};
-}
-
-cudaStream_t stream_of(const Tensor& t) {
-  tessera::cuda::activate(*t.device);
-  return tessera::cuda::stream_of(*t.device);
 }
 
 bool native_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,

@@ -31,10 +31,6 @@
 namespace tessera::ops::cuda {
 namespace {
 
-cudaDataType_t lt_type(DType t) {
-  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
-}
-void* memory(const Tensor& t) { return t.empty() ? nullptr : static_cast<char*>(t.handle) + t.offset; }
 Tensor f32_at(void* p, int64_t rows, int64_t cols, const Tensor& like) {
   return Tensor(p, 0, DType::F32, {rows, cols}, like.device);
 }
@@ -65,6 +61,7 @@ void forward_16bit(const Tensor& out, const Tensor& inp, const Tensor& weight, c
   const bool widen = inp.dtype != weight.dtype;
   const cudaDataType_t ab = widen ? CUDA_R_32F : lt_type(inp.dtype);
   const bool direct = (ab != CUDA_R_32F || out.dtype == DType::F32) && (bias.empty() || bias.dtype == out.dtype);
+  if (direct && !widen) return linear_gemm(out, inp, weight, bias);
   const Pieces scratch(*out.device, {widen ? size_t(N * C) * 4 : 0, widen ? size_t(OC * C) * 4 : 0,
                                      direct ? 0 : size_t(N * OC) * 4});
   const void* x = operand(scratch[0], inp, N, C, widen);
@@ -127,7 +124,7 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
     CudaLaunch(out, "broadcast_bias").floats(out).floats(bias).scalar<int64_t>(OC).run(OC, N);
     return;
   }
-  gemm(*out.device, CUDA_R_32F, false, true, N, OC, C, f32(inp), C, f32(weight), C, 0.0f, f32(out), OC, f32(bias));
+  linear_gemm(out, inp, weight, bias);
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,

@@ -1,4 +1,4 @@
-// The typed loads and stores of the native kernels (swiglu_kernels.cu, norm_kernels.cu):
+// The typed loads and stores of the native kernels (swiglu_kernels.cu, norm_kernels.cu, ...):
 // V consecutive elements of a float, bf16 or f16 tensor as floats, in one 128-bit access
 // when V elements fill it (the caller checks the alignment with `vectorised`), rounded to
 // nearest even on the way back.
@@ -45,6 +45,19 @@ __device__ inline void store(T* p, int64_t i, const float (&x)[V]) {
   else
     for (int k = 0; k < V; ++k) p[i + k] = v[k];
 }
+
+// Element i of a tensor as a float, and a float stored into it rounded once: the accessors the
+// items of rope_math.h and embedding_math.h take.
+template <typename T>
+struct ElementReader {
+  const T* p;
+  __device__ float operator()(int64_t i) const { return to_float(p[i]); }
+};
+template <typename T>
+struct ElementWriter {
+  T* p;
+  __device__ void operator()(int64_t i, float v) const { p[i] = from_float<T>(v); }
+};
 
 // Whether rows of `width` elements of T start on 128-bit vectors: width a multiple of the
 // vector and every pointer (null ones aside) 16-byte aligned.

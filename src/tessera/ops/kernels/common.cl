@@ -64,9 +64,13 @@ DEVICE_FN uint4 philox4x32(uint key0, uint key1, uint4 ctr) {
 
 DEVICE_FN float uint_to_unit_float(uint x) { return tessera_uint_to_unit_float(x); }
 
-// ops.h's Dropout as kernel arguments, in this order (host: push_dropout).
+// ops.h's Dropout as kernel arguments, in this order (host: the launchers' dropout()). The
+// iteration is drop_counter's element when the host passed one (Dropout::iteration, a device
+// scalar), else drop_iteration.
 #define DROPOUT_PARAMS float drop_p, float drop_scale, uint drop_seed, uint drop_site, uint drop_iteration, \
-                       uint drop_sample0, ulong drop_element_offset
+                       __global const uint* drop_counter, ulong drop_counter_off, uint drop_sample0,      \
+                       ulong drop_element_offset
+#define DROP_ITERATION (drop_counter ? drop_counter[drop_counter_off] : drop_iteration)
 #define RNG_STREAM_DROPOUT TESSERA_RNG_STREAM_DROPOUT
 
 // The factor of element `element` (within this shard's per-sample tensor) of batch sample
@@ -81,4 +85,4 @@ DEVICE_FN float dropout_factor(float drop_p, float drop_scale, uint drop_seed, u
   return uint_to_unit_float(bits) >= drop_p ? drop_scale : 0.0f;
 }
 #define DROPOUT_FACTOR(b, element) \
-  dropout_factor(drop_p, drop_scale, drop_seed, drop_site, drop_iteration, drop_sample0, drop_element_offset, b, element)
+  dropout_factor(drop_p, drop_scale, drop_seed, drop_site, DROP_ITERATION, drop_sample0, drop_element_offset, b, element)

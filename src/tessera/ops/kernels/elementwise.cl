@@ -97,7 +97,7 @@ __kernel void swiglu_backward(FLOATS(dinp), CONST_FLOATS(dout), CONST_FLOATS(inp
   const long q = get_global_id(0), b = get_global_id(1);                                      \
   const ulong group = drop_element_offset / 4 + (ulong)q;                                      \
   const uint4 r = philox4x32(drop_seed, RNG_STREAM_DROPOUT,                                    \
-                             make_uint4((uint)group, drop_sample0 + (uint)b, drop_site, drop_iteration));  \
+                             make_uint4((uint)group, drop_sample0 + (uint)b, drop_site, DROP_ITERATION)); \
   for (int lane = 0; lane < 4; ++lane) {                                                       \
     const long e = (long)(group * 4 + (ulong)lane - drop_element_offset);                      \
     if (e >= 0 && e < S) {                                                                     \

@@ -69,12 +69,17 @@ ClLaunch& ClLaunch::buffer(cl_mem mem) {
 }
 
 ClLaunch& ClLaunch::dropout(const Dropout& d) {
+  if (!d.iteration.empty()) {
+    check_dropout_iteration(d, *d.iteration.device);
+    TESSERA_CHECK(&context_of(d.iteration) == &cl_, "dropout: the iteration scalar is not on " + cl_.where());
+  }
   const float scale = d.p > 0.0f ? 1.0f / (1.0f - d.p) : 1.0f;
   return scalar<float>(d.p)
       .scalar<float>(scale)
       .scalar<cl_uint>(d.key.seed)
       .scalar<cl_uint>(d.key.site)
       .scalar<cl_uint>(d.key.iteration)
+      .tensor(d.iteration)
       .scalar<cl_uint>(d.sample0)
       .scalar<cl_ulong>(d.element_offset);
 }

@@ -50,8 +50,8 @@ class ClLaunch {
     set(sizeof(T), &value);
     return *this;
   }
-  // ops.h's Dropout as the kernels' DROPOUT_PARAMS (p, 1/(1-p), seed, site, iteration,
-  // sample0, element_offset).
+  // ops.h's Dropout as the kernels' DROPOUT_PARAMS (p, 1/(1-p), seed, site, iteration, the
+  // iteration scalar's buffer and offset (null: none), sample0, element_offset).
   ClLaunch& dropout(const Dropout& d);
 
   // Enqueues the kernel over global0 x global1 work-items (nothing when either is 0).
