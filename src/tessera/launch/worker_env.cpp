@@ -118,27 +118,40 @@ WorkerIdentity tessera_launch_identity(const EnvLookup& env, std::optional<int> 
   return id;
 }
 
+// Where torchrun and Slurm put a worker's place in the job; only RANK and WORLD_SIZE (or
+// theirs) are required.
+struct RankVariables {
+  const char* context;  // for messages: why this launcher was chosen
+  const char *rank, *world_size, *local_rank;
+  const char* local_world_size;  // nullptr where the caller derives it
+  const char *node_rank, *num_nodes;
+};
+
+void read_ranks(const EnvLookup& env, std::optional<int> argv_local_rank, const RankVariables& v, WorkerIdentity& id) {
+  id.rank = required_int(env, v.rank, v.context);
+  id.world_size = required_int(env, v.world_size, v.context);
+  id.local_rank = merged_local_rank(int_var(env, v.local_rank), argv_local_rank);
+  if (v.local_world_size) id.local_world_size = int_var(env, v.local_world_size).value_or(0);
+  id.node_rank = int_var(env, v.node_rank).value_or(0);
+  id.num_nodes = int_var(env, v.num_nodes).value_or(0);
+}
+
 void read_torchrun_ranks(const EnvLookup& env, std::optional<int> argv_local_rank, WorkerIdentity& id) {
-  const char* ctx = "RANK or WORLD_SIZE is set";
   id.launcher = LauncherKind::Torchrun;
-  id.rank = required_int(env, "RANK", ctx);
-  id.world_size = required_int(env, "WORLD_SIZE", ctx);
-  id.local_rank = merged_local_rank(int_var(env, "LOCAL_RANK"), argv_local_rank);
-  id.local_world_size = int_var(env, "LOCAL_WORLD_SIZE").value_or(0);
-  id.node_rank = int_var(env, "GROUP_RANK").value_or(0);
-  id.num_nodes = int_var(env, "GROUP_WORLD_SIZE").value_or(0);
+  read_ranks(env, argv_local_rank,
+             {"RANK or WORLD_SIZE is set", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "GROUP_WORLD_SIZE"},
+             id);
   id.run_id = lookup(env, "TORCHELASTIC_RUN_ID").value_or("none");
   id.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
 }
 
 void read_slurm_ranks(const EnvLookup& env, std::optional<int> argv_local_rank, WorkerIdentity& id) {
-  const char* ctx = "SLURM_PROCID is set";
   id.launcher = LauncherKind::Slurm;
-  id.rank = required_int(env, "SLURM_PROCID", ctx);
-  id.world_size = required_int(env, "SLURM_NTASKS", ctx);
-  id.local_rank = merged_local_rank(int_var(env, "SLURM_LOCALID"), argv_local_rank);
-  id.node_rank = int_var(env, "SLURM_NODEID").value_or(0);
-  id.num_nodes = int_var(env, "SLURM_NNODES").value_or(0);
+  read_ranks(env, argv_local_rank,
+             {"SLURM_PROCID is set", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_NODEID",
+              "SLURM_NNODES"},
+             id);
   auto tasks = lookup(env, "SLURM_STEP_TASKS_PER_NODE");
   if (!tasks) tasks = lookup(env, "SLURM_TASKS_PER_NODE");
   if (!tasks) tasks = lookup(env, "SLURM_NTASKS_PER_NODE");
