@@ -53,10 +53,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
+
+#include "standalone_driver.h"
 
 namespace {
 
@@ -221,58 +221,32 @@ class Mutator {
   std::mt19937_64 rng_;
 };
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "safetensors_fuzz: cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 30;
-  uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  uint64_t max_runs = UINT64_MAX;
-  std::vector<std::vector<uint8_t>> pool = builtin_seeds();
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "safetensors_fuzz: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--seconds") seconds = std::stod(value());
-    else if (a == "--seed") seed = std::stoull(value());
-    else if (a == "--runs") max_runs = std::stoull(value());
-    else if (a == "--replay") {
-      std::vector<uint8_t> d = read_file(value());
-      LLVMFuzzerTestOneInput(d.data(), d.size());
-      std::printf("safetensors_fuzz: replay finished without a failure\n");
-      return 0;
-    } else if (a == "-h" || a == "--help") {
-      std::printf("usage: safetensors_fuzz [--seconds N] [--seed S] [--runs N] [--replay FILE] [FILE...]\n");
-      return 0;
-    } else pool.push_back(read_file(a));
+  const fuzz_driver::Args args = fuzz_driver::parse_args("safetensors_fuzz", argc, argv);
+  if (args.replay) {
+    std::vector<uint8_t> d = fuzz_driver::read_file("safetensors_fuzz", *args.replay);
+    LLVMFuzzerTestOneInput(d.data(), d.size());
+    std::printf("safetensors_fuzz: replay finished without a failure\n");
+    return 0;
   }
+  std::vector<std::vector<uint8_t>> pool = builtin_seeds();
+  for (const std::string& f : args.files) pool.push_back(fuzz_driver::read_file("safetensors_fuzz", f));
   for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP}) signal(sig, on_fatal_signal);
-  std::printf("safetensors_fuzz: seed %llu, %zu seed inputs, %.0f s\n", static_cast<unsigned long long>(seed),
-              pool.size(), seconds);
+  std::printf("safetensors_fuzz: seed %llu, %zu seed inputs, %.0f s\n", static_cast<unsigned long long>(args.seed),
+              pool.size(), args.seconds);
   std::fflush(stdout);
 
-  Mutator m(seed);
+  Mutator m(args.seed);
   const auto start = std::chrono::steady_clock::now();
   const size_t kMaxInputs = 4096, kMaxLen = 1 << 16;
   uint64_t runs = 0, accepted = 0;
   std::vector<uint8_t> input;
   g_current = &input;
-  for (; runs < max_runs; ++runs) {
+  for (; runs < args.max_runs; ++runs) {
     if ((runs & 255) == 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= seconds)
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= args.seconds)
       break;
     input = pool[m.below(pool.size())];
     for (size_t k = 1 + m.below(4); k > 0; --k) m.mutate(input, pool);

@@ -9,7 +9,7 @@
 // Built with AddressSanitizer and UndefinedBehaviorSanitizer (tests/ckpt_area/tests.cmake).
 // With Clang it is a libFuzzer target (TESSERA_LIBFUZZER); otherwise main() below mutates
 // built-in seeds (a PyTorch-format file and raw pickles) for a bounded time:
-//   torch_checkpoint_fuzz [--seconds N] [--seed S] [--replay FILE] [FILE...]
+//   torch_checkpoint_fuzz [--seconds N] [--seed S] [--runs N] [--replay FILE] [FILE...]
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -69,10 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #ifndef TESSERA_LIBFUZZER
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
+
+#include "standalone_driver.h"
 
 namespace {
 
@@ -185,34 +185,20 @@ class Mutator {
   std::mt19937_64 rng_;
 };
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "torch_checkpoint_fuzz: cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 30;
-  uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::vector<std::vector<uint8_t>> pool = builtin_seeds();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
-    else if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
-    else if (a == "--replay" && i + 1 < argc) {
-      const std::vector<uint8_t> d = read_file(argv[++i]);
-      LLVMFuzzerTestOneInput(d.data(), d.size());
-      std::printf("torch_checkpoint_fuzz: replay finished without a failure\n");
-      return 0;
-    } else pool.push_back(read_file(a));
+  const fuzz_driver::Args args = fuzz_driver::parse_args("torch_checkpoint_fuzz", argc, argv);
+  if (args.replay) {
+    const std::vector<uint8_t> d = fuzz_driver::read_file("torch_checkpoint_fuzz", *args.replay);
+    LLVMFuzzerTestOneInput(d.data(), d.size());
+    std::printf("torch_checkpoint_fuzz: replay finished without a failure\n");
+    return 0;
   }
-  std::printf("torch_checkpoint_fuzz: seed %llu, %zu seed inputs, %.0f s\n", static_cast<unsigned long long>(seed),
-              pool.size(), seconds);
+  std::vector<std::vector<uint8_t>> pool = builtin_seeds();
+  for (const std::string& f : args.files) pool.push_back(fuzz_driver::read_file("torch_checkpoint_fuzz", f));
+  std::printf("torch_checkpoint_fuzz: seed %llu, %zu seed inputs, %.0f s\n", static_cast<unsigned long long>(args.seed),
+              pool.size(), args.seconds);
   std::fflush(stdout);
   // The built-in seeds must read cleanly: they are what the mutations start from.
   for (const std::vector<uint8_t>& s : builtin_seeds()) {
@@ -224,12 +210,12 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  Mutator m(seed);
+  Mutator m(args.seed);
   const auto start = std::chrono::steady_clock::now();
   uint64_t runs = 0;
   std::vector<uint8_t> input;
-  for (;; ++runs) {
-    if ((runs & 255) == 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= seconds)
+  for (; runs < args.max_runs; ++runs) {
+    if ((runs & 255) == 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= args.seconds)
       break;
     input = pool[m.below(pool.size())];
     for (size_t k = 1 + m.below(4); k > 0; --k) m.mutate(input, pool);

@@ -118,27 +118,14 @@ def test_datasets_must_agree(tmp):
 
 def launch_two_hosts(tmp, set_ifname, tag):
     path = os.path.join(tmp, "netns_%s.jsonl" % tag)
-    procs = []
-    for node in (1, 0):  # node 1 first: it waits for node 0's store
+    def env_of(node):
         env = env_without_launch()
         if set_ifname:
             env["GLOO_SOCKET_IFNAME"] = netns.VETH[node]
-        cmd = ["ip", "netns", "exec", netns.NS[node], TESSERA, "launch", "--nnodes", "2", "--node_rank", str(node),
-               "--nproc_per_node", "2", "--master_addr", netns.ADDR[0], "--master_port", "29500", "--rdzv_conf",
-               "join_timeout=60", "train"] + TRAIN + ["--log-json", path]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)
-        netns.PROCS.append(p)
-        procs.append((node, p))
-        time.sleep(0.3)
-    for node, p in procs:
-        try:
-            out, err = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
-            raise AssertionError("node %d did not finish\n%s\n%s" % (node, out[-2000:], err[-2000:]))
-        assert p.returncode == 0, (node, p.returncode, out[-3000:], err[-3000:])
+        return env
+    results = netns.launch_on_both(["train"] + TRAIN + ["--log-json", path], 2, env_of, join_timeout=60, timeout=120)
+    for node, (rc, out, err) in results.items():
+        assert rc == 0, (node, rc, out[-3000:], err[-3000:])
     return records(path)
 
 

@@ -201,26 +201,12 @@ def test_two_hosts(tmp, data):
     try:
         args = GPT2 + MODEL + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache"),
                                "--doctor-timeout", "30", "--bandwidth-mb", "4"]
-        procs = []
-        for node in (1, 0):  # node 1 first: it waits for node 0's store
-            env = clean_env(GLOO_SOCKET_IFNAME=netns.VETH[node])
-            cmd = ["ip", "netns", "exec", netns.NS[node], TESSERA, "launch", "--nnodes", "2", "--node_rank", str(node),
-                   "--nproc_per_node", "1", "--master_addr", netns.ADDR[0], "--master_port", "29500", "--rdzv_conf",
-                   "join_timeout=60", TESSERA, "doctor"] + args
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                 start_new_session=True)
-            netns.PROCS.append(p)
-            procs.append((node, p))
-            time.sleep(0.3)
+        results = netns.launch_on_both([TESSERA, "doctor"] + args, 1,
+                                       lambda node: clean_env(GLOO_SOCKET_IFNAME=netns.VETH[node]),
+                                       join_timeout=60, timeout=120)
         outs = {}
-        for node, p in procs:
-            try:
-                out, err = p.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, err = p.communicate()
-                raise AssertionError("node %d did not finish\n%s\n%s" % (node, out[-3000:], err[-3000:]))
-            assert p.returncode == 0, (node, p.returncode, out[-4000:], err[-4000:])
+        for node, (rc, out, err) in results.items():
+            assert rc == 0, (node, rc, out[-4000:], err[-4000:])
             outs[node] = out + err
         out = outs[0]
         if os.environ.get("DOCTOR_TEST_VERBOSE"):

@@ -72,17 +72,20 @@ PRINT_ENV = ('for n in RANK LOCAL_RANK WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_
              'awk \'{print $4}\')"')
 
 
-def launch_both(script, join_timeout=30, timeout=60):
+def launch_on_both(argv, nproc_per_node, env_of, join_timeout=30, timeout=60):
+    """`tessera launch ... ARGV` on both hosts, node 1 first (it waits for node 0's store), with
+    ENV_OF(node) as each launcher's environment. Returns {node: (returncode, stdout, stderr)}; a
+    launcher still running after TIMEOUT seconds is killed and fails the test. Shared by the tests
+    that run on these two hosts (data_parallel_test, model_parallel_test, doctor_test)."""
     procs = []
-    for node in (1, 0):  # node 1 first: it waits for node 0's store
-        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}
-        env["GLOO_SOCKET_IFNAME"] = VETH[node]
+    for node in (1, 0):
         cmd = ["ip", "netns", "exec", NS[node], TESSERA, "launch", "--nnodes", "2", "--node_rank", str(node),
-               "--nproc_per_node", "2", "--master_addr", ADDR[0], "--master_port", "29500", "--rdzv_conf",
-               "join_timeout=%d" % join_timeout, "sh", "-c", script]
-        procs.append((node, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                             start_new_session=True)))
-        PROCS.append(procs[-1][1])
+               "--nproc_per_node", str(nproc_per_node), "--master_addr", ADDR[0], "--master_port", "29500",
+               "--rdzv_conf", "join_timeout=%d" % join_timeout] + list(argv)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_of(node),
+                             start_new_session=True)
+        PROCS.append(p)
+        procs.append((node, p))
         time.sleep(0.5)
     results = {}
     for node, p in procs:
@@ -91,9 +94,18 @@ def launch_both(script, join_timeout=30, timeout=60):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
-            raise AssertionError("node %d's launcher did not exit within %d s\n%s\n%s" % (node, timeout, out, err))
+            raise AssertionError("node %d's launcher did not exit within %d s\n%s\n%s" %
+                                 (node, timeout, out[-3000:], err[-3000:]))
         results[node] = (p.returncode, out, err)
     return results
+
+
+def launch_both(script, join_timeout=30, timeout=60):
+    def env_of(node):
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}
+        env["GLOO_SOCKET_IFNAME"] = VETH[node]
+        return env
+    return launch_on_both(["sh", "-c", script], 2, env_of, join_timeout, timeout)
 
 
 def check_environment():

@@ -189,26 +189,12 @@ def test_two_hosts(tmp):
     netns.set_up()  # exits 77 without the rights to make namespaces
     try:
         path = os.path.join(tmp, "two_hosts.jsonl")
-        procs = []
-        for node in (1, 0):
-            env = env_without_launch()
-            env["GLOO_SOCKET_IFNAME"] = netns.VETH[node]
-            cmd = ["ip", "netns", "exec", netns.NS[node], TESSERA, "launch", "--nnodes", "2", "--node_rank",
-                   str(node), "--nproc_per_node", "8", "--master_addr", netns.ADDR[0], "--master_port", "29500",
-                   "--rdzv_conf", "join_timeout=120", "train"] + TRAIN + flags + ["--log-json", path]
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                 start_new_session=True)
-            netns.PROCS.append(p)
-            procs.append((node, p))
-            time.sleep(0.3)
-        for node, p in procs:
-            try:
-                out, err = p.communicate(timeout=400)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, err = p.communicate()
-                raise AssertionError("node %d did not finish\n%s\n%s" % (node, out[-2000:], err[-2000:]))
-            assert p.returncode == 0, (node, p.returncode, out[-3000:], err[-3000:])
+        def env_of(node):
+            return dict(env_without_launch(), GLOO_SOCKET_IFNAME=netns.VETH[node])
+        results = netns.launch_on_both(["train"] + TRAIN + flags + ["--log-json", path], 8, env_of, join_timeout=120,
+                                       timeout=400)
+        for node, (rc, out, err) in results.items():
+            assert rc == 0, (node, rc, out[-3000:], err[-3000:])
         compare(reference, records(path), "two hosts TP2 PP2 DP4")
     finally:
         netns.tear_down()

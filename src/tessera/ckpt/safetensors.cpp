@@ -14,7 +14,7 @@
 #include <optional>
 #include <set>
 
-#include "tessera/core/mapped_file.h"
+#include "tessera/core/file_bytes.h"
 
 namespace tessera::safetensors {
 
@@ -97,172 +97,204 @@ std::string_view dtype_to_name(DType t) {
 // ---------------------------------------------------------------------------------------------
 // Reader
 
-// The file's bytes: mapped, or owned in memory (from_bytes).
-struct Reader::Storage {
-  std::optional<MappedFile> map;
-  std::vector<uint8_t> owned;
-};
+Reader::Reader(std::string label, FileBytes file) : label_(std::move(label)), file_(std::move(file)) { parse(); }
 
-Reader Reader::open(const std::string& path) {
-  Reader r;
-  r.label_ = path;
-  r.storage_ = std::make_shared<Storage>();
-  const MappedFile& map = r.storage_->map.emplace(path);
-  r.file_ = map.bytes().data();
-  r.file_size_ = map.size();
-  r.parse();
-  return r;
-}
+Reader Reader::open(const std::string& path) { return Reader(path, FileBytes::map(path)); }
 
 Reader Reader::from_bytes(std::string label, std::vector<uint8_t> bytes) {
-  Reader r;
-  r.label_ = std::move(label);
-  r.storage_ = std::make_shared<Storage>();
-  r.storage_->owned = std::move(bytes);
-  r.file_ = r.storage_->owned.data();
-  r.file_size_ = r.storage_->owned.size();
-  r.parse();
-  return r;
+  return Reader(std::move(label), FileBytes::own(std::move(bytes)));
 }
 
-void Reader::parse() {
-  const std::string& f = label_;
-  if (file_size_ < 8)
-    throw runtime_error(f + ": truncated safetensors file: " + std::to_string(file_size_) +
+namespace {
+
+// The steps of Reader::parse, in file order. `f` names the file in every message.
+
+// The 8-byte header length, checked against the limit and the file before anything reads past it.
+uint64_t header_length(const std::string& f, std::span<const uint8_t> file) {
+  if (file.size() < 8)
+    throw runtime_error(f + ": truncated safetensors file: " + std::to_string(file.size()) +
                             " bytes, the 8-byte header length alone needs 8",
                         kCorruptHint);
   uint64_t header_len = 0;
-  std::memcpy(&header_len, file_, 8);
+  std::memcpy(&header_len, file.data(), 8);
   if (header_len > kMaxHeaderBytes)
     throw runtime_error(f + ": safetensors header length " + std::to_string(header_len) +
                             " exceeds the limit of " + std::to_string(kMaxHeaderBytes) + " bytes",
                         std::string("this is not a safetensors file, or ") + kCorruptHint);
-  if (header_len > file_size_ - 8)
+  if (header_len > file.size() - 8)
     throw runtime_error(f + ": safetensors header length " + std::to_string(header_len) +
-                            " runs past the end of the file (" + std::to_string(file_size_) +
+                            " runs past the end of the file (" + std::to_string(file.size()) +
                             " bytes)",
                         std::string("this is not a safetensors file, or ") + kCorruptHint);
   if (header_len < 2)
     throw runtime_error(f + ": safetensors header of " + std::to_string(header_len) +
                             " bytes cannot hold a JSON object",
                         kCorruptHint);
-  data_offset_ = 8 + header_len;
-  const uint64_t data_size = file_size_ - data_offset_;
-  const char* hbeg = reinterpret_cast<const char*>(file_ + 8);
-  const char* hend = hbeg + header_len;
-  if (*hbeg != '{')
-    throw runtime_error(f + ": safetensors header does not start with '{'",
-                        std::string("this is not a safetensors file, or ") + kCorruptHint);
+  return header_len;
+}
 
-  // Duplicate keys would make a tensor ambiguous; nlohmann keeps the last silently, so
-  // track the keys of every open object.
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
+// Duplicate keys would make a tensor ambiguous; nlohmann keeps the last silently, so the
+// parser's callback tracks the keys of every open object and remembers the first repeat.
+class DuplicateKeyFinder {
+ public:
+  bool on_event(json::parse_event_t ev, const json& parsed) {
     switch (ev) {
-      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_start: open_objects_.emplace_back(); break;
       case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
+        if (!open_objects_.empty()) open_objects_.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get_ref<const std::string&>()).second &&
-            duplicate.empty())
-          duplicate = parsed.get<std::string>();
+        if (!open_objects_.empty() && parsed.is_string() &&
+            !open_objects_.back().insert(parsed.get_ref<const std::string&>()).second && first_.empty())
+          first_ = parsed.get<std::string>();
         break;
       default: break;
     }
     return true;
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::vector<std::set<std::string>> open_objects_;
+  std::string first_;
+};
+
+// The JSON header: one object, no key repeated at any depth.
+json parse_header_json(const std::string& f, std::string_view text) {
+  if (text.front() != '{')
+    throw runtime_error(f + ": safetensors header does not start with '{'",
+                        std::string("this is not a safetensors file, or ") + kCorruptHint);
+  DuplicateKeyFinder duplicates;
+  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
+    return duplicates.on_event(ev, parsed);
   };
   json header;
   try {
-    header = json::parse(hbeg, hend, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+    header = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     throw runtime_error(f + ": safetensors header is not valid JSON: " + e.what(), kCorruptHint);
   }
   if (!header.is_object())
     throw runtime_error(f + ": safetensors header is not a JSON object", kCorruptHint);
-  if (!duplicate.empty())
-    throw runtime_error(f + ": safetensors header repeats the key " + quote_name(duplicate),
+  if (!duplicates.first().empty())
+    throw runtime_error(f + ": safetensors header repeats the key " + quote_name(duplicates.first()),
                         kCorruptHint);
+  return header;
+}
 
+std::map<std::string, std::string> read_metadata(const std::string& f, const json& v) {
+  if (!v.is_object()) throw runtime_error(f + ": __metadata__ is not a JSON object", kCorruptHint);
+  std::map<std::string, std::string> metadata;
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m.value().is_string())
+      throw runtime_error(f + ": __metadata__ value for " + quote_name(m.key()) + " is not a string",
+                          kCorruptHint);
+    metadata[m.key()] = m.value().get<std::string>();
+  }
+  return metadata;
+}
+
+// The fields of one tensor entry, present and of the right JSON type; `where` names the tensor.
+struct EntryFields {
+  const json& dtype;
+  const json& shape;
+  const json& data_offsets;
+};
+
+EntryFields entry_fields(const std::string& where, const json& v) {
+  if (!v.is_object()) throw runtime_error(where + "entry is not a JSON object", kCorruptHint);
+  auto dt = v.find("dtype");
+  auto sh = v.find("shape");
+  auto off = v.find("data_offsets");
+  if (dt == v.end() || !dt->is_string())
+    throw runtime_error(where + "missing or non-string \"dtype\"", kCorruptHint);
+  if (sh == v.end() || !sh->is_array())
+    throw runtime_error(where + "missing or non-array \"shape\"", kCorruptHint);
+  if (off == v.end() || !off->is_array() || off->size() != 2)
+    throw runtime_error(where + "\"data_offsets\" is not an array of two offsets", kCorruptHint);
+  return {*dt, *sh, *off};
+}
+
+const FormatDType& entry_dtype(const std::string& where, const std::string& name) {
+  const FormatDType* fd = find_format_dtype(name);
+  if (!fd)
+    throw runtime_error(where + "unknown dtype " + quote_name(name),
+                        "safetensors dtypes are F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 "
+                        "BOOL F8_E4M3 F8_E5M2");
+  return *fd;
+}
+
+// Fills t.shape and t.numel from the "shape" array, refusing negative dimensions and any
+// product (elements, then bytes) past 64 bits; returns the tensor's size in bytes.
+uint64_t read_shape(const std::string& where, const json& sh, TensorInfo& t) {
+  uint64_t numel = 1;
+  for (const json& d : sh) {
+    if (!d.is_number_unsigned())
+      throw runtime_error(where + "shape " + sh.dump() + " has a dimension that is not a non-negative integer",
+                          kCorruptHint);
+    uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel))
+      throw runtime_error(where + "shape " + sh.dump() + " overflows 64 bits", kCorruptHint);
+    t.shape.push_back(static_cast<int64_t>(dim));
+  }
+  uint64_t nbytes = 0;
+  if (numel > static_cast<uint64_t>(INT64_MAX) ||
+      __builtin_mul_overflow(numel, static_cast<uint64_t>(t.element_size), &nbytes))
+    throw runtime_error(where + "shape " + sh.dump() + " with dtype " + t.dtype_name + " overflows 64 bits",
+                        kCorruptHint);
+  t.numel = numel;
+  return nbytes;
+}
+
+// Fills t.begin and t.end from "data_offsets": in order, inside the data section of
+// `data_size` bytes, and exactly `nbytes` apart.
+void read_data_offsets(const std::string& where, const json& off, const json& sh, uint64_t data_size,
+                       uint64_t nbytes, TensorInfo& t) {
+  for (const json& o : off)
+    if (!o.is_number_unsigned())
+      throw runtime_error(where + "data_offsets " + off.dump() + " are not non-negative integers", kCorruptHint);
+  t.begin = off[0].get<uint64_t>();
+  t.end = off[1].get<uint64_t>();
+  const std::string offs = range_str(t.begin, t.end);
+  if (t.begin > t.end) throw runtime_error(where + "data_offsets " + offs + " begin after end", kCorruptHint);
+  if (t.end > data_size)
+    throw runtime_error(where + "data_offsets " + offs + " run past the data section (" +
+                            std::to_string(data_size) + " bytes)",
+                        kCorruptHint);
+  if (t.end - t.begin != nbytes)
+    throw runtime_error(where + "data_offsets " + offs + " hold " + std::to_string(t.end - t.begin) + " bytes but " +
+                            t.dtype_name + " " + sh.dump() + " needs " + std::to_string(nbytes),
+                        kCorruptHint);
+}
+
+// One tensor's header entry, validated against a data section of `data_size` bytes.
+TensorInfo read_tensor_entry(const std::string& f, const std::string& name, const json& v, uint64_t data_size) {
+  const std::string where = f + ": tensor " + quote_name(name) + ": ";
+  const EntryFields fields = entry_fields(where, v);
+  TensorInfo t;
+  t.name = name;
+  t.dtype_name = fields.dtype.get<std::string>();
+  const FormatDType& fd = entry_dtype(where, t.dtype_name);
+  t.dtype = fd.dtype;
+  t.element_size = fd.size;
+  const uint64_t nbytes = read_shape(where, fields.shape, t);
+  read_data_offsets(where, fields.data_offsets, fields.shape, data_size, nbytes, t);
+  return t;
+}
+
+}  // namespace
+
+void Reader::parse() {
+  const uint64_t header_len = header_length(label_, file_.bytes());
+  data_offset_ = 8 + header_len;
+  const uint64_t data_size = file_.size() - data_offset_;
+  const json header =
+      parse_header_json(label_, std::string_view(reinterpret_cast<const char*>(file_.data() + 8), header_len));
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object())
-        throw runtime_error(f + ": __metadata__ is not a JSON object", kCorruptHint);
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          throw runtime_error(f + ": __metadata__ value for " + quote_name(m.key()) +
-                                  " is not a string",
-                              kCorruptHint);
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = f + ": tensor " + quote_name(name) + ": ";
-    if (!v.is_object()) throw runtime_error(where + "entry is not a JSON object", kCorruptHint);
-    auto dt = v.find("dtype");
-    auto sh = v.find("shape");
-    auto off = v.find("data_offsets");
-    if (dt == v.end() || !dt->is_string())
-      throw runtime_error(where + "missing or non-string \"dtype\"", kCorruptHint);
-    if (sh == v.end() || !sh->is_array())
-      throw runtime_error(where + "missing or non-array \"shape\"", kCorruptHint);
-    if (off == v.end() || !off->is_array() || off->size() != 2)
-      throw runtime_error(where + "\"data_offsets\" is not an array of two offsets", kCorruptHint);
-
-    TensorInfo t;
-    t.name = name;
-    t.dtype_name = dt->get<std::string>();
-    const FormatDType* fd = find_format_dtype(t.dtype_name);
-    if (!fd)
-      throw runtime_error(where + "unknown dtype " + quote_name(t.dtype_name),
-                          "safetensors dtypes are F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 "
-                          "BOOL F8_E4M3 F8_E5M2");
-    t.dtype = fd->dtype;
-    t.element_size = fd->size;
-
-    uint64_t numel = 1;
-    for (const json& d : *sh) {
-      if (!d.is_number_unsigned())
-        throw runtime_error(where + "shape " + sh->dump() +
-                                " has a dimension that is not a non-negative integer",
-                            kCorruptHint);
-      uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel))
-        throw runtime_error(where + "shape " + sh->dump() + " overflows 64 bits", kCorruptHint);
-      t.shape.push_back(static_cast<int64_t>(dim));
-    }
-    uint64_t nbytes = 0;
-    if (numel > static_cast<uint64_t>(INT64_MAX) ||
-        __builtin_mul_overflow(numel, static_cast<uint64_t>(fd->size), &nbytes))
-      throw runtime_error(where + "shape " + sh->dump() + " with dtype " + t.dtype_name +
-                              " overflows 64 bits",
-                          kCorruptHint);
-    t.numel = numel;
-
-    for (const json& o : *off)
-      if (!o.is_number_unsigned())
-        throw runtime_error(where + "data_offsets " + off->dump() +
-                                " are not non-negative integers",
-                            kCorruptHint);
-    t.begin = (*off)[0].get<uint64_t>();
-    t.end = (*off)[1].get<uint64_t>();
-    const std::string offs = range_str(t.begin, t.end);
-    if (t.begin > t.end)
-      throw runtime_error(where + "data_offsets " + offs + " begin after end", kCorruptHint);
-    if (t.end > data_size)
-      throw runtime_error(where + "data_offsets " + offs + " run past the data section (" +
-                              std::to_string(data_size) + " bytes)",
-                          kCorruptHint);
-    if (t.end - t.begin != nbytes)
-      throw runtime_error(where + "data_offsets " + offs + " hold " +
-                              std::to_string(t.end - t.begin) + " bytes but " + t.dtype_name +
-                              " " + sh->dump() + " needs " + std::to_string(nbytes),
-                          kCorruptHint);
-    tensors_.push_back(std::move(t));
+    if (it.key() == "__metadata__")
+      metadata_ = read_metadata(label_, it.value());
+    else
+      tensors_.push_back(read_tensor_entry(label_, it.key(), it.value(), data_size));
   }
   std::stable_sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin < b.begin;
@@ -285,14 +317,14 @@ const TensorInfo& Reader::at(const std::string& name) const {
 
 std::span<const uint8_t> Reader::bytes(const TensorInfo& t) const {
   // parse() guaranteed begin <= end <= data size; re-check in case `t` came from elsewhere.
-  TESSERA_CHECK(t.begin <= t.end && t.end <= file_size_ - data_offset_,
+  TESSERA_CHECK(t.begin <= t.end && t.end <= file_.size() - data_offset_,
                 "tensor info does not belong to " + label_);
-  return {file_ + data_offset_ + t.begin, static_cast<size_t>(t.end - t.begin)};
+  return {file_.data() + data_offset_ + t.begin, static_cast<size_t>(t.end - t.begin)};
 }
 
 void Reader::drop_pages(const TensorInfo& t) const {
   const std::span<const uint8_t> b = bytes(t);
-  if (storage_->map) storage_->map->drop_pages(static_cast<uint64_t>(b.data() - file_), b.size());
+  file_.drop_pages(static_cast<uint64_t>(b.data() - file_.data()), b.size());
 }
 
 std::vector<float> Reader::read_f32(const TensorInfo& t) const {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/core/dtype.h"
+#include "tessera/core/file_bytes.h"
 #include "tessera/core/tensor.h"
 
 namespace tessera::safetensors {
@@ -72,13 +73,11 @@ class Reader {
   std::vector<int64_t> read_i64(const std::string& name) const { return read_i64(at(name)); }
 
  private:
-  struct Storage;
+  Reader(std::string label, FileBytes file);
   void parse();
 
   std::string label_;
-  std::shared_ptr<Storage> storage_;
-  const uint8_t* file_ = nullptr;
-  uint64_t file_size_ = 0;
+  FileBytes file_;
   uint64_t data_offset_ = 0;  // 8 + header length
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;

@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <optional>
 
 #include "tessera/core/error.h"
-#include "tessera/core/mapped_file.h"
 
 namespace tessera::zip {
 namespace {
@@ -49,44 +47,19 @@ uint32_t crc_of(std::span<const uint8_t> data) {
 
 }  // namespace
 
-// The archive's bytes: mapped, or owned in memory (from_bytes).
-struct Reader::Storage {
-  std::optional<MappedFile> map;
-  std::vector<uint8_t> owned;
-  std::shared_ptr<const void> owner;  // from_view: what keeps the bytes alive
-};
-
-Reader Reader::open(const std::string& path) {
-  Reader r;
-  r.label_ = path;
-  r.storage_ = std::make_shared<Storage>();
-  const MappedFile& map = r.storage_->map.emplace(path);
-  r.data_ = map.bytes().data();
-  r.size_ = map.size();
-  r.parse();
-  return r;
+Reader::Reader(std::string label, FileBytes file)
+    : label_(std::move(label)), file_(std::move(file)), data_(file_.data()), size_(file_.size()) {
+  parse();
 }
 
+Reader Reader::open(const std::string& path) { return Reader(path, FileBytes::map(path)); }
+
 Reader Reader::from_bytes(std::string label, std::vector<uint8_t> bytes) {
-  Reader r;
-  r.label_ = std::move(label);
-  r.storage_ = std::make_shared<Storage>();
-  r.storage_->owned = std::move(bytes);
-  r.data_ = r.storage_->owned.data();
-  r.size_ = r.storage_->owned.size();
-  r.parse();
-  return r;
+  return Reader(std::move(label), FileBytes::own(std::move(bytes)));
 }
 
 Reader Reader::from_view(std::string label, std::span<const uint8_t> bytes, std::shared_ptr<const void> owner) {
-  Reader r;
-  r.label_ = std::move(label);
-  r.storage_ = std::make_shared<Storage>();
-  r.storage_->owner = std::move(owner);
-  r.data_ = bytes.data();
-  r.size_ = bytes.size();
-  r.parse();
-  return r;
+  return Reader(std::move(label), FileBytes::view(bytes, std::move(owner)));
 }
 
 void Reader::parse() {

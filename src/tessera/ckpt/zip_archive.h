@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/file_bytes.h"
+
 namespace tessera::zip {
 
 struct Entry {
@@ -47,11 +49,11 @@ class Reader {
   void check_crc(const Entry& e, std::span<const uint8_t> data) const;
 
  private:
-  struct Storage;
+  Reader(std::string label, FileBytes file);
   void parse();
   std::string label_;
-  std::shared_ptr<Storage> storage_;
-  const uint8_t* data_ = nullptr;
+  FileBytes file_;
+  const uint8_t* data_ = nullptr;  // file_'s bytes, as the parser reads them
   uint64_t size_ = 0;
   std::vector<Entry> entries_;
 };

@@ -43,6 +43,21 @@ bool read_exact(int fd, void* p, size_t n) {
   return true;
 }
 
+// The variables of `tessera launch`'s contract (launch/worker_env.h) for one rank on this node.
+void set_rank_environment(int rank, const LocalRanksOptions& o, int store_port, const std::string& token) {
+  auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
+  set("RANK", std::to_string(rank));
+  set("LOCAL_RANK", std::to_string(rank));
+  set("WORLD_SIZE", std::to_string(o.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(o.world_size));
+  set("GROUP_RANK", "0");
+  set("GROUP_WORLD_SIZE", "1");
+  set("MASTER_ADDR", o.master_addr);
+  if (store_port > 0) set("MASTER_PORT", std::to_string(store_port));
+  if (o.serve_store) set("TESSERA_LAUNCHER", "local");
+  set("TESSERA_JOB_TOKEN", token);
+}
+
 [[noreturn]] void child_main(int rank, const LocalRanksOptions& o, int port_pipe, const std::string& token,
                              const std::string& out_path, const std::function<int(int)>& body) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -64,17 +79,7 @@ bool read_exact(int fd, void* p, size_t n) {
     }
     ::close(port_pipe);
     if (o.child_setup) o.child_setup(rank);
-    auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-    set("RANK", std::to_string(rank));
-    set("LOCAL_RANK", std::to_string(rank));
-    set("WORLD_SIZE", std::to_string(o.world_size));
-    set("LOCAL_WORLD_SIZE", std::to_string(o.world_size));
-    set("GROUP_RANK", "0");
-    set("GROUP_WORLD_SIZE", "1");
-    set("MASTER_ADDR", o.master_addr);
-    if (port > 0) set("MASTER_PORT", std::to_string(port));
-    if (o.serve_store) set("TESSERA_LAUNCHER", "local");
-    set("TESSERA_JOB_TOKEN", token);
+    set_rank_environment(rank, o, port, token);
     code = body(rank);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
@@ -88,59 +93,69 @@ bool read_exact(int fd, void* p, size_t n) {
   ::_exit(code);
 }
 
-}  // namespace
-
-std::vector<LocalRankResult> run_local_ranks(const LocalRanksOptions& o, const std::function<int(int)>& body) {
-  TESSERA_CHECK(o.world_size >= 1, "run_local_ranks: world_size must be at least 1");
+// A token no other job on this machine guesses, so that none joins this one's store by mistake.
+std::string random_job_token() {
   std::mt19937_64 rng(std::random_device{}());
   char token[40];
   std::snprintf(token, sizeof(token), "local-%016llx", static_cast<unsigned long long>(rng()));
-  char dir_template[] = "/tmp/tessera-ranks-XXXXXX";
-  std::string dir;
-  if (o.capture_output) {
-    if (!::mkdtemp(dir_template)) throw runtime_error("cannot create a temporary directory in /tmp");
-    dir = dir_template;
-  }
-  std::fflush(nullptr);  // nothing buffered may be written twice
+  return token;
+}
 
-  std::vector<pid_t> pids(o.world_size, -1);
-  std::vector<int> pipes(o.world_size, -1);
-  std::vector<std::string> out_paths(o.world_size);
+// The forked ranks, each waiting on its pipe for the store port before it runs the body.
+struct ForkedRanks {
+  std::vector<pid_t> pids;
+  std::vector<int> port_pipes;  // write ends
+};
+
+ForkedRanks fork_ranks(const LocalRanksOptions& o, const std::string& token, const std::vector<std::string>& out_paths,
+                       const std::function<int(int)>& body) {
+  std::fflush(nullptr);  // nothing buffered may be written twice
+  ForkedRanks f{std::vector<pid_t>(o.world_size, -1), std::vector<int>(o.world_size, -1)};
   for (int r = 0; r < o.world_size; ++r) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw runtime_error("cannot create a pipe");
-    if (o.capture_output) out_paths[r] = dir + "/rank" + std::to_string(r) + ".log";
     pid_t pid = ::fork();
     if (pid < 0) throw runtime_error("cannot fork rank " + std::to_string(r));
     if (pid == 0) {
       ::close(fds[1]);
-      for (int q = 0; q < r; ++q) ::close(pipes[q]);
+      for (int q = 0; q < r; ++q) ::close(f.port_pipes[q]);
       child_main(r, o, fds[0], token, out_paths[r], body);
     }
     ::close(fds[0]);
-    pids[r] = pid;
-    pipes[r] = fds[1];
+    f.pids[r] = pid;
+    f.port_pipes[r] = fds[1];
   }
+  return f;
+}
 
+// Starts the store (with serve_store) and tells every rank its port; returns the server and the
+// error that kept it from starting ("" if none), in which case the ranks hear nothing and fail.
+std::pair<std::unique_ptr<TcpStoreServer>, std::string> serve_store(const LocalRanksOptions& o,
+                                                                    const std::string& token,
+                                                                    const std::vector<int>& port_pipes) {
   std::unique_ptr<TcpStoreServer> server;
   int port = 0;
-  std::string server_error;
+  std::string error;
   try {
     if (o.serve_store) {
       server = std::make_unique<TcpStoreServer>(0, token);
       port = server->port();
     }
   } catch (const std::exception& e) {
-    server_error = e.what();
+    error = e.what();
   }
-  for (int r = 0; r < o.world_size; ++r) {
-    if (server_error.empty()) {
-      [[maybe_unused]] ssize_t n = ::write(pipes[r], &port, sizeof(port));
+  for (int fd : port_pipes) {
+    if (error.empty()) {
+      [[maybe_unused]] ssize_t n = ::write(fd, &port, sizeof(port));
     }
-    ::close(pipes[r]);
+    ::close(fd);
   }
+  return {std::move(server), std::move(error)};
+}
 
-  std::vector<LocalRankResult> results(o.world_size);
+// Reaps every rank, killing those still running at the timeout; fills exit code, signal and
+// timed_out of `results`.
+void wait_for_ranks(const LocalRanksOptions& o, std::vector<pid_t> pids, std::vector<LocalRankResult>& results) {
   const auto deadline = Clock::now() + o.timeout;
   int left = o.world_size;
   bool killed = false;
@@ -168,6 +183,26 @@ std::vector<LocalRankResult> run_local_ranks(const LocalRanksOptions& o, const s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+}  // namespace
+
+std::vector<LocalRankResult> run_local_ranks(const LocalRanksOptions& o, const std::function<int(int)>& body) {
+  TESSERA_CHECK(o.world_size >= 1, "run_local_ranks: world_size must be at least 1");
+  const std::string token = random_job_token();
+  std::string dir;
+  std::vector<std::string> out_paths(o.world_size);
+  if (o.capture_output) {
+    char dir_template[] = "/tmp/tessera-ranks-XXXXXX";
+    if (!::mkdtemp(dir_template)) throw runtime_error("cannot create a temporary directory in /tmp");
+    dir = dir_template;
+    for (int r = 0; r < o.world_size; ++r) out_paths[r] = dir + "/rank" + std::to_string(r) + ".log";
+  }
+
+  const ForkedRanks ranks = fork_ranks(o, token, out_paths, body);
+  auto [server, server_error] = serve_store(o, token, ranks.port_pipes);
+  std::vector<LocalRankResult> results(o.world_size);
+  wait_for_ranks(o, ranks.pids, results);
   server.reset();
   for (int r = 0; r < o.world_size; ++r) {
     results[r].rank = r;
@@ -180,6 +215,7 @@ std::vector<LocalRankResult> run_local_ranks(const LocalRanksOptions& o, const s
   if (!server_error.empty()) throw runtime_error("run_local_ranks: " + server_error);
   return results;
 }
+
 
 std::string describe_failures(const std::vector<LocalRankResult>& results) {
   std::string s;

@@ -79,94 +79,101 @@ struct LoadAttempt {
   std::vector<NpyArray> arrays;
 };
 
-LoadAttempt try_load(const CacheEntry& e, const std::function<std::string(const std::vector<NpyArray>&)>& check) {
+// What `check` finds wrong with the loaded arrays ("" when nothing).
+using ArrayCheck = std::function<std::string(const std::vector<NpyArray>&)>;
+
+// Whether any file of the entry exists: none is a first build, not a rebuild.
+bool any_cache_file(const CacheEntry& e) {
+  if (file_exists(e.path_of("description.txt")) || file_exists(e.side_file_path())) return true;
+  for (const auto& n : e.array_names)
+    if (file_exists(e.path_of(n + ".npy"))) return true;
+  return false;
+}
+
+// The steps below return why the cache cannot be used, or "" when they find nothing wrong.
+
+// Megatron's own files: the expected description, then every array (read into `arrays`), and
+// `check` content with them.
+std::string load_megatron_files(const CacheEntry& e, const ArrayCheck& check, std::vector<NpyArray>& arrays) {
+  const std::string desc_path = e.path_of("description.txt");
+  if (!file_exists(desc_path)) return desc_path + " is missing";
+  if (read_file(desc_path) != e.description) return desc_path + " does not hold the expected description";
+  for (const auto& n : e.array_names) {
+    std::string p = e.path_of(n + ".npy");
+    if (!file_exists(p)) return p + " is missing";
+    arrays.push_back(read_npy(p));  // validates header against the file size
+  }
+  return check(arrays);
+}
+
+// The source datasets as the side file records them, each unchanged since the cache was built.
+std::string changed_source(const CacheEntry& e, const nlohmann::json& sources) {
+  if (!sources.is_array() || sources.size() != e.source_prefixes.size())
+    return e.side_file_path() + " records other source datasets";
+  for (size_t i = 0; i < e.source_prefixes.size(); ++i) {
+    const auto& rec = sources[i];
+    const std::string& prefix = e.source_prefixes[i];
+    if (rec.at("prefix").get<std::string>() != prefix) return e.side_file_path() + " records other source datasets";
+    FileStat idx = stat_file(idx_path(prefix)), bin = stat_file(bin_path(prefix));
+    if (idx.size != rec.at("idx_size").get<uint64_t>() || bin.size != rec.at("bin_size").get<uint64_t>())
+      return "the size of " + prefix + ".idx or .bin changed since the cache was built (stale cache)";
+    // The .idx is re-hashed only when it may have changed (another mtime, ctime or inode).
+    bool same_file = idx.mtime_ns == rec.at("idx_mtime_ns").get<int64_t>() &&
+                     idx.ctime_ns == rec.at("idx_ctime_ns").get<int64_t>() &&
+                     idx.inode == rec.at("idx_inode").get<uint64_t>();
+    if (!same_file && sha256_file(idx_path(prefix)) != rec.at("idx_sha256").get<std::string>())
+      return prefix + ".idx changed since the cache was built (stale cache)";
+  }
+  return "";
+}
+
+// The arrays as the side file records them: dtype and shape, and with verify_contents the SHA-256.
+std::string changed_array(const CacheEntry& e, const nlohmann::json& records, const std::vector<NpyArray>& arrays) {
+  for (size_t i = 0; i < e.array_names.size(); ++i) {
+    const auto& rec = records.at(e.array_names[i]);
+    const NpyArray& a = arrays[i];
+    if (rec.at("dtype").get<std::string>() != npy_descr(a.dtype()) ||
+        rec.at("shape").get<std::vector<int64_t>>() != a.shape())
+      return e.path_of(e.array_names[i] + ".npy") + " has another dtype or shape than recorded";
+    if (e.verify_contents && sha256_hex(a.bytes()) != rec.at("sha256").get<std::string>())
+      return e.path_of(e.array_names[i] + ".npy") + " does not match its recorded SHA-256 (corrupt)";
+  }
+  return "";
+}
+
+// tessera's side file (present): valid JSON of this format for this dataset, whose sources and
+// arrays are as recorded.
+std::string side_file_problem(const CacheEntry& e, const std::vector<NpyArray>& arrays) {
+  nlohmann::json side;
+  try {
+    side = nlohmann::json::parse(read_file(e.side_file_path()));
+  } catch (const nlohmann::json::exception&) {
+    return e.side_file_path() + " is not valid JSON";
+  }
+  if (side.value("format", 0) != kSideFileFormat || side.value("base", std::string()) != e.base)
+    return e.side_file_path() + " has another format or names another dataset";
+  std::string problem = changed_source(e, side.at("sources"));
+  if (problem.empty()) problem = changed_array(e, side.at("arrays"), arrays);
+  return problem;
+}
+
+LoadAttempt try_load(const CacheEntry& e, const ArrayCheck& check) {
   LoadAttempt r;
-  std::string desc_path = e.path_of("description.txt");
-  bool any = file_exists(desc_path) || file_exists(e.side_file_path());
-  for (const auto& n : e.array_names) any = any || file_exists(e.path_of(n + ".npy"));
-  if (!any) {
+  if (!any_cache_file(e)) {
     r.nothing_there = true;
     r.reason = "no cache";
     return r;
   }
   try {
-    if (!file_exists(desc_path)) {
-      r.reason = desc_path + " is missing";
-      return r;
-    }
-    if (read_file(desc_path) != e.description) {
-      r.reason = desc_path + " does not hold the expected description";
-      return r;
-    }
-    for (const auto& n : e.array_names) {
-      std::string p = e.path_of(n + ".npy");
-      if (!file_exists(p)) {
-        r.reason = p + " is missing";
-        return r;
-      }
-      r.arrays.push_back(read_npy(p));  // validates header against the file size
-    }
-    std::string problem = check(r.arrays);
-    if (!problem.empty()) {
-      r.reason = problem;
-      return r;
-    }
+    r.reason = load_megatron_files(e, check, r.arrays);
+    if (!r.reason.empty()) return r;
     if (!file_exists(e.side_file_path())) {
       r.side_missing = true;
       r.reason = e.side_file_path() + " is missing";
       return r;
     }
-    nlohmann::json side;
-    try {
-      side = nlohmann::json::parse(read_file(e.side_file_path()));
-    } catch (const nlohmann::json::exception& ex) {
-      r.reason = e.side_file_path() + " is not valid JSON";
-      return r;
-    }
-    if (side.value("format", 0) != kSideFileFormat || side.value("base", std::string()) != e.base) {
-      r.reason = e.side_file_path() + " has another format or names another dataset";
-      return r;
-    }
-    const auto& sources = side.at("sources");
-    if (!sources.is_array() || sources.size() != e.source_prefixes.size()) {
-      r.reason = e.side_file_path() + " records other source datasets";
-      return r;
-    }
-    for (size_t i = 0; i < e.source_prefixes.size(); ++i) {
-      const auto& rec = sources[i];
-      const std::string& prefix = e.source_prefixes[i];
-      if (rec.at("prefix").get<std::string>() != prefix) {
-        r.reason = e.side_file_path() + " records other source datasets";
-        return r;
-      }
-      FileStat idx = stat_file(idx_path(prefix)), bin = stat_file(bin_path(prefix));
-      if (idx.size != rec.at("idx_size").get<uint64_t>() || bin.size != rec.at("bin_size").get<uint64_t>()) {
-        r.reason = "the size of " + prefix + ".idx or .bin changed since the cache was built (stale cache)";
-        return r;
-      }
-      // The .idx is re-hashed only when it may have changed (another mtime, ctime or inode).
-      bool same_file = idx.mtime_ns == rec.at("idx_mtime_ns").get<int64_t>() &&
-                       idx.ctime_ns == rec.at("idx_ctime_ns").get<int64_t>() &&
-                       idx.inode == rec.at("idx_inode").get<uint64_t>();
-      if (!same_file && sha256_file(idx_path(prefix)) != rec.at("idx_sha256").get<std::string>()) {
-        r.reason = prefix + ".idx changed since the cache was built (stale cache)";
-        return r;
-      }
-    }
-    const auto& arrays = side.at("arrays");
-    for (size_t i = 0; i < e.array_names.size(); ++i) {
-      const auto& rec = arrays.at(e.array_names[i]);
-      const NpyArray& a = r.arrays[i];
-      if (rec.at("dtype").get<std::string>() != npy_descr(a.dtype()) ||
-          rec.at("shape").get<std::vector<int64_t>>() != a.shape()) {
-        r.reason = e.path_of(e.array_names[i] + ".npy") + " has another dtype or shape than recorded";
-        return r;
-      }
-      if (e.verify_contents && sha256_hex(a.bytes()) != rec.at("sha256").get<std::string>()) {
-        r.reason = e.path_of(e.array_names[i] + ".npy") + " does not match its recorded SHA-256 (corrupt)";
-        return r;
-      }
-    }
+    r.reason = side_file_problem(e, r.arrays);
+    if (!r.reason.empty()) return r;
   } catch (const Error& ex) {
     r.reason = ex.what();
     r.arrays.clear();

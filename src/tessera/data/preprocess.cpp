@@ -473,6 +473,134 @@ class Pipeline {
   bool stopping_ = false, reader_done_ = false;
 };
 
+// The output datasets, one per --json-keys key. With --partitions (and without
+// --keep-sequential-samples) records go round-robin into scratch partitions, which commit()
+// merges in partition order, as Megatron's add_index does.
+class OutputDatasets {
+ public:
+  OutputDatasets(const PreprocessOptions& o, IndexDType dtype, std::vector<PreprocessOutput>& outputs)
+      : nparts_(o.partitions > 1 && !o.keep_sequential_samples ? static_cast<size_t>(o.partitions) : 1),
+        parts_(o.json_keys.size()) {
+    for (size_t k = 0; k < o.json_keys.size(); ++k) {
+      std::string prefix = o.output_prefix + "_" + o.json_keys[k] + "_document";
+      finals_.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(prefix), dtype));
+      outputs.push_back(PreprocessOutput{o.json_keys[k], prefix});
+      if (nparts_ > 1)
+        for (size_t p = 0; p < nparts_; ++p)
+          parts_[k].push_back(IndexedDatasetBuilder::scratch(parent_dir(prefix), dtype));
+    }
+  }
+
+  // Where the documents of key `k` of record `record_index` go.
+  IndexedDatasetBuilder& builder(size_t k, uint64_t record_index) {
+    return nparts_ > 1 ? *parts_[k][record_index % nparts_] : *finals_[k];
+  }
+
+  // Merges the partitions, writes every output under its final name (all of them, or none on
+  // SIGINT/SIGTERM) and counts what each holds.
+  void commit(std::vector<PreprocessOutput>& outputs) {
+    for (size_t k = 0; k < finals_.size(); ++k) {
+      for (auto& part : parts_[k]) finals_[k]->append(*part);
+      parts_[k].clear();
+    }
+    for (size_t k = 0; k < finals_.size(); ++k) finals_[k]->prepare(idx_path(outputs[k].prefix));
+    {
+      SignalBlock block;
+      for (auto& f : finals_) f->commit();
+    }
+    for (size_t k = 0; k < finals_.size(); ++k) {
+      outputs[k].sequences = finals_[k]->sequence_count();
+      outputs[k].documents = finals_[k]->document_count();
+      outputs[k].tokens = finals_[k]->token_count();
+    }
+  }
+
+ private:
+  const size_t nparts_;
+  std::vector<std::unique_ptr<IndexedDatasetBuilder>> finals_;
+  std::vector<std::vector<std::unique_ptr<IndexedDatasetBuilder>>> parts_;  // [key][partition]
+};
+
+// Takes the workers' results in input order: adds each good record's documents to the outputs,
+// skips (with --skip-bad-records) or throws for a bad one, and logs progress as Megatron does.
+class ResultWriter {
+ public:
+  ResultWriter(const PreprocessOptions& o, OutputDatasets& outputs, ProgressBar& bar, PreprocessResult& result,
+               Clock::time_point start)
+      : o_(o), nkeys_(o.json_keys.size()), outputs_(outputs), bar_(bar), result_(result), start_(start) {}
+
+  void write(const Chunk& c, const ChunkResult& r) {
+    for (size_t i = 0; i < c.records.size(); ++i) {
+      ++result_.records;
+      if (r.error_of[i] >= 0) {
+        skip_bad_record(r.errors[static_cast<size_t>(r.error_of[i])]);
+        continue;
+      }
+      add_documents(i, c.records[i].index, r);
+      ++result_.documents;
+      result_.chars += r.chars[i];
+      if (result_.documents % static_cast<uint64_t>(o_.log_interval) == 0) log_progress();
+    }
+  }
+
+  // An empty dataset is no result: nothing is written when every record was bad.
+  void check_some_documents() const {
+    if (result_.documents == 0 && result_.skipped > 0)
+      throw runtime_error("all " + std::to_string(result_.skipped) +
+                              " records are bad, so there is no dataset to write; the first: " + first_bad_.first,
+                          first_bad_.second);
+  }
+
+ private:
+  // `error` is the record's message and hint.
+  void skip_bad_record(const std::pair<std::string, std::string>& error) {
+    const auto& [msg, hint] = error;
+    if (!o_.skip_bad_records) throw runtime_error(msg, hint);
+    if (result_.skipped == 0) first_bad_ = error;
+    ++result_.skipped;
+    if (warned_ < 10) {
+      bar_.clear();
+      std::fprintf(o_.err, "warning: skipped bad record: %s\n", msg.c_str());
+    } else if (warned_ == 10) {
+      bar_.clear();
+      std::fprintf(o_.err, "warning: more bad records skipped; not showing them (the total follows at the end)\n");
+    }
+    ++warned_;
+  }
+
+  // Record i of the chunk: its document per key, the slices [end of record i-1, end of record i).
+  void add_documents(size_t i, uint64_t record_index, const ChunkResult& r) {
+    for (size_t k = 0; k < nkeys_; ++k) {
+      const size_t at = i * nkeys_ + k;
+      const uint64_t t0 = i == 0 ? 0 : r.token_end[at - nkeys_], t1 = r.token_end[at];
+      const uint64_t l0 = i == 0 ? 0 : r.length_end[at - nkeys_], l1 = r.length_end[at];
+      const auto& keyed = r.keys[k];
+      outputs_.builder(k, record_index)
+          .add_document(std::span<const int32_t>(keyed.tokens.data() + t0, t1 - t0),
+                        std::span<const int32_t>(keyed.lengths.data() + l0, l1 - l0));
+    }
+  }
+
+  void log_progress() {
+    const double elapsed = seconds_since(start_);
+    bar_.clear();
+    std::fprintf(o_.err, "Processed %llu documents (%s docs/s, %s MB/s).\n",
+                 static_cast<unsigned long long>(result_.documents),
+                 python_float_repr(double(result_.documents) / elapsed).c_str(),
+                 python_float_repr(double(result_.chars) / elapsed / 1024 / 1024).c_str());
+    std::fflush(o_.err);
+  }
+
+  const PreprocessOptions& o_;
+  const size_t nkeys_;
+  OutputDatasets& outputs_;
+  ProgressBar& bar_;
+  PreprocessResult& result_;
+  const Clock::time_point start_;
+  uint64_t warned_ = 0;
+  std::pair<std::string, std::string> first_bad_;  // message and hint of the first skipped record
+};
+
 void validate(const PreprocessOptions& o) {
   if (o.inputs.empty()) throw usage_error("--input is required", "give a JSONL or JSON file (or a glob)");
   if (o.output_prefix.empty()) throw usage_error("--output-prefix is required", "e.g. --output-prefix data/my-gpt2");
@@ -535,25 +663,7 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
   std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(o.tokenizer);
   std::optional<TextTemplate> tmpl;
   if (o.text_template) tmpl.emplace(*o.text_template);
-  const IndexDType dtype = optimal_dtype(tokenizer->vocab_size());
-  const size_t nkeys = o.json_keys.size();
-  const bool partitioned = o.partitions > 1 && !o.keep_sequential_samples;
-  const size_t nparts = partitioned ? static_cast<size_t>(o.partitions) : 1;
-
-  std::vector<std::unique_ptr<IndexedDatasetBuilder>> finals;
-  std::vector<std::vector<std::unique_ptr<IndexedDatasetBuilder>>> parts(nkeys);
-  for (size_t k = 0; k < nkeys; ++k) {
-    std::string prefix = o.output_prefix + "_" + o.json_keys[k] + "_document";
-    finals.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(prefix), dtype));
-    result.outputs.push_back(PreprocessOutput{o.json_keys[k], prefix});
-    if (partitioned)
-      for (size_t p = 0; p < nparts; ++p)
-        parts[k].push_back(IndexedDatasetBuilder::scratch(parent_dir(prefix), dtype));
-  }
-  auto builder = [&](size_t k, uint64_t record_index) -> IndexedDatasetBuilder& {
-    return partitioned ? *parts[k][record_index % nparts] : *finals[k];
-  };
-
+  OutputDatasets outputs(o, optimal_dtype(tokenizer->vocab_size()), result.outputs);
   const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::unique_ptr<RecordProcessor>> processors;
   for (int w = 0; w < workers; ++w)
@@ -567,80 +677,21 @@ PreprocessResult preprocess(const PreprocessOptions& o) {
   ProgressBar bar(o.err, bar_enabled, reader.total_bytes());
   Pipeline pipeline(reader, 4 * static_cast<size_t>(workers) + 2);
   const auto proc_start = Clock::now();
+  ResultWriter writer(o, outputs, bar, result, proc_start);
   pipeline.start(std::move(processors));
-  uint64_t warned = 0;
-  std::pair<std::string, std::string> first_bad;  // message and hint of the first skipped record
   while (true) {
     std::unique_ptr<Pipeline::Done> d = pipeline.next();
-    const Chunk& c = *d->chunk;
-    const ChunkResult& r = d->result;
-    if (r.fatal) std::rethrow_exception(r.fatal);
-    for (size_t i = 0; i < c.records.size(); ++i) {
-      const Record& rec = c.records[i];
-      ++result.records;
-      if (r.error_of[i] >= 0) {
-        const auto& [msg, hint] = r.errors[static_cast<size_t>(r.error_of[i])];
-        if (!o.skip_bad_records) throw runtime_error(msg, hint);
-        if (result.skipped == 0) first_bad = r.errors[static_cast<size_t>(r.error_of[i])];
-        ++result.skipped;
-        if (warned < 10) {
-          bar.clear();
-          std::fprintf(o.err, "warning: skipped bad record: %s\n", msg.c_str());
-        } else if (warned == 10) {
-          bar.clear();
-          std::fprintf(o.err, "warning: more bad records skipped; not showing them (the total follows at the end)\n");
-        }
-        ++warned;
-        continue;
-      }
-      for (size_t k = 0; k < nkeys; ++k) {
-        const size_t at = i * nkeys + k;
-        const uint64_t t0 = i == 0 ? 0 : r.token_end[at - nkeys], t1 = r.token_end[at];
-        const uint64_t l0 = i == 0 ? 0 : r.length_end[at - nkeys], l1 = r.length_end[at];
-        const auto& keyed = r.keys[k];
-        builder(k, rec.index)
-            .add_document(std::span<const int32_t>(keyed.tokens.data() + t0, t1 - t0),
-                          std::span<const int32_t>(keyed.lengths.data() + l0, l1 - l0));
-      }
-      ++result.documents;
-      result.chars += r.chars[i];
-      if (result.documents % static_cast<uint64_t>(o.log_interval) == 0) {
-        const double elapsed = seconds_since(proc_start);
-        bar.clear();
-        std::fprintf(o.err, "Processed %llu documents (%s docs/s, %s MB/s).\n",
-                     static_cast<unsigned long long>(result.documents),
-                     python_float_repr(double(result.documents) / elapsed).c_str(),
-                     python_float_repr(double(result.chars) / elapsed / 1024 / 1024).c_str());
-        std::fflush(o.err);
-      }
-    }
-    bar.update(c.consumed_bytes);
-    if (c.error) std::rethrow_exception(c.error);
-    if (c.last) break;
+    if (d->result.fatal) std::rethrow_exception(d->result.fatal);
+    writer.write(*d->chunk, d->result);
+    bar.update(d->chunk->consumed_bytes);
+    if (d->chunk->error) std::rethrow_exception(d->chunk->error);
+    if (d->chunk->last) break;
   }
   pipeline.stop();
   bar.clear();
   result.processing_seconds = seconds_since(proc_start);
-  if (result.documents == 0 && result.skipped > 0)  // nothing is written: an empty dataset is no result
-    throw runtime_error("all " + std::to_string(result.skipped) +
-                            " records are bad, so there is no dataset to write; the first: " + first_bad.first,
-                        first_bad.second);
-
-  // Megatron merges the partitions' outputs in partition order (add_index).
-  for (size_t k = 0; k < nkeys; ++k) {
-    for (auto& part : parts[k]) finals[k]->append(*part);
-    parts[k].clear();
-  }
-  for (size_t k = 0; k < nkeys; ++k) finals[k]->prepare(idx_path(result.outputs[k].prefix));
-  {
-    SignalBlock block;  // every output appears, or none
-    for (auto& f : finals) f->commit();
-  }
-  for (size_t k = 0; k < nkeys; ++k) {
-    result.outputs[k].sequences = finals[k]->sequence_count();
-    result.outputs[k].documents = finals[k]->document_count();
-    result.outputs[k].tokens = finals[k]->token_count();
-  }
+  writer.check_some_documents();
+  outputs.commit(result.outputs);
   return result;
 }
 

@@ -64,39 +64,103 @@ std::string find_executable(const std::string& name) {
   return "";
 }
 
-SpawnedWorker spawn_worker(const SpawnSpec& spec) {
-  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> env_strings;
-  for (char** e = environ; e && *e; ++e) {
-    std::string entry = *e;
-    std::string name = entry.substr(0, entry.find('='));
-    if (!spec.env.count(name)) env_strings.push_back(std::move(entry));
-  }
-  for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp, argvp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = spec.argv;
-  for (auto& s : argv_copy) argvp.push_back(s.data());
-  argvp.push_back(nullptr);
+namespace {
 
-  // stdin is /dev/null: a worker is not in the terminal's foreground process group, so
-  // reading the terminal would stop it (SIGTTIN) instead of failing.
-  int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (null_fd < 0) throw runtime_error(std::string("/dev/null: ") + std::strerror(errno));
+// The child's environment (the launcher's, with spec.env set on top) and argv as execve takes
+// them, built before fork: after it, the child makes only async-signal-safe calls. Pinned in
+// place, as the pointers point into the strings.
+class ExecArgs {
+ public:
+  explicit ExecArgs(const SpawnSpec& spec) : argv_strings_(spec.argv) {
+    for (char** e = environ; e && *e; ++e) {
+      std::string entry = *e;
+      std::string name = entry.substr(0, entry.find('='));
+      if (!spec.env.count(name)) env_strings_.push_back(std::move(entry));
+    }
+    for (const auto& [k, v] : spec.env) env_strings_.push_back(k + "=" + v);
+    for (auto& s : env_strings_) envp_.push_back(s.data());
+    envp_.push_back(nullptr);
+    for (auto& s : argv_strings_) argvp_.push_back(s.data());
+    argvp_.push_back(nullptr);
+  }
+  ExecArgs(const ExecArgs&) = delete;
+  ExecArgs& operator=(const ExecArgs&) = delete;
+
+  char* const* envp() const { return envp_.data(); }
+  char* const* argv() const { return argvp_.data(); }
+
+ private:
+  std::vector<std::string> env_strings_, argv_strings_;
+  std::vector<char*> envp_, argvp_;
+};
+
+// The descriptors a child is started with: stdin is /dev/null (a worker is not in the
+// terminal's foreground process group, so reading the terminal would stop it with SIGTTIN
+// instead of failing); stdout, stderr and the exec-error pipe lead back to the launcher.
+struct ChildFds {
+  int null_fd;
   int out[2], err[2], ep[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(null_fd);
+
+  void close_all() const {
+    for (int fd : {null_fd, out[0], out[1], err[0], err[1], ep[0], ep[1]}) ::close(fd);
+  }
+};
+
+ChildFds open_child_fds() {
+  ChildFds f{};
+  f.null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (f.null_fd < 0) throw runtime_error(std::string("/dev/null: ") + std::strerror(errno));
+  if (::pipe2(f.out, O_CLOEXEC) != 0) {
+    ::close(f.null_fd);
     throw runtime_error(std::string("pipe: ") + std::strerror(errno));
   }
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(null_fd), ::close(out[0]), ::close(out[1]);
+  if (::pipe2(f.err, O_CLOEXEC) != 0) {
+    ::close(f.null_fd), ::close(f.out[0]), ::close(f.out[1]);
     throw runtime_error(std::string("pipe: ") + std::strerror(errno));
   }
-  if (::pipe2(ep, O_CLOEXEC) != 0) {
-    ::close(null_fd), ::close(out[0]), ::close(out[1]), ::close(err[0]), ::close(err[1]);
+  if (::pipe2(f.ep, O_CLOEXEC) != 0) {
+    ::close(f.null_fd), ::close(f.out[0]), ::close(f.out[1]), ::close(f.err[0]), ::close(f.err[1]);
     throw runtime_error(std::string("pipe: ") + std::strerror(errno));
   }
+  return f;
+}
+
+// The child after fork: its own process group, killed with the launcher, default signal
+// handling, the descriptors of `fds` and no others; execve's errno goes back on the error pipe.
+// `dfl` and `none` are built before fork.
+[[noreturn]] void exec_child(const SpawnSpec& spec, const ExecArgs& args, const ChildFds& fds, pid_t parent,
+                             const struct sigaction& dfl, const sigset_t& none) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the launcher is already gone
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::dup2(fds.null_fd, 0);
+  ::dup2(fds.out[1], 1);
+  ::dup2(fds.err[1], 2);
+  close_from(3, fds.ep[1]);
+  ::execve(spec.path.c_str(), args.argv(), args.envp());
+  int e = errno;
+  ssize_t ignored = ::write(fds.ep[1], &e, sizeof e);
+  (void)ignored;
+  ::_exit(127);
+}
+
+// execve's errno as the child reported it, or 0 when the pipe closed on a successful exec.
+int exec_errno(int ep_read) {
+  int child_errno = 0;
+  ssize_t n;
+  do n = ::read(ep_read, &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  ::close(ep_read);
+  return n == static_cast<ssize_t>(sizeof child_errno) ? child_errno : 0;
+}
+
+}  // namespace
+
+SpawnedWorker spawn_worker(const SpawnSpec& spec) {
+  const ExecArgs args(spec);
+  const ChildFds fds = open_child_fds();
   struct sigaction dfl{};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
@@ -107,47 +171,27 @@ SpawnedWorker spawn_worker(const SpawnSpec& spec) {
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
-    for (int fd : {null_fd, out[0], out[1], err[0], err[1], ep[0], ep[1]}) ::close(fd);
+    fds.close_all();
     throw runtime_error(std::string("fork: ") + std::strerror(e), "the machine may be out of processes or memory");
   }
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the launcher is already gone
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::dup2(null_fd, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    close_from(3, ep[1]);
-    ::execve(spec.path.c_str(), argvp.data(), envp.data());
-    int e = errno;
-    ssize_t ignored = ::write(ep[1], &e, sizeof e);
-    (void)ignored;
-    ::_exit(127);
-  }
+  if (pid == 0) exec_child(spec, args, fds, parent, dfl, none);
   ::setpgid(pid, pid);  // also here, so that signalling -pid works at once (EACCES after exec is fine)
-  ::close(null_fd);
-  ::close(out[1]);
-  ::close(err[1]);
-  ::close(ep[1]);
-  int child_errno = 0;
-  ssize_t n;
-  do n = ::read(ep[0], &child_errno, sizeof child_errno);
-  while (n < 0 && errno == EINTR);
-  ::close(ep[0]);
-  if (n == static_cast<ssize_t>(sizeof child_errno)) {
+  ::close(fds.null_fd);
+  ::close(fds.out[1]);
+  ::close(fds.err[1]);
+  ::close(fds.ep[1]);
+  if (const int child_errno = exec_errno(fds.ep[0])) {
     int status;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    ::close(out[0]);
-    ::close(err[0]);
+    ::close(fds.out[0]);
+    ::close(fds.err[0]);
     throw runtime_error("could not start " + spec.path + ": " + std::strerror(child_errno),
                         "check that the program exists and is executable on this node");
   }
-  set_nonblocking(out[0]);
-  set_nonblocking(err[0]);
-  return {pid, out[0], err[0]};
+  set_nonblocking(fds.out[0]);
+  set_nonblocking(fds.err[0]);
+  return {pid, fds.out[0], fds.err[0]};
 }
 
 // ---- wait statuses ---------------------------------------------------------------------------

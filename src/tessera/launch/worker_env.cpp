@@ -82,6 +82,123 @@ void finish(WorkerIdentity& id) {
   id.key_prefix = "run/" + id.run_id + "/attempt/" + std::to_string(id.restart_count) + "/";
 }
 
+// LOCAL_RANK (or the launcher's variable for it) and --local-rank must agree where both are given.
+int merged_local_rank(std::optional<int> env_local_rank, std::optional<int> argv_local_rank) {
+  if (env_local_rank && argv_local_rank && *env_local_rank != *argv_local_rank)
+    throw usage_error("LOCAL_RANK=" + std::to_string(*env_local_rank) + " but --local-rank " +
+                          std::to_string(*argv_local_rank) + " was passed",
+                      "pass one of them, or the same value");
+  return env_local_rank ? *env_local_rank : argv_local_rank.value_or(0);
+}
+
+// Under `tessera launch` every variable of its contract is required, and the launcher serves the
+// store on MASTER_ADDR:MASTER_PORT itself.
+WorkerIdentity tessera_launch_identity(const EnvLookup& env, std::optional<int> argv_local_rank) {
+  const char* ctx = "TESSERA_LAUNCHER is set";
+  WorkerIdentity id;
+  id.launcher = LauncherKind::Tessera;
+  id.rank = required_int(env, "RANK", ctx);
+  id.world_size = required_int(env, "WORLD_SIZE", ctx);
+  id.local_rank = merged_local_rank(required_int(env, "LOCAL_RANK", ctx), argv_local_rank);
+  id.local_world_size = required_int(env, "LOCAL_WORLD_SIZE", ctx);
+  id.node_rank = required_int(env, "GROUP_RANK", ctx);
+  id.num_nodes = required_int(env, "GROUP_WORLD_SIZE", ctx);
+  id.master_addr = lookup(env, "MASTER_ADDR").value_or("");
+  if (id.master_addr.empty()) throw usage_error(std::string(ctx) + " but MASTER_ADDR is not", kLaunchHint);
+  id.master_port = port_value("MASTER_PORT", required_int(env, "MASTER_PORT", ctx));
+  id.store_host = id.master_addr;
+  id.store_port = id.master_port;
+  id.serve_store = false;
+  id.run_id = lookup(env, "TORCHELASTIC_RUN_ID").value_or("none");
+  id.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
+  id.job_token = lookup(env, "TESSERA_JOB_TOKEN").value_or("");
+  if (id.job_token.empty()) throw usage_error(std::string(ctx) + " but TESSERA_JOB_TOKEN is not", kLaunchHint);
+  validate(id);
+  finish(id);
+  return id;
+}
+
+// Where torchrun and Slurm put a worker's place in the job; only RANK and WORLD_SIZE (or
+// theirs) are required.
+struct RankVariables {
+  const char* context;  // for messages: why this launcher was chosen
+  const char *rank, *world_size, *local_rank;
+  const char* local_world_size;  // nullptr where the caller derives it
+  const char *node_rank, *num_nodes;
+};
+
+void read_ranks(const EnvLookup& env, std::optional<int> argv_local_rank, const RankVariables& v, WorkerIdentity& id) {
+  id.rank = required_int(env, v.rank, v.context);
+  id.world_size = required_int(env, v.world_size, v.context);
+  id.local_rank = merged_local_rank(int_var(env, v.local_rank), argv_local_rank);
+  if (v.local_world_size) id.local_world_size = int_var(env, v.local_world_size).value_or(0);
+  id.node_rank = int_var(env, v.node_rank).value_or(0);
+  id.num_nodes = int_var(env, v.num_nodes).value_or(0);
+}
+
+void read_torchrun_ranks(const EnvLookup& env, std::optional<int> argv_local_rank, WorkerIdentity& id) {
+  id.launcher = LauncherKind::Torchrun;
+  read_ranks(env, argv_local_rank,
+             {"RANK or WORLD_SIZE is set", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "GROUP_WORLD_SIZE"},
+             id);
+  id.run_id = lookup(env, "TORCHELASTIC_RUN_ID").value_or("none");
+  id.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
+}
+
+void read_slurm_ranks(const EnvLookup& env, std::optional<int> argv_local_rank, WorkerIdentity& id) {
+  id.launcher = LauncherKind::Slurm;
+  read_ranks(env, argv_local_rank,
+             {"SLURM_PROCID is set", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_NODEID",
+              "SLURM_NNODES"},
+             id);
+  auto tasks = lookup(env, "SLURM_STEP_TASKS_PER_NODE");
+  if (!tasks) tasks = lookup(env, "SLURM_TASKS_PER_NODE");
+  if (!tasks) tasks = lookup(env, "SLURM_NTASKS_PER_NODE");
+  id.local_world_size = tasks ? slurm_tasks_on_node(*tasks, id.node_rank) : 0;
+  auto job = lookup(env, "SLURM_JOB_ID");
+  auto step = lookup(env, "SLURM_STEP_ID");
+  id.run_id = job ? *job + (step ? "." + *step : "") : "none";
+  id.restart_count = int_var(env, "SLURM_RESTART_COUNT").value_or(0);
+}
+
+// MASTER_ADDR and MASTER_PORT; Slurm sets neither, so there they default to the job's first host
+// and 29500. Returns MASTER_PORT as the environment gave it.
+std::optional<int> read_master(const EnvLookup& env, WorkerIdentity& id) {
+  id.master_addr = lookup(env, "MASTER_ADDR").value_or("");
+  if (id.master_addr.empty() && id.launcher == LauncherKind::Slurm) {
+    auto nodes = lookup(env, "SLURM_JOB_NODELIST");
+    if (!nodes) nodes = lookup(env, "SLURM_NODELIST");
+    if (nodes) id.master_addr = slurm_first_host(*nodes);
+  }
+  auto master_port = int_var(env, "MASTER_PORT");
+  if (master_port) id.master_port = port_value("MASTER_PORT", *master_port);
+  else if (id.launcher == LauncherKind::Slurm) id.master_port = 29500;
+  return master_port;
+}
+
+// Several ranks need tessera's store: on MASTER_ADDR, at TESSERA_STORE_PORT or MASTER_PORT + 1
+// (torchrun keeps its own store on MASTER_PORT), served by rank 0.
+void read_store(const EnvLookup& env, bool master_port_set, WorkerIdentity& id) {
+  if (id.master_addr.empty())
+    throw usage_error(std::string("this is rank ") + std::to_string(id.rank) + " of " + std::to_string(id.world_size) +
+                          " (" + launcher_kind_name(id.launcher) + ") but MASTER_ADDR is not set",
+                      id.launcher == LauncherKind::Slurm
+                          ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) before srun"
+                          : "export MASTER_ADDR=<address of the node that runs rank 0> on every node");
+  if (!master_port_set && id.launcher != LauncherKind::Slurm)
+    throw usage_error("this is rank " + std::to_string(id.rank) + " of " + std::to_string(id.world_size) +
+                          " but MASTER_PORT is not set",
+                      "export MASTER_PORT=<a free port on the rank-0 node> on every node");
+  id.store_host = id.master_addr;
+  auto store_port = int_var(env, "TESSERA_STORE_PORT");
+  id.store_port = store_port ? port_value("TESSERA_STORE_PORT", *store_port) : id.master_port + 1;
+  if (id.store_port > 65535)
+    throw usage_error("MASTER_PORT + 1 = " + std::to_string(id.store_port) + " is not a TCP port",
+                      "set TESSERA_STORE_PORT to a free port for tessera's store");
+  id.serve_store = id.rank == 0;
+}
+
 }  // namespace
 
 const char* launcher_kind_name(LauncherKind kind) {
@@ -154,106 +271,23 @@ WorkerIdentity from_environment(int argc, char** argv) {
 }
 
 WorkerIdentity from_environment(int argc, char** argv, const EnvLookup& env) {
+  const std::optional<int> argv_local_rank = local_rank_from_argv(argc, argv);
+  if (lookup(env, "TESSERA_LAUNCHER")) return tessera_launch_identity(env, argv_local_rank);
+
   WorkerIdentity id;
-  std::optional<int> argv_local_rank = local_rank_from_argv(argc, argv);
-  auto merge_local_rank = [&](std::optional<int> env_local_rank) {
-    if (env_local_rank && argv_local_rank && *env_local_rank != *argv_local_rank)
-      throw usage_error("LOCAL_RANK=" + std::to_string(*env_local_rank) + " but --local-rank " +
-                            std::to_string(*argv_local_rank) + " was passed",
-                        "pass one of them, or the same value");
-    return env_local_rank ? *env_local_rank : argv_local_rank.value_or(0);
-  };
-
-  if (lookup(env, "TESSERA_LAUNCHER")) {
-    const char* ctx = "TESSERA_LAUNCHER is set";
-    id.launcher = LauncherKind::Tessera;
-    id.rank = required_int(env, "RANK", ctx);
-    id.world_size = required_int(env, "WORLD_SIZE", ctx);
-    id.local_rank = merge_local_rank(required_int(env, "LOCAL_RANK", ctx));
-    id.local_world_size = required_int(env, "LOCAL_WORLD_SIZE", ctx);
-    id.node_rank = required_int(env, "GROUP_RANK", ctx);
-    id.num_nodes = required_int(env, "GROUP_WORLD_SIZE", ctx);
-    id.master_addr = lookup(env, "MASTER_ADDR").value_or("");
-    if (id.master_addr.empty())
-      throw usage_error(std::string(ctx) + " but MASTER_ADDR is not", kLaunchHint);
-    id.master_port = port_value("MASTER_PORT", required_int(env, "MASTER_PORT", ctx));
-    id.store_host = id.master_addr;
-    id.store_port = id.master_port;
-    id.serve_store = false;
-    id.run_id = lookup(env, "TORCHELASTIC_RUN_ID").value_or("none");
-    id.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
-    id.job_token = lookup(env, "TESSERA_JOB_TOKEN").value_or("");
-    if (id.job_token.empty()) throw usage_error(std::string(ctx) + " but TESSERA_JOB_TOKEN is not", kLaunchHint);
-    validate(id);
-    finish(id);
-    return id;
-  }
-
   if (lookup(env, "RANK") || lookup(env, "WORLD_SIZE")) {
-    const char* ctx = "RANK or WORLD_SIZE is set";
-    id.launcher = LauncherKind::Torchrun;
-    id.rank = required_int(env, "RANK", ctx);
-    id.world_size = required_int(env, "WORLD_SIZE", ctx);
-    id.local_rank = merge_local_rank(int_var(env, "LOCAL_RANK"));
-    id.local_world_size = int_var(env, "LOCAL_WORLD_SIZE").value_or(0);
-    id.node_rank = int_var(env, "GROUP_RANK").value_or(0);
-    id.num_nodes = int_var(env, "GROUP_WORLD_SIZE").value_or(0);
-    id.run_id = lookup(env, "TORCHELASTIC_RUN_ID").value_or("none");
-    id.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
+    read_torchrun_ranks(env, argv_local_rank, id);
   } else if (lookup(env, "SLURM_PROCID")) {
-    const char* ctx = "SLURM_PROCID is set";
-    id.launcher = LauncherKind::Slurm;
-    id.rank = required_int(env, "SLURM_PROCID", ctx);
-    id.world_size = required_int(env, "SLURM_NTASKS", ctx);
-    id.local_rank = merge_local_rank(int_var(env, "SLURM_LOCALID"));
-    id.node_rank = int_var(env, "SLURM_NODEID").value_or(0);
-    id.num_nodes = int_var(env, "SLURM_NNODES").value_or(0);
-    auto tasks = lookup(env, "SLURM_STEP_TASKS_PER_NODE");
-    if (!tasks) tasks = lookup(env, "SLURM_TASKS_PER_NODE");
-    if (!tasks) tasks = lookup(env, "SLURM_NTASKS_PER_NODE");
-    id.local_world_size = tasks ? slurm_tasks_on_node(*tasks, id.node_rank) : 0;
-    auto job = lookup(env, "SLURM_JOB_ID");
-    auto step = lookup(env, "SLURM_STEP_ID");
-    id.run_id = job ? *job + (step ? "." + *step : "") : "none";
-    id.restart_count = int_var(env, "SLURM_RESTART_COUNT").value_or(0);
+    read_slurm_ranks(env, argv_local_rank, id);
   } else {
     id.launcher = LauncherKind::None;
-    id.local_rank = merge_local_rank(std::nullopt);
+    id.local_rank = merged_local_rank(std::nullopt, argv_local_rank);
     id.local_world_size = 1;
     id.run_id = "none";
   }
-
-  id.master_addr = lookup(env, "MASTER_ADDR").value_or("");
-  if (id.master_addr.empty() && id.launcher == LauncherKind::Slurm) {
-    auto nodes = lookup(env, "SLURM_JOB_NODELIST");
-    if (!nodes) nodes = lookup(env, "SLURM_NODELIST");
-    if (nodes) id.master_addr = slurm_first_host(*nodes);
-  }
-  auto master_port = int_var(env, "MASTER_PORT");
-  if (master_port) id.master_port = port_value("MASTER_PORT", *master_port);
-  else if (id.launcher == LauncherKind::Slurm) id.master_port = 29500;
+  const std::optional<int> master_port = read_master(env, id);
   validate(id);
-
-  if (id.world_size > 1) {
-    if (id.master_addr.empty())
-      throw usage_error(std::string("this is rank ") + std::to_string(id.rank) + " of " + std::to_string(id.world_size) +
-                            " (" + launcher_kind_name(id.launcher) + ") but MASTER_ADDR is not set",
-                        id.launcher == LauncherKind::Slurm
-                            ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) before srun"
-                            : "export MASTER_ADDR=<address of the node that runs rank 0> on every node");
-    if (!master_port)
-      if (id.launcher != LauncherKind::Slurm)
-        throw usage_error("this is rank " + std::to_string(id.rank) + " of " + std::to_string(id.world_size) +
-                              " but MASTER_PORT is not set",
-                          "export MASTER_PORT=<a free port on the rank-0 node> on every node");
-    id.store_host = id.master_addr;
-    auto store_port = int_var(env, "TESSERA_STORE_PORT");
-    id.store_port = store_port ? port_value("TESSERA_STORE_PORT", *store_port) : id.master_port + 1;
-    if (id.store_port > 65535)
-      throw usage_error("MASTER_PORT + 1 = " + std::to_string(id.store_port) + " is not a TCP port",
-                        "set TESSERA_STORE_PORT to a free port for tessera's store");
-    id.serve_store = id.rank == 0;
-  }
+  if (id.world_size > 1) read_store(env, master_port.has_value(), id);
   id.job_token = lookup(env, "TESSERA_JOB_TOKEN").value_or(derived_job_token(id.run_id, id.store_port));
   finish(id);
   return id;
