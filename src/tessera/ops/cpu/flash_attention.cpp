@@ -12,8 +12,10 @@
 // position is after a query tile's last is skipped (the causal mask over true positions).
 // Forward: one work item per (b, head, query tile), the visible key tiles only, an
 // online softmax (running max and denominator per row, the partial output rescaled when the
-// max grows). Backward: one work item per (b, group), owning every column of its group in
-// dqkv: the group's K and V are loaded once for its R heads, and for each head, key tile and
+// max grows); items run head by head, and a thread loads a group's whole K^T and V once for
+// every query tile of the group's heads it runs. Backward: one work item per (b, group),
+// owning every column of its group in dqkv: the group's K, V and their transposes are loaded
+// once for its R heads, and for each head, key tile and
 // query tile at or below the diagonal the probabilities are recomputed from lse, then dV, dS,
 // dQ and dK follow. Dropout factors come from dropout_mask.h with attention_forward's element
 // index, so both kernels drop the same probabilities.
@@ -109,10 +111,18 @@ void load_head(float* dst, int64_t pad_rows, const Tensor& t, int64_t off, int64
   std::fill(dst + rows * HDp, dst + pad_rows * HDp, 0.0f);
 }
 
-// dstT[i*ldt + r] = src[r*HDp + i] for r < rows, i < HDp.
-void transpose_tile(float* dstT, int64_t ldt, const float* src, int64_t rows, int64_t HDp) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < HDp; ++i) dstT[i * ldt + r] = src[r * HDp + i];
+// dstT[i*ldt + r] = src[r*HDp + i] for r < rows, i < HDp, in blocks of 16 x 16: a row at a
+// time writes one element per destination row, ldt floats apart, and with ldt a multiple of
+// 1024 every line of such a column falls into one L1 set and is evicted before its next
+// element (15 % of the forward's time when it transposed key tiles that way).
+void transpose_rows(float* dstT, int64_t ldt, const float* src, int64_t rows, int64_t HDp) {
+  constexpr int64_t kBlock = kVec;  // HDp is a multiple of it
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t i0 = 0; i0 < HDp; i0 += kBlock)
+      for (int64_t i = i0; i < i0 + kBlock; ++i)
+        for (int64_t r = r0; r < r1; ++r) dstT[i * ldt + r] = src[r * HDp + i];
+  }
 }
 
 // Rows t0 + r (r < rows) of the HD columns at element `off` of t (row stride ld) += src rows
@@ -152,13 +162,57 @@ void add_rows(const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows
   });
 }
 
+// One (b, group)'s keys and values over the whole block, as the tile products read them:
+// k and v [Tp, HDp] row-major (RoPE applied to k), kt = K^T [HDp, ldt] and, for the backward,
+// vt = V^T. ldt leaves a whole tile of zeros past the last key, so the kTile columns a key
+// tile's product reads from its first row stay in the row wherever the tile starts (tiles
+// follow the runs of a block's positions, not multiples of kTile).
+struct GroupKeys {
+  float *k, *v, *kt, *vt;
+  int64_t ldt;
+  static int64_t stride(const FlashDims& d) { return round_up(d.T, kVec) + kTile; }
+  static size_t floats(const FlashDims& d, bool with_vt) {
+    return static_cast<size_t>(2 * d.Tp() * d.HDp + (with_vt ? 2 : 1) * d.HDp * stride(d));
+  }
+  GroupKeys(float* p, const FlashDims& d, bool with_vt) : ldt(stride(d)) {
+    k = p, v = k + d.Tp() * d.HDp, kt = v + d.Tp() * d.HDp, vt = with_vt ? kt + d.HDp * ldt : nullptr;
+  }
+  // Group g of sample b of kv, its rows placed by `keys`. tmp: T * HD floats.
+  void load(const Tensor& kv, const FlashDims& d, const Angles& angles, const SequenceRows& keys, int64_t b,
+            int64_t g, float* tmp) {
+    const int64_t T = d.T, row = d.qkv_row(), Tp = d.Tp();
+    load_rows(k, Tp, kv, b * T * row + d.k_col(g), row, keys, d, angles, true, 1.0f, tmp);
+    load_rows(v, Tp, kv, b * T * row + d.v_col(g), row, keys, d, angles, false, 1.0f, tmp);
+    transpose(kt, k, d);
+    if (vt) transpose(vt, v, d);
+  }
+
+ private:
+  void transpose(float* dstT, const float* src, const FlashDims& d) const {
+    transpose_rows(dstT, ldt, src, d.T, d.HDp);
+    for (int64_t i = 0; i < d.HDp; ++i) std::fill(dstT + i * ldt + d.T, dstT + (i + 1) * ldt, 0.0f);
+  }
+};
+
+// Per-thread buffers of the forward: one query tile's state, and the keys and values of the
+// (b, group) the thread ran last, which its next items (items run head by head, a group's
+// heads one after another) reuse instead of loading and transposing each key tile per tile
+// pair.
 struct ForwardBuffers {
-  float *q, *k, *kt, *v, *s, *o, *m, *l, *f, *tmp;
-  static size_t floats(const FlashDims& d) { return 6 * kTile * d.HDp + kTile * kTile + 3 * kTile; }
-  ForwardBuffers(float* p, const FlashDims& d) {
-    const int64_t tile = kTile * d.HDp;
-    q = p, k = q + tile, kt = k + tile, v = kt + tile, o = v + tile, tmp = o + tile;
-    s = tmp + tile, m = s + kTile * kTile, l = m + kTile, f = l + kTile;
+  float *q, *s, *o, *m, *l, *f, *tmp;
+  GroupKeys keys;
+  int64_t b = -1, g = -1;  // whose keys `keys` holds
+  static size_t floats(const FlashDims& d) {
+    return 2 * kTile * d.HDp + kTile * kTile + 3 * kTile + d.Tp() * d.HDp + GroupKeys::floats(d, false);
+  }
+  ForwardBuffers(float* p, const FlashDims& d)
+      : q(p), s(q + kTile * d.HDp), o(s + kTile * kTile), m(o + kTile * d.HDp), l(m + kTile), f(l + kTile),
+        tmp(f + kTile), keys(tmp + d.Tp() * d.HDp, d, false) {}
+  const GroupKeys& keys_of(const Tensor& kv, const FlashDims& d, const Angles& angles, const SequenceRows& rows,
+                           int64_t b_, int64_t g_) {
+    if (b_ != b || g_ != g) keys.load(kv, d, angles, rows, b_, g_, tmp);
+    b = b_, g = g_;
+    return keys;
   }
 };
 
@@ -166,7 +220,7 @@ struct ForwardBuffers {
 void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, const FlashDims& d,
                   const Angles& angles, const Dropout& dropout, const AttentionBlock& block,
                   const std::vector<RowTile>& key_tiles, int64_t b, int64_t h, const RowTile& qt, ForwardBuffers& w) {
-  const int64_t T = d.T, S = block.seq_length, HD = d.HD, HDp = d.HDp, row = d.qkv_row(), g = h / d.R;
+  const int64_t T = d.T, S = block.seq_length, HD = d.HD, HDp = d.HDp, row = d.qkv_row();
   const int64_t q0 = qt.row0, qn = qt.n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f;
@@ -184,13 +238,11 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
     std::fill(w.m, w.m + kTile, -std::numeric_limits<float>::infinity());
     std::fill(w.l, w.l + kTile, 0.0f);
   }
+  const GroupKeys& keys = w.keys_of(kv, d, angles, block.keys, b, h / d.R);
   for (const RowTile& kt : key_tiles) {
     if (kt.pos > qt.pos + qn - 1) continue;  // every key after every query
     const int64_t kn = kt.n;
-    load_head(w.k, kTile, kv, (b * T + kt.row0) * row + d.k_col(g), row, kt.pos, kn, d, angles, true, 1.0f, w.tmp);
-    transpose_tile(w.kt, kTile, w.k, kTile, HDp);
-    load_head(w.v, kTile, kv, (b * T + kt.row0) * row + d.v_col(g), row, kt.pos, kn, d, angles, false, 1.0f, w.tmp);
-    tile_product<false>(w.s, kTile, w.q, HDp, 1, w.kt, kTile, qn, kTile, HD);
+    tile_product<false>(w.s, kTile, w.q, HDp, 1, keys.kt + kt.row0, keys.ldt, qn, kTile, HD);
     for (int64_t i = 0; i < qn; ++i) {
       const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
       float* s = w.s + i * kTile;
@@ -220,7 +272,7 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
         for (int64_t j = 0; j < n; ++j) s[j] *= w.f[j];
       }
     }
-    tile_product<true>(w.o, HDp, w.s, kTile, 1, w.v, HDp, qn, HDp, kn);
+    tile_product<true>(w.o, HDp, w.s, kTile, 1, keys.v + kt.row0 * HDp, HDp, qn, HDp, kn);
   }
   for (int64_t i = 0; i < qn; ++i) {
     const bool seen = w.l[i] > 0.0f;  // a row that saw no key: out 0, lse -inf
@@ -235,13 +287,14 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
 
 // Per-thread buffers of the backward of one (b, group): whole-sequence f32 copies.
 struct BackwardBuffers {
-  float *k, *v, *kt, *vt, *dk, *dv, *q, *dout, *dq, *s, *dp, *f, *tmp;
+  float *dk, *dv, *q, *dout, *dq, *s, *dp, *f, *tmp;
+  GroupKeys keys;
   static size_t floats(const FlashDims& d) {
-    return 10 * d.Tp() * d.HDp + 2 * kTile * kTile + kTile;
+    return 6 * d.Tp() * d.HDp + 2 * kTile * kTile + kTile + GroupKeys::floats(d, true);
   }
-  BackwardBuffers(float* p, const FlashDims& d) {
+  BackwardBuffers(float* p, const FlashDims& d) : keys(p, d, true) {
     const int64_t n = d.Tp() * d.HDp;
-    k = p, v = k + n, kt = v + n, vt = kt + n, dk = vt + n, dv = dk + n, q = dv + n, dout = q + n, dq = dout + n;
+    dk = p + GroupKeys::floats(d, true), dv = dk + n, q = dv + n, dout = q + n, dq = dout + n;
     tmp = dq + n, s = tmp + n, dp = s + kTile * kTile, f = dp + kTile * kTile;
   }
 };
@@ -282,8 +335,8 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
     for (const RowTile& qt : a.query_tiles) {
       if (kt.pos > qt.pos + qt.n - 1) continue;  // every key after every query
       const int64_t q0 = qt.row0, qn = qt.n;
-      tile_product<false>(w.s, kTile, w.q + q0 * HDp, HDp, 1, w.kt + k0, Tp, qn, kTile, HD);
-      tile_product<false>(w.dp, kTile, w.dout + q0 * HDp, HDp, 1, w.vt + k0, Tp, qn, kTile, HD);
+      tile_product<false>(w.s, kTile, w.q + q0 * HDp, HDp, 1, w.keys.kt + k0, w.keys.ldt, qn, kTile, HD);
+      tile_product<false>(w.dp, kTile, w.dout + q0 * HDp, HDp, 1, w.keys.vt + k0, w.keys.ldt, qn, kTile, HD);
       for (int64_t i = 0; i < qn; ++i) {
         const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
         float *s = w.s + i * kTile, *dp = w.dp + i * kTile;
@@ -299,7 +352,7 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
         }
       }
       tile_product<true>(w.dv + k0 * HDp, HDp, w.s, 1, kTile, w.dout + q0 * HDp, HDp, kn, HDp, qn);
-      tile_product<true>(w.dq + q0 * HDp, HDp, w.dp, kTile, 1, w.k + k0 * HDp, HDp, qn, HDp, kn);
+      tile_product<true>(w.dq + q0 * HDp, HDp, w.dp, kTile, 1, w.keys.k + k0 * HDp, HDp, qn, HDp, kn);
       tile_product<true>(w.dk + k0 * HDp, HDp, w.dp, 1, kTile, w.q + q0 * HDp, HDp, kn, HDp, qn);
     }
   }
@@ -312,10 +365,7 @@ void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* 
                     BackwardBuffers& w) {
   const FlashDims& d = a.d;
   const int64_t T = d.T, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
-  load_rows(w.k, Tp, kv, b * T * row + d.k_col(g), row, a.block.keys, d, a.angles, true, 1.0f, w.tmp);
-  load_rows(w.v, Tp, kv, b * T * row + d.v_col(g), row, a.block.keys, d, a.angles, false, 1.0f, w.tmp);
-  transpose_tile(w.kt, Tp, w.k, Tp, HDp);
-  transpose_tile(w.vt, Tp, w.v, Tp, HDp);
+  w.keys.load(kv, d, a.angles, a.block.keys, b, g, w.tmp);
   std::fill(w.dk, w.dk + Tp * HDp, 0.0f);
   std::fill(w.dv, w.dv + Tp * HDp, 0.0f);
   for (int64_t h = g * d.R; h < (g + 1) * d.R; ++h) backward_head(a, scratch + (b * d.NH + h) * T, b, h, w);
@@ -345,10 +395,11 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int6
 #pragma omp parallel
   {
     ForwardBuffers w(thread_buffer(ForwardBuffers::floats(d)), d);
-    // Longest items (query tiles near the end see the most keys) first.
+    // Head by head (a group's heads one after another share the thread's keys and values),
+    // within a head the longest items (query tiles near the end see the most keys) first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t qi = tiles - 1 - item / (d.B * d.NH), bh = item % (d.B * d.NH);
+      const int64_t bh = item / tiles, qi = tiles - 1 - item % tiles;
       forward_tile(out, lse_p, qkv, kv, d, angles, dropout, block, key_tiles, bh / d.NH, bh % d.NH, query_tiles[qi],
                    w);
     }
