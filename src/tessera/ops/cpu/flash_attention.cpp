@@ -341,14 +341,25 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
         const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
         float *s = w.s + i * kTile, *dp = w.dp + i * kTile;
         const float m = lse[q0 + i], Dt = D[q0 + i];
-        if (drop && n > 0) dropout_factors(a.dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
-        // s becomes the (dropped-out) probabilities a' for dV, dp the score gradients dS.
+        // s becomes the (dropped-out) probabilities a' for dV, dp the score gradients dS. The
+        // loops read every factor unconditionally (p is 0 past the visible keys), so they
+        // vectorise; a conditional read of w.f kept them scalar.
+        if (drop) {
+          if (n > 0) dropout_factors(a.dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
+          std::fill(w.f + std::max<int64_t>(n, 0), w.f + kTile, 0.0f);
 #pragma omp simd
-        for (int64_t j = 0; j < kTile; ++j) {
-          const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
-          const float factor = drop && j < n ? w.f[j] : 1.0f;
-          s[j] = p * factor;
-          dp[j] = p * (dp[j] * factor - Dt);
+          for (int64_t j = 0; j < kTile; ++j) {
+            const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+            s[j] = p * w.f[j];
+            dp[j] = p * (dp[j] * w.f[j] - Dt);
+          }
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < kTile; ++j) {
+            const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+            s[j] = p;
+            dp[j] = p * (dp[j] - Dt);
+          }
         }
       }
       tile_product<true>(w.dv + k0 * HDp, HDp, w.s, 1, kTile, w.dout + q0 * HDp, HDp, kn, HDp, qn);
