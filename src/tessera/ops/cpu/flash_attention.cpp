@@ -117,17 +117,17 @@ void load_head(float* dst, int64_t pad_rows, const Tensor& t, int64_t off, int64
   std::fill(dst + rows * HDp, dst + pad_rows * HDp, 0.0f);
 }
 
-// dstT[i*ldt + r] = src[r*HDp + i] for r < rows, i < HDp, in blocks of 16 x 16: a row at a
+// dstT[i*ldt + r] = src[r*lds + i] for r < rows, i < cols, in blocks of 16 x 16: a row at a
 // time writes one element per destination row, ldt floats apart, and with ldt a multiple of
 // 1024 every line of such a column falls into one L1 set and is evicted before its next
 // element (15 % of the forward's time when it transposed key tiles that way).
-void transpose_rows(float* dstT, int64_t ldt, const float* src, int64_t rows, int64_t HDp) {
-  constexpr int64_t kBlock = kVec;  // HDp is a multiple of it
+void transpose_rows(float* dstT, int64_t ldt, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  constexpr int64_t kBlock = kVec;
   for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
     const int64_t r1 = std::min(rows, r0 + kBlock);
-    for (int64_t i0 = 0; i0 < HDp; i0 += kBlock)
-      for (int64_t i = i0; i < i0 + kBlock; ++i)
-        for (int64_t r = r0; r < r1; ++r) dstT[i * ldt + r] = src[r * HDp + i];
+    for (int64_t i0 = 0; i0 < cols; i0 += kBlock)
+      for (int64_t i = i0; i < std::min(cols, i0 + kBlock); ++i)
+        for (int64_t r = r0; r < r1; ++r) dstT[i * ldt + r] = src[r * lds + i];
   }
 }
 
@@ -230,13 +230,37 @@ void pair_transpose(uint32_t* dst, int64_t ldt, int64_t pairs, const float* src,
   for (int64_t q = 0; q < pairs; ++q) std::fill(dst + q * ldt + (q < HDp / 2 ? rows : 0), dst + (q + 1) * ldt, 0u);
 }
 
-// dst[j*kTile + i] = bf16(src[i*kTile + j]) for i < rows (columns rows..kTile: 0), j < cols: a
-// tile of probabilities or score gradients transposed as a Bf16A operand.
-void transpose_round(uint16_t* dst, const float* src, int64_t rows, int64_t cols) {
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t i = 0; i < rows; ++i) dst[j * kTile + i] = f32_to_bf16(src[i * kTile + j]);
-    std::fill(dst + j * kTile + rows, dst + (j + 1) * kTile, uint16_t{0});
+// A tile [rows, kTile] (probabilities or score gradients) as a PairB operand over its rows:
+// dst[q*kTile + j] pairs rows 2q, 2q + 1 for q < kTile/2 (rows at or past `rows`: 0). Row by
+// row, so it vectorises (a transposed bf16 copy, scalar, took a fifth of the backward).
+void pair_rows(uint32_t* dst, const float* src, int64_t rows) {
+  for (int64_t q = 0; q < kTile / 2; ++q) {
+    const int64_t r = 2 * q;
+    const float* lo = src + r * kTile;
+    const float* hi = lo + kTile;
+    uint32_t* out = dst + q * kTile;
+    if (r + 1 < rows) {
+#pragma omp simd
+      for (int64_t j = 0; j < kTile; ++j) out[j] = f32_to_bf16(lo[j]) | uint32_t{f32_to_bf16(hi[j])} << 16;
+    } else if (r < rows) {
+#pragma omp simd
+      for (int64_t j = 0; j < kTile; ++j) out[j] = f32_to_bf16(lo[j]);
+    } else {
+      std::fill(out, out + kTile, 0u);
+    }
   }
+}
+
+// dst[c*ld + r] = bf16(src[r*HDp + c]) for r < rows, c < HDp; rows HDp..HDb of dst and its
+// columns rows..ld: 0. A head's q or dout transposed as a Bf16A operand (dK^T += Q^T dS).
+void transpose_round(uint16_t* dst, int64_t ld, int64_t HDb, const float* src, int64_t rows, int64_t HDp) {
+  constexpr int64_t kBlock = kVec;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c = 0; c < HDp; ++c)
+      for (int64_t r = r0; r < r1; ++r) dst[c * ld + r] = f32_to_bf16(src[r * HDp + c]);
+  }
+  for (int64_t c = 0; c < HDb; ++c) std::fill(dst + c * ld + (c < HDp ? rows : 0), dst + (c + 1) * ld, uint16_t{0});
 }
 
 // The bf16 operands' head dim: HD padded to whole steps of the AMX products' K.
@@ -296,7 +320,7 @@ struct GroupKeys {
 
  private:
   void transpose(float* dstT, const float* src, const FlashDims& d) const {
-    transpose_rows(dstT, ldt, src, d.T, d.HDp);
+    transpose_rows(dstT, ldt, src, d.HDp, d.T, d.HDp);
     for (int64_t i = 0; i < d.HDp; ++i) std::fill(dstT + i * ldt + d.T, dstT + (i + 1) * ldt, 0.0f);
   }
 };
@@ -412,12 +436,15 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
 
 // Per-thread buffers of the backward of one (b, group): whole-sequence f32 copies, one tile
 // pair's probabilities and score gradients, and with bf16 products their bf16 operands: the
-// head's q and dout rows (qb, dob) and query tiles in row pairs (q2, dout2), the tile pair's
-// transposed probabilities (pt), score gradients (dsb) and their transpose (dst).
+// head's q and dout rows (qb, dob) and transposed (qT, doT: [HDb, Tp + kTile]), the tile pair's
+// score gradients (dsb) and the probabilities and score gradients in row pairs (ppair, dspair);
+// dV and dK accumulate transposed (dvT, dkT: [HDp, ldt]; dV^T += dO^T P needs no transposed
+// tile), turned into dv and dk once per group.
 struct BackwardBuffers {
-  float *dk, *dv, *q, *dout, *dq, *tmp, *s, *dp, *f;
-  uint16_t *qb = nullptr, *dob = nullptr, *pt = nullptr, *dsb = nullptr, *dst = nullptr;
-  uint32_t *q2 = nullptr, *dout2 = nullptr;
+  float *dk, *dv, *q, *dout, *dq, *tmp, *s, *dp, *f, *dkT = nullptr, *dvT = nullptr;
+  uint16_t *qb = nullptr, *dob = nullptr, *qT = nullptr, *doT = nullptr, *dsb = nullptr;
+  uint32_t *ppair = nullptr, *dspair = nullptr;
+  int64_t ldq = 0;  // qT's and doT's row stride
   GroupKeys keys;
   BackwardBuffers(Carve& c, const FlashDims& d, bool bf16)
       : dk(c.take<float>(d.Tp() * d.HDp)), dv(c.take<float>(d.Tp() * d.HDp)), q(c.take<float>(d.Tp() * d.HDp)),
@@ -425,11 +452,14 @@ struct BackwardBuffers {
         s(c.take<float>(kTile * kTile)), dp(c.take<float>(kTile * kTile)), f(c.take<float>(kTile)),
         keys(c, d, true, bf16) {
     if (!bf16) return;
-    // qb and dob: a tile of rows past the last, read by a query tile that starts late (runs)
-    const int64_t rows = (d.Tp() + kTile) * bf16_head_dim(d), pairs = (d.tiles() + 1) * (kTile / 2) * d.HDp;
-    qb = c.take<uint16_t>(rows), dob = c.take<uint16_t>(rows);
-    pt = c.take<uint16_t>(kTile * kTile), dsb = c.take<uint16_t>(kTile * kTile), dst = c.take<uint16_t>(kTile * kTile);
-    q2 = c.take<uint32_t>(pairs), dout2 = c.take<uint32_t>(pairs);
+    // qb and dob: a tile of rows past the last, read by a query tile that starts late (runs);
+    // qT and doT likewise in columns
+    const int64_t HDb = bf16_head_dim(d), rows = (d.Tp() + kTile) * HDb;
+    ldq = d.Tp() + kTile;
+    qb = c.take<uint16_t>(rows), dob = c.take<uint16_t>(rows), qT = c.take<uint16_t>(rows), doT = c.take<uint16_t>(rows);
+    dsb = c.take<uint16_t>(kTile * kTile);
+    ppair = c.take<uint32_t>(kTile * kTile / 2), dspair = c.take<uint32_t>(kTile * kTile / 2);
+    dkT = c.take<float>(d.HDp * keys.ldt), dvT = c.take<float>(d.HDp * keys.ldt);
   }
   static size_t bytes(const FlashDims& d, bool bf16) {
     Carve c{nullptr};
@@ -496,24 +526,26 @@ void tile_pair_f32(const BackwardArgs& a, const float* lse, const float* D, int6
   tile_product<true>(w.dk + k0 * HDp, HDp, F32A{w.dp, 1, kTile}, F32B{w.q + q0 * HDp, HDp}, kn, HDp, qn);
 }
 
-// The same with bf16 operands (qi, ki: the tiles' indices, for their row pairs).
+// The same with bf16 operands (ki: the key tile's index, for its row pairs), dV and dK
+// transposed.
 void tile_pair_bf16(const BackwardArgs& a, const float* lse, const float* D, int64_t b, int64_t h,
-                    const RowTile& qt, int64_t qi, const RowTile& kt, int64_t ki, BackwardBuffers& w) {
+                    const RowTile& qt, const RowTile& kt, int64_t ki, BackwardBuffers& w) {
   const FlashDims& d = a.d;
-  const int64_t HDp = d.HDp, HDb = bf16_head_dim(d), q0 = qt.row0, qn = qt.n, k0 = kt.row0, kn = kt.n;
+  const int64_t HDp = d.HDp, HDb = bf16_head_dim(d), q0 = qt.row0, qn = qt.n, k0 = kt.row0;
   const GroupKeys& keys = w.keys;
   tile_product_bf16<false>(w.s, kTile, Bf16A{w.qb + q0 * HDb, HDb}, PairB{keys.kt2 + k0, keys.ldt}, qn, kTile, HDb / 2);
   tile_product_bf16<false>(w.dp, kTile, Bf16A{w.dob + q0 * HDb, HDb}, PairB{keys.vt2 + k0, keys.ldt}, qn, kTile,
                       HDb / 2);
   probabilities_and_score_gradients(a, lse, D, b, h, qt, kt, w);
-  transpose_round(w.pt, w.s, qn, kn);
-  transpose_round(w.dst, w.dp, qn, kn);
+  pair_rows(w.ppair, w.s, qn);
+  pair_rows(w.dspair, w.dp, qn);
   round_rows(w.dsb, kTile, w.dp, kTile, qn, kTile);
-  const PairB q_pairs{w.q2 + GroupKeys::tile_pairs(qi, d), HDp}, dout_pairs{w.dout2 + GroupKeys::tile_pairs(qi, d), HDp};
-  tile_product_bf16<true>(w.dv + k0 * HDp, HDp, Bf16A{w.pt, kTile}, dout_pairs, kn, HDp, kTile / 2);
-  tile_product_bf16<true>(w.dq + q0 * HDp, HDp, Bf16A{w.dsb, kTile}, PairB{keys.k2 + GroupKeys::tile_pairs(ki, d), HDp},
-                     qn, HDp, kTile / 2);
-  tile_product_bf16<true>(w.dk + k0 * HDp, HDp, Bf16A{w.dst, kTile}, q_pairs, kn, HDp, kTile / 2);
+  tile_product_bf16<true>(w.dvT + k0, keys.ldt, Bf16A{w.doT + q0, w.ldq}, PairB{w.ppair, kTile}, HDp, kTile,
+                          kTile / 2);
+  tile_product_bf16<true>(w.dq + q0 * HDp, HDp, Bf16A{w.dsb, kTile},
+                          PairB{keys.k2 + GroupKeys::tile_pairs(ki, d), HDp}, qn, HDp, kTile / 2);
+  tile_product_bf16<true>(w.dkT + k0, keys.ldt, Bf16A{w.qT + q0, w.ldq}, PairB{w.dspair, kTile}, HDp, kTile,
+                          kTile / 2);
 }
 
 // One head h's contributions: dq into dqkv, dk and dv into the group's accumulators.
@@ -538,16 +570,15 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
   if (bf16) {
     round_rows(w.qb, bf16_head_dim(d), w.q, HDp, T, HDp);
     round_rows(w.dob, bf16_head_dim(d), w.dout, HDp, T, HDp);
-    pair_tiles(w.q2, w.q, a.query_tiles, HDp);
-    pair_tiles(w.dout2, w.dout, a.query_tiles, HDp);
+    transpose_round(w.qT, w.ldq, bf16_head_dim(d), w.q, T, HDp);
+    transpose_round(w.doT, w.ldq, bf16_head_dim(d), w.dout, T, HDp);
   }
   for (size_t ki = 0; ki < a.key_tiles.size(); ++ki) {
     const RowTile& kt = a.key_tiles[ki];
-    for (size_t qi = 0; qi < a.query_tiles.size(); ++qi) {
-      const RowTile& qt = a.query_tiles[qi];
+    for (const RowTile& qt : a.query_tiles) {
       if (kt.pos > qt.pos + qt.n - 1) continue;  // every key after every query
       if (bf16)
-        tile_pair_bf16(a, lse, D, b, h, qt, static_cast<int64_t>(qi), kt, static_cast<int64_t>(ki), w);
+        tile_pair_bf16(a, lse, D, b, h, qt, kt, static_cast<int64_t>(ki), w);
       else
         tile_pair_f32(a, lse, D, b, h, qt, kt, w);
     }
@@ -564,7 +595,15 @@ void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* 
   w.keys.load(kv, d, a.angles, a.block.keys, a.key_tiles, b, g, w.tmp);
   std::fill(w.dk, w.dk + Tp * HDp, 0.0f);
   std::fill(w.dv, w.dv + Tp * HDp, 0.0f);
+  if (w.dkT) {
+    std::fill(w.dkT, w.dkT + HDp * w.keys.ldt, 0.0f);
+    std::fill(w.dvT, w.dvT + HDp * w.keys.ldt, 0.0f);
+  }
   for (int64_t h = g * d.R; h < (g + 1) * d.R; ++h) backward_head(a, scratch + (b * d.NH + h) * T, b, h, w);
+  if (w.dkT) {  // dk[r, c] = dkT[c, r]
+    transpose_rows(w.dk, HDp, w.dkT, w.keys.ldt, HDp, T);
+    transpose_rows(w.dv, HDp, w.dvT, w.keys.ldt, HDp, T);
+  }
   add_rows(dkv, b * T * row + d.k_col(g), row, a.block.keys, w.dk, d, a.angles, true, w.tmp);
   add_rows(dkv, b * T * row + d.v_col(g), row, a.block.keys, w.dv, d, a.angles, false, w.tmp);
 }
