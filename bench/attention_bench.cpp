@@ -6,8 +6,9 @@
 // recomputed scores are not counted).
 // Each time is the wall time and the process's CPU time (all threads: on a shared machine the
 // wall time follows the load, the CPU time much less so) of the fastest call.
-// usage: attention_bench [device] [B T NH NG HD] [iterations] [--fused-only]   (default: cpu 1
-// 1024 12 12 64 3, GPT-2 124M at T=1024; --fused-only skips the slow unfused ops)
+// usage: attention_bench [device] [B T NH NG HD] [iterations] [--fused-only] [--bf16]   (default:
+// cpu 1 1024 12 12 64 3, GPT-2 124M at T=1024; --fused-only skips the slow unfused ops; --bf16:
+// qkv, out and their gradients in bf16, as in a --bf16 run)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -59,9 +60,11 @@ Time time_ms(Device& d, const std::function<void()>& f, int iterations, bool ski
 
 int main(int argc, char** argv) {
   bool fused_only = false;
+  DType dtype = DType::F32;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--fused-only") == 0) fused_only = true;
+    else if (std::strcmp(argv[i], "--bf16") == 0) dtype = DType::BF16;
     else args.push_back(argv[i]);
   }
   argc = static_cast<int>(args.size());
@@ -72,26 +75,28 @@ int main(int argc, char** argv) {
   const int iterations = static_cast<int>(arg(7, 3));
   Device& dev = open_device(spec);
   std::vector<Buffer> buffers;
-  auto tensor = [&](Shape s) {
-    buffers.emplace_back(dev, static_cast<size_t>(shape_numel(s)) * 4);
-    Tensor t = tensor_at(buffers.back(), 0, DType::F32, s);
+  auto tensor = [&](Shape s, DType type = DType::F32) {
+    buffers.emplace_back(dev, static_cast<size_t>(shape_numel(s)) * dtype_size(type));
+    Tensor t = tensor_at(buffers.back(), 0, type, s);
     std::vector<float> v(static_cast<size_t>(t.numel()));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 7919) % 1000) / 1000.0f - 0.5f;
-    copy_from_host(t, v.data(), v.size() * 4);
+    copy_floats_from_host(t, v.data(), v.size());
     return t;
   };
   const int64_t R = NH / NG;
   const ops::Rope rope{NG == NH ? 0 : HD, 10000.0f, {}};
-  Tensor qkv = tensor({B, T, NG * (R + 2) * HD}), dqkv = tensor(qkv.shape);
-  Tensor out = tensor({B, T, NH * HD}), dout = tensor(out.shape), lse = tensor({B, NH, T});
+  Tensor qkv = tensor({B, T, NG * (R + 2) * HD}, dtype), dqkv = tensor(qkv.shape, dtype);
+  Tensor out = tensor({B, T, NH * HD}, dtype), dout = tensor(out.shape, dtype), lse = tensor({B, NH, T});
   Tensor scratch = tensor(ops::flash_attention_scratch(dev, B, NH, T));
   const bool regroup = NG != NH;
-  Tensor heads = regroup ? tensor({B, T, NH * 3 * HD}) : qkv, d_heads = regroup ? tensor(heads.shape) : dqkv;
-  const ops::AttentionBuffers ab = ops::attention_buffers(dev, B, NH, T, DType::F32);
-  Tensor att = tensor(ab.saved), att_scratch = tensor(ab.scratch);
+  Tensor heads = regroup ? tensor({B, T, NH * 3 * HD}, dtype) : qkv,
+         d_heads = regroup ? tensor(heads.shape, dtype) : dqkv;
+  const ops::AttentionBuffers ab = ops::attention_buffers(dev, B, NH, T, dtype);
+  Tensor att = tensor(ab.saved, ab.saved_dtype), att_scratch = tensor(ab.scratch);
 
-  std::printf("%s: B=%lld T=%lld NH=%lld NG=%lld HD=%lld%s, %d iterations\n", dev.name().c_str(), (long long)B,
-              (long long)T, (long long)NH, (long long)NG, (long long)HD, regroup ? " (RoPE)" : "", iterations);
+  std::printf("%s: B=%lld T=%lld NH=%lld NG=%lld HD=%lld%s, %s, %d iterations\n", dev.name().c_str(), (long long)B,
+              (long long)T, (long long)NH, (long long)NG, (long long)HD, regroup ? " (RoPE)" : "", std::string(dtype_name(dtype)).c_str(),
+              iterations);
   std::printf("| dropout | pass | fused ms | fused CPU ms | unfused ms | unfused CPU ms | fused GFLOP/s | "
               "unfused GFLOP/s | speed-up |\n");
   std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");

@@ -86,17 +86,18 @@ def main():
         opt.step()
 
     step()  # warm-up
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
     seconds = time.perf_counter() - start
+    cpu_ms = (time.process_time() - cpu_start) * 1000 / steps  # all threads: on a shared machine steadier than wall
     params = sum(p.numel() for p in model.parameters())
     n_tokens = steps * mbs * seq
     flops = 6.0 * params * n_tokens + 6.0 * layers * h * seq * n_tokens
     attention = "sdpa" if sdpa else "explicit"
     print(f"pytorch {torch.__version__} {attention} {shape:<10} params {params / 1e6:.1f}M threads {torch.get_num_threads()}: "
           f"{seconds * 1000 / steps:.1f} ms/step, {n_tokens / seconds:.0f} tokens/s, "
-          f"{flops / seconds / 1e9:.1f} GFLOP/s (model)")
+          f"{flops / seconds / 1e9:.1f} GFLOP/s (model), process CPU {cpu_ms:.1f} ms/step")
 
 
 if __name__ == "__main__":

@@ -112,52 +112,81 @@ struct Reference {
     }
   }
 
-  // out [B,T,NH*HD], lse [B,NH,T].
-  void forward(std::vector<double>& out, std::vector<double>& lse) const {
+  // out [B,T,NH*HD], lse [B,NH,T]; with `scale`, also the magnitudes of their terms: for out,
+  // sum |P v| over the keys; for lse, the largest sum |q_i k_i| / sqrt(HD) of a visible key (a
+  // score's error moves the log-sum-exp by at most the largest one).
+  struct Magnitudes {
+    std::vector<double> out, lse, dqkv;
+  };
+  void forward(std::vector<double>& out, std::vector<double>& lse, Magnitudes* scale = nullptr) const {
     const int64_t NH = c.NH(), T = c.T, HD = c.HD;
     out.assign(static_cast<size_t>(c.B * T * NH * HD), 0.0);
     lse.assign(static_cast<size_t>(c.B * NH * T), 0.0);
+    if (scale) scale->out = out, scale->lse = lse;
     std::vector<double> P, l;
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t h = 0; h < NH; ++h) {
         probabilities(b, h, P, l);
         const std::vector<double> v = head(b, k_col(h / c.R) + HD, false);
+        const std::vector<double> q = head(b, q_col(h), true), k = head(b, k_col(h / c.R), true);
         for (int64_t t = 0; t < T; ++t) {
           lse[(b * NH + h) * T + t] = l[t];
-          for (int64_t u = 0; u <= t; ++u)
-            for (int64_t i = 0; i < HD; ++i) out[(b * T + t) * NH * HD + h * HD + i] += P[t * T + u] * v[u * HD + i];
+          for (int64_t u = 0; u <= t; ++u) {
+            double qk = 0;
+            for (int64_t i = 0; i < HD; ++i) {
+              out[(b * T + t) * NH * HD + h * HD + i] += P[t * T + u] * v[u * HD + i];
+              if (scale) scale->out[(b * T + t) * NH * HD + h * HD + i] += P[t * T + u] * std::fabs(v[u * HD + i]);
+              qk += std::fabs(q[t * HD + i] * k[u * HD + i]);
+            }
+            if (scale) {
+              double& m = scale->lse[(b * NH + h) * T + t];
+              m = std::max(m, qk / std::sqrt(static_cast<double>(HD)));
+            }
+          }
         }
       }
   }
 
-  // dqkv [B,T,qkv_row] of L = sum(out * dout).
-  std::vector<double> backward(const std::vector<float>& dout) const {
+  // dqkv [B,T,qkv_row] of L = sum(out * dout); with `mag`, the magnitudes of its terms (each
+  // score gradient P (dp - dot) taken as P (|dp| + sum |dout_i out_i|), the size its rounding
+  // errors scale with, a 16-bit out included; a rotated pair of channels the sum of both).
+  std::vector<double> backward(const std::vector<float>& dout, Magnitudes* mag = nullptr) const {
     const int64_t NH = c.NH(), T = c.T, HD = c.HD;
     const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
     std::vector<double> dqkv(static_cast<size_t>(c.B * T * c.qkv_row()), 0.0), P, l;
+    if (mag) mag->dqkv = dqkv;
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t h = 0; h < NH; ++h) {
         probabilities(b, h, P, l);
         const int64_t g = h / c.R;
         const std::vector<double> q = head(b, q_col(h), true), k = head(b, k_col(g), true),
                                   v = head(b, k_col(g) + HD, false);
-        std::vector<double> dq(static_cast<size_t>(T * HD), 0.0), dk = dq, dv = dq;
+        std::vector<double> dq(static_cast<size_t>(T * HD), 0.0), dk = dq, dv = dq, mq = dq, mk = dq, mv = dq;
         for (int64_t t = 0; t < T; ++t) {
           const float* g_t = &dout[(b * T + t) * NH * HD + h * HD];
           std::vector<double> dp(static_cast<size_t>(t + 1));
-          double dot = 0;
+          double dot = 0, dot_mag = 0;  // dot = dout . out; dot_mag = sum |dout_i out_i|
+          std::vector<double> out_t(static_cast<size_t>(HD), 0.0);
           for (int64_t u = 0; u <= t; ++u) {
             double s = 0;
-            for (int64_t i = 0; i < HD; ++i) s += g_t[i] * v[u * HD + i];
+            for (int64_t i = 0; i < HD; ++i) {
+              s += g_t[i] * v[u * HD + i];
+              out_t[i] += P[t * T + u] * v[u * HD + i];
+            }
             dp[u] = s;
             dot += P[t * T + u] * s;
           }
+          for (int64_t i = 0; i < HD; ++i) dot_mag += std::fabs(g_t[i] * out_t[i]);
           for (int64_t u = 0; u <= t; ++u) {
             const double ds = P[t * T + u] * (dp[u] - dot) * scale, p = P[t * T + u];
+            const double ds_mag = p * (std::fabs(dp[u]) + dot_mag) * scale;
             for (int64_t i = 0; i < HD; ++i) {
               dq[t * HD + i] += ds * k[u * HD + i];
               dk[u * HD + i] += ds * q[t * HD + i];
               dv[u * HD + i] += p * g_t[i];
+              mq[t * HD + i] += ds_mag * std::fabs(k[u * HD + i]);
+              mk[u * HD + i] += ds_mag * std::fabs(q[t * HD + i]);
+              mv[u * HD + i] += p * std::fabs(g_t[i]);
             }
           }
         }
@@ -169,6 +198,16 @@ struct Reference {
             row[q_col(h) + i] += dq[t * HD + i];
             row[k_col(g) + i] += dk[t * HD + i];
             row[k_col(g) + HD + i] += dv[t * HD + i];
+          }
+          if (!mag) continue;
+          const int64_t half = c.rope_dim / 2;
+          double* m = &mag->dqkv[(b * T + t) * c.qkv_row()];
+          for (int64_t i = 0; i < HD; ++i) {
+            const int64_t pair = i < half ? i + half : i < 2 * half ? i - half : i;
+            const double rotated = pair == i ? 0.0 : 1.0;
+            m[q_col(h) + i] += mq[t * HD + i] + rotated * mq[t * HD + pair];
+            m[k_col(g) + i] += mk[t * HD + i] + rotated * mk[t * HD + pair];
+            m[k_col(g) + HD + i] += mv[t * HD + i];
           }
         }
       }
@@ -305,6 +344,55 @@ TEST_P(FlashAttention, MatchesFloat64) {
 TEST_P(FlashAttention, MatchesFloat64OnLongerSequences) {
   for (const Case& c : {Case{2, 280, 2, 2, 16, 8}, Case{1, 257, 1, 3, 8, 0}, Case{1, 320, 2, 1, 8, 8}})
     expect_matches_float64(c);
+}
+
+// A 16-bit run may multiply bf16 operands (the CPU does on AMX: q, k, v, dout, the
+// probabilities and the score gradients rounded to bf16, sums in f32): out, lse and dqkv
+// within the Product16 bound of ops.inc against float64 on the bf16 inputs, (8 + n) u sum|terms|
+// with u = 2^-9 (precision_test.cpp's formula; n: the terms of one result, T or HD), and within
+// a bound that does not grow with n, 8 u sum|terms|: every product has a few bf16 roundings,
+// the f32 sums add ~2^-24 n (measured with bf16 products on AMX: at most 2.8, 0.74 and 3.5 u
+// sum|terms| for out, lse and dqkv; OpenCL, f32 products of the bf16 values: 1.8, 0, 1.8).
+TEST_P(FlashAttention, Bf16WithinProduct16BoundOfFloat64) {
+  constexpr double kBf16 = 0x1p-9, kSlack = 8;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    const int64_t NH = c.NH(), T = c.T, HD = c.HD;
+    std::vector<float> qkv_h = normal(c.B * T * c.qkv_row()), dout_h = normal(c.B * T * NH * HD);
+    for (std::vector<float>* v : {&qkv_h, &dout_h})  // the values the bf16 tensors hold
+      for (float& x : *v) x = bf16_to_f32(f32_to_bf16(x));
+    Tensor qkv = values(DType::BF16, {c.B, T, c.qkv_row()}, qkv_h);
+    Tensor out = zeros(DType::BF16, {c.B, T, NH * HD}), lse = zeros(DType::F32, {c.B, NH, T});
+    ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), ops::Dropout{}, {});
+    Tensor dqkv = zeros(DType::BF16, qkv.shape), dout = values(DType::BF16, out.shape, dout_h);
+    Tensor scratch = zeros(DType::F32, ops::flash_attention_scratch(device(), c.B, NH, T));
+    ops::flash_attention_backward(dqkv, Tensor(), scratch, dout, qkv, Tensor(), out, lse, c.NG, c.rope(),
+                                  ops::Dropout{}, {});
+    const Reference ref(c, qkv_h);
+    Reference::Magnitudes mag;
+    std::vector<double> out_ref, lse_ref;
+    ref.forward(out_ref, lse_ref, &mag);
+    const std::vector<double> dqkv_ref = ref.backward(dout_h, &mag);
+    struct Check {
+      const char* name;
+      std::vector<float> got;
+      const std::vector<double>&ref, &scale;
+      int64_t terms;
+    };
+    for (const Check& k : {Check{"out", read(out), out_ref, mag.out, T}, Check{"lse", read(lse), lse_ref, mag.lse, HD},
+                           Check{"dqkv", read(dqkv), dqkv_ref, mag.dqkv, T}}) {
+      ASSERT_EQ(k.got.size(), k.ref.size()) << k.name;
+      double worst = 0;  // |error| / (u sum|terms|)
+      size_t at = 0;
+      for (size_t i = 0; i < k.got.size(); ++i) {
+        const double e = std::fabs(k.got[i] - k.ref[i]), unit = kBf16 * k.scale[i];
+        EXPECT_LE(e, (kSlack + static_cast<double>(k.terms)) * unit) << k.name << " element " << i;
+        if (unit > 0 && e / unit > worst) worst = e / unit, at = i;
+        if (unit == 0) EXPECT_EQ(k.got[i], k.ref[i]) << k.name << " element " << i;
+      }
+      EXPECT_LE(worst, kSlack) << k.name << ": worst at " << at << ", got " << k.got[at] << ", want " << k.ref[at];
+    }
+  }
 }
 
 // Fused and unfused attention with dropout: the same function within the class bound, in f32

@@ -12,8 +12,10 @@
 // position is after a query tile's last is skipped (the causal mask over true positions).
 // Forward: one work item per (b, head, query tile), the visible key tiles only, an
 // online softmax (running max and denominator per row, the partial output rescaled when the
-// max grows). Backward: one work item per (b, group), owning every column of its group in
-// dqkv: the group's K and V are loaded once for its R heads, and for each head, key tile and
+// max grows); items run head by head, and a thread loads a group's whole K^T and V once for
+// every query tile of the group's heads it runs. Backward: one work item per (b, group),
+// owning every column of its group in dqkv: the group's K, V and their transposes are loaded
+// once for its R heads, and for each head, key tile and
 // query tile at or below the diagonal the probabilities are recomputed from lse, then dV, dS,
 // dQ and dK follow. Dropout factors come from dropout_mask.h with attention_forward's element
 // index, so both kernels drop the same probabilities.
@@ -21,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,8 +39,13 @@
 namespace tessera::ops::cpu {
 namespace {
 
+using flash::Bf16A;
+using flash::F32A;
+using flash::F32B;
 using flash::kVec;
+using flash::PairB;
 using flash::tile_product;
+using flash::tile_product_bf16;
 
 constexpr int64_t kTile = 64;  // queries and keys per tile
 
@@ -109,10 +117,18 @@ void load_head(float* dst, int64_t pad_rows, const Tensor& t, int64_t off, int64
   std::fill(dst + rows * HDp, dst + pad_rows * HDp, 0.0f);
 }
 
-// dstT[i*ldt + r] = src[r*HDp + i] for r < rows, i < HDp.
-void transpose_tile(float* dstT, int64_t ldt, const float* src, int64_t rows, int64_t HDp) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < HDp; ++i) dstT[i * ldt + r] = src[r * HDp + i];
+// dstT[i*ldt + r] = src[r*lds + i] for r < rows, i < cols, in blocks of 16 x 16: a row at a
+// time writes one element per destination row, ldt floats apart, and with ldt a multiple of
+// 1024 every line of such a column falls into one L1 set and is evicted before its next
+// element (15 % of the forward's time when it transposed key tiles that way).
+void transpose_rows(float* dstT, int64_t ldt, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  constexpr int64_t kBlock = kVec;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t i0 = 0; i0 < cols; i0 += kBlock)
+      for (int64_t i = i0; i < std::min(cols, i0 + kBlock); ++i)
+        for (int64_t r = r0; r < r1; ++r) dstT[i * ldt + r] = src[r * lds + i];
+  }
 }
 
 // Rows t0 + r (r < rows) of the HD columns at element `off` of t (row stride ld) += src rows
@@ -152,13 +168,188 @@ void add_rows(const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows
   });
 }
 
+// Carves a thread's buffer into arrays, each 64-byte aligned; with no buffer it only counts
+// the bytes (the buffers' sizes come from the same code that lays them out).
+struct Carve {
+  char* base;
+  size_t used = 0;
+  template <class E>
+  E* take(int64_t n) {
+    E* r = base ? reinterpret_cast<E*>(base + used) : nullptr;
+    used += static_cast<size_t>(round_up(n * static_cast<int64_t>(sizeof(E)), 64));
+    return r;
+  }
+};
+
+// ---- bf16 operands (the Product16 path: flash_attention_tile.h's Bf16A and PairB) ----------
+// A 16-bit run on a CPU with AMX rounds the operands of every tile product to bf16 (exact for
+// the stored bf16 q, k, v and dout; one rounding for rotated or scaled ones, the
+// probabilities and the score gradients) and accumulates in f32. The AMX products read K in
+// steps of 32 values and A in blocks of 16 rows, so the operands are padded: head dims to
+// HDb = a multiple of 32, every tile's K to kTile, with zeros.
+
+// dst[r*ld + c] = bf16(src[r*src_ld + c]) for r < rows, c < cols; columns cols..ld of dst: 0.
+void round_rows(uint16_t* dst, int64_t ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = f32_to_bf16(src[r * src_ld + c]);
+    std::fill(dst + r * ld + cols, dst + (r + 1) * ld, uint16_t{0});
+  }
+}
+
+// bf16 pair of rows r and r + 1 of src (stride ld) at column c; rows at or past `rows` are 0.
+inline uint32_t row_pair(const float* src, int64_t ld, int64_t r, int64_t c, int64_t rows) {
+  const uint32_t lo = r < rows ? f32_to_bf16(src[r * ld + c]) : 0u;
+  const uint32_t hi = r + 1 < rows ? f32_to_bf16(src[(r + 1) * ld + c]) : 0u;
+  return lo | hi << 16;
+}
+
+// The row tiles of src [rows of a sequence, HDp] as PairB operands over their rows, tile i at
+// dst + i * kTile/2 * HDp: dst[(i*kTile/2 + q)*HDp + c] pairs rows row0 + 2q, row0 + 2q + 1 of
+// tile i (past its n rows: 0). Pairs follow each tile's first row, which may be odd.
+void pair_tiles(uint32_t* dst, const float* src, const std::vector<RowTile>& tiles, int64_t HDp) {
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const RowTile& t = tiles[i];
+    uint32_t* out = dst + static_cast<int64_t>(i) * (kTile / 2) * HDp;
+    for (int64_t q = 0; q < kTile / 2; ++q)
+      for (int64_t c = 0; c < HDp; ++c) out[q * HDp + c] = row_pair(src + t.row0 * HDp, HDp, 2 * q, c, t.n);
+  }
+}
+
+// src [rows, HDp] transposed as a PairB operand over its columns: dst[q*ldt + r] pairs columns
+// 2q, 2q + 1 of row r, for r < rows and q < pairs (columns past HDp: 0); columns rows..ldt of
+// dst are 0. In blocks of 16 rows (as transpose_rows).
+void pair_transpose(uint32_t* dst, int64_t ldt, int64_t pairs, const float* src, int64_t rows, int64_t HDp) {
+  constexpr int64_t kBlock = kVec;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t q = 0; q < HDp / 2; ++q)
+      for (int64_t r = r0; r < r1; ++r)
+        dst[q * ldt + r] = f32_to_bf16(src[r * HDp + 2 * q]) | uint32_t{f32_to_bf16(src[r * HDp + 2 * q + 1])} << 16;
+  }
+  for (int64_t q = 0; q < pairs; ++q) std::fill(dst + q * ldt + (q < HDp / 2 ? rows : 0), dst + (q + 1) * ldt, 0u);
+}
+
+// A tile [rows, kTile] (probabilities or score gradients) as a PairB operand over its rows:
+// dst[q*kTile + j] pairs rows 2q, 2q + 1 for q < kTile/2 (rows at or past `rows`: 0). Row by
+// row, so it vectorises (a transposed bf16 copy, scalar, took a fifth of the backward).
+void pair_rows(uint32_t* dst, const float* src, int64_t rows) {
+  for (int64_t q = 0; q < kTile / 2; ++q) {
+    const int64_t r = 2 * q;
+    const float* lo = src + r * kTile;
+    const float* hi = lo + kTile;
+    uint32_t* out = dst + q * kTile;
+    if (r + 1 < rows) {
+#pragma omp simd
+      for (int64_t j = 0; j < kTile; ++j) out[j] = f32_to_bf16(lo[j]) | uint32_t{f32_to_bf16(hi[j])} << 16;
+    } else if (r < rows) {
+#pragma omp simd
+      for (int64_t j = 0; j < kTile; ++j) out[j] = f32_to_bf16(lo[j]);
+    } else {
+      std::fill(out, out + kTile, 0u);
+    }
+  }
+}
+
+// dst[c*ld + r] = bf16(src[r*HDp + c]) for r < rows, c < HDp; rows HDp..HDb of dst and its
+// columns rows..ld: 0. A head's q or dout transposed as a Bf16A operand (dK^T += Q^T dS).
+void transpose_round(uint16_t* dst, int64_t ld, int64_t HDb, const float* src, int64_t rows, int64_t HDp) {
+  constexpr int64_t kBlock = kVec;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c = 0; c < HDp; ++c)
+      for (int64_t r = r0; r < r1; ++r) dst[c * ld + r] = f32_to_bf16(src[r * HDp + c]);
+  }
+  for (int64_t c = 0; c < HDb; ++c) std::fill(dst + c * ld + (c < HDp ? rows : 0), dst + (c + 1) * ld, uint16_t{0});
+}
+
+// The bf16 operands' head dim: HD padded to whole steps of the AMX products' K.
+int64_t bf16_head_dim(const FlashDims& d) { return round_up(d.HD, 2 * flash::kPairStep); }
+
+// One (b, group)'s keys and values over the whole block, as the tile products read them.
+// f32: k and v [Tp, HDp] row-major (RoPE applied to k), kt = K^T [HDp, ldt] and, for the
+// backward, vt = V^T. ldt leaves a whole tile of zeros past the last key, so the kTile columns
+// a key tile's product reads from its first row stay in the row wherever the tile starts
+// (tiles follow the runs of a block's positions, not multiples of kTile).
+// bf16 (the same, as PairB operands): kt2 = K^T and vt2 = V^T in column pairs [HDb/2, ldt],
+// v2 (forward) and k2 (backward) each key tile's rows in pairs (pair_tiles).
+struct GroupKeys {
+  float *k, *v, *kt = nullptr, *vt = nullptr;
+  uint32_t *kt2 = nullptr, *vt2 = nullptr, *v2 = nullptr, *k2 = nullptr;
+  int64_t ldt;
+  bool backward, bf16;
+  GroupKeys(Carve& c, const FlashDims& d, bool backward_, bool bf16_)
+      : ldt(round_up(d.T, kVec) + kTile), backward(backward_), bf16(bf16_) {
+    const int64_t n = d.Tp() * d.HDp, t = d.HDp * ldt, pairs = (d.tiles() + 1) * (kTile / 2) * d.HDp;
+    k = c.take<float>(n), v = c.take<float>(n);
+    if (!bf16) {
+      kt = c.take<float>(t);
+      if (backward) vt = c.take<float>(t);
+      return;
+    }
+    const int64_t t2 = bf16_head_dim(d) / 2 * ldt;
+    kt2 = c.take<uint32_t>(t2);
+    if (backward) {
+      vt2 = c.take<uint32_t>(t2);
+      k2 = c.take<uint32_t>(pairs);
+    } else {
+      v2 = c.take<uint32_t>(pairs);
+    }
+  }
+  // Group g of sample b of kv, its rows placed by `keys` (tiled as `tiles`). tmp: T * HD floats.
+  void load(const Tensor& kv, const FlashDims& d, const Angles& angles, const SequenceRows& keys,
+            const std::vector<RowTile>& tiles, int64_t b, int64_t g, float* tmp) {
+    const int64_t T = d.T, row = d.qkv_row(), Tp = d.Tp();
+    load_rows(k, Tp, kv, b * T * row + d.k_col(g), row, keys, d, angles, true, 1.0f, tmp);
+    load_rows(v, Tp, kv, b * T * row + d.v_col(g), row, keys, d, angles, false, 1.0f, tmp);
+    if (!bf16) {
+      transpose(kt, k, d);
+      if (vt) transpose(vt, v, d);
+      return;
+    }
+    pair_transpose(kt2, ldt, bf16_head_dim(d) / 2, k, T, d.HDp);
+    if (backward) {
+      pair_transpose(vt2, ldt, bf16_head_dim(d) / 2, v, T, d.HDp);
+      pair_tiles(k2, k, tiles, d.HDp);
+    } else {
+      pair_tiles(v2, v, tiles, d.HDp);
+    }
+  }
+  // Key tile i's pairs in v2 or k2.
+  static int64_t tile_pairs(int64_t i, const FlashDims& d) { return i * (kTile / 2) * d.HDp; }
+
+ private:
+  void transpose(float* dstT, const float* src, const FlashDims& d) const {
+    transpose_rows(dstT, ldt, src, d.HDp, d.T, d.HDp);
+    for (int64_t i = 0; i < d.HDp; ++i) std::fill(dstT + i * ldt + d.T, dstT + (i + 1) * ldt, 0.0f);
+  }
+};
+
+// Per-thread buffers of the forward: one query tile's state (and its bf16 operands), and the
+// keys and values of the (b, group) the thread ran last, which its next items (items run head
+// by head, a group's heads one after another) reuse instead of loading and transposing each
+// key tile per tile pair.
 struct ForwardBuffers {
-  float *q, *k, *kt, *v, *s, *o, *m, *l, *f, *tmp;
-  static size_t floats(const FlashDims& d) { return 6 * kTile * d.HDp + kTile * kTile + 3 * kTile; }
-  ForwardBuffers(float* p, const FlashDims& d) {
-    const int64_t tile = kTile * d.HDp;
-    q = p, k = q + tile, kt = k + tile, v = kt + tile, o = v + tile, tmp = o + tile;
-    s = tmp + tile, m = s + kTile * kTile, l = m + kTile, f = l + kTile;
+  float *q, *s, *o, *m, *l, *f, *tmp;
+  uint16_t *qb = nullptr, *pb = nullptr;  // bf16: the query tile, the probabilities
+  GroupKeys keys;
+  int64_t b = -1, g = -1;  // whose keys `keys` holds
+  ForwardBuffers(Carve& c, const FlashDims& d, bool bf16)
+      : q(c.take<float>(kTile * d.HDp)), s(c.take<float>(kTile * kTile)), o(c.take<float>(kTile * d.HDp)),
+        m(c.take<float>(kTile)), l(c.take<float>(kTile)), f(c.take<float>(kTile)), tmp(c.take<float>(d.Tp() * d.HDp)),
+        keys(c, d, false, bf16) {
+    if (bf16) qb = c.take<uint16_t>(kTile * bf16_head_dim(d)), pb = c.take<uint16_t>(kTile * kTile);
+  }
+  static size_t bytes(const FlashDims& d, bool bf16) {
+    Carve c{nullptr};
+    ForwardBuffers(c, d, bf16);
+    return c.used;
+  }
+  const GroupKeys& keys_of(const Tensor& kv, const FlashDims& d, const Angles& angles, const SequenceRows& rows,
+                           const std::vector<RowTile>& tiles, int64_t b_, int64_t g_) {
+    if (b_ != b || g_ != g) keys.load(kv, d, angles, rows, tiles, b_, g_, tmp);
+    b = b_, g = g_;
+    return keys;
   }
 };
 
@@ -166,12 +357,14 @@ struct ForwardBuffers {
 void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, const FlashDims& d,
                   const Angles& angles, const Dropout& dropout, const AttentionBlock& block,
                   const std::vector<RowTile>& key_tiles, int64_t b, int64_t h, const RowTile& qt, ForwardBuffers& w) {
-  const int64_t T = d.T, S = block.seq_length, HD = d.HD, HDp = d.HDp, row = d.qkv_row(), g = h / d.R;
+  const int64_t T = d.T, S = block.seq_length, HD = d.HD, HDp = d.HDp, row = d.qkv_row();
   const int64_t q0 = qt.row0, qn = qt.n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const bool drop = dropout.p > 0.0f;
+  const bool drop = dropout.p > 0.0f, bf16 = w.qb != nullptr;
   float* lse_row = lse + (b * d.NH + h) * T + q0;
   load_head(w.q, kTile, qkv, (b * T + q0) * row + d.q_col(h), row, qt.pos, qn, d, angles, true, scale, w.tmp);
+  const int64_t HDb = bf16_head_dim(d);
+  if (bf16) round_rows(w.qb, HDb, w.q, HDp, qn, HDp);
   if (block.merge) {  // the online softmax's state of the keys seen before: max lse, sum 1, output out
     load_head(w.o, kTile, out, (b * T + q0) * d.out_row() + h * HD, d.out_row(), 0, qn, d, angles, false, 1.0f,
               w.tmp);
@@ -184,13 +377,15 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
     std::fill(w.m, w.m + kTile, -std::numeric_limits<float>::infinity());
     std::fill(w.l, w.l + kTile, 0.0f);
   }
-  for (const RowTile& kt : key_tiles) {
+  const GroupKeys& keys = w.keys_of(kv, d, angles, block.keys, key_tiles, b, h / d.R);
+  for (size_t ki = 0; ki < key_tiles.size(); ++ki) {
+    const RowTile& kt = key_tiles[ki];
     if (kt.pos > qt.pos + qn - 1) continue;  // every key after every query
     const int64_t kn = kt.n;
-    load_head(w.k, kTile, kv, (b * T + kt.row0) * row + d.k_col(g), row, kt.pos, kn, d, angles, true, 1.0f, w.tmp);
-    transpose_tile(w.kt, kTile, w.k, kTile, HDp);
-    load_head(w.v, kTile, kv, (b * T + kt.row0) * row + d.v_col(g), row, kt.pos, kn, d, angles, false, 1.0f, w.tmp);
-    tile_product<false>(w.s, kTile, w.q, HDp, 1, w.kt, kTile, qn, kTile, HD);
+    if (bf16)
+      tile_product_bf16<false>(w.s, kTile, Bf16A{w.qb, HDb}, PairB{keys.kt2 + kt.row0, keys.ldt}, qn, kTile, HDb / 2);
+    else
+      tile_product<false>(w.s, kTile, F32A{w.q, HDp, 1}, F32B{keys.kt + kt.row0, keys.ldt}, qn, kTile, HD);
     for (int64_t i = 0; i < qn; ++i) {
       const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
       float* s = w.s + i * kTile;
@@ -220,7 +415,13 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
         for (int64_t j = 0; j < n; ++j) s[j] *= w.f[j];
       }
     }
-    tile_product<true>(w.o, HDp, w.s, kTile, 1, w.v, HDp, qn, HDp, kn);
+    if (bf16) {
+      round_rows(w.pb, kTile, w.s, kTile, qn, kTile);
+      tile_product_bf16<true>(w.o, HDp, Bf16A{w.pb, kTile}, PairB{keys.v2 + GroupKeys::tile_pairs(ki, d), HDp}, qn, HDp,
+                         kTile / 2);
+    } else {
+      tile_product<true>(w.o, HDp, F32A{w.s, kTile, 1}, F32B{keys.v + kt.row0 * HDp, HDp}, qn, HDp, kn);
+    }
   }
   for (int64_t i = 0; i < qn; ++i) {
     const bool seen = w.l[i] > 0.0f;  // a row that saw no key: out 0, lse -inf
@@ -233,16 +434,37 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
   narrow(out, (b * T + q0) * d.out_row() + h * HD, d.out_row(), w.o, HDp, qn, HD);
 }
 
-// Per-thread buffers of the backward of one (b, group): whole-sequence f32 copies.
+// Per-thread buffers of the backward of one (b, group): whole-sequence f32 copies, one tile
+// pair's probabilities and score gradients, and with bf16 products their bf16 operands: the
+// head's q and dout rows (qb, dob) and transposed (qT, doT: [HDb, Tp + kTile]), the tile pair's
+// score gradients (dsb) and the probabilities and score gradients in row pairs (ppair, dspair);
+// dV and dK accumulate transposed (dvT, dkT: [HDp, ldt]; dV^T += dO^T P needs no transposed
+// tile), turned into dv and dk once per group.
 struct BackwardBuffers {
-  float *k, *v, *kt, *vt, *dk, *dv, *q, *dout, *dq, *s, *dp, *f, *tmp;
-  static size_t floats(const FlashDims& d) {
-    return 10 * d.Tp() * d.HDp + 2 * kTile * kTile + kTile;
+  float *dk, *dv, *q, *dout, *dq, *tmp, *s, *dp, *f, *dkT = nullptr, *dvT = nullptr;
+  uint16_t *qb = nullptr, *dob = nullptr, *qT = nullptr, *doT = nullptr, *dsb = nullptr;
+  uint32_t *ppair = nullptr, *dspair = nullptr;
+  int64_t ldq = 0;  // qT's and doT's row stride
+  GroupKeys keys;
+  BackwardBuffers(Carve& c, const FlashDims& d, bool bf16)
+      : dk(c.take<float>(d.Tp() * d.HDp)), dv(c.take<float>(d.Tp() * d.HDp)), q(c.take<float>(d.Tp() * d.HDp)),
+        dout(c.take<float>(d.Tp() * d.HDp)), dq(c.take<float>(d.Tp() * d.HDp)), tmp(c.take<float>(d.Tp() * d.HDp)),
+        s(c.take<float>(kTile * kTile)), dp(c.take<float>(kTile * kTile)), f(c.take<float>(kTile)),
+        keys(c, d, true, bf16) {
+    if (!bf16) return;
+    // qb and dob: a tile of rows past the last, read by a query tile that starts late (runs);
+    // qT and doT likewise in columns
+    const int64_t HDb = bf16_head_dim(d), rows = (d.Tp() + kTile) * HDb;
+    ldq = d.Tp() + kTile;
+    qb = c.take<uint16_t>(rows), dob = c.take<uint16_t>(rows), qT = c.take<uint16_t>(rows), doT = c.take<uint16_t>(rows);
+    dsb = c.take<uint16_t>(kTile * kTile);
+    ppair = c.take<uint32_t>(kTile * kTile / 2), dspair = c.take<uint32_t>(kTile * kTile / 2);
+    dkT = c.take<float>(d.HDp * keys.ldt), dvT = c.take<float>(d.HDp * keys.ldt);
   }
-  BackwardBuffers(float* p, const FlashDims& d) {
-    const int64_t n = d.Tp() * d.HDp;
-    k = p, v = k + n, kt = v + n, vt = kt + n, dk = vt + n, dv = dk + n, q = dv + n, dout = q + n, dq = dout + n;
-    tmp = dq + n, s = tmp + n, dp = s + kTile * kTile, f = dp + kTile * kTile;
+  static size_t bytes(const FlashDims& d, bool bf16) {
+    Carve c{nullptr};
+    BackwardBuffers(c, d, bf16);
+    return c.used;
   }
 };
 
@@ -258,13 +480,80 @@ struct BackwardArgs {
   const std::vector<RowTile>&query_tiles, &key_tiles;
 };
 
+// The probabilities (s) and score gradients (dp) of one tile pair from its scores (s) and
+// dout . v (dp): s becomes the (dropped-out) probabilities a' for dV, dp the score gradients
+// dS; rows past qn untouched.
+void probabilities_and_score_gradients(const BackwardArgs& a, const float* lse, const float* D, int64_t b,
+                                       int64_t h, const RowTile& qt, const RowTile& kt, BackwardBuffers& w) {
+  const int64_t S = a.block.seq_length;
+  const bool drop = a.dropout.p > 0.0f;
+  for (int64_t i = 0; i < qt.n; ++i) {
+    const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kt.n);
+    float *s = w.s + i * kTile, *dp = w.dp + i * kTile;
+    const float m = lse[qt.row0 + i], Dt = D[qt.row0 + i];
+    // The loops read every factor unconditionally (p is 0 past the visible keys), so they
+    // vectorise; a conditional read of w.f kept them scalar.
+    if (drop) {
+      if (n > 0) dropout_factors(a.dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
+      std::fill(w.f + std::max<int64_t>(n, 0), w.f + kTile, 0.0f);
+#pragma omp simd
+      for (int64_t j = 0; j < kTile; ++j) {
+        const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+        s[j] = p * w.f[j];
+        dp[j] = p * (dp[j] * w.f[j] - Dt);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < kTile; ++j) {
+        const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+        s[j] = p;
+        dp[j] = p * (dp[j] - Dt);
+      }
+    }
+  }
+}
+
+// One tile pair's five products in f32: scores and dout . v, then dV, dQ, dK.
+void tile_pair_f32(const BackwardArgs& a, const float* lse, const float* D, int64_t b, int64_t h,
+                   const RowTile& qt, const RowTile& kt, BackwardBuffers& w) {
+  const int64_t HD = a.d.HD, HDp = a.d.HDp, q0 = qt.row0, qn = qt.n, k0 = kt.row0, kn = kt.n;
+  const GroupKeys& keys = w.keys;
+  tile_product<false>(w.s, kTile, F32A{w.q + q0 * HDp, HDp, 1}, F32B{keys.kt + k0, keys.ldt}, qn, kTile, HD);
+  tile_product<false>(w.dp, kTile, F32A{w.dout + q0 * HDp, HDp, 1}, F32B{keys.vt + k0, keys.ldt}, qn, kTile, HD);
+  probabilities_and_score_gradients(a, lse, D, b, h, qt, kt, w);
+  tile_product<true>(w.dv + k0 * HDp, HDp, F32A{w.s, 1, kTile}, F32B{w.dout + q0 * HDp, HDp}, kn, HDp, qn);
+  tile_product<true>(w.dq + q0 * HDp, HDp, F32A{w.dp, kTile, 1}, F32B{keys.k + k0 * HDp, HDp}, qn, HDp, kn);
+  tile_product<true>(w.dk + k0 * HDp, HDp, F32A{w.dp, 1, kTile}, F32B{w.q + q0 * HDp, HDp}, kn, HDp, qn);
+}
+
+// The same with bf16 operands (ki: the key tile's index, for its row pairs), dV and dK
+// transposed.
+void tile_pair_bf16(const BackwardArgs& a, const float* lse, const float* D, int64_t b, int64_t h,
+                    const RowTile& qt, const RowTile& kt, int64_t ki, BackwardBuffers& w) {
+  const FlashDims& d = a.d;
+  const int64_t HDp = d.HDp, HDb = bf16_head_dim(d), q0 = qt.row0, qn = qt.n, k0 = kt.row0;
+  const GroupKeys& keys = w.keys;
+  tile_product_bf16<false>(w.s, kTile, Bf16A{w.qb + q0 * HDb, HDb}, PairB{keys.kt2 + k0, keys.ldt}, qn, kTile, HDb / 2);
+  tile_product_bf16<false>(w.dp, kTile, Bf16A{w.dob + q0 * HDb, HDb}, PairB{keys.vt2 + k0, keys.ldt}, qn, kTile,
+                      HDb / 2);
+  probabilities_and_score_gradients(a, lse, D, b, h, qt, kt, w);
+  pair_rows(w.ppair, w.s, qn);
+  pair_rows(w.dspair, w.dp, qn);
+  round_rows(w.dsb, kTile, w.dp, kTile, qn, kTile);
+  tile_product_bf16<true>(w.dvT + k0, keys.ldt, Bf16A{w.doT + q0, w.ldq}, PairB{w.ppair, kTile}, HDp, kTile,
+                          kTile / 2);
+  tile_product_bf16<true>(w.dq + q0 * HDp, HDp, Bf16A{w.dsb, kTile},
+                          PairB{keys.k2 + GroupKeys::tile_pairs(ki, d), HDp}, qn, HDp, kTile / 2);
+  tile_product_bf16<true>(w.dkT + k0, keys.ldt, Bf16A{w.qT + q0, w.ldq}, PairB{w.dspair, kTile}, HDp, kTile,
+                          kTile / 2);
+}
+
 // One head h's contributions: dq into dqkv, dk and dv into the group's accumulators.
 void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, BackwardBuffers& w) {
   const FlashDims& d = a.d;
-  const int64_t T = d.T, S = a.block.seq_length, HD = d.HD, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
+  const int64_t T = d.T, HD = d.HD, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
   const int64_t orow = d.out_row();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const bool drop = a.dropout.p > 0.0f;
   const float* lse = a.lse + (b * d.NH + h) * T;
   load_rows(w.q, Tp, a.qkv, b * T * row + d.q_col(h), row, a.block.queries, d, a.angles, true, scale, w.tmp);
   load_head(w.dout, Tp, a.dout, b * T * orow + h * HD, orow, 0, T, d, a.angles, false, 1.0f, w.tmp);
@@ -277,30 +566,21 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
     D[t] = sum;
   }
   std::fill(w.dq, w.dq + Tp * HDp, 0.0f);
-  for (const RowTile& kt : a.key_tiles) {
-    const int64_t k0 = kt.row0, kn = kt.n;
+  const bool bf16 = w.qb != nullptr;
+  if (bf16) {
+    round_rows(w.qb, bf16_head_dim(d), w.q, HDp, T, HDp);
+    round_rows(w.dob, bf16_head_dim(d), w.dout, HDp, T, HDp);
+    transpose_round(w.qT, w.ldq, bf16_head_dim(d), w.q, T, HDp);
+    transpose_round(w.doT, w.ldq, bf16_head_dim(d), w.dout, T, HDp);
+  }
+  for (size_t ki = 0; ki < a.key_tiles.size(); ++ki) {
+    const RowTile& kt = a.key_tiles[ki];
     for (const RowTile& qt : a.query_tiles) {
       if (kt.pos > qt.pos + qt.n - 1) continue;  // every key after every query
-      const int64_t q0 = qt.row0, qn = qt.n;
-      tile_product<false>(w.s, kTile, w.q + q0 * HDp, HDp, 1, w.kt + k0, Tp, qn, kTile, HD);
-      tile_product<false>(w.dp, kTile, w.dout + q0 * HDp, HDp, 1, w.vt + k0, Tp, qn, kTile, HD);
-      for (int64_t i = 0; i < qn; ++i) {
-        const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
-        float *s = w.s + i * kTile, *dp = w.dp + i * kTile;
-        const float m = lse[q0 + i], Dt = D[q0 + i];
-        if (drop && n > 0) dropout_factors(a.dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
-        // s becomes the (dropped-out) probabilities a' for dV, dp the score gradients dS.
-#pragma omp simd
-        for (int64_t j = 0; j < kTile; ++j) {
-          const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
-          const float factor = drop && j < n ? w.f[j] : 1.0f;
-          s[j] = p * factor;
-          dp[j] = p * (dp[j] * factor - Dt);
-        }
-      }
-      tile_product<true>(w.dv + k0 * HDp, HDp, w.s, 1, kTile, w.dout + q0 * HDp, HDp, kn, HDp, qn);
-      tile_product<true>(w.dq + q0 * HDp, HDp, w.dp, kTile, 1, w.k + k0 * HDp, HDp, qn, HDp, kn);
-      tile_product<true>(w.dk + k0 * HDp, HDp, w.dp, 1, kTile, w.q + q0 * HDp, HDp, kn, HDp, qn);
+      if (bf16)
+        tile_pair_bf16(a, lse, D, b, h, qt, kt, static_cast<int64_t>(ki), w);
+      else
+        tile_pair_f32(a, lse, D, b, h, qt, kt, w);
     }
   }
 #pragma omp simd
@@ -312,19 +592,28 @@ void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* 
                     BackwardBuffers& w) {
   const FlashDims& d = a.d;
   const int64_t T = d.T, HDp = d.HDp, Tp = d.Tp(), row = d.qkv_row();
-  load_rows(w.k, Tp, kv, b * T * row + d.k_col(g), row, a.block.keys, d, a.angles, true, 1.0f, w.tmp);
-  load_rows(w.v, Tp, kv, b * T * row + d.v_col(g), row, a.block.keys, d, a.angles, false, 1.0f, w.tmp);
-  transpose_tile(w.kt, Tp, w.k, Tp, HDp);
-  transpose_tile(w.vt, Tp, w.v, Tp, HDp);
+  w.keys.load(kv, d, a.angles, a.block.keys, a.key_tiles, b, g, w.tmp);
   std::fill(w.dk, w.dk + Tp * HDp, 0.0f);
   std::fill(w.dv, w.dv + Tp * HDp, 0.0f);
+  if (w.dkT) {
+    std::fill(w.dkT, w.dkT + HDp * w.keys.ldt, 0.0f);
+    std::fill(w.dvT, w.dvT + HDp * w.keys.ldt, 0.0f);
+  }
   for (int64_t h = g * d.R; h < (g + 1) * d.R; ++h) backward_head(a, scratch + (b * d.NH + h) * T, b, h, w);
+  if (w.dkT) {  // dk[r, c] = dkT[c, r]
+    transpose_rows(w.dk, HDp, w.dkT, w.keys.ldt, HDp, T);
+    transpose_rows(w.dv, HDp, w.dvT, w.keys.ldt, HDp, T);
+  }
   add_rows(dkv, b * T * row + d.k_col(g), row, a.block.keys, w.dk, d, a.angles, true, w.tmp);
   add_rows(dkv, b * T * row + d.v_col(g), row, a.block.keys, w.dv, d, a.angles, false, w.tmp);
 }
 
-float* thread_buffer(size_t floats) {
-  return static_cast<float*>(workspace(Workspace::ExpandA, floats * sizeof(float)));
+Carve thread_buffer(size_t bytes) { return Carve{static_cast<char*>(workspace(Workspace::ExpandA, bytes))}; }
+
+// Whether the products take bf16 operands: a 16-bit run (bf16 qkv and kv) on a CPU with AMX
+// (flash_attention_tile.h).
+bool bf16_products(const Tensor& qkv, const Tensor& kv) {
+  return qkv.dtype == DType::BF16 && kv.dtype == DType::BF16 && flash::amx_available();
 }
 
 }  // namespace
@@ -342,13 +631,18 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int6
   const Angles angles{rope_table(block.seq_length, d.half, rope), block.seq_length, d.half};
   const std::vector<RowTile> query_tiles = row_tiles(block.queries, d.T), key_tiles = row_tiles(block.keys, d.T);
   const int64_t tiles = static_cast<int64_t>(query_tiles.size()), items = d.B * d.NH * tiles;
+  const bool bf16 = bf16_products(qkv, kv);
 #pragma omp parallel
   {
-    ForwardBuffers w(thread_buffer(ForwardBuffers::floats(d)), d);
-    // Longest items (query tiles near the end see the most keys) first.
+    Carve c = thread_buffer(ForwardBuffers::bytes(d, bf16));
+    ForwardBuffers w(c, d, bf16);
+    std::optional<flash::AmxScope> amx;
+    if (bf16) amx.emplace();
+    // Head by head (a group's heads one after another share the thread's keys and values),
+    // within a head the longest items (query tiles near the end see the most keys) first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t qi = tiles - 1 - item / (d.B * d.NH), bh = item % (d.B * d.NH);
+      const int64_t bh = item / tiles, qi = tiles - 1 - item % tiles;
       forward_tile(out, lse_p, qkv, kv, d, angles, dropout, block, key_tiles, bh / d.NH, bh % d.NH, query_tiles[qi],
                    w);
     }
@@ -373,9 +667,13 @@ void flash_attention_backward(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor do
   const Angles angles{rope_table(block.seq_length, d.half, rope), block.seq_length, d.half};
   const std::vector<RowTile> query_tiles = row_tiles(block.queries, d.T), key_tiles = row_tiles(block.keys, d.T);
   const BackwardArgs args{dqkv, lse_p, dout, qkv, out, d, angles, dropout, block, query_tiles, key_tiles};
+  const bool bf16 = bf16_products(qkv, kv);
 #pragma omp parallel
   {
-    BackwardBuffers w(thread_buffer(BackwardBuffers::floats(d)), d);
+    Carve c = thread_buffer(BackwardBuffers::bytes(d, bf16));
+    BackwardBuffers w(c, d, bf16);
+    std::optional<flash::AmxScope> amx;
+    if (bf16) amx.emplace();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < d.B * d.NG; ++bg) backward_group(args, dkv, kv, scratch_p, bg / d.NG, bg % d.NG, w);
   }

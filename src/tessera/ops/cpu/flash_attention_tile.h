@@ -1,11 +1,16 @@
 // The tile product of the fused attention's CPU kernel (flash_attention.cpp): every product of
 // a tile (scores Q K^T, probabilities times values, and the backward's four) is one call of
-//   C[M,N] (+)= alpha * A[M,K] B[K,N],  A read through strides (so A^T costs nothing),
-//   B row-major with N a multiple of kVec,
+//   C[M,N] (+)= alpha * A[M,K] B[K,N],  N a multiple of kVec,
 // a register-blocked micro-kernel of kRows rows by up to 4 vectors of C: each step loads the
-// row of B once and broadcasts one A element per row, so 16 FMAs take 4 loads. Written with
-// GCC's vector extension: AVX-512 registers where the build targets them (-march=native here),
-// two AVX2 registers per vector elsewhere, the same source for both.
+// row of B once and broadcasts one A element per row, so 16 multiply-adds take 4 loads.
+// Two kinds of operands:
+// - f32 (F32A, F32B): A read through strides (so A^T costs nothing), B row-major; written with
+//   GCC's vector extension: AVX-512 registers where the build targets them (-march=native
+//   here), two AVX2 registers per vector elsewhere, the same source for both;
+// - bfloat16 (Bf16A, PairB): A row-major bf16, B in pairs of rows (VNNI: one 32-bit element
+//   holds B[2p, n] in its low and B[2p+1, n] in its high half), K counted in pairs; AMX's
+//   TDPBF16PS multiplies the bf16 values exactly and accumulates in f32 (FlashAttention's bf16
+//   products; the Product16 class of ops.inc), 16 x 16 blocks of C (flash_attention_amx.cpp).
 #pragma once
 
 #include <cstdint>
@@ -23,21 +28,23 @@ inline Vec load(const float* p) {
 }
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
-// Rows [0, MR) and vectors [0, NV) of C at (c, ldc), over k < K.
+// f32 A: element (m, k) at p[m*rs + k*cs].
+struct F32A {
+  const float* p;
+  int64_t rs, cs;
+  F32A rows(int64_t m) const { return {p + m * rs, rs, cs}; }
+};
+// f32 B: element (k, n) at p[k*ld + n].
+struct F32B {
+  const float* p;
+  int64_t ld;
+  F32B cols(int64_t n) const { return {p + n, ld}; }
+};
+
+// C's rows [0, MR) and vectors [0, NV) of c (row stride ldc) = alpha * the product over K, or
+// that added to them (Accumulate).
 template <int MR, int NV, bool Accumulate>
-inline void tile_block(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
-                       int64_t K, float alpha) {
-  Vec acc[MR][NV];
-  for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NV; ++n) acc[m][n] = Vec{};
-  for (int64_t k = 0; k < K; ++k) {
-    Vec bv[NV];
-    for (int n = 0; n < NV; ++n) bv[n] = load(b + k * ldb + n * kVec);
-    for (int m = 0; m < MR; ++m) {
-      const float am = a[m * a_rs + k * a_cs];
-      for (int n = 0; n < NV; ++n) acc[m][n] += am * bv[n];
-    }
-  }
+inline void store_block(float* c, int64_t ldc, const Vec (&acc)[MR][NV], float alpha) {
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NV; ++n) {
       float* p = c + m * ldc + n * kVec;
@@ -46,30 +53,80 @@ inline void tile_block(float* c, int64_t ldc, const float* a, int64_t a_rs, int6
     }
 }
 
-template <int MR, bool Accumulate>
-inline void tile_rows(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
-                      int64_t N, int64_t K, float alpha) {
+template <int MR, int NV, bool Accumulate>
+inline void tile_block(float* c, int64_t ldc, F32A a, F32B b, int64_t K, float alpha) {
+  Vec acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NV; ++n) acc[m][n] = Vec{};
+  for (int64_t k = 0; k < K; ++k) {
+    Vec bv[NV];
+    for (int n = 0; n < NV; ++n) bv[n] = load(b.p + k * b.ld + n * kVec);
+    for (int m = 0; m < MR; ++m) {
+      const float am = a.p[m * a.rs + k * a.cs];
+      for (int n = 0; n < NV; ++n) acc[m][n] += am * bv[n];
+    }
+  }
+  store_block<MR, NV, Accumulate>(c, ldc, acc, alpha);
+}
+
+// bf16 A, row-major: element (m, k) at p[m*ld + k]; ld even.
+struct Bf16A {
+  const uint16_t* p;
+  int64_t ld;
+};
+// B in pairs of rows: p[q*ld + n] holds B[2q, n] (low half) and B[2q+1, n] (high half).
+struct PairB {
+  const uint32_t* p;
+  int64_t ld;
+};
+
+// The bf16 products' blocks: 16 rows of C by 16 columns, K in steps of kPairStep pairs (32
+// bf16 values: one AMX tile row). Callers pad: K a multiple of kPairStep, zeros in A's and B's
+// padding; A's rows up to M rounded up to 16 readable (their products are discarded).
+constexpr int64_t kBlockRows = 16, kPairStep = 16;
+
+// Whether this process may run the bf16 products on AMX: the build targets AMX-BF16 and Linux
+// granted the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once). Where it is false
+// the kernel multiplies f32 operands (AVX512-BF16's VDPBF16PS alone runs at the f32 FMA rate
+// on Sapphire Rapids: no gain there).
+bool amx_available();
+
+// The tile registers' configuration of the calling thread (AMX keeps it per thread): set for
+// the bf16 products while this lives, released after.
+struct AmxScope {
+  AmxScope();
+  ~AmxScope();
+  AmxScope(const AmxScope&) = delete;
+  AmxScope& operator=(const AmxScope&) = delete;
+};
+
+// C[m, n] (+)= alpha * sum_k A(m, k) B(k, n) for m < M, n < N (a multiple of 16), k < 2K (K
+// pairs, a multiple of kPairStep), f32 accumulation of the exact bf16 products (TDPBF16PS,
+// inside an AmxScope). Accumulate adds into C; otherwise C is set.
+template <bool Accumulate>
+void tile_product_bf16(float* c, int64_t ldc, Bf16A a, PairB b, int64_t M, int64_t N, int64_t K,
+                       float alpha = 1.0f);
+
+template <int MR, bool Accumulate, class A, class B>
+inline void tile_rows(float* c, int64_t ldc, A a, B b, int64_t N, int64_t K, float alpha) {
   int64_t n0 = 0;
-  for (; n0 + 4 * kVec <= N; n0 += 4 * kVec)
-    tile_block<MR, 4, Accumulate>(c + n0, ldc, a, a_rs, a_cs, b + n0, ldb, K, alpha);
+  for (; n0 + 4 * kVec <= N; n0 += 4 * kVec) tile_block<MR, 4, Accumulate>(c + n0, ldc, a, b.cols(n0), K, alpha);
   switch ((N - n0) / kVec) {
-    case 3: tile_block<MR, 3, Accumulate>(c + n0, ldc, a, a_rs, a_cs, b + n0, ldb, K, alpha); break;
-    case 2: tile_block<MR, 2, Accumulate>(c + n0, ldc, a, a_rs, a_cs, b + n0, ldb, K, alpha); break;
-    case 1: tile_block<MR, 1, Accumulate>(c + n0, ldc, a, a_rs, a_cs, b + n0, ldb, K, alpha); break;
+    case 3: tile_block<MR, 3, Accumulate>(c + n0, ldc, a, b.cols(n0), K, alpha); break;
+    case 2: tile_block<MR, 2, Accumulate>(c + n0, ldc, a, b.cols(n0), K, alpha); break;
+    case 1: tile_block<MR, 1, Accumulate>(c + n0, ldc, a, b.cols(n0), K, alpha); break;
     default: break;
   }
 }
 
-// C[m, n] (+)= alpha * sum_k A[m*a_rs + k*a_cs] * B[k*ldb + n] for m < M, n < N (a multiple of
-// kVec), k < K. Accumulate adds into C; otherwise C is set.
-template <bool Accumulate>
-inline void tile_product(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
-                         int64_t ldb, int64_t M, int64_t N, int64_t K, float alpha = 1.0f) {
+// C[m, n] (+)= alpha * sum_k A(m, k) B(k, n) for m < M, n < N (a multiple of kVec), k < K.
+// Accumulate adds into C; otherwise C is set.
+template <bool Accumulate, class A, class B>
+inline void tile_product(float* c, int64_t ldc, A a, B b, int64_t M, int64_t N, int64_t K, float alpha = 1.0f) {
   constexpr int kRows = 4;
   int64_t m = 0;
-  for (; m + kRows <= M; m += kRows)
-    tile_rows<kRows, Accumulate>(c + m * ldc, ldc, a + m * a_rs, a_rs, a_cs, b, ldb, N, K, alpha);
-  for (; m < M; ++m) tile_rows<1, Accumulate>(c + m * ldc, ldc, a + m * a_rs, a_rs, a_cs, b, ldb, N, K, alpha);
+  for (; m + kRows <= M; m += kRows) tile_rows<kRows, Accumulate>(c + m * ldc, ldc, a.rows(m), b, N, K, alpha);
+  for (; m < M; ++m) tile_rows<1, Accumulate>(c + m * ldc, ldc, a.rows(m), b, N, K, alpha);
 }
 
 }  // namespace tessera::ops::cpu::flash
