@@ -145,7 +145,7 @@ def test_deterministic(tmp):
     got, _ = mp.train(tmp, "det ep2 alltoall", 2, det + EP2 + ALLTOALL)
     mp.compare(reference, got, "det ep2 alltoall", exact=True)
     # allgather: each token's weighted sum of its k expert outputs is split over the EP ranks
-    # and added by the reduce-scatter, not in one rank's sum (docs/distributed.md).
+    # and added by the reduce-scatter, not in one rank's fused multiply-adds (docs/distributed.md).
     got, _ = mp.train(tmp, "det ep2 allgather", 2, det + EP2)
     mp.compare(reference, got, "det ep2 allgather")
     for fmt in ("tessera", "torch_dist"):
