@@ -21,6 +21,11 @@
   process's lm loss, gradient norm (1e-5) and load_balancing_loss (1e-7), with an aux
   coefficient of 1 so that the aux term's share of the norm (about 1e-2) would show a wrong
   scale;
+- --deterministic-mode, world 2 with one micro-batch per rank: EP=2 (alltoall and allgather)
+  logs the lm loss and gradient norm of the data-parallel run (EP=1) bit for bit, for 6
+  iterations, and an EP=2 save at iteration 3 resumed at EP=1 logs the uninterrupted EP=2
+  run's last 3 iterations bit for bit (at world 4 the expert DP sums differ in order from
+  the dense ones: docs/distributed.md, Expert parallelism);
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
 import os
@@ -133,6 +138,27 @@ def test_context_parallel(tmp):
         print("ok  MoE %s equals one process (lm loss, grad norm, load_balancing_loss)" % label, flush=True)
 
 
+def test_deterministic(tmp):
+    # One micro-batch per rank: an EP rank's runs of an expert then are the DP ranks' GEMMs.
+    det = MOE + ["--deterministic-mode", "--global-batch-size", "2", "--train-iters", "6"]
+    reference, _ = mp.train(tmp, "det dp2", 2, det)
+    got, _ = mp.train(tmp, "det ep2 alltoall", 2, det + EP2 + ALLTOALL)
+    mp.compare(reference, got, "det ep2 alltoall", exact=True)
+    # allgather: each token's weighted sum of its k expert outputs is split over the EP ranks
+    # and added by the reduce-scatter, not in one rank's fused multiply-adds (docs/distributed.md).
+    got, _ = mp.train(tmp, "det ep2 allgather", 2, det + EP2)
+    mp.compare(reference, got, "det ep2 allgather")
+    for fmt in ("tessera", "torch_dist"):
+        save = os.path.join(tmp, "det_ep2_save_" + fmt)
+        first, _ = mp.train(tmp, "det ep2 save " + fmt, 2, det + EP2 + ALLTOALL + [
+            "--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", fmt])
+        mp.compare(reference[:3], first, "det ep2 save " + fmt, exact=True)
+        resumed, _ = mp.train(tmp, "det ep2 resume ep1 " + fmt, 2, det + ["--load", save])
+        mp.compare(reference[3:], resumed, "det ep2 %s save resumed at ep1" % fmt, exact=True)
+    print("ok  --deterministic-mode: EP=2 alltoall equals EP=1 (DP=2) bit for bit, and an EP=2 save (tessera, "
+          "torch_dist) resumes at EP=1 so", flush=True)
+
+
 def test_layout_errors():
     p = subprocess.run([mp.TESSERA, "launch", "--standalone", "--nproc_per_node", "2", "train"] + mp.TRAIN + MOE + EP4,
                        capture_output=True, text=True, timeout=120, env=mp.env_without_launch())
@@ -144,6 +170,9 @@ def test_layout_errors():
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        if os.environ.get("EP_TEST_ONLY") == "deterministic":
+            return test_deterministic(tmp)
+        test_deterministic(tmp)
         test_layouts(tmp)
         test_capacity_and_bf16(tmp)
         test_checkpoints(tmp)

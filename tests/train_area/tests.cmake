@@ -123,7 +123,8 @@ add_test(NAME train_llama_model
 set_tests_properties(train_llama_model PROPERTIES TIMEOUT 900)
 
 # Expert parallelism (both dispatchers, with TP + SP, PP, the distributed optimizer) against one
-# process (tests/integration/expert_parallel_test.py).
+# process, and in --deterministic-mode EP 2 against DP 2 bit for bit, saves and resumes
+# included (tests/integration/expert_parallel_test.py).
 add_test(NAME train_expert_parallel
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/expert_parallel_test.py $<TARGET_FILE:tessera>)
 set_tests_properties(train_expert_parallel PROPERTIES TIMEOUT 600)

@@ -27,17 +27,19 @@ std::vector<int64_t> gather_expert_counts(Communicator& ep, const MoEDims& d, co
 
 // The experts' side order both dispatchers share: local expert, then source EP rank, then the
 // source's permuted order. Calls visit(source, first row in the source's permuted buffer, rows)
-// per (expert, source) run and fills a.expert_rows.
+// per (expert, source) run and fills a.expert_rows and a.run_rows.
 template <typename Visit>
 void walk_expert_rows(MoEActs& a, const MoEDims& d, const std::vector<int64_t>& counts, Visit visit) {
   a.expert_rows.assign(static_cast<size_t>(d.El), 0);
   a.expert_rows_total = 0;
+  a.run_rows.clear();
   for (int64_t e = 0; e < d.El; ++e)
     for (int64_t s = 0; s < d.ep; ++s) {
       const int64_t* c = &counts[static_cast<size_t>(s * d.E)];
       const int64_t first = std::accumulate(c, c + d.first_expert + e, int64_t{0});
       const int64_t n = c[d.first_expert + e];
       visit(s, first, n);
+      a.run_rows.push_back(n);
       a.expert_rows[static_cast<size_t>(e)] += n;
       a.expert_rows_total += n;
     }

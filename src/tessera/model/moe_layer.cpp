@@ -147,24 +147,35 @@ void MoELayer::join_context_parallel_partition(MoERouting& r) {
 
 MoELayer::~MoELayer() = default;
 
-void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights,
-                               const std::vector<int64_t>& rows) {
-  if (ops::supports(device_, ops::grouped_linear_forward)) return ops::grouped_linear_forward(out, inp, weights, rows);
+// In --deterministic-mode under expert parallelism the experts' GEMMs run per (expert, source
+// EP rank) run: the GEMMs a data-parallel rank runs on its own tokens (oneDNN's bits depend on
+// a GEMM's row count), each run's weight gradient added in turn. Otherwise one GEMM per
+// expert over every source's rows (fewer, larger GEMMs).
+bool MoELayer::per_source_runs() const { return d_.ep > 1 && device_.deterministic_mode(); }
+
+void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a) {
+  if (!per_source_runs() && ops::supports(device_, ops::grouped_linear_forward))
+    return ops::grouped_linear_forward(out, inp, weights, a.expert_rows);
+  const std::vector<int64_t>& rows = per_source_runs() ? a.run_rows : a.expert_rows;
+  const size_t runs_per_expert = rows.size() / weights.size();
   int64_t first = 0;
-  for (size_t g = 0; g < weights.size(); first += rows[g], ++g)
-    if (rows[g] > 0) ops::linear_forward(out.slice_rows(first, rows[g]), inp.slice_rows(first, rows[g]), weights[g],
-                                         Tensor());
+  for (size_t g = 0; g < rows.size(); first += rows[g], ++g)
+    if (rows[g] > 0) ops::linear_forward(out.slice_rows(first, rows[g]), inp.slice_rows(first, rows[g]),
+                                         weights[g / runs_per_expert], Tensor());
 }
 
 void MoELayer::grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
-                                const std::vector<Tensor>& weights, const std::vector<int64_t>& rows) {
-  if (ops::supports(device_, ops::grouped_linear_backward))
-    return ops::grouped_linear_backward(dinp, dweights, dout, inp, weights, rows, kAssign);
+                                const std::vector<Tensor>& weights, const MoEActs& a) {
+  if (!per_source_runs() && ops::supports(device_, ops::grouped_linear_backward))
+    return ops::grouped_linear_backward(dinp, dweights, dout, inp, weights, a.expert_rows, kAssign);
+  const std::vector<int64_t>& rows = per_source_runs() ? a.run_rows : a.expert_rows;
+  const size_t runs_per_expert = rows.size() / weights.size();
   int64_t first = 0;
-  for (size_t g = 0; g < weights.size(); first += rows[g], ++g)
+  for (size_t g = 0; g < rows.size(); first += rows[g], ++g)
     if (rows[g] > 0)
-      ops::linear_backward(dinp.slice_rows(first, rows[g]), dweights[g], Tensor(), dout.slice_rows(first, rows[g]),
-                           inp.slice_rows(first, rows[g]), weights[g], kAssign);
+      ops::linear_backward(dinp.slice_rows(first, rows[g]), dweights[g / runs_per_expert], Tensor(),
+                           dout.slice_rows(first, rows[g]), inp.slice_rows(first, rows[g]),
+                           weights[g / runs_per_expert], kAssign);
 }
 
 void MoELayer::activation_forward(Tensor act, Tensor pre) {
@@ -196,11 +207,10 @@ void MoELayer::forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor 
 }
 
 void MoELayer::experts_forward(const MoEParams& w, MoEActs& a) {
-  const std::vector<int64_t>& rows = a.expert_rows;
   const int64_t M = a.expert_rows_total;
-  grouped_forward(a.fc1.slice_rows(0, M), a.permuted.slice_rows(0, M), w.fc1, rows);
+  grouped_forward(a.fc1.slice_rows(0, M), a.permuted.slice_rows(0, M), w.fc1, a);
   activation_forward(a.act.slice_rows(0, M), a.fc1.slice_rows(0, M));
-  grouped_forward(a.expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2, rows);
+  grouped_forward(a.expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2, a);
 }
 
 // out += the shared experts' MLP of in, times sigmoid(in @ gate^T) with the gate.
@@ -249,10 +259,10 @@ void MoELayer::backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEW
   if (d_.Sl > 0) shared_backward(w, g, a, ws, in, d_out, d_in);
   dispatcher_->combine_backward(a, ws, d_out);
   grouped_backward(ws.d_act.slice_rows(0, M), g.fc2, ws.d_expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2,
-                   a.expert_rows);
+                   a);
   activation_backward(ws.d_fc1.slice_rows(0, M), ws.d_act.slice_rows(0, M), a.fc1.slice_rows(0, M));
   grouped_backward(ws.d_permuted.slice_rows(0, M), g.fc1, ws.d_fc1.slice_rows(0, M), a.permuted.slice_rows(0, M),
-                   w.fc1, a.expert_rows);
+                   w.fc1, a);
   dispatcher_->dispatch_backward(a, ws, d_in, d_.Sl > 0 ? kAccumulate : kAssign);
   // The router: dL/d(weights) back on the host, through the routing and the aux losses.
   tp_.all_reduce(ws.d_weights, ReduceOp::Sum);

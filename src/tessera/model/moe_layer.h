@@ -70,6 +70,9 @@ struct MoEActs {
   MoERouting routing;
   std::vector<int64_t> expert_rows;            // [El] rows of each local expert on the experts' side
   int64_t expert_rows_total = 0;
+  // Expert parallelism: [El*EP] rows of each (local expert, source EP rank) run, in the
+  // experts' side order (the rows one data-parallel rank's expert GEMM would take).
+  std::vector<int64_t> run_rows;
   // Expert parallelism, alltoall: the combined rows in the local permuted order [M,C]; the
   // experts' side row of each received row and back (i32 [Mx]); the runs sent to / received
   // from each EP rank.
@@ -131,10 +134,10 @@ class MoELayer {
   void shared_forward(const MoEParams& w, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor out);
   void shared_backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEWorkspace& ws, Tensor in, Tensor d_out,
                        Tensor d_in);
-  void grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights,
-                       const std::vector<int64_t>& rows);
+  bool per_source_runs() const;
+  void grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a);
   void grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
-                        const std::vector<Tensor>& weights, const std::vector<int64_t>& rows);
+                        const std::vector<Tensor>& weights, const MoEActs& a);
 
   const GPTConfig& config_;
   Device& device_;
