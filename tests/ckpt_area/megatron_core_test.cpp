@@ -13,7 +13,8 @@
 //     shared experts; megatron-core's SequentialMLP names), and at expert parallelism 2
 //     ("moe_ep2": the mp_rank_00_EEE folders of megatron-core's two EP ranks, each with its own
 //     experts numbered from 0, read into tessera at EP=1; tessera's save converted with
-//     `ckpt convert --target-expert-parallel-size 2` loads into megatron-core's EP ranks);
+//     `ckpt convert --target-expert-parallel-size 2`, and its own training save at EP=2
+//     (--no-save-optim), load into megatron-core's EP ranks);
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -199,24 +200,33 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
   std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
   for (const std::string& f : flags) cmd += " " + f;
   ASSERT_TRUE(run(cmd, dir / "train.log"));
-  fs::path ckpt = dir / "ckpt";
+  std::vector<fs::path> ckpts = {dir / "ckpt"};
   if (ep() > 1) {
-    ckpt = dir / "ckpt_ep";
-    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "ckpt").string() + " " + ckpt.string() +
-                        " --to torch --target-expert-parallel-size " + std::to_string(ep()),
+    // tessera's EP=1 save converted to EP folders, and its own save at EP=2 (two processes,
+    // each writing its mp_rank_00_EEE with its experts and the replicated parameters).
+    ckpts = {dir / "ckpt_ep", dir / "ckpt_train_ep"};
+    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "ckpt").string() + " " +
+                        ckpts[0].string() + " --to torch --target-expert-parallel-size " + std::to_string(ep()),
                     dir / "convert.log"));
-    EXPECT_TRUE(fs::exists(ckpt / "iter_0000002" / "mp_rank_00_001" / kMegatronFile));
+    std::string ep_cmd = std::string("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE OMP_NUM_THREADS=1 ") +
+                         TESSERA_EXE + " launch --standalone --nproc_per_node 2 train";
+    for (const std::string& f : flags) ep_cmd += " " + (f == (dir / "ckpt").string() ? ckpts[1].string() : f);
+    ASSERT_TRUE(run(ep_cmd + " --expert-model-parallel-size 2 --no-save-optim", dir / "train_ep.log"));
+    for (const fs::path& c : ckpts) EXPECT_TRUE(fs::exists(c / "iter_0000002" / "mp_rank_00_001" / kMegatronFile));
   }
   std::vector<int32_t> tokens;
   for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
-  // tessera reads its EP save back too: its logits are those of the files megatron-core reads.
-  const std::vector<float> logits = tessera_logits(ckpt, tokens, 2);
-  const int64_t V = static_cast<int64_t>(logits.size()) / 32;
-  safetensors::write((dir / "tessera.safetensors").string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
-                                                             {"logits", DType::F32, {2, 16, V}, logits.data()}});
-  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + ckpt.string() + " " +
-                      (dir / "tessera.safetensors").string() + model_flags(),
-                  dir / "check.log"));
+  for (const fs::path& ckpt : ckpts) {
+    // tessera reads its EP save back too: its logits are those of the files megatron-core reads.
+    const std::vector<float> logits = tessera_logits(ckpt, tokens, 2);
+    const int64_t V = static_cast<int64_t>(logits.size()) / 32;
+    const fs::path mine = dir / (ckpt.filename().string() + ".safetensors");
+    safetensors::write(mine.string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
+                                       {"logits", DType::F32, {2, 16, V}, logits.data()}});
+    EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + ckpt.string() + " " +
+                        mine.string() + model_flags(),
+                    dir / (ckpt.filename().string() + "_check.log")));
+  }
   fs::remove_all(dir);
 }
 

@@ -141,15 +141,17 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
 // each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight.
 // `main`: each parameter's f32 main values, which the writer rounds into a 16-bit model (and
 // keeps as fp32_from_fp16_params); each with its optimizer state when `state` is given (the
-// replicated optimizer: parameter i is optimizer parameter i).
+// replicated optimizer: parameter i is optimizer parameter i). Under expert parallelism the
+// rank's experts are numbered from 0, as in its mp_rank_TT[_PPP]_EEE folder.
 std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vector<Tensor>& main,
                                            const Optimizer* state) {
   const std::vector<ModelChunk>& chunks = model.partition().chunks;
+  const int first_expert = model.partition().local_experts(model.config().moe.num_experts).first;
   std::vector<MegatronParam> out;
   for (size_t i = 0; i < model.shards().size(); ++i) {
     const ParamShard& s = model.shards()[i];
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
-                                       : megatron_local_name(s.spec.name, chunks[s.chunk].first_layer),
+                                       : megatron_local_name(s.spec.name, chunks[s.chunk].first_layer, first_expert),
                    main.at(i), s.spec.weight_decay, {}, s.chunk});
   }
   if (state)
@@ -526,7 +528,9 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
     distrib->grad_dtype = args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16
                                                                                                       : DType::F32;
   }
-  write_megatron_shard(tmp_dir, checkpoint_shard_folder(tp, pp, args_.pipeline_parallel_size), spec,
+  const ModelPartition& part = model_.partition();
+  write_megatron_shard(tmp_dir, megatron_shard_folder(tp, pp, args_.pipeline_parallel_size, part.ep_rank, part.ep_size),
+                       spec,
                        megatron_params(model_, main, spec.with_optimizer && !distrib ? optimizer_.get() : nullptr),
                        distrib ? &*distrib : nullptr);
 }
@@ -650,9 +654,12 @@ void Trainer::write_checkpoint(const std::string& dir) {
     // there too): collective over the DP group, so before any rank may fail alone.
     HostOptimizerState whole;
     if (args_.use_distributed_optimizer) whole = host_distrib_optim_state(args_.no_save_optim);
-    // Megatron's files record no checksums: the writers finish, then rank 0 commits.
+    // Megatron's files record no checksums: the writers finish, then rank 0 commits. Under
+    // expert parallelism every expert-data-parallel rank 0 writes its EP rank's file, with the
+    // replicated parameters too (megatron/training/checkpointing.py save_checkpoint).
+    const bool writer = model_.partition().ep_size > 1 ? rank_in(groups_.expert_dp) == 0 : dp == 0;
     on_every_rank(world, write_failed, [&] {
-      if (dp == 0) write_megatron_files(tmp_dir, whole);
+      if (writer) write_megatron_files(tmp_dir, whole);
     }, abandon);
     on_every_rank(world, commit_failed, [&] {
       if (rank == 0) commit_checkpoint_folder(dir, tmp_dir, iteration_);
