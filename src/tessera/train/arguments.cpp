@@ -751,12 +751,10 @@ int64_t TrainArgs::global_batch_at(int64_t consumed) const {
   return std::min(global_batch_size, rampup->start + steps * rampup->increment);
 }
 
-TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int world_size) {
-  ParsedOptions p = train_option_table().parse(argc, argv);
-  TrainArgs a;
-  GPTConfig& m = a.model;
+namespace {
 
-  // Model shape.
+// The model's shape and the flags that change its math.
+void parse_model_shape(const ParsedOptions& p, GPTConfig& m) {
   m.num_layers = static_cast<int>(positive(p, "--num-layers"));
   m.hidden_size = static_cast<int>(positive(p, "--hidden-size"));
   m.num_attention_heads = static_cast<int>(positive(p, "--num-attention-heads"));
@@ -796,7 +794,13 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   m.untie_embeddings_and_output_weights = p.get_bool("--untie-embeddings-and-output-weights");
   m.add_bias_linear = p.raw("--disable-bias-linear").value_or("True") == "True";
   m.add_qkv_bias = p.get_bool("--add-qkv-bias");
-  // Recomputation, with Megatron's rules for combining the flags.
+  int64_t seed = p.get_int("--seed");
+  if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
+  m.seed = static_cast<uint32_t>(seed);
+}
+
+// Recomputation, with Megatron's rules for combining the flags.
+void parse_recompute(const ParsedOptions& p, GPTConfig& m) {
   std::optional<std::string> granularity = p.raw("--recompute-granularity");
   if (p.get_bool("--recompute-activations")) granularity = "selective";
   const std::optional<std::string> method = p.raw("--recompute-method");
@@ -815,11 +819,11 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   } else if (method || p.raw("--recompute-num-layers")) {
     throw usage_error("--recompute-method / --recompute-num-layers need --recompute-granularity full");
   }
-  int64_t seed = p.get_int("--seed");
-  if (seed <= 0 || seed > 0xffffffffLL) throw usage_error("--seed must be in [1, 2^32)");
-  m.seed = static_cast<uint32_t>(seed);
+}
 
-  // Parallel layout: world = TP x CP x DP x PP (Megatron's order, parallel/topology.h).
+// Parallel layout: world = TP x CP x DP x PP (Megatron's order, parallel/topology.h).
+void parse_parallel_layout(const ParsedOptions& p, TrainArgs& a, int world_size) {
+  GPTConfig& m = a.model;
   const int tp = static_cast<int>(positive(p, "--tensor-model-parallel-size"));
   const int pp = static_cast<int>(positive(p, "--pipeline-model-parallel-size"));
   const int cp = parse_context_parallel(p, a, m);
@@ -868,18 +872,11 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.ddp_bucket_size = p.raw("--ddp-bucket-size") ? positive(p, "--ddp-bucket-size")
                                                  : std::max<int64_t>(40000000, 1000000LL * dp * cp);
 
-  parse_moe_options(p, a);
-  parse_tokenizer(p, a);
-  m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
-  for (auto [n, flag] : {std::pair{m.num_attention_heads, "--num-attention-heads"},
-                         std::pair{m.ffn_hidden_size, "--ffn-hidden-size"}})
-    if (n % tp != 0)
-      throw usage_error(std::string(flag) + " " + std::to_string(n) + " is not divisible by "
-                        "--tensor-model-parallel-size " + std::to_string(tp));
+}
 
-  a.data = parse_data_options(p);
-
-  // Batch.
+// Batch sizes, logging and TensorBoard.
+void parse_batch_and_logging(const ParsedOptions& p, TrainArgs& a) {
+  const int dp = a.data_parallel_size;
   a.micro_batch_size = positive(p, "--micro-batch-size");
   a.global_batch_size = p.get_opt_int("--global-batch-size") ? positive(p, "--global-batch-size")
                                                              : a.micro_batch_size * dp;
@@ -899,17 +896,10 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
   a.log_validation_ppl_to_tensorboard = p.get_bool("--log-validation-ppl-to-tensorboard");
   a.log_memory_to_tensorboard = p.get_bool("--log-memory-to-tensorboard");
 
-  parse_precision(p, a);
-  a.eval_interval = static_cast<int>(positive(p, "--eval-interval"));
-  a.eval_iters = static_cast<int>(p.get_int("--eval-iters"));
-  a.data.seed = m.seed;
-  a.data.seq_length = m.seq_length;
-  if (a.eval_iters < 0) throw usage_error("--eval-iters must be >= 0");
+}
 
-  parse_batch_rampup(p, a, dp, pp);
-  parse_schedule(p, a);
-  parse_optimizer(p, a);
-  parse_checkpoint_options(p, a);
+// When to stop and what to check while running.
+void parse_run_control(const ParsedOptions& p, TrainArgs& a) {
   if (p.raw("--exit-interval")) a.exit_interval = positive(p, "--exit-interval");
   if (auto minutes = p.get_opt_float("--exit-duration-in-mins")) {
     if (!(*minutes > 0)) throw usage_error("--exit-duration-in-mins must be > 0");
@@ -924,6 +914,42 @@ TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int
     if (!(*z > 0)) throw usage_error("--skip-spikes must be > 0 (a z-score)");
     a.skip_spikes = *z;
   }
+}
+}  // namespace
+
+TrainArgs parse_train_args(int argc, char** argv, ParsedOptions* parsed_out, int world_size) {
+  ParsedOptions p = train_option_table().parse(argc, argv);
+  TrainArgs a;
+  GPTConfig& m = a.model;
+  parse_model_shape(p, m);
+  parse_recompute(p, m);
+  parse_parallel_layout(p, a, world_size);
+  const int tp = a.tensor_parallel_size, pp = a.pipeline_parallel_size, dp = a.data_parallel_size;
+
+  parse_moe_options(p, a);
+  parse_tokenizer(p, a);
+  m.padded_vocab_size = padded_vocab_size(m.vocab_size, a.make_vocab_size_divisible_by, tp);
+  for (auto [n, flag] : {std::pair{m.num_attention_heads, "--num-attention-heads"},
+                         std::pair{m.ffn_hidden_size, "--ffn-hidden-size"}})
+    if (n % tp != 0)
+      throw usage_error(std::string(flag) + " " + std::to_string(n) + " is not divisible by "
+                        "--tensor-model-parallel-size " + std::to_string(tp));
+
+  a.data = parse_data_options(p);
+
+  parse_batch_and_logging(p, a);
+  parse_precision(p, a);
+  a.eval_interval = static_cast<int>(positive(p, "--eval-interval"));
+  a.eval_iters = static_cast<int>(p.get_int("--eval-iters"));
+  a.data.seed = m.seed;
+  a.data.seq_length = m.seq_length;
+  if (a.eval_iters < 0) throw usage_error("--eval-iters must be >= 0");
+
+  parse_batch_rampup(p, a, dp, pp);
+  parse_schedule(p, a);
+  parse_optimizer(p, a);
+  parse_checkpoint_options(p, a);
+  parse_run_control(p, a);
   for (int i = 0; i < argc; ++i) a.command_line.push_back(argv[i]);
   a.init_from_hf = p.get_string("--init-from-hf");
   a.log_json = p.get_string("--log-json");
