@@ -135,6 +135,67 @@ bool writes_checkpoints(const TrainArgs& args, const Topology& topology) {
   return topology.rank() == 0 || topology.dp_rank() == 0 || every_rank;
 }
 
+// The device with this run's precision and determinism settings, checked for every op the
+// run will call before any rank connects or allocates.
+Device& open_training_device(const TrainArgs& args) {
+  Device& device = open_device(args.device);
+  device.set_tf32_matmul(args.tf32);
+  device.set_deterministic_mode(args.deterministic_mode);
+  if (args.tf32 && !device.tf32_matmul())
+    log_warn("--tf32 has no effect on %s: its f32 GEMMs stay exact", device.name().c_str());
+  ops::check_supported(device, training_ops(args, device));
+  return device;
+}
+
+// The job's store, the world communicator and the parallel groups; all empty in one process.
+// Members are destroyed in reverse order: the groups and the world before the store they use.
+struct ConnectedWorld {
+  launch::JobStore job_store;
+  std::unique_ptr<Communicator> world;
+  ParallelGroups groups;
+};
+
+ConnectedWorld connect_world(const launch::WorkerIdentity& id, const TrainArgs& args, const Topology& topology,
+                             const CommBackendChoice& backend) {
+  ConnectedWorld w;
+  if (!id.distributed()) return w;
+  print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
+  const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);
+  w.job_store = launch::open_job_store(id, timeout);
+  CommOptions options;
+  options.backend = backend.backend;
+  options.timeout = timeout;
+  options.master_addr = id.master_addr;
+  options.master_port = id.master_port;
+  options.key_prefix = id.key_prefix;
+  w.world = create_communicator(std::shared_ptr<Store>(std::move(w.job_store.store)), id.rank, id.world_size, options);
+  w.groups = create_parallel_groups(*w.world, topology);
+  return w;
+}
+
+ModelPartition model_partition(const TrainArgs& args, const Topology& topology) {
+  ModelPartition partition;
+  partition.tp_size = args.tensor_parallel_size;
+  partition.tp_rank = topology.tp_rank();
+  partition.sequence_parallel = args.sequence_parallel;
+  partition.cp_size = args.context_parallel_size;
+  partition.cp_rank = topology.cp_rank();
+  partition.ep_size = topology.ep_size();
+  partition.ep_rank = topology.ep_rank();
+  partition.chunks = pipeline_chunks(args.model.num_layers, args.pipeline_split, topology.pp_rank());
+  return partition;
+}
+
+void init_model_weights(GPTModel& model, const TrainArgs& args) {
+  if (args.init_from_hf.empty()) {
+    model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
+    return;
+  }
+  model.load_weights(load_hf_model(args.init_from_hf, args.model));
+  print_rank_0(" > initialised from Hugging Face %s weights in %s",
+               hf_family_name(HFConfigFile::read(args.init_from_hf).family()), args.init_from_hf.c_str());
+}
+
 }  // namespace
 
 int run_train(int argc, char** argv) {
@@ -162,31 +223,12 @@ int run_train(int argc, char** argv) {
                       "pass the folder with latest_checkpointed_iteration.txt");
   if (resumed && !converting) check_checkpoint_not_past_train_iters(args, *resumed);
 
-  Device& device = open_device(args.device);
-  device.set_tf32_matmul(args.tf32);
-  device.set_deterministic_mode(args.deterministic_mode);
-  if (args.tf32 && !device.tf32_matmul())
-    log_warn("--tf32 has no effect on %s: its f32 GEMMs stay exact", device.name().c_str());
-  ops::check_supported(device, training_ops(args, device));  // before any rank connects or allocates
+  Device& device = open_training_device(args);
   const CommBackendChoice backend = choose_comm_backend(args.distributed_backend, device.backend());
-  const std::chrono::milliseconds timeout = std::chrono::minutes(args.distributed_timeout_minutes);
-  launch::JobStore job_store;
-  std::unique_ptr<Communicator> world;
-  ParallelGroups groups;
   Topology topology(id.world_size, id.rank, args.tensor_parallel_size, args.pipeline_parallel_size,
                     args.context_parallel_size, args.model.moe.expert_parallel_size);
-  if (id.distributed()) {
-    print_rank_0("> initializing torch distributed ... %s", id.describe().c_str());
-    job_store = launch::open_job_store(id, timeout);
-    CommOptions options;
-    options.backend = backend.backend;
-    options.timeout = timeout;
-    options.master_addr = id.master_addr;
-    options.master_port = id.master_port;
-    options.key_prefix = id.key_prefix;
-    world = create_communicator(std::shared_ptr<Store>(std::move(job_store.store)), id.rank, id.world_size, options);
-    groups = create_parallel_groups(*world, topology);
-  }
+  const ConnectedWorld connected = connect_world(id, args, topology, backend);
+  const ParallelGroups& groups = connected.groups;
   print_rank_0("> %s", topology.describe().c_str());
   print_rank_0("> %s", run_device_line(device).c_str());
   print_rank_0("> %s, world size %d", backend.log_line.c_str(), id.world_size);
@@ -194,15 +236,7 @@ int run_train(int argc, char** argv) {
   if (writes_checkpoints(args, topology)) check_folder_writable(args.save, "--save");  // not at the first save
   if (resumed) keep_checkpoint_padded_vocab(args, *resumed);
   const GPTConfig& c = args.model;
-  ModelPartition partition;
-  partition.tp_size = args.tensor_parallel_size;
-  partition.tp_rank = topology.tp_rank();
-  partition.sequence_parallel = args.sequence_parallel;
-  partition.cp_size = args.context_parallel_size;
-  partition.cp_rank = topology.cp_rank();
-  partition.ep_size = topology.ep_size();
-  partition.ep_rank = topology.ep_rank();
-  partition.chunks = pipeline_chunks(c.num_layers, args.pipeline_split, topology.pp_rank());
+  const ModelPartition partition = model_partition(args, topology);
   const auto [act_slots, io_slots] = Trainer::pipeline_slots(args, topology.pp_rank());
   print_theoretical_memory(args, device);
   if (args.dry_run) {
@@ -217,21 +251,15 @@ int run_train(int argc, char** argv) {
   const GradBufferLayout buffer_layout = grad_buffer_layout(args, partition, topology.pp_rank());
   GPTModel model(c, device, static_cast<int>(args.micro_batch_size), partition, act_slots, io_slots, groups.tp.get(),
                  &buffer_layout, groups.cp.get(), groups.ep.get());
-  if (args.init_from_hf.empty()) {
-    model.init_weights();  // the same weights on every rank: drawn from (seed, parameter, element)
-  } else {
-    model.load_weights(load_hf_model(args.init_from_hf, c));
-    print_rank_0(" > initialised from Hugging Face %s weights in %s",
-                 hf_family_name(HFConfigFile::read(args.init_from_hf).family()), args.init_from_hf.c_str());
-  }
+  init_model_weights(model, args);
   // Megatron prints this from every rank with data-parallel rank 0.
   if (topology.dp_rank() == 0)
     log_info(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", topology.tp_rank(),
             topology.pp_rank(), static_cast<long long>(model.num_parameters()));
 
   TrainingData data = build_training_data(args, resume_position(args));
-  if (world) check_datasets_agree(data, *world);
-  TrainerGroups trainer_groups{world.get(),           groups.dp_cp.get(), groups.tp.get(), groups.pp.get(),
+  if (connected.world) check_datasets_agree(data, *connected.world);
+  TrainerGroups trainer_groups{connected.world.get(),           groups.dp_cp.get(), groups.tp.get(), groups.pp.get(),
                                groups.model_parallel.get(), groups.embedding.get(), groups.cp.get(),
                                groups.ep.get(),        groups.expert_dp.get()};
   Trainer trainer(args, model, data.sources(), device, trainer_groups);
