@@ -157,6 +157,41 @@ def test_deterministic(tmp):
         mp.compare(reference[3:], resumed, "det ep2 %s save resumed at ep1" % fmt, exact=True)
     print("ok  --deterministic-mode: EP=2 alltoall equals EP=1 (DP=2) bit for bit, and an EP=2 save (tessera, "
           "torch_dist) resumes at EP=1 so", flush=True)
+    test_deterministic_world4(tmp)
+
+
+def test_deterministic_world4(tmp):
+    # World 4: the gradient sums over DP 4, over expert DP 2 of EP=2's block sums and inside
+    # EP=4's ranks must all add the four DP ranks' gradients in the one canonical order.
+    det = MOE + ["--deterministic-mode", "--train-iters", "4"]
+    reference, _ = mp.train(tmp, "det dp4", 4, det)
+    for label, flags in (("ep2", EP2 + ALLTOALL), ("ep4", EP4 + ALLTOALL),
+                         ("ep2 overlapped", EP2 + ALLTOALL + ["--overlap-grad-reduce", "--ddp-bucket-size", "3000"])):
+        got, _ = mp.train(tmp, "det4 " + label, 4, det + flags)
+        mp.compare(reference, got, "det world 4 " + label, exact=True)
+    # The distributed optimizer's reduce-scatter: the same gradients, so the same losses bit for
+    # bit; its norm adds per-owner partial sums of squares, split where each layout's owned
+    # ranges fall, so it may differ in the last bits, and clipping (a function of the norm) is
+    # off here.
+    no_clip = det + ["--clip-grad", "0"]
+    unclipped, _ = mp.train(tmp, "det4 dp4 no clip", 4, no_clip)
+    for label, flags in (("dp4", []), ("ep2", EP2 + ALLTOALL)):
+        got, _ = mp.train(tmp, "det4 distributed optimizer " + label, 4, no_clip + flags + [
+            "--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "3000"])
+        for a, b in zip(unclipped, got):
+            assert a["lm_loss"] == b["lm_loss"] and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-14 * a["grad_norm"], (
+                "det world 4 distributed optimizer " + label, a, b)
+    got, _ = mp.train(tmp, "det4 ep2 allgather", 4, det + EP2)
+    mp.compare(reference, got, "det world 4 ep2 allgather")
+    for fmt in ("tessera", "torch_dist"):
+        save = os.path.join(tmp, "det4_ep2_save_" + fmt)
+        mp.train(tmp, "det4 ep2 save " + fmt, 4, det + EP2 + ALLTOALL + [
+            "--save", save, "--save-interval", "2", "--exit-interval", "2", "--ckpt-format", fmt])
+        for label, flags in (("ep1", []), ("ep4", EP4 + ALLTOALL)):
+            resumed, _ = mp.train(tmp, "det4 ep2 resume %s %s" % (label, fmt), 4, det + flags + ["--load", save])
+            mp.compare(reference[2:], resumed, "det world 4 ep2 %s save resumed at %s" % (fmt, label), exact=True)
+    print("ok  --deterministic-mode at world 4: EP=2, EP=4 and EP=2 with the distributed optimizer equal DP=4 bit for "
+          "bit, and an EP=2 save (tessera, torch_dist) resumes at EP=1 and EP=4 so", flush=True)
 
 
 def test_layout_errors():

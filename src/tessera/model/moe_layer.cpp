@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "tessera/comm/ordered_sum.h"
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
 #include "tessera/model/moe_dispatcher.h"
@@ -149,8 +150,8 @@ MoELayer::~MoELayer() = default;
 
 // In --deterministic-mode under expert parallelism the experts' GEMMs run per (expert, source
 // EP rank) run: the GEMMs a data-parallel rank runs on its own tokens (oneDNN's bits depend on
-// a GEMM's row count), each run's weight gradient added in turn. Otherwise one GEMM per
-// expert over every source's rows (fewer, larger GEMMs).
+// a GEMM's row count). Otherwise one GEMM per expert over every source's rows (fewer, larger
+// GEMMs).
 bool MoELayer::per_source_runs() const { return d_.ep > 1 && device_.deterministic_mode(); }
 
 void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a) {
@@ -166,16 +167,48 @@ void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>
 
 void MoELayer::grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
                                 const std::vector<Tensor>& weights, const MoEActs& a) {
-  if (!per_source_runs() && ops::supports(device_, ops::grouped_linear_backward))
+  if (per_source_runs()) return per_source_backward(dinp, dweights, dout, inp, weights, a);
+  if (ops::supports(device_, ops::grouped_linear_backward))
     return ops::grouped_linear_backward(dinp, dweights, dout, inp, weights, a.expert_rows, kAssign);
-  const std::vector<int64_t>& rows = per_source_runs() ? a.run_rows : a.expert_rows;
-  const size_t runs_per_expert = rows.size() / weights.size();
   int64_t first = 0;
-  for (size_t g = 0; g < rows.size(); first += rows[g], ++g)
-    if (rows[g] > 0)
-      ops::linear_backward(dinp.slice_rows(first, rows[g]), dweights[g / runs_per_expert], Tensor(),
-                           dout.slice_rows(first, rows[g]), inp.slice_rows(first, rows[g]),
-                           weights[g / runs_per_expert], kAssign);
+  for (size_t e = 0; e < weights.size(); first += a.expert_rows[e], ++e)
+    if (a.expert_rows[e] > 0)
+      ops::linear_backward(dinp.slice_rows(first, a.expert_rows[e]), dweights[e], Tensor(),
+                           dout.slice_rows(first, a.expert_rows[e]), inp.slice_rows(first, a.expert_rows[e]),
+                           weights[e], kAssign);
+}
+
+// Each run's weight gradient goes to a zeroed piece of its own (what the source DP rank's
+// gradient would hold), and an expert's pieces are added in the canonical order over the source
+// EP ranks (comm/ordered_sum.h) before joining the gradient: the EP group is an aligned block of
+// consecutive data-parallel ranks, so the expert DP group's canonical sum of these block sums
+// has the bits of the data-parallel layout's sum over every rank (EP a power of two).
+void MoELayer::per_source_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
+                                   const std::vector<Tensor>& weights, const MoEActs& a) {
+  const std::vector<std::pair<int, int>> steps = canonical_sum_steps(static_cast<int>(d_.ep));
+  int64_t first = 0;
+  for (size_t e = 0; e < weights.size(); ++e) {
+    const std::vector<Tensor> pieces = source_pieces(dweights[e]);
+    for (size_t s = 0; s < pieces.size(); ++s) {
+      const int64_t rows = a.run_rows[e * pieces.size() + s];
+      ops::fill(pieces[s], 0.0f);
+      if (rows > 0)
+        ops::linear_backward(dinp.slice_rows(first, rows), pieces[s], Tensor(), dout.slice_rows(first, rows),
+                             inp.slice_rows(first, rows), weights[e], kAssign);
+      first += rows;
+    }
+    for (const auto& [into, from] : steps) ops::residual_forward(pieces[into], pieces[into], pieces[from]);
+    ops::residual_forward(dweights[e], dweights[e], pieces[0]);
+  }
+}
+
+// EP tensors shaped as grad, in one buffer grown on demand (--deterministic-mode only).
+std::vector<Tensor> MoELayer::source_pieces(const Tensor& grad) {
+  if (source_pieces_.bytes() < grad.bytes() * d_.ep) source_pieces_ = Buffer(device_, grad.bytes() * d_.ep);
+  std::vector<Tensor> pieces;
+  for (int64_t s = 0; s < d_.ep; ++s)
+    pieces.push_back(tensor_at(source_pieces_, grad.bytes() * s, grad.dtype, grad.shape));
+  return pieces;
 }
 
 void MoELayer::activation_forward(Tensor act, Tensor pre) {

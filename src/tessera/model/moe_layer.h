@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tessera/core/tensor.h"
+#include "tessera/device/buffer.h"
 #include "tessera/model/gpt_config.h"
 #include "tessera/model/moe_router.h"
 #include "tessera/parallel/tensor_parallel.h"
@@ -138,6 +139,9 @@ class MoELayer {
   void grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a);
   void grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
                         const std::vector<Tensor>& weights, const MoEActs& a);
+  void per_source_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
+                           const std::vector<Tensor>& weights, const MoEActs& a);
+  std::vector<Tensor> source_pieces(const Tensor& grad);
 
   const GPTConfig& config_;
   Device& device_;
@@ -145,6 +149,7 @@ class MoELayer {
   TensorParallelRegion& tp_;
   Communicator* cp_;
   std::unique_ptr<MoETokenDispatcher> dispatcher_;
+  Buffer source_pieces_;  // per_source_backward's weight gradients, one per source EP rank
 };
 
 }  // namespace tessera
