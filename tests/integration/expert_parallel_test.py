@@ -21,11 +21,15 @@
   process's lm loss, gradient norm (1e-5) and load_balancing_loss (1e-7), with an aux
   coefficient of 1 so that the aux term's share of the norm (about 1e-2) would show a wrong
   scale;
-- --deterministic-mode, world 2 with one micro-batch per rank: EP=2 (alltoall and allgather)
-  logs the lm loss and gradient norm of the data-parallel run (EP=1) bit for bit, for 6
-  iterations, and an EP=2 save at iteration 3 resumed at EP=1 logs the uninterrupted EP=2
-  run's last 3 iterations bit for bit (at world 4 the expert DP sums differ in order from
-  the dense ones: docs/distributed.md, Expert parallelism);
+- --deterministic-mode, one micro-batch per rank (every gradient sum over data parallelism in
+  one canonical order: docs/distributed.md, Expert parallelism): at world 2, EP=2 alltoall logs
+  the lm loss and gradient norm of the data-parallel run (EP=1) bit for bit for 6 iterations,
+  and an EP=2 save at iteration 3 resumed at EP=1 logs the uninterrupted run's last 3 bit for
+  bit; at world 4 (4 iterations), EP=2, EP=4 and EP=2 with overlapped small buckets log DP=4's
+  bits, the distributed optimizer (DP=4 and EP=2, no clipping) DP=4's losses bit for bit (its
+  norm adds per-owner pieces: within 1e-14), and EP=2 saves at iteration 2 (tessera,
+  torch_dist) resume at EP=1 and at EP=4 bit for bit; allgather (its combine's fused
+  multiply-adds) within 1e-5 at both worlds;
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
 import os
