@@ -11,8 +11,9 @@
 //
 // The collectives are built from send_async/recv_async: each rank receives its chunk from every
 // member, adds the pieces on the host in the canonical order, and (all-reduce) sends its sum to
-// every member. They move the data of a reduce-scatter and an all-gather, with one host copy;
-// f32 only.
+// every member: a reduce-scatter's and an all-gather's bytes, synchronous, through host memory
+// (every message a host tensor, which every backend carries; a native library would carry a
+// device tensor on another channel); f32 only.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,24 @@ namespace tessera {
 // The canonical order over n pieces as in-place additions: piece[first] += piece[second] in
 // turn leaves the sum in piece[0].
 std::vector<std::pair<int, int>> canonical_sum_steps(int n);
+
+// The canonical order over pieces that arrive one at a time, with few alive at once: a piece
+// is added to the one before it as soon as both sum blocks of the same size (a binary counter),
+// and finish() adds what is left from the last to the first, which is the tree above. The
+// pieces live in slots; at most slots_for(n) are used.
+class CanonicalSumStack {
+ public:
+  static int slots_for(int n);
+  // The slot the next piece goes to.
+  int next_slot() const { return static_cast<int>(blocks_.size()); }
+  // The piece in next_slot() is ready: the additions (slot[first] += slot[second]) now due.
+  std::vector<std::pair<int, int>> push();
+  // The additions that leave the sum of every piece pushed in slot 0.
+  std::vector<std::pair<int, int>> finish();
+
+ private:
+  std::vector<int> blocks_;  // the number of pieces each slot holds the sum of
+};
 
 // t (f32) = the sum of every member's t in the canonical order, on every member.
 void ordered_all_reduce_sum(Communicator& group, Tensor t);

@@ -16,6 +16,14 @@ namespace {
 constexpr ops::GradWrite kAssign = ops::GradWrite::Assign;
 constexpr ops::GradWrite kAccumulate = ops::GradWrite::Accumulate;
 
+// Row `slot` of a slab [slots, n] seen as a tensor shaped as `like` (f32, at most n elements).
+Tensor piece(const Tensor& slab, int slot, const Tensor& like) {
+  TESSERA_CHECK(like.dtype == DType::F32 && like.numel() <= slab.shape[1] && slot < slab.shape[0],
+                "an expert's f32 gradient fits a row of the per-source pieces");
+  return Tensor(slab.handle, slab.offset + static_cast<size_t>(slot * slab.shape[1]) * sizeof(float), DType::F32,
+                like.shape, slab.device);
+}
+
 // The rows of the permuted buffer: N*k routes, fewer when experts drop tokens, E *
 // capacity per routing group when padded to capacity.
 int64_t permuted_rows(const MoEConfig& c, const std::vector<std::vector<int64_t>>& groups, int64_t N) {
@@ -104,6 +112,8 @@ void reserve_moe_workspace(MoEWorkspace& ws, const MoEDims& d, const ReserveTens
     reserve(ws.d_shared_fc1, {d.N, d.Sl2}, d.act);
     reserve(ws.d_shared_act, {d.N, d.Sl}, d.act);
   }
+  if (d.per_source_runs)
+    reserve(ws.source_pieces, {CanonicalSumStack::slots_for(static_cast<int>(d.ep)), d.Fl2 * d.C}, DType::F32);
   if (d.gate) {
     reserve(ws.gate_logits, {d.N, 1}, d.act);
     reserve(ws.d_gate_logits, {d.N, 1}, d.act);
@@ -152,7 +162,7 @@ MoELayer::~MoELayer() = default;
 // EP rank) run: the GEMMs a data-parallel rank runs on its own tokens (oneDNN's bits depend on
 // a GEMM's row count). Otherwise one GEMM per expert over every source's rows (fewer, larger
 // GEMMs).
-bool MoELayer::per_source_runs() const { return d_.ep > 1 && device_.deterministic_mode(); }
+bool MoELayer::per_source_runs() const { return d_.per_source_runs; }
 
 void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a) {
   if (!per_source_runs() && ops::supports(device_, ops::grouped_linear_forward))
@@ -166,8 +176,8 @@ void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>
 }
 
 void MoELayer::grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
-                                const std::vector<Tensor>& weights, const MoEActs& a) {
-  if (per_source_runs()) return per_source_backward(dinp, dweights, dout, inp, weights, a);
+                                const std::vector<Tensor>& weights, const MoEActs& a, const MoEWorkspace& ws) {
+  if (per_source_runs()) return per_source_backward(dinp, dweights, dout, inp, weights, a, ws);
   if (ops::supports(device_, ops::grouped_linear_backward))
     return ops::grouped_linear_backward(dinp, dweights, dout, inp, weights, a.expert_rows, kAssign);
   int64_t first = 0;
@@ -184,31 +194,28 @@ void MoELayer::grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights
 // consecutive data-parallel ranks, so the expert DP group's canonical sum of these block sums
 // has the bits of the data-parallel layout's sum over every rank (EP a power of two).
 void MoELayer::per_source_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
-                                   const std::vector<Tensor>& weights, const MoEActs& a) {
-  const std::vector<std::pair<int, int>> steps = canonical_sum_steps(static_cast<int>(d_.ep));
+                                   const std::vector<Tensor>& weights, const MoEActs& a, const MoEWorkspace& ws) {
+  const Tensor& slab = ws.source_pieces;
+  auto add = [&](const Tensor& grad, const std::vector<std::pair<int, int>>& steps) {
+    for (const auto& [into, from] : steps) ops::residual_forward(piece(slab, into, grad), piece(slab, into, grad),
+                                                                 piece(slab, from, grad));
+  };
   int64_t first = 0;
   for (size_t e = 0; e < weights.size(); ++e) {
-    const std::vector<Tensor> pieces = source_pieces(dweights[e]);
-    for (size_t s = 0; s < pieces.size(); ++s) {
-      const int64_t rows = a.run_rows[e * pieces.size() + s];
-      ops::fill(pieces[s], 0.0f);
+    CanonicalSumStack sum;
+    for (int64_t s = 0; s < d_.ep; ++s) {
+      const int64_t rows = a.run_rows[e * d_.ep + s];
+      const Tensor mine = piece(slab, sum.next_slot(), dweights[e]);
+      ops::fill(mine, 0.0f);
       if (rows > 0)
-        ops::linear_backward(dinp.slice_rows(first, rows), pieces[s], Tensor(), dout.slice_rows(first, rows),
+        ops::linear_backward(dinp.slice_rows(first, rows), mine, Tensor(), dout.slice_rows(first, rows),
                              inp.slice_rows(first, rows), weights[e], kAssign);
       first += rows;
+      add(dweights[e], sum.push());
     }
-    for (const auto& [into, from] : steps) ops::residual_forward(pieces[into], pieces[into], pieces[from]);
-    ops::residual_forward(dweights[e], dweights[e], pieces[0]);
+    add(dweights[e], sum.finish());
+    ops::residual_forward(dweights[e], dweights[e], piece(slab, 0, dweights[e]));
   }
-}
-
-// EP tensors shaped as grad, in one buffer grown on demand (--deterministic-mode only).
-std::vector<Tensor> MoELayer::source_pieces(const Tensor& grad) {
-  if (source_pieces_.bytes() < grad.bytes() * d_.ep) source_pieces_ = Buffer(device_, grad.bytes() * d_.ep);
-  std::vector<Tensor> pieces;
-  for (int64_t s = 0; s < d_.ep; ++s)
-    pieces.push_back(tensor_at(source_pieces_, grad.bytes() * s, grad.dtype, grad.shape));
-  return pieces;
 }
 
 void MoELayer::activation_forward(Tensor act, Tensor pre) {
@@ -292,10 +299,10 @@ void MoELayer::backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEW
   if (d_.Sl > 0) shared_backward(w, g, a, ws, in, d_out, d_in);
   dispatcher_->combine_backward(a, ws, d_out);
   grouped_backward(ws.d_act.slice_rows(0, M), g.fc2, ws.d_expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2,
-                   a);
+                   a, ws);
   activation_backward(ws.d_fc1.slice_rows(0, M), ws.d_act.slice_rows(0, M), a.fc1.slice_rows(0, M));
   grouped_backward(ws.d_permuted.slice_rows(0, M), g.fc1, ws.d_fc1.slice_rows(0, M), a.permuted.slice_rows(0, M),
-                   w.fc1, a);
+                   w.fc1, a, ws);
   dispatcher_->dispatch_backward(a, ws, d_in, d_.Sl > 0 ? kAccumulate : kAssign);
   // The router: dL/d(weights) back on the host, through the routing and the aux losses.
   tp_.all_reduce(ws.d_weights, ReduceOp::Sum);
