@@ -21,11 +21,15 @@
   process's lm loss, gradient norm (1e-5) and load_balancing_loss (1e-7), with an aux
   coefficient of 1 so that the aux term's share of the norm (about 1e-2) would show a wrong
   scale;
-- --deterministic-mode, world 2 with one micro-batch per rank: EP=2 (alltoall and allgather)
-  logs the lm loss and gradient norm of the data-parallel run (EP=1) bit for bit, for 6
-  iterations, and an EP=2 save at iteration 3 resumed at EP=1 logs the uninterrupted EP=2
-  run's last 3 iterations bit for bit (at world 4 the expert DP sums differ in order from
-  the dense ones: docs/distributed.md, Expert parallelism);
+- --deterministic-mode, one micro-batch per rank (every gradient sum over data parallelism in
+  one canonical order: docs/distributed.md, Expert parallelism): at world 2, EP=2 alltoall logs
+  the lm loss and gradient norm of the data-parallel run (EP=1) bit for bit for 6 iterations,
+  and an EP=2 save at iteration 3 resumed at EP=1 logs the uninterrupted run's last 3 bit for
+  bit; at world 4 (4 iterations), EP=2, EP=4 and EP=2 with overlapped small buckets log DP=4's
+  bits, the distributed optimizer (DP=4 and EP=2, no clipping) DP=4's losses bit for bit (its
+  norm adds per-owner pieces: within 1e-14), and EP=2 saves at iteration 2 (tessera,
+  torch_dist) resume at EP=1 and at EP=4 bit for bit; allgather (its combine's fused
+  multiply-adds) within 1e-5 at both worlds;
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
 import os
@@ -157,6 +161,41 @@ def test_deterministic(tmp):
         mp.compare(reference[3:], resumed, "det ep2 %s save resumed at ep1" % fmt, exact=True)
     print("ok  --deterministic-mode: EP=2 alltoall equals EP=1 (DP=2) bit for bit, and an EP=2 save (tessera, "
           "torch_dist) resumes at EP=1 so", flush=True)
+    test_deterministic_world4(tmp)
+
+
+def test_deterministic_world4(tmp):
+    # World 4: the gradient sums over DP 4, over expert DP 2 of EP=2's block sums and inside
+    # EP=4's ranks must all add the four DP ranks' gradients in the one canonical order.
+    det = MOE + ["--deterministic-mode", "--train-iters", "4"]
+    reference, _ = mp.train(tmp, "det dp4", 4, det)
+    for label, flags in (("ep2", EP2 + ALLTOALL), ("ep4", EP4 + ALLTOALL),
+                         ("ep2 overlapped", EP2 + ALLTOALL + ["--overlap-grad-reduce", "--ddp-bucket-size", "3000"])):
+        got, _ = mp.train(tmp, "det4 " + label, 4, det + flags)
+        mp.compare(reference, got, "det world 4 " + label, exact=True)
+    # The distributed optimizer's reduce-scatter: the same gradients, so the same losses bit for
+    # bit; its norm adds per-owner partial sums of squares, split where each layout's owned
+    # ranges fall, so it may differ in the last bits, and clipping (a function of the norm) is
+    # off here.
+    no_clip = det + ["--clip-grad", "0"]
+    unclipped, _ = mp.train(tmp, "det4 dp4 no clip", 4, no_clip)
+    for label, flags in (("dp4", []), ("ep2", EP2 + ALLTOALL)):
+        got, _ = mp.train(tmp, "det4 distributed optimizer " + label, 4, no_clip + flags + [
+            "--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "3000"])
+        for a, b in zip(unclipped, got):
+            assert a["lm_loss"] == b["lm_loss"] and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-14 * a["grad_norm"], (
+                "det world 4 distributed optimizer " + label, a, b)
+    got, _ = mp.train(tmp, "det4 ep2 allgather", 4, det + EP2)
+    mp.compare(reference, got, "det world 4 ep2 allgather")
+    for fmt in ("tessera", "torch_dist"):
+        save = os.path.join(tmp, "det4_ep2_save_" + fmt)
+        mp.train(tmp, "det4 ep2 save " + fmt, 4, det + EP2 + ALLTOALL + [
+            "--save", save, "--save-interval", "2", "--exit-interval", "2", "--ckpt-format", fmt])
+        for label, flags in (("ep1", []), ("ep4", EP4 + ALLTOALL)):
+            resumed, _ = mp.train(tmp, "det4 ep2 resume %s %s" % (label, fmt), 4, det + flags + ["--load", save])
+            mp.compare(reference[2:], resumed, "det world 4 ep2 %s save resumed at %s" % (fmt, label), exact=True)
+    print("ok  --deterministic-mode at world 4: EP=2, EP=4 and EP=2 with the distributed optimizer equal DP=4 bit for "
+          "bit, and an EP=2 save (tessera, torch_dist) resumes at EP=1 and EP=4 so", flush=True)
 
 
 def test_layout_errors():

@@ -211,7 +211,10 @@ struct GPTModel::Layout {
     fused = uses_fused_attention(c, device);
     Ta = cp > 1 && !fused ? S : T;
     if (!fused) att_buffers = ops::attention_buffers(device, B, NHl, Ta, act);
-    if (c.moe.enabled()) moe = moe_dims(c, B, T, tp, sp, part.ep_size, part.ep_rank);
+    if (c.moe.enabled()) {
+      moe = moe_dims(c, B, T, tp, sp, part.ep_size, part.ep_rank);
+      moe.per_source_runs = part.ep_size > 1 && device.deterministic_mode();
+    }
     int max_recomputed = 0;
     TESSERA_CHECK(act_slots.size() == part.chunks.size() && io_slots.size() == part.chunks.size(),
                   "one slot count per chunk");

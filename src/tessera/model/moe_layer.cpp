@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "tessera/comm/ordered_sum.h"
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
 #include "tessera/model/moe_dispatcher.h"
@@ -14,6 +15,14 @@ namespace {
 
 constexpr ops::GradWrite kAssign = ops::GradWrite::Assign;
 constexpr ops::GradWrite kAccumulate = ops::GradWrite::Accumulate;
+
+// Row `slot` of a slab [slots, n] seen as a tensor shaped as `like` (f32, at most n elements).
+Tensor piece(const Tensor& slab, int slot, const Tensor& like) {
+  TESSERA_CHECK(like.dtype == DType::F32 && like.numel() <= slab.shape[1] && slot < slab.shape[0],
+                "an expert's f32 gradient fits a row of the per-source pieces");
+  return Tensor(slab.handle, slab.offset + static_cast<size_t>(slot * slab.shape[1]) * sizeof(float), DType::F32,
+                like.shape, slab.device);
+}
 
 // The rows of the permuted buffer: N*k routes, fewer when experts drop tokens, E *
 // capacity per routing group when padded to capacity.
@@ -103,6 +112,8 @@ void reserve_moe_workspace(MoEWorkspace& ws, const MoEDims& d, const ReserveTens
     reserve(ws.d_shared_fc1, {d.N, d.Sl2}, d.act);
     reserve(ws.d_shared_act, {d.N, d.Sl}, d.act);
   }
+  if (d.per_source_runs)
+    reserve(ws.source_pieces, {CanonicalSumStack::slots_for(static_cast<int>(d.ep)), d.Fl2 * d.C}, DType::F32);
   if (d.gate) {
     reserve(ws.gate_logits, {d.N, 1}, d.act);
     reserve(ws.d_gate_logits, {d.N, 1}, d.act);
@@ -149,9 +160,9 @@ MoELayer::~MoELayer() = default;
 
 // In --deterministic-mode under expert parallelism the experts' GEMMs run per (expert, source
 // EP rank) run: the GEMMs a data-parallel rank runs on its own tokens (oneDNN's bits depend on
-// a GEMM's row count), each run's weight gradient added in turn. Otherwise one GEMM per
-// expert over every source's rows (fewer, larger GEMMs).
-bool MoELayer::per_source_runs() const { return d_.ep > 1 && device_.deterministic_mode(); }
+// a GEMM's row count). Otherwise one GEMM per expert over every source's rows (fewer, larger
+// GEMMs).
+bool MoELayer::per_source_runs() const { return d_.per_source_runs; }
 
 void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a) {
   if (!per_source_runs() && ops::supports(device_, ops::grouped_linear_forward))
@@ -165,17 +176,46 @@ void MoELayer::grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>
 }
 
 void MoELayer::grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
-                                const std::vector<Tensor>& weights, const MoEActs& a) {
-  if (!per_source_runs() && ops::supports(device_, ops::grouped_linear_backward))
+                                const std::vector<Tensor>& weights, const MoEActs& a, const MoEWorkspace& ws) {
+  if (per_source_runs()) return per_source_backward(dinp, dweights, dout, inp, weights, a, ws);
+  if (ops::supports(device_, ops::grouped_linear_backward))
     return ops::grouped_linear_backward(dinp, dweights, dout, inp, weights, a.expert_rows, kAssign);
-  const std::vector<int64_t>& rows = per_source_runs() ? a.run_rows : a.expert_rows;
-  const size_t runs_per_expert = rows.size() / weights.size();
   int64_t first = 0;
-  for (size_t g = 0; g < rows.size(); first += rows[g], ++g)
-    if (rows[g] > 0)
-      ops::linear_backward(dinp.slice_rows(first, rows[g]), dweights[g / runs_per_expert], Tensor(),
-                           dout.slice_rows(first, rows[g]), inp.slice_rows(first, rows[g]),
-                           weights[g / runs_per_expert], kAssign);
+  for (size_t e = 0; e < weights.size(); first += a.expert_rows[e], ++e)
+    if (a.expert_rows[e] > 0)
+      ops::linear_backward(dinp.slice_rows(first, a.expert_rows[e]), dweights[e], Tensor(),
+                           dout.slice_rows(first, a.expert_rows[e]), inp.slice_rows(first, a.expert_rows[e]),
+                           weights[e], kAssign);
+}
+
+// Each run's weight gradient goes to a zeroed piece of its own (what the source DP rank's
+// gradient would hold), and an expert's pieces are added in the canonical order over the source
+// EP ranks (comm/ordered_sum.h) before joining the gradient: the EP group is an aligned block of
+// consecutive data-parallel ranks, so the expert DP group's canonical sum of these block sums
+// has the bits of the data-parallel layout's sum over every rank (EP a power of two).
+void MoELayer::per_source_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
+                                   const std::vector<Tensor>& weights, const MoEActs& a, const MoEWorkspace& ws) {
+  const Tensor& slab = ws.source_pieces;
+  auto add = [&](const Tensor& grad, const std::vector<std::pair<int, int>>& steps) {
+    for (const auto& [into, from] : steps) ops::residual_forward(piece(slab, into, grad), piece(slab, into, grad),
+                                                                 piece(slab, from, grad));
+  };
+  int64_t first = 0;
+  for (size_t e = 0; e < weights.size(); ++e) {
+    CanonicalSumStack sum;
+    for (int64_t s = 0; s < d_.ep; ++s) {
+      const int64_t rows = a.run_rows[e * d_.ep + s];
+      const Tensor mine = piece(slab, sum.next_slot(), dweights[e]);
+      ops::fill(mine, 0.0f);
+      if (rows > 0)
+        ops::linear_backward(dinp.slice_rows(first, rows), mine, Tensor(), dout.slice_rows(first, rows),
+                             inp.slice_rows(first, rows), weights[e], kAssign);
+      first += rows;
+      add(dweights[e], sum.push());
+    }
+    add(dweights[e], sum.finish());
+    ops::residual_forward(dweights[e], dweights[e], piece(slab, 0, dweights[e]));
+  }
 }
 
 void MoELayer::activation_forward(Tensor act, Tensor pre) {
@@ -259,10 +299,10 @@ void MoELayer::backward(const MoEParams& w, const MoEParams& g, MoEActs& a, MoEW
   if (d_.Sl > 0) shared_backward(w, g, a, ws, in, d_out, d_in);
   dispatcher_->combine_backward(a, ws, d_out);
   grouped_backward(ws.d_act.slice_rows(0, M), g.fc2, ws.d_expert_out.slice_rows(0, M), a.act.slice_rows(0, M), w.fc2,
-                   a);
+                   a, ws);
   activation_backward(ws.d_fc1.slice_rows(0, M), ws.d_act.slice_rows(0, M), a.fc1.slice_rows(0, M));
   grouped_backward(ws.d_permuted.slice_rows(0, M), g.fc1, ws.d_fc1.slice_rows(0, M), a.permuted.slice_rows(0, M),
-                   w.fc1, a);
+                   w.fc1, a, ws);
   dispatcher_->dispatch_backward(a, ws, d_in, d_.Sl > 0 ? kAccumulate : kAssign);
   // The router: dL/d(weights) back on the host, through the routing and the aux losses.
   tp_.all_reduce(ws.d_weights, ReduceOp::Sum);

@@ -51,6 +51,9 @@ struct MoEDims {
   int64_t ep = 1, El = 0, first_expert = 0, Mx = 0;  // this EP rank's experts [first, first + El)
   MoEDispatcher dispatcher = MoEDispatcher::AllGather;
   bool gate = false;
+  // --deterministic-mode under expert parallelism: the experts' GEMMs per (expert, source EP
+  // rank) run (MoELayer::per_source_backward); the model sets it from its device.
+  bool per_source_runs = false;
   DType act = DType::F32;
   std::vector<std::vector<int64_t>> groups;  // routing groups (moe_router.h)
 };
@@ -97,6 +100,9 @@ struct MoEWorkspace {
   // result [N,C], and f32 staging for 16-bit activations ([EP*N*C], [N*C]).
   Tensor local, recv;
   Tensor gathered, d_gathered_weights, scattered, gathered_f32, scattered_f32;
+  // per_source_runs: f32 [CanonicalSumStack::slots_for(EP), Fl2*C], an expert's weight gradient
+  // per source EP rank, summed in the canonical order (comm/ordered_sum.h).
+  Tensor source_pieces;
 };
 
 using ReserveTensor = std::function<void(Tensor&, Shape, DType)>;
@@ -137,7 +143,9 @@ class MoELayer {
   bool per_source_runs() const;
   void grouped_forward(Tensor out, Tensor inp, const std::vector<Tensor>& weights, const MoEActs& a);
   void grouped_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
-                        const std::vector<Tensor>& weights, const MoEActs& a);
+                        const std::vector<Tensor>& weights, const MoEActs& a, const MoEWorkspace& ws);
+  void per_source_backward(Tensor dinp, const std::vector<Tensor>& dweights, Tensor dout, Tensor inp,
+                           const std::vector<Tensor>& weights, const MoEActs& a, const MoEWorkspace& ws);
 
   const GPTConfig& config_;
   Device& device_;

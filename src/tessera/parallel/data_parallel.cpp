@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "tessera/comm/ordered_sum.h"
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
 #include "tessera/ops/ops.h"
@@ -22,7 +23,7 @@ Tensor flat_range(const Tensor& buffer, int64_t begin, int64_t end) {
 DataParallelBuckets::DataParallelBuckets(const GradBufferLayout& layout, Tensor grad_buffer, Tensor param_buffer,
                                          Communicator& dp, const DataParallelOptions& options, Device& device,
                                          Communicator* expert_dp)
-    : layout_(layout), dp_(dp), options_(options) {
+    : layout_(layout), dp_(dp), options_(options), deterministic_(device.deterministic_mode()) {
   TESSERA_CHECK(grad_buffer.dtype == DType::F32 && grad_buffer.numel() == layout.numel &&
                     param_buffer.numel() == layout.numel,
                 "data parallelism: the buffers do not match their layout");
@@ -90,9 +91,22 @@ DataParallelBuckets::~DataParallelBuckets() {
 // averages and the result needs no second pass.
 void DataParallelBuckets::launch_reduce(Bucket& b) {
   wait_gather(b);  // the gather reads its source from the shard this reduction writes
+  if (deterministic_) return reduce_in_canonical_order(b);
   ops::scale_inplace(b.grads, 1.0f / static_cast<float>(dp_.size()));
   b.reduce = options_.distributed_optimizer ? b.group->reduce_scatter_async(b.shard, b.grads, ReduceOp::Sum)
                                             : b.group->all_reduce_async(b.grads, ReduceOp::Sum);
+}
+
+// --deterministic-mode: every element summed over the group's ranks in one order that does not
+// depend on the layout (comm/ordered_sum.h), synchronously, then scaled: the sum first, so the
+// result's bits do not depend on where the sum was split even when 1/DP is not a power of two.
+void DataParallelBuckets::reduce_in_canonical_order(Bucket& b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (options_.distributed_optimizer) ordered_reduce_scatter_sum(*b.group, b.shard, b.grads);
+  else ordered_all_reduce_sum(*b.group, b.grads);
+  ops::scale_inplace(options_.distributed_optimizer ? b.shard : b.grads, 1.0f / static_cast<float>(dp_.size()));
+  exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  b.reduce = std::make_unique<comm_detail::FinishedWork>();
 }
 
 void DataParallelBuckets::mark_ready(size_t first, size_t end) {

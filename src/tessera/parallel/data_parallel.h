@@ -16,6 +16,10 @@
 // over the expert data-parallel group instead, still scaled by 1/DP (Megatron's
 // expert_gradient_scaling_factor: an expert's gradient already gathers the tokens of every EP
 // rank), and owned over that group with the distributed optimizer.
+// In --deterministic-mode every bucket is summed in the canonical order of comm/ordered_sum.h
+// over the group ranks (the data-parallel source index; expert DP groups hold consecutive
+// blocks of it), synchronously, and scaled after the sum, so a layout's reduced gradients do
+// not depend on how it split the sum (docs/distributed.md, Expert parallelism).
 #pragma once
 
 #include <cstdint>
@@ -100,12 +104,14 @@ class DataParallelBuckets {
     std::unique_ptr<Work> reduce, gather;
   };
   void launch_reduce(Bucket& b);
+  void reduce_in_canonical_order(Bucket& b);
   void wait_gather(Bucket& b);
   void wait_exposed(Work& work);
 
   GradBufferLayout layout_;
   Communicator& dp_;
   DataParallelOptions options_;
+  bool deterministic_;  // the device's --deterministic-mode: sums in the canonical order
   Buffer shard_;  // F32, the owned range of every bucket in bucket order
   std::vector<Bucket> buckets_;
   std::vector<OwnedPiece> owned_;

@@ -7,6 +7,7 @@
 // run_local_ranks' timeout (<= 30 s) and takes a few seconds.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 #include "tessera/comm/gloo/gloo_communicator.h"
 #include "tessera/comm/local_ranks.h"
 #include "tessera/comm/net_interface.h"
+#include "tessera/comm/ordered_sum.h"
 #include "tessera/core/error.h"
 #include "tessera/device/cpu/cpu_device.h"
 #include "tessera/device/device.h"
@@ -156,6 +158,29 @@ TEST(GlooComm, EveryCollectiveIsBitExactAcrossProcesses) {
       for (float x : buf) CHILD_CHECK(x == float(tri), "async all_reduce");
     CHILD_CHECK(after[0] == float(N), "sync after async");
     c->barrier();
+    return 0;
+  });
+}
+
+// --deterministic-mode's sums (comm/ordered_sum.h) over Gloo's ring: ranks holding 1e8, 1e8, 3, 7
+// sum to 2e8 + 16 in the canonical order (1e8 + 1e8) + (3 + 7), while every left-to-right order,
+// the ring's rotated ones included, gives 2e8 (f32 spacing 16 there, so 3 and 7 vanish one at a
+// time). 10 elements over 4 ranks: unequal chunks in the all-reduce.
+TEST(GlooComm, OrderedSumsAddInTheCanonicalOrder) {
+  constexpr int N = 4, K = 10;
+  run_ranks(N, [](int) {
+    auto c = world_from_env(20s);
+    const float mine = std::array<float, N>{1e8f, 1e8f, 3.f, 7.f}[c->rank()], canonical = 2e8f + 16.f;
+    std::vector<float> ring(K, mine), ordered(K, mine), big(N * K, mine), chunk(K, -1.f);
+    c->all_reduce(tensor(ring, DType::F32), ReduceOp::Sum);
+    ordered_all_reduce_sum(*c, tensor(ordered, DType::F32));
+    ordered_reduce_scatter_sum(*c, tensor(chunk, DType::F32), tensor(big, DType::F32));
+    for (int i = 0; i < K; ++i) {
+      CHILD_CHECK(ring[i] == 2e8f, "Gloo's all_reduce adds in a left-to-right order: " + std::to_string(ring[i]));
+      CHILD_CHECK(ordered[i] == canonical, "ordered_all_reduce_sum at " + std::to_string(i) + ": " +
+                                               std::to_string(ordered[i]));
+      CHILD_CHECK(chunk[i] == canonical, "ordered_reduce_scatter_sum at " + std::to_string(i));
+    }
     return 0;
   });
 }

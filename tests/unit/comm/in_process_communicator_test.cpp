@@ -6,11 +6,13 @@
 // bounded by the timeout.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "tessera/comm/all_to_all.h"
 #include "tessera/comm/in_process/in_process_communicator.h"
+#include "tessera/comm/ordered_sum.h"
 #include "tessera/core/error.h"
 
 using namespace tessera;
@@ -363,5 +365,70 @@ TEST(InProcessComm, AllToAllVMovesRunsOfRows) {
     for (int from = 0; from < N; ++from)
       for (int64_t i = 0; i < rows(from, r); ++i)
         for (int k = 0; k < C; ++k) EXPECT_EQ(out[at++], float(100 * from + 10 * r + i)) << from << " " << i;
+  });
+}
+
+// The canonical order of comm/ordered_sum.h: halves split at the largest power of two, so
+// aligned blocks of 2 (and 4) consecutive pieces are subtrees (what expert parallelism relies on).
+TEST(OrderedSum, CanonicalStepsAreTheBinaryTree) {
+  using Steps = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(canonical_sum_steps(1), Steps{});
+  EXPECT_EQ(canonical_sum_steps(2), (Steps{{0, 1}}));
+  EXPECT_EQ(canonical_sum_steps(3), (Steps{{0, 1}, {0, 2}}));
+  EXPECT_EQ(canonical_sum_steps(4), (Steps{{0, 1}, {2, 3}, {0, 2}}));
+  EXPECT_EQ(canonical_sum_steps(6), (Steps{{0, 1}, {2, 3}, {0, 2}, {4, 5}, {0, 4}}));
+  EXPECT_EQ(canonical_sum_steps(8), (Steps{{0, 1}, {2, 3}, {0, 2}, {4, 5}, {6, 7}, {4, 6}, {0, 4}}));
+}
+
+// The streaming form (pieces one at a time, few alive) adds as the tree does, bit for bit, and
+// never uses more than slots_for(n) slots. 1e8 then 3s: left to right every 3 vanishes (f32
+// spacing 8), the tree adds the 3s in subtrees first (1e8 + 8 from n = 4 on).
+TEST(OrderedSum, StackAddsAsTheTreeDoes) {
+  for (int n = 1; n <= 17; ++n) {
+    std::vector<float> x(n);
+    for (int i = 0; i < n; ++i) x[i] = i == 0 ? 1e8f : 3.f;  // left to right: 1e8 for every n
+    std::vector<float> tree = x;
+    for (const auto& [into, from] : canonical_sum_steps(n)) tree[into] += tree[from];
+    CanonicalSumStack stack;
+    std::vector<float> slots(CanonicalSumStack::slots_for(n), NAN);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_LT(stack.next_slot(), CanonicalSumStack::slots_for(n)) << n;
+      slots[stack.next_slot()] = x[i];
+      for (const auto& [into, from] : stack.push()) slots[into] += slots[from];
+    }
+    for (const auto& [into, from] : stack.finish()) slots[into] += slots[from];
+    EXPECT_EQ(std::memcmp(&slots[0], &tree[0], 4), 0) << n << ": " << slots[0] << " vs " << tree[0];
+  }
+  EXPECT_EQ(CanonicalSumStack::slots_for(1), 1);
+  EXPECT_EQ(CanonicalSumStack::slots_for(2), 2);
+  EXPECT_EQ(CanonicalSumStack::slots_for(4), 3);
+  EXPECT_EQ(CanonicalSumStack::slots_for(7), 3);
+}
+
+// In-process ranks add in rank order, ((x0 + x1) + x2) + x3 = 2e8 here; the canonical order
+// gives (x0 + x1) + (x2 + x3) = 2e8 + 16 (f32 spacing 16 at 2e8). Three ranks: (x0 + x1) + x2
+// = (1e8 + 4) + 4 = 1e8 (ties to even at spacing 8), where a ring starting at rank 1 gives
+// (4 + 4) + 1e8 = 1e8 + 8.
+TEST(OrderedSum, AllReduceAndReduceScatterAddInTheCanonicalOrder) {
+  const float v[4] = {1e8f, 1e8f, 3.f, 7.f};
+  run_in_process_ranks(4, [&](Communicator& c) {
+    std::vector<float> plain(7, v[c.rank()]), ordered(7, v[c.rank()]), big(8, v[c.rank()]), chunk(2, -1.f);
+    c.all_reduce(f32(plain), ReduceOp::Sum);
+    ordered_all_reduce_sum(c, f32(ordered));
+    ordered_reduce_scatter_sum(c, f32(chunk), f32(big));
+    EXPECT_EQ(plain, std::vector<float>(7, 2e8f));
+    EXPECT_EQ(ordered, std::vector<float>(7, 2e8f + 16.f));
+    EXPECT_EQ(chunk, std::vector<float>(2, 2e8f + 16.f));
+  });
+  run_in_process_ranks(3, [&](Communicator& c) {
+    std::vector<float> x(5, c.rank() == 0 ? 1e8f : 4.f);
+    ordered_all_reduce_sum(c, f32(x));
+    EXPECT_EQ(x, std::vector<float>(5, 1e8f));
+  });
+  run_in_process_ranks(1, [&](Communicator& c) {  // a group of one: a copy
+    std::vector<float> x = {1.f, 2.f}, chunk(2, -1.f);
+    ordered_all_reduce_sum(c, f32(x));
+    ordered_reduce_scatter_sum(c, f32(chunk), f32(x));
+    EXPECT_EQ(chunk, x);
   });
 }

@@ -3,7 +3,8 @@
 // (overlap, as backward reports parameters ready) or after backward; with the distributed
 // optimizer a reduce-scatter leaves each rank its owned ranges, the parameter gather gives
 // every rank the owners' values, and checkpoint state travels through host buffers; an
-// overlapped gather still running when the buckets are destroyed is finished first.
+// overlapped gather still running when the buckets are destroyed is finished first; in
+// --deterministic-mode the sums take the canonical order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tessera/comm/in_process/in_process_communicator.h"
@@ -125,6 +127,32 @@ TEST(DataParallelBuckets, DistributedOptimizerReduceScatterAndGather) {
   check_distributed(3, INT64_MAX, false);
   check_distributed(4, 8, true);  // several buckets, gathers waited for lazily
   check_distributed(1, INT64_MAX, false);
+}
+
+// --deterministic-mode: ranks holding 1e8, 1e8, 3, 7 in every element average to
+// ((1e8 + 1e8) + (3 + 7)) / 4 = 5e7 + 4, the canonical order of comm/ordered_sum.h summed before
+// the scale; the backend's rank-order sum of scaled values gives 5e7 (f32 spacing 4 there).
+// The all-reduce in one bucket and in overlapped buckets, and the distributed optimizer's
+// reduce-scatter.
+TEST(DataParallelBuckets, DeterministicModeSumsInTheCanonicalOrder) {
+  const float mine[4] = {1e8f, 1e8f, 3.f, 7.f};
+  cpu_device().set_deterministic_mode(true);
+  for (const auto& [overlap, distributed, bucket_size] :
+       {std::tuple{false, false, INT64_MAX}, std::tuple{true, false, int64_t{8}}, std::tuple{true, true, int64_t{8}}})
+    run_in_process_ranks(4, [&](Communicator& dp) {
+      Buffers b(layout_for(4, bucket_size, distributed));
+      DataParallelBuckets buckets(b.layout, b.grads, b.params, dp, {overlap, distributed, false}, cpu_device());
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e) b.grad(p, e) = mine[dp.rank()];
+      report_backward(buckets);
+      buckets.finish();
+      if (!distributed)
+        for (size_t p = 0; p < kSizes.size(); ++p)
+          for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(b.grad(p, e), 5e7f + 4.f) << p << " " << e;
+      for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces())
+        for (int64_t i = 0; i < piece.grad.numel(); ++i) ASSERT_EQ(piece.grad.f32()[i], 5e7f + 4.f) << piece.param;
+    });
+  cpu_device().set_deterministic_mode(false);
 }
 
 TEST(DataParallelBuckets, OptimizerStateThroughHostBuffers) {
