@@ -147,6 +147,11 @@ void DataParallelBuckets::gather_params() {
   }
 }
 
+void DataParallelBuckets::gather_grads() {
+  TESSERA_CHECK(options_.distributed_optimizer, "gather_grads without the distributed optimizer");
+  for (Bucket& b : buckets_) wait_exposed(*b.group->all_gather_async(b.grads, b.shard));
+}
+
 void DataParallelBuckets::wait_gather(Bucket& b) {
   if (!b.gather) return;
   wait_exposed(*b.gather);

@@ -73,6 +73,10 @@ class DataParallelBuckets {
   // After the optimizer updated the owned pieces: every rank receives every bucket's
   // parameters (at once, or in the background with overlap_param_gather).
   void gather_params();
+  // --deterministic-mode's gradient norm: every rank receives every bucket's reduced
+  // gradients from their owners into the gradient buffer, which then holds the bits the
+  // all-reduce without the distributed optimizer leaves there (the same canonical sum).
+  void gather_grads();
   // Parameters [first, end) are about to be read: waits for their buckets' gathers.
   void wait_params(size_t first, size_t end);
   void wait_all_params() { wait_params(0, layout_.params.size()); }

@@ -289,15 +289,15 @@ void Trainer::finalize_grads() {
 // and the iteration as a device scalar for the dropout masks, allocated once here (the
 // static plan; the step allocates nothing).
 void Trainer::build_norm_tables() {
-  // Norm slots per (parameter, TP rank), and with the distributed optimizer per DP rank.
+  // Norm slots per (parameter, TP rank), and over owned pieces per DP rank.
   const int64_t slots = static_cast<int64_t>(gpt_param_specs(args_.model).size()) * args_.tensor_parallel_size *
-                        (distributed_optimizer() ? args_.data_parallel_with_cp() : 1);
+                        (norm_over_pieces() ? args_.data_parallel_with_cp() : 1);
   // Each counted gradient is one segment, grouped by the buffer it lives in.
   std::map<void*, std::vector<ops::MultiTensorSegment>> segments;
   std::vector<Tensor> buffers;
   int64_t most_rows = 0;
   for (size_t i = 0; i < model_.shards().size(); ++i) {
-    const Tensor& g = main_grads_[i];
+    const Tensor& g = norm_grad(i);
     if (!counts_in_norm(i) || g.empty()) continue;
     TESSERA_CHECK(g.dtype == DType::F32, "the gradients are f32");
     if (!segments.count(g.handle)) buffers.push_back(g);
@@ -346,7 +346,7 @@ void Trainer::build_norm_tables() {
 size_t Trainer::norm_slot(size_t i) const {
   const int tp = model_.partition().tp_size, tp_rank = model_.partition().tp_rank;
   const size_t slot = model_.shards()[i].spec.id * tp + tp_rank;
-  if (!distributed_optimizer()) return slot;
+  if (!norm_over_pieces()) return slot;
   // An expert's pieces are owned over the expert data-parallel group (no larger than dp-cp).
   const bool expert = model_.partition().ep_size > 1 && model_.shards()[i].is_expert;
   const int owner = expert ? groups_.expert_dp->rank() : dp_->rank();
@@ -356,12 +356,12 @@ size_t Trainer::norm_slot(size_t i) const {
 // Under expert parallelism the EP ranks hold the same dense parameters (averaged over dp-cp)
 // and different experts: without the distributed optimizer the dense ones count on EP rank 0
 // only, the experts on every EP rank (Megatron sums the experts' norm over the expert
-// tensor-model-pipeline group: optimizer/__init__.py's second optimizer). With it each piece
-// counts on its one owner already.
+// tensor-model-pipeline group: optimizer/__init__.py's second optimizer). Over owned pieces
+// each piece counts on its one owner already.
 bool Trainer::counts_in_norm(size_t i) const {
   const ParamShard& s = model_.shards()[i];
   if (!s.counts_in_norm) return false;
-  return distributed_optimizer() || s.is_expert || model_.partition().ep_rank == 0;
+  return norm_over_pieces() || s.is_expert || model_.partition().ep_rank == 0;
 }
 
 // Each parameter's sum of squares goes into its own slot (parameter id, TP rank), so the
@@ -373,12 +373,17 @@ bool Trainer::counts_in_norm(size_t i) const {
 // the loss sums.
 // With the distributed optimizer each data-parallel rank fills the slots of its own pieces
 // (one per parameter: a parameter never spans buckets), and the slots travel over the world.
+// A piece's sum of squares, though, depends on where the layout cut its parameter, so in
+// --deterministic-mode every rank first gathers the whole reduced gradients into the
+// gradient buffer and takes the norm as without the distributed optimizer: the same bits
+// (and clipping factor) whatever the layout, for one all-gather of the gradients per step.
 void Trainer::global_grad_norm() {
+  if (distributed_optimizer() && !norm_over_pieces()) dp_buckets_->gather_grads();
   fill_zero(norm_sums_);
   for (const NormSlab& n : norm_slabs_) ops::multi_tensor_sum_squares(norm_sums_, norm_workspace_, n.grad, n.chunks);
-  if (Communicator* group = if_split(distributed_optimizer() ? groups_.world : groups_.model_parallel))
+  if (Communicator* group = if_split(norm_over_pieces() ? groups_.world : groups_.model_parallel))
     group->all_reduce(norm_sums_, ReduceOp::Sum);
-  if (Communicator* ep = if_split(groups_.ep); ep && !distributed_optimizer()) ep->all_reduce(norm_sums_, ReduceOp::Sum);
+  if (Communicator* ep = if_split(groups_.ep); ep && !norm_over_pieces()) ep->all_reduce(norm_sums_, ReduceOp::Sum);
   ops::grad_norm_finish(norm_result_, optimizer_->step_scalars(), norm_sums_, args_.optimizer.clip_grad);
 }
 
@@ -485,7 +490,7 @@ void Trainer::report_non_finite(const IterationResult& r) const {
   std::string what = std::isfinite(r.lm_loss) ? "gradient" : "loss (" + std::to_string(r.lm_loss) + ")";
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const ParamShard& s = model_.shards()[i];
-    if (counts_in_norm(i) && !main_grads_[i].empty() && !std::isfinite(host_at(norm_sums_.offset)[norm_slot(i)])) {
+    if (counts_in_norm(i) && !norm_grad(i).empty() && !std::isfinite(host_at(norm_sums_.offset)[norm_slot(i)])) {
       what += std::isfinite(r.lm_loss) ? " of " : ", first non-finite gradient in ";
       what += model_.shards()[i].spec.name;
       break;

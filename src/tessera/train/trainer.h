@@ -153,6 +153,11 @@ class Trainer {
   size_t norm_slot(size_t i) const;
   bool counts_in_norm(size_t i) const;
   bool distributed_optimizer() const { return dp_buckets_ && args_.use_distributed_optimizer; }
+  // Whether the norm adds the squares of each rank's owned pieces (the distributed optimizer,
+  // outside --deterministic-mode) rather than of whole gradients; and parameter i's gradient
+  // it reads on this rank (empty: none).
+  bool norm_over_pieces() const { return distributed_optimizer() && !device_.deterministic_mode(); }
+  const Tensor& norm_grad(size_t i) const { return norm_over_pieces() ? main_grads_[i] : model_.grads()[i]; }
   // f32 values of whole parameters in host memory, one buffer over the gradient-buffer layout
   // per name prefix, with checkpoint tensors "<prefix><parameter name>" viewing them: only
   // for Megatron's distrib_optim.pt, which holds them whole (tessera's own checkpoints stream
