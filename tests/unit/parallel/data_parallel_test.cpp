@@ -1,10 +1,10 @@
 // Data parallelism over the gradient and parameter buffers: buckets cut from the end of the
 // buffer, each averaged across the group exactly once per step, whether launched early
 // (overlap, as backward reports parameters ready) or after backward; with the distributed
-// optimizer a reduce-scatter leaves each rank its owned ranges, the parameter gather gives
-// every rank the owners' values, and checkpoint state travels through host buffers; an
-// overlapped gather still running when the buckets are destroyed is finished first; in
-// --deterministic-mode the sums take the canonical order.
+// optimizer a reduce-scatter leaves each rank its owned ranges, the gradient gather gives every
+// rank the whole reduced gradients, the parameter gather the owners' values, and checkpoint
+// state travels through host buffers; an overlapped gather still running when the buckets are
+// destroyed is finished first; in --deterministic-mode the sums take the canonical order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,7 +89,8 @@ TEST(DataParallelBuckets, OverlappedBucketsCutFromTheEnd) {
 }
 
 // Each rank ends with the mean of exactly its owned ranges, the pieces cover every element
-// once over the ranks, and after the owners write their values every rank holds them all.
+// once over the ranks, gathering the gradients gives every rank the whole mean, and after the
+// owners write their values every rank holds them all.
 void check_distributed(int dp_size, int64_t bucket_size, bool overlap_gather) {
   run_in_process_ranks(dp_size, [&](Communicator& dp) {
     Buffers b(layout_for(dp_size, bucket_size, true));
@@ -114,6 +115,11 @@ void check_distributed(int dp_size, int64_t bucket_size, bool overlap_gather) {
       int64_t total = owned;
       dp.all_reduce(Tensor(&total, DType::I64, {1}, nullptr), ReduceOp::Sum);
       EXPECT_EQ(total, 21);  // 3 + 5 + 2 + 7 + 4: every element owned once
+      fill_grads(b, dp.rank());  // the gather overwrites every element
+      buckets.gather_grads();
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e)
+          EXPECT_NEAR(b.grad(p, e), base + float(p * 10 + e), 1e-4) << p << " " << e;
       buckets.gather_params();
       buckets.wait_params(0, kSizes.size());
       for (size_t p = 0; p < kSizes.size(); ++p)
@@ -133,7 +139,7 @@ TEST(DataParallelBuckets, DistributedOptimizerReduceScatterAndGather) {
 // ((1e8 + 1e8) + (3 + 7)) / 4 = 5e7 + 4, the canonical order of comm/ordered_sum.h summed before
 // the scale; the backend's rank-order sum of scaled values gives 5e7 (f32 spacing 4 there).
 // The all-reduce in one bucket and in overlapped buckets, and the distributed optimizer's
-// reduce-scatter.
+// reduce-scatter, whose gathered gradients (its --deterministic-mode norm) are the all-reduce's.
 TEST(DataParallelBuckets, DeterministicModeSumsInTheCanonicalOrder) {
   const float mine[4] = {1e8f, 1e8f, 3.f, 7.f};
   cpu_device().set_deterministic_mode(true);
@@ -146,9 +152,9 @@ TEST(DataParallelBuckets, DeterministicModeSumsInTheCanonicalOrder) {
         for (int64_t e = 0; e < kSizes[p]; ++e) b.grad(p, e) = mine[dp.rank()];
       report_backward(buckets);
       buckets.finish();
-      if (!distributed)
-        for (size_t p = 0; p < kSizes.size(); ++p)
-          for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(b.grad(p, e), 5e7f + 4.f) << p << " " << e;
+      if (distributed) buckets.gather_grads();
+      for (size_t p = 0; p < kSizes.size(); ++p)
+        for (int64_t e = 0; e < kSizes[p]; ++e) ASSERT_EQ(b.grad(p, e), 5e7f + 4.f) << p << " " << e;
       for (const DataParallelBuckets::OwnedPiece& piece : buckets.owned_pieces())
         for (int64_t i = 0; i < piece.grad.numel(); ++i) ASSERT_EQ(piece.grad.f32()[i], 5e7f + 4.f) << piece.param;
     });
