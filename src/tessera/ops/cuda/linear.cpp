@@ -21,6 +21,7 @@
 #include "tessera/ops/cuda/cuda_launch.h"
 #include "tessera/ops/cuda/cuda_ops.h"
 #include "tessera/ops/kernels/float_args.h"
+#include "tessera/ops/linear_shapes.h"
 
 #define TESSERA_BACKEND cuda
 #define TESSERA_OWN_COLUMN_SUMS  // column_sums.h
@@ -90,29 +91,10 @@ void backward_16bit(const Tensor& dinp, const Tensor& dweight, const Tensor& dou
     accumulate_gemm(dweight, scratch[4], ab, true, false, OC, C, N, g, OC, operand(scratch[2], inp, N, C, widen), C);
 }
 
-void check_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && out.numel() == N * OC && out.dim(-1) == OC &&
-                    (bias.empty() || bias.numel() == OC),
-                "linear: inp " + shape_str(inp.shape) + ", weight " + shape_str(weight.shape) + ", out " +
-                    shape_str(out.shape));
-}
-
-void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                    const Tensor& inp, const Tensor& weight) {
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && dout.numel() == N * OC && dout.dim(-1) == OC,
-                "linear backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape) + ", weight " +
-                    shape_str(weight.shape));
-  TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == OC * C) &&
-                    (dbias.empty() || dbias.numel() == OC),
-                "linear backward: gradient shapes");
-}
-
 }  // namespace
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
-  check_forward(out, inp, weight, bias);
+  check_linear_forward_shapes(out, inp, weight, bias);
   check_floating("linear_forward", {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (!all_f32({&out, &inp, &weight, &bias})) {
@@ -129,7 +111,7 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      GradWrite write) {
-  check_backward(dinp, dweight, dbias, dout, inp, weight);
+  check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
