@@ -7,6 +7,7 @@
 
 #include "tessera/device/cuda/cuda_check.h"
 #include "tessera/device/cuda/cuda_stream.h"
+#include "tessera/ops/kernels/dropout_params.h"
 #include "tessera/ops/kernels/float_args.h"
 
 // The fatbin of kernels.cu, linked in as data by fatbin_data.cpp.
@@ -86,15 +87,7 @@ CudaLaunch& CudaLaunch::pointer(const void* p) { return scalar<const void*>(p); 
 
 CudaLaunch& CudaLaunch::dropout(const Dropout& d) {
   check_dropout_iteration(d, device_);
-  const float scale = d.p > 0.0f ? 1.0f / (1.0f - d.p) : 1.0f;
-  return scalar<float>(d.p)
-      .scalar<float>(scale)
-      .scalar<uint32_t>(d.key.seed)
-      .scalar<uint32_t>(d.key.site)
-      .scalar<uint32_t>(d.key.iteration)
-      .tensor(d.iteration)
-      .scalar<uint32_t>(d.sample0)
-      .scalar<uint64_t>(d.element_offset);
+  return push_dropout_params(*this, d);
 }
 
 void CudaLaunch::run(int64_t global0, int64_t global1) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tessera/device/opencl/opencl_device.h"
+#include "tessera/ops/kernels/dropout_params.h"
 #include "tessera/ops/kernels/float_args.h"
 
 namespace tessera::ops::opencl {
@@ -73,15 +74,7 @@ ClLaunch& ClLaunch::dropout(const Dropout& d) {
     check_dropout_iteration(d, *d.iteration.device);
     TESSERA_CHECK(&context_of(d.iteration) == &cl_, "dropout: the iteration scalar is not on " + cl_.where());
   }
-  const float scale = d.p > 0.0f ? 1.0f / (1.0f - d.p) : 1.0f;
-  return scalar<float>(d.p)
-      .scalar<float>(scale)
-      .scalar<cl_uint>(d.key.seed)
-      .scalar<cl_uint>(d.key.site)
-      .scalar<cl_uint>(d.key.iteration)
-      .tensor(d.iteration)
-      .scalar<cl_uint>(d.sample0)
-      .scalar<cl_ulong>(d.element_offset);
+  return push_dropout_params(*this, d);
 }
 
 void ClLaunch::run(size_t global0, size_t global1) {
