@@ -416,6 +416,15 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
                       "not with --use-distributed-optimizer",
                       "add --no-save-optim (and leave out --use-distributed-optimizer), or save with --ckpt-format "
                       "torch_dist (the default) or tessera, which hold the optimizer state at any layout");
+  // --moe-grouped-gemm saves megatron-core's GroupedMLP: two tensors per layer for the experts,
+  // which Megatron's distributed optimizer lays out in its buffers unlike tessera's per-expert
+  // parameters (docs/checkpoints.md).
+  if (a.save_megatron_format && !a.save.empty() && p.get_bool("--moe-grouped-gemm") && a.use_distributed_optimizer &&
+      !a.no_save_optim)
+    throw usage_error("saving --ckpt-format torch with --moe-grouped-gemm and --use-distributed-optimizer is not "
+                      "supported (megatron-core's GroupedMLP experts in distrib_optim.pt)",
+                      "add --no-save-optim, or save with --ckpt-format torch_dist (the default), whose grouped "
+                      "experts megatron-core keys as SequentialMLP's");
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids
