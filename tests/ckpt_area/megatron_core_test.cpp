@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <iterator>
 
@@ -154,24 +155,20 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
     const std::string resumed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(resumed.find("iteration        8/       8"), std::string::npos) << resumed;
     EXPECT_NE(resumed.find("load_balancing_loss"), std::string::npos) << resumed;
-    // The experts as --moe-grouped-gemm saves them (GroupedMLP's weight1/weight2) are refused by
-    // name, not read as unknown parameters.
+    // An experts' entry that none of megatron-core's expert modules saves is refused by name,
+    // not read as an unknown parameter.
     const fs::path file = dir / "ckpt" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
-    std::ofstream(dir / "grouped.py") << "import sys, torch\n"
+    std::ofstream(dir / "unknown.py") << "import sys, torch\n"
                                          "sd = torch.load(sys.argv[1], weights_only=False)\n"
-                                         "m = sd['model']\n"
-                                         "for k in [k for k in m if '.local_experts.' in k]: del m[k]\n"
-                                         "m['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 512)\n"
-                                         "m['decoder.layers.0.mlp.experts.weight2'] = torch.zeros(256, 32)\n"
+                                         "sd['model']['decoder.layers.0.mlp.experts.weight3'] = torch.zeros(32, 512)\n"
                                          "torch.save(sd, sys.argv[1])\n";
-    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "grouped.py").string() + " " + file.string(),
-                    dir / "grouped.log"));
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "unknown.py").string() + " " + file.string(),
+                    dir / "unknown.log"));
     try {
       load_checkpoint((dir / "ckpt").string(), 7, {}, {}, false, 0, 1);
-      ADD_FAILURE() << "grouped-GEMM experts loaded";
+      ADD_FAILURE() << "an unknown experts' entry loaded";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("mlp.experts.weight1"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("--moe-grouped-gemm"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("mlp.experts.weight3 is no expert weight"), std::string::npos) << e.what();
     }
   }
   if (moe()) {
@@ -290,6 +287,130 @@ open(sys.argv[1], 'wb').write(pickle.dumps(np.random.get_state(), protocol=2))
 }
 
 INSTANTIATE_TEST_SUITE_P(GptLlamaMoE, MegatronCore, testing::Values("gpt", "llama", "moe", "moe_ep2"));
+
+// ---- Grouped-GEMM experts (--moe-grouped-gemm), tests/reference/megatron_grouped_experts.py ----
+
+const std::string kGroupedScript = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/megatron_grouped_experts.py";
+
+std::string file_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {(std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()};
+}
+
+// The model and optimizer of the tessera-format save in dir (iteration `it`), byte for byte.
+void expect_same_tessera_files(const fs::path& a, const fs::path& b, int it, bool optimizer) {
+  char folder[32];
+  std::snprintf(folder, sizeof folder, "iter_%07d/mp_rank_00", it);
+  for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
+    if (!optimizer && std::string(name) == "optimizer.safetensors") continue;
+    const std::string x = file_text(a / folder / name), y = file_text(b / folder / name);
+    EXPECT_FALSE(x.empty()) << a / folder / name;
+    EXPECT_TRUE(x == y) << a / folder / name << " differs from " << b / folder / name;
+  }
+}
+
+// The log's figures of its last iteration (lm loss, load_balancing_loss, loss scale, grad norm).
+std::string last_iteration_figures(const fs::path& log) {
+  const std::string text = file_text(log);
+  static const std::regex figures("lm loss: [^|]*\\| load_balancing_loss: [^|]*\\| loss scale: [^|]*\\| grad norm: [^|]*");
+  std::string last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), figures); it != std::sregex_iterator(); ++it)
+    last = it->str();
+  return last;
+}
+
+// Resumes the Megatron checkpoint `ckpt` for one iteration (8 of 8 global batches of 8) and
+// saves it in tessera's format at `out`.
+testing::AssertionResult resume_one_iteration(const fs::path& ckpt, const fs::path& out, int iterations,
+                                              const std::string& extra = "") {
+  return run(std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train --load " + ckpt.string() +
+                 " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                 " --global-batch-size 8 --train-iters " + std::to_string(iterations) +
+                 " --lr 1e-3 --eval-iters 0 --log-interval 1 --ckpt-format tessera --save " + out.string() +
+                 " --save-interval " + std::to_string(iterations) + extra,
+             out.string() + ".log");
+}
+
+// megatron-core's MoE Llama saved with --moe-grouped-gemm (its GroupedMLP: "local"; TEGroupedMLP's
+// names: "te"), at TP=1 EP=1 or as the four files of TP=2 x EP=2, reads into tessera as the
+// SequentialMLP checkpoint of the same weights: at TP=1 a resumed iteration from either (the
+// GroupedMLP file's AdamW state mapped as its weights) logs the same figures and saves the same
+// model and optimizer bytes; at TP=2 x EP=2 both convert to the same tessera model bytes.
+class MegatronGrouped : public testing::TestWithParam<std::string> {};
+
+TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
+  const bool sharded = GetParam().ends_with("_tp2_ep2");
+  const std::string layout = GetParam().substr(0, GetParam().find('_'));
+  const fs::path dir = scratch("megatron_grouped_" + GetParam());
+  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " save " + dir.string() + " --layout " +
+                      layout + (sharded ? " --tp 2 --ep 2" : ""),
+                  dir / "save.log"));
+  if (!sharded) {
+    ASSERT_TRUE(resume_one_iteration(dir / "sequential", dir / "resumed_sequential", 8));
+    ASSERT_TRUE(resume_one_iteration(dir / "grouped", dir / "resumed_grouped", 8));
+    const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
+    EXPECT_NE(figures, "");
+    EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
+    expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 8, true);
+  } else {
+    for (const char* c : {"sequential", "grouped"})
+      ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / c).string() + " " +
+                          (dir / (std::string("tessera_") + c)).string() +
+                          " --to tessera --target-tensor-parallel-size 1 --target-expert-parallel-size 1",
+                      dir / (std::string(c) + "_convert.log")));
+    expect_same_tessera_files(dir / "tessera_sequential", dir / "tessera_grouped", 7, false);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalAndTransformerEngine, MegatronGrouped,
+                         testing::Values("local", "local_tp2_ep2", "te_tp2_ep2"));
+
+// tessera's --moe-grouped-gemm save (--ckpt-format torch) holds GroupedMLP's weight1/weight2: it
+// loads strictly into megatron-core's GroupedMLP model built from its Namespace, whose forward
+// gives tessera's logits; converted to EP=2 each rank's file loads strictly into its rank's
+// model and holds its share of the experts; and tessera reads it back as the save of the same
+// run without the flag: one more iteration from either logs the same figures and saves the same
+// model and optimizer bytes.
+TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
+  const fs::path dir = scratch("tessera_grouped_save");
+  std::vector<std::string> flags = kGpt;
+  flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  flags.insert(flags.end(), kMoE.begin(), kMoE.end());
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters",
+                             "2", "--lr", "1e-2", "--min-lr", "1e-4", "--eval-iters", "0", "--init-method-std", "0.2",
+                             "--save-interval", "2", "--ckpt-format", "torch"});
+  std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
+  for (const std::string& f : flags) cmd += " " + f;
+  ASSERT_TRUE(run(cmd + " --save " + (dir / "sequential").string(), dir / "sequential.log"));
+  ASSERT_TRUE(run(cmd + " --moe-grouped-gemm --save " + (dir / "grouped").string(), dir / "grouped.log"));
+
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
+  const std::vector<float> logits = tessera_logits(dir / "grouped", tokens, 2);
+  EXPECT_EQ(logits, tessera_logits(dir / "sequential", tokens, 2));
+  const fs::path mine = dir / "logits.safetensors";
+  safetensors::write(mine.string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
+                                     {"logits", DType::F32, {2, 16, static_cast<int64_t>(logits.size()) / 32},
+                                      logits.data()}});
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check " + (dir / "grouped").string() +
+                      " " + mine.string(),
+                  dir / "check.log"));
+  ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "grouped").string() + " " +
+                      (dir / "grouped_ep2").string() + " --to torch --target-expert-parallel-size 2",
+                  dir / "convert.log"));
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check-ep " +
+                      (dir / "grouped_ep2").string() + " " + (dir / "grouped").string(),
+                  dir / "check_ep.log"));
+
+  for (const char* c : {"sequential", "grouped"})
+    ASSERT_TRUE(resume_one_iteration(dir / c, dir / (std::string("resumed_") + c), 3));
+  const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
+  EXPECT_NE(figures, "");
+  EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
+  expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 3, true);
+  fs::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace tessera

@@ -238,6 +238,18 @@ def save(out, layout, tp, ep):
     with open(os.path.join(out, "grouped", "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(mcm.ITERATION))
     set_ranks(1, 0, 1, 0)
+    if layout == "local" and tp == 1 and ep == 1:
+        # GroupedMLP's own forward of the file (the gmm stub) gives SequentialMLP's logits.
+        saved = torch.load(os.path.join(folder, "model_optim_rng.pt"), map_location="cpu", weights_only=False)
+        model = mcm.build_model(saved["args"])
+        model.load_state_dict(saved["model"], strict=True)
+        assert type(model.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
+        want = mcm.safetensors_io.read(os.path.join(out, "sequential", "expected.safetensors"))[0]
+        tokens = torch.from_numpy(mcm.safetensors_io.array(want["tokens"]).astype("int64"))
+        diff = (mcm.forward(model, tokens) - torch.from_numpy(mcm.safetensors_io.array(want["logits"]).copy())).abs()
+        print("GroupedMLP's forward of its file against SequentialMLP's logits: max |diff| %.3g" % diff.max().item())
+        if diff.max().item() > 1e-5:
+            raise SystemExit("GroupedMLP's forward of the grouped file differs from SequentialMLP's")
 
 
 def check_ep(ep_dir, one_dir):
