@@ -412,5 +412,46 @@ TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
   fs::remove_all(dir);
 }
 
+// megatron-core keys GroupedMLP's torch_dist tensors (weights and optimizer state) as SequentialMLP's
+// (the reference exits 1 otherwise): its torch_dist save of the MoE Llama with SequentialMLP and
+// the same model loaded into GroupedMLP and saved again resume in tessera to the same figures and
+// the same model and optimizer bytes; tessera's --moe-grouped-gemm torch_dist save loads with
+// dist_checkpointing into megatron-core's GroupedMLP model (strict) with tessera's logits.
+// Skipped without the tdist venv (torch 2.5.1: megatron-core 0.10.0's torch_dist needs it).
+TEST(MegatronGroupedTorchDist, KeysAsSequentialMLPBothWays) {
+  if (!fs::exists(TESSERA_TDIST_PYTHON)) GTEST_SKIP() << "no tdist venv at " << TESSERA_TDIST_PYTHON;
+  const fs::path dir = scratch("grouped_torch_dist");
+  ASSERT_TRUE(run(std::string(TESSERA_TDIST_PYTHON) + " " + kGroupedScript + " dist-save " + dir.string(),
+                  dir / "dist_save.log"));
+  for (const char* c : {"sequential", "grouped"})
+    ASSERT_TRUE(resume_one_iteration(dir / c, dir / (std::string("resumed_") + c), 8));
+  const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
+  EXPECT_NE(figures, "");
+  EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
+  expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 8, true);
+
+  std::vector<std::string> flags = kGpt;
+  flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  flags.insert(flags.end(), kMoE.begin(), kMoE.end());
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters",
+                             "2", "--lr", "1e-2", "--eval-iters", "0", "--init-method-std", "0.2", "--save-interval",
+                             "2", "--moe-grouped-gemm", "--ckpt-format", "torch_dist", "--save",
+                             (dir / "tessera").string()});
+  std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
+  for (const std::string& f : flags) cmd += " " + f;
+  ASSERT_TRUE(run(cmd, dir / "tessera.log"));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
+  const std::vector<float> logits = tessera_logits(dir / "tessera", tokens, 2);
+  const fs::path mine = dir / "logits.safetensors";
+  safetensors::write(mine.string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
+                                     {"logits", DType::F32, {2, 16, static_cast<int64_t>(logits.size()) / 32},
+                                      logits.data()}});
+  EXPECT_TRUE(run(std::string(TESSERA_TDIST_PYTHON) + " " + kGroupedScript + " dist-check " +
+                      (dir / "tessera").string() + " " + mine.string(),
+                  dir / "dist_check.log"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -28,6 +28,18 @@ moe_grouped_gemm: GroupedMLP built from it, load_state_dict strict, forward agai
     python megatron_grouped_experts.py check-ep DIR_EP DIR
 tessera's save DIR_EP at expert parallelism N loads strictly into each rank's GroupedMLP model,
 and each layer's weight1/weight2 storage is rank r's share of DIR's (EP=1): experts r*E/N ..
+    python megatron_grouped_experts.py dist-save OUT          (the tdist venv: torch_dist)
+megatron_dist_checkpoint.py's MoE Llama (4 layers, one process) saved with --ckpt-format
+torch_dist as OUT/sequential (SequentialMLP, Megatron's optimizer after one step), loaded by
+dist_checkpointing.load into the --moe-grouped-gemm model (GroupedMLP, its optimizer too), which
+gives the same logits and is saved as OUT/grouped; the two .metadata hold the same keys, shapes
+and dtypes (megatron-core's GroupedMLP keys its weights, and their optimizer state, as
+SequentialMLP's linear_fc1/linear_fc2), or it exits 1 naming the difference.
+
+    python megatron_grouped_experts.py dist-check DIR EXPECTED (the tdist venv)
+tessera's torch_dist save DIR of a --moe-grouped-gemm run loads with dist_checkpointing.load into
+the GroupedMLP model built from its common.pt args (load_state_dict strict), whose forward of
+EXPECTED's tokens gives EXPECTED's logits within 1e-5 of the largest.
 """
 import argparse
 import copy
@@ -275,14 +287,90 @@ def check_ep(ep_dir, one_dir):
     print("%d expert-parallel files load strictly; %d grouped tensors split as megatron-core's" % (ep, len(grouped)))
 
 
+def dist_metadata(folder):
+    from torch.distributed.checkpoint import FileSystemReader
+    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    return {k: (tuple(getattr(v, "size", ())), str(getattr(getattr(v, "properties", None), "dtype", "")))
+            for k, v in meta.items()}
+
+
+def dist_save(out):
+    import megatron_dist_checkpoint as mdc
+    from megatron.core import dist_checkpointing
+    mdc.init_cpu_megatron(0, 1, 1, 1, 20000 + os.getpid() % 20000)
+    stub_grouped_gemm()
+    mdc.save_model(0, 1, 1, 1, os.path.join(out, "sequential"), "moe", False)
+    seq_folder = os.path.join(out, "sequential", "iter_%07d" % mdc.ITERATION)
+    args = mdc.namespace(mdc.MOE, 1, 1, 1)
+    seq = mdc.build_stage(args)
+    seq.load_state_dict(dist_checkpointing.load({"model": seq.sharded_state_dict()}, seq_folder)["model"])
+    args.moe_grouped_gemm = True
+    model = mdc.build_stage(args)
+    assert type(model.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
+    _, optimizer = mdc.megatron_optimizer(args, model)
+    state = {"model": model.sharded_state_dict()}
+    state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True)
+    loaded = dist_checkpointing.load(state, seq_folder)
+    model.load_state_dict(loaded["model"], strict=True)
+    optimizer.load_state_dict(loaded["optimizer"])
+    tokens = torch.randint(0, args.vocab_size, (mcm.BATCH, mcm.SEQ))
+    diff = (mcm.forward(model, tokens) - mcm.forward(seq, tokens)).abs().max().item()
+    print("GroupedMLP loaded from SequentialMLP's torch_dist: max |logit diff| %.3g" % diff)
+    if diff > 1e-5:
+        raise SystemExit("GroupedMLP's forward differs from SequentialMLP's by %g" % diff)
+    common = dist_checkpointing.load_common_state_dict(seq_folder)
+    state = {k: common[k] for k in ("checkpoint_version", "iteration", "opt_param_scheduler",
+                                     "num_floating_point_operations_so_far")}
+    state.update(args=args, model=model.sharded_state_dict(), rng_state=mdc.rng_state_object(),
+                 rerun_state_machine=mdc.rerun_state_object())
+    state["optimizer"] = optimizer.sharded_state_dict(state)
+    folder = os.path.join(out, "grouped", "iter_%07d" % mdc.ITERATION)
+    os.makedirs(folder)
+    dist_checkpointing.save(state, folder)
+    with open(os.path.join(out, "grouped", "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(mdc.ITERATION))
+    a, b = dist_metadata(seq_folder), dist_metadata(folder)
+    if a != b:
+        raise SystemExit("torch_dist keys of SequentialMLP and GroupedMLP differ: %s"
+                         % sorted(set(a.items()) ^ set(b.items()))[:8])
+    print("SequentialMLP's and GroupedMLP's torch_dist saves hold the same %d keys" % len(a))
+
+
+def dist_check(ckpt, expected):
+    import megatron_dist_checkpoint as mdc
+    from megatron.core import dist_checkpointing
+    mdc.init_cpu_megatron(0, 1, 1, 1, 20000 + os.getpid() % 20000)
+    stub_grouped_gemm()
+    it = int(open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read())
+    folder = os.path.join(ckpt, "iter_%07d" % it)
+    args = dist_checkpointing.load_common_state_dict(folder)["args"]
+    assert args.moe_grouped_gemm and args.transformer_impl == "local", (args.moe_grouped_gemm, args.transformer_impl)
+    model = mdc.build_stage(args)
+    assert type(model.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
+    model.load_state_dict(dist_checkpointing.load({"model": model.sharded_state_dict()}, folder)["model"], strict=True)
+    want = mcm.safetensors_io.read(expected)[0]
+    tokens = torch.from_numpy(mcm.safetensors_io.array(want["tokens"]).astype("int64"))
+    tessera = torch.from_numpy(mcm.safetensors_io.array(want["logits"]).copy())
+    diff = (mcm.forward(model, tokens) - tessera).abs().max().item()
+    scale = tessera.abs().max().item()
+    print("megatron-core's GroupedMLP model of tessera's torch_dist save: max |diff| %.3g, max |logit| %.3g"
+          % (diff, scale))
+    if not diff <= 1e-5 * scale:
+        raise SystemExit("megatron-core's forward differs from tessera's by %g" % diff)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("action", choices=["save", "check", "check-ep"])
+    p.add_argument("action", choices=["save", "check", "check-ep", "dist-save", "dist-check"])
     p.add_argument("paths", nargs="+")
     p.add_argument("--layout", choices=["local", "te"], default="local")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     a = p.parse_args()
+    if a.action == "dist-save":
+        return dist_save(a.paths[0])
+    if a.action == "dist-check":
+        return dist_check(a.paths[0], a.paths[1])
     mcm.init_cpu_megatron()
     stub_grouped_gemm()
     if a.action == "save":
