@@ -254,8 +254,9 @@ std::vector<OptionDef> moe_option_defs() {
       {"--moe-token-drop-policy", K::Choice, "probs", "Which tokens an expert over capacity drops", "probs|position"},
       {"--moe-token-dispatcher-type", K::Choice, "allgather", "How tokens reach the experts",
        "allgather|alltoall", OptUse::Implemented, nullptr, "alltoall_seq"},
-      {"--moe-grouped-gemm", K::StoreTrue, nullptr, "Grouped GEMM over the local experts (tessera always groups)",
-       nullptr, kSpeed},
+      {"--moe-grouped-gemm", K::StoreTrue, nullptr,
+       "Megatron's grouped-GEMM experts: --ckpt-format torch saves GroupedMLP's weight1/weight2 (tessera always "
+       "groups the experts' GEMMs)"},
       {"--moe-per-layer-logging", K::StoreTrue, nullptr, "Also log each MoE layer's aux losses to TensorBoard"},
       {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from context x data parallelism)"},
       {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts: TP (the default)"},
