@@ -352,6 +352,14 @@ TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
     EXPECT_NE(figures, "");
     EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
     expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 8, true);
+    // Beside a distrib_optim.pt, the grouped tensors' distributed-optimizer state is refused.
+    std::ofstream(dir / "grouped" / "iter_0000007" / "mp_rank_00" / "distrib_optim.pt") << "";
+    try {
+      load_checkpoint((dir / "grouped").string(), 7, {}, {}, true, 0, 1);
+      ADD_FAILURE() << "a GroupedMLP checkpoint's distrib_optim.pt was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("holds GroupedMLP experts"), std::string::npos) << e.what();
+    }
   } else {
     for (const char* c : {"sequential", "grouped"})
       ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / c).string() + " " +
