@@ -312,7 +312,8 @@ void expect_same_tessera_files(const fs::path& a, const fs::path& b, int it, boo
 // The log's figures of its last iteration (lm loss, load_balancing_loss, loss scale, grad norm).
 std::string last_iteration_figures(const fs::path& log) {
   const std::string text = file_text(log);
-  static const std::regex figures("lm loss: [^|]*\\| load_balancing_loss: [^|]*\\| loss scale: [^|]*\\| grad norm: [^|]*");
+  static const std::regex figures(
+      "lm loss: [^|]*\\| load_balancing_loss: [^|]*\\| loss scale: [^|]*\\| grad norm: [^|]*");
   std::string last;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), figures); it != std::sregex_iterator(); ++it)
     last = it->str();
@@ -379,7 +380,7 @@ INSTANTIATE_TEST_SUITE_P(LocalAndTransformerEngine, MegatronGrouped,
 // gives tessera's logits; converted to EP=2 each rank's file loads strictly into its rank's
 // model and holds its share of the experts; and tessera reads it back as the save of the same
 // run without the flag: one more iteration from either logs the same figures and saves the same
-// model and optimizer bytes.
+// model and optimizer bytes, in fp32 and bf16 (fp32_from_fp16_params grouped like the weights).
 TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
   const fs::path dir = scratch("tessera_grouped_save");
   std::vector<std::string> flags = kGpt;
@@ -411,12 +412,20 @@ TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
                       (dir / "grouped_ep2").string() + " " + (dir / "grouped").string(),
                   dir / "check_ep.log"));
 
-  for (const char* c : {"sequential", "grouped"})
+  // In bf16 too, whose optimizer keeps the fp32 main parameters as fp32_from_fp16_params.
+  ASSERT_TRUE(run(cmd + " --bf16 --save " + (dir / "bf16_sequential").string(), dir / "bf16_sequential.log"));
+  ASSERT_TRUE(run(cmd + " --bf16 --moe-grouped-gemm --save " + (dir / "bf16_grouped").string(),
+                  dir / "bf16_grouped.log"));
+  for (const char* c : {"sequential", "grouped", "bf16_sequential", "bf16_grouped"})
     ASSERT_TRUE(resume_one_iteration(dir / c, dir / (std::string("resumed_") + c), 3));
-  const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
-  EXPECT_NE(figures, "");
-  EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
-  expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 3, true);
+  for (const std::string precision : {"", "bf16_"}) {
+    const fs::path sequential = dir / ("resumed_" + precision + "sequential"),
+                   grouped = dir / ("resumed_" + precision + "grouped");
+    const std::string figures = last_iteration_figures(sequential.string() + ".log");
+    EXPECT_NE(figures, "");
+    EXPECT_EQ(figures, last_iteration_figures(grouped.string() + ".log"));
+    expect_same_tessera_files(sequential, grouped, 3, true);
+  }
   fs::remove_all(dir);
 }
 

@@ -1,7 +1,6 @@
 #include "tessera/ckpt/megatron_grouped_experts.h"
 
 #include <algorithm>
-#include <map>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/torch_file.h"
@@ -70,7 +69,7 @@ Value* find(Value* dict, std::string_view key) {
 }
 
 // One GroupedMLP tensor of the model: its place among Megatron's parameter groups (group g,
-// position k), and its per-expert views.
+// position k), and which of the two it is.
 struct Expansion {
   size_t group = 0, position = 0;
   bool fc1 = true;
@@ -120,7 +119,7 @@ void expand_model_dict(pickle::Document& doc, const TorchFile& f, Value& dict, c
       continue;
     }
     out.push_back({group, position, fc1});
-    const std::string layer = key.substr(0, key.size() - kWeight1.size());  // "decoder.layers.N."
+    const std::string layer = key.substr(0, key.size() - (fc1 ? kWeight1 : kWeight2).size());  // "decoder.layers.N."
     const std::vector<TensorRef> views = expert_views(f, key, v->tensor, fc1, local_experts);
     for (size_t j = 0; j < views.size(); ++j)
       entries.emplace_back(doc.str(layer + std::string(kSequential) + std::to_string(j) +
@@ -136,6 +135,37 @@ std::vector<Value*> state_views(pickle::Document& doc, const TorchFile& f, const
   std::vector<Value*> out;
   for (const TensorRef& t : expert_views(f, what, v->tensor, fc1, local_experts)) out.push_back(doc.tensor(t));
   return out;
+}
+
+// torch's state of parameter `old_index` (a dict of its moments and `step`) as one entry per
+// expert under `indices`, each moment a view.
+void expand_parameter_state(pickle::Document& doc, const TorchFile& f, Value* state, int64_t old_index,
+                            const std::vector<Value*>& indices, bool fc1) {
+  const int local_experts = static_cast<int>(indices.size());
+  const std::string what = "optimizer state of parameter " + std::to_string(old_index);
+  for (size_t s = 0; s < state->entries.size(); ++s) {
+    auto [key, st] = state->entries[s];
+    if (key->kind != Kind::Int || key->integer != old_index || st->kind != Kind::Dict) continue;
+    std::vector<Value*> per_expert;
+    for (int j = 0; j < local_experts; ++j) per_expert.push_back(doc.dict());
+    for (auto& [name, v] : st->entries) {
+      if (v->kind != Kind::Tensor || v->tensor.shape.empty()) {  // `step`: shared
+        for (Value* d : per_expert) doc.set(d, name, v);
+        continue;
+      }
+      const std::vector<Value*> views = state_views(doc, f, what, v, fc1, local_experts);
+      for (int j = 0; j < local_experts; ++j) doc.set(per_expert[j], name, views[j]);
+    }
+    state->entries.erase(state->entries.begin() + static_cast<std::ptrdiff_t>(s));
+    for (int j = 0; j < local_experts; ++j) state->entries.emplace_back(indices[j], per_expert[j]);
+    return;
+  }
+}
+
+// Item `position` of a list replaced by `items`.
+void splice(Value* list, size_t position, const std::vector<Value*>& items) {
+  list->items.erase(list->items.begin() + static_cast<std::ptrdiff_t>(position));
+  list->items.insert(list->items.begin() + static_cast<std::ptrdiff_t>(position), items.begin(), items.end());
 }
 
 // torch's optimizer state of the expanded tensors: each GroupedMLP parameter's index in its
@@ -158,38 +188,18 @@ void expand_optimizer(pickle::Document& doc, const TorchFile& f, Value* optimize
   });
   for (const Expansion& e : expansions) {
     Value* params = e.group < groups->items.size() ? find(groups->items[e.group], "params") : nullptr;
-    if (!params || params->kind != Kind::List || e.position >= params->items.size()) return;  // a mismatch the reader names
+    // A group shorter than the model's: the reader names the mismatch.
+    if (!params || params->kind != Kind::List || e.position >= params->items.size()) return;
     const int64_t old_index = params->items[e.position]->integer;
     std::vector<Value*> indices;
     for (int j = 0; j < local_experts; ++j) indices.push_back(doc.integer(next_index++));
-    params->items.erase(params->items.begin() + static_cast<std::ptrdiff_t>(e.position));
-    params->items.insert(params->items.begin() + static_cast<std::ptrdiff_t>(e.position), indices.begin(), indices.end());
-    const std::string what = "optimizer state of parameter " + std::to_string(old_index);
-    for (size_t s = 0; s < state->entries.size(); ++s) {
-      auto [key, st] = state->entries[s];
-      if (key->kind != Kind::Int || key->integer != old_index || st->kind != Kind::Dict) continue;
-      std::vector<Value*> per_expert;
-      for (int j = 0; j < local_experts; ++j) per_expert.push_back(doc.dict());
-      for (auto& [name, v] : st->entries) {
-        if (v->kind != Kind::Tensor || v->tensor.shape.empty()) {  // `step`: shared
-          for (Value* d : per_expert) doc.set(d, name, v);
-          continue;
-        }
-        const std::vector<Value*> views = state_views(doc, f, what, v, e.fc1, local_experts);
-        for (int j = 0; j < local_experts; ++j) doc.set(per_expert[j], name, views[j]);
-      }
-      state->entries.erase(state->entries.begin() + static_cast<std::ptrdiff_t>(s));
-      for (int j = 0; j < local_experts; ++j) state->entries.emplace_back(indices[j], per_expert[j]);
-      break;
-    }
+    splice(params, e.position, indices);
+    expand_parameter_state(doc, f, state, old_index, indices, e.fc1);
     Value* copies = fp32 && fp32->kind == Kind::List && e.group < fp32->items.size() ? fp32->items[e.group] : nullptr;
     if (copies && copies->kind == Kind::List && e.position < copies->items.size() &&
-        copies->items[e.position]->kind == Kind::Tensor) {
-      const std::vector<Value*> views =
-          state_views(doc, f, "fp32_from_fp16_params", copies->items[e.position], e.fc1, local_experts);
-      copies->items.erase(copies->items.begin() + static_cast<std::ptrdiff_t>(e.position));
-      copies->items.insert(copies->items.begin() + static_cast<std::ptrdiff_t>(e.position), views.begin(), views.end());
-    }
+        copies->items[e.position]->kind == Kind::Tensor)
+      splice(copies, e.position,
+             state_views(doc, f, "fp32_from_fp16_params", copies->items[e.position], e.fc1, local_experts));
   }
 }
 
@@ -235,7 +245,8 @@ std::vector<float> grouped_values(const std::vector<Tensor>& experts, bool fc1) 
     // fc1 [width, H] -> [H, width]; fc2 [H, width] -> [width, H].
     const int64_t rows = fc1 ? width : H, cols = fc1 ? H : width;
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[base + static_cast<size_t>(c * rows + r)] = host[static_cast<size_t>(r * cols + c)];
+      for (int64_t c = 0; c < cols; ++c)
+        out[base + static_cast<size_t>(c * rows + r)] = host[static_cast<size_t>(r * cols + c)];
   }
   return out;
 }
@@ -315,7 +326,8 @@ bool expand_grouped_mlp_weights(TorchFile& f, int local_experts) {
   for (int c = 0; Value* m = find(root, "model" + std::to_string(c)); ++c) chunks.push_back(m);
   if (chunks.empty()) chunks.push_back(find(root, "model"));
   for (Value* model : chunks)
-    if (model && model->kind == Kind::Dict) expand_model_dict(doc, f, *model, "", 0, local_experts, positions, expansions);
+    if (model && model->kind == Kind::Dict)
+      expand_model_dict(doc, f, *model, "", 0, local_experts, positions, expansions);
   if (expansions.empty()) return false;
   if (Value* optimizer = find(root, "optimizer"); optimizer && optimizer->kind == Kind::Dict)
     expand_optimizer(doc, f, optimizer, expansions, local_experts);
