@@ -346,6 +346,13 @@ TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
   ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " save " + dir.string() + " --layout " +
                       layout + (sharded ? " --tp 2 --ep 2" : ""),
                   dir / "save.log"));
+  // --use-checkpoint-args takes --moe-grouped-gemm (as Megatron's load_args_from_checkpoint), and
+  // the sequence parallelism MoE needs at TP > 1.
+  std::string flags;
+  const CheckpointState grouped = read_checkpoint_metadata((dir / "grouped").string(), 7);
+  for (const std::string& f : train_flags_from_megatron_args(grouped.args)) flags += f + " ";
+  EXPECT_NE(flags.find("--moe-grouped-gemm "), std::string::npos) << flags;
+  EXPECT_EQ(flags.find("--sequence-parallel ") != std::string::npos, sharded) << flags;
   if (!sharded) {
     ASSERT_TRUE(resume_one_iteration(dir / "sequential", dir / "resumed_sequential", 8));
     ASSERT_TRUE(resume_one_iteration(dir / "grouped", dir / "resumed_grouped", 8));

@@ -229,7 +229,8 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "bf16", "tensor_model_parallel_size", "sequence_parallel", "pipeline_model_parallel_size", "num_experts",
       "moe_router_topk", "moe_router_pre_softmax", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
       "moe_z_loss_coeff", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size",
-      "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"};
+      "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy",
+      "moe_grouped_gemm"};
   std::vector<std::string> flags;
   for (const OptionDef& d : train_option_table().defs()) {
     const std::string dest = option_dest(d);
