@@ -368,6 +368,22 @@ TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("holds GroupedMLP experts"), std::string::npos) << e.what();
     }
+    // A weight1 whose columns do not split over the local experts is an error naming it.
+    const fs::path file = dir / "grouped" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
+    std::ofstream(dir / "narrow.py") << "import sys, torch\n"
+                                        "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                        "sd['model']['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 510)\n"
+                                        "torch.save(sd, sys.argv[1])\n";
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "narrow.py").string() + " " + file.string(),
+                    dir / "narrow.log"));
+    try {
+      load_checkpoint((dir / "grouped").string(), 7, {}, {}, false, 0, 1);
+      ADD_FAILURE() << "a weight1 of 510 columns over 4 experts loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("decoder.layers.0.mlp.experts.weight1 [32, 510] is not GroupedMLP's"),
+                std::string::npos)
+          << e.what();
+    }
   } else {
     for (const char* c : {"sequential", "grouped"})
       ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / c).string() + " " +
