@@ -332,44 +332,43 @@ testing::AssertionResult resume_one_iteration(const fs::path& ckpt, const fs::pa
              out.string() + ".log");
 }
 
-// megatron-core's MoE Llama saved with --moe-grouped-gemm (its GroupedMLP: "local"; TEGroupedMLP's
-// names: "te"), at TP=1 EP=1 or as the four files of TP=2 x EP=2, reads into tessera as the
-// SequentialMLP checkpoint of the same weights: at TP=1 a resumed iteration from either (the
-// GroupedMLP file's AdamW state mapped as its weights) logs the same figures and saves the same
-// model and optimizer bytes; at TP=2 x EP=2 both convert to the same tessera model bytes.
+// megatron-core's MoE Llama saved with --moe-grouped-gemm reads into tessera as the SequentialMLP
+// checkpoint of the same weights: its GroupedMLP file at TP=1 EP=1 ("tp1"), with AdamW's state
+// mapped as its weights, resumes for an iteration to the same figures and the same model and
+// optimizer bytes; the four files of TP=2 x EP=2 ("tp2_ep2") of GroupedMLP and of TEGroupedMLP's
+// names convert to the same tessera model bytes.
 class MegatronGrouped : public testing::TestWithParam<std::string> {};
 
 TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
-  const bool sharded = GetParam().ends_with("_tp2_ep2");
-  const std::string layout = GetParam().substr(0, GetParam().find('_'));
+  const bool sharded = GetParam() == "tp2_ep2";
   const fs::path dir = scratch("megatron_grouped_" + GetParam());
-  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " save " + dir.string() + " --layout " +
-                      layout + (sharded ? " --tp 2 --ep 2" : ""),
+  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " save " + dir.string() +
+                      (sharded ? " --layouts local te --tp 2 --ep 2" : " --layouts local"),
                   dir / "save.log"));
   // --use-checkpoint-args takes --moe-grouped-gemm (as Megatron's load_args_from_checkpoint), and
   // the sequence parallelism MoE needs at TP > 1.
   std::string flags;
-  const CheckpointState grouped = read_checkpoint_metadata((dir / "grouped").string(), 7);
+  const CheckpointState grouped = read_checkpoint_metadata((dir / "grouped_local").string(), 7);
   for (const std::string& f : train_flags_from_megatron_args(grouped.args)) flags += f + " ";
   EXPECT_NE(flags.find("--moe-grouped-gemm "), std::string::npos) << flags;
   EXPECT_EQ(flags.find("--sequence-parallel ") != std::string::npos, sharded) << flags;
   if (!sharded) {
     ASSERT_TRUE(resume_one_iteration(dir / "sequential", dir / "resumed_sequential", 8));
-    ASSERT_TRUE(resume_one_iteration(dir / "grouped", dir / "resumed_grouped", 8));
+    ASSERT_TRUE(resume_one_iteration(dir / "grouped_local", dir / "resumed_grouped", 8));
     const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
     EXPECT_NE(figures, "");
     EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
     expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 8, true);
     // Beside a distrib_optim.pt, the grouped tensors' distributed-optimizer state is refused.
-    std::ofstream(dir / "grouped" / "iter_0000007" / "mp_rank_00" / "distrib_optim.pt") << "";
+    std::ofstream(dir / "grouped_local" / "iter_0000007" / "mp_rank_00" / "distrib_optim.pt") << "";
     try {
-      load_checkpoint((dir / "grouped").string(), 7, {}, {}, true, 0, 1);
+      load_checkpoint((dir / "grouped_local").string(), 7, {}, {}, true, 0, 1);
       ADD_FAILURE() << "a GroupedMLP checkpoint's distrib_optim.pt was read";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("holds GroupedMLP experts"), std::string::npos) << e.what();
     }
     // A weight1 whose columns do not split over the local experts is an error naming it.
-    const fs::path file = dir / "grouped" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
+    const fs::path file = dir / "grouped_local" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
     std::ofstream(dir / "narrow.py") << "import sys, torch\n"
                                         "sd = torch.load(sys.argv[1], weights_only=False)\n"
                                         "sd['model']['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 510)\n"
@@ -377,7 +376,7 @@ TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
     ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "narrow.py").string() + " " + file.string(),
                     dir / "narrow.log"));
     try {
-      load_checkpoint((dir / "grouped").string(), 7, {}, {}, false, 0, 1);
+      load_checkpoint((dir / "grouped_local").string(), 7, {}, {}, false, 0, 1);
       ADD_FAILURE() << "a weight1 of 510 columns over 4 experts loaded";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("decoder.layers.0.mlp.experts.weight1 [32, 510] is not GroupedMLP's"),
@@ -385,18 +384,18 @@ TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
           << e.what();
     }
   } else {
-    for (const char* c : {"sequential", "grouped"})
+    for (const char* c : {"sequential", "grouped_local", "grouped_te"})
       ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / c).string() + " " +
                           (dir / (std::string("tessera_") + c)).string() +
                           " --to tessera --target-tensor-parallel-size 1 --target-expert-parallel-size 1",
                       dir / (std::string(c) + "_convert.log")));
-    expect_same_tessera_files(dir / "tessera_sequential", dir / "tessera_grouped", 7, false);
+    for (const char* c : {"tessera_grouped_local", "tessera_grouped_te"})
+      expect_same_tessera_files(dir / "tessera_sequential", dir / c, 7, false);
   }
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(LocalAndTransformerEngine, MegatronGrouped,
-                         testing::Values("local", "local_tp2_ep2", "te_tp2_ep2"));
+INSTANTIATE_TEST_SUITE_P(Layouts, MegatronGrouped, testing::Values("tp1", "tp2_ep2"));
 
 // tessera's --moe-grouped-gemm save (--ckpt-format torch) holds GroupedMLP's weight1/weight2: it
 // loads strictly into megatron-core's GroupedMLP model built from its Namespace, whose forward

@@ -10,16 +10,18 @@ SequentialMLP's rank state dicts under TE GroupedLinear's parameter names (weigh
 one _extra_state per linear: transformer_engine/pytorch/module/grouped_linear.py) and its
 spec's norm names (linear_qkv.layer_norm_weight; linear_fc1.layer_norm_weight in dense layers).
 
-    python megatron_grouped_experts.py save OUT --layout local|te [--tp T] [--ep E]
+    python megatron_grouped_experts.py save OUT --layouts local te [--tp T] [--ep E]
 writes OUT/sequential, megatron_core_models.py's SequentialMLP checkpoint (TP=1, EP=1, AdamW
-after one step, expected.safetensors with its logits), and OUT/grouped, the same weights as the
-files of a --moe-grouped-gemm run at TP x EP. Each rank's model is built as that rank builds it
+after one step, expected.safetensors with its logits), and OUT/grouped_local (GroupedMLP) and
+OUT/grouped_te (TEGroupedMLP's names), the same weights as the files of a --moe-grouped-gemm run
+at TP x EP. Each rank's model is built as that rank builds it
 (parallel_state's sizes and ranks set through its setters) and filled the way dist_checkpointing
 reshards: the rank model's own sharded_state_dict() (GroupedMLP's ShardedTensorFactory maps its
 weight1/weight2 onto SequentialMLP's linear_fc1/linear_fc2 keys) is filled from the TP=1
 SequentialMLP model's global tensors and merged back with the factories' merge_fn. At TP=1 EP=1
-the local layout also carries the optimizer: torch's AdamW state of SequentialMLP's moments
-mapped the same way onto weight1/weight2, Megatron's parameter groups.
+the local layout also carries the optimizer (torch's AdamW state of SequentialMLP's moments
+mapped the same way onto weight1/weight2, Megatron's parameter groups), and GroupedMLP's own
+forward of the file must give SequentialMLP's logits (exit 1 otherwise).
 
     python megatron_grouped_experts.py check DIR EXPECTED
 megatron_core_models.py's check of tessera's save DIR (one rank), its Namespace saying
@@ -213,14 +215,9 @@ def optimizer_state(seq_file, seq_model, grouped_args):
     return optimizer.state_dict()
 
 
-def save(out, layout, tp, ep):
-    mcm.save(os.path.join(out, "sequential"), mcm.MOE, 1)
-    seq_dir = os.path.join(out, "sequential", "iter_%07d" % mcm.ITERATION, "mp_rank_00")
-    seq_file = torch.load(os.path.join(seq_dir, "model_optim_rng.pt"), map_location="cpu", weights_only=False)
+def save_grouped(out, layout, seq_file, seq_model, full, tp, ep):
+    """The files of the --moe-grouped-gemm run at TP x EP holding seq_model's weights."""
     args = seq_file["args"]
-    seq_model = build(args)
-    seq_model.load_state_dict(seq_file["model"], strict=True)
-    full = global_tensors(seq_model)
     rank_args = grouped_namespace(args, tp, ep, layout)
     # The models as built here: torch's norms refuse sequence parallelism (Apex is not
     # installed), which TransformerConfig requires with TP and EP; without it and with the
@@ -244,24 +241,41 @@ def save(out, layout, tp, ep):
             state["model"] = sd if layout == "local" else te_state_dict(sd, layer_is_moe)
             if layout == "local" and tp == 1 and ep == 1:
                 state["optimizer"] = optimizer_state(seq_file, seq_model, build_args)
-            folder = os.path.join(out, "grouped", "iter_%07d" % mcm.ITERATION, mcm.checkpoint_folder(t, 0, 1, e, ep))
+            folder = os.path.join(out, "iter_%07d" % mcm.ITERATION, mcm.checkpoint_folder(t, 0, 1, e, ep))
             os.makedirs(folder, exist_ok=True)
             torch.save(state, os.path.join(folder, "model_optim_rng.pt"))
-    with open(os.path.join(out, "grouped", "latest_checkpointed_iteration.txt"), "w") as f:
+    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(mcm.ITERATION))
     set_ranks(1, 0, 1, 0)
-    if layout == "local" and tp == 1 and ep == 1:
-        # GroupedMLP's own forward of the file (the gmm stub) gives SequentialMLP's logits.
-        saved = torch.load(os.path.join(folder, "model_optim_rng.pt"), map_location="cpu", weights_only=False)
-        model = mcm.build_model(saved["args"])
-        model.load_state_dict(saved["model"], strict=True)
-        assert type(model.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
-        want = mcm.safetensors_io.read(os.path.join(out, "sequential", "expected.safetensors"))[0]
-        tokens = torch.from_numpy(mcm.safetensors_io.array(want["tokens"]).astype("int64"))
-        diff = (mcm.forward(model, tokens) - torch.from_numpy(mcm.safetensors_io.array(want["logits"]).copy())).abs()
-        print("GroupedMLP's forward of its file against SequentialMLP's logits: max |diff| %.3g" % diff.max().item())
-        if diff.max().item() > 1e-5:
-            raise SystemExit("GroupedMLP's forward of the grouped file differs from SequentialMLP's")
+
+
+def check_grouped_forward(grouped, expected):
+    """GroupedMLP's own forward of a TP=1 EP=1 file (the gmm stub) against SequentialMLP's logits."""
+    it_dir = os.path.join(grouped, "iter_%07d" % mcm.ITERATION, "mp_rank_00")
+    saved = torch.load(os.path.join(it_dir, "model_optim_rng.pt"), map_location="cpu", weights_only=False)
+    model = mcm.build_model(saved["args"])
+    model.load_state_dict(saved["model"], strict=True)
+    assert type(model.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
+    want = mcm.safetensors_io.read(expected)[0]
+    tokens = torch.from_numpy(mcm.safetensors_io.array(want["tokens"]).astype("int64"))
+    diff = (mcm.forward(model, tokens) - torch.from_numpy(mcm.safetensors_io.array(want["logits"]).copy())).abs()
+    print("GroupedMLP's forward of its file against SequentialMLP's logits: max |diff| %.3g" % diff.max().item())
+    if diff.max().item() > 1e-5:
+        raise SystemExit("GroupedMLP's forward of the grouped file differs from SequentialMLP's")
+
+
+def save(out, layouts, tp, ep):
+    mcm.save(os.path.join(out, "sequential"), mcm.MOE, 1)
+    seq_dir = os.path.join(out, "sequential", "iter_%07d" % mcm.ITERATION, "mp_rank_00")
+    seq_file = torch.load(os.path.join(seq_dir, "model_optim_rng.pt"), map_location="cpu", weights_only=False)
+    seq_model = build(seq_file["args"])
+    seq_model.load_state_dict(seq_file["model"], strict=True)
+    full = global_tensors(seq_model)
+    for layout in layouts:
+        grouped = os.path.join(out, "grouped_" + layout)
+        save_grouped(grouped, layout, seq_file, seq_model, full, tp, ep)
+        if layout == "local" and tp == 1 and ep == 1:
+            check_grouped_forward(grouped, os.path.join(out, "sequential", "expected.safetensors"))
 
 
 def check_ep(ep_dir, one_dir):
@@ -363,7 +377,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("action", choices=["save", "check", "check-ep", "dist-save", "dist-check"])
     p.add_argument("paths", nargs="+")
-    p.add_argument("--layout", choices=["local", "te"], default="local")
+    p.add_argument("--layouts", nargs="+", choices=["local", "te"], default=["local"])
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     a = p.parse_args()
@@ -374,7 +388,7 @@ def main():
     mcm.init_cpu_megatron()
     stub_grouped_gemm()
     if a.action == "save":
-        save(a.paths[0], a.layout, a.tp, a.ep)
+        save(a.paths[0], a.layouts, a.tp, a.ep)
     elif a.action == "check":
         mcm.check(a.paths[0], a.paths[1], mcm.MOE)
     else:
