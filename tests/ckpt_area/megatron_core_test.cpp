@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <regex>
@@ -336,7 +337,7 @@ testing::AssertionResult resume_one_iteration(const fs::path& ckpt, const fs::pa
 // checkpoint of the same weights: its GroupedMLP file at TP=1 EP=1 ("tp1"), with AdamW's state
 // mapped as its weights, resumes for an iteration to the same figures and the same model and
 // optimizer bytes; the four files of TP=2 x EP=2 ("tp2_ep2") of GroupedMLP and of TEGroupedMLP's
-// names convert to the same tessera model bytes.
+// names convert to the same tessera model bytes, and so does tessera's TEGroupedMLP save of them.
 class MegatronGrouped : public testing::TestWithParam<std::string> {};
 
 TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
@@ -389,7 +390,23 @@ TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
                           (dir / (std::string("tessera_") + c)).string() +
                           " --to tessera --target-tensor-parallel-size 1 --target-expert-parallel-size 1",
                       dir / (std::string(c) + "_convert.log")));
-    for (const char* c : {"tessera_grouped_local", "tessera_grouped_te"})
+    // tessera writes TEGroupedMLP's names for a Namespace of transformer_impl transformer_engine
+    // (ckpt convert keeps the source's), and reads them back as the same model.
+    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "grouped_te").string() + " " +
+                        (dir / "te_written").string() + " --to torch",
+                    dir / "te_written.log"));
+    std::vector<std::string> keys;
+    for (const MegatronFileSummary& f : summarize_megatron_checkpoint((dir / "te_written").string(), 7))
+      if (f.rel == "mp_rank_01_001/model_optim_rng.pt")
+        for (const MegatronFileSummary::Entry& e : f.model) keys.push_back(e.key + " " + shape_str(e.shape));
+    for (const char* key : {"decoder.layers.0.mlp.experts.linear_fc1.weight1 [64, 32]",
+                            "decoder.layers.0.mlp.experts.linear_fc2.weight1 [32, 32]"})
+      EXPECT_NE(std::find(keys.begin(), keys.end(), key), keys.end()) << key;
+    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "te_written").string() + " " +
+                        (dir / "tessera_te_written").string() +
+                        " --to tessera --target-tensor-parallel-size 1 --target-expert-parallel-size 1",
+                    dir / "te_written_convert.log"));
+    for (const char* c : {"tessera_grouped_local", "tessera_grouped_te", "tessera_te_written"})
       expect_same_tessera_files(dir / "tessera_sequential", dir / c, 7, false);
   }
   fs::remove_all(dir);
