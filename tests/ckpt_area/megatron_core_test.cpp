@@ -15,6 +15,9 @@
 //     experts numbered from 0, read into tessera at EP=1; tessera's save converted with
 //     `ckpt convert --target-expert-parallel-size 2`, and its own training save at EP=2
 //     (--no-save-optim), load into megatron-core's EP ranks);
+//   - --moe-grouped-gemm (tests/reference/megatron_grouped_experts.py): megatron-core's GroupedMLP
+//     and TEGroupedMLP files read as SequentialMLP's, tessera's grouped save loads strictly into
+//     GroupedMLP, and torch_dist's grouped keys are SequentialMLP's (in the tdist venv).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,9 +25,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <regex>
 #include <fstream>
 #include <iterator>
+#include <regex>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
