@@ -419,10 +419,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MegatronGrouped, testing::Values("tp1", "tp2_e
 
 // tessera's --moe-grouped-gemm save (--ckpt-format torch) holds GroupedMLP's weight1/weight2: it
 // loads strictly into megatron-core's GroupedMLP model built from its Namespace, whose forward
-// gives tessera's logits; converted to EP=2 each rank's file loads strictly into its rank's
-// model and holds its share of the experts; and tessera reads it back as the save of the same
-// run without the flag: one more iteration from either logs the same figures and saves the same
-// model and optimizer bytes, in fp32 and bf16 (fp32_from_fp16_params grouped like the weights).
+// gives tessera's logits; converted to EP=2, and saved by a training run at EP=2, each rank's
+// file loads strictly into its rank's model and holds its share of the experts; and tessera reads
+// it back as the save of the same run without the flag: one more iteration from either logs the
+// same figures and saves the same model and optimizer bytes, in fp32 and bf16
+// (fp32_from_fp16_params grouped like the weights).
 TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
   const fs::path dir = scratch("tessera_grouped_save");
   std::vector<std::string> flags = kGpt;
@@ -453,6 +454,21 @@ TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
   EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check-ep " +
                       (dir / "grouped_ep2").string() + " " + (dir / "grouped").string(),
                   dir / "check_ep.log"));
+  // tessera's own training save at EP=2 (two processes, each its mp_rank_00_EEE): the same, against
+  // tessera's reading of it written back at EP=1.
+  const std::string launch = std::string("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE OMP_NUM_THREADS=1 ") +
+                             TESSERA_EXE + " launch --standalone --nproc_per_node 2 train";
+  std::string ep_flags;
+  for (const std::string& f : flags) ep_flags += " " + f;
+  ASSERT_TRUE(run(launch + ep_flags + " --moe-grouped-gemm --expert-model-parallel-size 2 --no-save-optim --save " +
+                      (dir / "trained_ep2").string(),
+                  dir / "trained_ep2.log"));
+  ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "trained_ep2").string() + " " +
+                      (dir / "trained_ep1").string() + " --to torch --target-expert-parallel-size 1",
+                  dir / "trained_convert.log"));
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check-ep " +
+                      (dir / "trained_ep2").string() + " " + (dir / "trained_ep1").string(),
+                  dir / "trained_check_ep.log"));
 
   // In bf16 too, whose optimizer keeps the fp32 main parameters as fp32_from_fp16_params.
   ASSERT_TRUE(run(cmd + " --bf16 --save " + (dir / "bf16_sequential").string(), dir / "bf16_sequential.log"));
