@@ -15,14 +15,19 @@
 //     experts numbered from 0, read into tessera at EP=1; tessera's save converted with
 //     `ckpt convert --target-expert-parallel-size 2`, and its own training save at EP=2
 //     (--no-save-optim), load into megatron-core's EP ranks);
+//   - --moe-grouped-gemm (tests/reference/megatron_grouped_experts.py): megatron-core's GroupedMLP
+//     and TEGroupedMLP files read as SequentialMLP's, tessera's grouped save loads strictly into
+//     GroupedMLP, and torch_dist's grouped keys are SequentialMLP's (in the tdist venv).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
@@ -154,24 +159,20 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
     const std::string resumed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(resumed.find("iteration        8/       8"), std::string::npos) << resumed;
     EXPECT_NE(resumed.find("load_balancing_loss"), std::string::npos) << resumed;
-    // The experts as --moe-grouped-gemm saves them (GroupedMLP's weight1/weight2) are refused by
-    // name, not read as unknown parameters.
+    // An experts' entry that none of megatron-core's expert modules saves is refused by name,
+    // not read as an unknown parameter.
     const fs::path file = dir / "ckpt" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
-    std::ofstream(dir / "grouped.py") << "import sys, torch\n"
+    std::ofstream(dir / "unknown.py") << "import sys, torch\n"
                                          "sd = torch.load(sys.argv[1], weights_only=False)\n"
-                                         "m = sd['model']\n"
-                                         "for k in [k for k in m if '.local_experts.' in k]: del m[k]\n"
-                                         "m['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 512)\n"
-                                         "m['decoder.layers.0.mlp.experts.weight2'] = torch.zeros(256, 32)\n"
+                                         "sd['model']['decoder.layers.0.mlp.experts.weight3'] = torch.zeros(32, 512)\n"
                                          "torch.save(sd, sys.argv[1])\n";
-    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "grouped.py").string() + " " + file.string(),
-                    dir / "grouped.log"));
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "unknown.py").string() + " " + file.string(),
+                    dir / "unknown.log"));
     try {
       load_checkpoint((dir / "ckpt").string(), 7, {}, {}, false, 0, 1);
-      ADD_FAILURE() << "grouped-GEMM experts loaded";
+      ADD_FAILURE() << "an unknown experts' entry loaded";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("mlp.experts.weight1"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("--moe-grouped-gemm"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("mlp.experts.weight3 is no expert weight"), std::string::npos) << e.what();
     }
   }
   if (moe()) {
@@ -290,6 +291,242 @@ open(sys.argv[1], 'wb').write(pickle.dumps(np.random.get_state(), protocol=2))
 }
 
 INSTANTIATE_TEST_SUITE_P(GptLlamaMoE, MegatronCore, testing::Values("gpt", "llama", "moe", "moe_ep2"));
+
+// ---- Grouped-GEMM experts (--moe-grouped-gemm), tests/reference/megatron_grouped_experts.py ----
+
+const std::string kGroupedScript = std::string(TESSERA_SOURCE_DIR) + "/tests/reference/megatron_grouped_experts.py";
+
+std::string file_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {(std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()};
+}
+
+// The model and optimizer of the tessera-format save in dir (iteration `it`), byte for byte.
+void expect_same_tessera_files(const fs::path& a, const fs::path& b, int it, bool optimizer) {
+  char folder[32];
+  std::snprintf(folder, sizeof folder, "iter_%07d/mp_rank_00", it);
+  for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
+    if (!optimizer && std::string(name) == "optimizer.safetensors") continue;
+    const std::string x = file_text(a / folder / name), y = file_text(b / folder / name);
+    EXPECT_FALSE(x.empty()) << a / folder / name;
+    EXPECT_TRUE(x == y) << a / folder / name << " differs from " << b / folder / name;
+  }
+}
+
+// The log's figures of its last iteration (lm loss, load_balancing_loss, loss scale, grad norm).
+std::string last_iteration_figures(const fs::path& log) {
+  const std::string text = file_text(log);
+  static const std::regex figures(
+      "lm loss: [^|]*\\| load_balancing_loss: [^|]*\\| loss scale: [^|]*\\| grad norm: [^|]*");
+  std::string last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), figures); it != std::sregex_iterator(); ++it)
+    last = it->str();
+  return last;
+}
+
+// Resumes the Megatron checkpoint `ckpt` for one iteration (8 of 8 global batches of 8) and
+// saves it in tessera's format at `out`.
+testing::AssertionResult resume_one_iteration(const fs::path& ckpt, const fs::path& out, int iterations,
+                                              const std::string& extra = "") {
+  return run(std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train --load " + ckpt.string() +
+                 " --use-checkpoint-args --use-checkpoint-opt_param-scheduler --mock-data --micro-batch-size 1"
+                 " --global-batch-size 8 --train-iters " + std::to_string(iterations) +
+                 " --lr 1e-3 --eval-iters 0 --log-interval 1 --ckpt-format tessera --save " + out.string() +
+                 " --save-interval " + std::to_string(iterations) + extra,
+             out.string() + ".log");
+}
+
+// megatron-core's MoE Llama saved with --moe-grouped-gemm reads into tessera as the SequentialMLP
+// checkpoint of the same weights: its GroupedMLP file at TP=1 EP=1 ("tp1"), with AdamW's state
+// mapped as its weights, resumes for an iteration to the same figures and the same model and
+// optimizer bytes; the four files of TP=2 x EP=2 ("tp2_ep2") of GroupedMLP and of TEGroupedMLP's
+// names convert to the same tessera model bytes, and so does tessera's TEGroupedMLP save of them.
+class MegatronGrouped : public testing::TestWithParam<std::string> {};
+
+TEST_P(MegatronGrouped, ItsGroupedFilesReadAsItsSequentialOne) {
+  const bool sharded = GetParam() == "tp2_ep2";
+  const fs::path dir = scratch("megatron_grouped_" + GetParam());
+  ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " save " + dir.string() +
+                      (sharded ? " --layouts local te --tp 2 --ep 2" : " --layouts local"),
+                  dir / "save.log"));
+  // --use-checkpoint-args takes --moe-grouped-gemm (as Megatron's load_args_from_checkpoint), and
+  // the sequence parallelism MoE needs at TP > 1.
+  std::string flags;
+  const CheckpointState grouped = read_checkpoint_metadata((dir / "grouped_local").string(), 7);
+  for (const std::string& f : train_flags_from_megatron_args(grouped.args)) flags += f + " ";
+  EXPECT_NE(flags.find("--moe-grouped-gemm "), std::string::npos) << flags;
+  EXPECT_EQ(flags.find("--sequence-parallel ") != std::string::npos, sharded) << flags;
+  if (!sharded) {
+    ASSERT_TRUE(resume_one_iteration(dir / "sequential", dir / "resumed_sequential", 8));
+    ASSERT_TRUE(resume_one_iteration(dir / "grouped_local", dir / "resumed_grouped", 8));
+    const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
+    EXPECT_NE(figures, "");
+    EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
+    expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 8, true);
+    // Beside a distrib_optim.pt, the grouped tensors' distributed-optimizer state is refused.
+    std::ofstream(dir / "grouped_local" / "iter_0000007" / "mp_rank_00" / "distrib_optim.pt") << "";
+    try {
+      load_checkpoint((dir / "grouped_local").string(), 7, {}, {}, true, 0, 1);
+      ADD_FAILURE() << "a GroupedMLP checkpoint's distrib_optim.pt was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("holds GroupedMLP experts"), std::string::npos) << e.what();
+    }
+    // A weight1 whose columns do not split over the local experts is an error naming it.
+    const fs::path file = dir / "grouped_local" / "iter_0000007" / "mp_rank_00" / kMegatronFile;
+    std::ofstream(dir / "narrow.py") << "import sys, torch\n"
+                                        "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                        "sd['model']['decoder.layers.0.mlp.experts.weight1'] = torch.zeros(32, 510)\n"
+                                        "torch.save(sd, sys.argv[1])\n";
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "narrow.py").string() + " " + file.string(),
+                    dir / "narrow.log"));
+    try {
+      load_checkpoint((dir / "grouped_local").string(), 7, {}, {}, false, 0, 1);
+      ADD_FAILURE() << "a weight1 of 510 columns over 4 experts loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("decoder.layers.0.mlp.experts.weight1 [32, 510] is not GroupedMLP's"),
+                std::string::npos)
+          << e.what();
+    }
+  } else {
+    for (const char* c : {"sequential", "grouped_local", "grouped_te"})
+      ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / c).string() + " " +
+                          (dir / (std::string("tessera_") + c)).string() +
+                          " --to tessera --target-tensor-parallel-size 1 --target-expert-parallel-size 1",
+                      dir / (std::string(c) + "_convert.log")));
+    // tessera writes TEGroupedMLP's names for a Namespace of transformer_impl transformer_engine
+    // (ckpt convert keeps the source's), and reads them back as the same model.
+    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "grouped_te").string() + " " +
+                        (dir / "te_written").string() + " --to torch",
+                    dir / "te_written.log"));
+    std::vector<std::string> keys;
+    for (const MegatronFileSummary& f : summarize_megatron_checkpoint((dir / "te_written").string(), 7))
+      if (f.rel == "mp_rank_01_001/model_optim_rng.pt")
+        for (const MegatronFileSummary::Entry& e : f.model) keys.push_back(e.key + " " + shape_str(e.shape));
+    for (const char* key : {"decoder.layers.0.mlp.experts.linear_fc1.weight1 [64, 32]",
+                            "decoder.layers.0.mlp.experts.linear_fc2.weight1 [32, 32]"})
+      EXPECT_NE(std::find(keys.begin(), keys.end(), key), keys.end()) << key;
+    ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "te_written").string() + " " +
+                        (dir / "tessera_te_written").string() +
+                        " --to tessera --target-tensor-parallel-size 1 --target-expert-parallel-size 1",
+                    dir / "te_written_convert.log"));
+    for (const char* c : {"tessera_grouped_local", "tessera_grouped_te", "tessera_te_written"})
+      expect_same_tessera_files(dir / "tessera_sequential", dir / c, 7, false);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MegatronGrouped, testing::Values("tp1", "tp2_ep2"));
+
+// tessera's --moe-grouped-gemm save (--ckpt-format torch) holds GroupedMLP's weight1/weight2: it
+// loads strictly into megatron-core's GroupedMLP model built from its Namespace, whose forward
+// gives tessera's logits; converted to EP=2, and saved by a training run at EP=2, each rank's
+// file loads strictly into its rank's model and holds its share of the experts; and tessera reads
+// it back as the save of the same run without the flag: one more iteration from either logs the
+// same figures and saves the same model and optimizer bytes, in fp32 and bf16
+// (fp32_from_fp16_params grouped like the weights).
+TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
+  const fs::path dir = scratch("tessera_grouped_save");
+  std::vector<std::string> flags = kGpt;
+  flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  flags.insert(flags.end(), kMoE.begin(), kMoE.end());
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters",
+                             "2", "--lr", "1e-2", "--min-lr", "1e-4", "--eval-iters", "0", "--init-method-std", "0.2",
+                             "--save-interval", "2", "--ckpt-format", "torch"});
+  std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
+  for (const std::string& f : flags) cmd += " " + f;
+  ASSERT_TRUE(run(cmd + " --save " + (dir / "sequential").string(), dir / "sequential.log"));
+  ASSERT_TRUE(run(cmd + " --moe-grouped-gemm --save " + (dir / "grouped").string(), dir / "grouped.log"));
+
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
+  const std::vector<float> logits = tessera_logits(dir / "grouped", tokens, 2);
+  EXPECT_EQ(logits, tessera_logits(dir / "sequential", tokens, 2));
+  const fs::path mine = dir / "logits.safetensors";
+  safetensors::write(mine.string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
+                                     {"logits", DType::F32, {2, 16, static_cast<int64_t>(logits.size()) / 32},
+                                      logits.data()}});
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check " + (dir / "grouped").string() +
+                      " " + mine.string(),
+                  dir / "check.log"));
+  ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "grouped").string() + " " +
+                      (dir / "grouped_ep2").string() + " --to torch --target-expert-parallel-size 2",
+                  dir / "convert.log"));
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check-ep " +
+                      (dir / "grouped_ep2").string() + " " + (dir / "grouped").string(),
+                  dir / "check_ep.log"));
+  // tessera's own training save at EP=2 (two processes, each its mp_rank_00_EEE): the same, against
+  // tessera's reading of it written back at EP=1.
+  const std::string launch = std::string("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE OMP_NUM_THREADS=1 ") +
+                             TESSERA_EXE + " launch --standalone --nproc_per_node 2 train";
+  std::string ep_flags;
+  for (const std::string& f : flags) ep_flags += " " + f;
+  ASSERT_TRUE(run(launch + ep_flags + " --moe-grouped-gemm --expert-model-parallel-size 2 --no-save-optim --save " +
+                      (dir / "trained_ep2").string(),
+                  dir / "trained_ep2.log"));
+  ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "trained_ep2").string() + " " +
+                      (dir / "trained_ep1").string() + " --to torch --target-expert-parallel-size 1",
+                  dir / "trained_convert.log"));
+  EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check-ep " +
+                      (dir / "trained_ep2").string() + " " + (dir / "trained_ep1").string(),
+                  dir / "trained_check_ep.log"));
+
+  // In bf16 too, whose optimizer keeps the fp32 main parameters as fp32_from_fp16_params.
+  ASSERT_TRUE(run(cmd + " --bf16 --save " + (dir / "bf16_sequential").string(), dir / "bf16_sequential.log"));
+  ASSERT_TRUE(run(cmd + " --bf16 --moe-grouped-gemm --save " + (dir / "bf16_grouped").string(),
+                  dir / "bf16_grouped.log"));
+  for (const char* c : {"sequential", "grouped", "bf16_sequential", "bf16_grouped"})
+    ASSERT_TRUE(resume_one_iteration(dir / c, dir / (std::string("resumed_") + c), 3));
+  for (const std::string precision : {"", "bf16_"}) {
+    const fs::path sequential = dir / ("resumed_" + precision + "sequential"),
+                   grouped = dir / ("resumed_" + precision + "grouped");
+    const std::string figures = last_iteration_figures(sequential.string() + ".log");
+    EXPECT_NE(figures, "");
+    EXPECT_EQ(figures, last_iteration_figures(grouped.string() + ".log"));
+    expect_same_tessera_files(sequential, grouped, 3, true);
+  }
+  fs::remove_all(dir);
+}
+
+// megatron-core keys GroupedMLP's torch_dist tensors (weights and optimizer state) as SequentialMLP's
+// (the reference exits 1 otherwise): its torch_dist save of the MoE Llama with SequentialMLP and
+// the same model loaded into GroupedMLP and saved again resume in tessera to the same figures and
+// the same model and optimizer bytes; tessera's --moe-grouped-gemm torch_dist save loads with
+// dist_checkpointing into megatron-core's GroupedMLP model (strict) with tessera's logits.
+// Skipped without the tdist venv (torch 2.5.1: megatron-core 0.10.0's torch_dist needs it).
+TEST(MegatronGroupedTorchDist, KeysAsSequentialMLPBothWays) {
+  if (!fs::exists(TESSERA_TDIST_PYTHON)) GTEST_SKIP() << "no tdist venv at " << TESSERA_TDIST_PYTHON;
+  const fs::path dir = scratch("grouped_torch_dist");
+  ASSERT_TRUE(run(std::string(TESSERA_TDIST_PYTHON) + " " + kGroupedScript + " dist-save " + dir.string(),
+                  dir / "dist_save.log"));
+  for (const char* c : {"sequential", "grouped"})
+    ASSERT_TRUE(resume_one_iteration(dir / c, dir / (std::string("resumed_") + c), 8));
+  const std::string figures = last_iteration_figures(dir / "resumed_sequential.log");
+  EXPECT_NE(figures, "");
+  EXPECT_EQ(figures, last_iteration_figures(dir / "resumed_grouped.log"));
+  expect_same_tessera_files(dir / "resumed_sequential", dir / "resumed_grouped", 8, true);
+
+  std::vector<std::string> flags = kGpt;
+  flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  flags.insert(flags.end(), kMoE.begin(), kMoE.end());
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters",
+                             "2", "--lr", "1e-2", "--eval-iters", "0", "--init-method-std", "0.2", "--save-interval",
+                             "2", "--moe-grouped-gemm", "--ckpt-format", "torch_dist", "--save",
+                             (dir / "tessera").string()});
+  std::string cmd = std::string("env OMP_NUM_THREADS=1 ") + TESSERA_EXE + " train";
+  for (const std::string& f : flags) cmd += " " + f;
+  ASSERT_TRUE(run(cmd, dir / "tessera.log"));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 100);
+  const std::vector<float> logits = tessera_logits(dir / "tessera", tokens, 2);
+  const fs::path mine = dir / "logits.safetensors";
+  safetensors::write(mine.string(), {{"tokens", DType::I32, {2, 16}, tokens.data()},
+                                     {"logits", DType::F32, {2, 16, static_cast<int64_t>(logits.size()) / 32},
+                                      logits.data()}});
+  EXPECT_TRUE(run(std::string(TESSERA_TDIST_PYTHON) + " " + kGroupedScript + " dist-check " +
+                      (dir / "tessera").string() + " " + mine.string(),
+                  dir / "dist_check.log"));
+  fs::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace tessera

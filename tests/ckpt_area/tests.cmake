@@ -111,13 +111,15 @@ set_tests_properties(ckpt.llama_hf PROPERTIES TIMEOUT 900 LABELS ckpt)
 # Megatron-LM's checkpoints against the real tools, both ways (tests/ckpt_area/megatron_core_test.cpp,
 # tests/reference/megatron_core_models.py in the tools venv: megatron-core 0.10.0's GPTModel on
 # the CPU): its save of a tiny GPT and Llama loads into tessera with its logits, and tessera's
-# --ckpt-format torch save loads strictly into it, with Megatron's Namespace and tessera's logits.
+# --ckpt-format torch save loads strictly into it, with Megatron's Namespace and tessera's logits;
+# the same for --moe-grouped-gemm's GroupedMLP / TEGroupedMLP (tests/reference/
+# megatron_grouped_experts.py), and its torch_dist keys in the tdist venv.
 add_executable(megatron_core_test ${PROJECT_SOURCE_DIR}/tests/ckpt_area/megatron_core_test.cpp)
 target_link_libraries(megatron_core_test PRIVATE tessera_all GTest::gtest_main OpenMP::OpenMP_CXX)
 target_compile_definitions(megatron_core_test PRIVATE
   TESSERA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TESSERA_BINARY_DIR="${PROJECT_BINARY_DIR}"
   TESSERA_TOOLS_PYTHON="${TESSERA_TOOLS_VENV}/bin/python" TESSERA_TEST_PYTHON="${TESSERA_TEST_VENV}/bin/python"
-  TESSERA_EXE="$<TARGET_FILE:tessera>")
+  TESSERA_TDIST_PYTHON="${TESSERA_TDIST_VENV}/bin/python" TESSERA_EXE="$<TARGET_FILE:tessera>")
 add_dependencies(megatron_core_test tessera)
 gtest_discover_tests(megatron_core_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 240 LABELS ckpt)
 

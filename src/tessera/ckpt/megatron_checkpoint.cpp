@@ -11,6 +11,7 @@
 #include <set>
 
 #include "tessera/ckpt/megatron_distrib_optim.h"
+#include "tessera/ckpt/megatron_grouped_experts.h"
 #include "tessera/ckpt/megatron_rng_state.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/dtype.h"
@@ -95,6 +96,7 @@ std::optional<MappedName> map_name(const std::string& key) {
       if (rest == r.from) return MappedName{layer, r.to};
     for (const Rename& r : kLayerPrefix)
       if (starts_with(rest, r.from)) return MappedName{layer, r.to + rest.substr(std::strlen(r.from))};
+    if (std::optional<std::string> expert = sequential_name_of_te_grouped(rest)) return MappedName{layer, *expert};
     return MappedName{layer, rest};
   }
   return MappedName{-1, key};
@@ -259,6 +261,7 @@ struct RankFile {
   TorchFile file;
   std::vector<SavedParam> params;  // registration order, chunk by chunk (the optimizer's order)
   std::vector<int> first_layer;    // of each of its chunks, globally
+  bool grouped = false;            // its GroupedMLP tensors were expanded into per-expert views
 };
 
 // A saved layout: tensor-, pipeline- and expert-parallel sizes, and each layer's experts per
@@ -272,16 +275,16 @@ std::string shard_rel(int tp, int pp, int ep, const SavedLayout& l) {
   return megatron_shard_folder(tp, pp, l.pp, ep, l.ep) + "/" + kMegatronFile;
 }
 
-// A --moe-grouped-gemm checkpoint's experts: GroupedMLP's mlp.experts.weight1/weight2 (local
-// spec) or TEGroupedMLP's mlp.experts.linear_fc1.weight<E> (Transformer Engine's).
-void refuse_grouped_experts(const TorchFile& f, const std::string& key, const MappedName& m) {
-  if (m.local_layer < 0 || !starts_with(m.rest, "mlp.experts.") || is_expert(m.rest)) return;
+// An experts' entry that none of megatron-core's expert modules saves: SequentialMLP's
+// local_experts.N.*, GroupedMLP's weight1/weight2 (megatron_grouped_experts.h expands them
+// before the model is read), TEGroupedMLP's linear_fc1.weight<N> (renamed by map_name).
+void refuse_unknown_experts(const TorchFile& f, const std::string& key, const MappedName& m) {
+  if (m.local_layer < 0 || !starts_with(m.rest, "mlp.experts.") || is_expert(m.rest) || is_grouped_mlp_weight(m.rest))
+    return;
   throw runtime_error(f.path() + ": model entry " + key +
-                          " is a grouped-GEMM expert weight (Megatron's --moe-grouped-gemm: GroupedMLP's "
-                          "mlp.experts.weight1/weight2, or TEGroupedMLP's mlp.experts.linear_fc1.weight<E>), which "
-                          "tessera does not read from --ckpt-format torch",
-                      "convert it with Megatron-LM to torch_dist (--ckpt-convert-format torch_dist), whose expert "
-                      "keys megatron-core makes the same as SequentialMLP's, or save it without --moe-grouped-gemm");
+                          " is no expert weight megatron-core saves (SequentialMLP's mlp.experts.local_experts.N.*, "
+                          "GroupedMLP's mlp.experts.weight1/weight2, TEGroupedMLP's mlp.experts.linear_fc1.weight<N>)",
+                      "the file is not a Megatron-LM checkpoint of GPT, or it is damaged");
 }
 
 // The legacy model nests its state dict by module ({"language_model": {"embedding": {...}}});
@@ -294,14 +297,14 @@ void add_saved_params(const TorchFile& f, const Value& dict, const std::string& 
     const std::string key = prefix + k->text;
     std::optional<MappedName> m = map_name(key);
     if (!m) continue;
-    refuse_grouped_experts(f, key, *m);
+    refuse_unknown_experts(f, key, *m);
     if (v->kind == Kind::Dict) {
       add_saved_params(f, *v, key + ".", depth + 1, out);
       continue;
     }
     if (v->kind != Kind::Tensor)
       throw runtime_error(f.path() + ": model entry " + key + " is " + pickle::describe(*v) + ", not a tensor");
-    const bool wd = !ends_with(key, ".bias") && v->tensor.shape.size() != 1;
+    const bool wd = megatron_decays_weight(key, v->tensor.shape.size());
     out.push_back({key, *m, v, wd, 0});
   }
 }
@@ -508,6 +511,7 @@ std::vector<RankFile> open_all(const std::string& it_dir, const SavedLayout& lay
       for (int tp = 0; tp < layout.tp; ++tp) {
         const std::string rel = shard_rel(tp, pp, ep, layout);
         RankFile f{tp, pp, ep, rel, TorchFile::open((fs::path(it_dir) / rel).string()), {}, {}};
+        f.grouped = expand_grouped_mlp_weights(f.file, layout.local_experts);
         f.params = saved_params(f.file);
         if (tp == 0 && ep == 0) stage_chunk_layers[pp] = chunk_layer_counts(f.params);
         if (ep > 0)
@@ -733,6 +737,11 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
                         "load its model with --no-load-optim (the optimizer starts fresh) or --finetune");
   std::vector<RankFile> files = open_all(it_dir, layout);
   const bool distributed = load_optimizer && uses_distrib_optim(it_dir, files);
+  if (distributed && std::any_of(files.begin(), files.end(), [](const RankFile& f) { return f.grouped; }))
+    throw runtime_error("checkpoint " + it_dir + " holds GroupedMLP experts (--moe-grouped-gemm) and " +
+                            kDistribOptimFile + ": tessera does not read the distributed optimizer's state of "
+                            "grouped experts",
+                        "load its model with --no-load-optim (the optimizer starts fresh) or --finetune");
   const bool tied = tied_output(s.args);
 
   PieceSet model_set, optimizer_set;
@@ -1117,7 +1126,9 @@ void write_megatron_pickle(const std::string& path, const char* archive, pickle:
 }  // namespace
 
 void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
-                         const std::vector<MegatronParam>& params) {
+                         const std::vector<MegatronParam>& sequential) {
+  const GroupedMegatronParams grouped = group_megatron_experts(spec.args, sequential);
+  const std::vector<MegatronParam>& params = grouped.params;
   pickle::Document doc;
   FileTensors tensors(doc);
   Value* root = megatron_root(doc, spec);

@@ -11,8 +11,10 @@
 // mlp.experts.local_experts.X.linear_fc1/linear_fc2 (split over TP like the dense MLP's),
 // mlp.shared_experts.*. The file of expert-parallel rank r numbers its experts from 0 (expert
 // r*E/EP is local 0); reading renumbers them globally and takes the replicated parameters from
-// EP rank 0's files. Grouped-GEMM experts (--moe-grouped-gemm) and the optimizer state of an
-// EP > 1 save are refused by name.
+// EP rank 0's files. Grouped-GEMM experts (--moe-grouped-gemm: GroupedMLP's weight1/weight2,
+// TEGroupedMLP's linear_fc1.weight<X>) are read as SequentialMLP's and written as the saved
+// Namespace's transformer_impl builds them (megatron_grouped_experts.h). The optimizer state of
+// an EP > 1 save, and the distributed optimizer's of a GroupedMLP save, are refused by name.
 //
 // model_optim_rng.pt is a PyTorch zip file (torch_file.h) whose pickle holds `args` (an
 // argparse.Namespace), `checkpoint_version` 3.0, `iteration`, `model` (this rank's slices,
@@ -146,7 +148,9 @@ struct MegatronFileSpec {
 };
 
 // Writes (and fsyncs) the model_optim_rng.pt of one (tp, pp) rank at `path`, streaming: one
-// tensor's host copy in memory at a time, not the whole file.
+// tensor's host copy in memory at a time, not the whole file. With spec.args' moe_grouped_gemm
+// the experts are saved as megatron-core's grouped module (megatron_grouped_experts.h); for
+// GroupedMLP the file's expert tensors (and their optimizer state) are host copies made first.
 void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
                          const std::vector<MegatronParam>& params);
 

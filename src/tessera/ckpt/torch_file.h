@@ -32,6 +32,8 @@ class TorchFile {
 
   const std::string& path() const { return zip_.label(); }
   const pickle::Value& root() const { return *doc_.root; }
+  // The parsed tree, for a reader that rewrites it before use (megatron_grouped_experts.h).
+  pickle::Document& document() { return doc_; }
   // The tensor's elements, row-major, as float (Float, Half, BFloat16, Double storages) or
   // int64 (Long, Int, Short, Char, Byte, Bool). Errors name the file and `what`.
   std::vector<float> f32(const pickle::TensorRef& t, const std::string& what) const;

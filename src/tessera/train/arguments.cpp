@@ -254,8 +254,9 @@ std::vector<OptionDef> moe_option_defs() {
       {"--moe-token-drop-policy", K::Choice, "probs", "Which tokens an expert over capacity drops", "probs|position"},
       {"--moe-token-dispatcher-type", K::Choice, "allgather", "How tokens reach the experts",
        "allgather|alltoall", OptUse::Implemented, nullptr, "alltoall_seq"},
-      {"--moe-grouped-gemm", K::StoreTrue, nullptr, "Grouped GEMM over the local experts (tessera always groups)",
-       nullptr, kSpeed},
+      {"--moe-grouped-gemm", K::StoreTrue, nullptr,
+       "Megatron's grouped-GEMM experts: --ckpt-format torch saves GroupedMLP's weight1/weight2 (tessera always "
+       "groups the experts' GEMMs)"},
       {"--moe-per-layer-logging", K::StoreTrue, nullptr, "Also log each MoE layer's aux losses to TensorBoard"},
       {"--expert-model-parallel-size", K::Int, "1", "Expert-parallel size (carved from context x data parallelism)"},
       {"--expert-tensor-parallel-size", K::Int, nullptr, "Tensor-parallel size of the experts: TP (the default)"},
@@ -416,6 +417,15 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
                       "not with --use-distributed-optimizer",
                       "add --no-save-optim (and leave out --use-distributed-optimizer), or save with --ckpt-format "
                       "torch_dist (the default) or tessera, which hold the optimizer state at any layout");
+  // --moe-grouped-gemm saves megatron-core's GroupedMLP: two tensors per layer for the experts,
+  // which Megatron's distributed optimizer lays out in its buffers unlike tessera's per-expert
+  // parameters (docs/checkpoints.md).
+  if (a.save_megatron_format && !a.save.empty() && p.get_bool("--moe-grouped-gemm") && a.use_distributed_optimizer &&
+      !a.no_save_optim)
+    throw usage_error("saving --ckpt-format torch with --moe-grouped-gemm and --use-distributed-optimizer is not "
+                      "supported (megatron-core's GroupedMLP experts in distrib_optim.pt)",
+                      "add --no-save-optim, or save with --ckpt-format torch_dist (the default), whose grouped "
+                      "experts megatron-core keys as SequentialMLP's");
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids

@@ -226,10 +226,11 @@ std::vector<std::string> train_flags_from_megatron_args(const json& args) {
       "add_bias_linear", "add_qkv_bias", "swiglu", "group_query_attention", "num_query_groups", "rotary_base",
       "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "tokenizer_type", "tokenizer_model",
       "vocab_size", "vocab_file", "merge_file", "init_method_std", "hidden_dropout", "attention_dropout", "fp16",
-      "bf16", "tensor_model_parallel_size", "pipeline_model_parallel_size", "num_experts", "moe_router_topk",
-      "moe_router_pre_softmax", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
-      "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_expert_capacity_factor",
-      "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"};
+      "bf16", "tensor_model_parallel_size", "sequence_parallel", "pipeline_model_parallel_size", "num_experts",
+      "moe_router_topk", "moe_router_pre_softmax", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
+      "moe_z_loss_coeff", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size",
+      "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy",
+      "moe_grouped_gemm"};
   std::vector<std::string> flags;
   for (const OptionDef& d : train_option_table().defs()) {
     const std::string dest = option_dest(d);

@@ -31,7 +31,9 @@ bool same_megatron_schedule(const nlohmann::json& saved, const LrScheduleConfig&
 LrScheduleConfig schedule_from_megatron(const nlohmann::json& saved, LrScheduleConfig base);
 
 // `tessera train` flags for the model a Megatron Namespace describes (shape, vocabulary and
-// tokenizer with its model/vocab/merge files, norms, activation, precision, parallel sizes).
+// tokenizer with its model/vocab/merge files, norms, activation, precision, parallel sizes and
+// sequence parallelism, which an MoE model at TP > 1 needs; MoE settings with
+// --moe-grouped-gemm, which Megatron's load_args_from_checkpoint takes too).
 std::vector<std::string> train_flags_from_megatron_args(const nlohmann::json& args);
 
 }  // namespace tessera

@@ -210,3 +210,27 @@ TEST(TrainArguments, TorchFormatAtExpertParallelismSavesTheModelOnly) {
     }
   }
 }
+
+// --moe-grouped-gemm with --ckpt-format torch saves megatron-core's GroupedMLP tensors, whose
+// distributed-optimizer buffers tessera does not lay out: that save is refused by name.
+TEST(TrainArguments, GroupedGemmTorchSaveRefusesTheDistributedOptimizer) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> flags = with({"--num-experts", "4", "--disable-bias-linear", "--moe-grouped-gemm",
+                                           "--save", "/tmp", "--save-interval", "5", "--global-batch-size", "4"});
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& f : flags) argv.push_back(f.data());
+    return parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr, 1);
+  };
+  EXPECT_NO_THROW(parse({"--ckpt-format", "torch"}));
+  EXPECT_NO_THROW(parse({"--ckpt-format", "torch", "--use-distributed-optimizer", "--no-save-optim"}));
+  EXPECT_NO_THROW(parse({"--use-distributed-optimizer"}));  // torch_dist
+  try {
+    parse({"--ckpt-format", "torch", "--use-distributed-optimizer"});
+    ADD_FAILURE() << "a GroupedMLP torch save with the distributed optimizer must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-grouped-gemm and --use-distributed-optimizer"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.hint().find("torch_dist"), std::string::npos) << e.hint();
+  }
+}
