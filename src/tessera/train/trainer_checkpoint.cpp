@@ -142,7 +142,8 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
 // `main`: each parameter's f32 main values, which the writer rounds into a 16-bit model (and
 // keeps as fp32_from_fp16_params); each with its optimizer state when `state` is given (the
 // replicated optimizer: parameter i is optimizer parameter i). Under expert parallelism the
-// rank's experts are numbered from 0, as in its mp_rank_TT[_PPP]_EEE folder.
+// rank's experts are numbered from 0, as in its mp_rank_TT[_PPP]_EEE folder, and their state is
+// the expert optimizer's.
 std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vector<Tensor>& main,
                                            const Optimizer* state) {
   const std::vector<ModelChunk>& chunks = model.partition().chunks;
@@ -152,7 +153,8 @@ std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vec
     const ParamShard& s = model.shards()[i];
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
                                        : megatron_local_name(s.spec.name, chunks[s.chunk].first_layer, first_expert),
-                   main.at(i), s.spec.weight_decay, {}, s.chunk});
+                   main.at(i), s.spec.weight_decay, {}, s.chunk,
+                   model.partition().ep_size > 1 && s.is_expert});
   }
   if (state)
     for (const Optimizer::StateTensor& t : state->state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);

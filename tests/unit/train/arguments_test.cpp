@@ -184,9 +184,10 @@ TEST(TrainArguments, ArgumentDumpMatchesMegatronsFormat) {
   EXPECT_NE(out.find("-------------------- end of arguments ---------------------\n"), std::string::npos);
 }
 
-// --ckpt-format torch at EP > 1: the model's mp_rank_*_EEE folders are written; the optimizer
-// state (megatron-core's chained dense and expert optimizers) is refused by name.
-TEST(TrainArguments, TorchFormatAtExpertParallelismSavesTheModelOnly) {
+// --ckpt-format torch at EP > 1: the mp_rank_*_EEE folders are written with the optimizer state
+// (megatron-core's chained dense and expert optimizers); the distributed optimizer's is refused
+// by name.
+TEST(TrainArguments, TorchFormatAtExpertParallelismRefusesTheDistributedOptimizer) {
   auto parse_ep2 = [](std::vector<std::string> extra) {
     std::vector<std::string> flags =
         with({"--num-experts", "4", "--disable-bias-linear", "--expert-model-parallel-size", "2", "--save", "/tmp",
@@ -197,16 +198,17 @@ TEST(TrainArguments, TorchFormatAtExpertParallelismSavesTheModelOnly) {
     return parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr, 2);
   };
   EXPECT_TRUE(parse_ep2({"--no-save-optim"}).no_save_optim);
-  for (const std::vector<std::string>& extra :
-       {std::vector<std::string>{}, std::vector<std::string>{"--no-save-optim", "--use-distributed-optimizer"}}) {
+  EXPECT_FALSE(parse_ep2({}).no_save_optim);
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{"--use-distributed-optimizer"},
+                                                std::vector<std::string>{"--no-save-optim", "--use-distributed-optimizer"}}) {
     try {
       parse_ep2(extra);
-      ADD_FAILURE() << "the optimizer state of an EP > 1 torch save must be refused";
+      ADD_FAILURE() << "the distributed optimizer of an EP > 1 torch save must be refused";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--expert-model-parallel-size > 1 writes the model only"),
+      EXPECT_NE(std::string(e.what()).find("--expert-model-parallel-size > 1 and --use-distributed-optimizer"),
                 std::string::npos)
           << e.what();
-      EXPECT_NE(e.hint().find("--no-save-optim"), std::string::npos) << e.hint();
+      EXPECT_NE(e.hint().find("leave out --use-distributed-optimizer"), std::string::npos) << e.hint();
     }
   }
 }
