@@ -14,8 +14,9 @@
   tokens, as in Megatron) and EP=2 allgather in bf16 (its reduce-scatter sums in f32) equal
   one process of the same flags (bf16: mixed_precision_test's bound);
 - checkpoints: an EP=2 save (tessera's format; torch_dist with the distributed optimizer over
-  expert DP 2) resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer
-  with the uninterrupted run's losses and norms (1e-5);
+  expert DP 2; Megatron's torch format, each EP rank's chained dense and expert optimizers)
+  resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer with the
+  uninterrupted run's losses and norms (1e-5);
 - MoE with context parallelism (issue 32): the aux loss counts tokens over the CP ranks
   (Megatron's TP x CP sequence partition), so CP=2, CP=2 x TP=2 + SP and CP=2 x EP=2 give one
   process's lm loss, gradient norm (1e-5) and load_balancing_loss (1e-7), with an aux
@@ -23,8 +24,9 @@
   scale;
 - --deterministic-mode, world 2 with one micro-batch per rank: EP=2 (alltoall and allgather)
   logs the lm loss and gradient norm of the data-parallel run (EP=1) bit for bit, for 6
-  iterations, and an EP=2 save at iteration 3 resumed at EP=1 logs the uninterrupted EP=2
-  run's last 3 iterations bit for bit (at world 4 the expert DP sums differ in order from
+  iterations, and an EP=2 save at iteration 3 (tessera, torch_dist, and Megatron's torch
+  format with its chained dense and expert optimizers) resumed at EP=1 (torch: and at EP=2)
+  logs the uninterrupted EP=2 run's last 3 iterations bit for bit (at world 4 the expert DP sums differ in order from
   the dense ones: docs/distributed.md, Expert parallelism);
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
@@ -109,7 +111,8 @@ def test_capacity_and_bf16(tmp):
 def test_checkpoints(tmp):
     four = MOE + ["--train-iters", "4"]
     reference, _ = mp.train(tmp, "ep ckpt reference", 1, four)
-    saves = [("tessera", 2, EP2), ("torch_dist", 4, EP2 + ALLTOALL + ["--use-distributed-optimizer"])]
+    saves = [("tessera", 2, EP2), ("torch_dist", 4, EP2 + ALLTOALL + ["--use-distributed-optimizer"]),
+             ("torch", 2, EP2)]
     resumes = [("ep1", 1, []), ("ep2 tp2 sp", 4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
                ("ep2 distributed optimizer", 2, EP2 + ["--use-distributed-optimizer"])]
     for fmt, procs, flags in saves:
@@ -148,15 +151,20 @@ def test_deterministic(tmp):
     # and added by the reduce-scatter, not in one rank's fused multiply-adds (docs/distributed.md).
     got, _ = mp.train(tmp, "det ep2 allgather", 2, det + EP2)
     mp.compare(reference, got, "det ep2 allgather")
-    for fmt in ("tessera", "torch_dist"):
+    for fmt in ("tessera", "torch_dist", "torch"):
         save = os.path.join(tmp, "det_ep2_save_" + fmt)
         first, _ = mp.train(tmp, "det ep2 save " + fmt, 2, det + EP2 + ALLTOALL + [
             "--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", fmt])
         mp.compare(reference[:3], first, "det ep2 save " + fmt, exact=True)
         resumed, _ = mp.train(tmp, "det ep2 resume ep1 " + fmt, 2, det + ["--load", save])
         mp.compare(reference[3:], resumed, "det ep2 %s save resumed at ep1" % fmt, exact=True)
+    # Megatron's torch format keeps each EP rank's chained dense and expert optimizers
+    # (mp_rank_00_EEE): they resume at EP=2 too.
+    resumed, _ = mp.train(tmp, "det ep2 resume ep2 torch", 2, det + EP2 + ALLTOALL + [
+        "--load", os.path.join(tmp, "det_ep2_save_torch")])
+    mp.compare(reference[3:], resumed, "det ep2 torch save resumed at ep2", exact=True)
     print("ok  --deterministic-mode: EP=2 alltoall equals EP=1 (DP=2) bit for bit, and an EP=2 save (tessera, "
-          "torch_dist) resumes at EP=1 so", flush=True)
+          "torch_dist, torch) resumes at EP=1 so (torch: at EP=2 too)", flush=True)
 
 
 def test_layout_errors():

@@ -40,14 +40,21 @@ ParamGroups param_groups(const std::vector<bool>& weight_decay) {
 
 // ---- Writing --------------------------------------------------------------------------------
 
+// A hyperparameter as the Namespace holds it (the flag's value, a Python float), else tessera's.
+double hyperparameter(const MegatronFileSpec& spec, const char* arg, double fallback) {
+  const auto it = spec.args.find(arg);
+  return it != spec.args.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
 Value* param_group(pickle::Document& doc, const MegatronFileSpec& spec, bool weight_decay, bool expert_parallel,
                    std::vector<Value*> indices) {
   Value* g = doc.dict();
   const OptimizerConfig& o = spec.optimizer;
   doc.set(g, "lr", doc.real(spec.lr));
   if (o.kind == OptimizerKind::Adam) {
-    doc.set(g, "betas", doc.tuple({doc.real(o.adam_beta1), doc.real(o.adam_beta2)}));
-    doc.set(g, "eps", doc.real(o.adam_eps));
+    doc.set(g, "betas", doc.tuple({doc.real(hyperparameter(spec, "adam_beta1", o.adam_beta1)),
+                                   doc.real(hyperparameter(spec, "adam_beta2", o.adam_beta2))}));
+    doc.set(g, "eps", doc.real(hyperparameter(spec, "adam_eps", o.adam_eps)));
     doc.set(g, "weight_decay", doc.real(weight_decay ? spec.weight_decay : 0.0));
     doc.set(g, "amsgrad", doc.boolean(false));
     doc.set(g, "foreach", doc.none());
@@ -56,7 +63,7 @@ Value* param_group(pickle::Document& doc, const MegatronFileSpec& spec, bool wei
     doc.set(g, "differentiable", doc.boolean(false));
     doc.set(g, "fused", doc.none());
   } else {
-    doc.set(g, "momentum", doc.real(o.sgd_momentum));
+    doc.set(g, "momentum", doc.real(hyperparameter(spec, "sgd_momentum", o.sgd_momentum)));
     doc.set(g, "dampening", doc.integer(0));
     doc.set(g, "weight_decay", doc.real(weight_decay ? spec.weight_decay : 0.0));
     doc.set(g, "nesterov", doc.boolean(false));
@@ -71,7 +78,7 @@ Value* param_group(pickle::Document& doc, const MegatronFileSpec& spec, bool wei
   // _update_min_and_max_lr_in_param_groups: the run's --lr and --min-lr (tessera has no
   // --decoupled-lr).
   for (const auto& [key, arg] : {std::pair{"max_lr", "lr"}, std::pair{"min_lr", "min_lr"}})
-    if (auto it = spec.args.find(arg); it != spec.args.end() && it->is_number()) doc.set(g, key, doc.real(it->get<double>()));
+    if (spec.args.contains(arg)) doc.set(g, key, doc.real(hyperparameter(spec, arg, 0.0)));
   doc.set(g, "params", doc.list(std::move(indices)));
   return g;
 }
