@@ -216,6 +216,35 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
       ++compared;
     }
     EXPECT_EQ(compared, state.size());
+    // Bad chains are errors naming the file: distrib_optim.pt files at EP > 1 (not read), and an
+    // EP rank's optimizer saved as one dict where its experts need the chain.
+    const fs::path it_dir = dir / "ckpt" / "iter_0000007";
+    auto load_error = [&] {
+      try {
+        tessera_optimizer_state(dir / "ckpt");
+      } catch (const Error& e) {
+        return std::string(e.what()) + "\n" + e.hint();
+      }
+      return std::string("no error");
+    };
+    for (const char* folder : {"mp_rank_00_000", "mp_rank_00_001"}) std::ofstream(it_dir / folder / "distrib_optim.pt");
+    std::string error = load_error();
+    EXPECT_NE(error.find("distrib_optim.pt files saved at expert parallelism 2"), std::string::npos) << error;
+    EXPECT_NE(error.find("--no-load-optim"), std::string::npos) << error;
+    for (const char* folder : {"mp_rank_00_000", "mp_rank_00_001"}) fs::remove(it_dir / folder / "distrib_optim.pt");
+    const fs::path file = it_dir / "mp_rank_00_001" / kMegatronFile;
+    std::ofstream(dir / "unchain.py") << "import sys, torch\n"
+                                         "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                         "sd['optimizer'] = sd['optimizer'][0]\n"
+                                         "torch.save(sd, sys.argv[1])\n";
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "unchain.py").string() + " " + file.string(),
+                    dir / "unchain.log"));
+    error = load_error();
+    EXPECT_NE(error.find(file.string() + ": the optimizer's parameter groups do not match the model's (1 optimizer "
+                         "saved; its local experts need a dense and an expert optimizer, chained)"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("--no-load-optim"), std::string::npos) << error;
   }
   if (moe()) {
     EXPECT_NE(flags.find("--num-experts 4 "), std::string::npos) << flags;
