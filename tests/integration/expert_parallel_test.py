@@ -111,19 +111,25 @@ def test_capacity_and_bf16(tmp):
 def test_checkpoints(tmp):
     four = MOE + ["--train-iters", "4"]
     reference, _ = mp.train(tmp, "ep ckpt reference", 1, four)
-    saves = [("tessera", 2, EP2), ("torch_dist", 4, EP2 + ALLTOALL + ["--use-distributed-optimizer"]),
-             ("torch", 2, EP2)]
+    distributed = ["--use-distributed-optimizer"]
+    # (format, label, processes, flags): torch's distrib_optim.pt at world 4 is the expert
+    # optimizer's over expert DP 2, in buckets of its own.
+    saves = [("tessera", "", 2, EP2), ("torch_dist", "", 4, EP2 + ALLTOALL + distributed), ("torch", "", 2, EP2),
+             ("torch", " distributed optimizer", 2, EP2 + distributed),
+             ("torch", " distributed optimizer edp2", 4, EP2 + ALLTOALL + distributed + [
+                 "--overlap-grad-reduce", "--ddp-bucket-size", "3000"])]
     resumes = [("ep1", 1, []), ("ep2 tp2 sp", 4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-               ("ep2 distributed optimizer", 2, EP2 + ["--use-distributed-optimizer"])]
-    for fmt, procs, flags in saves:
-        save = os.path.join(tmp, "ep_save_" + fmt)
-        mp.train(tmp, "ep ckpt save " + fmt, procs, four + flags + [
+               ("ep2 distributed optimizer", 2, EP2 + distributed)]
+    for fmt, label, procs, flags in saves:
+        save = os.path.join(tmp, ("ep_save_" + fmt + label).replace(" ", "_"))
+        mp.train(tmp, "ep ckpt save " + fmt + label, procs, four + flags + [
             "--save", save, "--save-interval", "2", "--exit-interval", "2", "--ckpt-format", fmt])
-        for label, rprocs, rflags in resumes:
-            resumed, _ = mp.train(tmp, "ep ckpt %s resume %s" % (fmt, label), rprocs, four + rflags + ["--load", save])
-            mp.compare(reference[2:], resumed, "%s save resumed at %s" % (fmt, label))
-        print("ok  an EP=2 %s save resumes at EP=1, EP=2 x TP=2 and EP=2 with the distributed optimizer" % fmt,
-              flush=True)
+        for resume, rprocs, rflags in resumes:
+            resumed, _ = mp.train(tmp, "ep ckpt %s%s resume %s" % (fmt, label, resume), rprocs,
+                                  four + rflags + ["--load", save])
+            mp.compare(reference[2:], resumed, "%s%s save resumed at %s" % (fmt, label, resume))
+        print("ok  an EP=2 %s%s save resumes at EP=1, EP=2 x TP=2 and EP=2 with the distributed optimizer"
+              % (fmt, label), flush=True)
 
 
 def test_context_parallel(tmp):

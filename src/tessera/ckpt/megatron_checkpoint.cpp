@@ -495,13 +495,6 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
   std::vector<std::string> folders;
   for (const RankFile& f : files) folders.push_back(fs::path(f.rel).parent_path().string());
   const bool distributed = load_optimizer && uses_distrib_optim(it_dir, folders);
-  if (distributed && layout.ep > 1)
-    throw runtime_error("checkpoint " + it_dir + " keeps its optimizer state in " + kDistribOptimFile +
-                            " files saved at expert parallelism " + std::to_string(layout.ep) +
-                            " (the distributed optimizer's chained dense and expert buffers), which tessera does not "
-                            "read",
-                        "load its model with --no-load-optim (the optimizer starts fresh) or --finetune; save with "
-                        "--ckpt-format torch_dist or without --use-distributed-optimizer to keep the optimizer");
   const bool tied = tied_output(s.args);
 
   PieceSet model_set, optimizer_set;

@@ -13,8 +13,7 @@
 // r*E/EP is local 0); reading renumbers them globally and takes the replicated parameters from
 // EP rank 0's files. Grouped-GEMM experts (--moe-grouped-gemm) are refused by name.
 // Each EP rank's optimizer state is Megatron's chained [dense, expert] pair
-// (megatron_optimizer_state.h); the distributed optimizer's distrib_optim.pt at EP > 1 is
-// refused by name.
+// (megatron_optimizer_state.h), in distrib_optim.pt too.
 //
 // model_optim_rng.pt is a PyTorch zip file (torch_file.h) whose pickle holds `args` (an
 // argparse.Namespace), `checkpoint_version` 3.0, `iteration`, `model` (this rank's slices,
@@ -121,7 +120,7 @@ struct MegatronParam {
   Tensor value;      // F32: the (main) parameter
   bool weight_decay = true;
   // Adam's exp_avg and exp_avg_sq, or SGD's momentum_buffer (F32, shaped like value); empty
-  // without optimizer state (or with the distributed optimizer's distrib_optim.pt).
+  // without optimizer state. With the distributed optimizer they go to distrib_optim.pt.
   std::vector<std::pair<std::string, Tensor>> state;
   int chunk = 0;  // the virtual pipeline chunk holding it: saved under `model<chunk>` when a
                   // rank has more than one, else under `model`
@@ -139,6 +138,7 @@ struct MegatronFileSpec {
   // The distributed optimizer: `optimizer` holds only the parameter groups (without params,
   // with step) and the grad scaler; the tensors go to distrib_optim.pt.
   bool distributed_optimizer = false;
+  DType grad_dtype = DType::F32;  // the distributed optimizer's gradient buffers (distrib_optim.pt's key)
   OptimizerConfig optimizer;
   double lr = 0, weight_decay = 0;  // the groups' current values (before multipliers)
   int64_t optimizer_steps = 0;

@@ -342,42 +342,52 @@ int arg_int(const json& args, const char* key, int fallback) {
   return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
 }
 
-// The gradient-buffer layout the saving rank had, as Megatron builds it
-// (megatron/core/distributed/distributed_data_parallel.py): its parameters in registration
-// order per model chunk, the saved DP size, one bucket unless --overlap-grad-reduce (then
-// --ddp-bucket-size, default max(4e7, 1e6 x DP), on the first pipeline stage only), and the
-// shared embedding's bucket of its own. chunks: each parameter's chunk.
-GradBufferLayout saved_buffer_layout(const std::vector<MegatronOptimizerParam>& params, const json& args,
-                                     bool first_stage, bool tied, std::vector<int>& chunks) {
+// One optimizer's parameters as Megatron's gradient buffers see them.
+struct BufferParams {
+  std::vector<int64_t> numels;
+  std::vector<std::string> names;  // top-level names (the embedding, final norm, output layer) as saved
+  std::vector<int> chunks;
+};
+
+// The data-parallel sizes of the dense and the expert optimizer's buffers (parallel_state.py:
+// the expert-data-parallel group is world / (expert TP x EP x PP) ranks).
+int dense_data_parallel(const json& args) {
+  return arg_int(args, "data_parallel_size", 1) * arg_int(args, "context_parallel_size", 1);
+}
+int expert_data_parallel(const json& args) {
+  const int tp = arg_int(args, "tensor_model_parallel_size", 1), pp = arg_int(args, "pipeline_model_parallel_size", 1);
+  const int etp = arg_int(args, "expert_tensor_parallel_size", tp), ep = arg_int(args, "expert_model_parallel_size", 1);
+  const int world = arg_int(args, "world_size", dense_data_parallel(args) * tp * pp);
+  return std::max(1, world / std::max(1, etp * ep * pp));
+}
+
+// The gradient-buffer layout a saving rank had for one optimizer's parameters, as Megatron
+// builds it (megatron/core/distributed/distributed_data_parallel.py): its parameters in
+// registration order per model chunk, over `data_parallel` ranks, one bucket unless
+// --overlap-grad-reduce (then --ddp-bucket-size, default max(4e7, 1e6 x DP), on the first
+// pipeline stage only), and the shared embedding's bucket of its own.
+GradBufferLayout megatron_buffer_layout(const BufferParams& params, const json& args, bool first_stage, bool tied,
+                                        int data_parallel) {
   GradBufferOptions o;
-  // Megatron shards over the data-parallel group with context parallelism.
-  o.data_parallel = arg_int(args, "data_parallel_size", 1) * arg_int(args, "context_parallel_size", 1);
+  o.data_parallel = data_parallel;
   o.distributed_optimizer = true;
   const auto overlap = args.find("overlap_grad_reduce");
   if (first_stage && overlap != args.end() && overlap->is_boolean() && overlap->get<bool>()) {
     const auto size = args.find("ddp_bucket_size");
     o.bucket_size = size != args.end() && size->is_number_integer()
                         ? size->get<int64_t>()
-                        : std::max<int64_t>(40000000, 1000000LL * o.data_parallel);
-  }
-  std::vector<int64_t> numels;
-  chunks.clear();
-  bool has_embedding = false, has_head = false;
-  for (const MegatronOptimizerParam& p : params) {
-    int64_t n = 1;
-    for (int64_t d : p.model->shape) n *= d;
-    numels.push_back(n);
-    chunks.push_back(p.chunk);
-    has_embedding = has_embedding || p.name == "embedding.word_embeddings.weight";
-    has_head = has_head || p.name == "decoder.final_layernorm.weight";
+                        : std::max<int64_t>(40000000, 1000000LL * dense_data_parallel(args));
   }
   // Megatron's shared_embedding (megatron/core/models/common/language_module/language_module.py):
   // a tied word embedding on a stage with the embedding or the head (final norm), not both.
+  const auto has = [&](const char* name) {
+    return std::find(params.names.begin(), params.names.end(), name) != params.names.end();
+  };
+  const bool shared = tied && has("embedding.word_embeddings.weight") != has("decoder.final_layernorm.weight");
   std::vector<bool> own_bucket;
-  for (const MegatronOptimizerParam& p : params)
-    own_bucket.push_back(tied && has_embedding != has_head &&
-                         (p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight"));
-  return build_grad_buffer_layout(numels, o, own_bucket, chunks);
+  for (const std::string& n : params.names)
+    own_bucket.push_back(shared && (n == "embedding.word_embeddings.weight" || n == "output_layer.weight"));
+  return build_grad_buffer_layout(params.numels, o, own_bucket, params.chunks);
 }
 
 std::string list_str(const std::vector<int64_t>& v) {
@@ -386,23 +396,29 @@ std::string list_str(const std::vector<int64_t>& v) {
   return "[" + s + "]";
 }
 
-}  // namespace
-
-void read_distrib_optim(const DistribOptimFile& d, const TorchFile& model_file,
-                        const std::vector<MegatronOptimizerParam>& params, const json& args, bool first_stage,
-                        bool tied, std::deque<pickle::TensorRef>& views, const OptimizerStateSink& add,
-                        MainParams& main) {
-  std::vector<int> chunks;
+// One optimizer's part of distrib_optim.pt over `params` (its parameters, in order).
+void read_distrib_optim_part(const DistribOptimBuffers& d, const std::string& path, const TorchFile& holder,
+                             const TorchFile& model_file, const std::vector<const MegatronOptimizerParam*>& params,
+                             const json& args, bool first_stage, bool tied, int data_parallel,
+                             std::deque<pickle::TensorRef>& views, const OptimizerStateSink& add, MainParams& main) {
+  BufferParams bp;
+  for (const MegatronOptimizerParam* p : params) {
+    int64_t n = 1;
+    for (int64_t dim : p->model->shape) n *= dim;
+    bp.numels.push_back(n);
+    bp.names.push_back(p->name);
+    bp.chunks.push_back(p->chunk);
+  }
   const DistribOptimPlacement place =
-      distrib_optim_placement(saved_buffer_layout(params, args, first_stage, tied, chunks), chunks);
+      distrib_optim_placement(megatron_buffer_layout(bp, args, first_stage, tied, data_parallel), bp.chunks);
   if (place.numel_unpadded != d.numel_unpadded)
-    throw runtime_error(d.file.path() + " holds buffers of " + list_str(d.numel_unpadded) +
-                            " elements; the parameters of " + model_file.path() + " lay out to " +
-                            list_str(place.numel_unpadded) + " (data-parallel size " +
-                            std::to_string(arg_int(args, "data_parallel_size", 1)) + " and the bucket size of its args)",
+    throw runtime_error(path + " holds buffers of " + list_str(d.numel_unpadded) + " elements; the parameters of " +
+                            model_file.path() + " lay out to " + list_str(place.numel_unpadded) +
+                            " (data-parallel size " + std::to_string(data_parallel) +
+                            " and the bucket size of its args)",
                         "the two files are not of one save; pass --no-load-optim to load the model alone");
   for (size_t i = 0; i < params.size(); ++i) {
-    const MegatronOptimizerParam& p = params[i];
+    const MegatronOptimizerParam& p = *params[i];
     if (!p.wanted) continue;
     for (const char* key : kDistribOptimKeys) {
       pickle::TensorRef view = *d.buffers[static_cast<size_t>(place.buffer[i])].at(key);
@@ -414,9 +430,76 @@ void read_distrib_optim(const DistribOptimFile& d, const TorchFile& model_file,
       if (std::string(key) == "param")
         main[p.name] = &views.back();
       else
-        add(std::string(key) + "." + p.name, d.file, views.back());
+        add(std::string(key) + "." + p.name, holder, views.back());
     }
   }
+}
+
+}  // namespace
+
+void read_distrib_optim(const DistribOptimFile& d, const TorchFile& model_file,
+                        const std::vector<MegatronOptimizerParam>& params, const json& args, bool first_stage,
+                        bool tied, std::deque<pickle::TensorRef>& views, const OptimizerStateSink& add,
+                        MainParams& main) {
+  std::vector<const MegatronOptimizerParam*> dense, expert;
+  for (const MegatronOptimizerParam& p : params) (p.expert_parallel ? expert : dense).push_back(&p);
+  const size_t expected = expert.empty() ? 1 : 2;
+  const std::string& path = d.file.path();
+  if (d.optimizers.size() != expected)
+    throw runtime_error(path + " holds " + std::to_string(d.optimizers.size()) + " optimizers' state; the parameters of " +
+                            model_file.path() + " need " +
+                            (expert.empty() ? "one" : "a dense and an expert optimizer's, chained"),
+                        "the two files are not of one save; pass --no-load-optim to load the model alone");
+  const bool dense_wanted = std::any_of(dense.begin(), dense.end(), [](const auto* p) { return p->wanted; });
+  if (d.optimizers[0])
+    read_distrib_optim_part(*d.optimizers[0], path, d.file, model_file, dense, args, first_stage, tied,
+                            dense_data_parallel(args), views, add, main);
+  else if (dense_wanted)
+    throw runtime_error(path + " holds None for the dense optimizer, whose state this file must give",
+                        "copy distrib_optim.pt of expert-parallel rank 0 from the same save, or pass --no-load-optim");
+  if (expected == 2 && !d.optimizers[1])
+    throw runtime_error(path + " holds None for the expert optimizer", "pass --no-load-optim");
+  if (expected == 2)
+    read_distrib_optim_part(*d.optimizers[1], path, d.file, model_file, expert, args, first_stage, tied,
+                            expert_data_parallel(args), views, add, main);
+}
+
+void write_megatron_distrib_optim(const std::string& path, const MegatronFileSpec& spec,
+                                  const std::vector<MegatronParam>& params, bool with_dense) {
+  std::vector<const MegatronParam*> dense, expert;
+  for (const MegatronParam& p : params) (p.expert_parallel ? expert : dense).push_back(&p);
+  const bool tied = !spec.args.value("untie_embeddings_and_output_weights", false);
+  std::deque<GradBufferLayout> layouts;
+  std::deque<DistribOptimState> states;
+  auto state = [&](const std::vector<const MegatronParam*>& part, int data_parallel) -> const DistribOptimState* {
+    BufferParams bp;
+    for (const MegatronParam* p : part) {
+      bp.numels.push_back(p->value.numel());
+      bp.names.push_back(p->name);
+      bp.chunks.push_back(p->chunk);
+    }
+    layouts.push_back(megatron_buffer_layout(bp, spec.args, spec.pp_rank == 0, tied, data_parallel));
+    DistribOptimState& s = states.emplace_back();
+    s.param_dtype = spec.model_dtype;
+    s.grad_dtype = spec.grad_dtype;
+    s.layout = &layouts.back();
+    s.chunks = bp.chunks;
+    // kind 0 is `param` (the main values), then the moments in kDistribOptimKeys' order.
+    s.fill = [part](size_t p, size_t kind, float* dst) {
+      const MegatronParam& mp = *part[p];
+      if (kind == 0) return read_tensor_bytes(mp.value, dst);
+      for (const auto& [name, t] : mp.state)
+        if (name == kDistribOptimKeys[kind]) return read_tensor_bytes(t, dst);
+      TESSERA_CHECK(false, "distrib_optim: a parameter without its optimizer state");
+    };
+    return &s;
+  };
+  // ChainedOptimizer.save_parameter_state: None for the dense optimizer unless this rank is its
+  // data-parallel rank 0.
+  std::vector<const DistribOptimState*> optimizers;
+  optimizers.push_back(with_dense || expert.empty() ? state(dense, dense_data_parallel(spec.args)) : nullptr);
+  if (!expert.empty()) optimizers.push_back(state(expert, expert_data_parallel(spec.args)));
+  write_distrib_optim_file(path, optimizers);
 }
 
 }  // namespace tessera

@@ -16,7 +16,8 @@
 //     [dense's, expert's], each as above with its own indices from 0 (a file whose stage holds no
 //     experts keeps the dense one alone). tessera writes its one loss scaler's state into both;
 //   - the distributed optimizer: only the groups (without params, with step) and the grad
-//     scaler; the tensors are in distrib_optim.pt beside the file (megatron_distrib_optim.h).
+//     scaler (chained too at EP > 1); the tensors are in distrib_optim.pt beside the file
+//     (megatron_distrib_optim.h), a chain's list at EP > 1.
 //
 // Reading maps each saved state tensor onto its parameter by group position (the file's
 // parameters in its model state dict's order are the optimizer's order), into pieces that
@@ -45,6 +46,14 @@ namespace tessera {
 // state dict, or the [dense, expert] list when some parameter is expert_parallel.
 pickle::Value* megatron_optimizer_state(pickle::Document& doc, megatron::FileTensors& tensors,
                                         const MegatronFileSpec& spec, const std::vector<MegatronParam>& params);
+
+// distrib_optim.pt for `params` (their value the main parameters, their state the moments) at
+// `path`: one optimizer's dict, or at EP > 1 the chain's [dense, expert] list, the dense one
+// None unless with_dense (this rank is the dense optimizer's data-parallel rank 0). Each
+// optimizer's buffers are laid out as Megatron lays out its parameters over its data-parallel
+// group (the args' data-parallel size, or the expert-data-parallel size).
+void write_megatron_distrib_optim(const std::string& path, const MegatronFileSpec& spec,
+                                  const std::vector<MegatronParam>& params, bool with_dense);
 
 // torch_dist common.pt's `optimizer` (write_torch_dist_common in megatron_checkpoint.h).
 pickle::Value* torch_dist_optimizer_state(pickle::Document& doc, megatron::FileTensors& tensors,

@@ -406,18 +406,6 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
                       "use --ckpt-format torch_dist, Megatron's default");
   a.use_checkpoint_args = p.get_bool("--use-checkpoint-args");
   parse_checkpoint_conversion(p, a);
-  // Megatron's torch format at EP > 1: every expert-data-parallel rank 0 writes its
-  // mp_rank_TT[_PPP]_EEE folder, its optimizer state megatron-core's chained dense and expert
-  // optimizers (megatron/core/optimizer/__init__.py get_megatron_optimizer). The distributed
-  // optimizer's distrib_optim.pt of such a chain is not written.
-  if (a.save_megatron_format && (!a.save.empty() || !a.ckpt_convert_format.empty()) &&
-      a.model.moe.expert_parallel_size > 1 && a.use_distributed_optimizer)
-    throw usage_error("saving --ckpt-format torch with --expert-model-parallel-size > 1 and "
-                      "--use-distributed-optimizer is not supported (Megatron's distrib_optim.pt of chained dense and "
-                      "expert optimizers)",
-                      "leave out --use-distributed-optimizer (the optimizer state is saved as Megatron's chained dense "
-                      "and expert optimizers), or save with --ckpt-format torch_dist (the default) or tessera, which "
-                      "hold the distributed optimizer's state at any layout");
 }
 
 // The tokenizer, and from it the vocabulary size and the end-of-document and pad ids
