@@ -56,6 +56,8 @@ then every parameter's exp_avg and exp_avg_sq in megatron-core's optimizer equal
 tessera's own save TESSERA_DIR (--ckpt-format tessera) of the same run, found by the
 parameter's EP=1 name; with --bf16 each optimizer's fp32_from_fp16_params hold tessera's fp32
 main parameters (checked against its groups, as Float16OptimizerWithFloat16Params needs CUDA).
+With --use-distributed-optimizer each element is the distributed optimizer's state_dict: the
+same groups without params, with the step.
 """
 import argparse
 import contextlib
@@ -252,11 +254,11 @@ def megatron_optimizer(args, model):
     """megatron/training/training.py setup_model_and_optimizer (core_r0.10.0): OptimizerConfig
     from the Namespace's fields, then megatron-core's get_megatron_optimizer for the model, which
     chains a dense and an expert optimizer when the experts' parameters are allreduce=False
-    (expert parallelism above 1). Built as fp32 (Float16OptimizerWithFloat16Params needs CUDA):
-    the groups are the same."""
+    (expert parallelism above 1). Built as fp32 and not distributed (Float16OptimizerWithFloat16Params
+    and DistributedOptimizer need CUDA): the groups are the same."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(OptimizerConfig) if hasattr(args, f.name)}
-    kw.update(bf16=False, fp16=False, params_dtype=torch.float32)
+    kw.update(bf16=False, fp16=False, params_dtype=torch.float32, use_distributed_optimizer=False)
     with cuda_tensors_on_cpu():
         return get_megatron_optimizer(OptimizerConfig(**kw), [model])
 
@@ -453,12 +455,18 @@ def tessera_tensors(ckpt, kind):
     return out
 
 
-def check_optimizer_groups(rank, saved, fresh, args):
-    """The saved optimizer state dict against megatron-core's own (fresh, no step taken)."""
+def check_optimizer_groups(rank, saved, fresh, args, iteration):
+    """The saved optimizer state dict against megatron-core's own (fresh, no step taken); the
+    distributed optimizer's groups have no params and the step (distrib_optimizer.py
+    state_dict)."""
     if len(saved["param_groups"]) != len(fresh["param_groups"]):
         raise SystemExit("%s: %d parameter groups saved, megatron-core's optimizer has %d"
                          % (rank, len(saved["param_groups"]), len(fresh["param_groups"])))
     for i, (s, f) in enumerate(zip(saved["param_groups"], fresh["param_groups"])):
+        f = dict(f)
+        if args.use_distributed_optimizer:
+            del f["params"]
+            f["step"] = iteration
         if set(s) != set(f):
             raise SystemExit("%s group %d keys %s, megatron-core's %s" % (rank, i, sorted(s), sorted(f)))
         for k in f:
@@ -496,9 +504,18 @@ def check_optimizer(ckpt, tessera_ckpt):
                              % (rank, type(saved).__name__, len(fresh)))
         bf16 = args.bf16
         for i, (s, f) in enumerate(zip(saved, fresh)):
+            if args.use_distributed_optimizer:
+                if set(s) != {"optimizer"} or set(s["optimizer"]) != {"param_groups"}:
+                    raise SystemExit("%s optimizer[%d] has keys %s, the distributed optimizer's state_dict {'optimizer':"
+                                     " {'param_groups'}}" % (rank, i, sorted(s)))
+                check_optimizer_groups("%s optimizer[%d]" % (rank, i), s["optimizer"], f, args, sd["iteration"])
+                continue
             if bf16 != ("fp32_from_fp16_params" in s):
                 raise SystemExit("%s optimizer[%d] has keys %s (bf16 %s)" % (rank, i, sorted(s), bf16))
-            check_optimizer_groups("%s optimizer[%d]" % (rank, i), s["optimizer"] if bf16 else s, f, args)
+            check_optimizer_groups("%s optimizer[%d]" % (rank, i), s["optimizer"] if bf16 else s, f, args,
+                                   sd["iteration"])
+        if args.use_distributed_optimizer:
+            continue  # the moments are in distrib_optim.pt (tests/integration/megatron_checkpoint_test.py)
         names = {p: expert_rank_name(n, r, args.num_experts // ep) for n, p in model.named_parameters()}
         if bf16:
             for s, (_, params) in zip(saved, chained_params(optimizer)):

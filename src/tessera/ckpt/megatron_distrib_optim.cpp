@@ -1,7 +1,5 @@
 #include "tessera/ckpt/megatron_distrib_optim.h"
 
-#include <cstring>
-
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 
@@ -62,11 +60,11 @@ Value* distrib_optim_dict(pickle::Document& doc, std::vector<TorchStorageSource>
   auto tensor = [&](size_t c, size_t k) {
     const int64_t n = place.numel_unpadded[c];
     storages.push_back({std::to_string(storages.size()), [&layout, &state, place, c, k, n] {
-      std::vector<float> values(static_cast<size_t>(n), 0.0f);
+      // Filled in place (operator new's alignment suits float): one copy of the tensor in memory.
+      std::vector<uint8_t> bytes(static_cast<size_t>(n) * sizeof(float), 0);
+      float* values = reinterpret_cast<float*>(bytes.data());
       for (size_t p = 0; p < layout.params.size(); ++p)
-        if (static_cast<size_t>(place.buffer[p]) == c) state.fill(p, k, values.data() + place.offset[p]);
-      std::vector<uint8_t> bytes(values.size() * sizeof(float));
-      if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+        if (static_cast<size_t>(place.buffer[p]) == c) state.fill(p, k, values + place.offset[p]);
       return bytes;
     }});
     return doc.tensor({{storages.back().key, "FloatStorage", "cpu", n}, 0, {n}, {1}});
