@@ -24,6 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using megatron::arg_int;
 using megatron::as_int;
 using megatron::as_number;
 using megatron::FileTensors;
@@ -272,11 +273,6 @@ json args_json(const TorchFile& f) {
   for (const auto& [k, v] : args->entries)
     if (k->kind == Kind::Str) j[k->text] = to_json(*v);
   return j;
-}
-
-int arg_int(const json& args, const char* key, int fallback) {
-  auto it = args.find(key);
-  return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
 }
 
 // The saved layout, from the first file's args, checked against the folders.

@@ -10,6 +10,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using megatron::arg_int;
 using megatron::as_int;
 using megatron::as_number;
 using megatron::FileTensors;
@@ -336,11 +337,6 @@ bool uses_distrib_optim(const std::string& it_dir, const std::vector<std::string
 }
 
 namespace {
-
-int arg_int(const json& args, const char* key, int fallback) {
-  auto it = args.find(key);
-  return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
-}
 
 // One optimizer's parameters as Megatron's gradient buffers see them.
 struct BufferParams {

@@ -63,6 +63,11 @@ Value* from_json(pickle::Document& doc, const json& j) {
   return d;
 }
 
+int arg_int(const json& args, const char* key, int fallback) {
+  auto it = args.find(key);
+  return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
+}
+
 int64_t as_int(const Value* v, const TorchFile& f, const std::string& what) {
   if (v && v->kind == Kind::Int) return v->integer;
   if (v && v->kind == Kind::Float && v->real == static_cast<double>(static_cast<int64_t>(v->real)))

@@ -24,6 +24,9 @@ nlohmann::json to_json(const pickle::Value& v, int depth = 0);
 // The inverse of to_json, into doc.
 pickle::Value* from_json(pickle::Document& doc, const nlohmann::json& j);
 
+// The Namespace attribute `key` (args as JSON) if it is an integer, else fallback.
+int arg_int(const nlohmann::json& args, const char* key, int fallback);
+
 // An integer (or an integral float, or a 0-d tensor) of f; an Error naming f and `what` else.
 int64_t as_int(const pickle::Value* v, const TorchFile& f, const std::string& what);
 double as_number(const pickle::Value* v, const TorchFile& f, const std::string& what);
