@@ -12,9 +12,15 @@
 //   - the same both ways for an MoE Llama ("moe": 4 SwiGLU experts, top-2, MoE every second layer,
 //     shared experts; megatron-core's SequentialMLP names), and at expert parallelism 2
 //     ("moe_ep2": the mp_rank_00_EEE folders of megatron-core's two EP ranks, each with its own
-//     experts numbered from 0, read into tessera at EP=1; tessera's save converted with
-//     `ckpt convert --target-expert-parallel-size 2`, and its own training save at EP=2
-//     (--no-save-optim), load into megatron-core's EP ranks);
+//     experts numbered from 0 and its ChainedOptimizer's dense and expert state, read into
+//     tessera at EP=1 with every optimizer state tensor; tessera's save converted with
+//     `ckpt convert --target-expert-parallel-size 2`, and its own training save at EP=2, load
+//     into megatron-core's EP ranks);
+//   - tessera's EP=2 training save's optimizer state, fp32 and bf16, is what megatron-core's
+//     get_megatron_optimizer builds for each EP rank (a ChainedOptimizer of the dense and the
+//     expert optimizer: groups, indices), loads with its load_state_dict, and holds tessera's
+//     own save's state of the same run bit for bit; with --use-distributed-optimizer its groups
+//     are the distributed optimizer's state_dict of each;
 //   - --moe-grouped-gemm (tests/reference/megatron_grouped_experts.py): megatron-core's GroupedMLP
 //     and TEGroupedMLP files read as SequentialMLP's, tessera's grouped save loads strictly into
 //     GroupedMLP, and torch_dist's grouped keys are SequentialMLP's (in the tdist venv).
@@ -27,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <regex>
 
 #include "tessera/ckpt/checkpoint.h"
@@ -116,6 +123,30 @@ std::vector<float> tessera_logits(const fs::path& dir, const std::vector<int32_t
   return out;
 }
 
+// tessera's reading of the optimizer state of the latest checkpoint in `dir` (one process, EP=1):
+// "exp_avg.NAME" and "exp_avg_sq.NAME" of every parameter.
+std::map<std::string, std::vector<float>> tessera_optimizer_state(const fs::path& dir) {
+  const int64_t iteration = *latest_checkpoint_iteration(dir.string());
+  const GPTConfig c = config_of(read_checkpoint_metadata(dir.string(), iteration));
+  std::map<std::string, std::vector<float>> out;
+  run_in_process_ranks(1, [&](Communicator& comm) {
+    GPTModel model(c, cpu_device(), 1, ModelPartition::whole(c), {1}, {1}, &comm);
+    std::vector<ShardedTensor> params, state;
+    for (size_t i = 0; i < model.shards().size(); ++i) {
+      const ParamShard& s = model.shards()[i];
+      params.push_back({s.spec.name, model.params()[i], s.spec.shape, s.split_dim, s.offset});
+      for (const std::string kind : {"exp_avg.", "exp_avg_sq."}) {
+        std::vector<float>& v = out[kind + s.spec.name];
+        v.resize(static_cast<size_t>(s.numel()));
+        state.push_back({kind + s.spec.name, Tensor(v.data(), DType::F32, s.shape, &cpu_device()), s.spec.shape,
+                         s.split_dim, s.offset});
+      }
+    }
+    load_checkpoint(dir.string(), iteration, params, state, true, 0, 1);
+  });
+  return out;
+}
+
 class MegatronCore : public testing::TestWithParam<std::string> {
  protected:
   bool llama() const { return GetParam() != "gpt"; }
@@ -175,6 +206,49 @@ TEST_P(MegatronCore, ItsCheckpointLoadsIntoTesseraWithItsLogits) {
       EXPECT_NE(std::string(e.what()).find("mlp.experts.weight3 is no expert weight"), std::string::npos) << e.what();
     }
   }
+  if (ep() > 1) {
+    // Its ChainedOptimizer's state, read by EP=1 names: every tensor the reference recorded.
+    const std::map<std::string, std::vector<float>> state = tessera_optimizer_state(dir / "ckpt");
+    size_t compared = 0;
+    for (const safetensors::TensorInfo& t : expected.tensors()) {
+      const std::string& name = t.name;
+      if (!name.starts_with("exp_avg")) continue;
+      ASSERT_TRUE(state.count(name)) << name;
+      EXPECT_EQ(state.at(name), expected.read_f32(name)) << name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, state.size());
+    // Bad files are errors naming the file: damaged distrib_optim.pt files beside the EP ranks'
+    // files, and an EP rank's optimizer saved as one dict where its experts need the chain.
+    const fs::path it_dir = dir / "ckpt" / "iter_0000007";
+    auto load_error = [&] {
+      try {
+        tessera_optimizer_state(dir / "ckpt");
+      } catch (const Error& e) {
+        return std::string(e.what()) + "\n" + e.hint();
+      }
+      return std::string("no error");
+    };
+    for (const char* folder : {"mp_rank_00_000", "mp_rank_00_001"}) std::ofstream(it_dir / folder / "distrib_optim.pt");
+    std::string error = load_error();
+    EXPECT_NE(error.find((it_dir / "mp_rank_00_000" / "distrib_optim.pt").string() + " is not a valid zip archive"),
+              std::string::npos)
+        << error;
+    for (const char* folder : {"mp_rank_00_000", "mp_rank_00_001"}) fs::remove(it_dir / folder / "distrib_optim.pt");
+    const fs::path file = it_dir / "mp_rank_00_001" / kMegatronFile;
+    std::ofstream(dir / "unchain.py") << "import sys, torch\n"
+                                         "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                         "sd['optimizer'] = sd['optimizer'][0]\n"
+                                         "torch.save(sd, sys.argv[1])\n";
+    ASSERT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + (dir / "unchain.py").string() + " " + file.string(),
+                    dir / "unchain.log"));
+    error = load_error();
+    EXPECT_NE(error.find(file.string() + ": the optimizer's parameter groups do not match the model's (1 optimizer "
+                         "saved; its local experts need a dense and an expert optimizer, chained)"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("--no-load-optim"), std::string::npos) << error;
+  }
   if (moe()) {
     EXPECT_NE(flags.find("--num-experts 4 "), std::string::npos) << flags;
     EXPECT_NE(flags.find("--moe-layer-freq 2 "), std::string::npos) << flags;
@@ -204,7 +278,8 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
   std::vector<fs::path> ckpts = {dir / "ckpt"};
   if (ep() > 1) {
     // tessera's EP=1 save converted to EP folders, and its own save at EP=2 (two processes,
-    // each writing its mp_rank_00_EEE with its experts and the replicated parameters).
+    // each writing its mp_rank_00_EEE with its experts, the replicated parameters and its
+    // optimizer state).
     ckpts = {dir / "ckpt_ep", dir / "ckpt_train_ep"};
     ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "ckpt").string() + " " +
                         ckpts[0].string() + " --to torch --target-expert-parallel-size " + std::to_string(ep()),
@@ -212,7 +287,7 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
     std::string ep_cmd = std::string("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE OMP_NUM_THREADS=1 ") +
                          TESSERA_EXE + " launch --standalone --nproc_per_node 2 train";
     for (const std::string& f : flags) ep_cmd += " " + (f == (dir / "ckpt").string() ? ckpts[1].string() : f);
-    ASSERT_TRUE(run(ep_cmd + " --expert-model-parallel-size 2 --no-save-optim", dir / "train_ep.log"));
+    ASSERT_TRUE(run(ep_cmd + " --expert-model-parallel-size 2", dir / "train_ep.log"));
     for (const fs::path& c : ckpts) EXPECT_TRUE(fs::exists(c / "iter_0000002" / "mp_rank_00_001" / kMegatronFile));
   }
   std::vector<int32_t> tokens;
@@ -227,6 +302,35 @@ TEST_P(MegatronCore, ReadsTesseraTorchFormatSaveStrictlyWithTheSameLogits) {
     EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check " + ckpt.string() + " " +
                         mine.string() + model_flags(),
                     dir / (ckpt.filename().string() + "_check.log")));
+  }
+  fs::remove_all(dir);
+}
+
+// tessera's EP=2 training save with its optimizer state (fp32, and bf16 with its fp32 main
+// parameters) against the optimizer megatron-core builds for each EP rank, and against tessera's
+// own save of the same run (--deterministic-mode: the two runs are the same bits).
+TEST(MegatronCoreOptimizer, TesseraSaveAtEp2IsMegatronsChainedOptimizer) {
+  const fs::path dir = scratch("megatron_core_ep2_optimizer");
+  std::vector<std::string> flags = kGpt;
+  flags.insert(flags.end(), kLlama.begin(), kLlama.end());
+  flags.insert(flags.end(), kMoE.begin(), kMoE.end());
+  flags.insert(flags.end(), {"--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters",
+                             "2", "--lr", "1e-2", "--min-lr", "1e-4", "--eval-iters", "0", "--save-interval", "2",
+                             "--expert-model-parallel-size", "2", "--deterministic-mode"});
+  std::string cmd = std::string("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE OMP_NUM_THREADS=1 ") +
+                    TESSERA_EXE + " launch --standalone --nproc_per_node 2 train";
+  for (const std::string& f : flags) cmd += " " + f;
+  for (const std::string precision : {"fp32", "bf16", "distributed"}) {
+    const std::string run_cmd = cmd + (precision == "bf16"          ? " --bf16"
+                                       : precision == "distributed" ? " --use-distributed-optimizer"
+                                                                    : "");
+    const fs::path torch_save = dir / (precision + "_torch"), tessera_save = dir / (precision + "_tessera");
+    ASSERT_TRUE(run(run_cmd + " --ckpt-format torch --save " + torch_save.string(), dir / (precision + "_torch.log")));
+    ASSERT_TRUE(run(run_cmd + " --ckpt-format tessera --save " + tessera_save.string(),
+                    dir / (precision + "_tessera.log")));
+    EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kScript + " check-optimizer " + torch_save.string() +
+                        " " + tessera_save.string() + " --model moe",
+                    dir / (precision + "_check.log")));
   }
   fs::remove_all(dir);
 }
@@ -460,7 +564,7 @@ TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
                              TESSERA_EXE + " launch --standalone --nproc_per_node 2 train";
   std::string ep_flags;
   for (const std::string& f : flags) ep_flags += " " + f;
-  ASSERT_TRUE(run(launch + ep_flags + " --moe-grouped-gemm --expert-model-parallel-size 2 --no-save-optim --save " +
+  ASSERT_TRUE(run(launch + ep_flags + " --moe-grouped-gemm --expert-model-parallel-size 2 --save " +
                       (dir / "trained_ep2").string(),
                   dir / "trained_ep2.log"));
   ASSERT_TRUE(run(std::string(TESSERA_EXE) + " ckpt convert " + (dir / "trained_ep2").string() + " " +
@@ -469,6 +573,16 @@ TEST(MegatronGroupedSave, LoadsStrictlyIntoGroupedMLPAndBackIntoTessera) {
   EXPECT_TRUE(run(std::string(TESSERA_TOOLS_PYTHON) + " " + kGroupedScript + " check-ep " +
                       (dir / "trained_ep2").string() + " " + (dir / "trained_ep1").string(),
                   dir / "trained_check_ep.log"));
+  // Its optimizer state is Megatron's chain at EP=2 ([dense, expert], GroupedMLP's weights in the
+  // expert optimizer): it resumes as the same run saved without the flag.
+  ASSERT_TRUE(run(launch + ep_flags + " --expert-model-parallel-size 2 --save " +
+                      (dir / "trained_ep2_sequential").string(),
+                  dir / "trained_ep2_sequential.log"));
+  for (const char* c : {"trained_ep2", "trained_ep2_sequential"})
+    ASSERT_TRUE(resume_one_iteration(dir / c, dir / (std::string("resumed_") + c), 3));
+  EXPECT_EQ(last_iteration_figures((dir / "resumed_trained_ep2.log").string()),
+            last_iteration_figures((dir / "resumed_trained_ep2_sequential.log").string()));
+  expect_same_tessera_files(dir / "resumed_trained_ep2_sequential", dir / "resumed_trained_ep2", 3, true);
 
   // In bf16 too, whose optimizer keeps the fp32 main parameters as fp32_from_fp16_params.
   ASSERT_TRUE(run(cmd + " --bf16 --save " + (dir / "bf16_sequential").string(), dir / "bf16_sequential.log"));

@@ -14,8 +14,9 @@
   tokens, as in Megatron) and EP=2 allgather in bf16 (its reduce-scatter sums in f32) equal
   one process of the same flags (bf16: mixed_precision_test's bound);
 - checkpoints: an EP=2 save (tessera's format; torch_dist with the distributed optimizer over
-  expert DP 2) resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer
-  with the uninterrupted run's losses and norms (1e-5);
+  expert DP 2; Megatron's torch format, each EP rank's chained dense and expert optimizers)
+  resumes at EP=1, at EP=2 x TP=2 + SP and at EP=2 with the distributed optimizer with the
+  uninterrupted run's losses and norms (1e-5);
 - MoE with context parallelism (issue 32): the aux loss counts tokens over the CP ranks
   (Megatron's TP x CP sequence partition), so CP=2, CP=2 x TP=2 + SP and CP=2 x EP=2 give one
   process's lm loss, gradient norm (1e-5) and load_balancing_loss (1e-7), with an aux
@@ -28,7 +29,9 @@
   bit; at world 4 (4 iterations), EP=2, EP=4 and EP=2 with overlapped small buckets log DP=4's
   bits, so does the distributed optimizer (DP=4 and EP=2, clipping on: its norm is taken over
   the gathered whole gradients in this mode), and EP=2 saves at iteration 2 (tessera,
-  torch_dist) resume at EP=1 and at EP=4 bit for bit; allgather (its combine's fused
+  torch_dist) resume at EP=1 and at EP=4 bit for bit; at world 2 the EP=2 save at iteration 3
+  in Megatron's torch format too (its chained dense and expert optimizers), resumed at EP=1
+  and at EP=2; allgather (its combine's fused
   multiply-adds) within 1e-5 at both worlds;
 - a layout whose context x data parallel size EP does not divide exits 2 naming the flag.
 usage: expert_parallel_test.py TESSERA_BINARY"""
@@ -113,18 +116,25 @@ def test_capacity_and_bf16(tmp):
 def test_checkpoints(tmp):
     four = MOE + ["--train-iters", "4"]
     reference, _ = mp.train(tmp, "ep ckpt reference", 1, four)
-    saves = [("tessera", 2, EP2), ("torch_dist", 4, EP2 + ALLTOALL + ["--use-distributed-optimizer"])]
+    distributed = ["--use-distributed-optimizer"]
+    # (format, label, processes, flags): torch's distrib_optim.pt at world 4 is the expert
+    # optimizer's over expert DP 2, in buckets of its own.
+    saves = [("tessera", "", 2, EP2), ("torch_dist", "", 4, EP2 + ALLTOALL + distributed), ("torch", "", 2, EP2),
+             ("torch", " distributed optimizer", 2, EP2 + distributed),
+             ("torch", " distributed optimizer edp2", 4, EP2 + ALLTOALL + distributed + [
+                 "--overlap-grad-reduce", "--ddp-bucket-size", "3000"])]
     resumes = [("ep1", 1, []), ("ep2 tp2 sp", 4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-               ("ep2 distributed optimizer", 2, EP2 + ["--use-distributed-optimizer"])]
-    for fmt, procs, flags in saves:
-        save = os.path.join(tmp, "ep_save_" + fmt)
-        mp.train(tmp, "ep ckpt save " + fmt, procs, four + flags + [
+               ("ep2 distributed optimizer", 2, EP2 + distributed)]
+    for fmt, label, procs, flags in saves:
+        save = os.path.join(tmp, ("ep_save_" + fmt + label).replace(" ", "_"))
+        mp.train(tmp, "ep ckpt save " + fmt + label, procs, four + flags + [
             "--save", save, "--save-interval", "2", "--exit-interval", "2", "--ckpt-format", fmt])
-        for label, rprocs, rflags in resumes:
-            resumed, _ = mp.train(tmp, "ep ckpt %s resume %s" % (fmt, label), rprocs, four + rflags + ["--load", save])
-            mp.compare(reference[2:], resumed, "%s save resumed at %s" % (fmt, label))
-        print("ok  an EP=2 %s save resumes at EP=1, EP=2 x TP=2 and EP=2 with the distributed optimizer" % fmt,
-              flush=True)
+        for resume, rprocs, rflags in resumes:
+            resumed, _ = mp.train(tmp, "ep ckpt %s%s resume %s" % (fmt, label, resume), rprocs,
+                                  four + rflags + ["--load", save])
+            mp.compare(reference[2:], resumed, "%s%s save resumed at %s" % (fmt, label, resume))
+        print("ok  an EP=2 %s%s save resumes at EP=1, EP=2 x TP=2 and EP=2 with the distributed optimizer"
+              % (fmt, label), flush=True)
 
 
 def test_context_parallel(tmp):
@@ -152,15 +162,20 @@ def test_deterministic(tmp):
     # and added by the reduce-scatter, not in one rank's fused multiply-adds (docs/distributed.md).
     got, _ = mp.train(tmp, "det ep2 allgather", 2, det + EP2)
     mp.compare(reference, got, "det ep2 allgather")
-    for fmt in ("tessera", "torch_dist"):
+    for fmt in ("tessera", "torch_dist", "torch"):
         save = os.path.join(tmp, "det_ep2_save_" + fmt)
         first, _ = mp.train(tmp, "det ep2 save " + fmt, 2, det + EP2 + ALLTOALL + [
             "--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", fmt])
         mp.compare(reference[:3], first, "det ep2 save " + fmt, exact=True)
         resumed, _ = mp.train(tmp, "det ep2 resume ep1 " + fmt, 2, det + ["--load", save])
         mp.compare(reference[3:], resumed, "det ep2 %s save resumed at ep1" % fmt, exact=True)
+    # Megatron's torch format keeps each EP rank's chained dense and expert optimizers
+    # (mp_rank_00_EEE): they resume at EP=2 too.
+    resumed, _ = mp.train(tmp, "det ep2 resume ep2 torch", 2, det + EP2 + ALLTOALL + [
+        "--load", os.path.join(tmp, "det_ep2_save_torch")])
+    mp.compare(reference[3:], resumed, "det ep2 torch save resumed at ep2", exact=True)
     print("ok  --deterministic-mode: EP=2 alltoall equals EP=1 (DP=2) bit for bit, and an EP=2 save (tessera, "
-          "torch_dist) resumes at EP=1 so", flush=True)
+          "torch_dist, torch) resumes at EP=1 so (torch: at EP=2 too)", flush=True)
     test_deterministic_world4(tmp)
 
 

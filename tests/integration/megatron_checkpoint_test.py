@@ -30,6 +30,11 @@ tests/reference/megatron_stub; Megatron-LM itself is not needed):
   groups (with step, without params); each run resumes bit-exactly in its layout, the PP=2
   save within 1e-5 in one process, and the one-bucket save within 1e-5 at DP=4 with the flag
   and in one process without it;
+- the distributed optimizer of an MoE run at EP=2: each EP rank's distrib_optim.pt is
+  ChainedOptimizer.save_parameter_state's list [dense, expert] (None for the dense optimizer on
+  EP rank 1), each laid out by the same rules over its own parameters and DP group, and the
+  optimizer dict is the list of both optimizers' groups (is_expert_parallel); it resumes bit
+  for bit at EP=2 and within 1e-5 in one process;
 - hostile files: a pickle whose __reduce__ would run os.system, an unknown global, a truncated
   zip and a tensor whose storage is too short are each an error (exit 1) naming the file, from
   `ckpt inspect` or `train --load`, and nothing is executed; so is a damaged distrib_optim.pt
@@ -246,24 +251,63 @@ def check_distrib_optim_file(folder, dp, bucket_size, dtype=torch.float32, share
     groups = sd["optimizer"]["optimizer"]["param_groups"]
     assert set(sd["optimizer"]) == {"optimizer"} and set(sd["optimizer"]["optimizer"]) == {"param_groups"}
     assert len(groups) == 2 and all("params" not in g and g["step"] == 3 for g in groups), groups
-    do = torch.load(f"{folder}/distrib_optim.pt")
+    check_distrib_buffer(torch.load(f"{folder}/distrib_optim.pt"), sd["model"], dp, bucket_size, dtype, shared)
+
+
+def check_distrib_buffer(do, model, dp, bucket_size, dtype=torch.float32, shared=()):
+    """One optimizer's dict of distrib_optim.pt over the parameters of `model` (one chunk)."""
     assert list(do) == ["buckets_coalesced", 0] and do["buckets_coalesced"] is True, list(do)
     assert list(do[0]) == [(dtype, torch.float32)], list(do[0])
     buffer = do[0][(dtype, torch.float32)]
-    offsets, numel = distrib_optim_layout(sd["model"], dp, bucket_size, shared)
+    offsets, numel = distrib_optim_layout(model, dp, bucket_size, shared)
     assert list(buffer) == ["param", "exp_avg", "exp_avg_sq", "numel_unpadded"] and buffer["numel_unpadded"] == numel
     for key in ("param", "exp_avg", "exp_avg_sq"):
         t = buffer[key]
         assert t.dtype == torch.float32 and t.shape == (numel,) and t.device.type == "cpu", (key, t.dtype, t.shape)
     covered = torch.zeros(numel, dtype=torch.bool)
     for name, off in offsets.items():
-        w = sd["model"][name].flatten()
+        w = model[name].flatten()
         # `param` is the fp32 main parameter: the model's tensor is its rounding.
         assert torch.equal(buffer["param"][off:off + w.numel()].to(w.dtype), w), name
         assert (buffer["exp_avg_sq"][off:off + w.numel()] > 0).all(), name
         covered[off:off + w.numel()] = True
     for key in ("param", "exp_avg", "exp_avg_sq"):
         assert (buffer[key][~covered] == 0).all(), key  # the alignment gaps
+
+
+def check_expert_parallel_distributed_optimizer(tmp):
+    """An MoE run at EP=2 (world 2: DP 2, expert DP 1) with the distributed optimizer in buckets of
+    1000 elements: megatron-core's ChainedOptimizer (get_megatron_optimizer) saves through
+    save_parameter_state the list [dense, expert] into each EP rank's distrib_optim.pt, None for
+    the dense optimizer on EP rank 1 (not its DP rank 0), each laid out over its own parameters
+    and DP group; model_optim_rng.pt's optimizer is the list of both optimizers' groups. It
+    resumes bit for bit, and within 1e-5 at EP=1 without the flag."""
+    one = TRAIN + ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
+    moe = one + ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
+                 "--expert-model-parallel-size", "2"]
+    run(moe + ["--log-json", f"{tmp}/ep_do_full.jsonl"], procs=2)
+    save = f"{tmp}/mt_ep_do"
+    run(moe + ["--save", save, "--save-interval", "3", "--exit-interval", "3", "--ckpt-format", "torch"], procs=2)
+    for r in range(2):
+        folder = f"{save}/iter_0000003/mp_rank_00_{r:03d}"
+        sd = torch.load(f"{folder}/model_optim_rng.pt")
+        assert isinstance(sd["optimizer"], list) and len(sd["optimizer"]) == 2, type(sd["optimizer"])
+        for o, expert in zip(sd["optimizer"], (False, True)):
+            assert set(o) == {"optimizer"} and all("params" not in g and g["step"] == 3 and
+                                                   g["is_expert_parallel"] is expert
+                                                   for g in o["optimizer"]["param_groups"]), o
+        do = torch.load(f"{folder}/distrib_optim.pt")
+        assert isinstance(do, list) and len(do) == 2 and (do[0] is None) == (r == 1), do
+        experts = {k: v for k, v in sd["model"].items() if ".mlp.experts.local_experts." in k}
+        dense = {k: v for k, v in sd["model"].items() if k not in experts}
+        if r == 0:
+            check_distrib_buffer(do[0], dense, 2, 1000)
+        check_distrib_buffer(do[1], experts, 1, 1000)
+    full = records(f"{tmp}/ep_do_full.jsonl")
+    run(moe + ["--load", save, "--log-json", f"{tmp}/ep_do_resumed.jsonl"], procs=2)
+    same_records(full[3:], records(f"{tmp}/ep_do_resumed.jsonl"), "EP=2 distrib_optim.pt resumed")
+    run(one + ["--load", save, "--log-json", f"{tmp}/ep_do_one.jsonl"])
+    close_records(records(f"{tmp}/ep_do_one.jsonl"), full[3:], "EP=2 distrib_optim.pt in one process")
 
 
 def check_distributed_optimizer(tmp):
@@ -538,6 +582,8 @@ def main():
 
         check_distributed_optimizer(tmp)
         print("distributed optimizer: distrib_optim.pt as Megatron lays it out, resumed at DP=2, DP=4 and DP=1")
+        check_expert_parallel_distributed_optimizer(tmp)
+        print("EP=2: distrib_optim.pt as [dense, expert] (None on EP rank 1), resumed at EP=2 and EP=1")
 
         deflated(tmp, f"{tmp}/mt", f"{tmp}/conv")
         print("a checkpoint whose zip records are deflated reads the same")

@@ -27,7 +27,12 @@ MoE models, its MoE layers the local spec's SequentialMLP) and --ep N, the files
 expert-parallel ranks 0..N-1, OUT/iter_0000007/mp_rank_00_EEE/model_optim_rng.pt as
 get_checkpoint_name names them, each the state dict of megatron-core's GPTModel as that rank
 builds it (parallel_state's expert-parallel size and rank set through its own setters: local
-experts 0..E/N-1) holding the EP=1 model's weights, without optimizer state.
+experts 0..E/N-1) holding the EP=1 model's weights, and as `optimizer` the state_dict() of the
+optimizer megatron-core's get_megatron_optimizer builds for that model (a ChainedOptimizer of a
+dense and an expert FP32Optimizer, over torch's AdamW, Megatron's fallback without Apex or
+Transformer Engine) after one step of its inner optimizers with the EP=1 model's gradients;
+expected.safetensors then also holds that state by the EP=1 model's names ("exp_avg.NAME",
+"exp_avg_sq.NAME").
 
     python megatron_core_models.py check DIR EXPECTED --model gpt|llama|moe
 reads tessera's --ckpt-format torch save DIR (one rank, torch.load weights_only=False), checks
@@ -39,6 +44,20 @@ largest logit. Exits 1 naming the first difference. A checkpoint saved at expert
 N > 1 loads strictly, file by file, into each rank's model; the replicated parameters must be
 equal across the files, and the experts, numbered globally, make the EP=1 model whose logits are
 compared.
+
+    python megatron_core_models.py check-optimizer DIR TESSERA_DIR --model moe
+checks tessera's --ckpt-format torch save DIR made at expert parallelism N > 1 against the
+optimizer megatron-core builds for each rank's model (get_megatron_optimizer from the saved
+Namespace, as megatron/training/training.py setup_model_and_optimizer does): the file's
+`optimizer` is its ChainedOptimizer's state_dict() structure (a list of the dense and the expert
+optimizer's, each with its parameter groups' keys, values and parameter indices; weight decay as
+the scheduler sets it, weight_decay x wd_mult), ChainedOptimizer.load_state_dict takes it, and
+then every parameter's exp_avg and exp_avg_sq in megatron-core's optimizer equal, bit for bit,
+tessera's own save TESSERA_DIR (--ckpt-format tessera) of the same run, found by the
+parameter's EP=1 name; with --bf16 each optimizer's fp32_from_fp16_params hold tessera's fp32
+main parameters (checked against its groups, as Float16OptimizerWithFloat16Params needs CUDA).
+With --use-distributed-optimizer each element is the distributed optimizer's state_dict: the
+same groups without params, with the step.
 """
 import argparse
 import contextlib
@@ -216,6 +235,41 @@ def megatron_param_groups(model):
                  is_decoupled_lr=False)]
 
 
+@contextlib.contextmanager
+def cuda_tensors_on_cpu():
+    """FP32Optimizer makes its loss scale of 1 with torch.tensor(..., device='cuda'): made on the
+    CPU while megatron-core builds its optimizer."""
+    real = torch.tensor
+
+    def tensor(*a, device=None, **k):
+        return real(*a, device="cpu" if device == "cuda" else device, **k)
+    torch.tensor = tensor
+    try:
+        yield
+    finally:
+        torch.tensor = real
+
+
+def megatron_optimizer(args, model):
+    """megatron/training/training.py setup_model_and_optimizer (core_r0.10.0): OptimizerConfig
+    from the Namespace's fields, then megatron-core's get_megatron_optimizer for the model, which
+    chains a dense and an expert optimizer when the experts' parameters are allreduce=False
+    (expert parallelism above 1). Built as fp32 and not distributed (Float16OptimizerWithFloat16Params
+    and DistributedOptimizer need CUDA): the groups are the same."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(OptimizerConfig) if hasattr(args, f.name)}
+    kw.update(bf16=False, fp16=False, params_dtype=torch.float32, use_distributed_optimizer=False)
+    with cuda_tensors_on_cpu():
+        return get_megatron_optimizer(OptimizerConfig(**kw), [model])
+
+
+def chained_params(optimizer):
+    """Each chained optimizer's torch optimizer and its parameters in its groups' order (its
+    state_dict's indices)."""
+    return [(o.optimizer, [p for g in o.optimizer.param_groups for p in g["params"]])
+            for o in optimizer.chained_optimizers]
+
+
 def checkpoint_folder(tp_rank, pp_rank, pp, ep_rank, ep):
     """megatron/training/checkpointing.py get_checkpoint_name (core_r0.10.0)."""
     folder = "mp_rank_%02d" % tp_rank if pp == 1 else "mp_rank_%02d_%03d" % (tp_rank, pp_rank)
@@ -234,16 +288,32 @@ def expert_rank_name(name, ep_rank, local_experts):
 
 def save_expert_parallel(out, args, model, ep):
     """model's weights as the files of expert-parallel ranks 0..ep-1, each its rank's own model's
-    state dict."""
+    state dict and its megatron-core optimizer's after one step with model's gradients; returns
+    that optimizer state by model's names."""
     full = model.state_dict()
+    grads = {name: p.grad for name, p in model.named_parameters()}
     args.expert_model_parallel_size, args.data_parallel_size, args.world_size = ep, ep, ep
+    expected = {}
     for r in range(ep):
         rank_model = build_model(args, ep_rank=r)
-        with torch.no_grad():
-            for name, p in rank_model.named_parameters():
-                p.copy_(full[expert_rank_name(name, r, args.num_experts // ep)])
+        names = {p: expert_rank_name(n, r, args.num_experts // ep) for n, p in rank_model.named_parameters()}
+        optimizer = megatron_optimizer(args, rank_model)
+        assert type(optimizer).__name__ == "ChainedOptimizer" and len(optimizer.chained_optimizers) == 2
+        for p, name in names.items():
+            p.grad = grads[name].clone()
+        for o in optimizer.chained_optimizers:
+            o.optimizer.step()
+        for inner, params in chained_params(optimizer):
+            for p in params:
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    key = kind + "." + names[p]
+                    assert key not in expected or torch.equal(expected[key], inner.state[p][kind]), key
+                    expected[key] = inner.state[p][kind]
+        with torch.no_grad():  # the saved weights are model's
+            for p, name in names.items():
+                p.copy_(full[name])
         state_dict = {"args": args, "checkpoint_version": 3.0, "iteration": ITERATION,
-                      "model": rank_model.state_dict_for_save_checkpoint(),
+                      "model": rank_model.state_dict_for_save_checkpoint(), "optimizer": optimizer.state_dict(),
                       "num_floating_point_operations_so_far": 1.5e9}
         folder = os.path.join(out, "iter_%07d" % ITERATION, checkpoint_folder(0, 0, 1, r, ep))
         os.makedirs(folder, exist_ok=True)
@@ -251,6 +321,7 @@ def save_expert_parallel(out, args, model, ep):
     from megatron.core import parallel_state
     parallel_state.set_expert_model_parallel_world_size(1)  # the EP=1 model's forward follows
     parallel_state.set_expert_model_parallel_rank(0)
+    return expected
 
 
 def save(out, run, ep):
@@ -283,8 +354,9 @@ def save(out, run, ep):
                                                                               use_dist_ckpt=False),
                   "rng_state": rng_state, "num_floating_point_operations_so_far": 1.5e9}
     assert hasattr(state_dict["model"], "_metadata")
+    expected_state = {}
     if ep > 1:
-        save_expert_parallel(out, args, model, ep)
+        expected_state = save_expert_parallel(out, args, model, ep)
     else:
         folder = os.path.join(out, "iter_%07d" % ITERATION, "mp_rank_00")
         os.makedirs(folder, exist_ok=True)
@@ -294,7 +366,8 @@ def save(out, run, ep):
     tokens = torch.randint(0, run["vocab_size"] + 1, (BATCH, SEQ))
     logits = forward(model, tokens)
     safetensors_io.write(os.path.join(out, "expected.safetensors"),
-                         [("tokens", "I32", tokens.numpy()), ("logits", "F32", logits.numpy())])
+                         [("tokens", "I32", tokens.numpy()), ("logits", "F32", logits.numpy())] +
+                         [(k, "F32", v.numpy()) for k, v in sorted(expected_state.items())])
 
 
 def check_namespace(ns, run, ep):
@@ -370,9 +443,108 @@ def check(ckpt, expected, run):
         raise SystemExit("megatron-core's forward of tessera's save differs from tessera's by %g" % diff)
 
 
+def tessera_tensors(ckpt, kind):
+    """Every tensor of tessera's own save's files `kind`.safetensors (all its shard folders)."""
+    tracker = open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip()
+    it_dir = os.path.join(ckpt, "iter_%07d" % int(tracker))
+    out = {}
+    for folder in sorted(os.listdir(it_dir)):
+        path = os.path.join(it_dir, folder, kind + ".safetensors")
+        if os.path.exists(path):
+            out.update(safetensors_io.read(path)[0])
+    return out
+
+
+def check_optimizer_groups(rank, saved, fresh, args, iteration):
+    """The saved optimizer state dict against megatron-core's own (fresh, no step taken); the
+    distributed optimizer's groups have no params and the step (distrib_optimizer.py
+    state_dict)."""
+    if len(saved["param_groups"]) != len(fresh["param_groups"]):
+        raise SystemExit("%s: %d parameter groups saved, megatron-core's optimizer has %d"
+                         % (rank, len(saved["param_groups"]), len(fresh["param_groups"])))
+    for i, (s, f) in enumerate(zip(saved["param_groups"], fresh["param_groups"])):
+        f = dict(f)
+        if args.use_distributed_optimizer:
+            del f["params"]
+            f["step"] = iteration
+        if set(s) != set(f):
+            raise SystemExit("%s group %d keys %s, megatron-core's %s" % (rank, i, sorted(s), sorted(f)))
+        for k in f:
+            want = args.weight_decay * s["wd_mult"] if k == "weight_decay" else f[k]
+            if k != "lr" and s[k] != want:  # lr: the scheduler's at the save
+                raise SystemExit("%s group %d: %s is %r, megatron-core's %r" % (rank, i, k, s[k], want))
+
+
+def check_optimizer(ckpt, tessera_ckpt):
+    tracker = open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip()
+    it_dir = os.path.join(ckpt, "iter_%07d" % int(tracker))
+    state = tessera_tensors(tessera_ckpt, "optimizer")
+    main_params = tessera_tensors(tessera_ckpt, "model")
+    checked = 0
+    args = None
+    for r in range(1 << 16):
+        path = os.path.join(it_dir, "mp_rank_00_%03d" % r, "model_optim_rng.pt")
+        if not os.path.exists(path):
+            break
+        sd = torch.load(path, map_location="cpu", weights_only=False)
+        args = sd["args"]
+        ep = args.expert_model_parallel_size
+        rank = "%s (EP rank %d of %d)" % (path, r, ep)
+        # An fp32 model: Float16OptimizerWithFloat16Params keeps fp32 copies of the 16-bit
+        # parameters in its groups, in their order, and its moments in fp32.
+        fp32 = argparse.Namespace(**vars(args))
+        fp32.bf16, fp32.fp16, fp32.params_dtype = False, False, torch.float32
+        model = build_model(fp32, ep_rank=r)
+        model.load_state_dict(sd["model"], strict=True)
+        optimizer = megatron_optimizer(args, model)
+        fresh = optimizer.state_dict()
+        saved = sd["optimizer"]
+        if not isinstance(saved, list) or len(saved) != len(fresh):
+            raise SystemExit("%s: optimizer is %s, megatron-core's ChainedOptimizer saves a list of %d"
+                             % (rank, type(saved).__name__, len(fresh)))
+        bf16 = args.bf16
+        for i, (s, f) in enumerate(zip(saved, fresh)):
+            if args.use_distributed_optimizer:
+                if set(s) != {"optimizer"} or set(s["optimizer"]) != {"param_groups"}:
+                    raise SystemExit("%s optimizer[%d] has keys %s, the distributed optimizer's state_dict {'optimizer':"
+                                     " {'param_groups'}}" % (rank, i, sorted(s)))
+                check_optimizer_groups("%s optimizer[%d]" % (rank, i), s["optimizer"], f, args, sd["iteration"])
+                continue
+            if bf16 != ("fp32_from_fp16_params" in s):
+                raise SystemExit("%s optimizer[%d] has keys %s (bf16 %s)" % (rank, i, sorted(s), bf16))
+            check_optimizer_groups("%s optimizer[%d]" % (rank, i), s["optimizer"] if bf16 else s, f, args,
+                                   sd["iteration"])
+        if args.use_distributed_optimizer:
+            continue  # the moments are in distrib_optim.pt (tests/integration/megatron_checkpoint_test.py)
+        names = {p: expert_rank_name(n, r, args.num_experts // ep) for n, p in model.named_parameters()}
+        if bf16:
+            for s, (_, params) in zip(saved, chained_params(optimizer)):
+                masters = [t for group in s["fp32_from_fp16_params"] for t in group]
+                assert len(masters) == len(params), (len(masters), len(params))
+                for p, m in zip(params, masters):
+                    if m.dtype != torch.float32 or m.shape != p.shape or \
+                            m.numpy().tobytes() != main_params[names[p]]["raw"]:
+                        raise SystemExit("%s: fp32_from_fp16_params of %s differ from tessera's main parameter"
+                                         % (rank, names[p]))
+            saved = [s["optimizer"] for s in saved]
+        optimizer.load_state_dict(saved)  # megatron-core's own loader takes it
+        for inner, params in chained_params(optimizer):
+            for p in params:
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    got = inner.state[p][kind]
+                    want = state[kind + "." + names[p]]
+                    if got.shape != p.shape or got.numpy().tobytes() != want["raw"]:
+                        raise SystemExit("%s: megatron-core's %s of %s differs from tessera's" % (rank, kind, names[p]))
+                    checked += 1
+    if args is None:
+        raise SystemExit("%s holds no mp_rank_00_EEE folders" % it_dir)
+    print("megatron-core's ChainedOptimizer loads each of %d EP ranks' files; %d state tensors equal tessera's"
+          % (args.expert_model_parallel_size, checked))
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("action", choices=["save", "check"])
+    p.add_argument("action", choices=["save", "check", "check-optimizer"])
     p.add_argument("paths", nargs="+")
     p.add_argument("--model", choices=sorted(RUNS), required=True)
     p.add_argument("--ep", type=int, default=1)
@@ -381,6 +553,8 @@ def main():
     init_cpu_megatron()
     if a.action == "save":
         save(a.paths[0], run, a.ep)
+    elif a.action == "check-optimizer":
+        check_optimizer(a.paths[0], a.paths[1])
     else:
         check(a.paths[0], a.paths[1], run)
 

@@ -12,7 +12,9 @@
 
 #include "tessera/ckpt/megatron_distrib_optim.h"
 #include "tessera/ckpt/megatron_grouped_experts.h"
+#include "tessera/ckpt/megatron_optimizer_state.h"
 #include "tessera/ckpt/megatron_rng_state.h"
+#include "tessera/ckpt/megatron_values.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
@@ -23,6 +25,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using megatron::arg_int;
+using megatron::as_int;
+using megatron::as_number;
+using megatron::FileTensors;
+using megatron::from_json;
+using megatron::need;
+using megatron::to_json;
 using pickle::Kind;
 using pickle::Value;
 
@@ -164,87 +173,6 @@ Shape megatron_shape(const std::string& name, Shape shape) {
   return shape;
 }
 
-// ---- Values ---------------------------------------------------------------------------------
-
-json to_json(const Value& v, int depth = 0) {
-  if (depth > 16) return nullptr;
-  switch (v.kind) {
-    case Kind::Bool: return v.boolean;
-    case Kind::Int: return v.integer;
-    case Kind::Float: return v.real;
-    case Kind::Str: return v.text;
-    case Kind::List:
-    case Kind::Tuple: {
-      json a = json::array();
-      for (const Value* x : v.items) a.push_back(to_json(*x, depth + 1));
-      return a;
-    }
-    case Kind::Dict: {
-      json o = json::object();
-      for (const auto& [k, x] : v.entries)
-        if (k->kind == Kind::Str) o[k->text] = to_json(*x, depth + 1);
-      return o;
-    }
-    case Kind::Global: return {{"$global", v.text}};
-    case Kind::Object:
-      if (v.items.size() == 1 && (v.items[0]->kind == Kind::Int || v.items[0]->kind == Kind::Str))
-        return {{"$enum", v.text}, {v.integer == 1 ? "name" : "value", to_json(*v.items[0], depth + 1)}};
-      return nullptr;
-    default: return nullptr;
-  }
-}
-
-Value* from_json(pickle::Document& doc, const json& j) {
-  if (j.is_null()) return doc.none();
-  if (j.is_boolean()) return doc.boolean(j.get<bool>());
-  if (j.is_number_integer()) return doc.integer(j.get<int64_t>());
-  if (j.is_number()) return doc.real(j.get<double>());
-  if (j.is_string()) return doc.str(j.get<std::string>());
-  if (j.is_array()) {
-    std::vector<Value*> items;
-    for (const json& x : j) items.push_back(from_json(doc, x));
-    return doc.list(std::move(items));
-  }
-  if (j.contains("$global")) return doc.global(j.at("$global").get<std::string>());
-  if (j.contains("$enum")) {
-    const bool by_name = j.contains("name");
-    Value* member = doc.object(j.at("$enum").get<std::string>(), {from_json(doc, j.at(by_name ? "name" : "value"))});
-    member->integer = by_name ? 1 : 0;
-    return member;
-  }
-  Value* d = doc.dict();
-  for (const auto& [k, x] : j.items()) doc.set(d, k, from_json(doc, x));
-  return d;
-}
-
-int64_t as_int(const Value* v, const TorchFile& f, const std::string& what) {
-  if (v && v->kind == Kind::Int) return v->integer;
-  if (v && v->kind == Kind::Float && v->real == static_cast<double>(static_cast<int64_t>(v->real)))
-    return static_cast<int64_t>(v->real);
-  if (v && v->kind == Kind::Tensor && v->tensor.shape.empty()) {
-    std::vector<float> x = f.f32(v->tensor, what);
-    return static_cast<int64_t>(x[0]);
-  }
-  throw runtime_error(f.path() + ": " + what + " is " + (v ? pickle::describe(*v) : "missing") + ", not an integer",
-                      "the file is not a Megatron-LM checkpoint, or it is damaged");
-}
-
-double as_number(const Value* v, const TorchFile& f, const std::string& what) {
-  if (v && v->kind == Kind::Float) return v->real;
-  if (v && v->kind == Kind::Int) return static_cast<double>(v->integer);
-  if (v && v->kind == Kind::Tensor && v->tensor.shape.empty()) return f.f32(v->tensor, what)[0];
-  throw runtime_error(f.path() + ": " + what + " is " + (v ? pickle::describe(*v) : "missing") + ", not a number");
-}
-
-const Value* need(const Value* parent, std::string_view key, const TorchFile& f, Kind kind) {
-  const Value* v = parent ? parent->get(key) : nullptr;
-  if (!v || v->kind != kind)
-    throw runtime_error(f.path() + ": '" + std::string(key) + "' is " + (v ? pickle::describe(*v) : "missing") +
-                            (kind == Kind::Dict ? ", not a dict" : kind == Kind::List ? ", not a list" : ""),
-                        "the file is not a Megatron-LM checkpoint of GPT, or it is damaged");
-  return v;
-}
-
 // ---- One file -------------------------------------------------------------------------------
 
 struct SavedParam {
@@ -253,6 +181,8 @@ struct SavedParam {
   const Value* tensor;
   bool weight_decay;
   int chunk = 0;  // its virtual pipeline chunk (`model<chunk>`); 0 for `model`
+  bool replica = false;  // in the file of an EP rank above 0, a parameter other than its experts
+                         // (EP rank 0's file gives it)
 };
 
 struct RankFile {
@@ -348,11 +278,6 @@ json args_json(const TorchFile& f) {
   return j;
 }
 
-int arg_int(const json& args, const char* key, int fallback) {
-  auto it = args.find(key);
-  return it != args.end() && it->is_number_integer() ? it->get<int>() : fallback;
-}
-
 // The saved layout, from the first file's args, checked against the folders.
 SavedLayout saved_layout(const std::string& it_dir, const json& args) {
   SavedLayout l{arg_int(args, "tensor_model_parallel_size", 1), arg_int(args, "pipeline_model_parallel_size", 1),
@@ -387,13 +312,6 @@ TorchFile open_first(const std::string& it_dir) {
   throw runtime_error("checkpoint " + it_dir + " has no mp_rank_00[_000[_000]]/model_optim_rng.pt");
 }
 
-// The optimizer dict torch's optimizer wrote (inside Megatron's mixed-precision wrapper).
-const Value* inner_optimizer(const Value* optimizer) {
-  if (!optimizer || optimizer->kind != Kind::Dict) return nullptr;
-  const Value* inner = optimizer->get("optimizer");
-  return inner && inner->kind == Kind::Dict ? inner : optimizer;
-}
-
 CheckpointState state_of(const TorchFile& f, const std::string& it_dir, const json& args) {
   CheckpointState s = megatron_training_state(f);
   const SavedLayout l = saved_layout(it_dir, args);
@@ -420,45 +338,11 @@ CheckpointState megatron_training_state(const TorchFile& f) {
     s.scheduler_num_steps = as_int(sched->get("num_steps"), f, "opt_param_scheduler.num_steps");
     s.scheduler.erase("num_steps");
   }
-  const Value* optimizer = f.root().get("optimizer");
-  if (const Value* inner = inner_optimizer(optimizer)) {
-    // torch's AdamW keeps `step` per parameter, Apex/TE FusedAdam per group.
-    if (const Value* state = inner->get("state"); state && state->kind == Kind::Dict && !state->entries.empty()) {
-      const Value* first = state->entries.front().second;
-      if (first->kind == Kind::Dict && first->get("step")) s.optimizer_steps = as_int(first->get("step"), f, "step");
-      // torch_dist's common.pt: the step every parameter shares (megatron/core/optimizer/optimizer.py
-      // _extract_common_per_param_step)
-      if (const Value* common = state->get("common_step")) s.optimizer_steps = as_int(common, f, "state.common_step");
-    } else if (const Value* groups = inner->get("param_groups"); groups && groups->kind == Kind::List &&
-                                                                  !groups->items.empty() && groups->items[0]->get("step")) {
-      s.optimizer_steps = as_int(groups->items[0]->get("step"), f, "param_groups[0].step");
-    }
-    if (const Value* scaler = optimizer->get("grad_scaler"); scaler && scaler->kind == Kind::Dict)
-      s.grad_scaler = {{"scale", as_number(scaler->get("scale"), f, "grad_scaler.scale")},
-                       {"growth_tracker", as_int(scaler->get("growth_tracker"), f, "grad_scaler.growth_tracker")},
-                       {"hysteresis_tracker",
-                        as_int(scaler->get("hysteresis_tracker"), f, "grad_scaler.hysteresis_tracker")}};
-  }
+  read_megatron_optimizer_progress(f, s);
   return s;
 }
 
 namespace {
-
-// Megatron's parameter groups: one per weight-decay class, in order of first appearance.
-std::vector<std::vector<size_t>> param_groups(const std::vector<SavedParam>& params) {
-  std::vector<std::vector<size_t>> groups;
-  std::vector<bool> group_wd;
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto it = std::find(group_wd.begin(), group_wd.end(), params[i].weight_decay);
-    if (it == group_wd.end()) {
-      group_wd.push_back(params[i].weight_decay);
-      groups.emplace_back();
-      it = group_wd.end() - 1;
-    }
-    groups[static_cast<size_t>(it - group_wd.begin())].push_back(i);
-  }
-  return groups;
-}
 
 // "exp_avg.decoder.layers.0.mlp.linear_fc1.weight" -> the parameter's name.
 std::string parameter_of(const std::string& name) {
@@ -501,7 +385,7 @@ struct PieceSet {
 };
 
 // Every rank's file. Expert-parallel rank r's experts are numbered globally (r * L + local);
-// its other parameters are left out for r > 0, as replicas of rank 0's.
+// its other parameters are marked replicas for r > 0 (rank 0's are read).
 std::vector<RankFile> open_all(const std::string& it_dir, const SavedLayout& layout) {
   const int pp_size = layout.pp;
   std::vector<RankFile> files;
@@ -514,9 +398,10 @@ std::vector<RankFile> open_all(const std::string& it_dir, const SavedLayout& lay
         f.grouped = expand_grouped_mlp_weights(f.file, layout.local_experts);
         f.params = saved_params(f.file);
         if (tp == 0 && ep == 0) stage_chunk_layers[pp] = chunk_layer_counts(f.params);
-        if (ep > 0)
-          std::erase_if(f.params, [](const SavedParam& p) { return p.mapped.local_layer < 0 || !is_expert(p.mapped.rest); });
-        for (SavedParam& p : f.params) p.mapped.rest = shift_expert(p.mapped.rest, ep * layout.local_experts);
+        for (SavedParam& p : f.params) {
+          p.replica = ep > 0 && (p.mapped.local_layer < 0 || !is_expert(p.mapped.rest));
+          p.mapped.rest = shift_expert(p.mapped.rest, ep * layout.local_experts);
+        }
         files.push_back(std::move(f));
       }
   // The layers run through the virtual stages in order; chunk v of stage p is virtual stage
@@ -545,142 +430,18 @@ bool arg_is_true(const json& args, const char* name) {
 
 bool tied_output(const json& args) { return !arg_is_true(args, "untie_embeddings_and_output_weights"); }
 
-// The optimizer state of one file as pieces: torch's state by parameter index, matched to the
-// file's parameters through Megatron's groups; mixed precision's fp32 copies replace the
-// 16-bit model pieces (`masters`: tessera name -> tensor).
-void add_optimizer_pieces(const RankFile& f, size_t file_index, int tp_size, bool tied, PieceSet& set,
-                          std::map<std::string, const pickle::TensorRef*>& masters) {
-  const TorchFile& file = f.file;
-  const Value* optimizer = file.root().get("optimizer");
-  const Value* inner = inner_optimizer(optimizer);
-  if (!inner)
-    throw runtime_error("checkpoint file " + file.path() + " has no optimizer state (a converter's checkpoint, or "
-                        "saved with --no-save-optim)",
-                        "pass --no-load-optim or --finetune");
-  const Value* groups = need(inner, "param_groups", file, Kind::List);
-  const Value* state = need(inner, "state", file, Kind::Dict);
-  const std::vector<std::vector<size_t>> mine = param_groups(f.params);
-  const Value* fp32 = optimizer->get("fp32_from_fp16_params");
-  auto mismatch = [&](const std::string& what) {
-    return runtime_error(file.path() + ": the optimizer's parameter groups do not match the model's (" + what + ")",
-                         "load with --no-load-optim (the model loads; the optimizer starts fresh)");
-  };
-  if (groups->items.size() != mine.size())
-    throw mismatch(std::to_string(groups->items.size()) + " groups saved, " + std::to_string(mine.size()) + " expected");
-  for (size_t g = 0; g < mine.size(); ++g) {
-    const Value* indices = need(groups->items[g], "params", file, Kind::List);
-    if (indices->items.size() != mine[g].size())
-      throw mismatch("group " + std::to_string(g) + " holds " + std::to_string(indices->items.size()) +
-                     " parameters, the model " + std::to_string(mine[g].size()));
-    for (size_t k = 0; k < mine[g].size(); ++k) {
-      const SavedParam& p = f.params[mine[g][k]];
-      const std::string name = global_name(p.mapped, f.first_layer.at(p.chunk));
-      if (tied && name == "output_layer.weight") continue;  // the word embedding's copy
-      if (fp32) {
-        const Value* group = fp32->kind == Kind::List && g < fp32->items.size() ? fp32->items[g] : nullptr;
-        if (!group || group->kind != Kind::List || k >= group->items.size() ||
-            group->items[k]->kind != Kind::Tensor)
-          throw mismatch("fp32_from_fp16_params lacks parameter " + p.key);
-        masters[name] = &group->items[k]->tensor;
-      }
-      const int64_t index = as_int(indices->items[k], file, "a parameter index");
-      const Value* st = nullptr;
-      for (const auto& [key, v] : state->entries)
-        if (key->kind == Kind::Int && key->integer == index) st = v;
-      if (!st) continue;  // no state yet (no step taken): the optimizer's zeros
-      for (const auto& [key, v] : st->entries) {
-        if (key->kind != Kind::Str || v->kind != Kind::Tensor || key->text == "step") continue;
-        set.add(f, file_index, tp_size, key->text + "." + name, file, v->tensor);
-      }
-    }
-  }
-}
-
-// The gradient-buffer layout the saving rank of file `f` had, as Megatron builds it
-// (megatron/core/distributed/distributed_data_parallel.py): its parameters in registration
-// order per model chunk, the saved DP size, one bucket unless --overlap-grad-reduce (then
-// --ddp-bucket-size, default max(4e7, 1e6 x DP), on the first pipeline stage only), and the
-// shared embedding's bucket of its own. chunks: each parameter's chunk.
-GradBufferLayout saved_buffer_layout(const RankFile& f, const json& args, bool tied, std::vector<int>& chunks) {
-  GradBufferOptions o;
-  // Megatron shards over the data-parallel group with context parallelism.
-  o.data_parallel = arg_int(args, "data_parallel_size", 1) * arg_int(args, "context_parallel_size", 1);
-  o.distributed_optimizer = true;
-  const auto overlap = args.find("overlap_grad_reduce");
-  if (f.pp == 0 && overlap != args.end() && overlap->is_boolean() && overlap->get<bool>()) {
-    const auto size = args.find("ddp_bucket_size");
-    o.bucket_size = size != args.end() && size->is_number_integer() ? size->get<int64_t>()
-                                                                     : std::max<int64_t>(40000000, 1000000LL * o.data_parallel);
-  }
-  std::vector<int64_t> numels;
-  std::vector<std::string> names;
-  chunks.clear();
+// A file's parameters as its optimizer holds them: the local experts' in the expert optimizer
+// when the checkpoint was saved at expert parallelism above 1 (allreduce=False); the replicas
+// and the tied output layer's copy counted in the groups but not read.
+std::vector<MegatronOptimizerParam> optimizer_params(const RankFile& f, const SavedLayout& layout, bool tied) {
+  std::vector<MegatronOptimizerParam> out;
   for (const SavedParam& p : f.params) {
-    int64_t n = 1;
-    for (int64_t d : p.tensor->tensor.shape) n *= d;
-    numels.push_back(n);
-    names.push_back(global_name(p.mapped, f.first_layer.at(p.chunk)));
-    chunks.push_back(p.chunk);
-  }
-  // Megatron's shared_embedding (megatron/core/models/common/language_module/language_module.py):
-  // a tied word embedding on a stage with the embedding or the head (final norm), not both.
-  const bool has_embedding = std::count(names.begin(), names.end(), "embedding.word_embeddings.weight") > 0;
-  const bool has_head = std::count(names.begin(), names.end(), "decoder.final_layernorm.weight") > 0;
-  std::vector<bool> own_bucket;
-  for (const std::string& n : names)
-    own_bucket.push_back(tied && has_embedding != has_head &&
-                         (n == "embedding.word_embeddings.weight" || n == "output_layer.weight"));
-  return build_grad_buffer_layout(numels, o, own_bucket, chunks);
-}
-
-// The optimizer state of one file from its distrib_optim.pt: each parameter's range of the
-// flat tensors, located by the saving rank's buffer layout, becomes a piece of the parameter's
-// shape over the same storage; `param` gives the fp32 main parameters (`masters`).
-void add_distrib_optim_pieces(const RankFile& f, size_t file_index, int tp_size, const json& args, bool tied,
-                              const DistribOptimFile& d, std::deque<pickle::TensorRef>& views, PieceSet& set,
-                              std::map<std::string, const pickle::TensorRef*>& masters) {
-  std::vector<int> chunks;
-  const DistribOptimPlacement place = distrib_optim_placement(saved_buffer_layout(f, args, tied, chunks), chunks);
-  if (place.numel_unpadded != d.numel_unpadded) {
-    auto list = [](const std::vector<int64_t>& v) {
-      std::string s;
-      for (int64_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
-      return "[" + s + "]";
-    };
-    throw runtime_error(d.file.path() + " holds buffers of " + list(d.numel_unpadded) + " elements; the parameters of " +
-                            f.file.path() + " lay out to " + list(place.numel_unpadded) + " (data-parallel size " +
-                            std::to_string(arg_int(args, "data_parallel_size", 1)) + " and the bucket size of its args)",
-                        "the two files are not of one save; pass --no-load-optim to load the model alone");
-  }
-  for (size_t i = 0; i < f.params.size(); ++i) {
-    const SavedParam& p = f.params[i];
     const std::string name = global_name(p.mapped, f.first_layer.at(p.chunk));
-    if (tied && name == "output_layer.weight") continue;  // the word embedding's copy
-    for (const char* key : kDistribOptimKeys) {
-      pickle::TensorRef view = *d.buffers[static_cast<size_t>(place.buffer[i])].at(key);
-      view.storage_offset += place.offset[i];
-      view.shape = p.tensor->tensor.shape;
-      view.stride.assign(view.shape.size(), 1);
-      for (size_t k = view.shape.size(); k-- > 1;) view.stride[k - 1] = view.stride[k] * view.shape[k];
-      views.push_back(std::move(view));
-      if (std::string(key) == "param")
-        masters[name] = &views.back();
-      else
-        set.add(f, file_index, tp_size, std::string(key) + "." + name, d.file, views.back());
-    }
+    const bool expert = p.mapped.local_layer >= 0 && is_expert(p.mapped.rest);
+    out.push_back({name, &p.tensor->tensor, p.weight_decay, layout.ep > 1 && expert,
+                   !p.replica && !(tied && name == "output_layer.weight"), p.chunk});
   }
-}
-
-// Whether the ranks' optimizer state is in distrib_optim.pt files (every rank's, or none).
-bool uses_distrib_optim(const std::string& it_dir, const std::vector<RankFile>& files) {
-  size_t found = 0;
-  for (const RankFile& f : files)
-    found += fs::exists(fs::path(it_dir) / fs::path(f.rel).parent_path() / kDistribOptimFile);
-  if (found != 0 && found != files.size())
-    throw runtime_error("checkpoint " + it_dir + " has " + kDistribOptimFile + " beside " + std::to_string(found) +
-                            " of its " + std::to_string(files.size()) + " " + kMegatronFile + " files",
-                        "copy the whole folder from one save, or pass --no-load-optim");
-  return found != 0;
+  return out;
 }
 
 }  // namespace
@@ -730,13 +491,10 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
   check_megatron_iteration(it_dir, s, iteration);
   const SavedLayout layout = saved_layout(it_dir, s.args);
   const int saved_tp = layout.tp;
-  if (load_optimizer && layout.ep > 1)
-    throw runtime_error("checkpoint " + it_dir + " was saved with expert parallelism " + std::to_string(layout.ep) +
-                            ": tessera does not read its optimizer state (Megatron's separate dense and expert "
-                            "optimizers, chained)",
-                        "load its model with --no-load-optim (the optimizer starts fresh) or --finetune");
   std::vector<RankFile> files = open_all(it_dir, layout);
-  const bool distributed = load_optimizer && uses_distrib_optim(it_dir, files);
+  std::vector<std::string> folders;
+  for (const RankFile& f : files) folders.push_back(fs::path(f.rel).parent_path().string());
+  const bool distributed = load_optimizer && uses_distrib_optim(it_dir, folders);
   if (distributed && std::any_of(files.begin(), files.end(), [](const RankFile& f) { return f.grouped; }))
     throw runtime_error("checkpoint " + it_dir + " holds GroupedMLP experts (--moe-grouped-gemm) and " +
                             kDistribOptimFile + ": tessera does not read the distributed optimizer's state of "
@@ -746,31 +504,35 @@ CheckpointState load_megatron_checkpoint(const std::string& dir, int64_t iterati
 
   PieceSet model_set, optimizer_set;
   model_set.swiglu = optimizer_set.swiglu = arg_is_true(s.args, "swiglu");
-  // Per file: the fp32 main values of its parameters (mixed precision's fp32_from_fp16_params,
-  // or distrib_optim.pt's `param`), by name.
-  std::vector<std::map<std::string, const pickle::TensorRef*>> file_masters(files.size());
   std::vector<DistribOptimFile> distrib;  // one per rank file; reserved: pieces point into them
   distrib.reserve(files.size());
   std::deque<pickle::TensorRef> views;    // the parameters' ranges of distrib_optim.pt's tensors
   for (size_t i = 0; i < files.size(); ++i) {
-    model_set.sources.push_back({files[i].file.path(), files[i].tp});
-    optimizer_set.sources.push_back({files[i].file.path(), files[i].tp});
+    const RankFile& f = files[i];
+    model_set.sources.push_back({f.file.path(), f.tp});
+    optimizer_set.sources.push_back({f.file.path(), f.tp});
+    const std::vector<MegatronOptimizerParam> params = optimizer_params(f, layout, tied);
+    const OptimizerStateSink add_state = [&](const std::string& key, const TorchFile& holder,
+                                             const pickle::TensorRef& t) {
+      optimizer_set.add(f, i, saved_tp, key, holder, t);
+    };
+    // The fp32 main values of its parameters (mixed precision's fp32_from_fp16_params, or
+    // distrib_optim.pt's `param`), by name.
+    MainParams main;
     if (distributed) {
-      distrib.push_back(open_distrib_optim((fs::path(it_dir) / fs::path(files[i].rel).parent_path() /
+      distrib.push_back(open_distrib_optim((fs::path(it_dir) / fs::path(f.rel).parent_path() /
                                             kDistribOptimFile).string()));
-      add_distrib_optim_pieces(files[i], i, saved_tp, s.args, tied, distrib.back(), views, optimizer_set,
-                               file_masters[i]);
+      read_distrib_optim(distrib.back(), f.file, params, s.args, f.pp == 0, tied, views, add_state, main);
     } else if (load_optimizer) {
-      add_optimizer_pieces(files[i], i, saved_tp, tied, optimizer_set, file_masters[i]);
+      read_megatron_optimizer(f.file, params, add_state, main);
     }
-    for (const SavedParam& p : files[i].params) {
-      const std::string name = global_name(p.mapped, files[i].first_layer.at(p.chunk));
-      if (tied && name == "output_layer.weight") continue;
-      auto m = file_masters[i].find(name);
-      if (m != file_masters[i].end())
-        model_set.add(files[i], i, saved_tp, name, distributed ? distrib[i].file : files[i].file, *m->second);
+    for (const MegatronOptimizerParam& p : params) {
+      if (!p.wanted) continue;
+      auto m = main.find(p.name);
+      if (m != main.end())
+        model_set.add(f, i, saved_tp, p.name, distributed ? distrib[i].file : f.file, *m->second);
       else
-        model_set.add(files[i], i, saved_tp, name, files[i].file, p.tensor->tensor);
+        model_set.add(f, i, saved_tp, p.name, f.file, *p.model);
     }
   }
   auto reader = [&](const PieceSet& set) {
@@ -810,15 +572,8 @@ std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string
         sum.model.push_back({p.key, p.tensor->tensor.storage.type, p.tensor->tensor.shape});
       }
       sum.names = legacy ? "legacy (language_model.*)" : te ? "mcore (Transformer Engine norms)" : "mcore";
-      const Value* optimizer = f.root().get("optimizer");
-      if (fs::exists(fs::path(it_dir) / fs::path(sum.rel).parent_path() / kDistribOptimFile))
-        sum.optimizer = "distributed optimizer (distrib_optim.pt)";
-      else if (!optimizer)
-        sum.optimizer = "none";
-      else if (optimizer->get("fp32_from_fp16_params"))
-        sum.optimizer = "mixed precision (fp32_from_fp16_params)";
-      else
-        sum.optimizer = "fp32";
+      sum.optimizer = describe_megatron_optimizer(
+          f, fs::exists(fs::path(it_dir) / fs::path(sum.rel).parent_path() / kDistribOptimFile));
       sum.optimizer += s.grad_scaler.is_null() ? "" : ", grad scaler";
       out.push_back(std::move(sum));
     }
@@ -833,6 +588,8 @@ std::string megatron_local_name(const std::string& name, int first_layer, int fi
   return "decoder.layers." + std::to_string(m->local_layer - first_layer) + "." + shift_expert(m->rest, -first_expert);
 }
 
+Shape megatron_saved_shape(const std::string& name, const Shape& shape) { return megatron_shape(name, shape); }
+
 int megatron_expert_of(const std::string& name) {
   std::optional<MappedName> m = map_name(name);
   if (!m || m->local_layer < 0 || !is_expert(m->rest)) return -1;
@@ -840,76 +597,6 @@ int megatron_expert_of(const std::string& name) {
 }
 
 namespace {
-
-const char* storage_type_of(DType t) {
-  switch (t) {
-    case DType::BF16: return "BFloat16Storage";
-    case DType::F16: return "HalfStorage";
-    default: return "FloatStorage";
-  }
-}
-
-// `numel` floats as a storage of `dtype` (rounded to bf16 / fp16, or copied).
-std::vector<uint8_t> storage_bytes(const float* data, int64_t numel, DType dtype) {
-  std::vector<uint8_t> bytes(static_cast<size_t>(numel) * dtype_size(dtype));
-  for (int64_t i = 0; i < numel; ++i) {
-    if (dtype == DType::BF16) {
-      const uint16_t h = f32_to_bf16(data[i]);
-      std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
-    } else if (dtype == DType::F16) {
-      const uint16_t h = f32_to_f16(data[i]);
-      std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
-    } else {
-      std::memcpy(&bytes[static_cast<size_t>(i) * 4], &data[i], 4);
-    }
-  }
-  return bytes;
-}
-
-// Tensors of one file and where their storages' bytes come from: a model or optimizer tensor
-// is copied to the host only when the file's writer reaches it.
-class FileTensors {
- public:
-  explicit FileTensors(pickle::Document& doc) : doc_(doc) {}
-
-  // A tensor saved shaped as Megatron holds the parameter `name`.
-  Value* add(const Tensor& t, DType dtype, const std::string& name) {
-    t.check_dtype(DType::F32);
-    return record(storage_type_of(dtype), megatron_shape(name, t.shape), [t, dtype] {
-      std::vector<float> host(static_cast<size_t>(t.numel()));
-      read_tensor_bytes(t, host.data());
-      return storage_bytes(host.data(), t.numel(), dtype);
-    });
-  }
-  Value* scalar(float v) {
-    return record(storage_type_of(DType::F32), {}, [v] { return storage_bytes(&v, 1, DType::F32); });
-  }
-  // A 1-D torch.ByteTensor (a generator's state).
-  Value* add_bytes(const std::vector<uint8_t>& bytes) {
-    return record("ByteStorage", {static_cast<int64_t>(bytes.size())}, [bytes] { return bytes; });
-  }
-  const std::vector<TorchStorageSource>& storages() const { return storages_; }
-
- private:
-  // A contiguous tensor over a storage of its own.
-  Value* record(const char* storage_type, const Shape& shape, std::function<std::vector<uint8_t>()> bytes) {
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    const std::string key = std::to_string(storages_.size());
-    pickle::TensorRef t{{key, storage_type, "cpu", numel}, 0, {shape.begin(), shape.end()}, {}};
-    int64_t stride = 1;
-    t.stride.resize(shape.size());
-    for (size_t d = shape.size(); d-- > 0;) {
-      t.stride[d] = stride;
-      stride *= shape[d];
-    }
-    storages_.push_back({key, std::move(bytes)});
-    return doc_.tensor(std::move(t));
-  }
-
-  pickle::Document& doc_;
-  std::vector<TorchStorageSource> storages_;
-};
 
 bool is_linear_module(const std::string& module) {
   for (const char* m : {".linear_qkv", ".linear_proj", ".linear_fc1", ".linear_fc2"})
@@ -927,7 +614,8 @@ Value* model_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFil
     if (p.chunk == chunk) mine.push_back(&p);
   Value* model = doc.dict();
   for (size_t i = 0; i < mine.size(); ++i) {
-    doc.set(model, mine[i]->name, tensors.add(mine[i]->value, spec.model_dtype, mine[i]->name));
+    doc.set(model, mine[i]->name,
+            tensors.add(mine[i]->value, spec.model_dtype, megatron_shape(mine[i]->name, mine[i]->value.shape)));
     // Linear layers end with their (empty) _extra_state, as Megatron's local spec saves them.
     const std::string module = module_of(mine[i]->name);
     const bool module_ends = i + 1 == mine.size() || module_of(mine[i + 1]->name) != module;
@@ -936,123 +624,6 @@ Value* model_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFil
   }
   if (spec.last_stage && last_chunk) doc.set(model, "output_layer._extra_state", doc.none());
   return model;
-}
-
-Value* param_group(pickle::Document& doc, const MegatronFileSpec& spec, bool weight_decay, std::vector<Value*> indices) {
-  Value* g = doc.dict();
-  const OptimizerConfig& o = spec.optimizer;
-  doc.set(g, "lr", doc.real(spec.lr));
-  if (o.kind == OptimizerKind::Adam) {
-    doc.set(g, "betas", doc.tuple({doc.real(o.adam_beta1), doc.real(o.adam_beta2)}));
-    doc.set(g, "eps", doc.real(o.adam_eps));
-    doc.set(g, "weight_decay", doc.real(weight_decay ? spec.weight_decay : 0.0));
-    doc.set(g, "amsgrad", doc.boolean(false));
-    doc.set(g, "foreach", doc.none());
-    doc.set(g, "maximize", doc.boolean(false));
-    doc.set(g, "capturable", doc.boolean(false));
-    doc.set(g, "differentiable", doc.boolean(false));
-    doc.set(g, "fused", doc.none());
-  } else {
-    doc.set(g, "momentum", doc.real(o.sgd_momentum));
-    doc.set(g, "dampening", doc.integer(0));
-    doc.set(g, "weight_decay", doc.real(weight_decay ? spec.weight_decay : 0.0));
-    doc.set(g, "nesterov", doc.boolean(false));
-    doc.set(g, "maximize", doc.boolean(false));
-    doc.set(g, "foreach", doc.none());
-    doc.set(g, "differentiable", doc.boolean(false));
-  }
-  doc.set(g, "wd_mult", doc.real(weight_decay ? 1.0 : 0.0));
-  doc.set(g, "lr_mult", doc.real(1.0));
-  doc.set(g, "is_expert_parallel", doc.boolean(false));
-  doc.set(g, "is_decoupled_lr", doc.boolean(false));
-  doc.set(g, "params", doc.list(std::move(indices)));
-  return g;
-}
-
-// The fp16 loss scaler's state_dict (megatron/core/optimizer/grad_scaler.py).
-Value* grad_scaler_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec) {
-  Value* scaler = doc.dict();
-  doc.set(scaler, "scale", tensors.scalar(spec.grad_scaler.at("scale").get<float>()));
-  doc.set(scaler, "growth_tracker", doc.integer(spec.grad_scaler.at("growth_tracker").get<int64_t>()));
-  doc.set(scaler, "hysteresis_tracker", doc.integer(spec.grad_scaler.at("hysteresis_tracker").get<int64_t>()));
-  return scaler;
-}
-
-// The distributed optimizer's state_dict (megatron/core/optimizer/distrib_optimizer.py):
-// torch's without `state`, each group without `params` and with the step (torch's AdamW
-// keeps it per parameter), and the grad scaler.
-// A parameter group as a state_dict without its `params` (what torch_dist and the distributed
-// optimizer keep).
-Value* param_group_without_params(pickle::Document& doc, const MegatronFileSpec& spec, bool weight_decay) {
-  Value* g = param_group(doc, spec, weight_decay, {});
-  g->entries.erase(std::remove_if(g->entries.begin(), g->entries.end(),
-                                  [](const auto& e) { return e.first->is_str("params"); }),
-                   g->entries.end());
-  return g;
-}
-
-Value* distributed_optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
-                                  const std::vector<bool>& group_wd) {
-  Value* groups = doc.list();
-  for (bool wd : group_wd) {
-    Value* g = param_group_without_params(doc, spec, wd);
-    doc.set(g, "step", doc.real(static_cast<double>(spec.optimizer_steps)));
-    groups->items.push_back(g);
-  }
-  Value* inner = doc.dict();
-  doc.set(inner, "param_groups", groups);
-  Value* outer = doc.dict();
-  doc.set(outer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
-  return outer;
-}
-
-// torch's optimizer state_dict over Megatron's groups, wrapped as Megatron's mixed-precision
-// optimizer wraps it when the model is 16-bit.
-Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
-                      const std::vector<MegatronParam>& params) {
-  std::vector<bool> group_wd;
-  std::vector<std::vector<size_t>> groups;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const bool wd = params[i].weight_decay;
-    size_t g = std::find(group_wd.begin(), group_wd.end(), wd) - group_wd.begin();
-    if (g == group_wd.size()) {
-      group_wd.push_back(wd);
-      groups.emplace_back();
-    }
-    groups[g].push_back(i);
-  }
-  if (spec.distributed_optimizer) return distributed_optimizer_dict(doc, tensors, spec, group_wd);
-  Value* state = doc.dict();
-  Value* group_list = doc.list();
-  Value* masters = doc.list();
-  int64_t index = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::vector<Value*> indices, group_masters;
-    for (size_t i : groups[g]) {
-      const MegatronParam& p = params[i];
-      if (!p.state.empty()) {
-        Value* st = doc.dict();
-        if (spec.optimizer.kind == OptimizerKind::Adam)
-          doc.set(st, "step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
-        for (const auto& [kind, t] : p.state) doc.set(st, kind, tensors.add(t, DType::F32, p.name));
-        doc.set(state, doc.integer(index), st);
-      }
-      if (spec.model_dtype != DType::F32) group_masters.push_back(tensors.add(p.value, DType::F32, p.name));
-      indices.push_back(doc.integer(index++));
-    }
-    group_list->items.push_back(param_group(doc, spec, group_wd[g], std::move(indices)));
-    masters->items.push_back(doc.list(std::move(group_masters)));
-  }
-  Value* inner = doc.dict();
-  doc.set(inner, "state", state);
-  doc.set(inner, "param_groups", group_list);
-  if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
-  Value* outer = doc.dict();
-  doc.set(outer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
-  if (spec.model_dtype != DType::F32) doc.set(outer, "fp32_from_fp16_params", masters);
-  return outer;
 }
 
 // Megatron's `rng_state`: a list with this rank's one dict of generator states.
@@ -1138,7 +709,7 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   for (int c = 0; chunks > 1 && c < chunks; ++c)
     doc.set(root, "model" + std::to_string(c), model_dict(doc, tensors, spec, params, c, c == chunks - 1));
   if (spec.with_optimizer) {
-    doc.set(root, "optimizer", optimizer_dict(doc, tensors, spec, params));
+    doc.set(root, "optimizer", megatron_optimizer_state(doc, tensors, spec, params));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
   doc.set(root, "rerun_state_machine", rerun_state_dict(doc, spec.iteration));
@@ -1149,39 +720,6 @@ void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));
   write_megatron_pickle(path, "model_optim_rng", doc, root, tensors);
 }
-
-namespace {
-
-// What MegatronOptimizer.sharded_state_dict leaves unsharded (megatron/core/optimizer/
-// optimizer.py): torch's groups without `params` (the loader's own), the step every parameter
-// shares as state.common_step; a 16-bit run's wrapper adds the grad scaler.
-Value* torch_dist_optimizer_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
-                                 const std::vector<bool>& group_wd) {
-  Value* groups = doc.list();
-  for (bool wd : group_wd) groups->items.push_back(param_group_without_params(doc, spec, wd));
-  Value* inner = doc.dict();
-  Value* state = doc.dict();
-  if (spec.optimizer.kind == OptimizerKind::Adam)
-    doc.set(state, "common_step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
-  doc.set(inner, "state", state);
-  doc.set(inner, "param_groups", groups);
-  if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
-  Value* optimizer = doc.dict();
-  doc.set(optimizer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) doc.set(optimizer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
-  return optimizer;
-}
-
-// DistributedOptimizer.sharded_state_dict's unsharded part with the fully_sharded_model_space
-// layout: its state_dict() (groups with their step, the grad scaler) and the sharding type.
-Value* torch_dist_distributed_optimizer_dict(pickle::Document& doc, FileTensors& tensors,
-                                             const MegatronFileSpec& spec, const std::vector<bool>& group_wd) {
-  Value* optimizer = distributed_optimizer_dict(doc, tensors, spec, group_wd);
-  doc.set(optimizer, "param_state_sharding_type", doc.str("fully_sharded_model_space"));
-  return optimizer;
-}
-
-}  // namespace
 
 void append_megatron_rng_state_object(const zip::StoredWriter::Append& append, int64_t seed, int tp_rank,
                                       int pp_rank) {
@@ -1205,9 +743,7 @@ void write_torch_dist_common(const std::string& path, const MegatronFileSpec& sp
   FileTensors tensors(doc);
   Value* root = megatron_root(doc, spec);
   if (spec.with_optimizer) {
-    doc.set(root, "optimizer", spec.distributed_optimizer
-                                   ? torch_dist_distributed_optimizer_dict(doc, tensors, spec, group_weight_decay)
-                                   : torch_dist_optimizer_dict(doc, tensors, spec, group_weight_decay));
+    doc.set(root, "optimizer", torch_dist_optimizer_state(doc, tensors, spec, group_weight_decay));
     doc.set(root, "opt_param_scheduler", from_json(doc, spec.scheduler));
   }
   doc.set(root, "num_floating_point_operations_so_far", doc.real(spec.floating_point_operations));

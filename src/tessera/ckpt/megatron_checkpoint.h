@@ -13,8 +13,9 @@
 // r*E/EP is local 0); reading renumbers them globally and takes the replicated parameters from
 // EP rank 0's files. Grouped-GEMM experts (--moe-grouped-gemm: GroupedMLP's weight1/weight2,
 // TEGroupedMLP's linear_fc1.weight<X>) are read as SequentialMLP's and written as the saved
-// Namespace's transformer_impl builds them (megatron_grouped_experts.h). The optimizer state of
-// an EP > 1 save, and the distributed optimizer's of a GroupedMLP save, are refused by name.
+// Namespace's transformer_impl builds them (megatron_grouped_experts.h). Each EP rank's optimizer
+// state is Megatron's chained [dense, expert] pair (megatron_optimizer_state.h), in
+// distrib_optim.pt too; the distributed optimizer's state of a GroupedMLP save is refused by name.
 //
 // model_optim_rng.pt is a PyTorch zip file (torch_file.h) whose pickle holds `args` (an
 // argparse.Namespace), `checkpoint_version` 3.0, `iteration`, `model` (this rank's slices,
@@ -34,10 +35,10 @@
 // TP/PP layout is resharded into the caller's through checkpoint.h's planning (the pieces
 // of each file, placed by their TP rank along the parameter's split dimension). The tied
 // output layer's copy is not read (the word embedding fills it, as for tessera's files).
-// Optimizer state (torch's, under Megatron's parameter groups: one per weight-decay class,
-// in order of first appearance, megatron/core/optimizer/__init__.py `_get_param_groups`)
-// is mapped back onto parameters by group position; mixed precision's fp32_from_fp16_params
-// are the fp32 parameters when the optimizer is loaded. The distributed optimizer's state is
+// Optimizer state (megatron_optimizer_state.h: torch's, under Megatron's parameter groups,
+// chained dense and expert optimizers at EP > 1) is mapped back onto parameters by group
+// position; mixed precision's fp32_from_fp16_params are the fp32 parameters when the optimizer
+// is loaded. The distributed optimizer's state is
 // in distrib_optim.pt beside each file (megatron_distrib_optim.h): each parameter's range of
 // its flat tensors, found from the saving rank's buffer layout, is read as a piece of that
 // parameter, so it reshards like the rest (any TP/PP/DP, either optimizer), and its `param`
@@ -121,10 +122,13 @@ struct MegatronParam {
   Tensor value;      // F32: the (main) parameter
   bool weight_decay = true;
   // Adam's exp_avg and exp_avg_sq, or SGD's momentum_buffer (F32, shaped like value); empty
-  // without optimizer state (or with the distributed optimizer's distrib_optim.pt).
+  // without optimizer state. With the distributed optimizer they go to distrib_optim.pt.
   std::vector<std::pair<std::string, Tensor>> state;
   int chunk = 0;  // the virtual pipeline chunk holding it: saved under `model<chunk>` when a
                   // rank has more than one, else under `model`
+  // A local expert's under expert parallelism above 1 (Megatron's allreduce=False): its state
+  // is the expert optimizer's (megatron_optimizer_state.h).
+  bool expert_parallel = false;
 };
 
 struct MegatronFileSpec {
@@ -136,6 +140,7 @@ struct MegatronFileSpec {
   // The distributed optimizer: `optimizer` holds only the parameter groups (without params,
   // with step) and the grad scaler; the tensors go to distrib_optim.pt.
   bool distributed_optimizer = false;
+  DType grad_dtype = DType::F32;  // the distributed optimizer's gradient buffers (distrib_optim.pt's key)
   OptimizerConfig optimizer;
   double lr = 0, weight_decay = 0;  // the groups' current values (before multipliers)
   int64_t optimizer_steps = 0;
@@ -178,6 +183,10 @@ void append_megatron_rerun_state_object(const zip::StoredWriter::Append& append,
 // expert of the file's expert-parallel rank ("mlp.experts.local_experts.5." -> ".1." when it
 // is 4); other names unchanged.
 std::string megatron_local_name(const std::string& name, int first_layer, int first_expert = 0);
+
+// The shape Megatron saves a tessera tensor of parameter `name` in: SwiGLU's fc1 [2, F, H] as
+// [2F, H] (bias [2, F] as [2F]); other shapes unchanged.
+Shape megatron_saved_shape(const std::string& name, const Shape& shape);
 
 // The expert number X of a layer's "mlp.experts.local_experts.X.*" parameter; -1 for others.
 int megatron_expert_of(const std::string& name);

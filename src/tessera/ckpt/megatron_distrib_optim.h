@@ -7,8 +7,13 @@
 //    0: {(param_dtype, grad_dtype): {'param': T, 'exp_avg': T, 'exp_avg_sq': T, 'numel_unpadded': U}},
 //    1: ...}
 //
-// one integer key per gradient buffer (one per model chunk here: one dtype, no experts), the
-// dtype pair a tuple of torch dtypes. Each T is a flat fp32 CPU tensor of U elements: the
+// one integer key per gradient buffer (one per model chunk here: one dtype), the dtype pair a
+// tuple of torch dtypes. Under expert parallelism above 1 the optimizer is a ChainedOptimizer
+// (megatron_optimizer_state.h) and ChainedOptimizer.save_parameter_state writes the list
+// [dense's dict, expert's dict] into each EP rank's folder, None where the writing rank is not
+// that optimizer's data-parallel rank 0 (the dense optimizer's DP group spans the EP ranks, so
+// only EP rank 0's file holds it; each expert optimizer's is its EP rank's expert-data-parallel
+// group); each optimizer's buffers are laid out over its own parameters and DP group. Each T is a flat fp32 CPU tensor of U elements: the
 // buffer's buckets one after another, each cut to its numel_unpadded (the bucket-end padding
 // dropped, the 64-element alignment gaps between parameters kept, as zeros). `param` holds the
 // fp32 main parameters. Where a parameter sits in T follows from the buffer layout
@@ -17,7 +22,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,25 +48,32 @@ struct DistribOptimPlacement {
 // chunks: each parameter's model chunk (non-decreasing), as the layout was built with.
 DistribOptimPlacement distrib_optim_placement(const GradBufferLayout& layout, const std::vector<int>& chunks);
 
-// What one rank's file holds: its tensors are cut from whole buffers laid out by `layout` in
-// host memory (whole[k]: kDistribOptimKeys[k], layout.numel floats; chunks as for
-// distrib_optim_placement). torch.save's format holds each of them as one flat tensor.
+// What one optimizer's dict holds: the parameters of `layout` (chunks as for
+// distrib_optim_placement), whose values of kind k (kDistribOptimKeys[k]) `fill` copies into a
+// flat tensor: fill(p, k, dst) writes layout.params[p].numel floats. torch.save's format holds
+// each buffer's kind as one flat tensor.
 struct DistribOptimState {
   DType param_dtype = DType::F32, grad_dtype = DType::F32;  // the dtype pair key
   const GradBufferLayout* layout = nullptr;
   std::vector<int> chunks;
-  std::vector<const float*> whole;
+  std::function<void(size_t param, size_t kind, float* dst)> fill;
 };
-// Writes the file at `path` (fsynced), each tensor cut from the whole buffers only when the
-// writer reaches it: one tensor's bytes in memory at a time, never the file's.
-void write_distrib_optim_file(const std::string& path, const DistribOptimState& state);
+// Writes the file at `path` (fsynced): one optimizer's dict, or a chain's list of them (nullptr:
+// None), each tensor filled only when the writer reaches it: one tensor's bytes in memory at a
+// time, never the file's.
+void write_distrib_optim_file(const std::string& path, const std::vector<const DistribOptimState*>& optimizers);
 
-// A distrib_optim.pt opened for reading: each buffer's tensors, checked to be flat fp32
-// tensors of its numel_unpadded elements. Anything else is an Error naming the file.
-struct DistribOptimFile {
-  TorchFile file;
+// One optimizer's dict read: each buffer's tensors, checked to be flat fp32 tensors of its
+// numel_unpadded elements.
+struct DistribOptimBuffers {
   std::vector<std::map<std::string, const pickle::TensorRef*>> buffers;
   std::vector<int64_t> numel_unpadded;
+};
+// A distrib_optim.pt opened for reading: one optimizer's dict, or a chain's list (nullopt where
+// it holds None). Anything else is an Error naming the file.
+struct DistribOptimFile {
+  TorchFile file;
+  std::vector<std::optional<DistribOptimBuffers>> optimizers;
 };
 DistribOptimFile open_distrib_optim(const std::string& path);
 

@@ -95,10 +95,18 @@ class GroupPositions {
   std::vector<size_t> counts_;
 };
 
+// The positions of the tensors in the one optimizer, or, when the file's optimizer is Megatron's
+// chain of a dense and an expert optimizer (EP > 1: GroupedMLP's weights are allreduce=False),
+// the GroupedMLP tensors' positions in the expert optimizer.
+struct ChainPositions {
+  bool chained = false;
+  GroupPositions dense, expert;
+};
+
 // Replaces a model dict's GroupedMLP entries with per-expert views (recursing into nested
 // dicts as the reader does), recording each one's group position.
 void expand_model_dict(pickle::Document& doc, const TorchFile& f, Value& dict, const std::string& prefix, int depth,
-                       int local_experts, GroupPositions& positions, std::vector<Expansion>& out) {
+                       int local_experts, ChainPositions& positions, std::vector<Expansion>& out) {
   if (depth > 8) return;  // the reader refuses it, naming the file
   std::vector<std::pair<Value*, Value*>> entries;
   for (auto& [k, v] : dict.entries) {
@@ -112,8 +120,9 @@ void expand_model_dict(pickle::Document& doc, const TorchFile& f, Value& dict, c
       entries.emplace_back(k, v);
       continue;
     }
-    const auto [group, position] = positions.next(megatron_decays_weight(key, v->tensor.shape.size()));
     const bool fc1 = ends_with(key, "." + std::string(kWeight1)), fc2 = ends_with(key, "." + std::string(kWeight2));
+    GroupPositions& mine = positions.chained && (fc1 || fc2) ? positions.expert : positions.dense;
+    const auto [group, position] = mine.next(megatron_decays_weight(key, v->tensor.shape.size()));
     if (!fc1 && !fc2) {
       entries.emplace_back(k, v);
       continue;
@@ -267,6 +276,7 @@ void add_grouped_mlp(const std::string& layer, const std::vector<const MegatronP
       return Tensor(out.storage.back().data(), DType::F32, fc1 ? Shape{H, L * width} : Shape{L * width, H}, nullptr);
     };
     MegatronParam g{layer + std::string(fc1 ? kWeight1 : kWeight2), {}, mine[0]->weight_decay, {}, mine[0]->chunk};
+    g.expert_parallel = mine[0]->expert_parallel;  // the expert optimizer's at EP > 1, as each expert's
     std::vector<Tensor> values;
     for (const MegatronParam* p : mine) values.push_back(p->value);
     g.value = grouped(values);
@@ -319,7 +329,9 @@ bool megatron_decays_weight(const std::string& key, size_t dims) { return !ends_
 bool expand_grouped_mlp_weights(TorchFile& f, int local_experts) {
   pickle::Document& doc = f.document();
   Value* root = doc.root;
-  GroupPositions positions;
+  Value* optimizer = find(root, "optimizer");
+  ChainPositions positions;
+  positions.chained = optimizer && optimizer->kind == Kind::List;
   std::vector<Expansion> expansions;
   // The model's state dict, or one per virtual pipeline chunk (as the reader takes them).
   std::vector<Value*> chunks;
@@ -329,7 +341,10 @@ bool expand_grouped_mlp_weights(TorchFile& f, int local_experts) {
     if (model && model->kind == Kind::Dict)
       expand_model_dict(doc, f, *model, "", 0, local_experts, positions, expansions);
   if (expansions.empty()) return false;
-  if (Value* optimizer = find(root, "optimizer"); optimizer && optimizer->kind == Kind::Dict)
+  // A chain whose shape is wrong is left to the optimizer reader, which names the mismatch.
+  if (positions.chained && optimizer->items.size() == 2 && optimizer->items[1]->kind == Kind::Dict)
+    expand_optimizer(doc, f, optimizer->items[1], expansions, local_experts);
+  else if (optimizer && optimizer->kind == Kind::Dict)
     expand_optimizer(doc, f, optimizer, expansions, local_experts);
   return true;
 }

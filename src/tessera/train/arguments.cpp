@@ -407,16 +407,6 @@ void parse_checkpoint_options(const ParsedOptions& p, TrainArgs& a) {
                       "use --ckpt-format torch_dist, Megatron's default");
   a.use_checkpoint_args = p.get_bool("--use-checkpoint-args");
   parse_checkpoint_conversion(p, a);
-  // Megatron's torch format at EP > 1: every expert-data-parallel rank 0 writes its
-  // mp_rank_TT[_PPP]_EEE folder. Its optimizer state there (megatron-core chains a dense and an
-  // expert optimizer, megatron/core/optimizer/__init__.py get_megatron_optimizer) is not
-  // written yet.
-  if (a.save_megatron_format && (!a.save.empty() || !a.ckpt_convert_format.empty()) &&
-      a.model.moe.expert_parallel_size > 1 && (!a.no_save_optim || a.use_distributed_optimizer))
-    throw usage_error("saving --ckpt-format torch with --expert-model-parallel-size > 1 writes the model only, and "
-                      "not with --use-distributed-optimizer",
-                      "add --no-save-optim (and leave out --use-distributed-optimizer), or save with --ckpt-format "
-                      "torch_dist (the default) or tessera, which hold the optimizer state at any layout");
   // --moe-grouped-gemm saves megatron-core's GroupedMLP: two tensors per layer for the experts,
   // which Megatron's distributed optimizer lays out in its buffers unlike tessera's per-expert
   // parameters (docs/checkpoints.md).

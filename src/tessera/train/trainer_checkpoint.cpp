@@ -23,6 +23,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
 #include "tessera/ckpt/megatron_distrib_optim.h"
+#include "tessera/ckpt/megatron_optimizer_state.h"
 #include "tessera/ckpt/torch_dist.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -137,14 +138,18 @@ std::vector<ShardedTensor> optimizer_tensors(const Optimizer& optimizer, const G
   return out;
 }
 
+// Each parameter's optimizer state by kind (Adam's exp_avg and exp_avg_sq, or SGD's
+// momentum_buffer), in the order of the model's shards.
+using ParamStates = std::vector<std::vector<std::pair<std::string, Tensor>>>;
+
 // This rank's parameters as Megatron's file holds them (--ckpt-format torch): chunk by chunk,
 // each chunk's layers numbered from 0, the tied embedding's copy as output_layer.weight.
 // `main`: each parameter's f32 main values, which the writer rounds into a 16-bit model (and
-// keeps as fp32_from_fp16_params); each with its optimizer state when `state` is given (the
-// replicated optimizer: parameter i is optimizer parameter i). Under expert parallelism the
-// rank's experts are numbered from 0, as in its mp_rank_TT[_PPP]_EEE folder.
+// keeps as fp32_from_fp16_params); `states` (empty: none) its optimizer state. Under expert
+// parallelism the rank's experts are numbered from 0, as in its mp_rank_TT[_PPP]_EEE folder,
+// and their state is the expert optimizer's.
 std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vector<Tensor>& main,
-                                           const Optimizer* state) {
+                                           const ParamStates& states) {
   const std::vector<ModelChunk>& chunks = model.partition().chunks;
   const int first_expert = model.partition().local_experts(model.config().moe.num_experts).first;
   std::vector<MegatronParam> out;
@@ -152,24 +157,32 @@ std::vector<MegatronParam> megatron_params(const GPTModel& model, const std::vec
     const ParamShard& s = model.shards()[i];
     out.push_back({s.is_embedding_copy ? "output_layer.weight"
                                        : megatron_local_name(s.spec.name, chunks[s.chunk].first_layer, first_expert),
-                   main.at(i), s.spec.weight_decay, {}, s.chunk});
+                   main.at(i), s.spec.weight_decay, states.empty() ? ParamStates::value_type{} : states.at(i), s.chunk,
+                   model.partition().ep_size > 1 && s.is_expert});
   }
-  if (state)
-    for (const Optimizer::StateTensor& t : state->state_tensors()) out.at(t.param).state.emplace_back(t.kind, t.tensor);
   // Megatron's optimizer takes the chunks' parameters in chunk order.
   std::stable_sort(out.begin(), out.end(), [](const MegatronParam& a, const MegatronParam& b) { return a.chunk < b.chunk; });
   return out;
 }
 
-// model_optim_rng.pt and, with the distributed optimizer's state, distrib_optim.pt.
+// The replicated optimizer's state (parameter i is optimizer parameter i).
+ParamStates optimizer_states(const Optimizer& optimizer, size_t params) {
+  ParamStates out(params);
+  for (const Optimizer::StateTensor& t : optimizer.state_tensors()) out.at(t.param).emplace_back(t.kind, t.tensor);
+  return out;
+}
+
+// model_optim_rng.pt and, with the distributed optimizer's state, distrib_optim.pt (the dense
+// optimizer's part only when with_dense: this rank is its data-parallel rank 0).
 void write_megatron_shard(const std::string& tmp_dir, const std::string& shard, const MegatronFileSpec& spec,
-                          const std::vector<MegatronParam>& params, const DistribOptimState* distrib) {
+                          const std::vector<MegatronParam>& params, bool with_dense) {
   const std::filesystem::path folder = std::filesystem::path(tmp_dir) / shard;
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw runtime_error("cannot create " + folder.string() + ": " + ec.message(), "check that --save is writable");
   write_megatron_file((folder / kMegatronFile).string(), spec, params);
-  if (distrib) write_distrib_optim_file((folder / kDistribOptimFile).string(), *distrib);
+  if (spec.distributed_optimizer && spec.with_optimizer)
+    write_megatron_distrib_optim((folder / kDistribOptimFile).string(), spec, params, with_dense);
   fsync_directory(folder.string());
 }
 
@@ -495,6 +508,9 @@ MegatronFileSpec Trainer::megatron_file_spec() const {
   spec.model_dtype = args_.bf16 ? DType::BF16 : args_.fp16 ? DType::F16 : DType::F32;
   spec.with_optimizer = !args_.no_save_optim;
   spec.distributed_optimizer = args_.use_distributed_optimizer;
+  // Megatron's buffer key: fp32 gradients unless fp16 without --accumulate-allreduce-grads-in-fp32.
+  spec.grad_dtype =
+      args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16 : DType::F32;
   spec.optimizer = args_.optimizer;
   spec.lr = scheduler_.lr();
   spec.weight_decay = scheduler_.weight_decay();
@@ -517,22 +533,18 @@ void Trainer::write_megatron_files(const std::string& tmp_dir, const HostOptimiz
   const size_t kinds = whole.buffers.size();
   for (size_t i = 0; i < model_.shards().size(); ++i)
     main.push_back(spec.distributed_optimizer ? whole.tensors.at(i * kinds).tensor : optimizer_->main_param(i));
-  std::optional<DistribOptimState> distrib;
-  if (spec.distributed_optimizer && spec.with_optimizer) {
-    distrib.emplace();
-    distrib->layout = &model_.buffer_layout();
-    for (const ParamShard& s : model_.shards()) distrib->chunks.push_back(s.chunk);
-    for (const std::vector<float>& b : whole.buffers) distrib->whole.push_back(b.data());
-    // Megatron's buffer key: fp32 gradients unless fp16 without --accumulate-allreduce-grads-in-fp32.
-    distrib->param_dtype = spec.model_dtype;
-    distrib->grad_dtype = args_.fp16 && !spec.args.value("accumulate_allreduce_grads_in_fp32", false) ? DType::F16
-                                                                                                      : DType::F32;
+  ParamStates states;
+  if (spec.with_optimizer && !spec.distributed_optimizer) states = optimizer_states(*optimizer_, main.size());
+  if (spec.with_optimizer && spec.distributed_optimizer) {
+    const std::vector<const char*> state_kinds = optimizer_->state_kinds();
+    states.resize(main.size());
+    for (size_t i = 0; i < main.size(); ++i)
+      for (size_t k = 0; k < state_kinds.size(); ++k)
+        states[i].emplace_back(state_kinds[k], whole.tensors.at(i * kinds + 1 + k).tensor);
   }
   const ModelPartition& part = model_.partition();
   write_megatron_shard(tmp_dir, megatron_shard_folder(tp, pp, args_.pipeline_parallel_size, part.ep_rank, part.ep_size),
-                       spec,
-                       megatron_params(model_, main, spec.with_optimizer && !distrib ? optimizer_.get() : nullptr),
-                       distrib ? &*distrib : nullptr);
+                       spec, megatron_params(model_, main, states), rank_in(groups_.dp) == 0);
 }
 
 json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
@@ -658,6 +670,8 @@ void Trainer::write_checkpoint(const std::string& dir) {
     // expert parallelism every expert-data-parallel rank 0 writes its EP rank's file, with the
     // replicated parameters too (megatron/training/checkpointing.py save_checkpoint).
     const bool writer = model_.partition().ep_size > 1 ? rank_in(groups_.expert_dp) == 0 : dp == 0;
+    // The dense optimizer's data-parallel rank 0 writes its part of distrib_optim.pt: it must be a writer.
+    TESSERA_CHECK(writer || dp != 0, "the dense data-parallel rank 0 writes a Megatron file");
     on_every_rank(world, write_failed, [&] {
       if (writer) write_megatron_files(tmp_dir, whole);
     }, abandon);
