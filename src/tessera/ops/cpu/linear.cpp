@@ -175,7 +175,10 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
   if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
   const bool assign = write == GradWrite::Assign;
   const Storage st{all_bf16({&dout, &inp, &weight})};
-  const int64_t tile = tile_rows(OC, C, N);
+  // Tiles bound the widened copies; multiplying bits into an f32 weight gradient widens
+  // nothing, so one tile: the LM head's dout is then contiguous, not a strided column block.
+  const bool whole = st.bits && (dweight.empty() || dweight.dtype == DType::F32);
+  const int64_t tile = whole ? OC : tile_rows(OC, C, N);
   const Operand x = dweight.empty() ? Operand{} : st.operand(inp, 0, N, C, C, Workspace::Input);
   // dinp collects every tile's dout @ W in f32 (the first tile's GEMM overwrites it when
   // assigning) and is rounded once at the end.
