@@ -5,7 +5,9 @@
 //   cold: a different copy of the operands every call, cycling through `copies` of them
 //         (12 = the step's layers, each of which has its own weight, activations and f32
 //         weight gradient), so A, B and C come from memory as in the step,
-// and the weight gradients also with beta = 0 (a first contribution assigned, no read of C).
+// and the weight gradients also with beta = 0 (a first contribution assigned, no read of C);
+// then the LM head's data gradient (K = the vocabulary) whole, in K tiles of strided dout
+// column blocks, and in K tiles copied contiguous first (what ops::linear_backward does).
 // usage: bf16_gemm_bench [reps (default 8)] [copies (default 12)]; prints best and median
 // GFLOP/s. OMP_NUM_THREADS sets the threads (oneDNN runs on OpenMP).
 #include <omp.h>
@@ -78,7 +80,6 @@ int main(int argc, char** argv) {
   }
   std::printf("%-24s %18s %14s %14s\n", "GEMM", "M x N x K", "hot best/med", "cold best/med");
   for (const Gemm& g : gemms) {
-    if (std::getenv("HEAD_ONLY")) break;
     const int n_copies = g.N * g.M > 20'000'000 ? std::min(copies, 2) : copies;  // the head: memory
     std::vector<Operands> pool(static_cast<size_t>(n_copies));
     for (int i = 0; i < n_copies; ++i) {
