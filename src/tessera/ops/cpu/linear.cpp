@@ -14,7 +14,7 @@
 // widened to f32 for sgemm; results of 16-bit tensors computed in f32 and rounded once.
 // There the weight-row dimension OC is processed in tiles (lowp_tile_elements) so a
 // 50k-row LM head does not need a widened copy of the whole weight, logits or their
-// gradient.
+// gradient; a backward that widens nothing (bf16 bits, f32 weight gradient) runs whole.
 #include <algorithm>
 #include <initializer_list>
 #include <optional>
