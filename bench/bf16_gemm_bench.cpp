@@ -57,6 +57,45 @@ std::pair<double, double> time_gemm(const Gemm& g, std::vector<Operands>& pool, 
   return {g.flops() / t.front() / 1e9, g.flops() / t[t.size() / 2] / 1e9};
 }
 
+// The LM head's dinp[N,768] = dout[N,V] @ W[V,768] in K tiles: strided column blocks of dout
+// (oneDNN picks gemm:jit), or blocks copied contiguous first (brgemm), the copy timed too.
+void time_head_dinp_tiles(int64_t N, int reps) {
+  const int64_t V = 50304, C = 768;
+  std::vector<uint16_t> a(static_cast<size_t>(N * V)), b(static_cast<size_t>(V * C)), packed;
+  std::vector<float> c(static_cast<size_t>(N * C));
+  for (size_t j = 0; j < a.size(); ++j) a[j] = tessera::f32_to_bf16(0.01f * static_cast<float>(j % 17));
+  for (size_t j = 0; j < b.size(); ++j) b[j] = tessera::f32_to_bf16(0.01f * static_cast<float>(j % 13));
+  struct Variant {
+    int64_t tile;
+    bool pack;
+  };
+  const Variant variants[] = {{512, false},  {1024, false}, {2048, false}, {4096, false}, {5440, false},
+                              {8192, false}, {V, false},    {512, true},   {1024, true},  {2048, true},
+                              {4096, true},  {8192, true}};
+  for (const Variant& v : variants) {
+    packed.resize(static_cast<size_t>(N * v.tile));
+    std::vector<double> t;
+    for (int r = 0; r < reps + 1; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t k0 = 0; k0 < V; k0 += v.tile) {
+        const int64_t len = std::min(v.tile, V - k0);
+        if (v.pack) {
+#pragma omp parallel for
+          for (int64_t n = 0; n < N; ++n)
+            std::copy(a.data() + n * V + k0, a.data() + n * V + k0 + len, packed.data() + n * len);
+        }
+        tessera::ops::cpu::gemm_bf16(false, false, N, C, len, 1.0f, v.pack ? packed.data() : a.data() + k0,
+                                     v.pack ? len : V, b.data() + k0 * C, C, k0 == 0 ? 0.0f : 1.0f, c.data(), C);
+      }
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(t.begin(), t.end());
+    const double flops = 2.0 * N * C * V;
+    std::printf("head dinp in K tiles of %5lld%s: %6.0f / %5.0f GFLOP/s\n", static_cast<long long>(v.tile),
+                v.pack ? " packed" : "", flops / t.front() / 1e9, flops / t[t.size() / 2] / 1e9);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,36 +137,6 @@ int main(int argc, char** argv) {
     std::printf("%-24s %18s %6.0f / %5.0f %6.0f / %5.0f%s\n", g.name.c_str(), dims, hot.first, hot.second,
                 cold.first, cold.second, n_copies < copies ? " (2 copies)" : "");
   }
-  // The LM head's dinp[256,768] = dout[256,V] @ W[V,768] in K tiles (strided column blocks of dout).
-  {
-    const int64_t V = 50304, C = 768;
-    std::vector<uint16_t> a(static_cast<size_t>(N * V)), b(static_cast<size_t>(V * C));
-    std::vector<float> c(static_cast<size_t>(N * C));
-    for (size_t j = 0; j < a.size(); ++j) a[j] = tessera::f32_to_bf16(0.01f * static_cast<float>(j % 17));
-    for (size_t j = 0; j < b.size(); ++j) b[j] = tessera::f32_to_bf16(0.01f * static_cast<float>(j % 13));
-    std::vector<uint16_t> packed(static_cast<size_t>(N * 16384));
-    for (int64_t tile : {512, 1024, 2048, 4096, 5440, 8192, 16384, 50304, -512, -1024, -2048, -4096, -8192}) {
-      std::vector<double> t;
-      const bool pack = tile < 0;
-      tile = pack ? -tile : tile;
-      for (int r = 0; r < reps + 1; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        for (int64_t k0 = 0; k0 < V; k0 += tile) {
-          const int64_t len = std::min(tile, V - k0);
-          if (pack) {
-#pragma omp parallel for
-            for (int64_t n = 0; n < N; ++n)
-              std::copy(a.data() + n * V + k0, a.data() + n * V + k0 + len, packed.data() + n * len);
-          }
-          tessera::ops::cpu::gemm_bf16(false, false, N, C, len, 1.0f, pack ? packed.data() : a.data() + k0,
-                                       pack ? len : V, b.data() + k0 * C, C, k0 == 0 ? 0.0f : 1.0f, c.data(), C);
-        }
-        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      std::sort(t.begin(), t.end());
-      std::printf("head dinp in K tiles of %5lld%s: %6.0f / %5.0f GFLOP/s\n", static_cast<long long>(tile), pack ? " packed" : "",
-                  2.0 * N * C * V / t.front() / 1e9, 2.0 * N * C * V / t[t.size() / 2] / 1e9);
-    }
-  }
+  time_head_dinp_tiles(N, reps);
   return 0;
 }

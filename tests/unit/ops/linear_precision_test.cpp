@@ -351,8 +351,12 @@ void check_backward(DType d, DType g, const LinearCase& lc, uint32_t seed,
   Tensor dinp = arena.normal(d, inp.shape, seed + 3), dw = arena.normal(g, w.shape, seed + 4);
   Tensor db = arena.normal(g, {OC}, seed + 5);
   Tensor dinp0 = arena.copy(dinp);
-  if (write == ops::GradWrite::Assign)  // nothing of the old dinp may show: as if it were 0
-    for (int64_t i = 0; i < dinp.numel(); ++i) set(dinp, i, std::numeric_limits<float>::quiet_NaN()), set(dinp0, i, 0);
+  if (write == ops::GradWrite::Assign) {  // nothing of the old dinp may show: as if it were 0
+    for (int64_t i = 0; i < dinp.numel(); ++i) {
+      set(dinp, i, std::numeric_limits<float>::quiet_NaN());
+      set(dinp0, i, 0.0f);
+    }
+  }
   const Tensor dw0 = arena.copy(dw), db0 = arena.copy(db);
   ops::linear_backward(dinp, dw, db, dout, inp, w, write);
   const std::vector<double> x = values(inp), wv = values(w), gv = values(dout);
