@@ -1,6 +1,5 @@
 // The host-memory devices: 64-byte aligned host memory; every copy completes on return,
 // so streams and events keep Device's no-op defaults.
-#include <immintrin.h>
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -11,6 +10,10 @@
 
 #include "tessera/core/error.h"
 #include "tessera/device/cpu/cpu_device.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace tessera {
 namespace {

@@ -5,10 +5,12 @@
 // Both are memory-bound (AdamW streams 7 floats per parameter), so the loops are plain
 // vectorised streams split across threads. The multi-tensor ops run the same loops over
 // the chunks of a slab's table (ops.h), with the scalars read from device memory.
-#include <immintrin.h>
-
 #include <cmath>
 #include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/low_precision.h"
