@@ -680,9 +680,10 @@ TEST_P(BackendOps, Sgd) {
 }
 
 TEST_P(BackendOps, SumSquaresAndScale) {
-  // Two chunks of 65536 and a tail that is not a multiple of 32, into slot 1 of three
-  // slots that start from values of their own (the op adds).
-  const int64_t n = 65536 + 1000 + 7;
+  // Five chunks of 65536 (the CPU reads four side by side, then one alone) and a tail that
+  // is not a multiple of 32, into slot 1 of three slots that start from values of their own
+  // (the op adds).
+  const int64_t n = 5 * 65536 + 1000 + 7;
   Twin& x = normal({n});
   const double start[3] = {0.5, 2.0, -1.0};
   Twin& sums = make(DType::I64, {3}, start);

@@ -341,16 +341,24 @@ void check_forward(DType d, const LinearCase& lc, uint32_t seed) {
 
 // Backward onto pre-filled gradients: dinp (dtype d) and dweight, dbias (dtype g: F32 is
 // the model's mix, Megatron's fp32 main grads) are each round_g(old + exact sum), rounded
-// once.
-void check_backward(DType d, DType g, const LinearCase& lc, uint32_t seed) {
+// once; with GradWrite::Assign dinp is round_d(exact sum), whatever it held (NaN).
+void check_backward(DType d, DType g, const LinearCase& lc, uint32_t seed,
+                    ops::GradWrite write = ops::GradWrite::Accumulate) {
   Arena arena;
   const int64_t N = lc.N(), C = lc.C, OC = lc.OC;
   Tensor inp = arena.normal(d, {lc.B, lc.T, C}, seed), w = arena.normal(d, {OC, C}, seed + 1);
   Tensor dout = arena.normal(d, {lc.B, lc.T, OC}, seed + 2);
   Tensor dinp = arena.normal(d, inp.shape, seed + 3), dw = arena.normal(g, w.shape, seed + 4);
   Tensor db = arena.normal(g, {OC}, seed + 5);
-  const Tensor dinp0 = arena.copy(dinp), dw0 = arena.copy(dw), db0 = arena.copy(db);
-  ops::linear_backward(dinp, dw, db, dout, inp, w);
+  Tensor dinp0 = arena.copy(dinp);
+  if (write == ops::GradWrite::Assign) {  // nothing of the old dinp may show: as if it were 0
+    for (int64_t i = 0; i < dinp.numel(); ++i) {
+      set(dinp, i, std::numeric_limits<float>::quiet_NaN());
+      set(dinp0, i, 0.0f);
+    }
+  }
+  const Tensor dw0 = arena.copy(dw), db0 = arena.copy(db);
+  ops::linear_backward(dinp, dw, db, dout, inp, w, write);
   const std::vector<double> x = values(inp), wv = values(w), gv = values(dout);
 
   std::vector<Exact> e_dinp(static_cast<size_t>(N * C)), e_dw(static_cast<size_t>(OC * C)),
@@ -400,6 +408,16 @@ TEST(OpsPrecisionLinear, TiledWeightRowsMatchReference) {
     check_forward(d, lc, 41);
     check_backward(d, DType::F32, lc, 51);
   }
+}
+
+// A vocabulary-sized OC (more than four of the packed K tiles of dinp's GEMM, the last one
+// ragged) with an f32 weight gradient: the bf16 backward's LM-head path, accumulating and
+// assigning.
+TEST(OpsPrecisionLinear, LongOutputDimensionBackwardMatchesReference) {
+  LinearCase lc;
+  lc.B = 1, lc.T = 5, lc.C = 24, lc.OC = 5 * 1024 + 77;
+  check_backward(DType::BF16, DType::F32, lc, 81);
+  check_backward(DType::BF16, DType::F32, lc, 83, ops::GradWrite::Assign);
 }
 
 // BF16 tensors through oneDNN's bf16 matmul and through widen+sgemm compute the same

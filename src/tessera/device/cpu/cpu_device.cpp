@@ -11,8 +11,26 @@
 #include "tessera/core/error.h"
 #include "tessera/device/cpu/cpu_device.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace tessera {
 namespace {
+
+// Zeros n bytes at p, the 64-byte lines inside with streaming stores.
+void zero_streaming(char* p, size_t n) {
+#if defined(__AVX512F__)
+  const size_t head = std::min(n, (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
+  std::memset(p, 0, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) _mm512_stream_si512(reinterpret_cast<__m512i*>(p + i), _mm512_setzero_si512());
+  _mm_sfence();  // the streamed lines are visible before this thread reaches the loop's barrier
+  std::memset(p + i, 0, n - i);
+#else
+  std::memset(p, 0, n);
+#endif
+}
 
 class HostMemoryDevice : public Device {
  public:
@@ -52,14 +70,22 @@ class HostMemoryDevice : public Device {
     std::memmove(static_cast<char*>(dst) + dst_offset, static_cast<const char*>(src) + src_offset, bytes);
   }
   // Gradient slabs are hundreds of MB: one memset per thread keeps both memory channels busy.
+  // A fill larger than any cache streams its zeros past the caches: an ordinary store (and
+  // glibc's memset, which streams only above a threshold derived from the reported L3, 480
+  // MiB on the 2-core VM) reads every line before writing it. GPT-2 124M's 498 MB gradient
+  // slab alone: 125 ms by memset, 49 ms streamed, at load 11.
   void fill_zero(void* dst, size_t dst_offset, size_t bytes) override {
     char* ptr = static_cast<char*>(dst) + dst_offset;
-    constexpr size_t kChunk = size_t(1) << 20;
+    constexpr size_t kChunk = size_t(1) << 20, kStreamMin = size_t(64) << 20;
     const int64_t chunks = static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
+    const bool stream = bytes >= kStreamMin;
 #pragma omp parallel for schedule(static) if (chunks > 4)
     for (int64_t c = 0; c < chunks; ++c) {
       const size_t begin = static_cast<size_t>(c) * kChunk;
-      std::memset(ptr + begin, 0, std::min(kChunk, bytes - begin));
+      if (stream)
+        zero_streaming(ptr + begin, std::min(kChunk, bytes - begin));
+      else
+        std::memset(ptr + begin, 0, std::min(kChunk, bytes - begin));
     }
   }
   MemoryInfo memory_info() const override {

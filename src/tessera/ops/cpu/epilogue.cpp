@@ -63,6 +63,19 @@ float stored(const Tensor& t, float v) {
   return t.dtype == DType::F32 ? v : t.dtype == DType::BF16 ? round_bf16(v) : round_fp16(v);
 }
 
+// acc[o] += stored(t, v[o]) for o < len; a loop per dtype, so the F32 and BF16 ones vectorise.
+void add_stored(float* acc, const float* v, int64_t len, const Tensor& t) {
+  if (t.dtype == DType::F32) {
+#pragma omp simd
+    for (int64_t o = 0; o < len; ++o) acc[o] += v[o];
+  } else if (t.dtype == DType::BF16) {
+#pragma omp simd
+    for (int64_t o = 0; o < len; ++o) acc[o] += round_bf16(v[o]);
+  } else {
+    for (int64_t o = 0; o < len; ++o) acc[o] += stored(t, v[o]);
+  }
+}
+
 bool any_16bit(std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors)
     if (!t->empty() && t->dtype != DType::F32) return true;
@@ -146,12 +159,7 @@ void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor
 #pragma omp simd
       for (int64_t o = 0; o < len; ++o) dp[o] = dy[o] * gelu_erf_grad(x[o]);
     }
-    if (dpre.dtype == DType::F32) {
-#pragma omp simd
-      for (int64_t o = 0; o < len; ++o) acc[o] += dp[o];
-    } else {
-      for (int64_t o = 0; o < len; ++o) acc[o] += stored(dpre, dp[o]);
-    }
+    add_stored(acc, dp, len, dpre);
     s.done(dpre, off, len, dp);
   });
   cpu::linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write);
@@ -189,6 +197,10 @@ void bias_dropout_add_forward(Tensor out, Tensor inp, Tensor bias, Tensor residu
       if (mid == DType::F32) {
 #pragma omp simd
         for (int64_t o = 0; o < len; ++o) y[o0 + o] = r[o0 + o] + (x[o0 + o] + (b ? b[o0 + o] : 0.0f)) * f[o];
+      } else if (mid == DType::BF16) {  // its own loop: the rounding vectorises (integer ops)
+#pragma omp simd
+        for (int64_t o = 0; o < len; ++o)
+          y[o0 + o] = r[o0 + o] + round_bf16(round_bf16(x[o0 + o] + (b ? b[o0 + o] : 0.0f)) * f[o]);
       } else {
         for (int64_t o = 0; o < len; ++o)
           y[o0 + o] = r[o0 + o] + round_mid(round_mid(x[o0 + o] + (b ? b[o0 + o] : 0.0f)) * f[o]);
@@ -227,13 +239,7 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
     float c[kMaxColumns];
 #pragma omp simd
     for (int64_t o = 0; o < len; ++o) c[o] = dy[o] * f[o];
-    const Tensor& g = dinp.empty() ? dout : dinp;
-    if (g.dtype == DType::F32) {
-#pragma omp simd
-      for (int64_t o = 0; o < len; ++o) acc[o] += c[o];
-    } else {
-      for (int64_t o = 0; o < len; ++o) acc[o] += stored(g, c[o]);
-    }
+    add_stored(acc, c, len, dinp.empty() ? dout : dinp);
     if (!dinp.empty()) {
       float* dx = s.grad(dinp, off, len, write);
 #pragma omp simd

@@ -6,8 +6,14 @@
 // vectorised streams split across threads. The multi-tensor ops run the same loops over
 // the chunks of a slab's table (ops.h), with the scalars read from device memory.
 #include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "tessera/ops/cpu/cpu_ops.h"
+#include "tessera/ops/cpu/low_precision.h"
 #include "tessera/ops/cpu/storage.h"
 
 namespace tessera::ops::cpu {
@@ -101,9 +107,33 @@ void check_row(const char* op, const int64_t* row, const Tensor& main, const Ten
   inside(row[kChunkState], state, "state");
 }
 
+// bf16_bits of src[0, n) into dst with streaming stores: the copy is read again only by the
+// next step's forward, long after this pass has evicted it, so writing around the caches
+// saves the read of every destination line that an ordinary store makes first (a sixteenth
+// of AdamW's memory traffic in a --bf16 step).
+void narrow_bf16_streaming(uint16_t* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  constexpr int64_t kLine = 32;  // bf16 values per 64-byte line
+  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = bf16_bits(src[i]);
+  for (; i + kLine <= n; i += kLine) {
+    alignas(64) uint16_t line[kLine];
+#pragma omp simd
+    for (int64_t j = 0; j < kLine; ++j) line[j] = bf16_bits(src[i + j]);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_load_si512(line));
+  }
+  _mm_sfence();  // the streamed lines are visible before this thread reaches the loop's barrier
+#endif
+  for (; i < n; ++i) dst[i] = bf16_bits(src[i]);
+}
+
 // Rounds the chunk's updated main values into the 16-bit copy (convert's bits).
 void copy_to_param(const Tensor& param, const int64_t* row, const float* p) {
-  if (!param.empty()) narrow(param, row[kChunkParam], row[kChunkNumel], p, row[kChunkNumel], 1, row[kChunkNumel]);
+  if (param.empty()) return;
+  if (param.dtype == DType::BF16)
+    return narrow_bf16_streaming(reinterpret_cast<uint16_t*>(cpu_memory(param)) + row[kChunkParam], p,
+                                 row[kChunkNumel]);
+  narrow(param, row[kChunkParam], row[kChunkNumel], p, row[kChunkNumel], 1, row[kChunkNumel]);
 }
 
 }  // namespace
