@@ -25,28 +25,10 @@
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
 #include "tessera/ops/cpu/storage.h"
+#include "tessera/ops/linear_shapes.h"
 
 namespace tessera::ops::cpu {
 namespace {
-
-void check_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && out.numel() == N * OC && out.dim(-1) == OC &&
-                    (bias.empty() || bias.numel() == OC),
-                "linear: inp " + shape_str(inp.shape) + ", weight " + shape_str(weight.shape) + ", out " +
-                    shape_str(out.shape));
-}
-
-void check_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                    const Tensor& inp, const Tensor& weight) {
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  TESSERA_CHECK(weight.ndim() == 2 && weight.dim(1) == C && dout.numel() == N * OC && dout.dim(-1) == OC,
-                "linear backward: dout " + shape_str(dout.shape) + ", inp " + shape_str(inp.shape) + ", weight " +
-                    shape_str(weight.shape));
-  TESSERA_CHECK((dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == OC * C) &&
-                    (dbias.empty() || dbias.numel() == OC),
-                "linear backward: gradient shapes");
-}
 
 // Column sums of dy[N,OC] (any float dtype): threads own column blocks and walk the rows
 // in order (deterministic for any thread count, vectorised along the row, rows staged in
@@ -238,7 +220,7 @@ bool check_dtypes(const char* op, std::initializer_list<std::pair<const Tensor*,
 }  // namespace
 
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
-  check_forward(out, inp, weight, bias);
+  check_linear_forward_shapes(out, inp, weight, bias);
   if (check_dtypes("linear_forward", {{&out, "out"}, {&inp, "inp"}, {&weight, "weight"}, {&bias, "bias"}}))
     return linear_forward_storage(out, inp, weight, bias);
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
@@ -257,7 +239,7 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                      GradWrite write) {
-  check_backward(dinp, dweight, dbias, dout, inp, weight);
+  check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
   // An empty product assigns zeros (the GEMMs below do not run).
   if (write == GradWrite::Assign && !dinp.empty() && weight.dim(0) == 0) cpu::fill(dinp, 0.0f);
   if (check_dtypes("linear_backward",
