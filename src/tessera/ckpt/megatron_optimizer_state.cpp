@@ -102,6 +102,20 @@ Value* grad_scaler_dict(pickle::Document& doc, FileTensors& tensors, const Megat
   return scaler;
 }
 
+// Megatron's mixed-precision optimizers (and the distributed one) wrap torch's state_dict as
+// {"optimizer": inner, "grad_scaler": ... when the run scales its loss}; an fp32 run without a
+// scaler saves torch's own.
+bool wraps_torch_state(const MegatronFileSpec& spec) {
+  return spec.model_dtype != DType::F32 || !spec.grad_scaler.is_null();
+}
+
+Value* wrapped_state(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec, Value* inner) {
+  Value* outer = doc.dict();
+  doc.set(outer, "optimizer", inner);
+  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
+  return outer;
+}
+
 // The distributed optimizer's state_dict (megatron/core/optimizer/distrib_optimizer.py):
 // torch's without `state`, each group without `params` and with the step (torch's AdamW
 // keeps it per parameter), and the grad scaler.
@@ -115,10 +129,7 @@ Value* distributed_optimizer_dict(pickle::Document& doc, FileTensors& tensors, c
   }
   Value* inner = doc.dict();
   doc.set(inner, "param_groups", groups);
-  Value* outer = doc.dict();
-  doc.set(outer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
-  return outer;
+  return wrapped_state(doc, tensors, spec, inner);
 }
 
 // One optimizer's state_dict over `params` (all of one kind, dense or expert): torch's over
@@ -156,10 +167,8 @@ Value* optimizer_dict(pickle::Document& doc, FileTensors& tensors, const Megatro
   Value* inner = doc.dict();
   doc.set(inner, "state", state);
   doc.set(inner, "param_groups", group_list);
-  if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
-  Value* outer = doc.dict();
-  doc.set(outer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) doc.set(outer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
+  if (!wraps_torch_state(spec)) return inner;
+  Value* outer = wrapped_state(doc, tensors, spec, inner);
   if (spec.model_dtype != DType::F32) doc.set(outer, "fp32_from_fp16_params", masters);
   return outer;
 }
@@ -177,11 +186,7 @@ Value* torch_dist_replicated_optimizer_dict(pickle::Document& doc, FileTensors& 
     doc.set(state, "common_step", tensors.scalar(static_cast<float>(spec.optimizer_steps)));
   doc.set(inner, "state", state);
   doc.set(inner, "param_groups", groups);
-  if (spec.model_dtype == DType::F32 && spec.grad_scaler.is_null()) return inner;
-  Value* optimizer = doc.dict();
-  doc.set(optimizer, "optimizer", inner);
-  if (!spec.grad_scaler.is_null()) doc.set(optimizer, "grad_scaler", grad_scaler_dict(doc, tensors, spec));
-  return optimizer;
+  return wraps_torch_state(spec) ? wrapped_state(doc, tensors, spec, inner) : inner;
 }
 
 }  // namespace

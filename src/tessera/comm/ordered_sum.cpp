@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "tessera/comm/all_to_all.h"
 #include "tessera/comm/collective_util.h"
 #include "tessera/core/error.h"
 #include "tessera/device/device.h"
@@ -50,22 +51,18 @@ void wait_all(std::vector<std::unique_ptr<Work>>& work) {
 }
 
 // Chunk c of the flat input is elements [bounds[c], bounds[c + 1]); this rank receives chunk
-// rank() from every member and returns their canonical sum.
+// rank() from every member (all_to_all_v) and returns their canonical sum.
 std::vector<float> sum_my_chunk(Communicator& group, std::vector<float>& in, const std::vector<int64_t>& bounds) {
   const int n = group.size(), me = group.rank();
-  const size_t first = static_cast<size_t>(bounds[me]), len = static_cast<size_t>(bounds[me + 1]) - first;
-  std::vector<float> pieces(len * n);
-  std::vector<std::unique_ptr<Work>> work;
-  for (int peer = 0; peer < n; ++peer)
-    if (peer != me && len > 0) work.push_back(group.recv_async(host_floats(pieces, len * peer, len), peer));
-  for (int peer = 0; peer < n; ++peer)
-    if (peer != me && bounds[peer + 1] > bounds[peer])
-      work.push_back(group.send_async(host_floats(in, bounds[peer], bounds[peer + 1] - bounds[peer]), peer));
-  std::memcpy(pieces.data() + len * me, in.data() + first, len * sizeof(float));
-  wait_all(work);
+  const int64_t len = bounds[me + 1] - bounds[me];
+  std::vector<int64_t> send(n), recv(n, len);
+  for (int c = 0; c < n; ++c) send[c] = bounds[c + 1] - bounds[c];
+  std::vector<float> pieces(static_cast<size_t>(len) * n);
+  all_to_all_v(group, host_floats(pieces, 0, pieces.size()), recv, host_floats(in, 0, in.size()), send);
   for (const auto& [into, from] : canonical_sum_steps(n))
-    comm_detail::reduce_into(DType::F32, ReduceOp::Sum, pieces.data() + len * into, pieces.data() + len * from, len);
-  pieces.resize(len);
+    comm_detail::reduce_into(DType::F32, ReduceOp::Sum, pieces.data() + len * into, pieces.data() + len * from,
+                             static_cast<size_t>(len));
+  pieces.resize(static_cast<size_t>(len));
   return pieces;
 }
 
