@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -422,24 +423,12 @@ int run_convert(const Command& c) {
 
 // ------------------------------------------------------------------------------------------
 
-int run_inspect(const Command& c) {
-  if (c.positional.size() != 1)
-    throw usage_error("inspect takes one checkpoint folder", "e.g. tessera ckpt inspect checkpoints/gpt");
-  const std::string dir = c.positional[0];
-  const int64_t iteration = choose_iteration(dir, c.options);
-  const std::string it_dir = iteration_dir(dir, iteration);
-  if (!fs::is_directory(it_dir))
-    throw runtime_error("checkpoint " + it_dir + " does not exist", "list " + dir + " for the saved iterations");
-  if (is_megatron_checkpoint(dir, iteration)) return run_inspect_megatron(dir, iteration, c.options);
-  if (is_torch_dist_checkpoint(dir, iteration)) return run_inspect_torch_dist(dir, iteration, c.options);
-  const json meta = read_metadata(it_dir);
-  if (c.options.get_bool("--summary"))
-    return print_checkpoint_summary(it_dir, iteration, !c.options.given("--iteration"), meta);
+// The header lines of a tessera checkpoint: iteration, format, layout, counters, optimizer and
+// the recorded arguments. False when the arguments cannot be read.
+bool print_tessera_header(const std::string& it_dir, int64_t iteration, bool latest, const json& meta) {
   auto num = [&](const char* key) { return meta.contains(key) ? meta[key].dump() : std::string("?"); };
-
   std::printf("checkpoint %s\n", it_dir.c_str());
-  std::printf("  iteration: %lld%s\n", static_cast<long long>(iteration),
-              c.options.given("--iteration") ? "" : " (latest)");
+  std::printf("  iteration: %lld%s\n", static_cast<long long>(iteration), latest ? " (latest)" : "");
   std::printf("  format: %s, version %s\n", meta.value("format", std::string("?")).c_str(),
               num("format_version").c_str());
   if (meta.value("format_version", 1) >= 2)
@@ -460,15 +449,39 @@ int run_inspect(const Command& c) {
         std::printf("  optimizer: %s\n", optimizer_description(meta).c_str());
         break;
       }
-  bool ok = true;
   try {
     std::printf("  arguments: %s\n", join(recorded_args(meta, it_dir)).c_str());
+    return true;
   } catch (const Error& e) {
     std::printf("  arguments: ERROR %s\n", e.what());
-    ok = false;
+    return false;
   }
+}
 
-  int failed = 0, checked = 0;
+// One listed file against its recorded size and sha256: "OK", "MISSING" or "MISMATCH", and
+// the detail printed after its name.
+std::pair<std::string, std::string> check_listed_file(const std::string& path, const json& info) {
+  const bool listed = info.is_object() && info.contains("bytes") && info["bytes"].is_number_unsigned() &&
+                      info.contains("sha256") && info["sha256"].is_string();
+  if (!fs::exists(path)) return {"MISSING", ""};
+  if (!listed) return {"MISMATCH", " (metadata.json records no size or sha256)"};
+  const std::string bytes = read_file(path);
+  const std::string sha = sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
+  const uint64_t want = info["bytes"].get<uint64_t>();
+  if (bytes.size() != want)
+    return {"MISMATCH",
+            " (" + std::to_string(bytes.size()) + " bytes, metadata.json records " + std::to_string(want) + ")"};
+  if (sha != info["sha256"].get<std::string>())
+    return {"MISMATCH", " (sha256 " + sha.substr(0, 16) + "…, metadata.json records " +
+                            info["sha256"].get<std::string>().substr(0, 16) + "…)"};
+  return {"OK", " (" + std::to_string(want) + " bytes, sha256 " + sha.substr(0, 16) + "…)"};
+}
+
+// The "files:" section: every listed file checked, then the files metadata.json does not list
+// (never loaded; reported only) and the recorded iteration. Counts into checked and failed;
+// false on a metadata error.
+bool print_file_checks(const std::string& it_dir, int64_t iteration, const json& meta, int& checked, int& failed) {
+  bool ok = true;
   std::printf("files:\n");
   auto files = meta.find("files");
   if (files == meta.end() || !files->is_object()) {
@@ -477,36 +490,11 @@ int run_inspect(const Command& c) {
   } else {
     for (const auto& [rel, info] : files->items()) {
       ++checked;
-      const std::string path = (fs::path(it_dir) / rel).string();
-      std::string status = "OK", detail;
-      const bool listed = info.is_object() && info.contains("bytes") && info["bytes"].is_number_unsigned() &&
-                          info.contains("sha256") && info["sha256"].is_string();
-      if (!fs::exists(path)) {
-        status = "MISSING";
-      } else if (!listed) {
-        status = "MISMATCH";
-        detail = " (metadata.json records no size or sha256)";
-      } else {
-        const std::string bytes = read_file(path);
-        const std::string sha = sha256_hex({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
-        const uint64_t want = info["bytes"].get<uint64_t>();
-        if (bytes.size() != want) {
-          status = "MISMATCH";
-          detail = " (" + std::to_string(bytes.size()) + " bytes, metadata.json records " + std::to_string(want) + ")";
-        } else if (sha != info["sha256"].get<std::string>()) {
-          status = "MISMATCH";
-          detail = " (sha256 " + sha.substr(0, 16) + "…, metadata.json records " +
-                   info["sha256"].get<std::string>().substr(0, 16) + "…)";
-        } else {
-          detail = " (" + std::to_string(want) + " bytes, sha256 " + sha.substr(0, 16) + "…)";
-        }
-      }
+      const auto [status, detail] = check_listed_file((fs::path(it_dir) / rel).string(), info);
       if (status != "OK") ++failed;
       std::printf("  %-8s %s%s\n", status.c_str(), rel.c_str(), detail.c_str());
     }
   }
-
-  // Files in the folder that metadata.json does not list (never loaded; reported only).
   for (const auto& entry : fs::recursive_directory_iterator(it_dir)) {
     const std::string rel = fs::relative(entry.path(), it_dir).string();
     if (entry.is_regular_file() && rel != "metadata.json" && (files == meta.end() || !files->contains(rel)))
@@ -517,42 +505,65 @@ int run_inspect(const Command& c) {
                 it == meta.end() ? "none" : it->dump().c_str(), static_cast<long long>(iteration));
     ok = false;
   }
+  return ok;
+}
 
+// The tensors of one safetensors file, each with where its slice sits ("of [64, 32], dim 0
+// from 32"). False when the file or a placement cannot be read.
+bool print_tensors(const fs::path& file, const std::string& rel) {
+  std::printf("tensors of %s:\n", rel.c_str());
+  bool ok = true;
+  try {
+    safetensors::Reader r = safetensors::Reader::open(file.string());
+    uint64_t total_bytes = 0, total_elems = 0;
+    for (const auto& t : r.tensors()) {
+      std::string where;
+      if (auto m = r.metadata().find(t.name); m != r.metadata().end()) {
+        if (auto place = parse_tensor_placement(m->second, t.shape)) {
+          if (place->split_dim >= 0 && place->global_shape != t.shape)
+            where = "of " + shape_str(place->global_shape) + ", dim " + std::to_string(place->split_dim) + " from " +
+                    std::to_string(place->offset);
+        } else {
+          where = "(invalid placement)";
+          ok = false;
+        }
+      }
+      std::printf("  %-56s %-4s %-16s %12llu bytes  %s\n", t.name.c_str(), t.dtype_name.c_str(),
+                  shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.end - t.begin), where.c_str());
+      total_bytes += t.end - t.begin;
+      total_elems += t.numel;
+    }
+    std::printf("  %zu tensors, %llu elements, %llu bytes\n", r.tensors().size(),
+                static_cast<unsigned long long>(total_elems), static_cast<unsigned long long>(total_bytes));
+  } catch (const Error& e) {
+    std::printf("  ERROR %s\n", e.what());
+    ok = false;
+  }
+  return ok;
+}
+
+int run_inspect(const Command& c) {
+  if (c.positional.size() != 1)
+    throw usage_error("inspect takes one checkpoint folder", "e.g. tessera ckpt inspect checkpoints/gpt");
+  const std::string dir = c.positional[0];
+  const int64_t iteration = choose_iteration(dir, c.options);
+  const std::string it_dir = iteration_dir(dir, iteration);
+  if (!fs::is_directory(it_dir))
+    throw runtime_error("checkpoint " + it_dir + " does not exist", "list " + dir + " for the saved iterations");
+  if (is_megatron_checkpoint(dir, iteration)) return run_inspect_megatron(dir, iteration, c.options);
+  if (is_torch_dist_checkpoint(dir, iteration)) return run_inspect_torch_dist(dir, iteration, c.options);
+  const json meta = read_metadata(it_dir);
+  const bool latest = !c.options.given("--iteration");
+  if (c.options.get_bool("--summary")) return print_checkpoint_summary(it_dir, iteration, latest, meta);
+
+  bool ok = print_tessera_header(it_dir, iteration, latest, meta);
+  int failed = 0, checked = 0;
+  ok = print_file_checks(it_dir, iteration, meta, checked, failed) && ok;
   std::vector<fs::path> tensor_files;
   for (const auto& entry : fs::recursive_directory_iterator(it_dir))
     if (entry.is_regular_file() && entry.path().extension() == ".safetensors") tensor_files.push_back(entry.path());
   std::sort(tensor_files.begin(), tensor_files.end());
-  for (const fs::path& file : tensor_files) {
-    const std::string rel = fs::relative(file, it_dir).string();
-    std::printf("tensors of %s:\n", rel.c_str());
-    try {
-      safetensors::Reader r = safetensors::Reader::open(file.string());
-      uint64_t total_bytes = 0, total_elems = 0;
-      for (const auto& t : r.tensors()) {
-        // A slice shows where it sits: "of [64, 32], dim 0 from 32".
-        std::string where;
-        if (auto m = r.metadata().find(t.name); m != r.metadata().end()) {
-          if (auto place = parse_tensor_placement(m->second, t.shape)) {
-            if (place->split_dim >= 0 && place->global_shape != t.shape)
-              where = "of " + shape_str(place->global_shape) + ", dim " + std::to_string(place->split_dim) +
-                      " from " + std::to_string(place->offset);
-          } else {
-            where = "(invalid placement)";
-            ok = false;
-          }
-        }
-        std::printf("  %-56s %-4s %-16s %12llu bytes  %s\n", t.name.c_str(), t.dtype_name.c_str(),
-                    shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.end - t.begin), where.c_str());
-        total_bytes += t.end - t.begin;
-        total_elems += t.numel;
-      }
-      std::printf("  %zu tensors, %llu elements, %llu bytes\n", r.tensors().size(),
-                  static_cast<unsigned long long>(total_elems), static_cast<unsigned long long>(total_bytes));
-    } catch (const Error& e) {
-      std::printf("  ERROR %s\n", e.what());
-      ok = false;
-    }
-  }
+  for (const fs::path& file : tensor_files) ok = print_tensors(file, fs::relative(file, it_dir).string()) && ok;
   if (failed > 0 || !ok) {
     std::printf("checksums: %d of %d files failed\n", failed, checked);
     std::fprintf(stderr, "error: checkpoint %s failed its checks\n", it_dir.c_str());
