@@ -21,6 +21,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/megatron_layer_spec.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/ckpt/torch_dist.h"
 #include "tessera/cli/ckpt_summary.h"
@@ -387,6 +388,8 @@ int run_convert(const Command& c) {
         dist.num_experts = config.moe.num_experts;
         dist.numbered_layers = torch_dist_numbered_layers(ns);
         dist.swiglu = config.swiglu;
+        dist.transformer_engine = megatron_uses_transformer_engine(ns);
+        if (config.moe.enabled()) dist.moe_layers = config.moe.moe_layers;
         records.push_back(write_torch_dist_shard(tmp_dir, p * tp + t, dist));
       } else {
         const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});
