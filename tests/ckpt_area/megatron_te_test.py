@@ -3,8 +3,9 @@
 megatron-core 0.10.0's own TE layer spec (tests/reference/megatron_te.py; Transformer Engine itself
 is a stand-in there, tests/reference/transformer_engine_stub.py):
 
-  1. megatron-core's TE GPTModel saves a TP=1 PP=1 checkpoint (io.BytesIO extra states, fused norm
-     names); `tessera ckpt convert` reads it and writes it at TP=2 PP=2 (--to torch), each rank's
+  1. megatron-core's TE GPTModel (a GPT, and an MoE Llama) saves a TP=1 PP=1 checkpoint (io.BytesIO
+     extra states, fused norm names); `tessera ckpt convert` reads it and writes it at TP=2 PP=2
+     (--to torch), each rank's
      file loading strictly into that rank's TE model with the model's key order and extra-state
      types, its tensors the source's slices;
   2. the same conversion --to torch_dist loads with dist_checkpointing.load into the TE model;
@@ -42,13 +43,15 @@ def main():
         print("skipped: %s or %s is missing" % (tools, tdist))
         sys.exit(77)
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "src")
-        run([tools, REFERENCE, "save", src])
-        for to, checker, action in (("torch", tools, "check"), ("torch_dist", tdist, "dist-check")):
-            out = os.path.join(tmp, to)
-            run([tessera, "ckpt", "convert", src, out, "--to", to, "--target-tensor-parallel-size", "2",
-                 "--target-pipeline-parallel-size", "2"])
-            run([checker, REFERENCE, action, out, src])
+        for model in ("gpt", "moe"):
+            src = os.path.join(tmp, model)
+            run([tools, REFERENCE, "save", src, model])
+            for to, checker, action in (("torch", tools, "check"), ("torch_dist", tdist, "dist-check")):
+                out = os.path.join(tmp, model + "_" + to)
+                run([tessera, "ckpt", "convert", src, out, "--to", to, "--target-tensor-parallel-size", "2",
+                     "--target-pipeline-parallel-size", "2"])
+                run([checker, REFERENCE, action, out, src])
+        src = os.path.join(tmp, "gpt")
         trained = os.path.join(tmp, "trained")
         run([tessera, "train", *GPT, "--load", src, "--finetune", "--transformer-impl", "transformer_engine",
              "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--lr", "0",

@@ -164,4 +164,4 @@ set_tests_properties(ckpt.torch_dist PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 
 add_test(NAME ckpt.megatron_te
          COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/ckpt_area/megatron_te_test.py $<TARGET_FILE:tessera>
                  ${TESSERA_TOOLS_VENV}/bin/python ${TESSERA_TDIST_VENV}/bin/python)
-set_tests_properties(ckpt.megatron_te PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS ckpt)
+set_tests_properties(ckpt.megatron_te PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77 LABELS ckpt)

@@ -7,9 +7,12 @@ stands in for the few of its classes megatron-core imports (parameters, registra
 extra state as TE 1.13 defines them; no forward). Everything else is megatron-core's own code on the
 CPU, as in megatron_core_models.py (tools venv) and megatron_dist_checkpoint.py (tdist venv).
 
-    python megatron_te.py save OUT                 (tools venv)
+    python megatron_te.py save OUT gpt|moe         (tools venv)
 writes what Megatron's save_checkpoint (--ckpt-format torch) writes for megatron-core's GPTModel of
-the TE spec, a tiny GPT (LayerNorm, biases, learned positions, tied embeddings) with random weights:
+the TE spec (pretrain_gpt.py's: get_gpt_decoder_block_spec for MoE, whose MoE layers keep a TENorm
+pre_mlp_layernorm, TE linears for the shared experts and SequentialMLP's local linears for the
+experts), a tiny GPT (LayerNorm, biases, learned positions, tied embeddings) or megatron_core_models.py's
+MoE Llama, with random weights:
 OUT/iter_0000007/mp_rank_00/model_optim_rng.pt holding args (transformer_impl 'transformer_engine'),
 checkpoint_version, iteration and model (its state_dict_for_save_checkpoint(): TE's fused norm
 names, an io.BytesIO _extra_state per TE module, final_layernorm's empty tensor), and
@@ -42,8 +45,10 @@ transformer_engine_stub.install()  # before megatron.core is imported
 import megatron_core_models as mcm  # noqa: E402
 
 ITERATION = mcm.ITERATION
-# megatron_core_models.py's tiny GPT with 4 layers, so that PP 2 stages hold 2 each.
-RUN = dict(mcm.GPT, num_layers=4, transformer_impl="transformer_engine")
+# megatron_core_models.py's tiny GPT with 4 layers, so that PP 2 stages hold 2 each, and its MoE
+# Llama (SwiGLU, RMSNorm, GQA, MoE every second layer with shared experts).
+RUNS = dict(gpt=dict(mcm.GPT, num_layers=4, transformer_impl="transformer_engine"),
+            moe=dict(mcm.MOE, transformer_impl="transformer_engine"))
 COLUMN = ("embedding.word_embeddings.weight", "linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight",
           "linear_fc1.bias", "output_layer.weight")
 ROW = ("linear_proj.weight", "linear_fc2.weight")
@@ -53,6 +58,8 @@ def set_ranks(tp, tp_rank, pp, pp_rank):
     from megatron.core import parallel_state as ps
     ps.set_tensor_model_parallel_world_size(tp)
     ps.set_tensor_model_parallel_rank(tp_rank)
+    ps.set_expert_tensor_parallel_world_size(tp)
+    ps.set_expert_tensor_parallel_rank(tp_rank)
     ps.set_pipeline_model_parallel_world_size(pp)
     ps.set_pipeline_model_parallel_rank(pp_rank)
 
@@ -61,12 +68,17 @@ def build_te_model(args, pp_rank=0):
     """pretrain_gpt.py model_provider (core_r0.10.0) with --transformer-impl transformer_engine, as
     pipeline stage pp_rank builds it."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-    assert args.transformer_impl == "transformer_engine" and not args.num_experts
-    spec = get_gpt_layer_with_transformer_engine_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
-                                                      args.multi_latent_attention, args.fp8)
+    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec,
+                                                          get_gpt_layer_with_transformer_engine_spec)
+    assert args.transformer_impl == "transformer_engine"
+    config = mcm.config_from_args(args)
+    if args.num_experts:
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=True)
+    else:
+        spec = get_gpt_layer_with_transformer_engine_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
+                                                          args.multi_latent_attention, args.fp8)
     pp = args.pipeline_model_parallel_size
-    return GPTModel(config=mcm.config_from_args(args), transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
+    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
                     max_sequence_length=args.max_position_embeddings, pre_process=pp_rank == 0,
                     post_process=pp_rank == pp - 1, fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
                     parallel_output=True,
@@ -75,9 +87,9 @@ def build_te_model(args, pp_rank=0):
                     rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling)
 
 
-def save(out):
+def save(out, model_name):
     mcm.init_cpu_megatron()
-    args = mcm.saved_namespace(RUN)
+    args = mcm.saved_namespace(RUNS[model_name])
     torch.manual_seed(5)
     model = build_te_model(args)
     with torch.no_grad():
@@ -97,8 +109,11 @@ def source_tensors(src):
     return {k: v for k, v in sd.items() if "_extra_state" not in k}
 
 
-def rank_slice(name, t, tp, tp_rank):
-    """The (tp_rank)th of tp parts of global tensor t as Megatron splits parameter `name`."""
+def rank_slice(name, t, tp, tp_rank, swiglu):
+    """The (tp_rank)th of tp parts of global tensor t as Megatron splits parameter `name`: SwiGLU's
+    fc1 [gate; up] as the rank's [gate_r; up_r]."""
+    if swiglu and name.endswith(("linear_fc1.weight", "linear_fc1.bias")):
+        return torch.cat([half.chunk(tp, 0)[tp_rank] for half in t.chunk(2, 0)])
     if name.endswith(COLUMN):
         return t.chunk(tp, 0)[tp_rank]
     if name.endswith(ROW):
@@ -155,7 +170,7 @@ def check_rank(path, args, tp_rank, pp_rank, want):
             continue
         g = global_name(name, first_layer)
         source = want["embedding.word_embeddings.weight" if g == "output_layer.weight" and g not in want else g]
-        if not torch.equal(p, rank_slice(g, source, tp, tp_rank)):
+        if not torch.equal(p, rank_slice(g, source, tp, tp_rank, args.swiglu)):
             raise SystemExit("%s: %s differs from the source checkpoint's" % (path, name))
     return len(own)
 
