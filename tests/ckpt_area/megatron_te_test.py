@@ -11,11 +11,12 @@ is a stand-in there, tests/reference/transformer_engine_stub.py):
   2. the same conversion --to torch_dist loads with dist_checkpointing.load into the TE model;
   3. `tessera train --load SRC --finetune --transformer-impl transformer_engine --ckpt-format torch`
      (lr 0: the weights stay the source's) saves a file that loads likewise, its optimizer state in
-     the TE model's parameter order.
+     the TE model's parameter order, and such a save resumes in tessera bit for bit.
 
     megatron_te_test.py TESSERA TOOLS_PYTHON TDIST_PYTHON     (exit 77: a venv is missing)
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,28 @@ def run(cmd, **kw):
     print((p.stdout + p.stderr).strip())
     if p.returncode != 0:
         raise SystemExit("FAILED (exit %d): %s" % (p.returncode, " ".join(cmd)))
+    return p.stdout
+
+
+def losses(log):
+    return re.findall(r"iteration +(\d+)/.*?lm loss: (\S+)", log)
+
+
+def check_resume(tessera, tmp):
+    """A --transformer-impl transformer_engine save (model and optimizer state in the TE order)
+    resumes in tessera bit for bit."""
+    flags = [*GPT, "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--lr", "1e-2",
+             "--eval-iters", "0", "--log-interval", "1", "--transformer-impl", "transformer_engine",
+             "--ckpt-format", "torch", "--deterministic-mode", "--train-iters", "4"]
+    whole = losses(run([tessera, "train", *flags, "--save", os.path.join(tmp, "whole"), "--save-interval", "2"]))
+    half = os.path.join(tmp, "half")
+    os.makedirs(half)
+    os.rename(os.path.join(tmp, "whole", "iter_0000002"), os.path.join(half, "iter_0000002"))
+    with open(os.path.join(half, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("2")
+    resumed = losses(run([tessera, "train", *flags, "--load", half]))
+    if len(whole) != 4 or resumed != whole[2:]:
+        raise SystemExit("the resume gives %s, the uninterrupted run %s" % (resumed, whole[2:]))
 
 
 def main():
@@ -57,6 +80,7 @@ def main():
              "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--lr", "0",
              "--eval-iters", "0", "--save", trained, "--save-interval", "1", "--ckpt-format", "torch"])
         run([tools, REFERENCE, "check", trained, src])
+        check_resume(tessera, tmp)
     print("OK")
 
 

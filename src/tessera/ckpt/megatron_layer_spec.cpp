@@ -151,7 +151,8 @@ std::vector<std::pair<std::string, MegatronExtraState>> torch_dist_extra_states(
                                                                                const std::vector<std::string>& names) {
   std::set<std::string> moe_layers;
   for (const std::string& n : names)
-    if (const LayerName l = split_layer(n); !l.layer.empty() && starts_with(l.rest, "mlp.router.")) moe_layers.insert(l.layer);
+    if (const LayerName l = split_layer(n); !l.layer.empty() && starts_with(l.rest, "mlp.router."))
+      moe_layers.insert(l.layer);
   std::vector<std::pair<std::string, MegatronExtraState>> out;
   for (const std::string& name : names) {
     if (!ends_with(name, ".weight")) continue;

@@ -688,7 +688,8 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
   // (megatron/core/dist_checkpointing/mapping.py ShardedObject.unique_key,
   // megatron/core/transformer/utils.py _get_extra_state_offsets).
   std::vector<std::string> names;
-  for (const ShardedTensor& t : shard.tp_rank == 0 ? shard.params : std::vector<ShardedTensor>{}) names.push_back(t.name);
+  for (const ShardedTensor& t : shard.tp_rank == 0 ? shard.params : std::vector<ShardedTensor>{})
+    names.push_back(t.name);
   for (const auto& [name, extra] : torch_dist_extra_states(shard.transformer_engine, names)) {
     const TorchDistKey k = torch_dist_key(name, shard);
     auto dotted = [](const Shape& s) {
