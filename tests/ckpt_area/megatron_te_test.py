@@ -9,6 +9,8 @@ is a stand-in there, tests/reference/transformer_engine_stub.py):
      file loading strictly into that rank's TE model with the model's key order and extra-state
      types, its tensors the source's slices;
   2. the same conversion --to torch_dist loads with dist_checkpointing.load into the TE model;
+     converted to tessera's format and back with `--transformer-impl transformer_engine`, it
+     loads as in 1;
   3. `tessera train --load SRC --finetune --transformer-impl transformer_engine --ckpt-format torch`
      (lr 0: the weights stay the source's) saves a file that loads likewise, its optimizer state in
      the TE model's parameter order, and such a save resumes in tessera bit for bit.
@@ -75,6 +77,12 @@ def main():
                      "--target-pipeline-parallel-size", "2"])
                 run([checker, REFERENCE, action, out, src])
         src = os.path.join(tmp, "gpt")
+        # Through tessera's own format (local) and back to Transformer Engine's layout on request.
+        own, back = os.path.join(tmp, "gpt_tessera"), os.path.join(tmp, "gpt_back")
+        run([tessera, "ckpt", "convert", src, own, "--to", "tessera"])
+        run([tessera, "ckpt", "convert", own, back, "--to", "torch", "--transformer-impl", "transformer_engine",
+             "--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "2"])
+        run([tools, REFERENCE, "check", back, src])
         trained = os.path.join(tmp, "trained")
         run([tessera, "train", *GPT, "--load", src, "--finetune", "--transformer-impl", "transformer_engine",
              "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--lr", "0",
