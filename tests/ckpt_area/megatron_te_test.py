@@ -12,7 +12,7 @@ is a stand-in there, tests/reference/transformer_engine_stub.py):
      converted to tessera's format and back with `--transformer-impl transformer_engine`, it
      loads as in 1;
   3. `tessera train --load SRC --finetune --transformer-impl transformer_engine --ckpt-format torch`
-     (lr 0: the weights stay the source's) saves a file that loads likewise, its optimizer state in
+     at PP=2 (lr 0: the weights stay the source's) saves files that load likewise, optimizer state in
      the TE model's parameter order, and such a save resumes in tessera bit for bit.
 
     megatron_te_test.py TESSERA TOOLS_PYTHON TDIST_PYTHON     (exit 77: a venv is missing)
@@ -84,7 +84,8 @@ def main():
              "--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "2"])
         run([tools, REFERENCE, "check", back, src])
         trained = os.path.join(tmp, "trained")
-        run([tessera, "train", *GPT, "--load", src, "--finetune", "--transformer-impl", "transformer_engine",
+        run([tessera, "launch", "--standalone", "--nproc_per_node", "2", "train", *GPT, "--load", src, "--finetune",
+             "--pipeline-model-parallel-size", "2", "--transformer-impl", "transformer_engine",
              "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--lr", "0",
              "--eval-iters", "0", "--save", trained, "--save-interval", "1", "--ckpt-format", "torch"])
         run([tools, REFERENCE, "check", trained, src])
