@@ -155,3 +155,13 @@ target_compile_definitions(torch_dist_test PRIVATE
 add_dependencies(torch_dist_test tessera)
 add_test(NAME ckpt.torch_dist COMMAND torch_dist_test)
 set_tests_properties(ckpt.torch_dist PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS ckpt)
+
+# Megatron files in Transformer Engine's layout (Megatron's default --transformer-impl) against
+# megatron-core 0.10.0's own TE spec (tests/ckpt_area/megatron_te_test.py, tests/reference/
+# megatron_te.py; TE itself is a stand-in, tests/reference/transformer_engine_stub.py): a TE
+# GPTModel's checkpoint converted to TP=2 PP=2 (torch, torch_dist) and a tessera train save with
+# --transformer-impl transformer_engine load strictly into its TE models; skipped without the venvs.
+add_test(NAME ckpt.megatron_te
+         COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/ckpt_area/megatron_te_test.py $<TARGET_FILE:tessera>
+                 ${TESSERA_TOOLS_VENV}/bin/python ${TESSERA_TDIST_VENV}/bin/python)
+set_tests_properties(ckpt.megatron_te PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77 LABELS ckpt)

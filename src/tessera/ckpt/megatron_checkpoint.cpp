@@ -12,6 +12,7 @@
 
 #include "tessera/ckpt/megatron_distrib_optim.h"
 #include "tessera/ckpt/megatron_grouped_experts.h"
+#include "tessera/ckpt/megatron_layer_spec.h"
 #include "tessera/ckpt/megatron_optimizer_state.h"
 #include "tessera/ckpt/megatron_rng_state.h"
 #include "tessera/ckpt/megatron_values.h"
@@ -598,31 +599,27 @@ int megatron_expert_of(const std::string& name) {
 
 namespace {
 
-bool is_linear_module(const std::string& module) {
-  for (const char* m : {".linear_qkv", ".linear_proj", ".linear_fc1", ".linear_fc2"})
-    if (ends_with(module, m)) return true;
-  return module == "output_layer";
-}
-
-std::string module_of(const std::string& name) { return name.substr(0, name.rfind('.')); }
-
-// The state dict of one model chunk; the last stage's last chunk ends with the output layer's.
+// The state dict of one model chunk, as the spec of the Namespace builds it
+// (megatron_layer_spec.h); the last stage's last chunk ends with the output layer's extra state.
 Value* model_dict(pickle::Document& doc, FileTensors& tensors, const MegatronFileSpec& spec,
                   const std::vector<MegatronParam>& params, int chunk, bool last_chunk) {
   std::vector<const MegatronParam*> mine;
+  std::vector<std::string> names;
   for (const MegatronParam& p : params)
-    if (p.chunk == chunk) mine.push_back(&p);
+    if (p.chunk == chunk) {
+      mine.push_back(&p);
+      names.push_back(p.name);
+    }
   Value* model = doc.dict();
-  for (size_t i = 0; i < mine.size(); ++i) {
-    doc.set(model, mine[i]->name,
-            tensors.add(mine[i]->value, spec.model_dtype, megatron_shape(mine[i]->name, mine[i]->value.shape)));
-    // Linear layers end with their (empty) _extra_state, as Megatron's local spec saves them.
-    const std::string module = module_of(mine[i]->name);
-    const bool module_ends = i + 1 == mine.size() || module_of(mine[i + 1]->name) != module;
-    if (module_ends && is_linear_module(module) && module != "output_layer")
-      doc.set(model, module + "._extra_state", doc.none());
+  const bool te = megatron_uses_transformer_engine(spec.args);
+  for (const MegatronModelEntry& e : megatron_model_entries(te, names, spec.last_stage && last_chunk)) {
+    if (e.param < 0) {
+      doc.set(model, e.key, megatron_extra_state_value(doc, tensors, e.extra));
+      continue;
+    }
+    const MegatronParam& p = *mine[static_cast<size_t>(e.param)];
+    doc.set(model, p.name, tensors.add(p.value, spec.model_dtype, megatron_shape(p.name, p.value.shape)));
   }
-  if (spec.last_stage && last_chunk) doc.set(model, "output_layer._extra_state", doc.none());
   return model;
 }
 
@@ -698,7 +695,7 @@ void write_megatron_pickle(const std::string& path, const char* archive, pickle:
 
 void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
                          const std::vector<MegatronParam>& sequential) {
-  const GroupedMegatronParams grouped = group_megatron_experts(spec.args, sequential);
+  const GroupedMegatronParams grouped = group_megatron_experts(spec.args, megatron_spec_params(spec.args, sequential));
   const std::vector<MegatronParam>& params = grouped.params;
   pickle::Document doc;
   FileTensors tensors(doc);

@@ -153,9 +153,12 @@ struct MegatronFileSpec {
 };
 
 // Writes (and fsyncs) the model_optim_rng.pt of one (tp, pp) rank at `path`, streaming: one
-// tensor's host copy in memory at a time, not the whole file. With spec.args' moe_grouped_gemm
-// the experts are saved as megatron-core's grouped module (megatron_grouped_experts.h); for
-// GroupedMLP the file's expert tensors (and their optimizer state) are host copies made first.
+// tensor's host copy in memory at a time, not the whole file. Its names, parameter order and
+// extra state are those of the layer spec spec.args' transformer_impl names, local or Transformer
+// Engine's (megatron_layer_spec.h), the optimizer state in that order. With spec.args'
+// moe_grouped_gemm the experts are saved as megatron-core's grouped module
+// (megatron_grouped_experts.h); for GroupedMLP the file's expert tensors (and their optimizer
+// state) are host copies made first.
 void write_megatron_file(const std::string& path, const MegatronFileSpec& spec,
                          const std::vector<MegatronParam>& params);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/megatron_layer_spec.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/error.h"
 
@@ -355,8 +356,7 @@ GroupedMegatronParams group_megatron_experts(const nlohmann::json& args, const s
     out.params = params;
     return out;
   }
-  const auto impl = args.find("transformer_impl");
-  const bool te = impl != args.end() && impl->is_string() && impl->get<std::string>() == "transformer_engine";
+  const bool te = megatron_uses_transformer_engine(args);
   for (size_t i = 0; i < params.size();) {
     const std::optional<ExpertName> first = expert_name(params[i].name);
     if (!first) {

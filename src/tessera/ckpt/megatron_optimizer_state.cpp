@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "tessera/ckpt/megatron_layer_spec.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -466,7 +467,9 @@ void read_distrib_optim(const DistribOptimFile& d, const TorchFile& model_file,
 }
 
 void write_megatron_distrib_optim(const std::string& path, const MegatronFileSpec& spec,
-                                  const std::vector<MegatronParam>& params, bool with_dense) {
+                                  const std::vector<MegatronParam>& local_params, bool with_dense) {
+  // The buffers follow the spec's parameter order (megatron_layer_spec.h).
+  const std::vector<MegatronParam> params = megatron_spec_params(spec.args, local_params);
   std::vector<const MegatronParam*> dense, expert;
   for (const MegatronParam& p : params) (p.expert_parallel ? expert : dense).push_back(&p);
   const bool tied = !spec.args.value("untie_embeddings_and_output_weights", false);

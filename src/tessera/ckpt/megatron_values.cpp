@@ -138,6 +138,10 @@ Value* FileTensors::scalar(float v) {
   return record(storage_type_of(DType::F32), {}, [v] { return storage_bytes(&v, 1, DType::F32); });
 }
 
+Value* FileTensors::empty() {
+  return record(storage_type_of(DType::F32), {0}, [] { return std::vector<uint8_t>(); });
+}
+
 Value* FileTensors::add_bytes(const std::vector<uint8_t>& bytes) {
   return record("ByteStorage", {static_cast<int64_t>(bytes.size())}, [bytes] { return bytes; });
 }

@@ -42,6 +42,8 @@ class FileTensors {
   // in order): its host copy is made when the writer reaches its storage.
   pickle::Value* add(const Tensor& t, DType dtype, const Shape& shape);
   pickle::Value* scalar(float v);
+  // torch.Tensor(): an empty float32 tensor.
+  pickle::Value* empty();
   // A 1-D torch.ByteTensor (a generator's state).
   pickle::Value* add_bytes(const std::vector<uint8_t>& bytes);
   const std::vector<TorchStorageSource>& storages() const { return storages_; }

@@ -25,7 +25,8 @@ enum class Role {
   StorageType,
   DcpRecord,  // a dataclass of torch.distributed.checkpoint: NEWOBJ () + BUILD of its fields
   Layout,     // torch.serialization._get_layout("torch.strided"): the name
-  Path        // pathlib.PosixPath(*parts): the path
+  Path,       // pathlib.PosixPath(*parts): the path
+  BytesIO     // io.BytesIO under NEWOBJ () + BUILD of (contents, position, attributes): data
 };
 
 // torch.save's files (Megatron's model_optim_rng.pt, common.pt, a .distcp payload).
@@ -51,6 +52,7 @@ const std::map<std::string, Role>& torch_save_globals() {
         {"numpy._core.multiarray.scalar", Role::NumpyData},
         {"numpy.ndarray", Role::NumpyData},
         {"numpy.dtype", Role::NumpyData},
+        {"_io.BytesIO", Role::BytesIO},  // Transformer Engine 1.x's _extra_state
     };
     for (const char* t : {"Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool"})
       m[std::string("torch.") + t + "Storage"] = Role::StorageType;
@@ -439,8 +441,9 @@ class Unpickler {
         Value* args = as(pop(), Kind::Tuple, "NEWOBJ's arguments");
         Value* cls = pop();
         if (cls->kind != Kind::Global ||
-            (role(cls) != Role::Namespace && role(cls) != Role::NumpyData && role(cls) != Role::DcpRecord) ||
-            (role(cls) == Role::DcpRecord && !args->items.empty()))
+            (role(cls) != Role::Namespace && role(cls) != Role::NumpyData && role(cls) != Role::DcpRecord &&
+             role(cls) != Role::BytesIO) ||
+            ((role(cls) == Role::DcpRecord || role(cls) == Role::BytesIO) && !args->items.empty()))
           fail("NEWOBJ of " + describe(*cls));
         push(doc_.object(cls->text, args->items));
         break;
@@ -483,6 +486,10 @@ class Unpickler {
     }
     if (obj->kind != Kind::Object) unsupported("on " + describe(*obj));
     if (obj->state || !obj->entries.empty()) unsupported("twice on " + describe(*obj));
+    if (obj->text == "_io.BytesIO" &&
+        (state->kind != Kind::Tuple || state->items.size() != 3 || state->items[0]->kind != Kind::Bytes ||
+         state->items[1]->kind != Kind::Int))
+      unsupported("on io.BytesIO with the state " + describe(*state));
     if (state->kind == Kind::Dict)
       obj->entries = state->entries;
     else
@@ -663,7 +670,23 @@ class Pickler {
         byte('t');
         return byte('R');
       }
-      case Kind::Bytes:
+      case Kind::Bytes: {  // protocol 2's bytes: _codecs.encode(the bytes as code points, 'latin1')
+        global("_codecs.encode");
+        std::string code_points;
+        for (const char c : v.text) {
+          const auto b = static_cast<unsigned char>(c);
+          if (b < 0x80) {
+            code_points += static_cast<char>(b);
+          } else {
+            code_points += static_cast<char>(0xC0 | (b >> 6));
+            code_points += static_cast<char>(0x80 | (b & 0x3F));
+          }
+        }
+        str(code_points);
+        str("latin1");
+        byte(0x86);
+        return byte('R');
+      }
       case Kind::Storage:
         break;
     }

@@ -20,7 +20,9 @@
 //   - numpy's array reconstruction records of the saved RNG state (numpy.core.multiarray.
 //     _reconstruct, numpy.ndarray, numpy.dtype, numpy.core.multiarray.scalar; numpy 2 spells
 //     the module numpy._core.multiarray), as data, and
-//     _codecs.encode(text, 'latin1'), protocol 2's spelling of bytes, as the bytes.
+//     _codecs.encode(text, 'latin1'), protocol 2's spelling of bytes, as the bytes;
+//   - _io.BytesIO under NEWOBJ () + BUILD of (contents, position, attributes): Transformer
+//     Engine 1.x's `_extra_state` (torch.save of its fp8 metadata, or of None), as data.
 // torch_dist's `.metadata` (torch.distributed.checkpoint's Metadata, as megatron-core 0.10.0 and
 // torch 2.5 pickle it, protocol 4) is read with its own allow-list, Dialect::DcpMetadata, and no
 // other: the dataclasses Metadata, TensorStorageMetadata, TensorProperties, ChunkStorageMetadata,
@@ -113,7 +115,8 @@ enum class Dialect { TorchSave, DcpMetadata };
 // Parses `bytes` (the pickle of file `label`, named in errors).
 Document unpickle(std::span<const uint8_t> bytes, const std::string& label, Dialect dialect = Dialect::TorchSave);
 
-// Protocol 2, as torch.save writes: dicts, lists, tuples, scalars, strings, globals (torch
+// Protocol 2, as torch.save writes: dicts, lists, tuples, scalars, strings, bytes (as
+// _codecs.encode(text, 'latin1')), globals (torch
 // dtypes), objects (without arguments: NEWOBJ + BUILD of their attributes or `state`, as a
 // Namespace or DCP's dataclasses; with arguments: Class(*args) via REDUCE, as an enum member or
 // torch.Size), tensors as _rebuild_tensor_v2 records over persistent storage ids.

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/megatron_layer_spec.h"
+#include "tessera/ckpt/megatron_values.h"
 #include "tessera/ckpt/pickle.h"
 #include "tessera/ckpt/torch_file.h"
 #include "tessera/core/error.h"
@@ -412,13 +414,15 @@ namespace {
 
 // tessera's layer name -> the stacked key's part after "decoder.layers.": the local spec's
 // sharded_state_dict_keys_map (megatron/core/models/gpt/gpt_layer_specs.py) spells the norms as
-// Transformer Engine's fused ones.
-std::string torch_dist_layer_key(const std::string& rest) {
+// Transformer Engine's fused ones, which Transformer Engine's spec has, but for an MoE layer's
+// pre_mlp_layernorm (a TENorm of its own).
+std::string torch_dist_layer_key(const std::string& rest, bool own_mlp_norm) {
   static const std::pair<const char*, const char*> kNorms[] = {
       {"input_layernorm.", "self_attention.linear_qkv.layer_norm_"},
       {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"}};
   for (const auto& [from, to] : kNorms)
-    if (starts_with(rest, from)) return to + rest.substr(std::strlen(from));
+    if (starts_with(rest, from) && !(own_mlp_norm && std::strcmp(from, "pre_mlp_layernorm.") == 0))
+      return to + rest.substr(std::strlen(from));
   return rest;
 }
 
@@ -430,7 +434,7 @@ struct TorchDistKey {
   size_t leading() const { return (layer >= 0 ? 1 : 0) + (expert >= 0 ? 1 : 0); }
 };
 
-TorchDistKey torch_dist_key(const std::string& name, bool numbered_layers) {
+TorchDistKey torch_dist_key(const std::string& name, const TorchDistShard& shard) {
   const std::string root = "decoder.layers.";
   if (!starts_with(name, root)) return {name};
   const size_t dot = name.find('.', root.size());
@@ -442,8 +446,10 @@ TorchDistKey torch_dist_key(const std::string& name, bool numbered_layers) {
     expert = std::stoll(rest.substr(kExpertsName.size(), end - kExpertsName.size()));
     rest = std::string(kExpertsKey) + rest.substr(end + 1);
   }
-  rest = torch_dist_layer_key(rest);
-  if (numbered_layers) return {root + number + "." + rest, -1, expert};
+  const size_t layer = std::stoull(number);
+  const bool moe = layer < shard.moe_layers.size() && shard.moe_layers[layer];
+  rest = torch_dist_layer_key(rest, shard.transformer_engine && moe);
+  if (shard.numbered_layers) return {root + number + "." + rest, -1, expert};
   return {root + rest, std::stoll(number), expert};
 }
 
@@ -495,18 +501,19 @@ void append_tensor_payload(const zip::StoredWriter::Append& append, const WriteC
   write_torch_file(append, "archive", *doc.root, {{"0", c.bytes}});
 }
 
-// torch.save([None]): a linear layer's empty _extra_state as a ShardedObject's bytes.
-void append_none_list_payload(const zip::StoredWriter::Append& append) {
+// torch.save([state]): a module's _extra_state (megatron_layer_spec.h) as a ShardedObject's bytes.
+void append_extra_state_payload(const zip::StoredWriter::Append& append, MegatronExtraState extra) {
   pickle::Document doc;
-  doc.root = doc.list({doc.none()});
-  write_torch_file(append, "archive", *doc.root, {});
+  megatron::FileTensors tensors(doc);
+  doc.root = doc.list({megatron_extra_state_value(doc, tensors, extra)});
+  write_torch_file(append, "archive", *doc.root, tensors.storages());
 }
 
 // The chunks of one tessera tensor as Megatron's sharded_state_dict cuts them: the layer axis
 // leading (one chunk per layer), SwiGLU's fc1 as its W and V chunks.
 void add_chunks(std::vector<WriteChunk>& out, const ShardedTensor& t, const std::string& prefix,
                 const TorchDistShard& shard) {
-  const TorchDistKey k = torch_dist_key(t.name, shard.numbered_layers);
+  const TorchDistKey k = torch_dist_key(t.name, shard);
   const std::string& key = k.key;
   const bool gated = shard.swiglu && is_gated_fc1(t.name);
   if (t.split_dim < 0 && !gated && shard.tp_rank != 0) return;  // TP rank 0's is the main replica
@@ -613,7 +620,7 @@ WriteChunk flat_chunk(const std::string& key, const FlatPlacement& p, const Shap
 void add_flat_chunks(std::vector<WriteChunk>& out, const FlatPiece& piece, const std::string& prefix,
                      const TorchDistShard& shard) {
   const ShardedTensor& t = piece.slice;
-  const TorchDistKey k = torch_dist_key(t.name, shard.numbered_layers);
+  const TorchDistKey k = torch_dist_key(t.name, shard);
   const std::string& key = k.key;
   const bool gated = shard.swiglu && is_gated_fc1(t.name);
   if (t.split_dim < 0 && !gated && shard.tp_rank != 0) return;  // TP rank 0's is the main replica
@@ -676,15 +683,15 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
                        {"offset", start}, {"length", offset - start}});
     if (!c.reformulated_from.empty()) records.back()["reformulated_from"] = shape_json(c.reformulated_from);
   }
-  // The linear layers' _extra_state (None for the local spec), one ShardedObject per layer's
-  // (and expert's) linear module, replicated over TP: key/shard_<offsets>_<shape> over the
-  // leading axes, or shard_0_1 without (megatron/core/dist_checkpointing/mapping.py
-  // ShardedObject.unique_key, megatron/core/transformer/utils.py _get_extra_state_offsets).
-  for (const ShardedTensor& t : shard.tp_rank == 0 ? shard.params : std::vector<ShardedTensor>{}) {
-    if (!t.name.starts_with("decoder.layers.") || !ends_with(t.name, ".weight") ||
-        t.name.find(".linear_") == std::string::npos)
-      continue;
-    const TorchDistKey k = torch_dist_key(t.name, shard.numbered_layers);
+  // The modules' _extra_state, one ShardedObject per layer's (and expert's) module, replicated
+  // over TP: key/shard_<offsets>_<shape> over the leading axes, or shard_0_1 without
+  // (megatron/core/dist_checkpointing/mapping.py ShardedObject.unique_key,
+  // megatron/core/transformer/utils.py _get_extra_state_offsets).
+  std::vector<std::string> names;
+  for (const ShardedTensor& t : shard.tp_rank == 0 ? shard.params : std::vector<ShardedTensor>{})
+    names.push_back(t.name);
+  for (const auto& [name, extra] : torch_dist_extra_states(shard.transformer_engine, names)) {
+    const TorchDistKey k = torch_dist_key(name, shard);
     auto dotted = [](const Shape& s) {
       std::string out;
       for (int64_t x : s) out += (out.empty() ? "" : ".") + std::to_string(x);
@@ -693,7 +700,7 @@ json write_torch_dist_shard(const std::string& tmp_dir, int rank, const TorchDis
     const Shape at = k.leading() ? with_leading({}, k, k.layer, k.expert) : Shape{0};
     const Shape of = k.leading() ? with_leading({}, k, shard.num_layers, shard.num_experts) : Shape{1};
     const uint64_t start = offset;
-    append_none_list_payload(append);
+    append_extra_state_payload(append, extra);
     records.push_back({{"key", k.key.substr(0, k.key.size() - std::strlen("weight")) + "_extra_state/shard_" +
                                    dotted(at) + "_" + dotted(of)},
                        {"file", file},

@@ -109,6 +109,12 @@ struct TorchDistShard {
   // (torch_dist_numbered_layers).
   bool numbered_layers = false;
   bool swiglu = false;
+  // Transformer Engine's layer spec (megatron_layer_spec.h: megatron_uses_transformer_engine of
+  // the saved Namespace): its modules' _extra_state objects, and the norm of an MoE layer (one of
+  // moe_layers: per global layer, MoEConfig's) keyed as its own pre_mlp_layernorm, not fused
+  // into linear_fc1.
+  bool transformer_engine = false;
+  std::vector<bool> moe_layers;
   // Write the payloads of this rank's rng_state and rerun_state_machine_state objects (none when
   // empty). Megatron's load asks for both at the saved TP/PP.
   std::function<void(const zip::StoredWriter::Append&)> rng_state, rerun_state;

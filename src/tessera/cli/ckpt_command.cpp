@@ -22,6 +22,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_export.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/megatron_layer_spec.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/ckpt/torch_dist.h"
 #include "tessera/cli/ckpt_summary.h"
@@ -59,10 +60,12 @@ void print_help() {
       "      HF_DIR/config.json unless given\n"
       "  convert SRC DST --to torch_dist|torch|tessera [--target-tensor-parallel-size N]\n"
       "          [--target-pipeline-parallel-size M] [--target-expert-parallel-size E] [--iteration N]\n"
-      "          [--tokenizer-model PATH]\n"
+      "          [--tokenizer-model PATH] [--transformer-impl local|transformer_engine]\n"
       "      write SRC's model (either format) into DST in Megatron-LM's --ckpt-format torch\n"
       "      files or tessera's, sharded for the target TP/PP (default: SRC's); the iteration,\n"
-      "      consumed samples and arguments carry over, the optimizer state does not\n"
+      "      consumed samples and arguments carry over, the optimizer state does not;\n"
+      "      --transformer-impl: the layer spec of Megatron files (default: SRC's Namespace's,\n"
+      "      local for tessera's checkpoints), transformer_engine for Megatron's default\n"
       "DIR and SRC may hold tessera's checkpoints or Megatron-LM's (--ckpt-format torch).\n"
       "--tokenizer-model PATH: the tokenizer the checkpoint's run used (HuggingFaceTokenizer,\n"
       "SentencePieceTokenizer, ...), for a checkpoint that records none or a path not on this machine.\n");
@@ -78,6 +81,9 @@ const OptionTable& ckpt_option_table() {
                                   {"--target-pipeline-parallel-size", OptKind::Int, nullptr, "convert: the target PP"},
                                   {"--target-expert-parallel-size", OptKind::Int, nullptr,
                                    "convert --to torch: the target EP (mp_rank_*_EEE folders)"},
+                                  {"--transformer-impl", OptKind::Choice, nullptr,
+                                   "convert --to torch|torch_dist: the files' layer spec (docs/checkpoints.md)",
+                                   "local|transformer_engine"},
                                   {"--tokenizer-model", OptKind::String, nullptr,
                                    "convert, export-hf: the tokenizer's model file or folder, for a checkpoint that "
                                    "records none (or one not on this machine)"}},
@@ -331,13 +337,17 @@ int run_convert(const Command& c) {
                           " needs --to torch (the other formats do not depend on it) and must divide the experts (" +
                           std::to_string(config.moe.num_experts) + ")",
                       "choose a size that divides --num-experts, or leave the flag out");
+  const bool megatron_target = to == "torch" || to == "torch_dist";
+  if (c.options.given("--transformer-impl") && !megatron_target)
+    throw usage_error("--transformer-impl picks the layer spec of Megatron-LM files; --to " + to + " has none",
+                      "leave it out, or convert --to torch or torch_dist");
   const std::map<std::string, std::vector<float>> weights = read_checkpoint_model(src, iteration, config);
 
   nlohmann::json ns;
-  const bool megatron_target = to == "torch" || to == "torch_dist";
   if (megatron_target) {
     ns = m.state.megatron_format ? m.state.args
                                  : megatron_namespace(m.args, m.state.consumed_train_samples, m.state.consumed_valid_samples);
+    if (c.options.given("--transformer-impl")) ns["transformer_impl"] = c.options.get_string("--transformer-impl");
     ns["tensor_model_parallel_size"] = tp;
     ns["pipeline_model_parallel_size"] = pp;
     // Expert parallelism is carved from data parallelism: the smallest world has DP = EP.
@@ -388,6 +398,8 @@ int run_convert(const Command& c) {
         dist.num_experts = config.moe.num_experts;
         dist.numbered_layers = torch_dist_numbered_layers(ns);
         dist.swiglu = config.swiglu;
+        dist.transformer_engine = megatron_uses_transformer_engine(ns);
+        if (config.moe.enabled()) dist.moe_layers = config.moe.moe_layers;
         records.push_back(write_torch_dist_shard(tmp_dir, p * tp + t, dist));
       } else {
         const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});

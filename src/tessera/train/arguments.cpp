@@ -157,9 +157,13 @@ std::vector<OptionDef> train_option_defs() {
       {"--overlap-param-gather", K::StoreTrue, nullptr,
        "Gather the updated parameters while the next forward runs (distributed optimizer)"},
       {"--local-rank", K::Int, nullptr, "Set by torch.distributed.launch; tessera reads LOCAL_RANK itself"},
+      // tessera computes the local spec; the flag picks the layout of Megatron-format saves
+      // (megatron_layer_spec.h): Transformer Engine's only when given.
+      {"--transformer-impl", K::Choice, "transformer_engine",
+       "Layer spec of --ckpt-format torch/torch_dist saves: given, that spec's names and extra state "
+       "(transformer_engine: Megatron's default); not given, local",
+       "local|transformer_engine"},
       // Accepted: they only tune speed on other hardware.
-      {"--transformer-impl", K::Choice, "transformer_engine", "Layer implementation (tessera is always local)",
-       "local|transformer_engine", kSpeed},
       {"--use-mcore-models", K::StoreTrue, nullptr, "Megatron-core models (tessera's model is one)", nullptr, kSpeed},
       {"--no-masked-softmax-fusion", K::StoreFalse, nullptr, "Unfused masked softmax", nullptr, kSpeed},
       {"--use-flash-attn", K::StoreTrue, nullptr, "FlashAttention", nullptr, kSpeed},

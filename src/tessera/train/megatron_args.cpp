@@ -164,7 +164,9 @@ json megatron_namespace(const TrainArgs& a, int64_t consumed_train_samples, int6
   for (const OptionDef& d : train_option_table().defs())
     if (const MegatronFlag* f = find_megatron_flag(d.flag); f && p.given(d.flag)) ns[f->dest] = typed(d, p);
   ns["tokenizer_type"] = a.tokenizer.type;
-  ns["transformer_impl"] = "local";
+  // tessera's model is the local spec's; the files take Transformer Engine's layout only when
+  // asked for (megatron_layer_spec.h), so that a save loads into the Megatron model of that flag.
+  if (!p.given("--transformer-impl")) ns["transformer_impl"] = "local";
   ns["ckpt_format"] = "torch";
   apply_validate_args(ns, a);
   apply_training(ns, a, consumed_train_samples, consumed_valid_samples);

@@ -22,6 +22,7 @@
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/megatron_checkpoint.h"
+#include "tessera/ckpt/megatron_layer_spec.h"
 #include "tessera/ckpt/megatron_distrib_optim.h"
 #include "tessera/ckpt/megatron_optimizer_state.h"
 #include "tessera/ckpt/torch_dist.h"
@@ -555,8 +556,11 @@ json Trainer::write_torch_dist_files(const std::string& tmp_dir) const {
   shard.pp_size = args_.pipeline_parallel_size;
   shard.num_layers = args_.model.num_layers;
   shard.num_experts = args_.model.moe.num_experts;
-  shard.numbered_layers = torch_dist_numbered_layers(megatron_file_spec().args);
+  const nlohmann::json ns = megatron_file_spec().args;
+  shard.numbered_layers = torch_dist_numbered_layers(ns);
   shard.swiglu = args_.model.swiglu;
+  shard.transformer_engine = megatron_uses_transformer_engine(ns);
+  if (args_.model.moe.enabled()) shard.moe_layers = args_.model.moe.moe_layers;
   const bool writes_model = saves_any_param();
   if (writes_model) shard.params = saved_here(model_tensors(model_, false), false);
   if (rank_in(groups_.dp) == 0) {  // not the other EP ranks, which add only their experts

@@ -119,6 +119,26 @@ TEST(Pickle, BuildOnAnOrderedDictKeepsItsAttributes) {
   EXPECT_EQ(doc.root->state->get("other")->integer, 3);
 }
 
+// Transformer Engine 1.x's _extra_state is an io.BytesIO: pickle.dumps({'s': BytesIO(b'PK\x03\xff')
+// at position 4}, protocol=2) as CPython 3.11 writes it reads as the object with its contents; the
+// writer's spelling of it (bytes as _codecs.encode) reads back the same.
+TEST(Pickle, AnIoBytesIoIsDataWithItsContents) {
+  const std::string python = raw(
+      "\x80\x02}q\x00X\x01\x00\x00\x00sq\x01" "c_io\nBytesIO\nq\x02)\x81q\x03" "c_codecs\nencode\nq\x04"
+      "X\x05\x00\x00\x00PK\x03\xc3\xbfq\x05X\x06\x00\x00\x00latin1q\x06\x86q\x07Rq\x08K\x04N\x87q\tbs.");
+  const pickle::Document doc = pickle::unpickle(bytes(python), "test.pkl");
+  const pickle::Value* s = doc.root->get("s");
+  ASSERT_TRUE(s && s->kind == Kind::Object && s->text == "_io.BytesIO");
+  ASSERT_TRUE(s->state && s->state->kind == Kind::Tuple && s->state->items.size() == 3);
+  EXPECT_EQ(s->state->items[0]->kind, Kind::Bytes);
+  EXPECT_EQ(s->state->items[0]->text, raw("PK\x03\xff"));
+  EXPECT_EQ(s->state->items[1]->integer, 4);
+  const pickle::Document back = pickle::unpickle(pickle::dump(*doc.root), "round-trip");
+  EXPECT_EQ(back.root->get("s")->state->items[0]->text, raw("PK\x03\xff"));
+  // Only the state io.BytesIO pickles: (bytes, position, attributes).
+  EXPECT_NE(error_of(raw("\x80\x02" "c_io\nBytesIO\n)\x81K\x01\x85" "b.")).find("io.BytesIO"), std::string::npos);
+}
+
 // What the reader does not take is named with its opcode and byte, not called damage.
 TEST(Pickle, AnUnsupportedConstructIsNamedNotBlamedOnTheFile) {
   // BUILD on an OrderedDict with a tuple state (at byte 32).
