@@ -309,126 +309,158 @@ const char* source_format(const std::string& dir, int64_t iteration) {
   return "tessera";
 }
 
+// What convert writes: the format and the layout of the target.
+struct ConvertTarget {
+  std::string format;  // torch_dist, torch or tessera
+  int tp = 1, pp = 1, ep = 1;
+  bool megatron() const { return format == "torch" || format == "torch_dist"; }
+};
+
+// The target's format and layout from the flags (defaults: the source's), checked against the model.
+ConvertTarget convert_target(const Command& c, const CheckpointModel& m) {
+  const CheckpointLayout& from = m.state.layout;
+  const GPTConfig& config = m.args.model;
+  ConvertTarget to;
+  to.format = c.options.get_string("--to");
+  to.tp = static_cast<int>(c.options.get_opt_int("--target-tensor-parallel-size").value_or(from.tensor_parallel));
+  to.pp = static_cast<int>(c.options.get_opt_int("--target-pipeline-parallel-size").value_or(from.pipeline_parallel));
+  if (to.tp < 1 || to.pp < 1 || config.num_attention_heads % to.tp != 0 || config.padded_vocab_size % to.tp != 0 ||
+      config.ffn_hidden_size % to.tp != 0 || config.num_layers % to.pp != 0)
+    throw usage_error("--target-tensor-parallel-size " + std::to_string(to.tp) + " must divide the heads (" +
+                          std::to_string(config.num_attention_heads) + "), the FFN size and the padded vocabulary (" +
+                          std::to_string(config.padded_vocab_size) + "), and --target-pipeline-parallel-size " +
+                          std::to_string(to.pp) + " the layers (" + std::to_string(config.num_layers) + ")",
+                      "choose sizes that divide them");
+  to.ep = static_cast<int>(c.options.get_opt_int("--target-expert-parallel-size")
+                               .value_or(m.state.megatron_format ? m.state.args.value("expert_model_parallel_size", 1) : 1));
+  if (to.ep < 1 || (to.ep > 1 && (to.format != "torch" || config.moe.num_experts % to.ep != 0)))
+    throw usage_error("--target-expert-parallel-size " + std::to_string(to.ep) +
+                          " needs --to torch (the other formats do not depend on it) and must divide the experts (" +
+                          std::to_string(config.moe.num_experts) + ")",
+                      "choose a size that divides --num-experts, or leave the flag out");
+  if (c.options.given("--transformer-impl") && !to.megatron())
+    throw usage_error("--transformer-impl picks the layer spec of Megatron-LM files; --to " + to.format + " has none",
+                      "leave it out, or convert --to torch or torch_dist");
+  return to;
+}
+
+// The Namespace a Megatron target records: the source's own (a Megatron source) or the one
+// tessera's arguments give, with the target's layout and format.
+json megatron_target_namespace(const Command& c, const CheckpointModel& m, const ConvertTarget& to) {
+  json ns = m.state.megatron_format
+                ? m.state.args
+                : megatron_namespace(m.args, m.state.consumed_train_samples, m.state.consumed_valid_samples);
+  if (c.options.given("--transformer-impl")) ns["transformer_impl"] = c.options.get_string("--transformer-impl");
+  ns["tensor_model_parallel_size"] = to.tp;
+  ns["pipeline_model_parallel_size"] = to.pp;
+  // Expert parallelism is carved from data parallelism: the smallest world has DP = EP.
+  ns["expert_model_parallel_size"] = to.ep;
+  ns["data_parallel_size"] = to.ep;
+  ns["world_size"] = to.tp * to.pp * to.ep;
+  ns["padded_vocab_size"] = m.args.model.padded_vocab_size;
+  ns["ckpt_format"] = to.format;
+  ns["use_dist_ckpt"] = to.format == "torch_dist";
+  return ns;
+}
+
+// Where a conversion's ranks put what they wrote, for the commit.
+struct ConvertOutput {
+  std::vector<CheckpointFile> files;  // tessera's shard files
+  std::vector<json> records;          // torch_dist's storage records, per rank
+};
+
+// One tensor/pipeline rank (t, p) of the target, sliced from the whole model's weights.
+void write_converted_rank(const std::string& tmp_dir, const ConvertTarget& to, const json& ns, const CheckpointModel& m,
+                          const std::map<std::string, std::vector<float>>& weights, int p, int t, ConvertOutput& out) {
+  const GPTConfig& config = m.args.model;
+  ModelPartition part;
+  part.tp_size = to.tp;
+  part.tp_rank = t;
+  part.chunks = pipeline_chunks(config.num_layers, PipelineSplit{to.pp, 1, -1, -1}, p);
+  const std::vector<ParamShard> shards = shard_params(config, part);
+  std::vector<std::vector<float>> slices;
+  for (const ParamShard& s : shards) slices.push_back(slice_of(weights.at(s.spec.name), s));
+  if (to.format == "torch") {
+    MegatronFileSpec spec;
+    spec.args = ns;
+    spec.iteration = m.state.iteration;
+    spec.last_stage = p == to.pp - 1;
+    spec.tp_rank = t;
+    spec.pp_rank = p;
+    write_megatron_rank(tmp_dir, spec, shards, slices, to.pp, to.ep, config.moe.num_experts / to.ep,
+                        part.chunks.front().first_layer);
+    return;
+  }
+  std::vector<ShardedTensor> model;
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (!shards[i].is_embedding_copy)
+      model.push_back({shards[i].spec.name, Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr),
+                       shards[i].spec.shape, shards[i].split_dim, shards[i].offset});
+  if (to.format == "torch_dist") {
+    TorchDistShard dist;
+    dist.params = std::move(model);
+    dist.tp_rank = t;
+    dist.num_layers = config.num_layers;
+    dist.num_experts = config.moe.num_experts;
+    dist.numbered_layers = torch_dist_numbered_layers(ns);
+    dist.swiglu = config.swiglu;
+    dist.transformer_engine = megatron_uses_transformer_engine(ns);
+    if (config.moe.enabled()) dist.moe_layers = config.moe.moe_layers;
+    out.records.push_back(write_torch_dist_shard(tmp_dir, p * to.tp + t, dist));
+    return;
+  }
+  const std::vector<CheckpointFile> written =
+      write_checkpoint_shard(tmp_dir, checkpoint_shard_folder(t, p, to.pp), model, {});
+  out.files.insert(out.files.end(), written.begin(), written.end());
+}
+
+// Makes the written folder the target's checkpoint (model only: no optimizer, scheduler or scaler).
+void commit_conversion(const std::string& dst, const std::string& tmp_dir, const ConvertTarget& to, const json& ns,
+                       const CheckpointModel& m, const ConvertOutput& out) {
+  if (to.format == "torch_dist") {
+    MegatronFileSpec spec;
+    spec.args = ns;
+    spec.iteration = m.state.iteration;
+    write_torch_dist_index(tmp_dir, out.records, spec, {});
+  }
+  if (to.megatron()) return commit_checkpoint_folder(dst, tmp_dir, m.state.iteration);
+  CheckpointState state = m.state;
+  state.args = m.flags;
+  state.scheduler = nullptr;
+  state.grad_scaler = nullptr;
+  state.optimizer_steps = 0;
+  state.megatron_format = false;
+  state.layout = {to.tp, to.pp, 1, 1, m.args.model.padded_vocab_size};
+  commit_checkpoint_save(dst, tmp_dir, state, out.files);
+}
+
 int run_convert(const Command& c) {
   if (c.positional.size() != 2 || !c.options.given("--to"))
     throw usage_error("convert takes SRC DST --to torch_dist|torch|tessera",
                       "e.g. tessera ckpt convert megatron-ckpt tessera-ckpt --to tessera");
-  const std::string src = c.positional[0], dst = c.positional[1], to = c.options.get_string("--to");
+  const std::string src = c.positional[0], dst = c.positional[1];
   const int64_t iteration = choose_iteration(src, c.options);
   if (fs::exists(dst) && latest_checkpoint_iteration(dst))
     throw usage_error(dst + " already holds a checkpoint", "convert into a new folder");
   CheckpointModel m = checkpoint_model(src, iteration, c.options);
-  const CheckpointLayout& from = m.state.layout;
-  const int tp = static_cast<int>(c.options.get_opt_int("--target-tensor-parallel-size").value_or(from.tensor_parallel));
-  const int pp =
-      static_cast<int>(c.options.get_opt_int("--target-pipeline-parallel-size").value_or(from.pipeline_parallel));
-  GPTConfig& config = m.args.model;
-  if (tp < 1 || pp < 1 || config.num_attention_heads % tp != 0 || config.padded_vocab_size % tp != 0 ||
-      config.ffn_hidden_size % tp != 0 || config.num_layers % pp != 0)
-    throw usage_error("--target-tensor-parallel-size " + std::to_string(tp) + " must divide the heads (" +
-                          std::to_string(config.num_attention_heads) + "), the FFN size and the padded vocabulary (" +
-                          std::to_string(config.padded_vocab_size) + "), and --target-pipeline-parallel-size " +
-                          std::to_string(pp) + " the layers (" + std::to_string(config.num_layers) + ")",
-                      "choose sizes that divide them");
-  const int ep = static_cast<int>(c.options.get_opt_int("--target-expert-parallel-size")
-                                     .value_or(m.state.megatron_format ? m.state.args.value("expert_model_parallel_size", 1) : 1));
-  if (ep < 1 || (ep > 1 && (to != "torch" || config.moe.num_experts % ep != 0)))
-    throw usage_error("--target-expert-parallel-size " + std::to_string(ep) +
-                          " needs --to torch (the other formats do not depend on it) and must divide the experts (" +
-                          std::to_string(config.moe.num_experts) + ")",
-                      "choose a size that divides --num-experts, or leave the flag out");
-  const bool megatron_target = to == "torch" || to == "torch_dist";
-  if (c.options.given("--transformer-impl") && !megatron_target)
-    throw usage_error("--transformer-impl picks the layer spec of Megatron-LM files; --to " + to + " has none",
-                      "leave it out, or convert --to torch or torch_dist");
-  const std::map<std::string, std::vector<float>> weights = read_checkpoint_model(src, iteration, config);
-
-  nlohmann::json ns;
-  if (megatron_target) {
-    ns = m.state.megatron_format ? m.state.args
-                                 : megatron_namespace(m.args, m.state.consumed_train_samples, m.state.consumed_valid_samples);
-    if (c.options.given("--transformer-impl")) ns["transformer_impl"] = c.options.get_string("--transformer-impl");
-    ns["tensor_model_parallel_size"] = tp;
-    ns["pipeline_model_parallel_size"] = pp;
-    // Expert parallelism is carved from data parallelism: the smallest world has DP = EP.
-    ns["expert_model_parallel_size"] = ep;
-    ns["data_parallel_size"] = ep;
-    ns["world_size"] = tp * pp * ep;
-    ns["padded_vocab_size"] = config.padded_vocab_size;
-    ns["ckpt_format"] = to;
-    ns["use_dist_ckpt"] = to == "torch_dist";
-  }
-  set_flag(m.flags, "--tensor-model-parallel-size", std::to_string(tp));
-  set_flag(m.flags, "--pipeline-model-parallel-size", std::to_string(pp));
+  const ConvertTarget to = convert_target(c, m);
+  const std::map<std::string, std::vector<float>> weights = read_checkpoint_model(src, iteration, m.args.model);
+  const json ns = to.megatron() ? megatron_target_namespace(c, m, to) : json();
+  set_flag(m.flags, "--tensor-model-parallel-size", std::to_string(to.tp));
+  set_flag(m.flags, "--pipeline-model-parallel-size", std::to_string(to.pp));
 
   const std::string tmp_dir = prepare_checkpoint_save(dst, m.state.iteration, ::getpid());
-  std::vector<CheckpointFile> files;
-  std::vector<nlohmann::json> records;  // torch_dist's storage records, per rank
-  for (int p = 0; p < pp; ++p)
-    for (int t = 0; t < tp; ++t) {
-      ModelPartition part;
-      part.tp_size = tp;
-      part.tp_rank = t;
-      part.chunks = pipeline_chunks(config.num_layers, PipelineSplit{pp, 1, -1, -1}, p);
-      const std::vector<ParamShard> shards = shard_params(config, part);
-      std::vector<std::vector<float>> slices;
-      for (const ParamShard& s : shards) slices.push_back(slice_of(weights.at(s.spec.name), s));
-      const std::string shard = checkpoint_shard_folder(t, p, pp);
-      if (to == "torch") {
-        MegatronFileSpec spec;
-        spec.args = ns;
-        spec.iteration = m.state.iteration;
-        spec.last_stage = p == pp - 1;
-        spec.tp_rank = t;
-        spec.pp_rank = p;
-        write_megatron_rank(tmp_dir, spec, shards, slices, pp, ep, config.moe.num_experts / ep,
-                            part.chunks.front().first_layer);
-        continue;
-      }
-      std::vector<ShardedTensor> model;
-      for (size_t i = 0; i < shards.size(); ++i)
-        if (!shards[i].is_embedding_copy)
-          model.push_back({shards[i].spec.name, Tensor(slices[i].data(), DType::F32, shards[i].shape, nullptr),
-                           shards[i].spec.shape, shards[i].split_dim, shards[i].offset});
-      if (to == "torch_dist") {
-        TorchDistShard dist;
-        dist.params = std::move(model);
-        dist.tp_rank = t;
-        dist.num_layers = config.num_layers;
-        dist.num_experts = config.moe.num_experts;
-        dist.numbered_layers = torch_dist_numbered_layers(ns);
-        dist.swiglu = config.swiglu;
-        dist.transformer_engine = megatron_uses_transformer_engine(ns);
-        if (config.moe.enabled()) dist.moe_layers = config.moe.moe_layers;
-        records.push_back(write_torch_dist_shard(tmp_dir, p * tp + t, dist));
-      } else {
-        const std::vector<CheckpointFile> written = write_checkpoint_shard(tmp_dir, shard, model, {});
-        files.insert(files.end(), written.begin(), written.end());
-      }
-    }
-  if (to == "torch_dist") {
-    MegatronFileSpec spec;
-    spec.args = ns;
-    spec.iteration = m.state.iteration;
-    write_torch_dist_index(tmp_dir, records, spec, {});
-  }
-  if (megatron_target) {
-    commit_checkpoint_folder(dst, tmp_dir, m.state.iteration);
-  } else {
-    CheckpointState state = m.state;
-    state.args = m.flags;
-    state.scheduler = nullptr;
-    state.grad_scaler = nullptr;
-    state.optimizer_steps = 0;
-    state.megatron_format = false;
-    state.layout = {tp, pp, 1, 1, config.padded_vocab_size};
-    commit_checkpoint_save(dst, tmp_dir, state, files);
-  }
+  ConvertOutput out;
+  for (int p = 0; p < to.pp; ++p)
+    for (int t = 0; t < to.tp; ++t) write_converted_rank(tmp_dir, to, ns, m, weights, p, t, out);
+  commit_conversion(dst, tmp_dir, to, ns, m, out);
+
+  const CheckpointLayout& from = m.state.layout;
   std::printf("converted %s (iteration %lld, %s format, TP=%d PP=%d) to %s (%s format, TP=%d PP=%d%s), model only\n",
               iteration_dir(src, iteration).c_str(), static_cast<long long>(m.state.iteration),
               source_format(src, iteration), from.tensor_parallel, from.pipeline_parallel, dst.c_str(),
-              to == "tessera" ? "tessera" : ("Megatron-LM " + to).c_str(), tp, pp,
-              ep > 1 ? (" EP=" + std::to_string(ep)).c_str() : "");
+              to.format == "tessera" ? "tessera" : ("Megatron-LM " + to.format).c_str(), to.tp, to.pp,
+              to.ep > 1 ? (" EP=" + std::to_string(to.ep)).c_str() : "");
   std::printf("  resume with --no-load-optim (the optimizer starts fresh) or fine-tune with --finetune\n");
   return 0;
 }
