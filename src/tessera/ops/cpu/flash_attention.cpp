@@ -46,6 +46,7 @@ using flash::kVec;
 using flash::PairB;
 using flash::tile_product;
 using flash::tile_product_bf16;
+using flash::Vec;
 
 constexpr int64_t kTile = 64;  // queries and keys per tile
 
@@ -353,6 +354,77 @@ struct ForwardBuffers {
   }
 };
 
+// The forward's rows go kRows at a time through a key tile: their scores sit in vector
+// registers (kTile keys = kTile / kVec vectors a row) while the online softmax turns them into
+// probabilities, and their outputs are rescaled and multiplied by the values right after.
+constexpr int kRows = 4;
+constexpr int kTileVecs = static_cast<int>(kTile / kVec);
+static_assert(kTile % kVec == 0 && kTile % kRows == 0);
+
+// What a group of rows of a query tile needs against one key tile.
+struct RowGroup {
+  float* p;            // kRows rows of kTile: the probabilities (stride kTile)
+  float* o;            // kRows rows of HDp: the partial outputs
+  float *m, *l;        // the rows' running max and denominator
+  int64_t vis[kRows];  // how many keys (a prefix) each row sees; 0: none
+};
+
+// The online softmax step (FlashAttention-2's inner loop) of a group's rows, their scores in s
+// (NV vectors of keys; keys past vis masked here): p = exp(score - the row's new max), 0 past
+// vis and up to kTile; m and l updated; o rescaled to the new max. A row that sees no key
+// keeps its state (a merged block's out and lse stay bit for bit).
+template <int NV>
+inline void online_softmax(Vec (&s)[kRows][NV], const RowGroup& g, int64_t HDp) {
+  const Vec lane = [] {
+    Vec v;
+    for (int j = 0; j < kVec; ++j) v[j] = static_cast<float>(j);
+    return v;
+  }();
+  const Vec minus_inf = Vec{} - std::numeric_limits<float>::infinity();
+  for (int r = 0; r < kRows; ++r) {
+    float* p = g.p + r * kTile;
+    if (g.vis[r] == 0) {
+      std::fill(p, p + kTile, 0.0f);
+      continue;
+    }
+    if (g.vis[r] < NV * kVec) {
+      const float vis = static_cast<float>(g.vis[r]);
+      for (int n = 0; n < NV; ++n) s[r][n] = lane + static_cast<float>(n * kVec) < vis ? s[r][n] : minus_inf;
+    }
+    Vec most = s[r][0];
+    for (int n = 1; n < NV; ++n) most = flash::max(most, s[r][n]);
+    const float mx = std::max(g.m[r], flash::reduce_max(most));
+    const float correction = exp_approx(g.m[r] - mx);
+    Vec sum = Vec{};
+    for (int n = 0; n < NV; ++n) {
+      const Vec e = exp_approx_of<Vec, flash::IVec>(s[r][n] - mx);
+      flash::store(p + n * kVec, e);
+      sum += e;
+    }
+    std::fill(p + NV * kVec, p + kTile, 0.0f);
+    g.m[r] = mx;
+    g.l[r] = g.l[r] * correction + flash::reduce_add(sum);
+    float* o = g.o + r * HDp;
+#pragma omp simd
+    for (int64_t c = 0; c < HDp; ++c) o[c] *= correction;
+  }
+}
+
+// The group's scores against NV vectors of keys: f32 from q (kRows rows, stride HDp) and the
+// key tile's K^T (kt), or read back from p where the bf16 products left them; then the online
+// softmax step.
+template <int NV>
+void softmax_rows(const RowGroup& g, const float* q, F32B kt, int64_t HD, int64_t HDp, bool bf16) {
+  Vec s[kRows][NV];
+  if (bf16) {
+    for (int r = 0; r < kRows; ++r)
+      for (int n = 0; n < NV; ++n) s[r][n] = flash::load(g.p + r * kTile + n * kVec);
+  } else {
+    flash::product_block(s, F32A{q, HDp, 1}, kt, HD);
+  }
+  online_softmax(s, g, HDp);
+}
+
 // Query tile qt of head h of sample b against every visible key tile of kv.
 void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, const FlashDims& d,
                   const Angles& angles, const Dropout& dropout, const AttentionBlock& block,
@@ -381,46 +453,45 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
   for (size_t ki = 0; ki < key_tiles.size(); ++ki) {
     const RowTile& kt = key_tiles[ki];
     if (kt.pos > qt.pos + qn - 1) continue;  // every key after every query
-    const int64_t kn = kt.n;
     if (bf16)
       tile_product_bf16<false>(w.s, kTile, Bf16A{w.qb, HDb}, PairB{keys.kt2 + kt.row0, keys.ldt}, qn, kTile, HDb / 2);
-    else
-      tile_product<false>(w.s, kTile, F32A{w.q, HDp, 1}, F32B{keys.kt + kt.row0, keys.ldt}, qn, kTile, HD);
-    for (int64_t i = 0; i < qn; ++i) {
-      const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
-      float* s = w.s + i * kTile;
-      if (n == 0) {  // nothing visible: the row's state stays
-        std::fill(s, s + kTile, 0.0f);
+    for (int64_t i0 = 0; i0 < qn; i0 += kRows) {
+      RowGroup g{w.s + i0 * kTile, w.o + i0 * HDp, w.m + i0, w.l + i0, {}};
+      int64_t most = 0;  // the group's rows see prefixes of the tile; the longest
+      for (int r = 0; r < kRows; ++r) {
+        g.vis[r] = i0 + r < qn ? visible_keys(qt.pos + i0 + r, kt.pos, kt.n) : 0;
+        most = std::max(most, g.vis[r]);
+      }
+      if (most == 0) {  // nothing visible: the rows' state stays
+        std::fill(g.p, g.p + kRows * kTile, 0.0f);
         continue;
       }
-      float mx = w.m[i];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
-      const float correction = exp_approx(w.m[i] - mx);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < kTile; ++j) {
-        const float e = j < n ? exp_approx(s[j] - mx) : 0.0f;
-        s[j] = e;
-        sum += e;
+      const float* q = w.q + i0 * HDp;
+      const F32B kt_cols = bf16 ? F32B{} : F32B{keys.kt + kt.row0, keys.ldt};
+      switch ((most + kVec - 1) / kVec) {  // only the vectors of keys some row sees
+        case 1: softmax_rows<1>(g, q, kt_cols, HD, HDp, bf16); break;
+        case 2: softmax_rows<2>(g, q, kt_cols, HD, HDp, bf16); break;
+        case 3: softmax_rows<3>(g, q, kt_cols, HD, HDp, bf16); break;
+        default: softmax_rows<kTileVecs>(g, q, kt_cols, HD, HDp, bf16); break;
       }
-      w.m[i] = mx;
-      w.l[i] = w.l[i] * correction + sum;
-      float* o = w.o + i * HDp;
-#pragma omp simd
-      for (int64_t c = 0; c < HDp; ++c) o[c] *= correction;
       if (drop) {  // element (h*S + t)*S + key of the sample, as attention_forward's
-        dropout_factors(dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
+        for (int r = 0; r < kRows; ++r) {
+          if (g.vis[r] == 0) continue;
+          const int64_t t = qt.pos + i0 + r;
+          float* pr = g.p + r * kTile;
+          dropout_factors(dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), g.vis[r], w.f);
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) s[j] *= w.f[j];
+          for (int64_t j = 0; j < g.vis[r]; ++j) pr[j] *= w.f[j];
+        }
       }
+      if (!bf16)  // o += p v over the keys the group sees
+        flash::tile_rows<kRows, true>(g.o, HDp, F32A{g.p, kTile, 1}, F32B{keys.v + kt.row0 * HDp, HDp}, HDp, most,
+                                      1.0f);
     }
     if (bf16) {
       round_rows(w.pb, kTile, w.s, kTile, qn, kTile);
       tile_product_bf16<true>(w.o, HDp, Bf16A{w.pb, kTile}, PairB{keys.v2 + GroupKeys::tile_pairs(ki, d), HDp}, qn, HDp,
-                         kTile / 2);
-    } else {
-      tile_product<true>(w.o, HDp, F32A{w.s, kTile, 1}, F32B{keys.v + kt.row0 * HDp, HDp}, qn, HDp, kn);
+                              kTile / 2);
     }
   }
   for (int64_t i = 0; i < qn; ++i) {

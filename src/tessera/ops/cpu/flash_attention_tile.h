@@ -20,6 +20,7 @@ namespace tessera::ops::cpu::flash {
 
 constexpr int64_t kVec = 16;  // floats per vector (one AVX-512 register)
 typedef float Vec __attribute__((vector_size(kVec * sizeof(float))));
+typedef int32_t IVec __attribute__((vector_size(kVec * sizeof(int32_t))));  // Vec's lanes as integers
 
 inline Vec load(const float* p) {
   Vec v;
@@ -53,9 +54,9 @@ inline void store_block(float* c, int64_t ldc, const Vec (&acc)[MR][NV], float a
     }
 }
 
-template <int MR, int NV, bool Accumulate>
-inline void tile_block(float* c, int64_t ldc, F32A a, F32B b, int64_t K, float alpha) {
-  Vec acc[MR][NV];
+// acc[m][n] = the product over K of A's rows [0, MR) and B's vectors [0, NV): the micro-kernel.
+template <int MR, int NV>
+inline void product_block(Vec (&acc)[MR][NV], F32A a, F32B b, int64_t K) {
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NV; ++n) acc[m][n] = Vec{};
   for (int64_t k = 0; k < K; ++k) {
@@ -66,7 +67,37 @@ inline void tile_block(float* c, int64_t ldc, F32A a, F32B b, int64_t K, float a
       for (int n = 0; n < NV; ++n) acc[m][n] += am * bv[n];
     }
   }
+}
+
+template <int MR, int NV, bool Accumulate>
+inline void tile_block(float* c, int64_t ldc, F32A a, F32B b, int64_t K, float alpha) {
+  Vec acc[MR][NV];
+  product_block(acc, a, b, K);
   store_block<MR, NV, Accumulate>(c, ldc, acc, alpha);
+}
+
+// Lane-wise max (NaN-free operands), and the max and sum of a vector's lanes as a tree of
+// halves (a loop's `omp simd reduction` ends in 15 dependent scalar steps instead).
+inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
+inline float reduce_max(Vec v) {
+  typedef float Half __attribute__((vector_size(kVec / 2 * sizeof(float))));
+  typedef float Quarter __attribute__((vector_size(kVec / 4 * sizeof(float))));
+  Half h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const Half h2 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  h = h > h2 ? h : h2;
+  Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3);
+  const Quarter q2 = __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  q = q > q2 ? q : q2;
+  const float a = q[0] > q[2] ? q[0] : q[2], b = q[1] > q[3] ? q[1] : q[3];
+  return a > b ? a : b;
+}
+inline float reduce_add(Vec v) {
+  typedef float Half __attribute__((vector_size(kVec / 2 * sizeof(float))));
+  typedef float Quarter __attribute__((vector_size(kVec / 4 * sizeof(float))));
+  const Half h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 // bf16 A, row-major: element (m, k) at p[m*ld + k]; ld even.
