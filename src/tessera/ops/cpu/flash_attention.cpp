@@ -19,6 +19,8 @@
 // query tile at or below the diagonal the probabilities are recomputed from lse, then dV, dS,
 // dQ and dK follow. Dropout factors come from dropout_mask.h with attention_forward's element
 // index, so both kernels drop the same probabilities.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -425,6 +427,7 @@ inline void online_softmax(Vec (&s)[kRows][NV], const RowGroup& g, int64_t HDp) 
     std::fill(p + NV * kVec, p + kTile, 0.0f);
     g.m[r] = mx;
     g.l[r] = g.l[r] * correction + flash::reduce_add(sum);
+    if (correction == 1.0f) continue;  // the max stayed (most tiles past the first few)
     float* o = g.o + r * HDp;
 #pragma omp simd
     for (int64_t c = 0; c < HDp; ++c) o[c] *= correction;
@@ -742,7 +745,11 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int6
     if (bf16) amx.emplace();
     // Head by head (a group's heads one after another share the thread's keys and values),
     // within a head the longest items (query tiles near the end see the most keys) first.
-#pragma omp for schedule(dynamic, 1)
+    // With at least 4 heads a thread, whole heads go to each thread, so no two threads load
+    // the same keys and values (a tenth of the forward at 2 threads on GPT-2's 12 heads); with
+    // fewer, single tiles balance the threads.
+    const int64_t chunk = d.B * d.NH >= 4 * omp_get_num_threads() ? tiles : 1;
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bh = item / tiles, qi = tiles - 1 - item % tiles;
       forward_tile(out, lse_p, qkv, kv, d, angles, dropout, block, key_tiles, bh / d.NH, bh % d.NH, query_tiles[qi],
