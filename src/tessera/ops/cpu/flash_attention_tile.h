@@ -82,6 +82,7 @@ inline void tile_block(float* c, int64_t ldc, F32A a, F32B b, int64_t K, float a
 
 // Lane-wise max (NaN-free operands), and the max and sum of a vector's lanes as a tree of
 // halves (a loop's `omp simd reduction` ends in 15 dependent scalar steps instead).
+static_assert(kVec == 16, "the reductions' shuffles name 16 lanes");
 inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
 inline float reduce_max(Vec v) {
   typedef float Half __attribute__((vector_size(kVec / 2 * sizeof(float))));
