@@ -626,9 +626,11 @@ TEST(FlashAttentionGradients, MatchFiniteDifferences) {
         ops::flash_attention_forward(out, lse, qkv, Tensor(), c.NG, c.rope(), drop, {});
         return weighted_sum(out, R);
       };
-      // eps 1e-3 on O(1) inputs: f32 forward noise ~1e-7 / 2e-3 = 5e-5 on the difference
-      // quotient, curvature error ~eps^2 = 1e-6.
-      expect_gradient("dqkv", qkv, dqkv, loss, 1e-3f, 3e-4, 3e-3);
+      // eps 1e-2 on O(1) inputs: the loss sums ~100 outputs of O(1) times O(1) weights, each
+      // rounded in f32, so it carries ~3e-7 of noise, ~2e-5 on the difference quotient
+      // (at eps 1e-3 that was ~2e-4, as much as the bound: any reordering of the forward's
+      // sums moved elements across it); curvature error ~eps^2 = 1e-4 relative.
+      expect_gradient("dqkv", qkv, dqkv, loss, 1e-2f, 3e-4, 3e-3);
     }
   }
 }

@@ -16,35 +16,42 @@ namespace tessera::ops::cpu {
 // polynomial after Cody-Waite range reduction). Returns exactly 0 below -87 (where the
 // true result is ~1e-38 or subnormal, i.e. 0 next to any softmax sum) and +inf above 88.3
 // (the true overflow is at 88.72). NaN propagates to NaN.
-inline float exp_approx(float x) {
-  const bool underflow = x < -87.0f;
-  const bool overflow = x > 88.3f;
-  float xc = x < -87.0f ? -87.0f : x;
-  xc = xc > 88.3f ? 88.3f : xc;
+// F is float (I int32_t), or a GCC vector of floats (I the int32 vector of its size): the same
+// arithmetic lane by lane, for kernels that keep their rows in vector registers.
+template <class F, class I>
+inline F exp_approx_of(F x) {
+  const F lo = F{} - 87.0f, hi = F{} + 88.3f;
+  const auto underflow = x < lo;
+  const auto overflow = x > hi;
+  F xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
   // n = round(x / ln 2): adding 1.5 * 2^23 pushes the fraction bits out of the mantissa,
   // the low bits of the sum then hold n as an integer.
   constexpr float kRound = 12582912.0f;
-  const float t = xc * 1.44269504088896341f + kRound;
-  const float n = t - kRound;
-  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  const F t = xc * 1.44269504088896341f + kRound;
+  const F n = t - kRound;
+  const I ni = std::bit_cast<I>(t) - std::bit_cast<int32_t>(kRound);
   // r = x - n ln 2 in two steps (ln 2 = C1 + C2, C1 exact in few bits so n*C1 is exact).
-  float r = xc - n * 0.693359375f;
+  F r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   // exp(r) on |r| <= ln2/2.
-  float p = 1.9875691500e-4f;
+  F p = F{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float er = p * r * r + r + 1.0f;
+  const F er = p * r * r + r + 1.0f;
   // 2^n built from its exponent bits; n is in [-126, 127] after the clamps above.
-  const float scale = std::bit_cast<float>((ni + 127) << 23);
-  float y = er * scale;
-  y = underflow ? 0.0f : y;
-  y = overflow ? std::numeric_limits<float>::infinity() : y;
+  const F scale = std::bit_cast<F>((ni + 127) << 23);
+  F y = er * scale;
+  const F zero = F{}, inf = F{} + std::numeric_limits<float>::infinity();
+  y = underflow ? zero : y;
+  y = overflow ? inf : y;
   return y;
 }
+
+inline float exp_approx(float x) { return exp_approx_of<float, int32_t>(x); }
 
 // The logistic function 1 / (1 + exp(-x)), exact limits 0 and 1 at the extremes.
 inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }

@@ -19,6 +19,8 @@
 // query tile at or below the diagonal the probabilities are recomputed from lse, then dV, dS,
 // dQ and dK follow. Dropout factors come from dropout_mask.h with attention_forward's element
 // index, so both kernels drop the same probabilities.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -46,6 +48,7 @@ using flash::kVec;
 using flash::PairB;
 using flash::tile_product;
 using flash::tile_product_bf16;
+using flash::Vec;
 
 constexpr int64_t kTile = 64;  // queries and keys per tile
 
@@ -94,13 +97,35 @@ struct Angles {
   const float* sin(int64_t t) const { return table + T * half + t * half; }
 };
 
+// Asks for the lines of n rows of `bytes` bytes, `stride` bytes apart, from p on.
+void prefetch_rows(const char* p, int64_t n, int64_t stride, int64_t bytes) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + r * stride + b);
+}
+
+// widen() of `rows` rows of `cols` elements, ld apart, each run of kAhead rows prefetched
+// while the run before it is read. A head's rows are a whole token's qkv (or out) apart, beyond
+// the hardware prefetchers' reach (they follow a stream within a 4 KiB page): a row-by-row
+// copy waits on every line in turn. These copies are ~12 % of the backward's time; the
+// prefetch takes a few % off.
+void widen_rows(float* dst, const Tensor& t, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
+  constexpr int64_t kAhead = 16;
+  const int64_t es = static_cast<int64_t>(dtype_size(t.dtype)), stride = ld * es, bytes = cols * es;
+  const char* base = cpu_memory(t) + off * es;
+  prefetch_rows(base, std::min(rows, kAhead), stride, bytes);
+  for (int64_t r0 = 0; r0 < rows; r0 += kAhead) {
+    if (r0 + kAhead < rows) prefetch_rows(base + (r0 + kAhead) * stride, std::min(kAhead, rows - r0 - kAhead), stride, bytes);
+    widen(dst + r0 * cols, t, off + r0 * ld, std::min(kAhead, rows - r0), cols, ld);
+  }
+}
+
 // dst[r*HDp + i], r < rows (rows < pad_rows zero-padded, and columns HD..HDp): the HD columns
 // at element `off` of rows t0 + r of `t` (row stride ld), rotated by the angles of position
 // t0 + r when `rotated` and RoPE is on, times scale. tmp: rows * HD floats.
 void load_head(float* dst, int64_t pad_rows, const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows,
                const FlashDims& d, const Angles& angles, bool rotated, float scale, float* tmp) {
   const int64_t HD = d.HD, HDp = d.HDp;
-  widen(tmp, t, off, rows, HD, ld);
+  widen_rows(tmp, t, off, rows, HD, ld);
   for (int64_t r = 0; r < rows; ++r) {
     float* y = dst + r * HDp;
     const float* x = tmp + r * HD;
@@ -136,7 +161,7 @@ void transpose_rows(float* dstT, int64_t ldt, const float* src, int64_t lds, int
 void add_head(const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows, const float* src,
               const FlashDims& d, const Angles& angles, bool rotated, float* tmp) {
   const int64_t HD = d.HD;
-  widen(tmp, t, off, rows, HD, ld);
+  widen_rows(tmp, t, off, rows, HD, ld);
   for (int64_t r = 0; r < rows; ++r) {
     if (rotated && angles.table)
       rotate<true>(tmp + r * HD, src + r * d.HDp, angles.cos(t0 + r), angles.sin(t0 + r), -1.0f, d.half, HD);
@@ -353,6 +378,78 @@ struct ForwardBuffers {
   }
 };
 
+// The forward's rows go kRows at a time through a key tile: their scores sit in vector
+// registers (kTile keys = kTile / kVec vectors a row) from the product Q K^T through the online
+// softmax to the probabilities; the tile's P V product follows.
+constexpr int kRows = 4;
+constexpr int kTileVecs = static_cast<int>(kTile / kVec);
+static_assert(kTile % kVec == 0 && kTile % kRows == 0);
+
+// What a group of rows of a query tile needs against one key tile.
+struct RowGroup {
+  float* p;            // kRows rows of kTile: the probabilities (stride kTile)
+  float* o;            // kRows rows of HDp: the partial outputs
+  float *m, *l;        // the rows' running max and denominator
+  int64_t vis[kRows];  // how many keys (a prefix) each row sees; 0: none
+};
+
+// The online softmax step (FlashAttention-2's inner loop) of a group's rows, their scores in s
+// (NV vectors of keys; keys past vis masked here): p = exp(score - the row's new max), 0 past
+// vis and up to kTile; m and l updated; o rescaled to the new max. A row that sees no key
+// keeps its state (a merged block's out and lse stay bit for bit).
+template <int NV>
+inline void online_softmax(Vec (&s)[kRows][NV], const RowGroup& g, int64_t HDp) {
+  const Vec lane = [] {
+    Vec v;
+    for (int j = 0; j < kVec; ++j) v[j] = static_cast<float>(j);
+    return v;
+  }();
+  const Vec minus_inf = Vec{} - std::numeric_limits<float>::infinity();
+  for (int r = 0; r < kRows; ++r) {
+    float* p = g.p + r * kTile;
+    if (g.vis[r] == 0) {
+      std::fill(p, p + kTile, 0.0f);
+      continue;
+    }
+    if (g.vis[r] < NV * kVec) {
+      const float vis = static_cast<float>(g.vis[r]);
+      for (int n = 0; n < NV; ++n) s[r][n] = lane + static_cast<float>(n * kVec) < vis ? s[r][n] : minus_inf;
+    }
+    Vec most = s[r][0];
+    for (int n = 1; n < NV; ++n) most = flash::max(most, s[r][n]);
+    const float mx = std::max(g.m[r], flash::reduce_max(most));
+    const float correction = exp_approx(g.m[r] - mx);
+    Vec sum = Vec{};
+    for (int n = 0; n < NV; ++n) {
+      const Vec e = exp_approx_of<Vec, flash::IVec>(s[r][n] - mx);
+      flash::store(p + n * kVec, e);
+      sum += e;
+    }
+    std::fill(p + NV * kVec, p + kTile, 0.0f);
+    g.m[r] = mx;
+    g.l[r] = g.l[r] * correction + flash::reduce_add(sum);
+    if (correction == 1.0f) continue;  // the max stayed (most tiles past the first few)
+    float* o = g.o + r * HDp;
+#pragma omp simd
+    for (int64_t c = 0; c < HDp; ++c) o[c] *= correction;
+  }
+}
+
+// The group's scores against NV vectors of keys: f32 from q (kRows rows, stride HDp) and the
+// key tile's K^T (kt), or read back from p where the bf16 products left them; then the online
+// softmax step.
+template <int NV>
+void softmax_rows(const RowGroup& g, const float* q, F32B kt, int64_t HD, int64_t HDp, bool bf16) {
+  Vec s[kRows][NV];
+  if (bf16) {
+    for (int r = 0; r < kRows; ++r)
+      for (int n = 0; n < NV; ++n) s[r][n] = flash::load(g.p + r * kTile + n * kVec);
+  } else {
+    flash::product_block(s, F32A{q, HDp, 1}, kt, HD);
+  }
+  online_softmax(s, g, HDp);
+}
+
 // Query tile qt of head h of sample b against every visible key tile of kv.
 void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, const FlashDims& d,
                   const Angles& angles, const Dropout& dropout, const AttentionBlock& block,
@@ -381,46 +478,46 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
   for (size_t ki = 0; ki < key_tiles.size(); ++ki) {
     const RowTile& kt = key_tiles[ki];
     if (kt.pos > qt.pos + qn - 1) continue;  // every key after every query
-    const int64_t kn = kt.n;
     if (bf16)
       tile_product_bf16<false>(w.s, kTile, Bf16A{w.qb, HDb}, PairB{keys.kt2 + kt.row0, keys.ldt}, qn, kTile, HDb / 2);
-    else
-      tile_product<false>(w.s, kTile, F32A{w.q, HDp, 1}, F32B{keys.kt + kt.row0, keys.ldt}, qn, kTile, HD);
-    for (int64_t i = 0; i < qn; ++i) {
-      const int64_t t = qt.pos + i, n = visible_keys(t, kt.pos, kn);
-      float* s = w.s + i * kTile;
-      if (n == 0) {  // nothing visible: the row's state stays
-        std::fill(s, s + kTile, 0.0f);
+    for (int64_t i0 = 0; i0 < qn; i0 += kRows) {
+      RowGroup g{w.s + i0 * kTile, w.o + i0 * HDp, w.m + i0, w.l + i0, {}};
+      int64_t most = 0;  // the group's rows see prefixes of the tile; the longest
+      for (int r = 0; r < kRows; ++r) {
+        g.vis[r] = i0 + r < qn ? visible_keys(qt.pos + i0 + r, kt.pos, kt.n) : 0;
+        most = std::max(most, g.vis[r]);
+      }
+      if (most == 0) {  // nothing visible: the rows' state stays
+        std::fill(g.p, g.p + kRows * kTile, 0.0f);
         continue;
       }
-      float mx = w.m[i];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
-      const float correction = exp_approx(w.m[i] - mx);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < kTile; ++j) {
-        const float e = j < n ? exp_approx(s[j] - mx) : 0.0f;
-        s[j] = e;
-        sum += e;
+      const float* q = w.q + i0 * HDp;
+      const F32B kt_cols = bf16 ? F32B{} : F32B{keys.kt + kt.row0, keys.ldt};
+      switch ((most + kVec - 1) / kVec) {  // only the vectors of keys some row sees
+        case 1: softmax_rows<1>(g, q, kt_cols, HD, HDp, bf16); break;
+        case 2: softmax_rows<2>(g, q, kt_cols, HD, HDp, bf16); break;
+        case 3: softmax_rows<3>(g, q, kt_cols, HD, HDp, bf16); break;
+        default: softmax_rows<kTileVecs>(g, q, kt_cols, HD, HDp, bf16); break;
       }
-      w.m[i] = mx;
-      w.l[i] = w.l[i] * correction + sum;
-      float* o = w.o + i * HDp;
-#pragma omp simd
-      for (int64_t c = 0; c < HDp; ++c) o[c] *= correction;
       if (drop) {  // element (h*S + t)*S + key of the sample, as attention_forward's
-        dropout_factors(dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), n, w.f);
+        for (int r = 0; r < kRows; ++r) {
+          if (g.vis[r] == 0) continue;
+          const int64_t t = qt.pos + i0 + r;
+          float* pr = g.p + r * kTile;
+          dropout_factors(dropout, b, static_cast<uint64_t>((h * S + t) * S + kt.pos), g.vis[r], w.f);
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) s[j] *= w.f[j];
+          for (int64_t j = 0; j < g.vis[r]; ++j) pr[j] *= w.f[j];
+        }
       }
     }
-    if (bf16) {
+    if (!bf16) {  // o += p v, query i over the keys j <= i + off it sees
+      const flash::Band keys_seen{.k_hi = qt.pos - kt.pos};
+      tile_product<true>(w.o, HDp, F32A{w.s, kTile, 1}, F32B{keys.v + kt.row0 * HDp, HDp}, qn, HDp, kt.n, 1.0f,
+                         keys_seen);
+    } else {
       round_rows(w.pb, kTile, w.s, kTile, qn, kTile);
       tile_product_bf16<true>(w.o, HDp, Bf16A{w.pb, kTile}, PairB{keys.v2 + GroupKeys::tile_pairs(ki, d), HDp}, qn, HDp,
-                         kTile / 2);
-    } else {
-      tile_product<true>(w.o, HDp, F32A{w.s, kTile, 1}, F32B{keys.v + kt.row0 * HDp, HDp}, qn, HDp, kn);
+                              kTile / 2);
     }
   }
   for (int64_t i = 0; i < qn; ++i) {
@@ -482,7 +579,8 @@ struct BackwardArgs {
 
 // The probabilities (s) and score gradients (dp) of one tile pair from its scores (s) and
 // dout . v (dp): s becomes the (dropped-out) probabilities a' for dV, dp the score gradients
-// dS; rows past qn untouched.
+// dS; rows past qn untouched. Scores of keys a row does not see may be stale (the products'
+// band skips them): they are never used.
 void probabilities_and_score_gradients(const BackwardArgs& a, const float* lse, const float* D, int64_t b,
                                        int64_t h, const RowTile& qt, const RowTile& kt, BackwardBuffers& w) {
   const int64_t S = a.block.seq_length;
@@ -500,14 +598,14 @@ void probabilities_and_score_gradients(const BackwardArgs& a, const float* lse, 
       for (int64_t j = 0; j < kTile; ++j) {
         const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
         s[j] = p * w.f[j];
-        dp[j] = p * (dp[j] * w.f[j] - Dt);
+        dp[j] = j < n ? p * (dp[j] * w.f[j] - Dt) : 0.0f;
       }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < kTile; ++j) {
         const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
         s[j] = p;
-        dp[j] = p * (dp[j] - Dt);
+        dp[j] = j < n ? p * (dp[j] - Dt) : 0.0f;
       }
     }
   }
@@ -518,12 +616,20 @@ void tile_pair_f32(const BackwardArgs& a, const float* lse, const float* D, int6
                    const RowTile& qt, const RowTile& kt, BackwardBuffers& w) {
   const int64_t HD = a.d.HD, HDp = a.d.HDp, q0 = qt.row0, qn = qt.n, k0 = kt.row0, kn = kt.n;
   const GroupKeys& keys = w.keys;
-  tile_product<false>(w.s, kTile, F32A{w.q + q0 * HDp, HDp, 1}, F32B{keys.kt + k0, keys.ldt}, qn, kTile, HD);
-  tile_product<false>(w.dp, kTile, F32A{w.dout + q0 * HDp, HDp, 1}, F32B{keys.vt + k0, keys.ldt}, qn, kTile, HD);
+  // Query i sees key j <= i + off: the band of each product on a diagonal tile.
+  const int64_t off = qt.pos - kt.pos;
+  const flash::Band seen_keys{.n_hi = off}, keys_seen{.k_hi = off}, queries_seeing{.k_lo = -off};
+  tile_product<false>(w.s, kTile, F32A{w.q + q0 * HDp, HDp, 1}, F32B{keys.kt + k0, keys.ldt}, qn, kTile, HD, 1.0f,
+                      seen_keys);
+  tile_product<false>(w.dp, kTile, F32A{w.dout + q0 * HDp, HDp, 1}, F32B{keys.vt + k0, keys.ldt}, qn, kTile, HD, 1.0f,
+                      seen_keys);
   probabilities_and_score_gradients(a, lse, D, b, h, qt, kt, w);
-  tile_product<true>(w.dv + k0 * HDp, HDp, F32A{w.s, 1, kTile}, F32B{w.dout + q0 * HDp, HDp}, kn, HDp, qn);
-  tile_product<true>(w.dq + q0 * HDp, HDp, F32A{w.dp, kTile, 1}, F32B{keys.k + k0 * HDp, HDp}, qn, HDp, kn);
-  tile_product<true>(w.dk + k0 * HDp, HDp, F32A{w.dp, 1, kTile}, F32B{w.q + q0 * HDp, HDp}, kn, HDp, qn);
+  tile_product<true>(w.dv + k0 * HDp, HDp, F32A{w.s, 1, kTile}, F32B{w.dout + q0 * HDp, HDp}, kn, HDp, qn, 1.0f,
+                     queries_seeing);
+  tile_product<true>(w.dq + q0 * HDp, HDp, F32A{w.dp, kTile, 1}, F32B{keys.k + k0 * HDp, HDp}, qn, HDp, kn, 1.0f,
+                     keys_seen);
+  tile_product<true>(w.dk + k0 * HDp, HDp, F32A{w.dp, 1, kTile}, F32B{w.q + q0 * HDp, HDp}, kn, HDp, qn, 1.0f,
+                     queries_seeing);
 }
 
 // The same with bf16 operands (ki: the key tile's index, for its row pairs), dV and dK
@@ -640,7 +746,11 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int6
     if (bf16) amx.emplace();
     // Head by head (a group's heads one after another share the thread's keys and values),
     // within a head the longest items (query tiles near the end see the most keys) first.
-#pragma omp for schedule(dynamic, 1)
+    // With at least 4 heads a thread, whole heads go to each thread, so no two threads load
+    // the same keys and values (a tenth of the forward at 2 threads on GPT-2's 12 heads); with
+    // fewer, single tiles balance the threads.
+    const int64_t chunk = d.B * d.NH >= 4 * omp_get_num_threads() ? tiles : 1;
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bh = item / tiles, qi = tiles - 1 - item % tiles;
       forward_tile(out, lse_p, qkv, kv, d, angles, dropout, block, key_tiles, bh / d.NH, bh % d.NH, query_tiles[qi],
