@@ -76,7 +76,7 @@ int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
 // tiles of `tile`, each tile's A columns copied contiguous first (a strided A tile sends
 // oneDNN to gemm:jit, without AMX), the tiles' products added in order onto C. oneDNN's
 // brgemm walks the whole K for each block of C's rows, so with a long K it streams B from
-// memory once per block; a B tile that fits the 2 MB L2 serves every block from there.
+// memory once per block; a B tile serves every block while it is in L2.
 void gemm_bf16_in_k_tiles(bool tb, int64_t M, int64_t N, int64_t K, int64_t tile, const uint16_t* A, int64_t lda,
                           const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   uint16_t* packed =
@@ -98,9 +98,10 @@ constexpr int64_t kPackedK = 1024;
 
 // Other bf16 products with K > kMaxKTile (the MLP's fc2 forward and fc1 data gradient, K =
 // 3072 in GPT-2 124M; attention's qkv data gradient, K = 2304) go in even tiles of at most
-// kMaxKTile, outside --deterministic-mode: at M = 256 rows, cold operands, 2 threads,
-// bench/bf16_gemm_bench measured 25-35 % more GFLOP/s than the whole K (an uneven tail tile
-// loses most of that gain, hence even tiles).
+// kMaxKTile, outside --deterministic-mode (the tiles sum in another order). At M = 256 rows,
+// cold operands, 2 threads, bench/bf16_gemm_bench's critical path (the busier thread's CPU
+// time) ran 16-29 % faster than one whole-K call, both threads busier (1.92-1.94 of 2
+// against 1.82-1.87); an uneven tail tile (1152 + 1152 + 768 for K = 3072) lost the gain.
 constexpr int64_t kMaxKTile = 1536;
 int64_t even_k_tile(int64_t K) {
   const int64_t tiles = (K + kMaxKTile - 1) / kMaxKTile;
