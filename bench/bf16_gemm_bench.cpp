@@ -8,8 +8,7 @@
 // and the weight gradients also with beta = 0 (a first contribution assigned, no read of C);
 // then the LM head's data gradient (K = the vocabulary) whole, in K tiles of strided dout
 // column blocks, and in K tiles copied contiguous first (what ops::linear_backward does);
-// then the other long-K products (K = 3072, 2304) whole and in the even K tiles ops::linear
-// takes.
+// then the other long-K products (K = 3072, 2304) whole and in even K tiles.
 // usage: bf16_gemm_bench [reps (default 8)] [copies (default 12)]; prints best and median
 // GFLOP/s. OMP_NUM_THREADS sets the threads (oneDNN runs on OpenMP).
 #include <omp.h>
@@ -105,9 +104,10 @@ double thread_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// The products with a long K that ops::linear runs in even K tiles of packed A columns
-// (linear.cpp, outside --deterministic-mode): whole against tiles, operands cold (cycling
-// through `copies`), the packing timed too.
+// The products with a long K whole and in even K tiles of packed A columns, operands cold
+// (cycling through `copies`), the packing timed too: ops::linear takes the tiles for the data
+// gradients (fc1, qkv; outside --deterministic-mode) and keeps fc2's forward whole (its
+// tiles gained nothing in the step, where the input was just written).
 void time_long_k_tiles(int64_t N, int reps, int copies) {
   struct Shape {
     const char* name;

@@ -420,17 +420,17 @@ TEST(OpsPrecisionLinear, LongOutputDimensionBackwardMatchesReference) {
   check_backward(DType::BF16, DType::F32, lc, 83, ops::GradWrite::Assign);
 }
 
-// A long sum dimension K (over 1536; GPT-2's fc2 forward and fc1 data gradient have 3072)
-// goes through oneDNN's bf16 matmul in even K tiles, each tile's products added onto the
+// A data gradient with a long sum dimension K (over 1536; GPT-2's fc1 has 3072) goes
+// through oneDNN's bf16 matmul in even K tiles, each tile's products added onto the
 // ones before: the same function as the double reference, and bit for bit one gemm_bf16
 // per tile on the tile's columns copied contiguous; in --deterministic-mode one gemm_bf16
 // over the whole K, as before the tiles.
 TEST(OpsPrecisionLinear, LongSumDimensionInKTiles) {
   LinearCase lc;
-  lc.B = 1, lc.T = 9, lc.C = 1600, lc.OC = 40;  // forward K = C = 1600: tiles of 832 and 768
-  check_forward(DType::BF16, lc, 91);
-  std::swap(lc.C, lc.OC);  // backward: dinp's K = OC = 1600
+  lc.B = 1, lc.T = 9, lc.C = 40, lc.OC = 1600;  // dinp's K = OC = 1600: tiles of 832 and 768
   check_backward(DType::BF16, DType::F32, lc, 93);
+  check_backward(DType::BF16, DType::BF16, lc, 94);
+  check_forward(DType::BF16, lc, 91);  // K = C: one GEMM
   if (!ops::cpu::bf16_uses_onednn()) GTEST_SKIP() << "no oneDNN bf16 kernel on this CPU";
   // The data gradient dinp[N,C] = dout[N,K] @ W[K,C], assigned into an f32 dinp.
   Arena arena;

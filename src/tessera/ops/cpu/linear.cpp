@@ -15,7 +15,7 @@
 // There the weight-row dimension OC is processed in tiles (lowp_tile_elements) so a
 // 50k-row LM head does not need a widened copy of the whole weight, logits or their
 // gradient; a backward that widens nothing (bf16 bits, f32 weight gradient) runs whole.
-// Products of bf16 bits with a long K (the sum dimension) go in K tiles that keep their
+// Data gradients of bf16 bits with a long K (the sum dimension) go in K tiles that keep their
 // share of the weight in L2 (gemm_bf16_in_k_tiles), except in --deterministic-mode.
 #include <algorithm>
 #include <initializer_list>
@@ -96,12 +96,15 @@ void gemm_bf16_in_k_tiles(bool tb, int64_t M, int64_t N, int64_t K, int64_t tile
 // in strided tiles. It runs so in every mode (it did before --deterministic-mode existed).
 constexpr int64_t kPackedK = 1024;
 
-// Other bf16 products with K > kMaxKTile (the MLP's fc2 forward and fc1 data gradient, K =
-// 3072 in GPT-2 124M; attention's qkv data gradient, K = 2304) go in even tiles of at most
-// kMaxKTile, outside --deterministic-mode (the tiles sum in another order). At M = 256 rows,
-// cold operands, 2 threads, bench/bf16_gemm_bench's critical path (the busier thread's CPU
-// time) ran 16-29 % faster than one whole-K call, both threads busier (1.92-1.94 of 2
-// against 1.82-1.87); an uneven tail tile (1152 + 1152 + 768 for K = 3072) lost the gain.
+// Data gradients dx = dout @ W on bf16 bits with K > kMaxKTile (the MLP's fc1, K = 3072 in
+// GPT-2 124M; attention's qkv, K = 2304) go in even K tiles of at most kMaxKTile, outside
+// --deterministic-mode (the tiles sum in another order). At M = 256 rows and 2 threads,
+// the critical path (the busier thread's CPU time) ran 20-29 % faster for fc1's dx than one
+// whole-K call, with dout cold (bench/bf16_gemm_bench) or just written (as in the step), both
+// threads busier (1.93-1.95 of 2 against 1.82-1.90); qkv's gained 15-20 % cold, less with a
+// hot dout; an uneven tail tile (1152 + 1152 + 768 for K = 3072) lost the gain. Forward
+// products (B = W^T; fc2's K = 3072) gained 16 % cold but nothing with the input just
+// written, as it is in the step, so they stay whole.
 constexpr int64_t kMaxKTile = 1536;
 int64_t even_k_tile(int64_t K) {
   const int64_t tiles = (K + kMaxKTile - 1) / kMaxKTile;
@@ -131,8 +134,8 @@ struct Storage {
   // C = op(A) @ op(B) + beta * C.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A, Operand B, float beta, float* C,
             int64_t ldc) const {
-    if (bits && k_tiles && !ta && K > kMaxKTile)
-      gemm_bf16_in_k_tiles(tb, M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
+    if (bits && k_tiles && !ta && !tb && K > kMaxKTile)
+      gemm_bf16_in_k_tiles(false, M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
                            static_cast<const uint16_t*>(B.p), B.ld, beta, C, ldc);
     else if (bits)
       gemm_bf16(ta, tb, M, N, K, 1.0f, static_cast<const uint16_t*>(A.p), A.ld, static_cast<const uint16_t*>(B.p),
