@@ -7,7 +7,8 @@
 //         weight gradient), so A, B and C come from memory as in the step,
 // and the weight gradients also with beta = 0 (a first contribution assigned, no read of C);
 // then the LM head's data gradient (K = the vocabulary) whole, in K tiles of strided dout
-// column blocks, and in K tiles copied contiguous first (what ops::linear_backward does).
+// column blocks, and in K tiles copied contiguous first (what ops::linear_backward does);
+// then the other long-K products (K = 3072, 2304) whole and in even K tiles.
 // usage: bf16_gemm_bench [reps (default 8)] [copies (default 12)]; prints best and median
 // GFLOP/s. OMP_NUM_THREADS sets the threads (oneDNN runs on OpenMP).
 #include <omp.h>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,83 @@ void time_head_dinp_tiles(int64_t N, int reps) {
   }
 }
 
+double thread_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The products with a long K whole and in even K tiles of packed A columns, operands cold
+// (cycling through `copies`), the packing timed too: ops::linear takes the tiles for the data
+// gradients (fc1, qkv; outside --deterministic-mode) and keeps fc2's forward whole (its
+// tiles gained nothing in the step, where the input was just written).
+void time_long_k_tiles(int64_t N, int reps, int copies) {
+  struct Shape {
+    const char* name;
+    bool tb;
+    int64_t n, K, tile;
+    float beta;
+  };
+  const Shape shapes[] = {{"fc1  dinp", false, 768, 3072, 1536, 0.0f},
+                          {"fc2  fwd", true, 768, 3072, 1536, 1.0f},
+                          {"qkv  dinp", false, 768, 2304, 1152, 0.0f}};
+  for (const Shape& s : shapes) {
+    std::vector<Operands> pool(static_cast<size_t>(copies));
+    for (Operands& o : pool) {
+      o.a.resize(static_cast<size_t>(N * s.K));
+      o.b.resize(static_cast<size_t>(s.K * s.n));
+      o.c.assign(static_cast<size_t>(N * s.n), 0.0f);
+      for (size_t j = 0; j < o.a.size(); ++j) o.a[j] = tessera::f32_to_bf16(0.01f * static_cast<float>(j % 17));
+      for (size_t j = 0; j < o.b.size(); ++j) o.b[j] = tessera::f32_to_bf16(0.01f * static_cast<float>(j % 13));
+    }
+    const int64_t ldb = s.tb ? s.K : s.n;
+    std::vector<uint16_t> packed(static_cast<size_t>(N * s.tile));
+    for (int64_t tile : {s.K, s.tile}) {
+      auto call = [&](int i) {
+        Operands& o = pool[static_cast<size_t>(i % copies)];
+        for (int64_t k0 = 0; k0 < s.K; k0 += tile) {
+          const int64_t len = std::min(tile, s.K - k0);
+          const uint16_t* a = o.a.data();
+          if (tile < s.K) {
+            uint16_t* p = packed.data();
+#pragma omp parallel for
+            for (int64_t n = 0; n < N; ++n) std::copy(a + n * s.K + k0, a + n * s.K + k0 + len, p + n * len);
+            a = p;
+          }
+          tessera::ops::cpu::gemm_bf16(false, s.tb, N, s.n, len, 1.0f, a, tile < s.K ? len : s.K,
+                                       o.b.data() + (s.tb ? k0 : k0 * ldb), ldb, k0 == 0 ? s.beta : 1.0f,
+                                       o.c.data(), s.n);
+        }
+      };
+      for (int i = 0; i < copies; ++i) call(i);
+      // Wall time, and each thread's CPU time (immune to other processes taking the cores):
+      // the busiest thread's is the critical path, all threads' over it the busy threads.
+      std::vector<double> wall, critical;
+      double busy = 0.0;
+      for (int r = 0; r < reps * copies; ++r) {
+        double cpu[2] = {0.0, 0.0};
+#pragma omp parallel num_threads(2)
+        cpu[omp_get_thread_num()] -= thread_cpu_seconds();
+        const auto start = std::chrono::steady_clock::now();
+        call(r);
+        wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+#pragma omp parallel num_threads(2)
+        cpu[omp_get_thread_num()] += thread_cpu_seconds();
+        critical.push_back(std::max(cpu[0], cpu[1]));
+        busy += (cpu[0] + cpu[1]) / critical.back() / (reps * copies);
+      }
+      std::sort(wall.begin(), wall.end());
+      std::sort(critical.begin(), critical.end());
+      const double flops = 2.0 * N * s.n * s.K;
+      const std::string how = tile == s.K ? "whole" : "in K tiles of " + std::to_string(tile);
+      std::printf("%s %lldx%lldx%lld %-19s cold wall %5.0f / %5.0f, critical path %5.0f / %5.0f GFLOP/s, %.2f threads busy\n",
+                  s.name, static_cast<long long>(N), static_cast<long long>(s.n), static_cast<long long>(s.K),
+                  how.c_str(), flops / wall.front() / 1e9, flops / wall[wall.size() / 2] / 1e9,
+                  flops / critical.front() / 1e9, flops / critical[critical.size() / 2] / 1e9, busy);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,5 +217,6 @@ int main(int argc, char** argv) {
                 cold.first, cold.second, n_copies < copies ? " (2 copies)" : "");
   }
   time_head_dinp_tiles(N, reps);
+  time_long_k_tiles(N, reps, copies);
   return 0;
 }

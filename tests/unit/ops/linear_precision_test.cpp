@@ -420,6 +420,43 @@ TEST(OpsPrecisionLinear, LongOutputDimensionBackwardMatchesReference) {
   check_backward(DType::BF16, DType::F32, lc, 83, ops::GradWrite::Assign);
 }
 
+// A data gradient with a long sum dimension K (over 1536; GPT-2's fc1 has 3072) goes
+// through oneDNN's bf16 matmul in even K tiles, each tile's products added onto the
+// ones before: the same function as the double reference, and bit for bit one gemm_bf16
+// per tile on the tile's columns copied contiguous; in --deterministic-mode one gemm_bf16
+// over the whole K, as before the tiles.
+TEST(OpsPrecisionLinear, LongSumDimensionInKTiles) {
+  LinearCase lc;
+  lc.B = 1, lc.T = 9, lc.C = 40, lc.OC = 1600;  // dinp's K = OC = 1600: tiles of 832 and 768
+  check_backward(DType::BF16, DType::F32, lc, 93);
+  check_backward(DType::BF16, DType::BF16, lc, 94);
+  check_forward(DType::BF16, lc, 91);  // K = C: one GEMM
+  if (!ops::cpu::bf16_uses_onednn()) GTEST_SKIP() << "no oneDNN bf16 kernel on this CPU";
+  // The data gradient dinp[N,C] = dout[N,K] @ W[K,C], assigned into an f32 dinp.
+  Arena arena;
+  const int64_t N = 9, K = 1600, C = 40, tile = 832;
+  const Tensor dout = arena.normal(DType::BF16, {N, K}, 95), w = arena.normal(DType::BF16, {K, C}, 96);
+  const Tensor inp = arena.normal(DType::BF16, {N, C}, 97);
+  const uint16_t* g = dout.host<uint16_t>();
+  const uint16_t* wb = w.host<uint16_t>();
+  Tensor tiled = arena.f32({N, C}), whole = arena.f32({N, C}), dinp = arena.f32({N, C});
+  for (int64_t k0 = 0; k0 < K; k0 += tile) {
+    const int64_t len = std::min(tile, K - k0);
+    std::vector<uint16_t> packed(static_cast<size_t>(N * len));
+    for (int64_t n = 0; n < N; ++n) std::copy(g + n * K + k0, g + n * K + k0 + len, packed.begin() + n * len);
+    ops::cpu::gemm_bf16(false, false, N, C, len, 1.0f, packed.data(), len, wb + k0 * C, C, k0 == 0 ? 0.0f : 1.0f,
+                        tiled.f32(), C);
+  }
+  ops::cpu::gemm_bf16(false, false, N, C, K, 1.0f, g, K, wb, C, 0.0f, whole.f32(), C);
+  ASSERT_FALSE(same_bits(tiled, whole)) << "the case cannot tell tiles from one GEMM";
+  ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w, ops::GradWrite::Assign);
+  EXPECT_TRUE(same_bits(dinp, tiled)) << "default mode: K tiles";
+  cpu_device().set_deterministic_mode(true);
+  ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w, ops::GradWrite::Assign);
+  cpu_device().set_deterministic_mode(false);
+  EXPECT_TRUE(same_bits(dinp, whole)) << "--deterministic-mode: one GEMM over the whole K";
+}
+
 // BF16 tensors through oneDNN's bf16 matmul and through widen+sgemm compute the same
 // function (only summation order differs). Skipped on CPUs without a oneDNN bf16 kernel,
 // where widen+sgemm is the only path (and is what the tests above check).

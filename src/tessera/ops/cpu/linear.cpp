@@ -15,12 +15,15 @@
 // There the weight-row dimension OC is processed in tiles (lowp_tile_elements) so a
 // 50k-row LM head does not need a widened copy of the whole weight, logits or their
 // gradient; a backward that widens nothing (bf16 bits, f32 weight gradient) runs whole.
+// Data gradients of bf16 bits with a long K (the sum dimension) go in K tiles that keep their
+// share of the weight in L2 (gemm_bf16_in_k_tiles), except in --deterministic-mode.
 #include <algorithm>
 #include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "tessera/device/device.h"
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
@@ -69,6 +72,47 @@ int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
 // workspace and multiplied with sgemm: the same products, summed in f32. A result of a
 // 16-bit tensor is computed in an f32 workspace and rounded into it once.
 
+// C[M,N] = A[M,K] @ op(B)[K,N] + beta * C on bf16 bits (A row-major, leading dimension lda) in K
+// tiles of `tile`, each tile's A columns copied contiguous first (a strided A tile sends
+// oneDNN to gemm:jit, without AMX), the tiles' products added in order onto C. oneDNN's
+// brgemm walks the whole K for each block of C's rows, so with a long K it streams B from
+// memory once per block; a B tile serves every block while it is in L2.
+void gemm_bf16_in_k_tiles(bool tb, int64_t M, int64_t N, int64_t K, int64_t tile, const uint16_t* A, int64_t lda,
+                          const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  uint16_t* packed =
+      static_cast<uint16_t*>(workspace(Workspace::Dout, static_cast<size_t>(M * std::min(tile, K)) * 2));
+  for (int64_t k0 = 0; k0 < K; k0 += tile) {
+    const int64_t len = std::min(tile, K - k0);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; ++m) std::copy(A + m * lda + k0, A + m * lda + k0 + len, packed + m * len);
+    gemm_bf16(false, tb, M, N, len, 1.0f, packed, len, tb ? B + k0 : B + k0 * ldb, ldb, k0 == 0 ? beta : 1.0f, C,
+              ldc);
+  }
+}
+
+// The LM head's data gradient dx[N,C] = dout[N,V] @ W[V,C] (K = the vocabulary) goes in K
+// tiles of kPackedK: a tile of W (1.5 MB) stays in L2 while every block of rows uses it.
+// Measured alone (bench/bf16_gemm_bench): 560-580 GFLOP/s against 280-330 whole and 440-500
+// in strided tiles. It runs so in every mode (it did before --deterministic-mode existed).
+constexpr int64_t kPackedK = 1024;
+
+// Data gradients dx = dout @ W on bf16 bits with K > kMaxKTile (the MLP's fc1, K = 3072 in
+// GPT-2 124M; attention's qkv, K = 2304) go in even K tiles of at most kMaxKTile, outside
+// --deterministic-mode (the tiles sum in another order). At M = 256 rows and 2 threads,
+// the critical path (the busier thread's CPU time) ran 20-29 % faster for fc1's dx than one
+// whole-K call, with dout cold (bench/bf16_gemm_bench) or just written (as in the step), both
+// threads busier (1.93-1.95 of 2 against 1.82-1.90); qkv's gained 15-20 % cold, less with a
+// hot dout; an uneven tail tile (1152 + 1152 + 768 for K = 3072) lost the gain. Forward
+// products (B = W^T; fc2's K = 3072) gained 16 % cold but nothing with the input just
+// written, as it is in the step, so they stay whole.
+constexpr int64_t kMaxKTile = 1536;
+int64_t even_k_tile(int64_t K) {
+  const int64_t tiles = (K + kMaxKTile - 1) / kMaxKTile;
+  return ((K + tiles - 1) / tiles + 63) / 64 * 64;
+}
+
+bool deterministic(const Tensor& t) { return t.device && t.device->deterministic_mode(); }
+
 // A GEMM operand: bfloat16 bits (oneDNN path) or f32 values, with its leading dimension.
 struct Operand {
   const void* p;
@@ -76,7 +120,8 @@ struct Operand {
 };
 
 struct Storage {
-  bool bits;  // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
+  bool bits;     // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
+  bool k_tiles;  // bits may take a long K in tiles (their own summation order): not in --deterministic-mode
 
   // The rows x cols block at element off of t (leading dimension ld) as an operand: t's own
   // memory when it is bf16 bits for oneDNN or f32, else widened into `slot`.
@@ -89,7 +134,10 @@ struct Storage {
   // C = op(A) @ op(B) + beta * C.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A, Operand B, float beta, float* C,
             int64_t ldc) const {
-    if (bits)
+    if (bits && k_tiles && !ta && !tb && K > kMaxKTile)
+      gemm_bf16_in_k_tiles(false, M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
+                           static_cast<const uint16_t*>(B.p), B.ld, beta, C, ldc);
+    else if (bits)
       gemm_bf16(ta, tb, M, N, K, 1.0f, static_cast<const uint16_t*>(A.p), A.ld, static_cast<const uint16_t*>(B.p),
                 B.ld, beta, C, ldc);
     else
@@ -97,28 +145,6 @@ struct Storage {
             C, ldc);
   }
 };
-
-// dx[N,C] = dout[N,K] @ W[K,C] (+ dx unless assign) on bf16 bits with a long K (the LM head's
-// vocabulary): in K tiles of kPackedK, each tile's dout columns copied contiguous. oneDNN's
-// brgemm walks the whole K for each block of dx's rows, so with K = 50k it streams W from
-// memory once per block; a tile of W (1.5 MB) stays in L2 while every block uses it, and a
-// contiguous dout tile keeps oneDNN on brgemm (a strided one sends it to gemm:jit, without
-// AMX). Measured alone (bench/bf16_gemm_bench): 560-580 GFLOP/s against 280-330 whole and
-// 440-500 in strided tiles.
-constexpr int64_t kPackedK = 1024;
-
-void dinp_in_packed_tiles(const Tensor& dout, const Tensor& weight, int64_t N, int64_t C, int64_t K, bool assign,
-                          float* dx, int64_t ldx) {
-  const uint16_t* g = reinterpret_cast<const uint16_t*>(cpu_memory(dout));
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(cpu_memory(weight));
-  uint16_t* packed = static_cast<uint16_t*>(workspace(Workspace::Dout, static_cast<size_t>(N * kPackedK) * 2));
-  for (int64_t k0 = 0; k0 < K; k0 += kPackedK) {
-    const int64_t len = std::min(kPackedK, K - k0);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) std::copy(g + n * K + k0, g + n * K + k0 + len, packed + n * len);
-    gemm_bf16(false, false, N, C, len, 1.0f, packed, len, w + k0 * C, C, assign && k0 == 0 ? 0.0f : 1.0f, dx, ldx);
-  }
-}
 
 bool all_bf16(std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors)
@@ -150,7 +176,7 @@ struct Accumulator {
 void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (N == 0 || OC == 0) return;
-  const Storage st{all_bf16({&inp, &weight})};
+  const Storage st{all_bf16({&inp, &weight}), !deterministic(inp)};
   const int64_t tile = tile_rows(OC, C, N);
   const Operand x = st.operand(inp, 0, N, C, C, Workspace::Input);
   float* b = nullptr;
@@ -178,7 +204,7 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
   if (!dbias.empty()) bias_add_backward(dbias, dout);
   if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
   const bool assign = write == GradWrite::Assign;
-  const Storage st{all_bf16({&dout, &inp, &weight})};
+  const Storage st{all_bf16({&dout, &inp, &weight}), !deterministic(inp)};
   // Tiles bound the widened copies; multiplying bits into an f32 weight gradient widens
   // nothing, so one tile: the LM head's dout is then contiguous, not a strided column block.
   const bool whole = st.bits && (dweight.empty() || dweight.dtype == DType::F32);
@@ -193,7 +219,9 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
     const int64_t len = std::min(tile, OC - o0);
     const Operand g = st.operand(dout, o0, N, len, OC, Workspace::Dout);  // dout[:, o0:o0+len]
     if (dx && whole && OC > 4 * kPackedK) {
-      dinp_in_packed_tiles(dout, weight, N, C, OC, assign, dx->b.p, dx->b.ld);
+      gemm_bf16_in_k_tiles(false, N, C, OC, kPackedK, static_cast<const uint16_t*>(g.p), g.ld,
+                           reinterpret_cast<const uint16_t*>(cpu_memory(weight)), C, assign ? 0.0f : 1.0f, dx->b.p,
+                           dx->b.ld);
     } else if (dx) {
       const Operand w = st.operand(weight, o0 * C, len, C, C, Workspace::Weight);
       st.gemm(false, false, N, C, len, g, w, assign && o0 == 0 ? 0.0f : 1.0f, dx->b.p, dx->b.ld);
