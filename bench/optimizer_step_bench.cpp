@@ -14,6 +14,7 @@
 #include <ctime>
 #include <omp.h>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/device/device.h"
@@ -52,16 +53,19 @@ double median_ms(std::vector<double> t) {
   return t[t.size() / 2] * 1e3;
 }
 
-// The best of `iterations` runs of f, in GB/s for `bytes` moved per run.
+// The best of `iterations` runs of f with `threads` threads, in GB/s for `bytes` moved per
+// run: by wall time and by CPU time per thread (which leaves out waits for a core).
 template <typename F>
-double best_gb_per_s(int iterations, double bytes, F f) {
-  double best = 1e30;
+std::pair<double, double> best_gb_per_s(int iterations, int threads, double bytes, F f) {
+  double wall = 1e30, cpu = 1e30;
   for (int i = 0; i < iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     f();
-    best = std::min(best, seconds_since(t0));
+    wall = std::min(wall, seconds_since(t0));
+    cpu = std::min(cpu, (cpu_seconds() - c0) / threads);
   }
-  return bytes / best / 1e9;
+  return {bytes / wall / 1e9, bytes / cpu / 1e9};
 }
 
 // STREAM-like loops over n floats of host memory, with 1 and 2 OpenMP threads: copy
@@ -70,20 +74,22 @@ double best_gb_per_s(int iterations, double bytes, F f) {
 // not read first also reads it (copy 12 bytes per element, triad 16, update 12).
 void bandwidth_probe(float* a, float* b, float* c, int64_t n, int iterations) {
   for (int threads : {1, 2}) {
-    const double copy = best_gb_per_s(iterations, 12.0 * n, [&] {
+    const auto copy = best_gb_per_s(iterations, threads, 12.0 * n, [&] {
 #pragma omp parallel for schedule(static) num_threads(threads)
       for (int64_t i = 0; i < n; ++i) b[i] = a[i];
     });
-    const double triad = best_gb_per_s(iterations, 16.0 * n, [&] {
+    const auto triad = best_gb_per_s(iterations, threads, 16.0 * n, [&] {
 #pragma omp parallel for schedule(static) num_threads(threads)
       for (int64_t i = 0; i < n; ++i) c[i] = a[i] + 0.5f * b[i];
     });
-    const double update = best_gb_per_s(iterations, 12.0 * n, [&] {
+    const auto update = best_gb_per_s(iterations, threads, 12.0 * n, [&] {
 #pragma omp parallel for schedule(static) num_threads(threads)
       for (int64_t i = 0; i < n; ++i) c[i] = c[i] + 0.5f * a[i];
     });
-    std::printf("  memory bandwidth, %d thread%s over %.1f GB: copy %5.1f, triad %5.1f, update %5.1f GB/s\n",
-                threads, threads > 1 ? "s" : "", 16.0 * n / 1e9, copy, triad, update);
+    std::printf("  memory bandwidth, %d thread%s over %.1f GB, GB/s by wall (by CPU time per thread): copy %5.1f (%5.1f), "
+                "triad %5.1f (%5.1f), update %5.1f (%5.1f)\n",
+                threads, threads > 1 ? "s" : "", 16.0 * n / 1e9, copy.first, copy.second, triad.first, triad.second,
+                update.first, update.second);
   }
 }
 
@@ -195,12 +201,16 @@ int main(int argc, char** argv) {
               device.name().c_str(), iterations);
   std::printf("  per tensor   (norm, read-back, AdamW%s): %8.1f ms\n", bf16 ? ", convert" : "", ma);
   std::printf("  multi-tensor (norm, finish, read-back, AdamW + copy): %8.1f ms  (%.2fx)\n", mb, ma / mb);
-  const double norm_ms = median_ms(norm_times), adamw_ms = median_ms(adamw_times);
+  // GB/s by wall time and by CPU time per thread (the probe's two measures).
+  const double threads = omp_get_max_threads(), norm_ms = median_ms(norm_times), adamw_ms = median_ms(adamw_times);
+  const double norm_cpu_ms = median_ms(norm_cpu), adamw_cpu_ms = median_ms(adamw_cpu);
+  const double norm_bytes = 4.0 * static_cast<double>(total);
   const double adamw_bytes = (28.0 + (bf16 ? 2.0 : 0.0)) * static_cast<double>(total);
-  std::printf("    of which the norm %.1f ms (CPU %.1f ms; %.1f GB/s read), AdamW %.1f ms (CPU %.1f ms; %.1f GB/s, %.0f "
-              "bytes per parameter)\n",
-              norm_ms, median_ms(norm_cpu), 4.0 * total / norm_ms / 1e6, adamw_ms, median_ms(adamw_cpu),
-              adamw_bytes / adamw_ms / 1e6, adamw_bytes / total);
+  std::printf("    of which the norm %.1f ms, CPU %.1f ms (%.1f (%.1f) GB/s read), AdamW %.1f ms, CPU %.1f ms (%.1f (%.1f) "
+              "GB/s at %.0f bytes per parameter)\n",
+              norm_ms, norm_cpu_ms, norm_bytes / norm_ms / 1e6, norm_bytes / (norm_cpu_ms / threads) / 1e6, adamw_ms,
+              adamw_cpu_ms, adamw_bytes / adamw_ms / 1e6, adamw_bytes / (adamw_cpu_ms / threads) / 1e6,
+              adamw_bytes / static_cast<double>(total));
   if (device.is_host())
     bandwidth_probe(static_cast<float*>(b_grad.handle()), static_cast<float*>(b_m.handle()),
                     static_cast<float*>(b_v.handle()), total, iterations);
