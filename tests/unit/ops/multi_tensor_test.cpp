@@ -33,17 +33,20 @@ std::vector<std::string> devices_under_test() {
   return specs;
 }
 
-// Three segments: two chunks and a tail (decay), a short one (no decay), one more (decay),
-// each placed at its own offset in the parameter, gradient and state buffers, with gaps.
+// Four segments: two chunks and a tail (decay), a short one (no decay), one more (decay),
+// and 7 elements whose 16-bit copy starts 4 bytes into a 64-byte line (it ends before the
+// line does: the CPU's bf16 copy is written by lines), each placed at its own offset in the
+// parameter, gradient and state buffers, with gaps.
 std::vector<ops::MultiTensorSegment> segments() {
-  std::vector<ops::MultiTensorSegment> s(3);
+  std::vector<ops::MultiTensorSegment> s(4);
   s[0] = {.main = 0, .param = 16, .grad = 32, .state = 0, .numel = 2 * 65536 + 77, .decay = true, .slot = 3};
   s[1] = {.main = 131200, .param = 131184, .grad = 131300, .state = 131168, .numel = 33, .decay = false, .slot = 0};
   s[2] = {.main = 131280, .param = 131232, .grad = 131400, .state = 131216, .numel = 1000, .decay = true, .slot = 1};
+  s[3] = {.main = 132400, .param = 132290, .grad = 132500, .state = 132400, .numel = 7, .decay = false, .slot = 5};
   return s;
 }
 constexpr int64_t kSlab = 133000;  // elements of every slab: past each segment's end
-constexpr int64_t kSlots = 5;
+constexpr int64_t kSlots = 6;
 
 class MultiTensor : public ::testing::TestWithParam<std::string> {
  protected:

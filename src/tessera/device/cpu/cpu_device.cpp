@@ -1,5 +1,6 @@
 // The host-memory devices: 64-byte aligned host memory; every copy completes on return,
 // so streams and events keep Device's no-op defaults.
+#include <sys/mman.h>
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -32,13 +33,31 @@ void zero_streaming(char* p, size_t n) {
 #endif
 }
 
+// Slabs of at least kHugeMin bytes (parameters, gradients, optimizer state, activations)
+// are 2 MiB-aligned and asked to be backed by transparent huge pages. Kernels stream them
+// (AdamW reads 4 and writes 3 floats per parameter, the norm reads the gradient, GEMMs read
+// cold weights): with 4 KiB pages every 4 KiB of each stream costs a TLB miss and stops the
+// hardware prefetchers, which do not cross a page. Linux enables THP only where a program
+// asks (the "madvise" mode, common on servers and VMs); where THP is "always" the call is
+// redundant, where it is "never" it does nothing. Measured on the 2-core Sapphire Rapids VM:
+// AdamW and the gradient norm over GPT-2 124M's slabs take 16 % less CPU time
+// (bench/optimizer_step_bench).
+constexpr size_t kHugePage = size_t(2) << 20, kHugeMin = size_t(32) << 20;
+
+void* allocate_host(size_t bytes) {
+  if (bytes < kHugeMin) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  if (p) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: 4 KiB pages if refused
+  return p;
+}
+
 class HostMemoryDevice : public Device {
  public:
   void* allocate(size_t bytes) override {
     refuse_while_capturing("allocate");
     if (bytes == 0) return nullptr;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    void* p = allocate_host(bytes);
     if (!p) {
       MemoryInfo m = memory_info();
       throw runtime_error("out of host memory: asked for " + std::to_string(bytes >> 20) +

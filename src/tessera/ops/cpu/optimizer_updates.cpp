@@ -5,8 +5,10 @@
 // Both are memory-bound (AdamW streams 7 floats per parameter), so the loops are plain
 // vectorised streams split across threads. The multi-tensor ops run the same loops over
 // the chunks of a slab's table (ops.h), with the scalars read from device memory.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -107,33 +109,66 @@ void check_row(const char* op, const int64_t* row, const Tensor& main, const Ten
   inside(row[kChunkState], state, "state");
 }
 
-// bf16_bits of src[0, n) into dst with streaming stores: the copy is read again only by the
-// next step's forward, long after this pass has evicted it, so writing around the caches
-// saves the read of every destination line that an ordinary store makes first (a sixteenth
-// of AdamW's memory traffic in a --bf16 step).
-void narrow_bf16_streaming(uint16_t* dst, const float* src, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  constexpr int64_t kLine = 32;  // bf16 values per 64-byte line
-  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = bf16_bits(src[i]);
-  for (; i + kLine <= n; i += kLine) {
-    alignas(64) uint16_t line[kLine];
-#pragma omp simd
-    for (int64_t j = 0; j < kLine; ++j) line[j] = bf16_bits(src[i + j]);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_load_si512(line));
-  }
-  _mm_sfence();  // the streamed lines are visible before this thread reaches the loop's barrier
-#endif
-  for (; i < n; ++i) dst[i] = bf16_bits(src[i]);
+// The multi-tensor updates call their element loop a line of the bf16 copy at a time.
+constexpr int64_t kLine = 32;  // 16-bit values per 64-byte line
+// How far ahead of its line an update prefetches its streams: 2 KiB of each f32 stream.
+// The hardware prefetchers alone leave AdamW's four streams short of the bandwidth (-9 %
+// CPU time with this, on the Sapphire Rapids VM, over GPT-2 124M's slabs).
+constexpr int64_t kAhead = 512;
+
+// Prefetches into L1 the line at element `at` of each stream, if inside the chunk's n.
+template <typename... Streams>
+inline void prefetch_line(int64_t at, int64_t n, const Streams*... streams) {
+  if (at + kLine > n) return;
+  for (int64_t k = 0; k < kLine; k += 64 / static_cast<int64_t>(sizeof(float)))
+    (__builtin_prefetch(streams + at + k, 0, 3), ...);
 }
 
-// Rounds the chunk's updated main values into the 16-bit copy (convert's bits).
-void copy_to_param(const Tensor& param, const int64_t* row, const float* p) {
-  if (param.empty()) return;
-  if (param.dtype == DType::BF16)
-    return narrow_bf16_streaming(reinterpret_cast<uint16_t*>(cpu_memory(param)) + row[kChunkParam], p,
-                                 row[kChunkNumel]);
-  narrow(param, row[kChunkParam], row[kChunkNumel], p, row[kChunkNumel], 1, row[kChunkNumel]);
+// Rounds kLine values into one 64-byte line of a bf16 copy (convert's bits), with a
+// streaming store where the build has AVX-512.
+inline void store_bf16_line(uint16_t* dst, const float* p) {
+  alignas(64) uint16_t line[kLine];
+#pragma omp simd
+  for (int64_t j = 0; j < kLine; ++j) line[j] = bf16_bits(p[j]);
+#if defined(__AVX512F__)
+  _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), _mm512_load_si512(line));
+#else
+  std::memcpy(dst, line, sizeof(line));
+#endif
+}
+
+// Runs update(off, len) over the n elements of a chunk, whose main values start at p, a
+// line at a time, and rounds the updated values into the 16-bit copy (convert's bits). A
+// bf16 copy is written line by line, right after its kLine values are updated (still in
+// L1), with streaming stores: the copy is read again only by the next step's forward, long
+// after this pass has evicted it, so writing around the caches saves the read of every
+// destination line that an ordinary store makes first. Rounding line by line rather than in
+// a second pass over the chunk saves that pass's re-read of the main values and keeps its
+// burst of streamed lines out of the loop (bf16 AdamW: -8 % CPU time).
+template <typename Update>
+void update_chunk(const Tensor& param, const int64_t* row, const float* p, Update update) {
+  const int64_t n = row[kChunkNumel];
+  uint16_t* dst = nullptr;
+  int64_t i = 0;
+  if (!param.empty() && param.dtype == DType::BF16) {
+    dst = reinterpret_cast<uint16_t*>(cpu_memory(param)) + row[kChunkParam];
+    i = std::min<int64_t>(n, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64 / 2);  // to dst's first line
+    update(0, i);
+    for (int64_t j = 0; j < i; ++j) dst[j] = bf16_bits(p[j]);
+  }
+  for (; i + kLine <= n; i += kLine) {
+    update(i, kLine);
+    if (dst) store_bf16_line(dst + i, p + i);
+  }
+  update(i, n - i);
+  if (dst) {
+#if defined(__AVX512F__)
+    _mm_sfence();  // the streamed lines are visible before this thread reaches the loop's barrier
+#endif
+    for (; i < n; ++i) dst[i] = bf16_bits(p[i]);
+  } else if (!param.empty()) {
+    narrow(param, row[kChunkParam], n, p, n, 1, n);
+  }
 }
 
 }  // namespace
@@ -199,8 +234,13 @@ void multi_tensor_adamw(Tensor main, Tensor param, Tensor grad, Tensor m, Tensor
     AdamScalars chunk = a;
     chunk.decay = row[kChunkDecay] ? s[kAdamDecay] : 1.0f;  // adamw_update's 1 - lr * 0
     float* p = main0 + row[kChunkMain];
-    adamw_elements(p, m0 + row[kChunkState], v0 + row[kChunkState], g0 + row[kChunkGrad], row[kChunkNumel], chunk);
-    copy_to_param(param, row, p);
+    float* mm = m0 + row[kChunkState];
+    float* vv = v0 + row[kChunkState];
+    const float* g = g0 + row[kChunkGrad];
+    update_chunk(param, row, p, [&](int64_t off, int64_t len) {
+      prefetch_line(off + kAhead, row[kChunkNumel], p, mm, vv, g);
+      adamw_elements(p + off, mm + off, vv + off, g + off, len, chunk);
+    });
   }
 }
 
@@ -219,9 +259,13 @@ void multi_tensor_sgd(Tensor main, Tensor param, Tensor grad, Tensor momentum_bu
   for (int64_t c = 0; c < rows; ++c) {
     const int64_t* row = table + c * kChunkColumns;
     float* p = main0 + row[kChunkMain];
-    sgd_elements(p, buf0 ? buf0 + row[kChunkState] : nullptr, g0 + row[kChunkGrad], row[kChunkNumel], s[kLr], momentum,
-                 row[kChunkDecay] ? s[kWeightDecay] : 0.0f, s[kSgdFirst] != 0.0f, s[kGradScale]);
-    copy_to_param(param, row, p);
+    float* buf = buf0 ? buf0 + row[kChunkState] : nullptr;
+    const float* g = g0 + row[kChunkGrad];
+    const float decay = row[kChunkDecay] ? s[kWeightDecay] : 0.0f;
+    update_chunk(param, row, p, [&](int64_t off, int64_t len) {
+      sgd_elements(p + off, buf ? buf + off : nullptr, g + off, len, s[kLr], momentum, decay, s[kSgdFirst] != 0.0f,
+                   s[kGradScale]);
+    });
   }
 }
 
