@@ -33,19 +33,29 @@ void zero_streaming(char* p, size_t n) {
 #endif
 }
 
-// Slabs of at least kHugeMin bytes (parameters, gradients, optimizer state, activations)
-// are 2 MiB-aligned and asked to be backed by transparent huge pages. Kernels stream them
-// (AdamW reads 4 and writes 3 floats per parameter, the norm reads the gradient, GEMMs read
-// cold weights): with 4 KiB pages every 4 KiB of each stream costs a TLB miss and stops the
-// hardware prefetchers, which do not cross a page. Linux enables THP only where a program
-// asks (the "madvise" mode, common on servers and VMs); where THP is "always" the call is
-// redundant, where it is "never" it does nothing. Measured on the 2-core Sapphire Rapids VM:
-// AdamW and the gradient norm over GPT-2 124M's slabs take 16 % less CPU time
-// (bench/optimizer_step_bench).
+// With TESSERA_HUGE_PAGES=1, slabs of at least kHugeMin bytes (parameters, gradients,
+// optimizer state, activations) are 2 MiB-aligned and asked to be backed by transparent huge
+// pages. Kernels stream them (AdamW reads 4 and writes 3 floats per parameter, the norm reads
+// the gradient, GEMMs read cold weights): with 4 KiB pages every 4 KiB of each stream costs a
+// TLB miss and stops the hardware prefetchers, which do not cross a page. Measured on the
+// 2-core Sapphire Rapids VM: AdamW and the norm take 16 % less CPU time, a GPT-2 124M step
+// 5-7 % less. It is opt-in, as PyTorch's THP_MEM_ALLOC_ENABLE is, because the first touch of
+// huge pages can be slow: on that VM it added 10-25 s of system time to a GPT-2 124M start
+// (the compaction counters did not move, so it was the first touch of guest memory itself),
+// and where free 2 MiB blocks are scarce the kernel also compacts memory on that touch (THP
+// defrag "madvise", the default), for every rank of a node at once.
 constexpr size_t kHugePage = size_t(2) << 20, kHugeMin = size_t(32) << 20;
 
+bool huge_pages_wanted() {  // TESSERA_HUGE_PAGES=1, read once
+  static const bool wanted = [] {
+    const char* v = std::getenv("TESSERA_HUGE_PAGES");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return wanted;
+}
+
 void* allocate_host(size_t bytes) {
-  if (bytes < kHugeMin) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (bytes < kHugeMin || !huge_pages_wanted()) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   void* p = std::aligned_alloc(kHugePage, rounded);
   if (p) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: 4 KiB pages if refused
