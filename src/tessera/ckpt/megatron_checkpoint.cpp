@@ -76,10 +76,6 @@ constexpr Rename kLayerPrefix[] = {
 };
 constexpr const char* kLayerRoots[] = {"decoder.layers.", "language_model.encoder.layers."};
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
 
 // A state-dict key split into its stage-local layer number (-1 outside the layers) and the
 // tessera name of the rest; nullopt for entries that hold no parameter (_extra_state).
@@ -89,11 +85,11 @@ struct MappedName {
 };
 
 std::optional<MappedName> map_name(const std::string& key) {
-  if (ends_with(key, "_extra_state")) return std::nullopt;
+  if (key.ends_with("_extra_state")) return std::nullopt;
   for (const Rename& r : kTopLevel)
     if (key == r.from) return MappedName{-1, r.to};
   for (const char* root : kLayerRoots) {
-    if (!starts_with(key, root)) continue;
+    if (!key.starts_with(root)) continue;
     const size_t num_begin = std::strlen(root), dot = key.find('.', num_begin);
     if (dot == std::string::npos || dot == num_begin || dot - num_begin > 6) return MappedName{-1, key};
     int layer = 0;
@@ -105,7 +101,7 @@ std::optional<MappedName> map_name(const std::string& key) {
     for (const Rename& r : kLayerExact)
       if (rest == r.from) return MappedName{layer, r.to};
     for (const Rename& r : kLayerPrefix)
-      if (starts_with(rest, r.from)) return MappedName{layer, r.to + rest.substr(std::strlen(r.from))};
+      if (rest.starts_with(r.from)) return MappedName{layer, r.to + rest.substr(std::strlen(r.from))};
     if (std::optional<std::string> expert = sequential_name_of_te_grouped(rest)) return MappedName{layer, *expert};
     return MappedName{layer, rest};
   }
@@ -135,16 +131,16 @@ int split_dim_of(const std::string& name) {
   if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return 0;
   for (const char* column : {"self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
                              ".linear_fc1.weight", ".linear_fc1.bias"})
-    if (ends_with(name, column)) return 0;
+    if (name.ends_with(column)) return 0;
   for (const char* row : {"self_attention.linear_proj.weight", ".linear_fc2.weight"})
-    if (ends_with(name, row)) return 1;
+    if (name.ends_with(row)) return 1;
   return -1;
 }
 
 // SwiGLU's linear_fc1 is [2, F, H] in tessera (gate rows, then up rows; bias [2, F]); a
 // Megatron rank saves its [gate_r; up_r] as one [2F/TP, H] (bias [2F/TP]).
 bool is_gated_fc1(const std::string& name, size_t dims) {
-  return (ends_with(name, ".linear_fc1.weight") && dims == 3) || (ends_with(name, ".linear_fc1.bias") && dims == 2);
+  return (name.ends_with(".linear_fc1.weight") && dims == 3) || (name.ends_with(".linear_fc1.bias") && dims == 2);
 }
 
 // SequentialMLP's experts (megatron/core/transformer/moe/experts.py): the file of
@@ -152,7 +148,7 @@ bool is_gated_fc1(const std::string& name, size_t dims) {
 // its other parameters being replicas of every rank's.
 constexpr std::string_view kLocalExperts = "mlp.experts.local_experts.";
 
-bool is_expert(const std::string& rest) { return starts_with(rest, kLocalExperts); }
+bool is_expert(const std::string& rest) { return rest.starts_with(kLocalExperts); }
 
 // A layer's name (after "decoder.layers.N.") with its expert renumbered by `shift`; other
 // names unchanged.
@@ -210,7 +206,7 @@ std::string shard_rel(int tp, int pp, int ep, const SavedLayout& l) {
 // local_experts.N.*, GroupedMLP's weight1/weight2 (megatron_grouped_experts.h expands them
 // before the model is read), TEGroupedMLP's linear_fc1.weight<N> (renamed by map_name).
 void refuse_unknown_experts(const TorchFile& f, const std::string& key, const MappedName& m) {
-  if (m.local_layer < 0 || !starts_with(m.rest, "mlp.experts.") || is_expert(m.rest) || is_grouped_mlp_weight(m.rest))
+  if (m.local_layer < 0 || !m.rest.starts_with("mlp.experts.") || is_expert(m.rest) || is_grouped_mlp_weight(m.rest))
     return;
   throw runtime_error(f.path() + ": model entry " + key +
                           " is no expert weight megatron-core saves (SequentialMLP's mlp.experts.local_experts.N.*, "
@@ -348,7 +344,7 @@ namespace {
 // "exp_avg.decoder.layers.0.mlp.linear_fc1.weight" -> the parameter's name.
 std::string parameter_of(const std::string& name) {
   for (const char* kind : {"exp_avg.", "exp_avg_sq.", "momentum_buffer."})
-    if (starts_with(name, kind)) return name.substr(std::strlen(kind));
+    if (name.starts_with(kind)) return name.substr(std::strlen(kind));
   return name;
 }
 
@@ -567,8 +563,8 @@ std::vector<MegatronFileSummary> summarize_megatron_checkpoint(const std::string
       sum.iteration = as_int(f.root().get("iteration"), f, "'iteration'");
       bool legacy = false, te = false;
       for (const SavedParam& p : saved_params(f)) {
-        legacy = legacy || starts_with(p.key, "language_model.") || starts_with(p.key, "word_embeddings_for_head.");
-        te = te || ends_with(p.key, "layer_norm_weight");
+        legacy = legacy || p.key.starts_with("language_model.") || p.key.starts_with("word_embeddings_for_head.");
+        te = te || p.key.ends_with("layer_norm_weight");
         f.check(p.tensor->tensor, p.key);  // its storage's extent and CRC-32
         sum.model.push_back({p.key, p.tensor->tensor.storage.type, p.tensor->tensor.shape});
       }

@@ -29,9 +29,6 @@ int parse_index(std::string_view s) {
   return n;
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // ---- Reading: GroupedMLP's tensors as per-expert views -----------------------------------------
 
@@ -112,7 +109,7 @@ void expand_model_dict(pickle::Document& doc, const TorchFile& f, Value& dict, c
   std::vector<std::pair<Value*, Value*>> entries;
   for (auto& [k, v] : dict.entries) {
     const std::string key = k->kind == Kind::Str ? prefix + k->text : std::string();
-    if (k->kind != Kind::Str || ends_with(key, "_extra_state")) {
+    if (k->kind != Kind::Str || key.ends_with("_extra_state")) {
       entries.emplace_back(k, v);
       continue;
     }
@@ -121,7 +118,7 @@ void expand_model_dict(pickle::Document& doc, const TorchFile& f, Value& dict, c
       entries.emplace_back(k, v);
       continue;
     }
-    const bool fc1 = ends_with(key, "." + std::string(kWeight1)), fc2 = ends_with(key, "." + std::string(kWeight2));
+    const bool fc1 = key.ends_with("." + std::string(kWeight1)), fc2 = key.ends_with("." + std::string(kWeight2));
     GroupPositions& mine = positions.chained && (fc1 || fc2) ? positions.expert : positions.dense;
     const auto [group, position] = mine.next(megatron_decays_weight(key, v->tensor.shape.size()));
     if (!fc1 && !fc2) {
@@ -325,7 +322,7 @@ std::optional<std::string> sequential_name_of_te_grouped(const std::string& rest
 
 bool is_grouped_mlp_weight(const std::string& rest) { return rest == kWeight1 || rest == kWeight2; }
 
-bool megatron_decays_weight(const std::string& key, size_t dims) { return !ends_with(key, ".bias") && dims != 1; }
+bool megatron_decays_weight(const std::string& key, size_t dims) { return !key.ends_with(".bias") && dims != 1; }
 
 bool expand_grouped_mlp_weights(TorchFile& f, int local_experts) {
   pickle::Document& doc = f.document();

@@ -11,10 +11,6 @@
 namespace tessera {
 namespace {
 
-bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 constexpr std::string_view kLayers = "decoder.layers.";
 constexpr std::string_view kInputNorm = "input_layernorm.", kMlpNorm = "pre_mlp_layernorm.";
@@ -24,7 +20,7 @@ struct LayerName {
   std::string layer, rest;
 };
 LayerName split_layer(const std::string& name) {
-  const size_t dot = starts_with(name, kLayers) ? name.find('.', kLayers.size()) : std::string::npos;
+  const size_t dot = name.starts_with(kLayers) ? name.find('.', kLayers.size()) : std::string::npos;
   if (dot == std::string::npos) return {"", name};
   return {name.substr(0, dot + 1), name.substr(dot + 1)};
 }
@@ -32,7 +28,7 @@ LayerName split_layer(const std::string& name) {
 // Whether a layer holds an MoE block (its router), whose pre_mlp_layernorm Transformer Engine's
 // spec keeps as a TENorm instead of fusing it.
 bool is_moe_layer(const std::vector<std::string>& rests) {
-  return std::any_of(rests.begin(), rests.end(), [](const std::string& r) { return starts_with(r, "mlp.router."); });
+  return std::any_of(rests.begin(), rests.end(), [](const std::string& r) { return r.starts_with("mlp.router."); });
 }
 
 // Where a layer's parameter falls in Transformer Engine's registration order: SelfAttention
@@ -41,14 +37,14 @@ size_t te_position(const std::string& rest) {
   static constexpr std::string_view kOrder[] = {"self_attention.linear_proj.", kInputNorm, "self_attention.", kMlpNorm,
                                                 "mlp."};
   for (size_t i = 0; i < std::size(kOrder); ++i)
-    if (starts_with(rest, kOrder[i])) return i;
+    if (rest.starts_with(kOrder[i])) return i;
   return std::size(kOrder);
 }
 
 std::string te_rest(const std::string& rest, bool moe_layer) {
-  if (starts_with(rest, kInputNorm))
+  if (rest.starts_with(kInputNorm))
     return "self_attention.linear_qkv.layer_norm_" + rest.substr(kInputNorm.size());
-  if (!moe_layer && starts_with(rest, kMlpNorm)) return "mlp.linear_fc1.layer_norm_" + rest.substr(kMlpNorm.size());
+  if (!moe_layer && rest.starts_with(kMlpNorm)) return "mlp.linear_fc1.layer_norm_" + rest.substr(kMlpNorm.size());
   return rest;
 }
 
@@ -56,7 +52,7 @@ std::string module_of(const std::string& name) { return name.substr(0, name.rfin
 
 bool is_linear_module(const std::string& module) {
   for (const char* m : {".linear_qkv", ".linear_proj", ".linear_fc1", ".linear_fc2"})
-    if (ends_with(module, m)) return true;
+    if (module.ends_with(m)) return true;
   return false;
 }
 
@@ -66,7 +62,7 @@ std::optional<MegatronExtraState> extra_state_of(bool te, const std::string& mod
     return te && module.find(".mlp.experts.local_experts.") == std::string::npos
                ? MegatronExtraState::TransformerEngineModule
                : MegatronExtraState::None;
-  if (te && (module == "decoder.final_layernorm" || ends_with(module, ".pre_mlp_layernorm")))
+  if (te && (module == "decoder.final_layernorm" || module.ends_with(".pre_mlp_layernorm")))
     return MegatronExtraState::TransformerEngineNorm;
   return std::nullopt;
 }
@@ -133,7 +129,7 @@ std::vector<MegatronModelEntry> megatron_model_entries(bool te, const std::vecto
     const std::string module = module_of(names[i]);
     const bool starts = i == 0 || module_of(names[i - 1]) != module;
     // Transformer Engine's DotProductAttention, registered before linear_proj, has no parameters.
-    if (te && starts && ends_with(module, ".self_attention.linear_proj"))
+    if (te && starts && module.ends_with(".self_attention.linear_proj"))
       out.push_back({-1, module.substr(0, module.size() - std::string_view("linear_proj").size()) +
                              "core_attention._extra_state",
                      MegatronExtraState::TransformerEngineModule});
@@ -151,11 +147,11 @@ std::vector<std::pair<std::string, MegatronExtraState>> torch_dist_extra_states(
                                                                                const std::vector<std::string>& names) {
   std::set<std::string> moe_layers;
   for (const std::string& n : names)
-    if (const LayerName l = split_layer(n); !l.layer.empty() && starts_with(l.rest, "mlp.router."))
+    if (const LayerName l = split_layer(n); !l.layer.empty() && l.rest.starts_with("mlp.router."))
       moe_layers.insert(l.layer);
   std::vector<std::pair<std::string, MegatronExtraState>> out;
   for (const std::string& name : names) {
-    if (!ends_with(name, ".weight")) continue;
+    if (!name.ends_with(".weight")) continue;
     const LayerName l = split_layer(name);
     const std::string module = module_of(name);
     if (!l.layer.empty() && is_linear_module(module)) {

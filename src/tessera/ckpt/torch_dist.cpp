@@ -31,10 +31,6 @@ constexpr const char* kCommonFile = "common.pt";
 constexpr const char* kMetadataName = ".metadata";
 constexpr const char* kOptimizerPrefix = "optimizer.state.";
 
-bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // ---- Chunks ---------------------------------------------------------------------------------
 
@@ -132,7 +128,7 @@ struct Pieces {
 // sharded_state_dict: non_homogeneous_layers, which --moe-layer-freq other than 1 implies).
 bool is_stacked(const std::string& key) {
   const std::string root = "decoder.layers.";
-  return starts_with(key, root) && key.size() > root.size() && (key[root.size()] < '0' || key[root.size()] > '9');
+  return key.starts_with(root) && key.size() > root.size() && (key[root.size()] < '0' || key[root.size()] > '9');
 }
 
 // SequentialMLP's experts (megatron/core/transformer/moe/experts.py sharded_state_dict): one key
@@ -163,7 +159,7 @@ std::optional<std::string> tessera_name(std::string key, int64_t layer, int64_t 
 
 // Every MLP's fc1: the dense one's, each expert's, the shared experts'.
 bool is_gated_fc1(const std::string& name) {
-  return ends_with(name, ".linear_fc1.weight") || ends_with(name, ".linear_fc1.bias");
+  return name.ends_with(".linear_fc1.weight") || name.ends_with(".linear_fc1.bias");
 }
 
 // The one dimension a chunk is cut along (-1: whole); an Error when it is cut along more.
@@ -318,8 +314,8 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
   std::map<std::string, size_t> sources;
   bool has_optimizer = false;
   for (const DcpTensor& t : meta.tensors) {
-    if (!starts_with(t.key, kOptimizerPrefix)) {
-      if (!starts_with(t.key, "optimizer.")) add_tensor_pieces(model_pieces, t, t.key, "", swiglu, sources);
+    if (!t.key.starts_with(kOptimizerPrefix)) {
+      if (!t.key.starts_with("optimizer.")) add_tensor_pieces(model_pieces, t, t.key, "", swiglu, sources);
       else has_optimizer = true;  // the distributed optimizer's deprecated fully_sharded_bucket_space
       continue;
     }
@@ -337,7 +333,7 @@ CheckpointState load_torch_dist_checkpoint(const std::string& dir, int64_t itera
   // dp_zero_gather_scatter (Megatron's --no-ckpt-fully-parallel-save with the distributed
   // optimizer) keeps each (tp, pp) rank's state as one byte object gathered on DP rank 0.
   const bool dp_zero = std::any_of(meta.byte_objects.begin(), meta.byte_objects.end(), [](const DcpObject& o) {
-    return starts_with(o.key, "optimizer.distributed.");
+    return o.key.starts_with("optimizer.distributed.");
   });
   if (load_optimizer && !has_optimizer && !dp_zero)
     throw runtime_error("checkpoint " + it_dir + " holds no optimizer state",
@@ -421,7 +417,7 @@ std::string torch_dist_layer_key(const std::string& rest, bool own_mlp_norm) {
       {"input_layernorm.", "self_attention.linear_qkv.layer_norm_"},
       {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"}};
   for (const auto& [from, to] : kNorms)
-    if (starts_with(rest, from) && !(own_mlp_norm && std::strcmp(from, "pre_mlp_layernorm.") == 0))
+    if (rest.starts_with(from) && !(own_mlp_norm && std::strcmp(from, "pre_mlp_layernorm.") == 0))
       return to + rest.substr(std::strlen(from));
   return rest;
 }
@@ -436,12 +432,12 @@ struct TorchDistKey {
 
 TorchDistKey torch_dist_key(const std::string& name, const TorchDistShard& shard) {
   const std::string root = "decoder.layers.";
-  if (!starts_with(name, root)) return {name};
+  if (!name.starts_with(root)) return {name};
   const size_t dot = name.find('.', root.size());
   const std::string number = name.substr(root.size(), dot - root.size());
   std::string rest = name.substr(dot + 1);
   int64_t expert = -1;
-  if (starts_with(rest, kExpertsName)) {
+  if (rest.starts_with(kExpertsName)) {
     const size_t end = rest.find('.', kExpertsName.size());
     expert = std::stoll(rest.substr(kExpertsName.size(), end - kExpertsName.size()));
     rest = std::string(kExpertsKey) + rest.substr(end + 1);

@@ -72,12 +72,12 @@ int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
 // workspace and multiplied with sgemm: the same products, summed in f32. A result of a
 // 16-bit tensor is computed in an f32 workspace and rounded into it once.
 
-// C[M,N] = A[M,K] @ op(B)[K,N] + beta * C on bf16 bits (A row-major, leading dimension lda) in K
+// C[M,N] = A[M,K] @ B[K,N] + beta * C on bf16 bits (both row-major, leading dimensions lda, ldb) in K
 // tiles of `tile`, each tile's A columns copied contiguous first (a strided A tile sends
 // oneDNN to gemm:jit, without AMX), the tiles' products added in order onto C. oneDNN's
 // brgemm walks the whole K for each block of C's rows, so with a long K it streams B from
 // memory once per block; a B tile serves every block while it is in L2.
-void gemm_bf16_in_k_tiles(bool tb, int64_t M, int64_t N, int64_t K, int64_t tile, const uint16_t* A, int64_t lda,
+void gemm_bf16_in_k_tiles(int64_t M, int64_t N, int64_t K, int64_t tile, const uint16_t* A, int64_t lda,
                           const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   uint16_t* packed =
       static_cast<uint16_t*>(workspace(Workspace::Dout, static_cast<size_t>(M * std::min(tile, K)) * 2));
@@ -85,8 +85,7 @@ void gemm_bf16_in_k_tiles(bool tb, int64_t M, int64_t N, int64_t K, int64_t tile
     const int64_t len = std::min(tile, K - k0);
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; ++m) std::copy(A + m * lda + k0, A + m * lda + k0 + len, packed + m * len);
-    gemm_bf16(false, tb, M, N, len, 1.0f, packed, len, tb ? B + k0 : B + k0 * ldb, ldb, k0 == 0 ? beta : 1.0f, C,
-              ldc);
+    gemm_bf16(false, false, M, N, len, 1.0f, packed, len, B + k0 * ldb, ldb, k0 == 0 ? beta : 1.0f, C, ldc);
   }
 }
 
@@ -135,7 +134,7 @@ struct Storage {
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A, Operand B, float beta, float* C,
             int64_t ldc) const {
     if (bits && k_tiles && !ta && !tb && K > kMaxKTile)
-      gemm_bf16_in_k_tiles(false, M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
+      gemm_bf16_in_k_tiles(M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
                            static_cast<const uint16_t*>(B.p), B.ld, beta, C, ldc);
     else if (bits)
       gemm_bf16(ta, tb, M, N, K, 1.0f, static_cast<const uint16_t*>(A.p), A.ld, static_cast<const uint16_t*>(B.p),
@@ -219,7 +218,7 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
     const int64_t len = std::min(tile, OC - o0);
     const Operand g = st.operand(dout, o0, N, len, OC, Workspace::Dout);  // dout[:, o0:o0+len]
     if (dx && whole && OC > 4 * kPackedK) {
-      gemm_bf16_in_k_tiles(false, N, C, OC, kPackedK, static_cast<const uint16_t*>(g.p), g.ld,
+      gemm_bf16_in_k_tiles(N, C, OC, kPackedK, static_cast<const uint16_t*>(g.p), g.ld,
                            reinterpret_cast<const uint16_t*>(cpu_memory(weight)), C, assign ? 0.0f : 1.0f, dx->b.p,
                            dx->b.ld);
     } else if (dx) {
