@@ -58,6 +58,20 @@ void column_sums(const Tensor& dy, int64_t N, int64_t OC, Finish finish) {
   }
 }
 
+// dbias[OC] (+)= the column sums of dout[N,OC] per `write` (zeros when N == 0).
+void column_sums_into(const Tensor& dbias, const Tensor& dout, GradWrite write) {
+  const int64_t OC = dbias.numel();
+  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
+                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  check_float(dbias, "bias_add_backward", "dbias");
+  check_float(dout, "bias_add_backward", "dout");
+  const int64_t N = dout.numel() / OC;
+  Stage grads(Stage::Caller);
+  float* db = grads.grad(dbias, 0, OC, write);
+  column_sums(dout, N, OC, [db](int64_t o, float sum) { db[o] += sum; });
+  grads.done(dbias, 0, OC, db);
+}
+
 // Weight rows per tile: the largest converted block (tile x C weight rows, N x tile dout
 // columns) stays within lowp_tile_elements; at least 64 rows, a multiple of 64.
 int64_t tile_rows(int64_t OC, int64_t C, int64_t N) {
@@ -117,19 +131,6 @@ struct Operand {
   const void* p;
   int64_t ld;
 };
-// dbias[OC] (+)= the column sums of dout[N,OC] per `write` (zeros when N == 0).
-void column_sums_into(const Tensor& dbias, const Tensor& dout, GradWrite write) {
-  const int64_t OC = dbias.numel();
-  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
-                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
-  check_float(dbias, "bias_add_backward", "dbias");
-  check_float(dout, "bias_add_backward", "dout");
-  const int64_t N = dout.numel() / OC;
-  Stage grads(Stage::Caller);
-  float* db = grads.grad(dbias, 0, OC, write);
-  column_sums(dout, N, OC, [db](int64_t o, float sum) { db[o] += sum; });
-  grads.done(dbias, 0, OC, db);
-}
 
 struct Storage {
   bool bits;     // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
