@@ -2,11 +2,12 @@
 // each chunk assigns the linears' weight gradients (ops.inc param_write) and the fill zeroes
 // only the rest of the slab. Each layout runs its micro-batches on two copies of the model:
 // one after zero_grads on a slab poisoned with NaN, one that never ran zero_grads over a slab
-// zeroed by hand (every backward accumulates: the path without assignment). Every gradient must be finite and equal (+0 == -0):
-// a tensor left out of the fill but not assigned stays NaN, one assigned although another op
-// wrote it first loses that contribution. Layouts: GPT with tied embeddings, a Llama-like
-// model (untied, SwiGLU, no biases), an MoE model with a shared expert, full recomputation,
-// PP 2 stage by stage (tied and untied) and TP 2 with sequence parallelism. Dropout is on.
+// zeroed by hand (every backward accumulates: the path without assignment). Every gradient
+// must be finite and equal (+0 == -0): a tensor left out of the fill but not assigned stays
+// NaN, one assigned although another op wrote it first (or assigned by a later micro-batch)
+// loses a contribution. Layouts: GPT with tied embeddings, a Llama-like model (untied,
+// SwiGLU, no biases), an MoE model with a shared expert, full recomputation, PP 2 stage by
+// stage (tied and untied) and TP 2 with sequence parallelism. Dropout is on.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,7 +173,8 @@ TEST(GradFill, TensorParallelRanks) {
     part.sequence_parallel = true;
     const auto make = [&] {
       Stages rank;
-      rank.push_back(std::make_unique<GPTModel>(c, cpu_device(), B, part, std::vector<int>{1}, std::vector<int>{1}, &comm));
+      rank.push_back(
+          std::make_unique<GPTModel>(c, cpu_device(), B, part, std::vector<int>{1}, std::vector<int>{1}, &comm));
       rank.back()->init_weights();
       return rank;
     };

@@ -388,13 +388,15 @@ TEST_P(Epilogue, AssignGivesTheBitsOfAccumulatingIntoZeros) {
     });
     const Tensor pre = normal({N, OC}, 2.0f, dtype);
     for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
-      check_assign("gelu dinp", {N, OC}, dtype, [&](const Tensor& g, ops::GradWrite m) { ops::gelu_backward(g, dy, pre, kind, m); });
+      check_assign("gelu dinp", {N, OC}, dtype,
+                   [&](const Tensor& g, ops::GradWrite m) { ops::gelu_backward(g, dy, pre, kind, m); });
       check_assign("linear_bias_gelu dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
         ops::linear_bias_gelu_backward(g, Tensor(), Tensor(), nans({N, OC}, dtype), dy, x, w, pre, kind, m);
       });
     }
     const Tensor gu = normal({N, 2 * C}, 2.0f, dtype), dyc = normal({N, C}, 1.0f, dtype);
-    check_assign("swiglu dinp", {N, 2 * C}, dtype, [&](const Tensor& g, ops::GradWrite m) { ops::swiglu_backward(g, dyc, gu, m); });
+    check_assign("swiglu dinp", {N, 2 * C}, dtype,
+                 [&](const Tensor& g, ops::GradWrite m) { ops::swiglu_backward(g, dyc, gu, m); });
     const Tensor weight = normal({C}, 1.0f, dtype), bias = normal({C}, 1.0f, dtype);
     const Tensor mean = nans({N}), rstd = nans({N}), ln = nans({N, C}, dtype);
     ops::layernorm_forward(ln, mean, rstd, x, weight, bias, 1e-5f);
@@ -408,7 +410,8 @@ TEST_P(Epilogue, AssignGivesTheBitsOfAccumulatingIntoZeros) {
     const Tensor dy3 = normal({3, 5, 70}, 1.0f, dtype);
     for (float p : {0.3f, 0.0f}) {
       const ops::Dropout drop = dropout_of(p, 4, 6);
-      check_assign("dropout dinp", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) { ops::dropout_backward(g, dy3, drop, m); });
+      check_assign("dropout dinp", {3, 5, 70}, dtype,
+                   [&](const Tensor& g, ops::GradWrite m) { ops::dropout_backward(g, dy3, drop, m); });
       check_assign("bias_dropout_add dinp", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) {
         ops::bias_dropout_add_backward(g, Tensor(), Tensor(), dy3, drop, m);
       });
@@ -443,7 +446,8 @@ TEST_P(Epilogue, AssignedParameterGradientsHaveTheBitsOfAccumulatingIntoZeros) {
   for (int64_t N : {37, 0})
     for (DType dtype : {DType::F32, DType::BF16}) {
       const Tensor x = normal({37, C}, 1.0f, dtype).slice_rows(0, N), w = normal({OC, C}, 1.0f, dtype);
-      const Tensor dy = normal({37, OC}, 1.0f, dtype).slice_rows(0, N), pre = normal({37, OC}, 2.0f, dtype).slice_rows(0, N);
+      const Tensor dy = normal({37, OC}, 1.0f, dtype).slice_rows(0, N);
+      const Tensor pre = normal({37, OC}, 2.0f, dtype).slice_rows(0, N);
       const Tensor dinp = nans({37, C}, dtype).slice_rows(0, N);
       SCOPED_TRACE("N " + std::to_string(N));
       for (DType grad_dtype : {DType::F32, dtype}) {
