@@ -473,6 +473,8 @@ GPTModel::GPTModel(const GPTConfig& config, Device& device, int micro_batch_size
     ch.end_param = next;
   }
   TESSERA_CHECK(next == shards_.size(), "model chunks do not cover the rank's parameters");
+  grad_fill_ = grad_fill_ranges();
+  assign_pending_.assign(chunks_.size(), false);
 }
 
 const Tensor& GPTModel::param(const std::string& name) const {
@@ -555,7 +557,51 @@ void GPTModel::load_weights(const std::map<std::string, std::vector<float>>& wei
   }
 }
 
-void GPTModel::zero_grads() { device_.fill_zero(grads_slab_.handle(), 0, grads_slab_.bytes()); }
+void GPTModel::zero_grads() {
+  const bool assign = !device_.deterministic_mode();
+  assign_pending_.assign(chunks_.size(), assign);
+  if (!assign) return device_.fill_zero(grads_slab_.handle(), 0, grads_slab_.bytes());
+  for (auto [first, end] : grad_fill_) device_.fill_zero(grads_slab_.handle(), first, end - first);
+}
+
+// In backward order: the head's output layer (tied to the embedding on this chunk, it is still
+// first: the embedding's scatter-add runs last), then per layer fc2's and fc1's weights, fc1's
+// bias, the projection's weight, the QKV weight and bias. Not here: the norms, the position
+// embedding, the row-parallel biases (proj, fc2: bias_add_backward or bias_dropout_add_backward
+// after the tensor-parallel reduction) and an MoE layer's MLP (router, experts: a routed
+// expert may get no token).
+std::vector<Tensor> GPTModel::first_write_gradients(const Chunk& ch) const {
+  std::vector<Tensor> out;
+  if (ch.range.has_head) out.push_back(grads_[ch.output_w]);
+  for (const LayerParams& g : ch.g) {
+    const bool dense_mlp = g.moe.router.empty();
+    for (const Tensor& t : {dense_mlp ? g.fc2_w : Tensor(), dense_mlp ? g.fc1_w : Tensor(),
+                            dense_mlp ? g.fc1_b : Tensor(), g.proj_w, g.qkv_w, g.qkv_b})
+      if (!t.empty()) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<std::pair<size_t, size_t>> GPTModel::grad_fill_ranges() const {
+  std::vector<std::pair<size_t, size_t>> skip;
+  for (const Chunk& ch : chunks_)
+    for (const Tensor& t : first_write_gradients(ch)) skip.push_back({t.offset, t.offset + t.bytes()});
+  std::sort(skip.begin(), skip.end());
+  std::vector<std::pair<size_t, size_t>> fill;
+  size_t at = 0;
+  for (auto [first, end] : skip) {
+    if (first > at) fill.push_back({at, first});
+    at = std::max(at, end);
+  }
+  if (at < grads_slab_.bytes()) fill.push_back({at, grads_slab_.bytes()});
+  return fill;
+}
+
+ops::GradWrite GPTModel::take_param_write(int chunk) {
+  const bool first = assign_pending_.at(chunk);
+  assign_pending_[chunk] = false;
+  return first ? ops::GradWrite::Assign : ops::GradWrite::Accumulate;
+}
 
 GPTModel::LayerParams GPTModel::layer_tensors(const std::vector<Tensor>& all, size_t first, size_t end) const {
   auto get = [&](const char* suffix) -> Tensor {
@@ -722,9 +768,9 @@ void GPTModel::branch_out_forward(Tensor out, Tensor residual, Tensor bias, cons
 // Its backward from ws.d_residual (the residual path keeps it): the weight and bias
 // gradients, and dL/d(inp) into d_inp (overwritten).
 void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
-                                const ops::Dropout& drop) {
+                                const ops::Dropout& drop, ops::GradWrite param_write) {
   branch_out_backward(d_bias, drop);
-  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws_->d_C_whole), rows(inp), weight, kAssign);
+  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws_->d_C_whole), rows(inp), weight, kAssign, param_write);
 }
 
 // Its backward from ws.d_residual: the bias gradient, and dL/d(partial output) into
@@ -816,20 +862,22 @@ Tensor GPTModel::attention_heads(Tensor qkv) {
 // ws.d_residual carries dL/d(layer output) in and dL/d(layer input) out: the identity path
 // of each residual add leaves it in place while the branch gradients are added to it.
 void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
-                              const StepContext& step) {
+                              const StepContext& step, ops::GradWrite param_write) {
   Workspace& ws = *ws_;
-  mlp_backward(l, w, g, a, step);
+  mlp_backward(l, w, g, a, step, param_write);
   norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
-                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0));
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0), param_write);
   attention_backward(l, a, step);
-  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign);
+  ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign,
+                       param_write);
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
 }
 
 // The MLP branch's backward from ws.d_residual: dL/d(its normalised input) into ws.d_ln_whole.
-void GPTModel::mlp_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, const StepContext& step) {
+void GPTModel::mlp_backward(int l, const LayerParams& w, const LayerParams& g, LayerActs& a, const StepContext& step,
+                            ops::GradWrite param_write) {
   Workspace& ws = *ws_;
   const ops::Dropout drop = dropout(config_.hidden_dropout, layer_site(l, kAfterMlp), step, 0);
   if (a.moe) {
@@ -837,17 +885,18 @@ void GPTModel::mlp_backward(int l, const LayerParams& w, const LayerParams& g, L
     return moe_->backward(w.moe, g.moe, *a.moe, ws.moe, rows(a.ln2_whole), rows(ws.d_C_whole), rows(ws.d_ln_whole),
                           step.moe_aux_scale);
   }
-  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b, drop);
+  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b, drop, param_write);
   if (!config_.swiglu && uses_fused_epilogue(device_, ops::linear_bias_gelu_backward)) {
     // dL/d(fc1) overwrites dL/d(act) in place.
     ops::linear_bias_gelu_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_act), rows(ws.d_act),
-                                   rows(a.ln2_whole), w.fc1_w, rows(a.fc1), config_.gelu, kAssign);
+                                   rows(a.ln2_whole), w.fc1_w, rows(a.fc1), config_.gelu, kAssign, param_write);
   } else {
     if (config_.swiglu)
       ops::swiglu_backward(rows(ws.d_F), rows(ws.d_act), rows(a.fc1), kAssign);
     else
       ops::gelu_backward(ws.d_F, ws.d_act, a.fc1, config_.gelu, kAssign);
-    ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, kAssign);
+    ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, kAssign,
+                         param_write);
   }
 }
 
@@ -907,14 +956,15 @@ void GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Micro
 // the logits, as Megatron's vocab-parallel cross-entropy turns its saved softmax (the
 // logits' memory) into the gradient (megatron/core/tensor_parallel/cross_entropy.py), so no
 // [N,Vl] buffer is kept or zeroed.
-void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight) {
+void GPTModel::head_backward(const Chunk& ch, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight,
+                             ops::GradWrite param_write) {
   Workspace& ws = *ws_;
   ops::masked_loss_backward(flat_rows(ws.d_losses), flat_rows(batch.loss_mask), loss_weight, kAssign);
   const Tensor d_logits = rows(h.logits);
   ops::cross_entropy_backward(d_logits, flat_rows(ws.d_losses), rows(h.logits), flat_rows(batch.labels),
                               flat_rows(h.logsumexp), vocab_start_, config_.padded_vocab_size, kAssign);
   ops::linear_backward(rows(ws.d_ln_whole), grads_[ch.output_w], Tensor(), d_logits, rows(h.lnf_whole),
-                       params_[ch.output_w], kAssign);
+                       params_[ch.output_w], kAssign, param_write);
   norm_in_backward(in, params_[ch.lnf_w], grads_[ch.lnf_w], param_or_empty(grads_, ch.lnf_b), h.lnf_mean, h.lnf_rstd,
                    kAssign);
 }
@@ -973,8 +1023,9 @@ void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const 
   ActSlot& acts = ch.acts.at(slot.act);
   IoSlot& io = ch.io.at(slot.io);
   Workspace& ws = *ws_;
+  const ops::GradWrite param_write = take_param_write(chunk);
   if (ch.range.has_head) {
-    head_backward(ch, acts.head, io.output, batch, loss_weight);
+    head_backward(ch, acts.head, io.output, batch, loss_weight, param_write);
     ready(ch.layers_end_param, ch.end_param);
   } else {
     copy_tensor(ws.d_residual, io.output_grad);
@@ -990,7 +1041,7 @@ void GPTModel::backward(int chunk, SlotRef slot, const MicroBatch& batch, const 
       }
     for (int i = g.end - 1; i >= g.first; --i) {
       const LayerIo l = layer_io(ch, acts, io, i);
-      layer_backward(ch.range.first_layer + i, ch.w[i], ch.g[i], *l.acts, l.in, step);
+      layer_backward(ch.range.first_layer + i, ch.w[i], ch.g[i], *l.acts, l.in, step, param_write);
       ready(ch.layer_ranges[i].first, ch.layer_ranges[i].second);
     }
   }

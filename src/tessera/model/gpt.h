@@ -137,6 +137,11 @@ class GPTModel {
   // Copies this rank's slices of full parameters, by Megatron name, rounded to the
   // parameters' dtype; every parameter must be present with its full shape.
   void load_weights(const std::map<std::string, std::vector<float>>& weights);
+  // Starts a step's gradient accumulation: every gradient reads as zero to the step's first
+  // backward of each chunk. In --deterministic-mode one fill of the slab; otherwise the fill
+  // skips the linears' weight gradients that a chunk's first backward assigns
+  // (first_write_gradients), so grads() hold their values only once every chunk ran a
+  // backward.
   void zero_grads();
 
   // I/O tensors of a chunk's slot, [B,Tl,C]: the pipeline executor receives into input and
@@ -207,14 +212,15 @@ class GPTModel {
                         ops::GradWrite write = ops::GradWrite::Accumulate);
   void row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias, const ops::Dropout& drop);
   void row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
-                        const ops::Dropout& drop);
+                        const ops::Dropout& drop, ops::GradWrite param_write);
   void branch_out_forward(Tensor out, Tensor residual, Tensor bias, const ops::Dropout& drop);
   void branch_out_backward(Tensor d_bias, const ops::Dropout& drop);
   void mlp_forward(int layer, const LayerParams& w, LayerActs& a, Tensor out, const StepContext& step);
-  void mlp_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, const StepContext& step);
+  void mlp_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, const StepContext& step,
+                    ops::GradWrite param_write);
   void layer_forward(int layer, const LayerParams& w, LayerActs& a, Tensor in, Tensor out, const StepContext& step);
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
-                      const StepContext& step);
+                      const StepContext& step, ops::GradWrite param_write);
   ops::Dropout attention_dropout(int layer, const StepContext& step) const;
   // A dropout over [B,rows,width] activations holding rows [first_row, first_row + rows) of
   // this rank's T, in pieces of consecutive sequence positions (one piece without context
@@ -241,7 +247,16 @@ class GPTModel {
   }
   void embedding_backward(const MicroBatch& batch, const StepContext& step);
   void head_forward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, Tensor loss_sums);
-  void head_backward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight);
+  void head_backward(const Chunk& c, HeadActs& h, Tensor in, const MicroBatch& batch, float loss_weight,
+                     ops::GradWrite param_write);
+  // The gradients a chunk's backward writes first with linear_backward or
+  // linear_bias_gelu_backward (their param_write), before any other op adds to them.
+  std::vector<Tensor> first_write_gradients(const Chunk& c) const;
+  // The byte ranges of the gradient slab outside every chunk's first_write_gradients, merged.
+  std::vector<std::pair<size_t, size_t>> grad_fill_ranges() const;
+  // How chunk's backward writes its first_write_gradients: Assign when it is the chunk's first
+  // backward since a default-mode zero_grads.
+  ops::GradWrite take_param_write(int chunk);
 
   GPTConfig config_;
   Device& device_;
@@ -263,6 +278,8 @@ class GPTModel {
   bool fused_attention_ = false;  // ops::flash_attention_* (else the unfused attention ops)
   std::unique_ptr<MoELayer> moe_;  // with MoE layers
   MoELossTracker moe_losses_;
+  std::vector<std::pair<size_t, size_t>> grad_fill_;  // grad_fill_ranges(), planned once
+  std::vector<bool> assign_pending_;  // per chunk: no backward since a default-mode zero_grads
 };
 
 }  // namespace tessera

@@ -32,11 +32,13 @@ enum class Precision {
 };
 const char* precision_name(Precision precision);
 
-// How a backward writes its input (activation) gradient: Accumulate adds into it (+=),
-// Assign overwrites it (=) without reading it, so it may hold anything, NaN included.
-// Assign gives exactly the bits of Accumulate into a zero-filled tensor (each kernel adds
-// its contribution to 0), so it is used in --deterministic-mode too. An op whose last
-// parameter is a GradWrite may be called without it: Accumulate.
+// How a backward writes a gradient: Accumulate adds into it (+=), Assign overwrites it (=)
+// without reading it, so it may hold anything, NaN included. Assign gives exactly the bits
+// of Accumulate into a zero-filled tensor (each kernel adds its contribution to 0: a GEMM
+// with beta = 0, a column sum stored instead of added) but for the sign of a zero result
+// (0 + -0 is +0), which no later sum or norm can tell apart, so Assign of an activation
+// gradient is used in --deterministic-mode too. An empty product assigns zeros. An op's
+// GradWrite parameters come last and each may be left out, last first: Accumulate.
 enum class GradWrite { Accumulate, Assign };
 
 // The ops, numbered in ops.inc's order (defined in ops.h).
@@ -80,16 +82,11 @@ template <typename First, typename Second, typename... Rest> struct AllButLast<F
 
 // An op whose last parameter is a GradWrite may be called without it (Accumulate): the call
 // operator over the other parameters, with their own types (so braced arguments still
-// convert). Other ops get no second call operator.
+// convert), and so on while the new last parameter is a GradWrite too. Other ops get no
+// second call operator.
 struct NoSecondCall {};
 template <typename Derived, typename R, typename Prefix> struct CallWithoutGradWrite {
   void operator()(NoSecondCall) const = delete;
-};
-template <typename Derived, typename R, typename... Prefix>
-struct CallWithoutGradWrite<Derived, R, std::tuple<Prefix...>> {
-  R operator()(Prefix... args) const {
-    return static_cast<const Derived&>(*this)(std::forward<Prefix>(args)..., GradWrite::Accumulate);
-  }
 };
 // The prefix tuple when the last parameter is a GradWrite, else void (every op has one).
 template <typename... Args>
@@ -98,6 +95,14 @@ using GradWritePrefix =
                        typename AllButLast<Args...>::type, void>;
 template <typename Derived, typename R, typename... Args>
 using GradWriteDefault = CallWithoutGradWrite<Derived, R, GradWritePrefix<Args...>>;
+
+template <typename Derived, typename R, typename... Prefix>
+struct CallWithoutGradWrite<Derived, R, std::tuple<Prefix...>> : GradWriteDefault<Derived, R, Prefix...> {
+  R operator()(Prefix... args) const {
+    return static_cast<const Derived&>(*this)(std::forward<Prefix>(args)..., GradWrite::Accumulate);
+  }
+  using GradWriteDefault<Derived, R, Prefix...>::operator();
+};
 
 }  // namespace op_detail
 

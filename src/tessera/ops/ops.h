@@ -10,8 +10,10 @@
 //   inputs alike, so gradient accumulation over micro-batches and the residual stream need
 //   no extra adds. A backward whose input gradient is often a first contribution takes a
 //   GradWrite last (op.h): Assign overwrites that gradient instead, so the caller needs no
-//   zero fill first; a call may leave it out for Accumulate. Parameter gradients always
-//   accumulate; callers zero them when a new accumulation starts.
+//   zero fill first; a call may leave it out for Accumulate. Parameter gradients
+//   accumulate, and callers zero them when a new accumulation starts, except the linears'
+//   (linear_backward, linear_bias_gelu_backward), which take a second GradWrite for their
+//   weight and bias gradients: the first micro-batch of a step assigns them instead.
 // - An empty Tensor (no handle: Tensor::empty()) for an optional input (bias) or gradient
 //   output means "absent" / "not needed".
 // - Storage dtypes (Megatron's Float16Module: 16-bit parameters and activations, fp32

@@ -135,6 +135,15 @@ class Epilogue : public ::testing::TestWithParam<std::string> {
     }
     EXPECT_GT(largest, 10 * atol) << what << ": gradient too small for the check to mean anything";
   }
+  // Runs backward(grad, write) with Accumulate into zeros and with Assign into NaNs: the same
+  // bits, so Assign read nothing and added to 0.
+  void check_assign(const char* what, const Shape& shape, DType dtype,
+                    const std::function<void(const Tensor&, ops::GradWrite)>& backward) {
+    const Tensor accumulated = filled(shape, 0.0f, dtype), assigned = nans(shape, dtype);
+    backward(accumulated, kAccumulate);
+    backward(assigned, kAssign);
+    EXPECT_EQ(bytes(assigned), bytes(accumulated)) << what << " (" << dtype_name(dtype) << ") on " << GetParam();
+  }
   static double weighted_sum(const Host& out, const Host& R) {
     double s = 0.0;
     for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * R[i];
@@ -369,50 +378,44 @@ TEST_P(Epilogue, BiasDropoutAddMatchesUnfusedOps) {
 
 // ---- GradWrite::Assign and the in-place cross-entropy --------------------------------------
 
-// Runs backward(grad, write) with Accumulate into zeros and with Assign into NaNs: the same
-// bits, so Assign read nothing and added to 0.
 TEST_P(Epilogue, AssignGivesTheBitsOfAccumulatingIntoZeros) {
-  auto check = [&](const char* what, const Shape& shape, DType dtype,
-                   const std::function<void(const Tensor&, ops::GradWrite)>& backward) {
-    const Tensor accumulated = filled(shape, 0.0f, dtype), assigned = nans(shape, dtype);
-    backward(accumulated, kAccumulate);
-    backward(assigned, kAssign);
-    EXPECT_EQ(bytes(assigned), bytes(accumulated)) << what << " (" << dtype_name(dtype) << ") on " << GetParam();
-  };
   const int64_t N = 37, C = 19, OC = 70;
   for (DType dtype : {DType::F32, DType::BF16}) {
     const Tensor x = normal({N, C}, 1.0f, dtype), w = normal({OC, C}, 1.0f, dtype), dy = normal({N, OC}, 1.0f, dtype);
     const Tensor dw = filled({OC, C}, 0.0f);
-    check("linear dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
+    check_assign("linear dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
       ops::linear_backward(g, dw, Tensor(), dy, x, w, m);
     });
     const Tensor pre = normal({N, OC}, 2.0f, dtype);
     for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
-      check("gelu dinp", {N, OC}, dtype, [&](const Tensor& g, ops::GradWrite m) { ops::gelu_backward(g, dy, pre, kind, m); });
-      check("linear_bias_gelu dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
+      check_assign("gelu dinp", {N, OC}, dtype,
+                   [&](const Tensor& g, ops::GradWrite m) { ops::gelu_backward(g, dy, pre, kind, m); });
+      check_assign("linear_bias_gelu dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
         ops::linear_bias_gelu_backward(g, Tensor(), Tensor(), nans({N, OC}, dtype), dy, x, w, pre, kind, m);
       });
     }
     const Tensor gu = normal({N, 2 * C}, 2.0f, dtype), dyc = normal({N, C}, 1.0f, dtype);
-    check("swiglu dinp", {N, 2 * C}, dtype, [&](const Tensor& g, ops::GradWrite m) { ops::swiglu_backward(g, dyc, gu, m); });
+    check_assign("swiglu dinp", {N, 2 * C}, dtype,
+                 [&](const Tensor& g, ops::GradWrite m) { ops::swiglu_backward(g, dyc, gu, m); });
     const Tensor weight = normal({C}, 1.0f, dtype), bias = normal({C}, 1.0f, dtype);
     const Tensor mean = nans({N}), rstd = nans({N}), ln = nans({N, C}, dtype);
     ops::layernorm_forward(ln, mean, rstd, x, weight, bias, 1e-5f);
-    check("layernorm dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
+    check_assign("layernorm dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
       ops::layernorm_backward(g, Tensor(), Tensor(), dyc, x, weight, mean, rstd, m);
     });
     ops::rmsnorm_forward(ln, rstd, x, weight, 1e-5f);
-    check("rmsnorm dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
+    check_assign("rmsnorm dinp", {N, C}, dtype, [&](const Tensor& g, ops::GradWrite m) {
       ops::rmsnorm_backward(g, Tensor(), dyc, x, weight, rstd, m);
     });
     const Tensor dy3 = normal({3, 5, 70}, 1.0f, dtype);
     for (float p : {0.3f, 0.0f}) {
       const ops::Dropout drop = dropout_of(p, 4, 6);
-      check("dropout dinp", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) { ops::dropout_backward(g, dy3, drop, m); });
-      check("bias_dropout_add dinp", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) {
+      check_assign("dropout dinp", {3, 5, 70}, dtype,
+                   [&](const Tensor& g, ops::GradWrite m) { ops::dropout_backward(g, dy3, drop, m); });
+      check_assign("bias_dropout_add dinp", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) {
         ops::bias_dropout_add_backward(g, Tensor(), Tensor(), dy3, drop, m);
       });
-      check("bias_dropout_add dresidual", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) {
+      check_assign("bias_dropout_add dresidual", {3, 5, 70}, dtype, [&](const Tensor& g, ops::GradWrite m) {
         ops::bias_dropout_add_backward(Tensor(), Tensor(), g, dy3, drop, m);
       });
     }
@@ -426,13 +429,46 @@ TEST_P(Epilogue, AssignGivesTheBitsOfAccumulatingIntoZeros) {
   const Tensor tgt = tensor_at(buffers_.back(), 0, DType::I32, {N});
   copy_from_host(tgt, ids.data(), ids.size() * sizeof(int32_t));
   const Tensor dlosses = normal({N}), lse = normal({N}, 0.1f, DType::F32);
-  check("cross_entropy dlogits", {N, V}, DType::F32, [&](const Tensor& g, ops::GradWrite m) {
+  check_assign("cross_entropy dlogits", {N, V}, DType::F32, [&](const Tensor& g, ops::GradWrite m) {
     ops::cross_entropy_backward(g, dlosses, logits, tgt, lse, 0, 0, m);
   });
   const Tensor mask = upload({N}, Host(N, 1.0f));
-  check("masked_loss dlosses", {N}, DType::F32, [&](const Tensor& g, ops::GradWrite m) {
+  check_assign("masked_loss dlosses", {N}, DType::F32, [&](const Tensor& g, ops::GradWrite m) {
     ops::masked_loss_backward(g, mask, 0.25f, m);
   });
+}
+
+// The linears' parameter gradients (param_write): dweight (f32, as the model's main grads,
+// and 16-bit) and dbias, from products of 16-bit and f32 operands, and from an empty product
+// (no rows: a MoE expert without tokens), which assigns zeros.
+TEST_P(Epilogue, AssignedParameterGradientsHaveTheBitsOfAccumulatingIntoZeros) {
+  const int64_t C = 19, OC = 70;
+  for (int64_t N : {37, 0})
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      const Tensor x = normal({37, C}, 1.0f, dtype).slice_rows(0, N), w = normal({OC, C}, 1.0f, dtype);
+      const Tensor dy = normal({37, OC}, 1.0f, dtype).slice_rows(0, N);
+      const Tensor pre = normal({37, OC}, 2.0f, dtype).slice_rows(0, N);
+      const Tensor dinp = nans({37, C}, dtype).slice_rows(0, N);
+      SCOPED_TRACE("N " + std::to_string(N));
+      for (DType grad_dtype : {DType::F32, dtype}) {
+        check_assign("linear dweight", {OC, C}, grad_dtype, [&](const Tensor& g, ops::GradWrite m) {
+          ops::linear_backward(dinp, g, Tensor(), dy, x, w, kAssign, m);
+        });
+        check_assign("linear dbias", {OC}, grad_dtype, [&](const Tensor& g, ops::GradWrite m) {
+          ops::linear_backward(Tensor(), Tensor(), g, dy, x, w, kAccumulate, m);
+        });
+        for (ops::GeluKind kind : {ops::GeluKind::Tanh, ops::GeluKind::Erf}) {
+          check_assign("linear_bias_gelu dweight", {OC, C}, grad_dtype, [&](const Tensor& g, ops::GradWrite m) {
+            ops::linear_bias_gelu_backward(dinp, g, Tensor(), nans({37, OC}, dtype).slice_rows(0, N), dy, x, w, pre,
+                                           kind, kAssign, m);
+          });
+          check_assign("linear_bias_gelu dbias", {OC}, grad_dtype, [&](const Tensor& g, ops::GradWrite m) {
+            ops::linear_bias_gelu_backward(Tensor(), Tensor(), g, nans({37, OC}, dtype).slice_rows(0, N), dy, x, w,
+                                           pre, kind, kAccumulate, m);
+          });
+        }
+      }
+    }
 }
 
 TEST_P(Epilogue, CrossEntropyGradientOverwritesTheLogits) {

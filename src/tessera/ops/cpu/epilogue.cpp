@@ -40,12 +40,12 @@ int64_t column_block_width(int64_t OC) {
 
 // Calls row(n, o0, len, acc) for the rows n = 0..N-1 in order of every column block
 // [o0, o0 + len) (len <= kMaxColumns), acc a block's running column sums, then adds them
-// into dbias (when present, as an accumulating parameter gradient).
+// into dbias (when present, a parameter gradient written per `write`).
 template <typename Row>
-void column_blocks(int64_t N, int64_t OC, const Tensor& dbias, Row row) {
+void column_blocks(int64_t N, int64_t OC, const Tensor& dbias, GradWrite write, Row row) {
   const int64_t width = column_block_width(OC), blocks = (OC + width - 1) / width;
   Stage grads(Stage::Caller);
-  float* db = dbias.empty() ? nullptr : grads.inout(dbias, 0, OC);
+  float* db = dbias.empty() ? nullptr : grads.grad(dbias, 0, OC, write);
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t o0 = blk * width, len = std::min(width, OC - o0);
@@ -138,7 +138,7 @@ void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight,
 }
 
 void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
-                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write) {
+                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write, GradWrite param_write) {
   const int64_t OC = pre.dim(-1), N = pre.numel() / OC;
   TESSERA_CHECK(dpre.numel() == N * OC && dout.numel() == N * OC && weight.ndim() == 2 && weight.dim(0) == OC &&
                     (dbias.empty() || dbias.numel() == OC),
@@ -146,7 +146,7 @@ void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor
                     ", dout " + shape_str(dout.shape) + ", weight " + shape_str(weight.shape));
   check_floats("linear_bias_gelu_backward", {{&dbias, "dbias"}, {&dpre, "dpre"}, {&dout, "dout"}, {&pre, "pre"}});
   // dpre = dout * gelu'(pre), read before written (dpre may be dout), with its column sums.
-  column_blocks(N, OC, dbias, [&](int64_t n, int64_t o0, int64_t len, float* acc) {
+  column_blocks(N, OC, dbias, param_write, [&](int64_t n, int64_t o0, int64_t len, float* acc) {
     Stage s;
     const int64_t off = n * OC + o0;
     const float* x = s.in(pre, off, len);
@@ -162,7 +162,7 @@ void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor
     add_stored(acc, dp, len, dpre);
     s.done(dpre, off, len, dp);
   });
-  cpu::linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write);
+  cpu::linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write, param_write);
 }
 
 void bias_dropout_add_forward(Tensor out, Tensor inp, Tensor bias, Tensor residual, const Dropout& dropout) {
@@ -224,7 +224,7 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
   const bool drop = dropout.p != 0.0f;
   if (drop) dropout_scale(dropout);  // checks p
   const int64_t R = drop ? N / leading_dim(dout, "bias_dropout_add_backward") : N;
-  column_blocks(N, OC, dbias, [&](int64_t row, int64_t o0, int64_t len, float* acc) {
+  column_blocks(N, OC, dbias, GradWrite::Accumulate, [&](int64_t row, int64_t o0, int64_t len, float* acc) {
     Stage s;
     const int64_t off = row * OC + o0;
     const float* dy = s.in(dout, off, len);

@@ -2,8 +2,8 @@
 // Legend: N rows (= B*T, leading dims flattened), C input channels, OC output channels.
 //   forward:  out[N,OC]   = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C]  += dout[N,OC] @ W[OC,C]     (= with GradWrite::Assign: beta = 0)
-//             dW[OC,C]   += dout[N,OC]^T @ inp[N,C]
-//             dbias[OC]  += column sums of dout (bias_add_backward)
+//             dW[OC,C]   += dout[N,OC]^T @ inp[N,C]  (= with param_write Assign: beta = 0)
+//             dbias[OC]  += column sums of dout     (= with param_write Assign)
 // The accumulating GEMMs use beta = 1, so gradient accumulation costs nothing extra.
 // bias_add_forward / bias_add_backward are the bias alone, for row-parallel linears that
 // add it after the tensor-parallel reduction.
@@ -56,6 +56,20 @@ void column_sums(const Tensor& dy, int64_t N, int64_t OC, Finish finish) {
     }
     for (int64_t o = 0; o < len; ++o) finish(o0 + o, acc[o]);
   }
+}
+
+// dbias[OC] (+)= the column sums of dout[N,OC] per `write` (zeros when N == 0).
+void column_sums_into(const Tensor& dbias, const Tensor& dout, GradWrite write) {
+  const int64_t OC = dbias.numel();
+  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
+                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
+  check_float(dbias, "bias_add_backward", "dbias");
+  check_float(dout, "bias_add_backward", "dout");
+  const int64_t N = dout.numel() / OC;
+  Stage grads(Stage::Caller);
+  float* db = grads.grad(dbias, 0, OC, write);
+  column_sums(dout, N, OC, [db](int64_t o, float sum) { db[o] += sum; });
+  grads.done(dbias, 0, OC, db);
 }
 
 // Weight rows per tile: the largest converted block (tile x C weight rows, N x tile dout
@@ -198,11 +212,11 @@ void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) 
 }
 
 void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                             GradWrite write) {
+                             GradWrite write, GradWrite param_write) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
-  if (!dbias.empty()) bias_add_backward(dbias, dout);
+  if (!dbias.empty()) column_sums_into(dbias, dout, param_write);
   if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
-  const bool assign = write == GradWrite::Assign;
+  const bool assign = write == GradWrite::Assign, assign_dw = param_write == GradWrite::Assign;
   const Storage st{all_bf16({&dout, &inp, &weight}), !deterministic(inp)};
   // Tiles bound the widened copies; multiplying bits into an f32 weight gradient widens
   // nothing, so one tile: the LM head's dout is then contiguous, not a strided column block.
@@ -226,8 +240,8 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
       st.gemm(false, false, N, C, len, g, w, assign && o0 == 0 ? 0.0f : 1.0f, dx->b.p, dx->b.ld);
     }
     if (!dweight.empty()) {
-      const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, true);
-      st.gemm(true, false, len, C, N, g, x, 1.0f, dw.b.p, dw.b.ld);
+      const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, !assign_dw);
+      st.gemm(true, false, len, C, N, g, x, assign_dw ? 0.0f : 1.0f, dw.b.p, dw.b.ld);
       dw.finish();
     }
   }
@@ -265,20 +279,21 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     GradWrite write) {
+                     GradWrite write, GradWrite param_write) {
   check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
+  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   // An empty product assigns zeros (the GEMMs below do not run).
-  if (write == GradWrite::Assign && !dinp.empty() && weight.dim(0) == 0) cpu::fill(dinp, 0.0f);
+  if (write == GradWrite::Assign && !dinp.empty() && OC == 0) cpu::fill(dinp, 0.0f);
+  if (param_write == GradWrite::Assign && !dweight.empty() && N == 0) cpu::fill(dweight, 0.0f);
   if (check_dtypes("linear_backward",
                    {{&dinp, "dinp"}, {&dweight, "dweight"}, {&dbias, "dbias"}, {&dout, "dout"}, {&inp, "inp"},
                     {&weight, "weight"}}))
-    return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight, write);
-  const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
+    return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight, write, param_write);
   const float* dy = f32(dout);
-  if (!dinp.empty())
-    sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, write == GradWrite::Assign ? 0.0f : 1.0f, f32(dinp), C);
-  if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, f32(inp), C, 1.0f, f32(dweight), C);
-  if (!dbias.empty()) bias_add_backward(dbias, dout);
+  const auto beta = [](GradWrite w) { return w == GradWrite::Assign ? 0.0f : 1.0f; };
+  if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, beta(write), f32(dinp), C);
+  if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, f32(inp), C, beta(param_write), f32(dweight), C);
+  if (!dbias.empty()) column_sums_into(dbias, dout, param_write);
 }
 
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
@@ -302,17 +317,6 @@ void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {
   }
 }
 
-void bias_add_backward(Tensor dbias, Tensor dout) {
-  const int64_t OC = dbias.numel();
-  TESSERA_CHECK(OC > 0 && dout.ndim() >= 1 && dout.dim(-1) == OC,
-                "bias_add backward: dbias " + shape_str(dbias.shape) + ", dout " + shape_str(dout.shape));
-  check_float(dbias, "bias_add_backward", "dbias");
-  check_float(dout, "bias_add_backward", "dout");
-  const int64_t N = dout.numel() / OC;
-  Stage grads(Stage::Caller);
-  float* db = grads.inout(dbias, 0, OC);
-  column_sums(dout, N, OC, [db](int64_t o, float sum) { db[o] += sum; });
-  grads.done(dbias, 0, OC, db);
-}
+void bias_add_backward(Tensor dbias, Tensor dout) { column_sums_into(dbias, dout, GradWrite::Accumulate); }
 
 }  // namespace tessera::ops::cpu

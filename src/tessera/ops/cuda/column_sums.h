@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "tessera/core/tensor.h"
+#include "tessera/ops/op.h"
 
 namespace tessera::ops::cuda {
 
@@ -18,16 +19,17 @@ constexpr int64_t kColumnBlockRows = 64;
 // The pass-1 blocks N rows take (the last may be shorter).
 constexpr int64_t column_blocks(int64_t N) { return (N + kColumnBlockRows - 1) / kColumnBlockRows; }
 
-// Pass 2: out[c] += the partials of column c (f32 [blocks, C]) summed in block order,
-// rounded once into out's dtype.
-void add_column_partials(const Tensor& out, const float* partials, int64_t C, int64_t blocks);
+// Pass 2: out[c] (+)= per `write` the partials of column c (f32 [blocks, C]) summed in block
+// order, rounded once into out's dtype.
+void add_column_partials(const Tensor& out, const float* partials, int64_t C, int64_t blocks,
+                         GradWrite write = GradWrite::Accumulate);
 
-// dbias[c] += the sum over rows of dout[r, c] (dout: [rows, OC]); linear_host.inc's
-// column_sums on CUDA.
-void column_sums(const Tensor& dbias, const Tensor& dout);
+// dbias[c] (+)= per `write` the sum over rows of dout[r, c] (dout: [rows, OC]; no rows:
+// zeros when assigning); linear_host.inc's column_sums on CUDA.
+void column_sums(const Tensor& dbias, const Tensor& dout, GradWrite write);
 // The same with pass 1's partials in the caller's scratch (column_partials_bytes of it), for
 // a caller that already holds the device's scratch.
 size_t column_partials_bytes(int64_t N, int64_t C);
-void column_sums(const Tensor& dbias, const Tensor& dout, void* partials);
+void column_sums(const Tensor& dbias, const Tensor& dout, void* partials, GradWrite write);
 
 }  // namespace tessera::ops::cuda

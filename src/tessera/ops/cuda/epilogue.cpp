@@ -63,13 +63,15 @@ void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight,
 }
 
 void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
-                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write) {
+                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write, GradWrite param_write) {
   check_linear_bias_gelu_backward(dbias, dpre, dout, weight, pre);
   const std::optional<DType> dtype = one_dtype({&dpre, &dout, &pre});
-  if (!dtype) return shared_linear_bias_gelu_backward(dinp, dweight, dbias, dpre, dout, inp, weight, pre, kind, write);
+  if (!dtype)
+    return shared_linear_bias_gelu_backward(dinp, dweight, dbias, dpre, dout, inp, weight, pre, kind, write,
+                                            param_write);
   native::dgelu(*dtype, memory(dpre), memory(dout), memory(pre), pre.numel(), kind == GeluKind::Erf, stream_of(pre));
-  if (!dbias.empty()) column_sums(dbias, dpre);
-  linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write);
+  if (!dbias.empty()) column_sums(dbias, dpre, param_write);
+  linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write, param_write);
 }
 
 void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tensor dout, const Dropout& dropout,
@@ -99,7 +101,7 @@ void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tens
                                 stream_of(dout));
   if (dbias.empty()) return;
   const Tensor summed = own_contrib ? Tensor(contrib, 0, dout.dtype, dout.shape, dout.device) : dinp;
-  column_sums(dbias, summed, scratch[1]);
+  column_sums(dbias, summed, scratch[1], GradWrite::Accumulate);
 }
 
 }  // namespace tessera::ops::cuda

@@ -3,7 +3,7 @@
 // Shapes and the dtype contract as ops/cpu/linear.cpp:
 //   forward:  out[N,OC]  = inp[N,C] @ W[OC,C]^T + bias[OC]
 //   backward: dinp[N,C] += dout @ W (= when assigning: beta 0);  dW[OC,C] += dout^T @ inp;
-//             dbias[OC] += column sums
+//             dbias[OC] += column sums (dW and dbias = when param_write assigns)
 // All-F32 calls multiply f32 operands with f32 accumulation (CUBLAS_COMPUTE_32F: exact
 // f32), or with TF32 operands when the device allows it (--tf32, device.h's
 // set_tf32_matmul); the forward adds the bias in cuBLASLt's epilogue (cublaslt_gemm.h).
@@ -75,7 +75,7 @@ void forward_16bit(const Tensor& out, const Tensor& inp, const Tensor& weight, c
 }
 
 void backward_16bit(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                    const Tensor& weight, int64_t N, int64_t C, int64_t OC, float dinp_beta) {
+                    const Tensor& weight, int64_t N, int64_t C, int64_t OC, float dinp_beta, float dweight_beta) {
   const bool widen = dout.dtype != weight.dtype || dout.dtype != inp.dtype;
   const cudaDataType_t ab = widen ? CUDA_R_32F : lt_type(dout.dtype);
   auto via_scratch = [&](const Tensor& d) { return !d.empty() && ab == CUDA_R_32F && d.dtype != DType::F32; };
@@ -88,7 +88,8 @@ void backward_16bit(const Tensor& dinp, const Tensor& dweight, const Tensor& dou
     accumulate_gemm(dinp, scratch[3], ab, false, false, N, C, OC, g, OC, operand(scratch[1], weight, OC, C, widen), C,
                     dinp_beta);
   if (!dweight.empty())
-    accumulate_gemm(dweight, scratch[4], ab, true, false, OC, C, N, g, OC, operand(scratch[2], inp, N, C, widen), C);
+    accumulate_gemm(dweight, scratch[4], ab, true, false, OC, C, N, g, OC, operand(scratch[2], inp, N, C, widen), C,
+                    dweight_beta);
 }
 
 }  // namespace
@@ -110,21 +111,27 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     GradWrite write) {
+                     GradWrite write, GradWrite param_write) {
   check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   Device& device = *dout.device;
-  const float dinp_beta = write == GradWrite::Assign ? 0.0f : 1.0f;  // cuBLASLt reads no C when beta is 0
-  if (!dbias.empty()) column_sums(dbias, dout);
-  if (dinp_beta == 0.0f && !dinp.empty() && (OC == 0 || N == 0)) return fill_zero(dinp);  // an empty product
+  // cuBLASLt reads no C when beta is 0.
+  const float dinp_beta = write == GradWrite::Assign ? 0.0f : 1.0f;
+  const float dweight_beta = param_write == GradWrite::Assign ? 0.0f : 1.0f;
+  if (!dbias.empty()) column_sums(dbias, dout, param_write);
+  if (OC == 0 || N == 0) {  // an empty product: zeros where assigning, nothing to add
+    if (dinp_beta == 0.0f && !dinp.empty()) fill_zero(dinp);
+    if (dweight_beta == 0.0f && !dweight.empty()) fill_zero(dweight);
+    return;
+  }
   if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight}))
-    return backward_16bit(dinp, dweight, dout, inp, weight, N, C, OC, dinp_beta);
+    return backward_16bit(dinp, dweight, dout, inp, weight, N, C, OC, dinp_beta, dweight_beta);
   if (!dinp.empty())
     gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, dinp_beta, f32(dinp), C);
   if (!dweight.empty())
-    gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, 1.0f, f32(dweight), C);
+    gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, dweight_beta, f32(dweight), C);
 }
 
 }  // namespace tessera::ops::cuda

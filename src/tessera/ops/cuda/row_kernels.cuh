@@ -166,11 +166,11 @@ __kernel void rmsnorm_backward_weight_partials(__global float* partials, CONST_F
   partials[b * C + c] = acc;
 }
 
-// Pass 2, work-item c: out[c] += partials[0 * C + c] + partials[1 * C + c] + ... in block
-// order (ADD_TO: added in f32, rounded once into out's dtype).
-__kernel void column_partials_add(FLOATS(out), __global const float* partials, long C, long blocks) {
+// Pass 2, work-item c: out[c] (+)= partials[0 * C + c] + partials[1 * C + c] + ... in block
+// order (GRAD_TO: added in f32, or to 0 with assign, rounded once into out's dtype).
+__kernel void column_partials_add(FLOATS(out), __global const float* partials, long C, long blocks, int assign) {
   const long c = get_global_id(0);
   float acc = partials[c];
   for (long b = 1; b < blocks; ++b) acc += partials[b * C + c];
-  ADD_TO(out, c, acc);
+  GRAD_TO(out, c, acc, assign);
 }

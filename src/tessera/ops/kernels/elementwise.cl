@@ -59,9 +59,9 @@ __kernel void bias_gelu_forward(FLOATS(out), FLOATS(pre), CONST_FLOATS(bias), lo
 
 // Its backward's first pass (cuBLASLt's DGELU_BGRAD): dpre = dout * gelu'(pre), read
 // before written (dpre may be dout), and dbias += its column sums (of dpre as stored), rows
-// in order. One work-item per column o of [N, OC].
+// in order (dbias = with assign). One work-item per column o of [N, OC].
 __kernel void dgelu_bgrad(FLOATS(dpre), FLOATS(dbias), CONST_FLOATS(dout), CONST_FLOATS(pre), long N, long OC,
-                          int erf_kind) {
+                          int erf_kind, int assign) {
   const long o = get_global_id(0);
   float acc = 0.0f;
   for (long n = 0; n < N; ++n) {
@@ -70,7 +70,7 @@ __kernel void dgelu_bgrad(FLOATS(dpre), FLOATS(dbias), CONST_FLOATS(dout), CONST
     STORE(dpre, i, d);
     acc += round_to(d, dpre_dt);
   }
-  if (dbias) ADD_TO(dbias, o, acc);
+  if (dbias) GRAD_TO(dbias, o, acc, assign);
 }
 
 // SwiGLU (ops/cpu/swiglu.cpp): out[n, f] = silu(gate) * up, gate = inp[n, f], up =
@@ -164,12 +164,12 @@ __kernel void broadcast_bias(FLOATS(out), CONST_FLOATS(bias), long OC) {
   STORE(out, n * OC + o, LOAD(bias, o));
 }
 
-// dbias[o] += column sum of dy[N, OC]; one work-item per column, rows in order.
-__kernel void column_sums(FLOATS(dbias), CONST_FLOATS(dy), long N, long OC) {
+// dbias[o] (+)= column sum of dy[N, OC] (GRAD_TO); one work-item per column, rows in order.
+__kernel void column_sums(FLOATS(dbias), CONST_FLOATS(dy), long N, long OC, int assign) {
   const long o = get_global_id(0);
   float acc = 0.0f;
   for (long n = 0; n < N; ++n) acc += LOAD(dy, n * OC + o);
-  ADD_TO(dbias, o, acc);
+  GRAD_TO(dbias, o, acc, assign);
 }
 
 __kernel void scale_inplace(FLOATS(x), float scale) {

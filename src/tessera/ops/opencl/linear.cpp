@@ -114,10 +114,10 @@ void forward_16bit(ClContext& cl, const Tensor& out, const Tensor& inp, const Te
 
 // The 16-bit backward, by tiles of weight rows (dout's columns): dinp accumulates every
 // tile's dout[:, o0:o1] @ W[o0:o1] in f32 (the first tile's GEMM overwrites it when
-// assigning) and is rounded once at the end; each tile of dweight rows gets its
-// dout[:, o0:o1]^T @ inp.
+// assigning) and is rounded once at the end; each tile of dweight rows gets (or, with
+// assign_dw, is) its dout[:, o0:o1]^T @ inp.
 void backward_16bit(ClContext& cl, const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                    const Tensor& weight, int64_t N, int64_t C, int64_t OC, bool assign) {
+                    const Tensor& weight, int64_t N, int64_t C, int64_t OC, bool assign, bool assign_dw) {
   std::optional<F32Block> dx, x;
   if (!dinp.empty()) dx.emplace(cl, dinp, 0, N, C, C, !assign);
   if (!dweight.empty()) x.emplace(cl, inp, 0, N, C, C);
@@ -130,8 +130,8 @@ void backward_16bit(ClContext& cl, const Tensor& dinp, const Tensor& dweight, co
       sgemm(cl, false, false, N, C, rows, g.operand(), w.operand(), assign && o0 == 0 ? 0.0f : 1.0f, dx->operand());
     }
     if (x) {
-      const F32Block dw(cl, dweight, o0 * C, rows, C, C);
-      sgemm(cl, true, false, rows, C, N, g.operand(), x->operand(), 1.0f, dw.operand());
+      const F32Block dw(cl, dweight, o0 * C, rows, C, C, !assign_dw);
+      sgemm(cl, true, false, rows, C, N, g.operand(), x->operand(), assign_dw ? 0.0f : 1.0f, dw.operand());
       dw.store();
     }
   }
@@ -159,20 +159,25 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     GradWrite write) {
+                     GradWrite write, GradWrite param_write) {
   check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   ClContext& cl = context_of(dout);
-  const bool assign = write == GradWrite::Assign;
-  if (!dbias.empty()) column_sums(dbias, dout);
-  if (assign && !dinp.empty() && (OC == 0 || N == 0)) return fill_zero(dinp);  // an empty product
+  const bool assign = write == GradWrite::Assign, assign_dw = param_write == GradWrite::Assign;
+  if (!dbias.empty()) column_sums(dbias, dout, param_write);
+  if (OC == 0 || N == 0) {  // an empty product: zeros where assigning, nothing to add
+    if (assign && !dinp.empty()) fill_zero(dinp);
+    if (assign_dw && !dweight.empty()) fill_zero(dweight);
+    return;
+  }
   if (!all_f32({&dinp, &dweight, &dbias, &dout, &inp, &weight}))
-    return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC, assign);
+    return backward_16bit(cl, dinp, dweight, dout, inp, weight, N, C, OC, assign, assign_dw);
   if (!dinp.empty())
     sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), assign ? 0.0f : 1.0f, operand(dinp, C));
-  if (!dweight.empty()) sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), 1.0f, operand(dweight, C));
+  if (!dweight.empty())
+    sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), assign_dw ? 0.0f : 1.0f, operand(dweight, C));
 }
 
 }  // namespace tessera::ops::opencl
