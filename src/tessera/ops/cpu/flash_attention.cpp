@@ -418,10 +418,10 @@ inline void online_softmax(Vec (&s)[kRows][NV], const RowGroup& g, int64_t HDp) 
     Vec most = s[r][0];
     for (int n = 1; n < NV; ++n) most = flash::max(most, s[r][n]);
     const float mx = std::max(g.m[r], flash::reduce_max(most));
-    const float correction = exp_approx(g.m[r] - mx);
+    const float correction = mx == g.m[r] ? 1.0f : exp_fast(g.m[r] - mx);  // skips a scalar exp on most tiles
     Vec sum = Vec{};
     for (int n = 0; n < NV; ++n) {
-      const Vec e = exp_approx_of<Vec, flash::IVec>(s[r][n] - mx);
+      const Vec e = exp_fast_of<Vec, flash::IVec>(s[r][n] - mx);
       flash::store(p + n * kVec, e);
       sum += e;
     }
@@ -596,14 +596,14 @@ void probabilities_and_score_gradients(const BackwardArgs& a, const float* lse, 
       std::fill(w.f + std::max<int64_t>(n, 0), w.f + kTile, 0.0f);
 #pragma omp simd
       for (int64_t j = 0; j < kTile; ++j) {
-        const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+        const float p = j < n ? exp_fast(s[j] - m) : 0.0f;
         s[j] = p * w.f[j];
         dp[j] = j < n ? p * (dp[j] * w.f[j] - Dt) : 0.0f;
       }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < kTile; ++j) {
-        const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+        const float p = j < n ? exp_fast(s[j] - m) : 0.0f;
         s[j] = p;
         dp[j] = j < n ? p * (dp[j] - Dt) : 0.0f;
       }
