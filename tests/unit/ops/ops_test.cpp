@@ -966,6 +966,32 @@ TEST(OpsCrossEntropy, ShardGradients) {
   expect_gradient("dlogits shard [12, 25)", ce.logits[1], d, loss, 1e-3f, 1e-3, 1e-3);
 }
 
+TEST(OpsCrossEntropy, StatsAreMaxThenSumsBitForBitInEitherMode) {
+  // The model runs cross_entropy_stats whenever the vocabulary is unsharded, in
+  // --deterministic-mode too: it must give the two ops' bits in each mode.
+  struct ModeGuard {
+    ~ModeGuard() { cpu_device().set_deterministic_mode(false); }
+  } guard;
+  Arena arena;
+  const int64_t N = 3, V = 1000 + 7;  // a tail past the sums' 32 lanes
+  Tensor logits = arena.normal({N, V}, 4, 3.0f), targets = arena.ints({N}, {0, 500, static_cast<int32_t>(V - 1)});
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic mode" : "default mode");
+    cpu_device().set_deterministic_mode(deterministic);
+    Tensor m = arena.f32({N}), s = arena.f32({N}), tl = arena.f32({N});
+    Tensor fm = arena.f32({N}), fs = arena.f32({N}), ftl = arena.f32({N});
+    ops::cross_entropy_max(m, logits);
+    ops::cross_entropy_sums(s, tl, logits, targets, m, 0, 0);
+    ops::cross_entropy_stats(fm, fs, ftl, logits, targets);
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_EQ(fm.f32()[n], m.f32()[n]) << n;
+      EXPECT_EQ(fs.f32()[n], s.f32()[n]) << n;
+      EXPECT_EQ(ftl.f32()[n], tl.f32()[n]) << n;
+    }
+    EXPECT_EQ(ftl.f32()[2], logits.f32()[2 * V + V - 1]);
+  }
+}
+
 TEST(OpsCrossEntropyDeathTest, RejectsTargetsOutsideTheVocabulary) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Arena arena;
@@ -981,6 +1007,7 @@ TEST(OpsCrossEntropyDeathTest, RejectsTargetsOutsideTheVocabulary) {
   EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 12}), m, 5, 12), "target 12");
   EXPECT_DEATH(ops::cross_entropy_backward(d, dl, logits, arena.ints({2}, {0, 1}), lse, 5, 0), "vocab_size");
   EXPECT_DEATH(ops::cross_entropy_sums(s, tl, logits, arena.ints({2}, {0, 1}), m, 8, 12), "shard");
+  EXPECT_DEATH(ops::cross_entropy_stats(m, s, tl, logits, arena.ints({2}, {0, 5})), "target 5");
 }
 
 // ---------------------------------------------------------------------------------------
