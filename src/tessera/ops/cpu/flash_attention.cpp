@@ -121,9 +121,9 @@ void widen_rows(float* dst, const Tensor& t, int64_t off, int64_t rows, int64_t 
 
 // The head-wide column blocks (one to kMax, consecutive in each row) that one traversal of a
 // tensor's rows moves, each to or from its own rows of stride HDp, rotated by RoPE or not. A
-// head's rows lie a token's row apart, each on its own page: a traversal costs a TLB and a cache
-// miss per row (the prefetch in widen_rows waits on them), so a group's k and v, adjacent in
-// qkv, travel together.
+// head's rows lie a token's row apart, each on its own page, and a traversal waits on their
+// misses (the prefetch in widen_rows does): a group's k and v, adjacent in qkv, travel
+// together, one traversal instead of two.
 struct HeadParts {
   static constexpr int kMax = 2;
   struct Part {
