@@ -340,6 +340,10 @@ bool GPTModel::uses_fused_epilogue(const Device& device, ops::OpId op) {
   return !device.deterministic_mode() && ops::supports(device, op);
 }
 
+bool GPTModel::uses_cross_entropy_stats(int tp_size, const Device& device) {
+  return tp_size == 1 && ops::supports(device, ops::cross_entropy_stats);
+}
+
 GPTSlabSizes GPTModel::slab_sizes(const GPTConfig& config, int micro_batch_size, const ModelPartition& partition,
                                   const std::vector<int>& act_slots, const std::vector<int>& io_slots,
                                   const GradBufferOptions& buffers, const Device& device) {
@@ -942,12 +946,16 @@ void GPTModel::head_forward(const Chunk& ch, HeadActs& h, Tensor in, const Micro
   const int64_t N = batch.labels.numel();
   norm_in_forward(h.lnf, h.lnf_whole, h.lnf_mean, h.lnf_rstd, in, params_[ch.lnf_w], param_or_empty(params_, ch.lnf_b));
   ops::linear_forward(rows(h.logits), rows(h.lnf_whole), params_[ch.output_w], Tensor());
-  ops::cross_entropy_max(ws.row_max, rows(h.logits));
-  tp_.all_reduce(ws.row_max, ReduceOp::Max);
   const Tensor sum_exp = ws.ce_sums.slice_rows(0, 1).view({N}), target_logit = ws.ce_sums.slice_rows(1, 1).view({N});
-  ops::cross_entropy_sums(sum_exp, target_logit, rows(h.logits), flat_rows(batch.labels), ws.row_max, vocab_start_,
-                          config_.padded_vocab_size);
-  tp_.all_reduce(ws.ce_sums, ReduceOp::Sum);
+  if (uses_cross_entropy_stats(tp_.size(), device_)) {
+    ops::cross_entropy_stats(ws.row_max, sum_exp, target_logit, rows(h.logits), flat_rows(batch.labels));
+  } else {
+    ops::cross_entropy_max(ws.row_max, rows(h.logits));
+    tp_.all_reduce(ws.row_max, ReduceOp::Max);
+    ops::cross_entropy_sums(sum_exp, target_logit, rows(h.logits), flat_rows(batch.labels), ws.row_max, vocab_start_,
+                            config_.padded_vocab_size);
+    tp_.all_reduce(ws.ce_sums, ReduceOp::Sum);
+  }
   ops::cross_entropy_finish(flat_rows(h.losses), flat_rows(h.logsumexp), sum_exp, ws.row_max, target_logit);
   ops::masked_loss_sums(loss_sums, flat_rows(h.losses), flat_rows(batch.loss_mask));
 }

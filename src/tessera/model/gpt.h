@@ -113,6 +113,10 @@ class GPTModel {
   // bias_dropout_add_*) in place of the unfused ops on `device`: when its backend has it,
   // unless it runs --deterministic-mode.
   static bool uses_fused_epilogue(const Device& device, ops::OpId op);
+  // Whether the loss's statistics take one pass (ops.h cross_entropy_stats) instead of
+  // cross_entropy_max and _sums: when the vocabulary is unsharded (nothing crosses ranks
+  // between the two) and the backend has it; the same bits, so in every mode.
+  static bool uses_cross_entropy_stats(int tp_size, const Device& device);
 
   const GPTConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }

@@ -78,6 +78,7 @@ std::vector<ops::OpId> training_ops(const TrainArgs& args, const Device& device)
   if (!c.swiglu) fused.insert(fused.end(), {linear_bias_gelu_forward, linear_bias_gelu_backward});
   for (OpId op : fused)
     if (GPTModel::uses_fused_epilogue(device, op)) list.push_back(op);
+  if (GPTModel::uses_cross_entropy_stats(args.tensor_parallel_size, device)) list.push_back(cross_entropy_stats);
   return list;
 }
 

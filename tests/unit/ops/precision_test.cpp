@@ -319,8 +319,9 @@ std::vector<Output> embedding_case(Device& device) {
   return {fwd, bwd};
 }
 
-// The pieces of the cross-entropy on one shard (vocab_start 0), against log-softmax in double.
-std::vector<Output> cross_entropy_case(Device& device) {
+// The pieces of the cross-entropy on one shard (vocab_start 0), against log-softmax in double;
+// the statistics by cross_entropy_max and _sums, or by cross_entropy_stats (`stats`).
+std::vector<Output> cross_entropy_case(Device& device, bool stats) {
   const int64_t N = 4, V = 50;
   const auto logits = normal(N * V, 21, 3.0f);
   const std::vector<int32_t> targets = {0, 17, 49, 3};
@@ -329,15 +330,22 @@ std::vector<Output> cross_entropy_case(Device& device) {
   Tensor x = a.floats(logits, {N, V}), tgt = a.ints(targets, {N});
   Tensor row_max = a.zeros({N}), sum_exp = a.zeros({N}), target_logit = a.zeros({N});
   Tensor losses = a.zeros({N}), lse = a.zeros({N}), dlogits = a.zeros({N, V});
-  ops::cross_entropy_max(row_max, x);
-  ops::cross_entropy_sums(sum_exp, target_logit, x, tgt, row_max, 0, 0);
+  if (stats) {
+    ops::cross_entropy_stats(row_max, sum_exp, target_logit, x, tgt);
+  } else {
+    ops::cross_entropy_max(row_max, x);
+    ops::cross_entropy_sums(sum_exp, target_logit, x, tgt, row_max, 0, 0);
+  }
   ops::cross_entropy_finish(losses, lse, sum_exp, row_max, target_logit);
   ops::cross_entropy_backward(dlogits, a.floats(dloss, {N}), x, tgt, lse, 0, 0);
-  Output sums{"sum_exp", values(sum_exp), {}, {}, V}, loss{"losses", values(losses), {}, {}, V};
+  Output max{"row_max", values(row_max)}, sums{"sum_exp", values(sum_exp), {}, {}, V};
+  Output loss{"losses", values(losses), {}, {}, V};
   Output grad{"dlogits", values(dlogits)};
   for (int64_t n = 0; n < N; ++n) {
     const float* row = logits.data() + n * V;
     const double mx = *std::max_element(row, row + V);
+    max.ref.push_back(mx);
+    max.scale.push_back(std::fabs(mx));
     double s = 0;
     for (int64_t v = 0; v < V; ++v) s += std::exp(row[v] - mx);
     sums.ref.push_back(s);
@@ -352,7 +360,7 @@ std::vector<Output> cross_entropy_case(Device& device) {
       grad.scale.push_back((std::exp(ls[v]) * (1 + std::fabs(row[v]) + std::fabs(mx)) + 1) * std::fabs(dloss[n]));
     }
   }
-  return {sums, loss, grad};
+  return {max, sums, loss, grad};
 }
 
 std::vector<Output> masked_loss_case(Device& device) {
@@ -551,8 +559,12 @@ std::vector<OpCase> op_cases() {
   add(each({dropout_forward}, dropout_case));
   add(each({scale_inplace, fill}, scale_and_fill_case));
   add(each({embedding_forward, embedding_backward}, embedding_case));
-  add(each({cross_entropy_max, cross_entropy_sums, cross_entropy_finish, cross_entropy_backward},
-           cross_entropy_case));
+  // The Exact max's output (its bits are the CPU's), then the OrderFree pieces' outputs.
+  add(each({cross_entropy_max},
+           [](Device& d) { auto o = cross_entropy_case(d, false); return std::vector<Output>(o.begin(), o.begin() + 1); }));
+  add(each({cross_entropy_sums, cross_entropy_finish, cross_entropy_backward},
+           [](Device& d) { auto o = cross_entropy_case(d, false); return std::vector<Output>(o.begin() + 1, o.end()); }));
+  add(each({cross_entropy_stats}, [](Device& d) { return cross_entropy_case(d, true); }));
   add(each({masked_loss_sums, masked_loss_backward}, masked_loss_case));
   add(each({sum_squares}, sum_squares_case));
   add(each({adamw_update, sgd_update}, optimizer_case));

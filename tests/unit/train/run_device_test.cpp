@@ -120,6 +120,20 @@ TEST(TrainingOps, FusedEpiloguesFollowTheDeviceModeAndTheModel) {
   for (std::string_view op : epilogues) EXPECT_FALSE(has(unfused, op)) << op;
 }
 
+// The loss's one-pass statistics with an unsharded vocabulary, in either mode (the same bits);
+// a sharded one all-reduces between cross_entropy_max and _sums.
+TEST(TrainingOps, CrossEntropyStatsFollowTheTensorParallelSize) {
+  tessera::Device& strict = tessera::open_device("strict");
+  TrainArgs whole;
+  EXPECT_TRUE(has(tessera::training_ops(whole, strict), "cross_entropy_stats"));
+  strict.set_deterministic_mode(true);
+  EXPECT_TRUE(has(tessera::training_ops(whole, strict), "cross_entropy_stats"));
+  strict.set_deterministic_mode(false);
+  TrainArgs sharded;
+  sharded.tensor_parallel_size = 2;
+  EXPECT_FALSE(has(tessera::training_ops(sharded, strict), "cross_entropy_stats"));
+}
+
 TEST(RunDeviceLine, NamesTheDeviceAndItsMemory) {
   const std::string cpu = tessera::run_device_line(tessera::cpu_device());
   EXPECT_EQ(cpu.rfind("device: cpu (", 0), 0u) << cpu;

@@ -119,27 +119,51 @@ void widen_rows(float* dst, const Tensor& t, int64_t off, int64_t rows, int64_t 
   }
 }
 
-// dst[r*HDp + i], r < rows (rows < pad_rows zero-padded, and columns HD..HDp): the HD columns
-// at element `off` of rows t0 + r of `t` (row stride ld), rotated by the angles of position
-// t0 + r when `rotated` and RoPE is on, times scale. tmp: rows * HD floats.
-void load_head(float* dst, int64_t pad_rows, const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows,
-               const FlashDims& d, const Angles& angles, bool rotated, float scale, float* tmp) {
-  const int64_t HD = d.HD, HDp = d.HDp;
-  widen_rows(tmp, t, off, rows, HD, ld);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* y = dst + r * HDp;
-    const float* x = tmp + r * HD;
-    if (rotated && angles.table)
-      rotate<false>(y, x, angles.cos(t0 + r), angles.sin(t0 + r), 1.0f, d.half, HD);
-    else
-      std::memcpy(y, x, static_cast<size_t>(HD) * sizeof(float));
-    if (scale != 1.0f) {
-#pragma omp simd
-      for (int64_t i = 0; i < HD; ++i) y[i] *= scale;
-    }
-    std::fill(y + HD, y + HDp, 0.0f);
+// The head-wide column blocks (one to kMax, consecutive in each row) that one traversal of a
+// tensor's rows moves, each to or from its own rows of stride HDp, rotated by RoPE or not. A
+// head's rows lie a token's row apart, each on its own page, and a traversal waits on their
+// misses (the prefetch in widen_rows does): a group's k and v, adjacent in qkv, travel
+// together, one traversal instead of two.
+struct HeadParts {
+  static constexpr int kMax = 2;
+  struct Part {
+    float* rows;
+    bool rotated;
+  } part[kMax];
+  int n;
+  HeadParts from_row(int64_t r, int64_t HDp) const {
+    HeadParts p = *this;
+    for (int i = 0; i < n; ++i) p.part[i].rows += r * HDp;
+    return p;
   }
-  std::fill(dst + rows * HDp, dst + pad_rows * HDp, 0.0f);
+};
+HeadParts head(float* rows, bool rotated = false) { return {{{rows, rotated}}, 1}; }
+
+// For each part: its rows r < rows (rows < pad_rows zero-padded, and columns HD..HDp) = its HD
+// columns (part i at element off + i*HD) of rows t0 + r of `t` (row stride ld), rotated by the
+// angles of position t0 + r when the part is and RoPE is on, times scale. tmp: rows * n * HD
+// floats.
+void load_head(const HeadParts& parts, int64_t pad_rows, const Tensor& t, int64_t off, int64_t ld, int64_t t0,
+               int64_t rows, const FlashDims& d, const Angles& angles, float scale, float* tmp) {
+  const int64_t HD = d.HD, HDp = d.HDp, width = parts.n * HD;
+  widen_rows(tmp, t, off, rows, width, ld);
+  for (int i = 0; i < parts.n; ++i) {
+    float* dst = parts.part[i].rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* y = dst + r * HDp;
+      const float* x = tmp + r * width + i * HD;
+      if (parts.part[i].rotated && angles.table)
+        rotate<false>(y, x, angles.cos(t0 + r), angles.sin(t0 + r), 1.0f, d.half, HD);
+      else
+        std::memcpy(y, x, static_cast<size_t>(HD) * sizeof(float));
+      if (scale != 1.0f) {
+#pragma omp simd
+        for (int64_t c = 0; c < HD; ++c) y[c] *= scale;
+      }
+      std::fill(y + HD, y + HDp, 0.0f);
+    }
+    std::fill(dst + rows * HDp, dst + pad_rows * HDp, 0.0f);
+  }
 }
 
 // dstT[i*ldt + r] = src[r*lds + i] for r < rows, i < cols, in blocks of 16 x 16: a row at a
@@ -156,40 +180,45 @@ void transpose_rows(float* dstT, int64_t ldt, const float* src, int64_t lds, int
   }
 }
 
-// Rows t0 + r (r < rows) of the HD columns at element `off` of t (row stride ld) += src rows
-// (stride HDp) rotated back (the transposed rotation) when `rotated`; rounded once.
-void add_head(const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows, const float* src,
-              const FlashDims& d, const Angles& angles, bool rotated, float* tmp) {
-  const int64_t HD = d.HD;
-  widen_rows(tmp, t, off, rows, HD, ld);
-  for (int64_t r = 0; r < rows; ++r) {
-    if (rotated && angles.table)
-      rotate<true>(tmp + r * HD, src + r * d.HDp, angles.cos(t0 + r), angles.sin(t0 + r), -1.0f, d.half, HD);
-    else
-      rotate<true>(tmp + r * HD, src + r * d.HDp, nullptr, nullptr, 1.0f, 0, HD);
+// Rows t0 + r (r < rows) of each part's HD columns (part i at element off + i*HD) of t (row
+// stride ld) += the part's rows (stride HDp) rotated back (the transposed rotation) when the
+// part is rotated; rounded once. tmp: rows * n * HD floats.
+void add_head(const Tensor& t, int64_t off, int64_t ld, int64_t t0, int64_t rows, const HeadParts& parts,
+              const FlashDims& d, const Angles& angles, float* tmp) {
+  const int64_t HD = d.HD, width = parts.n * HD;
+  widen_rows(tmp, t, off, rows, width, ld);
+  for (int i = 0; i < parts.n; ++i) {
+    const float* src = parts.part[i].rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* y = tmp + r * width + i * HD;
+      if (parts.part[i].rotated && angles.table)
+        rotate<true>(y, src + r * d.HDp, angles.cos(t0 + r), angles.sin(t0 + r), -1.0f, d.half, HD);
+      else
+        rotate<true>(y, src + r * d.HDp, nullptr, nullptr, 1.0f, 0, HD);
+    }
   }
-  narrow(t, off, ld, tmp, HD, rows, HD);
+  narrow(t, off, ld, tmp, width, rows, width);
 }
 
 // How many keys of a tile (kn keys from position k0) the query at position t sees: a prefix.
 int64_t visible_keys(int64_t t, int64_t k0, int64_t kn) { return std::clamp<int64_t>(t - k0 + 1, 0, kn); }
 
-// Rows [0, T) of the HD columns at element `off` of rows of sample b of t (row stride ld)
-// into dst (stride HDp, rows up to Tp zeroed), each run rotated at its positions when
-// `rotated`, times scale: load_head over a whole sequence placed by `rows`.
-void load_rows(float* dst, int64_t Tp, const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows,
-               const FlashDims& d, const Angles& angles, bool rotated, float scale, float* tmp) {
+// Rows [0, T) of each part's columns at element `off` of rows of sample b of t (row stride
+// ld) into its rows (rows up to Tp zeroed), each run rotated at its positions where the part
+// is, times scale: load_head over a whole sequence placed by `rows`.
+void load_rows(const HeadParts& parts, int64_t Tp, const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows,
+               const FlashDims& d, const Angles& angles, float scale, float* tmp) {
   for_each_run(rows, d.T, [&](int64_t row0, int64_t n, int64_t pos) {
-    load_head(dst + row0 * d.HDp, n, t, off + row0 * ld, ld, pos, n, d, angles, rotated, scale, tmp);
+    load_head(parts.from_row(row0, d.HDp), n, t, off + row0 * ld, ld, pos, n, d, angles, scale, tmp);
   });
-  std::fill(dst + d.T * d.HDp, dst + Tp * d.HDp, 0.0f);
+  for (int i = 0; i < parts.n; ++i) std::fill(parts.part[i].rows + d.T * d.HDp, parts.part[i].rows + Tp * d.HDp, 0.0f);
 }
 
 // add_head over a whole sequence placed by `rows`.
-void add_rows(const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows, const float* src,
-              const FlashDims& d, const Angles& angles, bool rotated, float* tmp) {
+void add_rows(const Tensor& t, int64_t off, int64_t ld, const SequenceRows& rows, const HeadParts& parts,
+              const FlashDims& d, const Angles& angles, float* tmp) {
   for_each_run(rows, d.T, [&](int64_t row0, int64_t n, int64_t pos) {
-    add_head(t, off + row0 * ld, ld, pos, n, src + row0 * d.HDp, d, angles, rotated, tmp);
+    add_head(t, off + row0 * ld, ld, pos, n, parts.from_row(row0, d.HDp), d, angles, tmp);
   });
 }
 
@@ -321,12 +350,12 @@ struct GroupKeys {
       v2 = c.take<uint32_t>(pairs);
     }
   }
-  // Group g of sample b of kv, its rows placed by `keys` (tiled as `tiles`). tmp: T * HD floats.
+  // Group g of sample b of kv, its rows placed by `keys` (tiled as `tiles`). tmp: 2 * T * HD floats.
   void load(const Tensor& kv, const FlashDims& d, const Angles& angles, const SequenceRows& keys,
             const std::vector<RowTile>& tiles, int64_t b, int64_t g, float* tmp) {
     const int64_t T = d.T, row = d.qkv_row(), Tp = d.Tp();
-    load_rows(k, Tp, kv, b * T * row + d.k_col(g), row, keys, d, angles, true, 1.0f, tmp);
-    load_rows(v, Tp, kv, b * T * row + d.v_col(g), row, keys, d, angles, false, 1.0f, tmp);
+    // k and v are adjacent in each row (v_col = k_col + HD): one traversal
+    load_rows({{{k, true}, {v, false}}, 2}, Tp, kv, b * T * row + d.k_col(g), row, keys, d, angles, 1.0f, tmp);
     if (!bf16) {
       transpose(kt, k, d);
       if (vt) transpose(vt, v, d);
@@ -361,7 +390,7 @@ struct ForwardBuffers {
   int64_t b = -1, g = -1;  // whose keys `keys` holds
   ForwardBuffers(Carve& c, const FlashDims& d, bool bf16)
       : q(c.take<float>(kTile * d.HDp)), s(c.take<float>(kTile * kTile)), o(c.take<float>(kTile * d.HDp)),
-        m(c.take<float>(kTile)), l(c.take<float>(kTile)), f(c.take<float>(kTile)), tmp(c.take<float>(d.Tp() * d.HDp)),
+        m(c.take<float>(kTile)), l(c.take<float>(kTile)), f(c.take<float>(kTile)), tmp(c.take<float>(HeadParts::kMax * d.Tp() * d.HD)),
         keys(c, d, false, bf16) {
     if (bf16) qb = c.take<uint16_t>(kTile * bf16_head_dim(d)), pb = c.take<uint16_t>(kTile * kTile);
   }
@@ -418,10 +447,10 @@ inline void online_softmax(Vec (&s)[kRows][NV], const RowGroup& g, int64_t HDp) 
     Vec most = s[r][0];
     for (int n = 1; n < NV; ++n) most = flash::max(most, s[r][n]);
     const float mx = std::max(g.m[r], flash::reduce_max(most));
-    const float correction = exp_approx(g.m[r] - mx);
+    const float correction = mx == g.m[r] ? 1.0f : exp_fast(g.m[r] - mx);  // skips a scalar exp on most tiles
     Vec sum = Vec{};
     for (int n = 0; n < NV; ++n) {
-      const Vec e = exp_approx_of<Vec, flash::IVec>(s[r][n] - mx);
+      const Vec e = exp_fast_of<Vec, flash::IVec>(s[r][n] - mx);
       flash::store(p + n * kVec, e);
       sum += e;
     }
@@ -459,12 +488,11 @@ void forward_tile(Tensor out, float* lse, const Tensor& qkv, const Tensor& kv, c
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const bool drop = dropout.p > 0.0f, bf16 = w.qb != nullptr;
   float* lse_row = lse + (b * d.NH + h) * T + q0;
-  load_head(w.q, kTile, qkv, (b * T + q0) * row + d.q_col(h), row, qt.pos, qn, d, angles, true, scale, w.tmp);
+  load_head(head(w.q, true), kTile, qkv, (b * T + q0) * row + d.q_col(h), row, qt.pos, qn, d, angles, scale, w.tmp);
   const int64_t HDb = bf16_head_dim(d);
   if (bf16) round_rows(w.qb, HDb, w.q, HDp, qn, HDp);
   if (block.merge) {  // the online softmax's state of the keys seen before: max lse, sum 1, output out
-    load_head(w.o, kTile, out, (b * T + q0) * d.out_row() + h * HD, d.out_row(), 0, qn, d, angles, false, 1.0f,
-              w.tmp);
+    load_head(head(w.o), kTile, out, (b * T + q0) * d.out_row() + h * HD, d.out_row(), 0, qn, d, angles, 1.0f, w.tmp);
     for (int64_t i = 0; i < qn; ++i) {
       w.m[i] = lse_row[i];
       w.l[i] = std::isinf(lse_row[i]) ? 0.0f : 1.0f;
@@ -545,7 +573,8 @@ struct BackwardBuffers {
   GroupKeys keys;
   BackwardBuffers(Carve& c, const FlashDims& d, bool bf16)
       : dk(c.take<float>(d.Tp() * d.HDp)), dv(c.take<float>(d.Tp() * d.HDp)), q(c.take<float>(d.Tp() * d.HDp)),
-        dout(c.take<float>(d.Tp() * d.HDp)), dq(c.take<float>(d.Tp() * d.HDp)), tmp(c.take<float>(d.Tp() * d.HDp)),
+        dout(c.take<float>(d.Tp() * d.HDp)), dq(c.take<float>(d.Tp() * d.HDp)),
+        tmp(c.take<float>(HeadParts::kMax * d.Tp() * d.HD)),
         s(c.take<float>(kTile * kTile)), dp(c.take<float>(kTile * kTile)), f(c.take<float>(kTile)),
         keys(c, d, true, bf16) {
     if (!bf16) return;
@@ -596,14 +625,14 @@ void probabilities_and_score_gradients(const BackwardArgs& a, const float* lse, 
       std::fill(w.f + std::max<int64_t>(n, 0), w.f + kTile, 0.0f);
 #pragma omp simd
       for (int64_t j = 0; j < kTile; ++j) {
-        const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+        const float p = j < n ? exp_fast(s[j] - m) : 0.0f;
         s[j] = p * w.f[j];
         dp[j] = j < n ? p * (dp[j] * w.f[j] - Dt) : 0.0f;
       }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < kTile; ++j) {
-        const float p = j < n ? exp_approx(s[j] - m) : 0.0f;
+        const float p = j < n ? exp_fast(s[j] - m) : 0.0f;
         s[j] = p;
         dp[j] = j < n ? p * (dp[j] - Dt) : 0.0f;
       }
@@ -661,9 +690,9 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
   const int64_t orow = d.out_row();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const float* lse = a.lse + (b * d.NH + h) * T;
-  load_rows(w.q, Tp, a.qkv, b * T * row + d.q_col(h), row, a.block.queries, d, a.angles, true, scale, w.tmp);
-  load_head(w.dout, Tp, a.dout, b * T * orow + h * HD, orow, 0, T, d, a.angles, false, 1.0f, w.tmp);
-  load_head(w.dq, Tp, a.out, b * T * orow + h * HD, orow, 0, T, d, a.angles, false, 1.0f, w.tmp);
+  load_rows(head(w.q, true), Tp, a.qkv, b * T * row + d.q_col(h), row, a.block.queries, d, a.angles, scale, w.tmp);
+  load_head(head(w.dout), Tp, a.dout, b * T * orow + h * HD, orow, 0, T, d, a.angles, 1.0f, w.tmp);
+  load_head(head(w.dq), Tp, a.out, b * T * orow + h * HD, orow, 0, T, d, a.angles, 1.0f, w.tmp);
   for (int64_t t = 0; t < T; ++t) {
     float sum = 0.0f;
     const float *g = w.dout + t * HDp, *o = w.dq + t * HDp;
@@ -691,7 +720,7 @@ void backward_head(const BackwardArgs& a, float* D, int64_t b, int64_t h, Backwa
   }
 #pragma omp simd
   for (int64_t e = 0; e < T * HDp; ++e) w.dq[e] *= scale;  // scores are scale * q.k
-  add_rows(a.dqkv, b * T * row + d.q_col(h), row, a.block.queries, w.dq, d, a.angles, true, w.tmp);
+  add_rows(a.dqkv, b * T * row + d.q_col(h), row, a.block.queries, head(w.dq, true), d, a.angles, w.tmp);
 }
 
 void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* scratch, int64_t b, int64_t g,
@@ -710,8 +739,7 @@ void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* 
     transpose_rows(w.dk, HDp, w.dkT, w.keys.ldt, HDp, T);
     transpose_rows(w.dv, HDp, w.dvT, w.keys.ldt, HDp, T);
   }
-  add_rows(dkv, b * T * row + d.k_col(g), row, a.block.keys, w.dk, d, a.angles, true, w.tmp);
-  add_rows(dkv, b * T * row + d.v_col(g), row, a.block.keys, w.dv, d, a.angles, false, w.tmp);
+  add_rows(dkv, b * T * row + d.k_col(g), row, a.block.keys, {{{w.dk, true}, {w.dv, false}}, 2}, d, a.angles, w.tmp);
 }
 
 Carve thread_buffer(size_t bytes) { return Carve{static_cast<char*>(workspace(Workspace::ExpandA, bytes))}; }

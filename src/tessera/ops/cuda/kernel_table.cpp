@@ -31,10 +31,13 @@ std::string libraries() {
          std::to_string(v % 100) + " GEMMs" + attention();
 }
 
-// Every op but the grouped GEMM: the model runs one cuBLASLt linear per expert instead
-// (MoELayer::grouped_forward). The fused attention is cuDNN's SDPA or the shared flash kernel
+// Every op but the grouped GEMM (the model runs one cuBLASLt linear per expert instead:
+// MoELayer::grouped_forward) and the unsharded cross-entropy statistics (the model runs
+// cross_entropy_max and _sums). The fused attention is cuDNN's SDPA or the shared flash kernel
 // (flash_attention.cpp).
-constexpr bool has_kernel(std::string_view op) { return !op.starts_with("grouped_linear_"); }
+constexpr bool has_kernel(std::string_view op) {
+  return !op.starts_with("grouped_linear_") && op != "cross_entropy_stats";
+}
 
 }  // namespace
 

@@ -10,8 +10,11 @@ namespace {
 // device's description (doctor's device row).
 std::string libraries() { return "OpenCL C kernels of tessera, CLBlast GEMMs"; }
 
-// Every op but the experts' grouped GEMM (the model runs one linear per expert here).
-constexpr bool has_kernel(std::string_view op) { return !op.starts_with("grouped_linear_"); }
+// Every op but the experts' grouped GEMM (the model runs one linear per expert here) and the
+// unsharded cross-entropy statistics (the model runs cross_entropy_max and _sums).
+constexpr bool has_kernel(std::string_view op) {
+  return !op.starts_with("grouped_linear_") && op != "cross_entropy_stats";
+}
 
 }  // namespace
 
