@@ -8,7 +8,9 @@
 // - an F16 result beyond the half range is inf (BF16 has the f32 range); tiling of the
 //   weight rows; all-F32 tensors are one sgemm bit for bit; steady-state workspaces;
 //   concurrent callers; the bf16 GEMM (oneDNN where this CPU has a bf16 kernel) against
-//   the reference, and the linear through it against the widen+sgemm path.
+//   the reference, and the linear through it against the widen+sgemm path; the bf16 weight
+//   gradient on AMX tiles (default mode, shapes that fit) and through oneDNN (other shapes,
+//   --deterministic-mode).
 // Tolerances sit next to their checks with their reasons.
 #include <gtest/gtest.h>
 #include <immintrin.h>
@@ -26,6 +28,7 @@
 
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
+#include "tessera/ops/cpu/amx_gemm.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
 #include "tessera/ops/ops.h"
@@ -455,6 +458,77 @@ TEST(OpsPrecisionLinear, LongSumDimensionInKTiles) {
   ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w, ops::GradWrite::Assign);
   cpu_device().set_deterministic_mode(false);
   EXPECT_TRUE(same_bits(dinp, whole)) << "--deterministic-mode: one GEMM over the whole K";
+}
+
+// The weight gradient dW[OC,C] += dout^T @ inp of bf16 bits into an f32 dW, run by
+// linear_backward in `mode`, with dW starting from `start`; `direct` runs the same product
+// on a copy of start (dout and inp contiguous).
+struct WeightGradientCase {
+  Arena arena;
+  int64_t N, C, OC;
+  Tensor inp, w, dout, start;
+  WeightGradientCase(int64_t N_, int64_t C_, int64_t OC_, uint32_t seed)
+      : N(N_), C(C_), OC(OC_), inp(arena.normal(DType::BF16, {N_, C_}, seed)),
+        w(arena.normal(DType::BF16, {OC_, C_}, seed + 1)), dout(arena.normal(DType::BF16, {N_, OC_}, seed + 2)),
+        start(arena.normal({OC_, C_}, seed + 3)) {}
+  Tensor linear(bool deterministic) {
+    Tensor dw = arena.copy(start);
+    cpu_device().set_deterministic_mode(deterministic);
+    ops::linear_backward(Tensor(), dw, Tensor(), dout, inp, w);
+    cpu_device().set_deterministic_mode(false);
+    return dw;
+  }
+  template <typename Product>
+  Tensor direct(Product product) {
+    Tensor dw = arena.copy(start);
+    product(dw.f32(), dout.host<uint16_t>(), inp.host<uint16_t>());
+    return dw;
+  }
+  Tensor onednn() {
+    return direct([&](float* dw, const uint16_t* dy, const uint16_t* x) {
+      ops::cpu::gemm_bf16(true, false, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dw, C);
+    });
+  }
+  // Each element within linear's OrderFree bound of float64 (precision_test.cpp's table:
+  // (8 + terms) * 2^-24 * the sum of the terms' magnitudes, start included).
+  void expect_float64(const Tensor& dw, const char* what) const {
+    const std::vector<double> x = values(inp), g = values(dout);
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        Exact e;
+        e.add(start.f32()[o * C + c], 1.0);
+        for (int64_t n = 0; n < N; ++n) e.add(g[static_cast<size_t>(n * OC + o)], x[static_cast<size_t>(n * C + c)]);
+        const double bound = (8.0 + static_cast<double>(N + 1)) * 0x1p-24 * e.magnitude;
+        ASSERT_LE(std::fabs(dw.f32()[o * C + c] - e.value), bound) << what << " at " << o << "," << c;
+      }
+  }
+};
+
+// Default mode runs a bf16 weight gradient that fits (N, C, OC multiples of 32) on AMX tiles,
+// bit for bit amx_linear_dweight; --deterministic-mode keeps one gemm_bf16, bit for bit; both
+// within the OrderFree bound of float64. Skipped without AMX or oneDNN's bf16 kernel.
+TEST(OpsPrecisionLinear, Bf16WeightGradientOnAmxTilesWhereItFits) {
+  if (!ops::cpu::bf16_uses_onednn() || !ops::cpu::amx_linear_fits(32, 32, 32))
+    GTEST_SKIP() << "no AMX or no oneDNN bf16 kernel here";
+  WeightGradientCase wc(96, 160, 224, 101);
+  const Tensor amx = wc.linear(false), onednn = wc.linear(true);
+  const Tensor amx_direct = wc.direct([&](float* dw, const uint16_t* dy, const uint16_t* x) {
+    ops::cpu::amx_linear_dweight(dw, dy, wc.OC, x, wc.N, wc.C, wc.OC);
+  });
+  EXPECT_TRUE(same_bits(amx, amx_direct)) << "default mode: the AMX kernel";
+  EXPECT_TRUE(same_bits(onednn, wc.onednn())) << "--deterministic-mode: one gemm_bf16";
+  EXPECT_FALSE(same_bits(amx, onednn)) << "the case cannot tell the AMX kernel from oneDNN";
+  wc.expect_float64(amx, "AMX");
+  wc.expect_float64(onednn, "oneDNN");
+}
+
+// A shape the AMX kernel does not take (N = 94 rows) stays with gemm_bf16 in default mode.
+TEST(OpsPrecisionLinear, Bf16WeightGradientOfOtherShapesStaysWithOneDnn) {
+  if (!ops::cpu::bf16_uses_onednn()) GTEST_SKIP() << "no oneDNN bf16 kernel on this CPU";
+  WeightGradientCase wc(94, 160, 224, 111);
+  const Tensor dw = wc.linear(false);
+  EXPECT_TRUE(same_bits(dw, wc.onednn()));
+  wc.expect_float64(dw, "oneDNN");
 }
 
 // BF16 tensors through oneDNN's bf16 matmul and through widen+sgemm compute the same

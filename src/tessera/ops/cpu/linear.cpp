@@ -16,7 +16,8 @@
 // 50k-row LM head does not need a widened copy of the whole weight, logits or their
 // gradient; a backward that widens nothing (bf16 bits, f32 weight gradient) runs whole.
 // Data gradients of bf16 bits with a long K (the sum dimension) go in K tiles that keep their
-// share of the weight in L2 (gemm_bf16_in_k_tiles), except in --deterministic-mode.
+// share of the weight in L2 (gemm_bf16_in_k_tiles), and weight gradients of bf16 bits go
+// through tessera's AMX kernel (amx_gemm.h) where it fits, except in --deterministic-mode.
 #include <algorithm>
 #include <initializer_list>
 #include <optional>
@@ -24,6 +25,7 @@
 #include <utility>
 
 #include "tessera/device/device.h"
+#include "tessera/ops/cpu/amx_gemm.h"
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
@@ -119,8 +121,9 @@ struct Operand {
 };
 
 struct Storage {
-  bool bits;     // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
-  bool k_tiles;  // bits may take a long K in tiles (their own summation order): not in --deterministic-mode
+  bool bits;       // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
+  bool any_order;  // bits may be summed in another order than one oneDNN call's (a long K in tiles, the
+                   // AMX weight gradient): not in --deterministic-mode
 
   // The rows x cols block at element off of t (leading dimension ld) as an operand: t's own
   // memory when it is bf16 bits for oneDNN or f32, else widened into `slot`.
@@ -133,7 +136,7 @@ struct Storage {
   // C = op(A) @ op(B) + beta * C.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A, Operand B, float beta, float* C,
             int64_t ldc) const {
-    if (bits && k_tiles && !ta && !tb && K > kMaxKTile)
+    if (bits && any_order && !ta && !tb && K > kMaxKTile)
       gemm_bf16_in_k_tiles(M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
                            static_cast<const uint16_t*>(B.p), B.ld, beta, C, ldc);
     else if (bits)
@@ -142,6 +145,18 @@ struct Storage {
     else
       sgemm(ta, tb, M, N, K, 1.0f, static_cast<const float*>(A.p), A.ld, static_cast<const float*>(B.p), B.ld, beta,
             C, ldc);
+  }
+  // dW[OC,C] += g^T @ x, g = dout[N,OC] and x = inp[N,C] (contiguous), dW f32 (leading dimension C).
+  // Bits go through the AMX kernel where it fits (it accumulates into dW's own f32 tiles):
+  // GFLOP per CPU-second, operands cold, N = 256, oneDNN -> AMX (bench/bf16_gemm_bench 4 12 amx,
+  // 2-core Sapphire Rapids): qkv 379 -> 499, proj 383 -> 383, fc1 418 -> 498, fc2 379 -> 457,
+  // LM head 460 -> 596. (The forward and data gradient were not faster on AMX across these
+  // shapes, so they stay with oneDNN.)
+  void weight_gradient(int64_t OC, int64_t C, int64_t N, Operand g, Operand x, float* dw) const {
+    if (bits && any_order && g.ld % 2 == 0 && x.ld == C && amx_linear_fits(N, C, OC))
+      return amx_linear_dweight(dw, static_cast<const uint16_t*>(g.p), g.ld, static_cast<const uint16_t*>(x.p), N,
+                                C, OC);
+    gemm(true, false, OC, C, N, g, x, 1.0f, dw, C);
   }
 };
 
@@ -227,7 +242,7 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
     }
     if (!dweight.empty()) {
       const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, true);
-      st.gemm(true, false, len, C, N, g, x, 1.0f, dw.b.p, dw.b.ld);
+      st.weight_gradient(len, C, N, g, x, dw.b.p);
       dw.finish();
     }
   }
