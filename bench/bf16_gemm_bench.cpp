@@ -9,8 +9,8 @@
 // then the LM head's data gradient (K = the vocabulary) whole, in K tiles of strided dout
 // column blocks, and in K tiles copied contiguous first (what ops::linear_backward does);
 // then the other long-K products (K = 3072, 2304) whole and in even K tiles.
-// Last, each layer's forward, data and weight gradient through tessera's AMX kernels
-// (amx_gemm.h) against gemm_bf16, operands cold, with the largest difference between the two.
+// Last, each layer's forward and weight gradient through tessera's AMX kernels (amx_gemm.h)
+// against gemm_bf16, operands cold, with the largest difference between the two.
 // usage: bf16_gemm_bench [reps (default 8)] [copies (default 12)] [amx: only the last part];
 // prints best and median GFLOP/s. OMP_NUM_THREADS sets the threads (oneDNN runs on OpenMP).
 #include <omp.h>
@@ -179,13 +179,13 @@ void time_long_k_tiles(int64_t N, int reps, int copies) {
   }
 }
 
-// One linear layer's operands (x, W, dy bf16; y, dx, dW f32).
+// One linear layer's operands (x, W, dy bf16; y, dW f32).
 struct LayerOperands {
   std::vector<uint16_t> x, w, dy;
-  std::vector<float> y, dx, dw;
+  std::vector<float> y, dw;
   LayerOperands(int64_t N, int64_t C, int64_t OC, int seed)
       : x(static_cast<size_t>(N * C)), w(static_cast<size_t>(OC * C)), dy(static_cast<size_t>(N * OC)),
-        y(static_cast<size_t>(N * OC)), dx(static_cast<size_t>(N * C)), dw(static_cast<size_t>(OC * C)) {
+        y(static_cast<size_t>(N * OC)), dw(static_cast<size_t>(OC * C)) {
     uint32_t state = 2463534242u + static_cast<uint32_t>(seed);
     auto fill = [&state](std::vector<uint16_t>& v, float scale) {  // uniform in [-scale, scale), xorshift32
       for (uint16_t& e : v) {
@@ -227,7 +227,7 @@ float max_difference(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-// The step's GEMMs (forward with a bias broadcast first, beta = 1; data gradient assigned;
+// The step's GEMMs that have an AMX kernel (forward with a bias broadcast first, beta = 1;
 // weight gradient accumulated) through amx_linear_* and gemm_bf16, cycling through `copies`
 // layers' operands so the weights come from memory, as in the step.
 void time_amx_against_onednn(int64_t N, int reps, int copies) {
@@ -253,19 +253,16 @@ void time_amx_against_onednn(int64_t N, int reps, int copies) {
     const double flops = 2.0 * N * C * OC;
     std::printf("%s %5lldx%4lld:", l.name, static_cast<long long>(OC), static_cast<long long>(C));
     double layer[2] = {0.0, 0.0};
-    for (int g = 0; g < 3; ++g) {
+    for (const bool dw : {false, true}) {
       std::vector<float> results[2];
       double seconds[2];
       for (int amx = 0; amx < 2; ++amx) {
         auto call = [&](int i) {
           LayerOperands& o = pool[static_cast<size_t>(i)];
-          if (g == 0) {
+          if (!dw) {
             std::fill(o.y.begin(), o.y.end(), 0.5f);
             if (amx) cpu::amx_linear_forward(o.y.data(), OC, o.x.data(), o.w.data(), N, C, OC, true);
             else cpu::gemm_bf16(false, true, N, OC, C, 1.0f, o.x.data(), C, o.w.data(), C, 1.0f, o.y.data(), OC);
-          } else if (g == 1) {
-            if (amx) cpu::amx_linear_dinp(o.dx.data(), o.dy.data(), OC, o.w.data(), N, C, OC, false);
-            else cpu::gemm_bf16(false, false, N, C, OC, 1.0f, o.dy.data(), OC, o.w.data(), C, 0.0f, o.dx.data(), C);
           } else {
             std::fill(o.dw.begin(), o.dw.end(), 0.25f);
             if (amx) cpu::amx_linear_dweight(o.dw.data(), o.dy.data(), OC, o.x.data(), N, C, OC);
@@ -276,20 +273,20 @@ void time_amx_against_onednn(int64_t N, int reps, int copies) {
         const double fill = median_seconds(
             [&](int i) {
               LayerOperands& o = pool[static_cast<size_t>(i)];
-              if (g == 0) std::fill(o.y.begin(), o.y.end(), 0.5f);
-              if (g == 2) std::fill(o.dw.begin(), o.dw.end(), 0.25f);
+              if (dw) std::fill(o.dw.begin(), o.dw.end(), 0.25f);
+              else std::fill(o.y.begin(), o.y.end(), 0.5f);
             },
             n_copies, reps);
         seconds[amx] = median_seconds(call, n_copies, reps) - fill;
         layer[amx] += seconds[amx];
         call(0);
         const LayerOperands& o = pool[0];
-        results[amx] = g == 0 ? o.y : g == 1 ? o.dx : o.dw;
+        results[amx] = dw ? o.dw : o.y;
       }
-      std::printf("  %s oneDNN %5.0f AMX %5.0f (%.1e)", g == 0 ? "fwd" : g == 1 ? "dinp" : "dW",
+      std::printf("  %s oneDNN %5.0f AMX %5.0f (%.1e)", dw ? "dW" : "fwd",
                   flops / seconds[0] / 1e9, flops / seconds[1] / 1e9, max_difference(results[0], results[1]));
     }
-    std::printf("  | 3 GEMMs: oneDNN %.2f, AMX %.2f CPU ms, %.2fx\n", 1e3 * layer[0], 1e3 * layer[1],
+    std::printf("  | both: oneDNN %.2f, AMX %.2f CPU ms, %.2fx\n", 1e3 * layer[0], 1e3 * layer[1],
                 layer[0] / layer[1]);
     total[0] += layer[0];
     total[1] += layer[1];

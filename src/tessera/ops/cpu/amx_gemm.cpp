@@ -1,4 +1,4 @@
-// The linear layer's bf16 GEMMs on AMX (amx_gemm.h). One tile loop serves all three:
+// The linear layer's bf16 GEMMs on AMX (amx_gemm.h). One tile loop serves both:
 //   C[M, N] (+)= A[M, K] @ B[K, N],
 // A bf16, B in pairs of rows (VNNI: one uint32 holds B[2q, n] low and B[2q+1, n] high,
 // TDPBF16PS's layout), C in blocks of 2 x 2 tiles of 16 x 16 f32 (tiles 0-3), A's two 16-row
@@ -10,24 +10,20 @@
 // - forward  y[N,OC] = x W^T, as y^T = W x^T: A = W, 32 rows at a time packed by the thread that
 //   owns them (W is read once), B = x^T in pairs (a 32-bit transpose of x, N x C), each 16 x 16
 //   result tile transposed in registers as it is stored into y. Threads split OC.
-// - data gradient dx[N,C] = dy W: A = dy, packed in spans of K shared by the threads; B = W in
-//   pairs of rows, 32 columns x kChunk rows at a time packed by the thread that uses the panel
-//   (in L1 while the 256 rows of dy pass). Threads split C.
 // - weight gradient dW[OC,C] += dy^T x: A = dy^T, 32 rows at a time transposed by the thread
 //   that owns those rows of dW; B = x in pairs of rows (tokens). dW's f32 tiles are loaded,
 //   accumulated and stored back: the accumulation costs no extra pass.
 // Measured (bench/bf16_gemm_bench ... amx, 2-core Sapphire Rapids VM): the weight gradient
-// ~1.3-1.5x oneDNN 2.6's brgemm, the forward ~1.0-1.2x, the data gradient ~0.7-1.0x (1.5x for
-// the LM head against an untiled gemm_bf16): the tile loads, not TDPBF16PS, set the pace. With
+// ~1.3-1.5x oneDNN 2.6's brgemm, the forward ~1.0-1.2x (1.5x with K = 3072); a data gradient
+// (dx = dy W, W packed in L1-sized panels) ran ~0.7-1.0x and was dropped, linear.cpp's K
+// tiles of oneDNN being faster: the tile loads, not TDPBF16PS, set the pace. With
 // realistic data one core ran TDPBF16PS at ~1.7 TFLOP/s with both operands' tiles in L1, ~1.2
 // with one from L2, ~0.7 with both (~3.7 on all-zero tiles); 2 x 2 blocks need 16 FLOP per
 // byte loaded whatever the loop order.
 // A build without AMX-BF16 compiles only amx_linear_fits (false).
 #include "tessera/ops/cpu/amx_gemm.h"
 
-#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "tessera/core/error.h"
 #include "tessera/ops/cpu/flash_attention_tile.h"
@@ -48,12 +44,6 @@ namespace {
 
 constexpr int64_t kTile = 16;          // a tile: 16 rows of 16 f32 (C) or 16 bf16 pairs (A, B)
 constexpr int64_t kBlock = 2 * kTile;  // C's blocks: 2 x 2 tiles
-// The data gradient's panels of W: 32 columns x kChunk rows in pairs, 24 KB, in L1 while the
-// 256 rows of dy pass (measured hot, one thread: 880 GFLOP/s, against 660 with the whole K).
-constexpr int64_t kChunk = 384;
-// The data gradient packs dy in spans of K (N = 256: 1.2 MB, in L2) that every thread's panels
-// then read: one barrier per span, not per chunk.
-constexpr int64_t kSpan = 2304;
 
 // Where C goes: element (m, n) at p[m*ld + n], or at p[n*ld + m] when transposed; added to
 // what is there when accumulating.
@@ -158,22 +148,12 @@ void block(const Out& out, const uint16_t* a0, const uint16_t* a1, const uint32_
   store_block(out);
 }
 
-// This thread's buffer of at least n elements of T (kept for later calls).
-template <typename T>
-T* thread_buffer(int64_t n) {
-  thread_local std::vector<T> buffer;
-  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
-  return buffer.data();
-}
-
-// C[M, N] (+)= A[M, 2 pairs] @ B[2 pairs, N]: A's tiles from a, a TiledA of M rows and a_pairs
-// pairs per row group (a may start at a later K tile), B a TiledB of N columns and `pairs`; M, N
-// multiples of 32, pairs of 16. The calling thread holds an AmxScope. Each block takes all of K
+// C[M, N] (+)= A[M, 2 pairs] @ B[2 pairs, N]: A a TiledA of M rows, B a TiledB of N columns, both
+// of `pairs` pairs of K values; M, N multiples of 32, pairs of 16. The calling thread holds an AmxScope. Each block takes all of K
 // at once: splitting K to keep A's tiles in L1 cost more in partial sums stored and loaded than
 // it gained (measured: hot single-thread forward, K = 768).
-void tile_loop(const Out& out, const uint16_t* a, int64_t a_pairs, const uint32_t* b, int64_t M, int64_t N,
-               int64_t pairs) {
-  const int64_t a_group = a_pairs / kTile * kATile, b_group = pairs * kBRow;
+void tile_loop(const Out& out, const uint16_t* a, const uint32_t* b, int64_t M, int64_t N, int64_t pairs) {
+  const int64_t a_group = pairs / kTile * kATile, b_group = pairs * kBRow;
   for (int64_t m0 = 0; m0 < M; m0 += kBlock) {
     const uint16_t* a0 = a + m0 / kTile * a_group;
     for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
@@ -260,35 +240,11 @@ void amx_linear_forward(float* y, int64_t ldy, const uint16_t* x, const uint16_t
   {
     pack_b_transposed_pairs(xt, x, N, C);
     flash::AmxScope amx;
-    uint16_t* wt = thread_buffer<uint16_t>(kBlock * C);
+    uint16_t* wt = static_cast<uint16_t*>(workspace(Workspace::ExpandB, static_cast<size_t>(kBlock * C) * 2));
 #pragma omp for schedule(static)
     for (int64_t o0 = 0; o0 < OC; o0 += kBlock) {
       pack_a(wt, w + o0 * C, C, kBlock, C);
-      tile_loop({y + o0, ldy, true, accumulate}, wt, C / 2, xt, kBlock, N, C / 2);
-    }
-  }
-}
-
-void amx_linear_dinp(float* dx, const uint16_t* dy, int64_t lddy, const uint16_t* w, int64_t N, int64_t C,
-                     int64_t OC, bool accumulate) {
-  const int64_t span = std::min(OC, kSpan);
-  uint16_t* dyt = static_cast<uint16_t*>(workspace(Workspace::ExpandA, static_cast<size_t>(N * span) * 2));
-#pragma omp parallel
-  {
-    flash::AmxScope amx;
-    uint32_t* panel = thread_buffer<uint32_t>(kChunk / 2 * kBlock);
-    for (int64_t s0 = 0; s0 < OC; s0 += span) {
-      const int64_t slen = std::min(span, OC - s0);
-#pragma omp for schedule(static)
-      for (int64_t n0 = 0; n0 < N; n0 += kTile) pack_a(dyt + n0 * slen, dy + n0 * lddy + s0, lddy, kTile, slen);
-#pragma omp for schedule(static)
-      for (int64_t c0 = 0; c0 < C; c0 += kBlock)
-        for (int64_t k0 = 0; k0 < slen; k0 += kChunk) {
-          const int64_t len = std::min(kChunk, slen - k0);
-          pack_b_row_pairs(panel, w + (s0 + k0) * C + c0, C, len / 2, kBlock);
-          tile_loop({dx + c0, C, false, accumulate || s0 + k0 > 0}, dyt + k0 / (2 * kTile) * kATile, slen / 2, panel, N, kBlock,
-                    len / 2);
-        }
+      tile_loop({y + o0, ldy, true, accumulate}, wt, xt, kBlock, N, C / 2);
     }
   }
 }
@@ -301,11 +257,11 @@ void amx_linear_dweight(float* dw, const uint16_t* dy, int64_t lddy, const uint1
 #pragma omp for schedule(static)
     for (int64_t c0 = 0; c0 < C; c0 += kTile) pack_b_row_pairs(xp + c0 * (N / 2), x + c0, C, N / 2, kTile);
     flash::AmxScope amx;
-    uint16_t* dyt = thread_buffer<uint16_t>(kBlock * N);
+    uint16_t* dyt = static_cast<uint16_t*>(workspace(Workspace::ExpandB, static_cast<size_t>(kBlock * N) * 2));
 #pragma omp for schedule(static)
     for (int64_t o0 = 0; o0 < OC; o0 += kBlock) {
       pack_a_columns(dyt, dy, lddy, o0, N);
-      tile_loop({dw + o0 * C, C, false, true}, dyt, N / 2, xp, kBlock, C, N / 2);
+      tile_loop({dw + o0 * C, C, false, true}, dyt, xp, kBlock, C, N / 2);
     }
   }
 }
@@ -318,9 +274,6 @@ bool amx_linear_fits(int64_t, int64_t, int64_t) { return false; }
   TESSERA_CHECK(false, #name ": this build has no AMX-BF16 kernels (amx_linear_fits is false)")
 void amx_linear_forward(float*, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, bool) {
   TESSERA_NO_AMX_GEMM(amx_linear_forward);
-}
-void amx_linear_dinp(float*, const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, bool) {
-  TESSERA_NO_AMX_GEMM(amx_linear_dinp);
 }
 void amx_linear_dweight(float*, const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t) {
   TESSERA_NO_AMX_GEMM(amx_linear_dweight);
