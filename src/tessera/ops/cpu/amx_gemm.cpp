@@ -13,14 +13,14 @@
 // - weight gradient dW[OC,C] += dy^T x: A = dy^T, 32 rows at a time transposed by the thread
 //   that owns those rows of dW; B = x in pairs of rows (tokens). dW's f32 tiles are loaded,
 //   accumulated and stored back: the accumulation costs no extra pass.
-// Measured (bench/bf16_gemm_bench ... amx, 2-core Sapphire Rapids VM): the weight gradient
-// ~1.3-1.5x oneDNN 2.6's brgemm, the forward ~1.0-1.2x (1.5x with K = 3072); a data gradient
-// (dx = dy W, W packed in L1-sized panels) ran ~0.7-1.0x and was dropped, linear.cpp's K
-// tiles of oneDNN being faster: the tile loads, not TDPBF16PS, set the pace. With
-// realistic data one core ran TDPBF16PS at ~1.7 TFLOP/s with both operands' tiles in L1, ~1.2
-// with one from L2, ~0.7 with both (~3.7 on all-zero tiles); 2 x 2 blocks need 16 FLOP per
-// byte loaded whatever the loop order.
-// A build without AMX-BF16 compiles only amx_linear_fits (false).
+// Measured (bench/bf16_gemm_bench ... amx, 2-core Sapphire Rapids VM, cold): the weight
+// gradient 1.0-1.3x oneDNN 2.6's brgemm, the forward 0.7-1.1x with K = 768 and 1.5x with
+// K = 3072; a data gradient (dx = dy W, W packed in L1-sized panels) ran 0.7-1.0x and was
+// dropped, linear.cpp's K tiles of oneDNN being faster: the tile loads, not TDPBF16PS, set the
+// pace. With realistic data one core ran TDPBF16PS at ~1.7 TFLOP/s with both operands' tiles
+// in L1, ~1.2 with one from L2, ~0.7 with both (~3.7 on all-zero tiles); 2 x 2 blocks need 16
+// FLOP per byte loaded whatever the loop order.
+// In a build without AMX-BF16, amx_linear_fits is false and the kernels throw.
 #include "tessera/ops/cpu/amx_gemm.h"
 
 #include <cstring>

@@ -1,7 +1,7 @@
 // Two of the linear layer's bf16 GEMMs on AMX tiles, the forward (linear.cpp: long K only) and
 // the weight gradient, for linear.cpp's default mode (not --deterministic-mode, which keeps
-// oneDNN's order). Legend as in linear.cpp: N rows (tokens),
-// C input channels, OC output channels, W[OC, C] as stored; operands bf16 bits, results f32.
+// oneDNN's order). Legend as in linear.cpp: N rows (tokens), C input channels, OC output
+// channels, W[OC, C] as stored; operands bf16 bits, results f32.
 // Products of bf16 values are exact in f32 and summed in f32 (TDPBF16PS), like oneDNN's: the
 // results differ only in summation order (Linear is OrderFree in ops.inc).
 #pragma once
