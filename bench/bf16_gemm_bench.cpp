@@ -9,12 +9,15 @@
 // then the LM head's data gradient (K = the vocabulary) whole, in K tiles of strided dout
 // column blocks, and in K tiles copied contiguous first (what ops::linear_backward does);
 // then the other long-K products (K = 3072, 2304) whole and in even K tiles.
-// usage: bf16_gemm_bench [reps (default 8)] [copies (default 12)]; prints best and median
-// GFLOP/s. OMP_NUM_THREADS sets the threads (oneDNN runs on OpenMP).
+// Last, each layer's forward and weight gradient through tessera's AMX kernels (amx_gemm.h)
+// against gemm_bf16, operands cold, with the largest difference between the two.
+// usage: bf16_gemm_bench [reps (default 8)] [copies (default 12)] [amx: only the last part];
+// prints best and median GFLOP/s. OMP_NUM_THREADS sets the threads (oneDNN runs on OpenMP).
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "tessera/core/dtype.h"
+#include "tessera/ops/cpu/amx_gemm.h"
 #include "tessera/ops/cpu/gemm.h"
 
 namespace {
@@ -175,11 +179,130 @@ void time_long_k_tiles(int64_t N, int reps, int copies) {
   }
 }
 
+// One linear layer's operands (x, W, dy bf16; y, dW f32).
+struct LayerOperands {
+  std::vector<uint16_t> x, w, dy;
+  std::vector<float> y, dw;
+  LayerOperands(int64_t N, int64_t C, int64_t OC, int seed)
+      : x(static_cast<size_t>(N * C)), w(static_cast<size_t>(OC * C)), dy(static_cast<size_t>(N * OC)),
+        y(static_cast<size_t>(N * OC)), dw(static_cast<size_t>(OC * C)) {
+    uint32_t state = 2463534242u + static_cast<uint32_t>(seed);
+    auto fill = [&state](std::vector<uint16_t>& v, float scale) {  // uniform in [-scale, scale), xorshift32
+      for (uint16_t& e : v) {
+        state ^= state << 13, state ^= state >> 17, state ^= state << 5;
+        e = tessera::f32_to_bf16(scale * (static_cast<float>(state >> 8) / 8388608.0f - 1.0f));
+      }
+    };
+    fill(x, 1.0f);
+    fill(w, 0.05f);
+    fill(dy, 0.01f);
+  }
+};
+
+double process_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The median call's process CPU seconds (all threads; with OMP_WAIT_POLICY=passive the work,
+// not the waits: a fair measure while other processes share the cores), call i on copy
+// i % copies.
+template <typename Call>
+double median_seconds(Call call, int copies, int reps) {
+  for (int i = 0; i < copies; ++i) call(i);
+  std::vector<double> t;
+  for (int r = 0; r < reps * copies; ++r) {
+    const double start = process_cpu_seconds();
+    call(r % copies);
+    t.push_back(process_cpu_seconds() - start);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+float max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  float d = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+// The step's GEMMs that have an AMX kernel (forward with a bias broadcast first, beta = 1;
+// weight gradient accumulated) through amx_linear_* and gemm_bf16, cycling through `copies`
+// layers' operands so the weights come from memory, as in the step.
+void time_amx_against_onednn(int64_t N, int reps, int copies) {
+  namespace cpu = tessera::ops::cpu;
+  struct Layer {
+    const char* name;
+    int64_t C, OC;
+  };
+  const Layer layers[] = {{"qkv ", 768, 2304}, {"proj", 768, 768}, {"fc1 ", 768, 3072}, {"fc2 ", 3072, 768},
+                          {"head", 768, 50304}};
+  std::printf("AMX kernels (amx_gemm.h) against gemm_bf16, cold, GFLOP per median CPU second of all threads "
+              "(max |difference|)\n");
+  double total[2] = {0.0, 0.0};
+  for (const Layer& l : layers) {
+    const int64_t C = l.C, OC = l.OC;
+    if (!cpu::amx_linear_fits(N, C, OC)) {
+      std::printf("%s: AMX kernels not available here\n", l.name);
+      return;
+    }
+    const int n_copies = OC * C > 20'000'000 ? std::min(copies, 2) : copies;
+    std::vector<LayerOperands> pool;
+    for (int i = 0; i < n_copies; ++i) pool.emplace_back(N, C, OC, i);
+    const double flops = 2.0 * N * C * OC;
+    std::printf("%s %5lldx%4lld:", l.name, static_cast<long long>(OC), static_cast<long long>(C));
+    double layer[2] = {0.0, 0.0};
+    for (const bool dw : {false, true}) {
+      std::vector<float> results[2];
+      double seconds[2];
+      for (int amx = 0; amx < 2; ++amx) {
+        auto call = [&](int i) {
+          LayerOperands& o = pool[static_cast<size_t>(i)];
+          if (!dw) {
+            std::fill(o.y.begin(), o.y.end(), 0.5f);
+            if (amx) cpu::amx_linear_forward(o.y.data(), OC, o.x.data(), o.w.data(), N, C, OC, true);
+            else cpu::gemm_bf16(false, true, N, OC, C, 1.0f, o.x.data(), C, o.w.data(), C, 1.0f, o.y.data(), OC);
+          } else {
+            std::fill(o.dw.begin(), o.dw.end(), 0.25f);
+            if (amx) cpu::amx_linear_dweight(o.dw.data(), o.dy.data(), OC, o.x.data(), N, C, OC, true);
+            else cpu::gemm_bf16(true, false, OC, C, N, 1.0f, o.dy.data(), OC, o.x.data(), C, 1.0f, o.dw.data(), C);
+          }
+        };
+        // The fills are part of every call (both ways alike): time them alone and subtract.
+        const double fill = median_seconds(
+            [&](int i) {
+              LayerOperands& o = pool[static_cast<size_t>(i)];
+              if (dw) std::fill(o.dw.begin(), o.dw.end(), 0.25f);
+              else std::fill(o.y.begin(), o.y.end(), 0.5f);
+            },
+            n_copies, reps);
+        seconds[amx] = median_seconds(call, n_copies, reps) - fill;
+        layer[amx] += seconds[amx];
+        call(0);
+        const LayerOperands& o = pool[0];
+        results[amx] = dw ? o.dw : o.y;
+      }
+      std::printf("  %s oneDNN %5.0f AMX %5.0f (%.1e)", dw ? "dW" : "fwd",
+                  flops / seconds[0] / 1e9, flops / seconds[1] / 1e9, max_difference(results[0], results[1]));
+    }
+    std::printf("  | both: oneDNN %.2f, AMX %.2f CPU ms, %.2fx\n", 1e3 * layer[0], 1e3 * layer[1],
+                layer[0] / layer[1]);
+    total[0] += layer[0];
+    total[1] += layer[1];
+  }
+  std::printf("all: oneDNN %.2f, AMX %.2f CPU ms, %.2fx\n", 1e3 * total[0], 1e3 * total[1], total[0] / total[1]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 8;
   const int copies = argc > 2 ? std::max(1, std::atoi(argv[2])) : 12;
+  if (argc > 3 && std::string(argv[3]) == "amx") {
+    time_amx_against_onednn(256, reps, copies);
+    return 0;
+  }
   std::printf("bf16 GEMMs of a GPT-2 124M step (N=256), gemm_bf16 = %s, OpenMP threads %d, %d reps x %d copies\n",
               tessera::ops::cpu::onednn_bf16_impl(), omp_get_max_threads(), reps, copies);
   const int64_t N = 256;
@@ -218,5 +341,6 @@ int main(int argc, char** argv) {
   }
   time_head_dinp_tiles(N, reps);
   time_long_k_tiles(N, reps, copies);
+  time_amx_against_onednn(N, reps, copies);
   return 0;
 }

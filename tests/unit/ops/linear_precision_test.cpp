@@ -8,7 +8,9 @@
 // - an F16 result beyond the half range is inf (BF16 has the f32 range); tiling of the
 //   weight rows; all-F32 tensors are one sgemm bit for bit; steady-state workspaces;
 //   concurrent callers; the bf16 GEMM (oneDNN where this CPU has a bf16 kernel) against
-//   the reference, and the linear through it against the widen+sgemm path.
+//   the reference, and the linear through it against the widen+sgemm path; the bf16 weight
+//   gradient on AMX tiles (default mode, shapes that fit) and through oneDNN (other shapes,
+//   --deterministic-mode).
 // Tolerances sit next to their checks with their reasons.
 #include <gtest/gtest.h>
 #include <immintrin.h>
@@ -26,6 +28,7 @@
 
 #include "tessera/core/tensor.h"
 #include "tessera/device/device.h"
+#include "tessera/ops/cpu/amx_gemm.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
 #include "tessera/ops/ops.h"
@@ -455,6 +458,133 @@ TEST(OpsPrecisionLinear, LongSumDimensionInKTiles) {
   ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w, ops::GradWrite::Assign);
   cpu_device().set_deterministic_mode(false);
   EXPECT_TRUE(same_bits(dinp, whole)) << "--deterministic-mode: one GEMM over the whole K";
+}
+
+// A linear of bf16 bits with f32 results, run by the linear ops in default mode or in
+// --deterministic-mode, and its products run directly (dout, inp and W contiguous): the
+// forward out[N,OC] = inp @ W^T + bias and the weight gradient dW[OC,C] += dout^T @ inp, dW
+// starting from `start`.
+struct AmxLinearCase {
+  Arena arena;
+  int64_t N, C, OC;
+  Tensor inp, w, bias, dout, start;
+  AmxLinearCase(int64_t N_, int64_t C_, int64_t OC_, uint32_t seed)
+      : N(N_), C(C_), OC(OC_), inp(arena.normal(DType::BF16, {N_, C_}, seed)),
+        w(arena.normal(DType::BF16, {OC_, C_}, seed + 1)), bias(arena.normal({OC_}, seed + 2)),
+        dout(arena.normal(DType::BF16, {N_, OC_}, seed + 3)), start(arena.normal({OC_, C_}, seed + 4)) {}
+  Tensor forward(bool deterministic) {
+    Tensor out = arena.f32({N, OC});
+    cpu_device().set_deterministic_mode(deterministic);
+    ops::linear_forward(out, inp, w, bias);
+    cpu_device().set_deterministic_mode(false);
+    return out;
+  }
+  Tensor weight_gradient(bool deterministic) {
+    Tensor dw = arena.copy(start);
+    cpu_device().set_deterministic_mode(deterministic);
+    ops::linear_backward(Tensor(), dw, Tensor(), dout, inp, w);
+    cpu_device().set_deterministic_mode(false);
+    return dw;
+  }
+  // y = x w^T + bias through product(y, x, w) onto y holding the broadcast bias.
+  template <typename Product>
+  Tensor forward_by(Product product) {
+    Tensor out = arena.f32({N, OC});
+    for (int64_t n = 0; n < N; ++n) std::copy(bias.f32(), bias.f32() + OC, out.f32() + n * OC);
+    product(out.f32(), inp.host<uint16_t>(), w.host<uint16_t>());
+    return out;
+  }
+  // dW = start + dy^T x through product(dW, dy, x) onto a copy of start.
+  template <typename Product>
+  Tensor weight_gradient_by(Product product) {
+    Tensor dw = arena.copy(start);
+    product(dw.f32(), dout.host<uint16_t>(), inp.host<uint16_t>());
+    return dw;
+  }
+  Tensor forward_onednn() {
+    return forward_by([&](float* y, const uint16_t* x, const uint16_t* wb) {
+      ops::cpu::gemm_bf16(false, true, N, OC, C, 1.0f, x, C, wb, C, 1.0f, y, OC);
+    });
+  }
+  Tensor weight_gradient_onednn() {
+    return weight_gradient_by([&](float* dw, const uint16_t* dy, const uint16_t* x) {
+      ops::cpu::gemm_bf16(true, false, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dw, C);
+    });
+  }
+  // Each element within linear's OrderFree bound of float64 (precision_test.cpp's table:
+  // (8 + terms) * 2^-24 * the sum of the terms' magnitudes, the bias or start included).
+  void expect_forward_float64(const Tensor& out, const char* what) const {
+    const std::vector<double> x = values(inp), wv = values(w);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < OC; ++o) {
+        Exact e;
+        e.add(bias.f32()[o], 1.0);
+        for (int64_t c = 0; c < C; ++c) e.add(x[static_cast<size_t>(n * C + c)], wv[static_cast<size_t>(o * C + c)]);
+        expect_order_free(out.f32()[n * OC + o], e, C + 1, what, n, o);
+      }
+  }
+  void expect_weight_gradient_float64(const Tensor& dw, const char* what) const {
+    const std::vector<double> x = values(inp), g = values(dout);
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        Exact e;
+        e.add(start.f32()[o * C + c], 1.0);
+        for (int64_t n = 0; n < N; ++n) e.add(g[static_cast<size_t>(n * OC + o)], x[static_cast<size_t>(n * C + c)]);
+        expect_order_free(dw.f32()[o * C + c], e, N + 1, what, o, c);
+      }
+  }
+  static void expect_order_free(float got, const Exact& e, int64_t terms, const char* what, int64_t i, int64_t j) {
+    const double bound = (8.0 + static_cast<double>(terms)) * 0x1p-24 * e.magnitude;
+    ASSERT_LE(std::fabs(got - e.value), bound) << what << " at " << i << "," << j;
+  }
+};
+
+bool amx_and_onednn_bf16() { return ops::cpu::bf16_uses_onednn() && ops::cpu::amx_linear_fits(32, 32, 32); }
+
+// Default mode runs a bf16 weight gradient that fits (N, C, OC multiples of 32) on AMX tiles,
+// bit for bit amx_linear_dweight; --deterministic-mode keeps one gemm_bf16, bit for bit; both
+// within the OrderFree bound of float64. Skipped without AMX or oneDNN's bf16 kernel.
+TEST(OpsPrecisionLinear, Bf16WeightGradientOnAmxTilesWhereItFits) {
+  if (!amx_and_onednn_bf16()) GTEST_SKIP() << "no AMX or no oneDNN bf16 kernel here";
+  AmxLinearCase lc(96, 160, 224, 101);
+  const Tensor amx = lc.weight_gradient(false), onednn = lc.weight_gradient(true);
+  EXPECT_TRUE(same_bits(amx, lc.weight_gradient_by([&](float* dw, const uint16_t* dy, const uint16_t* x) {
+    ops::cpu::amx_linear_dweight(dw, dy, lc.OC, x, lc.N, lc.C, lc.OC, true);
+  }))) << "default mode: the AMX kernel";
+  EXPECT_TRUE(same_bits(onednn, lc.weight_gradient_onednn())) << "--deterministic-mode: one gemm_bf16";
+  EXPECT_FALSE(same_bits(amx, onednn)) << "the case cannot tell the AMX kernel from oneDNN";
+  lc.expect_weight_gradient_float64(amx, "AMX");
+  lc.expect_weight_gradient_float64(onednn, "oneDNN");
+}
+
+// A shape the AMX kernel does not take (N = 94 rows) stays with gemm_bf16 in default mode.
+TEST(OpsPrecisionLinear, Bf16WeightGradientOfOtherShapesStaysWithOneDnn) {
+  if (!ops::cpu::bf16_uses_onednn()) GTEST_SKIP() << "no oneDNN bf16 kernel on this CPU";
+  AmxLinearCase lc(94, 160, 224, 111);
+  const Tensor dw = lc.weight_gradient(false);
+  EXPECT_TRUE(same_bits(dw, lc.weight_gradient_onednn()));
+  lc.expect_weight_gradient_float64(dw, "oneDNN");
+}
+
+// A bf16 forward with a long K (C = 2080 >= 2048) runs on AMX tiles in default mode, onto the
+// broadcast bias, bit for bit amx_linear_forward; --deterministic-mode and a short K (C = 992)
+// keep one gemm_bf16; all within the OrderFree bound of float64. (With fewer rows, oneDNN's
+// brgemm sums in the kernel's order: N = 256, the step's, tells them apart.)
+TEST(OpsPrecisionLinear, Bf16ForwardWithLongSumDimensionOnAmxTiles) {
+  if (!amx_and_onednn_bf16()) GTEST_SKIP() << "no AMX or no oneDNN bf16 kernel here";
+  AmxLinearCase lc(256, 2080, 96, 121);
+  const Tensor amx = lc.forward(false), onednn = lc.forward(true);
+  EXPECT_TRUE(same_bits(amx, lc.forward_by([&](float* y, const uint16_t* x, const uint16_t* wb) {
+    ops::cpu::amx_linear_forward(y, lc.OC, x, wb, lc.N, lc.C, lc.OC, true);
+  }))) << "default mode: the AMX kernel";
+  EXPECT_TRUE(same_bits(onednn, lc.forward_onednn())) << "--deterministic-mode: one gemm_bf16";
+  EXPECT_FALSE(same_bits(amx, onednn)) << "the case cannot tell the AMX kernel from oneDNN";
+  lc.expect_forward_float64(amx, "AMX");
+  lc.expect_forward_float64(onednn, "oneDNN");
+  AmxLinearCase short_k(256, 992, 96, 131);
+  const Tensor out = short_k.forward(false);
+  EXPECT_TRUE(same_bits(out, short_k.forward_onednn())) << "short K: one gemm_bf16";
+  short_k.expect_forward_float64(out, "short K");
 }
 
 // BF16 tensors through oneDNN's bf16 matmul and through widen+sgemm compute the same

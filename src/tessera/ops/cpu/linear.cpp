@@ -16,7 +16,9 @@
 // 50k-row LM head does not need a widened copy of the whole weight, logits or their
 // gradient; a backward that widens nothing (bf16 bits, f32 weight gradient) runs whole.
 // Data gradients of bf16 bits with a long K (the sum dimension) go in K tiles that keep their
-// share of the weight in L2 (gemm_bf16_in_k_tiles), except in --deterministic-mode.
+// share of the weight in L2 (gemm_bf16_in_k_tiles), and weight gradients and long-K forward
+// products of bf16 bits go through tessera's AMX kernels (amx_gemm.h) where they fit, except
+// in --deterministic-mode.
 #include <algorithm>
 #include <initializer_list>
 #include <optional>
@@ -24,6 +26,7 @@
 #include <utility>
 
 #include "tessera/device/device.h"
+#include "tessera/ops/cpu/amx_gemm.h"
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/gemm.h"
 #include "tessera/ops/cpu/low_precision.h"
@@ -124,6 +127,15 @@ int64_t even_k_tile(int64_t K) {
   return ((K + tiles - 1) / tiles + 63) / 64 * 64;
 }
 
+// Forward products of bf16 bits with a long K (C >= kAmxForwardK: GPT-2's fc2, K = 3072) go
+// through the AMX kernel (amx_gemm.h) outside --deterministic-mode: 461 -> 708 GFLOP per
+// CPU-second with the operands cold (bench/bf16_gemm_bench 4 12 amx, N = 256, 2-core Sapphire
+// Rapids); in the --bf16 step (GPT-2 124M, T = 64: 12 such calls of 37) linear_forward's CPU
+// time fell ~5 % (85 -> 82 and 82.5 -> 78 ms, medians of 3 runs). With K = 768 the kernel was
+// not reliably faster than oneDNN 2.6's brgemm (qkv 548 -> 584, proj 634 -> 426, fc1 498 -> 526,
+// LM head 568 -> 584), so those stay.
+constexpr int64_t kAmxForwardK = 2048;
+
 bool deterministic(const Tensor& t) { return t.device && t.device->deterministic_mode(); }
 
 // A GEMM operand: bfloat16 bits (oneDNN path) or f32 values, with its leading dimension.
@@ -133,8 +145,9 @@ struct Operand {
 };
 
 struct Storage {
-  bool bits;     // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
-  bool k_tiles;  // bits may take a long K in tiles (their own summation order): not in --deterministic-mode
+  bool bits;       // every GEMM operand bf16 and oneDNN has a bf16 kernel: multiply the bits directly
+  bool any_order;  // bits may be summed in another order than one oneDNN call's (a long K in tiles, the
+                   // AMX weight gradient): not in --deterministic-mode
 
   // The rows x cols block at element off of t (leading dimension ld) as an operand: t's own
   // memory when it is bf16 bits for oneDNN or f32, else widened into `slot`.
@@ -147,7 +160,7 @@ struct Storage {
   // C = op(A) @ op(B) + beta * C.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A, Operand B, float beta, float* C,
             int64_t ldc) const {
-    if (bits && k_tiles && !ta && !tb && K > kMaxKTile)
+    if (bits && any_order && !ta && !tb && K > kMaxKTile)
       gemm_bf16_in_k_tiles(M, N, K, even_k_tile(K), static_cast<const uint16_t*>(A.p), A.ld,
                            static_cast<const uint16_t*>(B.p), B.ld, beta, C, ldc);
     else if (bits)
@@ -156,6 +169,28 @@ struct Storage {
     else
       sgemm(ta, tb, M, N, K, 1.0f, static_cast<const float*>(A.p), A.ld, static_cast<const float*>(B.p), B.ld, beta,
             C, ldc);
+  }
+  // y[N,OC] = x @ w^T + beta * y, x = inp[N,C] and w = W[OC,C] contiguous.
+  void forward(int64_t N, int64_t OC, int64_t C, Operand x, Operand w, float beta, float* y, int64_t ldy) const {
+    if (bits && any_order && C >= kAmxForwardK && x.ld == C && w.ld == C && amx_linear_fits(N, C, OC))
+      return amx_linear_forward(y, ldy, static_cast<const uint16_t*>(x.p), static_cast<const uint16_t*>(w.p), N, C,
+                                OC, beta != 0.0f);
+    gemm(false, true, N, OC, C, x, w, beta, y, ldy);
+  }
+  // dW[OC,C] = g^T @ x + beta * dW, g = dout[N,OC] and x = inp[N,C] (contiguous), dW f32 (leading
+  // dimension C).
+  // Bits go through the AMX kernel where it fits (it loads dW's own f32 tiles to accumulate, or
+  // starts from zero tiles to assign):
+  // GFLOP per CPU-second, operands cold, N = 256, oneDNN -> AMX (bench/bf16_gemm_bench 4 12 amx,
+  // 2-core Sapphire Rapids): qkv 379 -> 499, proj 383 -> 383, fc1 418 -> 498, fc2 379 -> 457,
+  // LM head 460 -> 596; in the --bf16 step (GPT-2 124M, T = 64) linear_backward's CPU time fell
+  // 201 -> 161 ms and linear_bias_gelu_backward's 69 -> 55 (medians of 3 runs). (An AMX data
+  // gradient was slower than oneDNN in K tiles; the forward gained only with a long K: kAmxForwardK.)
+  void weight_gradient(int64_t OC, int64_t C, int64_t N, Operand g, Operand x, float beta, float* dw) const {
+    if (bits && any_order && g.ld % 2 == 0 && x.ld == C && amx_linear_fits(N, C, OC))
+      return amx_linear_dweight(dw, static_cast<const uint16_t*>(g.p), g.ld, static_cast<const uint16_t*>(x.p), N,
+                                C, OC, beta != 0.0f);
+    gemm(true, false, OC, C, N, g, x, beta, dw, C);
   }
 };
 
@@ -206,7 +241,7 @@ void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) 
 #pragma omp parallel for schedule(static)
       for (int64_t n = 0; n < N; ++n) std::copy(b + o0, b + o0 + len, y.b.row(n));
     }
-    st.gemm(false, true, N, len, C, x, w, b ? 1.0f : 0.0f, y.b.p, y.b.ld);
+    st.forward(N, len, C, x, w, b ? 1.0f : 0.0f, y.b.p, y.b.ld);
     y.finish();
   }
 }
@@ -241,7 +276,7 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
     }
     if (!dweight.empty()) {
       const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, !assign_dw);
-      st.gemm(true, false, len, C, N, g, x, assign_dw ? 0.0f : 1.0f, dw.b.p, dw.b.ld);
+      st.weight_gradient(len, C, N, g, x, assign_dw ? 0.0f : 1.0f, dw.b.p);
       dw.finish();
     }
   }
