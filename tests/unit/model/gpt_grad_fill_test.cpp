@@ -102,14 +102,8 @@ void expect_partial_fill_matches(const std::function<Stages()>& make, const GPTC
 }
 
 GPTConfig tiny_llama() {
-  GPTConfig c = testing_gpt::tiny(2);
-  c.num_query_groups = 2;
+  GPTConfig c = testing_gpt::tiny_llama(2);
   c.ffn_hidden_size = 12;
-  c.normalization = Normalization::RMSNorm;
-  c.position_embedding = PositionEmbedding::Rope;
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
   return c;
 }
 

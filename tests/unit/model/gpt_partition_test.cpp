@@ -110,18 +110,6 @@ TEST_P(TensorParallelModel, EveryRankMatchesTheWholeModel) {
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelModel,
                          testing::Combine(testing::Values(2, 4), testing::Values(false, true)));
 
-// A Llama-like tiny model: RMSNorm, RoPE, SwiGLU, 2 query groups of 2 heads, no biases.
-GPTConfig tiny_llama() {
-  GPTConfig c = tiny();
-  c.num_query_groups = 2;
-  c.normalization = Normalization::RMSNorm;
-  c.position_embedding = PositionEmbedding::Rope;
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  return c;
-}
-
 // This CP rank's rows of a whole batch (get_batch_on_this_cp_rank).
 Batch local_batch(const Batch& whole, int64_t S, int cp, int rank) {
   Batch b;
@@ -139,7 +127,7 @@ class ContextParallelModel : public testing::TestWithParam<std::tuple<int, bool,
 
 TEST_P(ContextParallelModel, RanksAddUpToTheWholeModel) {
   const auto [cp, llama, deterministic] = GetParam();
-  GPTConfig c = llama ? tiny_llama() : tiny();
+  GPTConfig c = llama ? testing_gpt::tiny_llama(2) : tiny();
   c.seq_length = c.max_position_embeddings = 16;
   cpu_device().set_deterministic_mode(deterministic);
   const Whole whole = run_whole(c);

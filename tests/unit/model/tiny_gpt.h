@@ -26,6 +26,18 @@ inline GPTConfig tiny(int layers) {
   return c;
 }
 
+// A Llama-like tiny model: RMSNorm, RoPE, SwiGLU, 2 query groups of 2 heads, no biases, untied.
+inline GPTConfig tiny_llama(int layers) {
+  GPTConfig c = tiny(layers);
+  c.num_query_groups = 2;
+  c.normalization = Normalization::RMSNorm;
+  c.position_embedding = PositionEmbedding::Rope;
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+  return c;
+}
+
 constexpr int B = 2;  // micro-batch
 
 // Owns the batch's host vectors; view() is the MicroBatch the model reads.

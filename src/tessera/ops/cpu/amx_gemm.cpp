@@ -12,7 +12,8 @@
 //   result tile transposed in registers as it is stored into y. Threads split OC.
 // - weight gradient dW[OC,C] += dy^T x: A = dy^T, 32 rows at a time transposed by the thread
 //   that owns those rows of dW; B = x in pairs of rows (tokens). dW's f32 tiles are loaded,
-//   accumulated and stored back: the accumulation costs no extra pass.
+//   accumulated and stored back (the accumulation costs no extra pass), or start from zero
+//   tiles when the gradient is assigned.
 // Measured (bench/bf16_gemm_bench ... amx, 2-core Sapphire Rapids VM, cold): the weight
 // gradient 1.0-1.3x oneDNN 2.6's brgemm, the forward 0.7-1.1x with K = 768 and 1.5x with
 // K = 3072; a data gradient (dx = dy W, W packed in L1-sized panels) ran 0.7-1.0x and was

@@ -22,4 +22,8 @@ inline double* f64(const Tensor& t) {
   return reinterpret_cast<double*>(cpu_memory(t));
 }
 
+// Whether t's device runs --deterministic-mode, where kernels keep their fixed-order paths and
+// recorded bits (a tensor without a device, as tests build on host memory, runs the default).
+inline bool deterministic_mode(const Tensor& t) { return t.device && t.device->deterministic_mode(); }
+
 }  // namespace tessera::ops::cpu

@@ -33,9 +33,6 @@ int64_t check_rows(const Tensor& logits, std::initializer_list<const Tensor*> pe
   return N;
 }
 
-// Whether a kernel takes exp_fast: not in --deterministic-mode (exp_approx's bits).
-bool fast_exp(const Tensor& t) { return !(t.device && t.device->deterministic_mode()); }
-
 template <bool Fast>
 inline float row_exp(float x) {
   return Fast ? exp_fast(x) : exp_approx(x);
@@ -108,7 +105,7 @@ void cross_entropy_sums(Tensor sum_exp, Tensor target_logit, Tensor logits, Tens
   const float* m = f32_arg(row_max, "cross_entropy_sums", "row_max");
   float* se = f32_arg(sum_exp, "cross_entropy_sums", "sum_exp");
   float* tl = f32_arg(target_logit, "cross_entropy_sums", "target_logit");
-  const bool fast = fast_exp(logits);
+  const bool fast = !deterministic_mode(logits);  // exp_approx keeps the recorded bits
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     Stage s;
@@ -128,7 +125,7 @@ void cross_entropy_stats(Tensor row_max, Tensor sum_exp, Tensor target_logit, Te
   float* m = f32_arg(row_max, op, "row_max");
   float* se = f32_arg(sum_exp, op, "sum_exp");
   float* tl = f32_arg(target_logit, op, "target_logit");
-  const bool fast = fast_exp(logits);
+  const bool fast = !deterministic_mode(logits);  // exp_approx keeps the recorded bits
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     Stage s;
@@ -171,7 +168,7 @@ void cross_entropy_backward(Tensor dlogits, Tensor dlosses, Tensor logits, Tenso
   check_float(dlogits, "cross_entropy_backward", "dlogits");
   const float* dl = f32_arg(dlosses, "cross_entropy_backward", "dlosses");
   const float* lse = f32_arg(logsumexp, "cross_entropy_backward", "logsumexp");
-  const bool fast = fast_exp(logits);
+  const bool fast = !deterministic_mode(logits);  // exp_approx keeps the recorded bits
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     Stage s;

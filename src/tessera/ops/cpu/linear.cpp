@@ -136,8 +136,6 @@ int64_t even_k_tile(int64_t K) {
 // LM head 568 -> 584), so those stay.
 constexpr int64_t kAmxForwardK = 2048;
 
-bool deterministic(const Tensor& t) { return t.device && t.device->deterministic_mode(); }
-
 // A GEMM operand: bfloat16 bits (oneDNN path) or f32 values, with its leading dimension.
 struct Operand {
   const void* p;
@@ -224,7 +222,7 @@ struct Accumulator {
 void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (N == 0 || OC == 0) return;
-  const Storage st{all_bf16({&inp, &weight}), !deterministic(inp)};
+  const Storage st{all_bf16({&inp, &weight}), !deterministic_mode(inp)};
   const int64_t tile = tile_rows(OC, C, N);
   const Operand x = st.operand(inp, 0, N, C, C, Workspace::Input);
   float* b = nullptr;
@@ -252,7 +250,7 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
   if (!dbias.empty()) column_sums_into(dbias, dout, param_write);
   if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
   const bool assign = write == GradWrite::Assign, assign_dw = param_write == GradWrite::Assign;
-  const Storage st{all_bf16({&dout, &inp, &weight}), !deterministic(inp)};
+  const Storage st{all_bf16({&dout, &inp, &weight}), !deterministic_mode(inp)};
   // Tiles bound the widened copies; multiplying bits into an f32 weight gradient widens
   // nothing, so one tile: the LM head's dout is then contiguous, not a strided column block.
   const bool whole = st.bits && (dweight.empty() || dweight.dtype == DType::F32);
