@@ -601,6 +601,34 @@ std::vector<std::pair<size_t, size_t>> GPTModel::grad_fill_ranges() const {
   return fill;
 }
 
+std::vector<size_t> GPTModel::squarable_grads() const {
+  std::map<std::pair<void*, size_t>, size_t> shard_at;  // by memory
+  for (size_t i = 0; i < grads_.size(); ++i)
+    if (!grads_[i].empty()) shard_at[{grads_[i].handle, grads_[i].offset}] = i;
+  std::vector<size_t> out;
+  for (const Chunk& ch : chunks_)
+    for (const LayerParams& g : ch.g) {
+      const bool dense_mlp = g.moe.router.empty();
+      for (const Tensor& t : {g.qkv_w, g.proj_w, dense_mlp ? g.fc1_w : Tensor(), dense_mlp ? g.fc2_w : Tensor()})
+        if (!t.empty()) out.push_back(shard_at.at({t.handle, t.offset}));
+    }
+  return out;
+}
+
+void GPTModel::hand_grad_squares(Tensor sums, const std::vector<int64_t>& slot_of_shard) {
+  TESSERA_CHECK(slot_of_shard.size() == grads_.size(), "hand_grad_squares: one slot per shard");
+  squares_slot_.clear();
+  for (size_t i : squarable_grads())
+    if (slot_of_shard[i] >= 0) squares_slot_[{grads_[i].handle, grads_[i].offset}] = slot_of_shard[i];
+  squares_sums_ = squares_slot_.empty() ? Tensor() : sums;
+}
+
+ops::GradSquares GPTModel::squares_of(const Tensor& grad, const StepContext& step) const {
+  if (squares_sums_.empty() || !step.last_micro_batch || grad.empty()) return {};
+  const auto it = squares_slot_.find({grad.handle, grad.offset});
+  return it == squares_slot_.end() ? ops::GradSquares{} : ops::GradSquares{squares_sums_, it->second};
+}
+
 ops::GradWrite GPTModel::take_param_write(int chunk) {
   const bool first = assign_pending_.at(chunk);
   assign_pending_[chunk] = false;
@@ -772,9 +800,11 @@ void GPTModel::branch_out_forward(Tensor out, Tensor residual, Tensor bias, cons
 // Its backward from ws.d_residual (the residual path keeps it): the weight and bias
 // gradients, and dL/d(inp) into d_inp (overwritten).
 void GPTModel::row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
-                                const ops::Dropout& drop, ops::GradWrite param_write) {
+                                const ops::Dropout& drop, ops::GradWrite param_write,
+                                const ops::GradSquares& squares) {
   branch_out_backward(d_bias, drop);
-  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws_->d_C_whole), rows(inp), weight, kAssign, param_write);
+  ops::linear_backward(rows(d_inp), d_weight, Tensor(), rows(ws_->d_C_whole), rows(inp), weight, kAssign, param_write,
+                       squares);
 }
 
 // Its backward from ws.d_residual: the bias gradient, and dL/d(partial output) into
@@ -872,10 +902,11 @@ void GPTModel::layer_backward(int l, const LayerParams& w, const LayerParams& g,
   norm_in_backward(a.residual_mid, w.ln2_w, g.ln2_w, g.ln2_b, a.ln2_mean, a.ln2_rstd);
   // Attention branch.
   row_out_backward(ws.d_ctx, a.ctx, w.proj_w, g.proj_w, g.proj_b,
-                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0), param_write);
+                   dropout(config_.hidden_dropout, layer_site(l, kAfterAttention), step, 0), param_write,
+                   squares_of(g.proj_w, step));
   attention_backward(l, a, step);
   ops::linear_backward(rows(ws.d_ln_whole), g.qkv_w, g.qkv_b, rows(ws.d_qkv), rows(a.ln1_whole), w.qkv_w, kAssign,
-                       param_write);
+                       param_write, squares_of(g.qkv_w, step));
   norm_in_backward(in, w.ln1_w, g.ln1_w, g.ln1_b, a.ln1_mean, a.ln1_rstd);
 }
 
@@ -889,18 +920,19 @@ void GPTModel::mlp_backward(int l, const LayerParams& w, const LayerParams& g, L
     return moe_->backward(w.moe, g.moe, *a.moe, ws.moe, rows(a.ln2_whole), rows(ws.d_C_whole), rows(ws.d_ln_whole),
                           step.moe_aux_scale);
   }
-  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b, drop, param_write);
+  row_out_backward(ws.d_act, a.act, w.fc2_w, g.fc2_w, g.fc2_b, drop, param_write, squares_of(g.fc2_w, step));
   if (!config_.swiglu && uses_fused_epilogue(device_, ops::linear_bias_gelu_backward)) {
     // dL/d(fc1) overwrites dL/d(act) in place.
     ops::linear_bias_gelu_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_act), rows(ws.d_act),
-                                   rows(a.ln2_whole), w.fc1_w, rows(a.fc1), config_.gelu, kAssign, param_write);
+                                   rows(a.ln2_whole), w.fc1_w, rows(a.fc1), config_.gelu, kAssign, param_write,
+                                   squares_of(g.fc1_w, step));
   } else {
     if (config_.swiglu)
       ops::swiglu_backward(rows(ws.d_F), rows(ws.d_act), rows(a.fc1), kAssign);
     else
       ops::gelu_backward(ws.d_F, ws.d_act, a.fc1, config_.gelu, kAssign);
     ops::linear_backward(rows(ws.d_ln_whole), g.fc1_w, g.fc1_b, rows(ws.d_F), rows(a.ln2_whole), w.fc1_w, kAssign,
-                         param_write);
+                         param_write, squares_of(g.fc1_w, step));
   }
 }
 

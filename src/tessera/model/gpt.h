@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/tensor.h"
@@ -62,6 +63,9 @@ struct StepContext {
   // `iteration` as a device scalar (I32 [1], ops.h Dropout::iteration), which the dropout
   // kernels read instead; empty: they take `iteration` as an argument.
   Tensor iteration_scalar;
+  // The step's last micro-batch: its backward writes each parameter gradient for the last
+  // time before the optimizer (GPTModel::hand_grad_squares).
+  bool last_micro_batch = false;
 };
 
 // Which slots of a chunk one micro-batch uses.
@@ -147,6 +151,15 @@ class GPTModel {
   // (first_write_gradients), so grads() hold their values only once every chunk ran a
   // backward.
   void zero_grads();
+  // The gradients whose squares the backward can hand to the gradient norm as it writes them
+  // (ops.h GradSquares): the layers' linear weights but an MoE layer's MLP, by shard index.
+  std::vector<size_t> squarable_grads() const;
+  // From now on a step's last micro-batch (StepContext::last_micro_batch) adds the sum of
+  // squares of each squarable gradient i with slot_of_shard[i] >= 0 into sums[that slot] as
+  // its backward writes it. The caller leaves those out of its own norm pass and zeroes
+  // their slots before each step, and sees that nothing changes the gradients between the
+  // backward and the norm (no data-parallel reduction).
+  void hand_grad_squares(Tensor sums, const std::vector<int64_t>& slot_of_shard);
 
   // I/O tensors of a chunk's slot, [B,Tl,C]: the pipeline executor receives into input and
   // output_grad and sends output and input_grad.
@@ -216,7 +229,7 @@ class GPTModel {
                         ops::GradWrite write = ops::GradWrite::Accumulate);
   void row_out_forward(Tensor out, Tensor residual, Tensor inp, Tensor weight, Tensor bias, const ops::Dropout& drop);
   void row_out_backward(Tensor d_inp, Tensor inp, Tensor weight, Tensor d_weight, Tensor d_bias,
-                        const ops::Dropout& drop, ops::GradWrite param_write);
+                        const ops::Dropout& drop, ops::GradWrite param_write, const ops::GradSquares& squares);
   void branch_out_forward(Tensor out, Tensor residual, Tensor bias, const ops::Dropout& drop);
   void branch_out_backward(Tensor d_bias, const ops::Dropout& drop);
   void mlp_forward(int layer, const LayerParams& w, LayerActs& a, Tensor out, const StepContext& step);
@@ -226,6 +239,8 @@ class GPTModel {
   void layer_backward(int layer, const LayerParams& w, const LayerParams& g, LayerActs& a, Tensor in,
                       const StepContext& step, ops::GradWrite param_write);
   ops::Dropout attention_dropout(int layer, const StepContext& step) const;
+  // Where the backward of `step` adds grad's squares (hand_grad_squares), or nowhere.
+  ops::GradSquares squares_of(const Tensor& grad, const StepContext& step) const;
   // A dropout over [B,rows,width] activations holding rows [first_row, first_row + rows) of
   // this rank's T, in pieces of consecutive sequence positions (one piece without context
   // parallelism or without dropout): each piece's tensors are piece_of's views.
@@ -284,6 +299,9 @@ class GPTModel {
   MoELossTracker moe_losses_;
   std::vector<std::pair<size_t, size_t>> grad_fill_;  // grad_fill_ranges(), planned once
   std::vector<bool> assign_pending_;  // per chunk: no backward since a default-mode zero_grads
+  // hand_grad_squares: the norm's slots, and the slot of each handed gradient by its memory.
+  Tensor squares_sums_;
+  std::map<std::pair<void*, size_t>, int64_t> squares_slot_;
 };
 
 }  // namespace tessera

@@ -41,6 +41,18 @@ const char* precision_name(Precision precision);
 // GradWrite parameters come last and each may be left out, last first: Accumulate.
 enum class GradWrite { Accumulate, Assign };
 
+// Where a backward adds the sum of squares of a parameter gradient as it stands after the
+// call: sums[slot] += the sum of its squares, in double (sums: I64 [S] holding doubles, as
+// sum_squares' slots), so the global gradient norm need not read that gradient again. A
+// backend may take it from the result while it is in registers (the CPU's AMX weight
+// gradient) or read the gradient once more. Empty sums: nothing. Like a GradWrite, it may be
+// left out (empty) when it is an op's last parameter.
+// Precision: OrderFree, as sum_squares.
+struct GradSquares {
+  Tensor sums;
+  int64_t slot = 0;
+};
+
 // The ops, numbered in ops.inc's order (defined in ops.h).
 enum class OpId : int;
 
@@ -60,6 +72,9 @@ class CallDevice {
   explicit CallDevice(const char* op) : op_(op) {}
   void add(const Tensor& t);
   void add(const Device& device);
+  void add(const GradSquares& squares) {
+    if (!squares.sums.empty()) add(squares.sums);
+  }
   template <typename T> void add(const T&) {}  // sizes and settings
   const Device& device() const;
 
@@ -80,28 +95,41 @@ template <typename First, typename Second, typename... Rest> struct AllButLast<F
   using type = decltype(prepend(static_cast<rest*>(nullptr)));
 };
 
-// An op whose last parameter is a GradWrite may be called without it (Accumulate): the call
+// The parameter types an op may be called without when they come last, and the value they
+// then take: a GradWrite (Accumulate) and a GradSquares (none).
+template <typename T> struct TrailingDefault {
+  static constexpr bool has = false;
+};
+template <> struct TrailingDefault<GradWrite> {
+  static constexpr bool has = true;
+  static GradWrite value() { return GradWrite::Accumulate; }
+};
+template <> struct TrailingDefault<GradSquares> {
+  static constexpr bool has = true;
+  static GradSquares value() { return {}; }
+};
+
+// An op whose last parameter has a TrailingDefault may be called without it: the call
 // operator over the other parameters, with their own types (so braced arguments still
-// convert), and so on while the new last parameter is a GradWrite too. Other ops get no
-// second call operator.
+// convert), and so on while the new last parameter has one too. Other ops get no second
+// call operator.
 struct NoSecondCall {};
-template <typename Derived, typename R, typename Prefix> struct CallWithoutGradWrite {
+template <typename Derived, typename R, typename Prefix, typename Last> struct CallWithoutLast {
   void operator()(NoSecondCall) const = delete;
 };
-// The prefix tuple when the last parameter is a GradWrite, else void (every op has one).
+template <typename... Args> using LastOf = std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>;
+// The prefix tuple when the last parameter has a default, else void (every op has one).
 template <typename... Args>
-using GradWritePrefix =
-    std::conditional_t<std::is_same_v<std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>, GradWrite>,
-                       typename AllButLast<Args...>::type, void>;
+using DefaultedPrefix = std::conditional_t<TrailingDefault<LastOf<Args...>>::has, typename AllButLast<Args...>::type, void>;
 template <typename Derived, typename R, typename... Args>
-using GradWriteDefault = CallWithoutGradWrite<Derived, R, GradWritePrefix<Args...>>;
+using TrailingDefaults = CallWithoutLast<Derived, R, DefaultedPrefix<Args...>, LastOf<Args...>>;
 
-template <typename Derived, typename R, typename... Prefix>
-struct CallWithoutGradWrite<Derived, R, std::tuple<Prefix...>> : GradWriteDefault<Derived, R, Prefix...> {
+template <typename Derived, typename R, typename Last, typename... Prefix>
+struct CallWithoutLast<Derived, R, std::tuple<Prefix...>, Last> : TrailingDefaults<Derived, R, Prefix...> {
   R operator()(Prefix... args) const {
-    return static_cast<const Derived&>(*this)(std::forward<Prefix>(args)..., GradWrite::Accumulate);
+    return static_cast<const Derived&>(*this)(std::forward<Prefix>(args)..., TrailingDefault<Last>::value());
   }
-  using GradWriteDefault<Derived, R, Prefix...>::operator();
+  using TrailingDefaults<Derived, R, Prefix...>::operator();
 };
 
 }  // namespace op_detail
@@ -109,7 +137,7 @@ struct CallWithoutGradWrite<Derived, R, std::tuple<Prefix...>> : GradWriteDefaul
 template <typename Signature> struct Op;
 
 template <typename R, typename... Args>
-struct Op<R(Args...)> : op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...> {
+struct Op<R(Args...)> : op_detail::TrailingDefaults<Op<R(Args...)>, R, Args...> {
   using Signature = R(Args...);
   OpId id;
   const char* name;
@@ -124,7 +152,7 @@ struct Op<R(Args...)> : op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...> 
     const op_detail::ProfileScope profile(id);
     return kernel(std::forward<Args>(args)...);
   }
-  using op_detail::GradWriteDefault<Op<R(Args...)>, R, Args...>::operator();
+  using op_detail::TrailingDefaults<Op<R(Args...)>, R, Args...>::operator();
 };
 
 }  // namespace tessera::ops

@@ -13,7 +13,9 @@
 //   zero fill first; a call may leave it out for Accumulate. Parameter gradients
 //   accumulate, and callers zero them when a new accumulation starts, except the linears'
 //   (linear_backward, linear_bias_gelu_backward), which take a second GradWrite for their
-//   weight and bias gradients: the first micro-batch of a step assigns them instead.
+//   weight and bias gradients: the first micro-batch of a step assigns them instead. They
+//   also take a GradSquares last: the last micro-batch adds its weight gradients' squares to
+//   the gradient norm's slots as it writes them.
 // - An empty Tensor (no handle: Tensor::empty()) for an optional input (bias) or gradient
 //   output means "absent" / "not needed".
 // - Storage dtypes (Megatron's Float16Module: 16-bit parameters and activations, fp32

@@ -236,7 +236,8 @@ void Trainer::run_global_batch(int64_t num_micro, bool training, double loss_sca
     // Dropout masks are keyed by the sample's index within the global batch.
     const StepContext step{static_cast<uint32_t>(iteration_),
                            static_cast<uint32_t>(layout_.sample_index(0, a.micro, 0)), training,
-                           loss_scale / static_cast<double>(num_micro), iteration_scalar_};
+                           loss_scale / static_cast<double>(num_micro), iteration_scalar_,
+                           training && a.micro + 1 == num_micro};
     if (a.op == PipeOp::Forward) {
       model_.forward(a.chunk, slot, mb, step, loss_sums_);
       return;
@@ -296,9 +297,10 @@ void Trainer::build_norm_tables() {
   std::map<void*, std::vector<ops::MultiTensorSegment>> segments;
   std::vector<Tensor> buffers;
   int64_t most_rows = 0;
+  const std::vector<int64_t> squares_slots = squared_in_backward();
   for (size_t i = 0; i < model_.shards().size(); ++i) {
     const Tensor& g = norm_grad(i);
-    if (!counts_in_norm(i) || g.empty()) continue;
+    if (!counts_in_norm(i) || g.empty() || squares_slots[i] >= 0) continue;
     TESSERA_CHECK(g.dtype == DType::F32, "the gradients are f32");
     if (!segments.count(g.handle)) buffers.push_back(g);
     ops::MultiTensorSegment seg;
@@ -341,6 +343,23 @@ void Trainer::build_norm_tables() {
     copy_from_host(chunks, tables[k].data(), tables[k].size() * sizeof(int64_t));
     norm_slabs_.push_back({Tensor(buffers[k].handle, 0, DType::F32, {ends[k]}, buffers[k].device), chunks});
   }
+  model_.hand_grad_squares(norm_sums_, squares_slots);
+}
+
+// The norm slot of each shard whose squares the model's backward adds as it writes the
+// gradient (GPTModel::hand_grad_squares; -1: the norm pass reads it): the squarable counted
+// gradients, when nothing changes them between the last backward and the norm (no
+// data-parallel averaging, no sum over TP or the embedding group) and outside
+// --deterministic-mode (whose norm keeps its fixed order, the same bits in every layout).
+std::vector<int64_t> Trainer::squared_in_backward() const {
+  std::vector<int64_t> slots(model_.shards().size(), -1);
+  if (dp_ || device_.deterministic_mode()) return slots;
+  for (size_t i : model_.squarable_grads()) {
+    const ParamShard& s = model_.shards()[i];
+    if (counts_in_norm(i) && !s.grad_sums_over_tp && !s.is_expert && !norm_grad(i).empty())
+      slots[i] = static_cast<int64_t>(norm_slot(i));
+  }
+  return slots;
 }
 
 size_t Trainer::norm_slot(size_t i) const {
@@ -368,9 +387,10 @@ bool Trainer::counts_in_norm(size_t i) const {
 // total is added in parameter order whatever the layout: pure pipeline parallelism gives
 // the single process's norm to the bit. Exactly one rank fills each slot, so summing the
 // slots' 64-bit patterns as integers over the group moves them without rounding. The slots
-// are filled by one multi-tensor call per gradient buffer and summed on the device, which
-// also derives the clipping factor (ops::grad_norm_finish); the host reads the result with
-// the loss sums.
+// are zeroed before the backward, filled by one multi-tensor call per gradient buffer (and,
+// for the gradients of squared_in_backward, by the backward itself as it writes them) and
+// summed on the device, which also derives the clipping factor (ops::grad_norm_finish); the
+// host reads the result with the loss sums.
 // With the distributed optimizer each data-parallel rank fills the slots of its own pieces
 // (one per parameter: a parameter never spans buckets), and the slots travel over the world.
 // A piece's sum of squares, though, depends on where the layout cut its parameter, so in
@@ -379,7 +399,6 @@ bool Trainer::counts_in_norm(size_t i) const {
 // (and clipping factor) whatever the layout, for one all-gather of the gradients per step.
 void Trainer::global_grad_norm() {
   if (distributed_optimizer() && !norm_over_pieces()) dp_buckets_->gather_grads();
-  fill_zero(norm_sums_);
   for (const NormSlab& n : norm_slabs_) ops::multi_tensor_sum_squares(norm_sums_, norm_workspace_, n.grad, n.chunks);
   if (Communicator* group = if_split(norm_over_pieces() ? groups_.world : groups_.model_parallel))
     group->all_reduce(norm_sums_, ReduceOp::Sum);
@@ -393,6 +412,7 @@ void Trainer::global_grad_norm() {
 void Trainer::run_step_region(int64_t num_micro, double loss_scale) {
   const auto region = [&] {
     model_.zero_grads();
+    fill_zero(norm_sums_);  // before the backward, which may add to it (hand_grad_squares)
     run_global_batch(num_micro, true, loss_scale);
     global_grad_norm();
   };

@@ -146,6 +146,7 @@ class Trainer {
   void global_grad_norm();
   // The norm's chunk tables (ops.h), one per gradient buffer, and their workspace.
   void build_norm_tables();
+  std::vector<int64_t> squared_in_backward() const;
   // The step's one read-back: loss_sums_, norm_sums_ and norm_result_ into step_host_.
   void read_step_sums();
   const double* host_at(size_t offset) const { return step_host_.data() + offset / sizeof(double); }

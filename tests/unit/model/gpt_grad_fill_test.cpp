@@ -48,7 +48,8 @@ using Stages = std::vector<std::unique_ptr<GPTModel>>;
 void run_micro_batches(const Stages& stages, const GPTConfig& c) {
   for (int m = 0; m < kMicroBatches; ++m) {
     Batch batch = micro_batch(c, m);
-    const StepContext step{3, m, true};
+    StepContext step{3, static_cast<uint32_t>(m), true};
+    step.last_micro_batch = m + 1 == kMicroBatches;
     double sums[2] = {0.0, 0.0};
     const size_t n = stages.size();
     for (size_t r = 0; r < n; ++r) {
@@ -175,6 +176,44 @@ TEST(GradFill, TensorParallelRanks) {
     // Both ranks run the same calls (the region's collectives); each checks its own shards.
     expect_partial_fill_matches(make, c, "tp 2 sp rank " + std::to_string(comm.rank()));
   });
+}
+
+// GPTModel::hand_grad_squares: after a step of three micro-batches, each handed gradient's
+// slot holds the sum of squares of that gradient as the step left it (the last micro-batch's
+// backward added it, the others nothing), within sum_squares' 1e-12 relative; the other slots
+// stay zero. Handed: each layer's QKV and projection weights, and fc1 and fc2 of a dense MLP
+// (an MoE layer's experts may get no token).
+TEST(GradSquares, SlotsHoldTheLastBackwardsGradientSquares) {
+  const std::vector<std::pair<std::string, GPTConfig>> configs = {
+      {"gpt tied", testing_gpt::tiny(2)}, {"llama", tiny_llama()}, {"moe", tiny_moe()}};
+  for (const auto& [what, c] : configs) {
+    Stages whole;
+    whole.push_back(std::make_unique<GPTModel>(c, cpu_device(), B));
+    GPTModel& model = *whole[0];
+    model.init_weights();
+    const size_t n = model.shards().size();
+    const std::vector<size_t> handed = model.squarable_grads();
+    EXPECT_EQ(handed.size(), what == "moe" ? 6u : 8u) << what;  // the MoE model's layer 0 is MoE
+    std::vector<int64_t> slot_of(n, -1);
+    for (size_t i : handed) slot_of[i] = static_cast<int64_t>(i);
+    std::vector<double> slots(n, 0.0);
+    model.hand_grad_squares(Tensor(slots.data(), DType::I64, {static_cast<int64_t>(n)}, &cpu_device()), slot_of);
+    fill_slab(model, std::numeric_limits<float>::quiet_NaN());
+    model.zero_grads();
+    run_micro_batches(whole, c);
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& g = model.grads()[i];
+      double want = 0.0;
+      for (int64_t e = 0; e < g.numel(); ++e) want += static_cast<double>(g.host<float>()[e]) * g.host<float>()[e];
+      const std::string name = model.shards()[i].spec.name;
+      if (slot_of[i] < 0) {
+        EXPECT_EQ(slots[i], 0.0) << what << ": " << name;
+        continue;
+      }
+      EXPECT_GT(want, 0.0) << what << ": " << name;
+      EXPECT_NEAR(slots[i], want, 1e-12 * want) << what << ": " << name;
+    }
+  }
 }
 
 }  // namespace

@@ -476,6 +476,59 @@ TEST_P(Epilogue, AssignedParameterGradientsHaveTheBitsOfAccumulatingIntoZeros) {
       }
 }
 
+// dweight_squares (ops.h GradSquares): the slot gains the sum of squares of dweight as the call
+// leaves it (assigned or accumulated, f32 and 16-bit), the other slots and the gradient's bits
+// stay as without it. The 64 x 32 -> 64 bf16 shape takes the squares from the CPU's AMX
+// tiles where it has them (ops/cpu/amx_gemm.h); the others read the gradient again. Bound:
+// sum_squares' 1e-12 relative.
+TEST_P(Epilogue, WeightGradientSquaresAreThoseOfTheGradientWritten) {
+  struct Shape {
+    int64_t N, C, OC;
+  };
+  const auto squares_of = [](const Host& g) {
+    double s = 0.0;
+    for (float v : g) s += static_cast<double>(v) * v;
+    return s;
+  };
+  for (const Shape shape : {Shape{37, 19, 70}, Shape{64, 32, 64}, Shape{0, 32, 64}})
+    for (DType dtype : {DType::F32, DType::BF16})
+      for (DType grad_dtype : {DType::F32, dtype})
+        for (ops::GradWrite write : {kAssign, kAccumulate})
+          for (bool gelu : {false, true}) {
+            const int64_t N = shape.N, C = shape.C, OC = shape.OC;
+            SCOPED_TRACE(std::string(gelu ? "linear_bias_gelu" : "linear") + " N " + std::to_string(N) + " " +
+                         std::string(dtype_name(dtype)) + " grad " + std::string(dtype_name(grad_dtype)) +
+                         (write == kAssign ? " assign" : " accumulate"));
+            const Tensor x = normal({std::max<int64_t>(N, 1), C}, 1.0f, dtype).slice_rows(0, N);
+            const Tensor w = normal({OC, C}, 1.0f, dtype);
+            const Tensor dy = normal({std::max<int64_t>(N, 1), OC}, 1.0f, dtype).slice_rows(0, N);
+            const Tensor pre = normal({std::max<int64_t>(N, 1), OC}, 2.0f, dtype).slice_rows(0, N);
+            const Host before = normal_values(OC * C, 0.5f);
+            const auto backward = [&](const Tensor& dw, ops::GradSquares squares) {
+              const Tensor dpre = nans({std::max<int64_t>(N, 1), OC}, dtype).slice_rows(0, N);
+              if (gelu)
+                ops::linear_bias_gelu_backward(Tensor(), dw, Tensor(), dpre, dy, x, w, pre, ops::GeluKind::Tanh, kAssign,
+                                               write, squares);
+              else
+                ops::linear_backward(Tensor(), dw, Tensor(), dy, x, w, kAssign, write, squares);
+            };
+            const Tensor plain = upload({OC, C}, before, grad_dtype), squared = upload({OC, C}, before, grad_dtype);
+            std::vector<double> slots = {7.0, 0.5, 9.0};
+            buffers_.emplace_back(device(), slots.size() * sizeof(double));
+            const Tensor sums = tensor_at(buffers_.back(), 0, DType::I64, {3});
+            copy_from_host(sums, slots.data(), slots.size() * sizeof(double));
+            backward(plain, {});
+            backward(squared, {sums, 1});
+            EXPECT_EQ(bytes(squared), bytes(plain)) << "on " << GetParam();
+            copy_to_host(slots.data(), slots.size() * sizeof(double), sums);
+            const double want = squares_of(read(squared));
+            EXPECT_EQ(slots[0], 7.0);
+            EXPECT_EQ(slots[2], 9.0);
+            EXPECT_NEAR(slots[1] - 0.5, want, 1e-12 * want) << "on " << GetParam();
+            if (N > 0 || write == kAccumulate) EXPECT_GT(want, 0.0);  // else zeros were assigned
+          }
+}
+
 TEST_P(Epilogue, CrossEntropyGradientOverwritesTheLogits) {
   // A shard [50, 125) of a 150-row vocabulary, in f32 and bf16: the gradient written over
   // the logits has the bits of the one written into another buffer.

@@ -13,7 +13,9 @@
 // - weight gradient dW[OC,C] += dy^T x: A = dy^T, 32 rows at a time transposed by the thread
 //   that owns those rows of dW; B = x in pairs of rows (tokens). dW's f32 tiles are loaded,
 //   accumulated and stored back (the accumulation costs no extra pass), or start from zero
-//   tiles when the gradient is assigned.
+//   tiles when the gradient is assigned. Where the caller asks for dW's sum of squares (the
+//   gradient norm's share of a step's last micro-batch), each block is squared as soon as it
+//   is stored, from L1: the norm then never reads dW from memory again.
 // Measured (bench/bf16_gemm_bench ... amx, 2-core Sapphire Rapids VM, cold): the weight
 // gradient 1.0-1.3x oneDNN 2.6's brgemm, the forward 0.7-1.1x with K = 768 and 1.5x with
 // K = 3072; a data gradient (dx = dy W, W packed in L1-sized panels) ran 0.7-1.0x and was
@@ -24,10 +26,12 @@
 // In a build without AMX-BF16, amx_linear_fits is false and the kernels throw.
 #include "tessera/ops/cpu/amx_gemm.h"
 
+#include <omp.h>
+
 #include <cstring>
 
 #include "tessera/core/error.h"
-#include "tessera/ops/cpu/flash_attention_tile.h"
+#include "tessera/ops/cpu/amx.h"
 #include "tessera/ops/cpu/low_precision.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__linux__)
@@ -119,11 +123,33 @@ void store_block(const Out& out) {
 // - TiledB (pairs): columns in groups of 16; group g's row q (16 uint32) at p + (g * pairs + q) * 16.
 constexpr int64_t kATile = kTile * 2 * kTile, kBRow = kTile;  // elements per A tile, per B row
 
+// Four double accumulators of squares, eight lanes each.
+struct Squares {
+  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+  // The squares of the 32 x 32 block at out (plain, just stored).
+  void add_block(const Out& out) {
+    for (int64_t r = 0; r < kBlock; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m512d v = _mm512_castps_pd(_mm512_loadu_ps(out.at(r, h * kTile)));
+        const __m512d lo = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_castpd512_pd256(v)));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
+        acc[2 * h] = _mm512_fmadd_pd(lo, lo, acc[2 * h]);
+        acc[2 * h + 1] = _mm512_fmadd_pd(hi, hi, acc[2 * h + 1]);
+      }
+  }
+  double total() const {
+    double s = 0.0;
+    for (const __m512d& a : acc) s += _mm512_reduce_add_pd(a);
+    return s;
+  }
+};
+
 // One 32 x 32 block of C at out: tiles 0-3 start from out's values (a plain C that accumulates;
 // a transposed one adds when stored) or zero, add `steps` products of 32 K values from A's tile
-// streams a0, a1 (rows 0-15, 16-31) and B's b0, b1 (columns 0-15, 16-31), and are stored.
+// streams a0, a1 (rows 0-15, 16-31) and B's b0, b1 (columns 0-15, 16-31), and are stored; their
+// squares go into `squares` where given (a plain C).
 void block(const Out& out, const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1,
-           int64_t steps) {
+           int64_t steps, Squares* squares) {
   if (out.accumulate && !out.transposed) {
     const int64_t stride = out.ld * 4;
     _tile_loadd(0, out.at(0, 0), stride);
@@ -147,19 +173,21 @@ void block(const Out& out, const uint16_t* a0, const uint16_t* a1, const uint32_
     _tile_dpbf16ps(3, 5, 7);
   }
   store_block(out);
+  if (squares) squares->add_block(out);
 }
 
 // C[M, N] (+)= A[M, 2 pairs] @ B[2 pairs, N]: A a TiledA of M rows, B a TiledB of N columns, both
 // of `pairs` pairs of K values; M, N multiples of 32, pairs of 16. The calling thread holds an
 // AmxScope. Each block takes all of K at once: splitting K to keep A's tiles in L1 cost more in
 // partial sums stored and loaded than it gained (measured: hot single-thread forward, K = 768).
-void tile_loop(const Out& out, const uint16_t* a, const uint32_t* b, int64_t M, int64_t N, int64_t pairs) {
+void tile_loop(const Out& out, const uint16_t* a, const uint32_t* b, int64_t M, int64_t N, int64_t pairs,
+               Squares* squares = nullptr) {
   const int64_t a_group = pairs / kTile * kATile, b_group = pairs * kBRow;
   for (int64_t m0 = 0; m0 < M; m0 += kBlock) {
     const uint16_t* a0 = a + m0 / kTile * a_group;
     for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
       const uint32_t* b0 = b + n0 / kTile * b_group;
-      block(out.from(m0, n0), a0, a0 + a_group, b0, b0 + b_group, pairs / kTile);
+      block(out.from(m0, n0), a0, a0 + a_group, b0, b0 + b_group, pairs / kTile, squares);
     }
   }
 }
@@ -231,7 +259,7 @@ void pack_a_columns(uint16_t* dst, const uint16_t* dy, int64_t ld, int64_t o0, i
 
 bool amx_linear_fits(int64_t N, int64_t C, int64_t OC) {
   return N > 0 && N % kBlock == 0 && C > 0 && C % kBlock == 0 && OC > 0 && OC % kBlock == 0 &&
-         flash::amx_available();
+         amx_available();
 }
 
 void amx_linear_forward(float* y, int64_t ldy, const uint16_t* x, const uint16_t* w, int64_t N, int64_t C,
@@ -240,7 +268,7 @@ void amx_linear_forward(float* y, int64_t ldy, const uint16_t* x, const uint16_t
 #pragma omp parallel
   {
     pack_b_transposed_pairs(xt, x, N, C);
-    flash::AmxScope amx;
+    AmxScope amx;
     uint16_t* wt = static_cast<uint16_t*>(workspace(Workspace::ExpandB, static_cast<size_t>(kBlock * C) * 2));
 #pragma omp for schedule(static)
     for (int64_t o0 = 0; o0 < OC; o0 += kBlock) {
@@ -251,20 +279,28 @@ void amx_linear_forward(float* y, int64_t ldy, const uint16_t* x, const uint16_t
 }
 
 void amx_linear_dweight(float* dw, const uint16_t* dy, int64_t lddy, const uint16_t* x, int64_t N, int64_t C,
-                        int64_t OC, bool accumulate) {
+                        int64_t OC, bool accumulate, double* squares) {
   uint32_t* xp = static_cast<uint32_t*>(workspace(Workspace::ExpandA, static_cast<size_t>(N * C) * 2));
+  constexpr int kMaxThreads = 1024;
+  double partial[kMaxThreads] = {};  // each thread's sum of squares, added in thread order below
+  const int threads = omp_get_max_threads();
+  TESSERA_CHECK(!squares || threads <= kMaxThreads, "amx_linear_dweight: more than 1024 threads");
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t c0 = 0; c0 < C; c0 += kTile) pack_b_row_pairs(xp + c0 * (N / 2), x + c0, C, N / 2, kTile);
-    flash::AmxScope amx;
+    AmxScope amx;
     uint16_t* dyt = static_cast<uint16_t*>(workspace(Workspace::ExpandB, static_cast<size_t>(kBlock * N) * 2));
+    Squares mine;
 #pragma omp for schedule(static)
     for (int64_t o0 = 0; o0 < OC; o0 += kBlock) {
       pack_a_columns(dyt, dy, lddy, o0, N);
-      tile_loop({dw + o0 * C, C, false, accumulate}, dyt, xp, kBlock, C, N / 2);
+      tile_loop({dw + o0 * C, C, false, accumulate}, dyt, xp, kBlock, C, N / 2, squares ? &mine : nullptr);
     }
+    if (squares) partial[omp_get_thread_num()] = mine.total();
   }
+  if (squares)
+    for (int t = 0; t < threads; ++t) *squares += partial[t];
 }
 
 #else
@@ -276,7 +312,7 @@ bool amx_linear_fits(int64_t, int64_t, int64_t) { return false; }
 void amx_linear_forward(float*, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, bool) {
   TESSERA_NO_AMX_GEMM(amx_linear_forward);
 }
-void amx_linear_dweight(float*, const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, bool) {
+void amx_linear_dweight(float*, const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, bool, double*) {
   TESSERA_NO_AMX_GEMM(amx_linear_dweight);
 }
 

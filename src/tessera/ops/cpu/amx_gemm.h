@@ -18,7 +18,10 @@ bool amx_linear_fits(int64_t N, int64_t C, int64_t OC);
 void amx_linear_forward(float* y, int64_t ldy, const uint16_t* x, const uint16_t* w, int64_t N, int64_t C,
                         int64_t OC, bool accumulate);
 // dW[OC, C] (+)= dy[N, OC]^T @ x[N, C]; dy with leading dimension lddy (even), dW and x contiguous.
+// With squares, also *squares += the sum of squares of dW as stored, in double, each 32 x 32
+// block read back while it is still in L1 (ops.h GradSquares); the order depends on the
+// thread count only.
 void amx_linear_dweight(float* dw, const uint16_t* dy, int64_t lddy, const uint16_t* x, int64_t N, int64_t C,
-                        int64_t OC, bool accumulate);
+                        int64_t OC, bool accumulate, double* squares = nullptr);
 
 }  // namespace tessera::ops::cpu

@@ -138,7 +138,8 @@ void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight,
 }
 
 void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
-                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write, GradWrite param_write) {
+                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write, GradWrite param_write,
+                               GradSquares dweight_squares) {
   const int64_t OC = pre.dim(-1), N = pre.numel() / OC;
   TESSERA_CHECK(dpre.numel() == N * OC && dout.numel() == N * OC && weight.ndim() == 2 && weight.dim(0) == OC &&
                     (dbias.empty() || dbias.numel() == OC),
@@ -162,7 +163,7 @@ void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor
     add_stored(acc, dp, len, dpre);
     s.done(dpre, off, len, dp);
   });
-  cpu::linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write, param_write);
+  cpu::linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write, param_write, dweight_squares);
 }
 
 void bias_dropout_add_forward(Tensor out, Tensor inp, Tensor bias, Tensor residual, const Dropout& dropout) {

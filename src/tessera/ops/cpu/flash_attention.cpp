@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/ops/cpu/amx.h"
 #include "tessera/ops/cpu/cpu_ops.h"
 #include "tessera/ops/cpu/dropout_mask.h"
 #include "tessera/ops/cpu/fast_math.h"
@@ -747,7 +748,7 @@ Carve thread_buffer(size_t bytes) { return Carve{static_cast<char*>(workspace(Wo
 // Whether the products take bf16 operands: a 16-bit run (bf16 qkv and kv) on a CPU with AMX
 // (flash_attention_tile.h).
 bool bf16_products(const Tensor& qkv, const Tensor& kv) {
-  return qkv.dtype == DType::BF16 && kv.dtype == DType::BF16 && flash::amx_available();
+  return qkv.dtype == DType::BF16 && kv.dtype == DType::BF16 && amx_available();
 }
 
 }  // namespace
@@ -770,7 +771,7 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, int6
   {
     Carve c = thread_buffer(ForwardBuffers::bytes(d, bf16));
     ForwardBuffers w(c, d, bf16);
-    std::optional<flash::AmxScope> amx;
+    std::optional<AmxScope> amx;
     if (bf16) amx.emplace();
     // Head by head (a group's heads one after another share the thread's keys and values),
     // within a head the longest items (query tiles near the end see the most keys) first.
@@ -810,7 +811,7 @@ void flash_attention_backward(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor do
   {
     Carve c = thread_buffer(BackwardBuffers::bytes(d, bf16));
     BackwardBuffers w(c, d, bf16);
-    std::optional<flash::AmxScope> amx;
+    std::optional<AmxScope> amx;
     if (bf16) amx.emplace();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < d.B * d.NG; ++bg) backward_group(args, dkv, kv, scratch_p, bg / d.NG, bg % d.NG, w);

@@ -11,8 +11,6 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #define TESSERA_AMX 1
 #endif
 
@@ -20,15 +18,6 @@ namespace tessera::ops::cpu::flash {
 
 #if defined(TESSERA_AMX)
 namespace {
-
-constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux's asm/prctl.h
-
-// ldtilecfg's 64-byte operand: palette 1, every tile used 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // C rows [m0, m0 + 16) and columns [n0, n0 + 16) of c from tile `block` (stored to buf), rows
 // below M only.
@@ -87,20 +76,6 @@ void block_row(float* c, int64_t ldc, Bf16A a, PairB b, int64_t m0, int64_t M, i
 
 }  // namespace
 
-bool amx_available() {
-  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  return granted;
-}
-
-AmxScope::AmxScope() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  // Not _tile_loadconfig: GCC 12's names only 8 bytes of its operand as read, and the stores
-  // of the rest were optimised away.
-  asm volatile("ldtilecfg %0" ::"m"(config));
-}
-AmxScope::~AmxScope() { _tile_release(); }
-
 template <bool Accumulate>
 void tile_product_bf16(float* c, int64_t ldc, Bf16A a, PairB b, int64_t M, int64_t N, int64_t K, float alpha) {
   int64_t m0 = 0;
@@ -109,10 +84,6 @@ void tile_product_bf16(float* c, int64_t ldc, Bf16A a, PairB b, int64_t M, int64
 }
 
 #else
-
-bool amx_available() { return false; }
-AmxScope::AmxScope() {}
-AmxScope::~AmxScope() {}
 
 template <bool Accumulate>
 void tile_product_bf16(float* c, int64_t ldc, Bf16A a, PairB b, int64_t M, int64_t N, int64_t K, float alpha) {

@@ -125,24 +125,9 @@ struct PairB {
 // padding; A's rows up to M rounded up to 16 readable (their products are discarded).
 constexpr int64_t kBlockRows = 16, kPairStep = 16;
 
-// Whether this process may run the bf16 products on AMX: the build targets AMX-BF16 and Linux
-// granted the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once). Where it is false
-// the kernel multiplies f32 operands (AVX512-BF16's VDPBF16PS alone runs at the f32 FMA rate
-// on Sapphire Rapids: no gain there).
-bool amx_available();
-
-// The tile registers' configuration of the calling thread (AMX keeps it per thread): set for
-// the bf16 products while this lives, released after.
-struct AmxScope {
-  AmxScope();
-  ~AmxScope();
-  AmxScope(const AmxScope&) = delete;
-  AmxScope& operator=(const AmxScope&) = delete;
-};
-
 // C[m, n] (+)= alpha * sum_k A(m, k) B(k, n) for m < M, n < N (a multiple of 16), k < 2K (K
 // pairs, a multiple of kPairStep), f32 accumulation of the exact bf16 products (TDPBF16PS,
-// inside an AmxScope). Accumulate adds into C; otherwise C is set.
+// inside an AmxScope, amx.h). Accumulate adds into C; otherwise C is set.
 template <bool Accumulate>
 void tile_product_bf16(float* c, int64_t ldc, Bf16A a, PairB b, int64_t M, int64_t N, int64_t K,
                        float alpha = 1.0f);

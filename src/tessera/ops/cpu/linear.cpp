@@ -184,11 +184,17 @@ struct Storage {
   // LM head 460 -> 596; in the --bf16 step (GPT-2 124M, T = 64) linear_backward's CPU time fell
   // 201 -> 161 ms and linear_bias_gelu_backward's 69 -> 55 (medians of 3 runs). (An AMX data
   // gradient was slower than oneDNN in K tiles; the forward gained only with a long K: kAmxForwardK.)
-  void weight_gradient(int64_t OC, int64_t C, int64_t N, Operand g, Operand x, float beta, float* dw) const {
-    if (bits && any_order && g.ld % 2 == 0 && x.ld == C && amx_linear_fits(N, C, OC))
-      return amx_linear_dweight(dw, static_cast<const uint16_t*>(g.p), g.ld, static_cast<const uint16_t*>(x.p), N,
-                                C, OC, beta != 0.0f);
+  // With squares (dW's own f32 memory), the AMX kernel adds dW's sum of squares to *squares
+  // and this returns true; otherwise false, and the caller reads dW for them.
+  bool weight_gradient(int64_t OC, int64_t C, int64_t N, Operand g, Operand x, float beta, float* dw,
+                       double* squares) const {
+    if (bits && any_order && g.ld % 2 == 0 && x.ld == C && amx_linear_fits(N, C, OC)) {
+      amx_linear_dweight(dw, static_cast<const uint16_t*>(g.p), g.ld, static_cast<const uint16_t*>(x.p), N, C, OC,
+                         beta != 0.0f, squares);
+      return squares != nullptr;
+    }
     gemm(true, false, OC, C, N, g, x, beta, dw, C);
+    return false;
   }
 };
 
@@ -244,11 +250,12 @@ void linear_forward_storage(Tensor out, Tensor inp, Tensor weight, Tensor bias) 
   }
 }
 
-void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                             GradWrite write, GradWrite param_write) {
+// Returns whether it added dweight's squares to `squares` (else the caller sums them).
+bool linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                             GradWrite write, GradWrite param_write, double* squares) {
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   if (!dbias.empty()) column_sums_into(dbias, dout, param_write);
-  if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return;
+  if ((dinp.empty() && dweight.empty()) || OC == 0 || N == 0) return false;
   const bool assign = write == GradWrite::Assign, assign_dw = param_write == GradWrite::Assign;
   const Storage st{all_bf16({&dout, &inp, &weight}), !deterministic_mode(inp)};
   // Tiles bound the widened copies; multiplying bits into an f32 weight gradient widens
@@ -261,6 +268,9 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
   const std::optional<Accumulator> dx =
       dinp.empty() ? std::nullopt
                    : std::optional<Accumulator>(std::in_place, dinp, 0, N, C, C, Workspace::Out, !assign);
+  // The kernel squares dW only where dW is its own f32 memory, in one tile.
+  double* fused_squares = dweight.dtype == DType::F32 && tile == OC ? squares : nullptr;
+  bool squared = false;
   for (int64_t o0 = 0; o0 < OC; o0 += tile) {
     const int64_t len = std::min(tile, OC - o0);
     const Operand g = st.operand(dout, o0, N, len, OC, Workspace::Dout);  // dout[:, o0:o0+len]
@@ -274,11 +284,12 @@ void linear_backward_storage(Tensor dinp, Tensor dweight, Tensor dbias, Tensor d
     }
     if (!dweight.empty()) {
       const Accumulator dw(dweight, o0 * C, len, C, C, Workspace::Small, !assign_dw);
-      st.weight_gradient(len, C, N, g, x, assign_dw ? 0.0f : 1.0f, dw.b.p);
+      squared = st.weight_gradient(len, C, N, g, x, assign_dw ? 0.0f : 1.0f, dw.b.p, fused_squares);
       dw.finish();
     }
   }
   if (dx) dx->finish();
+  return squared;
 }
 
 // The dtypes of a linear call must be floats. Returns whether any tensor is 16-bit.
@@ -312,21 +323,34 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     GradWrite write, GradWrite param_write) {
+                     GradWrite write, GradWrite param_write, GradSquares dweight_squares) {
   check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
+  const bool squares = !dweight_squares.sums.empty();
+  TESSERA_CHECK(!squares || (!dweight.empty() && dweight_squares.slot >= 0 &&
+                             dweight_squares.slot < dweight_squares.sums.numel()),
+                "linear_backward: dweight_squares without a dweight, or its slot " +
+                    std::to_string(dweight_squares.slot) + " outside sums " + shape_str(dweight_squares.sums.shape));
   const int64_t C = inp.dim(-1), N = inp.numel() / C, OC = weight.dim(0);
   // An empty product assigns zeros (the GEMMs below do not run).
   if (write == GradWrite::Assign && !dinp.empty() && OC == 0) cpu::fill(dinp, 0.0f);
   if (param_write == GradWrite::Assign && !dweight.empty() && N == 0) cpu::fill(dweight, 0.0f);
+  bool squared = false;
   if (check_dtypes("linear_backward",
                    {{&dinp, "dinp"}, {&dweight, "dweight"}, {&dbias, "dbias"}, {&dout, "dout"}, {&inp, "inp"},
-                    {&weight, "weight"}}))
-    return linear_backward_storage(dinp, dweight, dbias, dout, inp, weight, write, param_write);
-  const float* dy = f32(dout);
-  const auto beta = [](GradWrite w) { return w == GradWrite::Assign ? 0.0f : 1.0f; };
-  if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, beta(write), f32(dinp), C);
-  if (!dweight.empty()) sgemm(true, false, OC, C, N, 1.0f, dy, OC, f32(inp), C, beta(param_write), f32(dweight), C);
-  if (!dbias.empty()) column_sums_into(dbias, dout, param_write);
+                    {&weight, "weight"}})) {
+    double fused = 0.0;
+    squared = linear_backward_storage(dinp, dweight, dbias, dout, inp, weight, write, param_write,
+                                      squares ? &fused : nullptr);
+    if (squared) f64(dweight_squares.sums)[dweight_squares.slot] += fused;
+  } else {
+    const float* dy = f32(dout);
+    const auto beta = [](GradWrite w) { return w == GradWrite::Assign ? 0.0f : 1.0f; };
+    if (!dinp.empty()) sgemm(false, false, N, C, OC, 1.0f, dy, OC, f32(weight), C, beta(write), f32(dinp), C);
+    if (!dweight.empty())
+      sgemm(true, false, OC, C, N, 1.0f, dy, OC, f32(inp), C, beta(param_write), f32(dweight), C);
+    if (!dbias.empty()) column_sums_into(dbias, dout, param_write);
+  }
+  if (squares && !squared) cpu::sum_squares(dweight_squares.sums, dweight_squares.slot, dweight);
 }
 
 void bias_add_forward(Tensor out, Tensor inp, Tensor bias) {

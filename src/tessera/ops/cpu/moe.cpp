@@ -157,7 +157,7 @@ void grouped_linear_backward(Tensor dinp, const std::vector<Tensor>& dweights, T
     if (n > 0)
       linear_backward(dinp.empty() ? dinp : dinp.slice_rows(row, n), dweights.empty() ? Tensor() : dweights[g], Tensor(),
                       dout.slice_rows(row, n), inp.slice_rows(row, n), weights[g], write,
-                      GradWrite::Accumulate);
+                      GradWrite::Accumulate, GradSquares());
     row += n;
   }
   TESSERA_CHECK(row == dout.dim(0), "grouped_linear_backward: the groups' rows (" + std::to_string(row) +

@@ -63,15 +63,16 @@ void linear_bias_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight,
 }
 
 void linear_bias_gelu_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dpre, Tensor dout, Tensor inp,
-                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write, GradWrite param_write) {
+                               Tensor weight, Tensor pre, GeluKind kind, GradWrite write, GradWrite param_write,
+                               GradSquares dweight_squares) {
   check_linear_bias_gelu_backward(dbias, dpre, dout, weight, pre);
   const std::optional<DType> dtype = one_dtype({&dpre, &dout, &pre});
   if (!dtype)
     return shared_linear_bias_gelu_backward(dinp, dweight, dbias, dpre, dout, inp, weight, pre, kind, write,
-                                            param_write);
+                                            param_write, dweight_squares);
   native::dgelu(*dtype, memory(dpre), memory(dout), memory(pre), pre.numel(), kind == GeluKind::Erf, stream_of(pre));
   if (!dbias.empty()) column_sums(dbias, dpre, param_write);
-  linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write, param_write);
+  linear_backward(dinp, dweight, Tensor(), dpre, inp, weight, write, param_write, dweight_squares);
 }
 
 void bias_dropout_add_backward(Tensor dinp, Tensor dbias, Tensor dresidual, Tensor dout, const Dropout& dropout,
