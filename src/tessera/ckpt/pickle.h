@@ -29,7 +29,8 @@
 // BytesStorageMetadata, MetadataIndex, StorageMeta (torch.distributed.checkpoint.metadata) and
 // filesystem._StorageInfo under NEWOBJ () + BUILD (their fields, or TensorProperties' state
 // tuple); torch.Size; torch dtypes; torch.serialization._get_layout("torch.strided") as the
-// name; metadata._MEM_FORMAT_ENCODING(n) as an enum member; pathlib.PosixPath(*parts) as the
+// name; metadata._MEM_FORMAT_ENCODING(n) or builtins.getattr(_MEM_FORMAT_ENCODING, "name") as an
+// enum member (Python versions differ in which they write); pathlib.PosixPath(*parts) as the
 // path text. Each was seen in pickletools' listing of files megatron-core 0.10.0 wrote.
 // Anything else (os.system, builtins.eval, a class whose __reduce__ would run code, an opcode
 // outside the binary protocols) is a tessera::Error naming the global or opcode, its byte

@@ -181,6 +181,8 @@ Trainer::Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Devic
   if (!args.save.empty() && log_rank() == 0) report_stale_checkpoint_saves(args.save);  // rank 0 makes them
 }
 
+Trainer::~Trainer() { model_.hand_grad_squares(Tensor(), std::vector<int64_t>(model_.shards().size(), -1)); }
+
 // Megatron's get_batch: tokens = sample[:-1], labels = sample[1:], with the loss mask and
 // position ids of gpt_dataset.py's _get_ltor_masks_and_position_ids. Every stage loads the
 // whole micro-batch: the first needs tokens and positions, the last labels and mask, and the

@@ -90,6 +90,10 @@ class Trainer {
   // caller with at least pipeline_slots(args, pp_rank) slots; every data-parallel replica
   // must start from the same weights.
   Trainer(const TrainArgs& args, GPTModel& model, DataSources data, Device& device, TrainerGroups groups = {});
+  // Takes back from the model the norm slots it handed (the model may outlive the trainer).
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Activation and I/O slots per chunk the training and evaluation schedules need on
   // pipeline rank pp_rank.

@@ -103,6 +103,34 @@ TEST(Pickle, RefusesWhatAMegatronCheckpointNeverHolds) {
   EXPECT_NE(error_of("\x80\x02h\x07.").find("memo entry 7"), std::string::npos);
 }
 
+// torch_dist's .metadata names TensorProperties' memory format by value or, as Debian 12's
+// Python 3.11.2 pickles an enum member, getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")
+// (seen in megatron-core 0.10.0's files under torch 2.5.1): both read as the member; getattr of
+// anything else in that dialect is refused.
+TEST(Pickle, ADcpMetadataEnumMemberReadsByValueAndByName) {
+  const auto dcp = [](const std::string& data) {
+    return pickle::unpickle(bytes(data), "test.metadata", pickle::Dialect::DcpMetadata);
+  };
+  const std::string by_name = raw(
+      "\x80\x04" "\x8c\x08" "builtins" "\x8c\x07" "getattr" "\x93"
+      "\x8c\x25" "torch.distributed.checkpoint.metadata" "\x8c\x14" "_MEM_FORMAT_ENCODING" "\x93"
+      "\x8c\x17" "TORCH_CONTIGUOUS_FORMAT" "\x86R.");
+  const pickle::Document named = dcp(by_name);
+  EXPECT_EQ(named.root->kind, Kind::Object);
+  EXPECT_EQ(named.root->text, "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING");
+  const pickle::Document valued = dcp(raw(
+      "\x80\x04" "\x8c\x25" "torch.distributed.checkpoint.metadata" "\x8c\x14" "_MEM_FORMAT_ENCODING" "\x93"
+      "K\x00\x85R."));
+  EXPECT_EQ(valued.root->text, named.root->text);
+  try {
+    dcp(raw("\x80\x04" "\x8c\x08" "builtins" "\x8c\x07" "getattr" "\x93" "\x8c\x05" "torch" "\x8c\x04" "Size"
+            "\x93" "\x8c\x04" "view" "\x86R."));
+    ADD_FAILURE() << "getattr(torch.Size, 'view') was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("getattr of anything but an allowed enum"), std::string::npos) << e.what();
+  }
+}
+
 // nn.Module.state_dict() pickles as OrderedDict() REDUCE, its items, then BUILD with
 // {'_metadata': ...}: the dict's attributes, kept beside its items.
 TEST(Pickle, BuildOnAnOrderedDictKeepsItsAttributes) {
