@@ -110,11 +110,8 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   linear_gemm(out, inp, weight, bias);
 }
 
-namespace {
-
-// linear_backward's products, dweight and dbias per param_write.
-void backward_products(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                       GradWrite write, GradWrite param_write) {
+void linear_backward_products(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                              GradWrite write, GradWrite param_write) {
   check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
@@ -135,16 +132,6 @@ void backward_products(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, T
     gemm(device, CUDA_R_32F, false, false, N, C, OC, f32(dout), OC, f32(weight), C, dinp_beta, f32(dinp), C);
   if (!dweight.empty())
     gemm(device, CUDA_R_32F, true, false, OC, C, N, f32(dout), OC, f32(inp), C, dweight_beta, f32(dweight), C);
-}
-
-}  // namespace
-
-// The squares are read back from dweight (no fused path here).
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     GradWrite write, GradWrite param_write, GradSquares dweight_squares) {
-  TESSERA_CHECK(dweight_squares.sums.empty() || !dweight.empty(), "linear_backward: dweight_squares without a dweight");
-  backward_products(dinp, dweight, dbias, dout, inp, weight, write, param_write);
-  if (!dweight_squares.sums.empty()) sum_squares(dweight_squares.sums, dweight_squares.slot, dweight);
 }
 
 }  // namespace tessera::ops::cuda

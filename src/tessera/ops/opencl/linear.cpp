@@ -158,11 +158,8 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   sgemm(cl, false, true, N, OC, C, operand(inp, C), operand(weight, C), bias.empty() ? 0.0f : 1.0f, operand(out, OC));
 }
 
-namespace {
-
-// linear_backward's products, dweight and dbias per param_write.
-void backward_products(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                       GradWrite write, GradWrite param_write) {
+void linear_backward_products(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                              GradWrite write, GradWrite param_write) {
   check_linear_backward_shapes(dinp, dweight, dbias, dout, inp, weight);
   check_floating("linear_backward", {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout},
                                      {"inp", inp}, {"weight", weight}});
@@ -181,16 +178,6 @@ void backward_products(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, T
     sgemm(cl, false, false, N, C, OC, operand(dout, OC), operand(weight, C), assign ? 0.0f : 1.0f, operand(dinp, C));
   if (!dweight.empty())
     sgemm(cl, true, false, OC, C, N, operand(dout, OC), operand(inp, C), assign_dw ? 0.0f : 1.0f, operand(dweight, C));
-}
-
-}  // namespace
-
-// The squares are read back from dweight (no fused path here).
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                     GradWrite write, GradWrite param_write, GradSquares dweight_squares) {
-  TESSERA_CHECK(dweight_squares.sums.empty() || !dweight.empty(), "linear_backward: dweight_squares without a dweight");
-  backward_products(dinp, dweight, dbias, dout, inp, weight, write, param_write);
-  if (!dweight_squares.sums.empty()) sum_squares(dweight_squares.sums, dweight_squares.slot, dweight);
 }
 
 }  // namespace tessera::ops::opencl
