@@ -120,7 +120,8 @@ template <typename Derived, typename R, typename Prefix, typename Last> struct C
 template <typename... Args> using LastOf = std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>;
 // The prefix tuple when the last parameter has a default, else void (every op has one).
 template <typename... Args>
-using DefaultedPrefix = std::conditional_t<TrailingDefault<LastOf<Args...>>::has, typename AllButLast<Args...>::type, void>;
+using DefaultedPrefix =
+    std::conditional_t<TrailingDefault<LastOf<Args...>>::has, typename AllButLast<Args...>::type, void>;
 template <typename Derived, typename R, typename... Args>
 using TrailingDefaults = CallWithoutLast<Derived, R, DefaultedPrefix<Args...>, LastOf<Args...>>;
 

@@ -13,26 +13,19 @@
 #include "tessera/model/model_partition.h"
 #include "tessera/train/arguments.h"
 #include "tessera/train/throughput.h"
+#include "tiny_gpt.h"
 
 namespace tessera {
 namespace {
 
+// The shared tiny Llama (tiny_gpt.h) with a 12-wide SwiGLU, Megatron's default dropout and no
+// tokenizer vocabulary.
 GPTConfig tiny_llama() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 4;
+  GPTConfig c = testing_gpt::tiny_llama(2);
   c.ffn_hidden_size = 12;
-  c.seq_length = 8;
-  c.max_position_embeddings = 8;
-  c.padded_vocab_size = 32;
-  c.normalization = Normalization::RMSNorm;
-  c.position_embedding = PositionEmbedding::Rope;
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
+  c.hidden_dropout = GPTConfig{}.hidden_dropout;
+  c.attention_dropout = GPTConfig{}.attention_dropout;
+  c.vocab_size = GPTConfig{}.vocab_size;
   return c;
 }
 

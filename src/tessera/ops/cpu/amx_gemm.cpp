@@ -76,7 +76,8 @@ inline void transpose16(__m512i (&r)[16]) {
     u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
   }
   for (int c = 0; c < 4; ++c) {
-    const __m512i even01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), odd01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+    const __m512i even01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88),
+                  odd01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
     const __m512i even23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88),
                   odd23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
     r[c] = _mm512_shuffle_i32x4(even01, even23, 0x88);
@@ -247,7 +248,8 @@ void pack_a_columns(uint16_t* dst, const uint16_t* dy, int64_t ld, int64_t o0, i
       load_transposed(r, dy32 + n0 * (ld / 2) + p0, ld / 2);
       for (int j = 0; j < 16; ++j) {
         const int64_t m = 2 * (p0 + j);  // the rows m (low halves) and m + 1 (high halves)
-        uint16_t* row = dst + (m / kTile * tiles + n0 / (2 * kTile)) * kATile + m % kTile * 2 * kTile + n0 % (2 * kTile);
+        uint16_t* row =
+            dst + (m / kTile * tiles + n0 / (2 * kTile)) * kATile + m % kTile * 2 * kTile + n0 % (2 * kTile);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), _mm512_cvtepi32_epi16(r[j]));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 2 * kTile),
                             _mm512_cvtepi32_epi16(_mm512_srli_epi32(r[j], 16)));
@@ -312,7 +314,8 @@ bool amx_linear_fits(int64_t, int64_t, int64_t) { return false; }
 void amx_linear_forward(float*, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, bool) {
   TESSERA_NO_AMX_GEMM(amx_linear_forward);
 }
-void amx_linear_dweight(float*, const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, bool, double*) {
+void amx_linear_dweight(float*, const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, bool,
+                        double*) {
   TESSERA_NO_AMX_GEMM(amx_linear_dweight);
 }
 

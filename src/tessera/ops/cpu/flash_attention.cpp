@@ -212,7 +212,8 @@ void load_rows(const HeadParts& parts, int64_t Tp, const Tensor& t, int64_t off,
   for_each_run(rows, d.T, [&](int64_t row0, int64_t n, int64_t pos) {
     load_head(parts.from_row(row0, d.HDp), n, t, off + row0 * ld, ld, pos, n, d, angles, scale, tmp);
   });
-  for (int i = 0; i < parts.n; ++i) std::fill(parts.part[i].rows + d.T * d.HDp, parts.part[i].rows + Tp * d.HDp, 0.0f);
+  for (int i = 0; i < parts.n; ++i)
+    std::fill(parts.part[i].rows + d.T * d.HDp, parts.part[i].rows + Tp * d.HDp, 0.0f);
 }
 
 // add_head over a whole sequence placed by `rows`.
@@ -391,8 +392,8 @@ struct ForwardBuffers {
   int64_t b = -1, g = -1;  // whose keys `keys` holds
   ForwardBuffers(Carve& c, const FlashDims& d, bool bf16)
       : q(c.take<float>(kTile * d.HDp)), s(c.take<float>(kTile * kTile)), o(c.take<float>(kTile * d.HDp)),
-        m(c.take<float>(kTile)), l(c.take<float>(kTile)), f(c.take<float>(kTile)), tmp(c.take<float>(HeadParts::kMax * d.Tp() * d.HD)),
-        keys(c, d, false, bf16) {
+        m(c.take<float>(kTile)), l(c.take<float>(kTile)), f(c.take<float>(kTile)),
+        tmp(c.take<float>(HeadParts::kMax * d.Tp() * d.HD)), keys(c, d, false, bf16) {
     if (bf16) qb = c.take<uint16_t>(kTile * bf16_head_dim(d)), pb = c.take<uint16_t>(kTile * kTile);
   }
   static size_t bytes(const FlashDims& d, bool bf16) {
@@ -746,7 +747,7 @@ void backward_group(const BackwardArgs& a, Tensor dkv, const Tensor& kv, float* 
 Carve thread_buffer(size_t bytes) { return Carve{static_cast<char*>(workspace(Workspace::ExpandA, bytes))}; }
 
 // Whether the products take bf16 operands: a 16-bit run (bf16 qkv and kv) on a CPU with AMX
-// (flash_attention_tile.h).
+// (amx.h).
 bool bf16_products(const Tensor& qkv, const Tensor& kv) {
   return qkv.dtype == DType::BF16 && kv.dtype == DType::BF16 && amx_available();
 }
